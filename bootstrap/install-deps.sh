@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# EMR bootstrap action: install the job's pinned Python dependencies into the
+# cluster's python3 on every node, before YARN starts any executor there.
+#
+# The pins come from requirements.txt and nowhere else. `make package` ships it
+# beside this script; on EMR, pass its S3 URI as the first argument, since EMR
+# copies only the script itself to the node:
+#
+#   Path=s3://BUCKET/PREFIX/install-deps.sh,Args=[s3://BUCKET/PREFIX/requirements.txt]
+#
+# Locally (a test, or a venv of your own):
+#
+#   PYTHON=/tmp/venv/bin/python bash install-deps.sh path/to/requirements.txt
+#
+# Environment:
+#   PYTHON        interpreter to install into (default: python3 on PATH, which on
+#                 EMR 7 is /usr/bin/python3, the one PYSPARK_PYTHON points at)
+#   EXCLUDE       space-separated requirement names to skip (default: pyspark,
+#                 because EMR ships its own Spark and a pip copy would shadow it)
+#   PIP_ATTEMPTS  how many times to try pip before giving up (default: 4)
+#
+# Safe to run twice: pip leaves requirements that are already satisfied alone.
+set -euo pipefail
+
+PYTHON="${PYTHON:-python3}"
+EXCLUDE="${EXCLUDE:-pyspark}"
+PIP_ATTEMPTS="${PIP_ATTEMPTS:-4}"
+script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+requirements="${1:-${script_dir}/requirements.txt}"
+
+log() {
+  printf '%s install-deps: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2
+}
+
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+
+workdir="$(mktemp -d)"
+trap 'rm -rf "${workdir}"' EXIT
+
+if ! python_path="$(command -v "${PYTHON}")"; then
+  die "interpreter '${PYTHON}' not found; set PYTHON to the python3 Spark uses"
+fi
+
+# EMR runs bootstrap actions as the hadoop user, and the system python3's
+# site-packages belongs to root: go through sudo only when we cannot write there.
+site_packages="$("${python_path}" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+use_sudo=""
+if [[ ! -w "${site_packages}" ]]; then
+  command -v sudo >/dev/null 2>&1 \
+    || die "${site_packages} is not writable and sudo is missing; run as its owner"
+  use_sudo=1
+fi
+
+as_owner() {
+  if [[ -n "${use_sudo}" ]]; then
+    sudo "$@"
+  else
+    "$@"
+  fi
+}
+
+# PEP 503: requirement names compare case-insensitively, with '-', '_', '.' alike.
+normalise() {
+  printf '%s' "$1" | tr '[:upper:]_.' '[:lower:]--'
+}
+
+case "${requirements}" in
+  s3://*)
+    log "fetching ${requirements}"
+    aws s3 cp --only-show-errors "${requirements}" "${workdir}/downloaded.txt"
+    requirements="${workdir}/downloaded.txt"
+    ;;
+esac
+[[ -r "${requirements}" ]] || die "cannot read requirements file '${requirements}'"
+
+# Every pin except the excluded names, one per line, comments dropped.
+to_install="${workdir}/install.txt"
+: >"${to_install}"
+names=()
+while IFS= read -r line || [[ -n "${line}" ]]; do
+  spec="${line%%#*}"
+  spec="${spec//[[:space:]]/}"
+  [[ -z "${spec}" ]] && continue
+  [[ "${spec}" == -* ]] && die "option lines are not supported in ${requirements}: '${line}'"
+  name="$(normalise "${spec%%[<>=!~;[@]*}")"
+  for excluded in ${EXCLUDE}; do
+    if [[ "${name}" == "$(normalise "${excluded}")" ]]; then
+      log "skipping ${spec}: excluded"
+      continue 2
+    fi
+  done
+  printf '%s\n' "${spec}" >>"${to_install}"
+  names+=("${name}")
+done <"${requirements}"
+((${#names[@]} > 0)) || die "no requirements left to install from ${requirements}"
+
+"${python_path}" -m pip --version >/dev/null 2>&1 \
+  || die "${python_path} has no pip; install python3-pip on the image first"
+
+log "installing into ${python_path} ($("${python_path}" --version 2>&1)): $(tr '\n' ' ' <"${to_install}")"
+attempt=1
+until as_owner "${python_path}" -m pip install \
+  --disable-pip-version-check --no-input --progress-bar off \
+  --requirement "${to_install}"; do
+  if ((attempt >= PIP_ATTEMPTS)); then
+    die "pip install failed ${attempt} times; see the pip output above"
+  fi
+  # PyPI or the subnet's NAT gateway can blip while a whole cluster boots at once.
+  delay=$((attempt * 15))
+  log "pip install failed (attempt ${attempt}/${PIP_ATTEMPTS}); retrying in ${delay}s"
+  sleep "${delay}"
+  attempt=$((attempt + 1))
+done
+
+# What is installed now, for the bootstrap log under the cluster's log URI.
+while IFS= read -r installed; do
+  installed_name="$(normalise "${installed%%==*}")"
+  for name in "${names[@]}"; do
+    if [[ "${installed_name}" == "${name}" ]]; then
+      log "installed ${installed}"
+    fi
+  done
+done < <("${python_path}" -m pip list --disable-pip-version-check --format=freeze)
+log "done"

@@ -1,0 +1,393 @@
+"""Create the EMR cluster and submit the inference job to it, with the AWS CLI.
+
+The settings come from ``conf/emr.yaml``; ``S3`` is the prefix ``make upload``
+copied ``dist/`` to::
+
+    python deploy/emr.py create-cluster --s3 s3://bucket/prefix
+    python deploy/emr.py add-step --s3 s3://bucket/prefix --cluster-id j-XXXXXXXXXXXXX \\
+        [--job-config s3://bucket/prefix/job.yaml] [-- EXTRA JOB OPTIONS]
+
+Each command prints the exact ``aws emr ...`` line before running it, so it can
+be rerun or adapted by hand. The AWS CLI takes credentials from its default
+chain and honours ``AWS_ENDPOINT_URL``, which is how the tests aim it at moto.
+Runs on Python 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "emr.yaml"
+ZIP_NAME = "mxinfer_job.zip"
+MAIN_NAME = "infer_main.py"
+JOB_CONFIG_NAME = "job.yaml"
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    """One EMR instance group: its EC2 type, how many, and (core only) its vCPUs."""
+
+    instance_type: str
+    count: int
+    vcpus: int | None = None
+
+
+@dataclass(frozen=True)
+class EmrConfig:
+    """Everything ``conf/emr.yaml`` holds, checked once when it is loaded."""
+
+    name: str
+    region: str
+    release_label: str
+    applications: tuple[str, ...]
+    log_uri: str
+    subnet: str
+    key_pair: str
+    service_role: str
+    instance_profile: str
+    idle_timeout_seconds: int | None
+    master: InstanceGroup
+    core: InstanceGroup
+    bootstrap: dict[str, Any]
+    step: dict[str, str]
+    configurations: tuple[dict[str, Any], ...]
+
+
+def _emr_value(value: Any, where: str) -> str:
+    """EMR takes configuration property values as strings only."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise ValueError(f"{where}: expected a string, number or boolean, got {value!r}")
+
+
+def _stringify_configurations(configurations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Turn YAML numbers and booleans in every ``Properties`` into EMR's strings."""
+    out = []
+    for conf in configurations:
+        conf = dict(conf)
+        where = f"configurations[{conf.get('Classification')}]"
+        if "Properties" in conf:
+            conf["Properties"] = {
+                key: _emr_value(value, f"{where}.{key}")
+                for key, value in conf["Properties"].items()
+            }
+        if "Configurations" in conf:
+            conf["Configurations"] = _stringify_configurations(conf["Configurations"])
+        out.append(conf)
+    return out
+
+
+def spark_defaults(configurations: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """The ``spark-defaults`` properties of an EMR Configurations list."""
+    for conf in configurations:
+        if conf.get("Classification") == "spark-defaults":
+            return dict(conf.get("Properties", {}))
+    return {}
+
+
+def check_one_executor_per_node(conf: EmrConfig) -> None:
+    """Raise ValueError unless spark-defaults give one single-task executor per core node.
+
+    MXNet parallelises each batch over the node's vCPUs by itself, so the job
+    wants exactly one executor per core node running one task at a time, with
+    MXNet's thread pools as wide as the node. The executor count and thread
+    counts live in ``spark-defaults`` and must follow ``core`` when it changes.
+    """
+    props = spark_defaults(conf.configurations)
+    want = {
+        "spark.dynamicAllocation.enabled": "false",
+        "spark.executor.cores": "1",
+        "spark.executor.instances": str(conf.core.count),
+        "spark.executorEnv.OMP_NUM_THREADS": str(conf.core.vcpus),
+        "spark.executorEnv.MXNET_CPU_WORKER_NTHREADS": str(conf.core.vcpus),
+    }
+    wrong = [
+        f"{key} is {props.get(key)!r}, want {value!r}"
+        for key, value in want.items()
+        if props.get(key) != value
+    ]
+    if wrong:
+        raise ValueError(
+            "spark-defaults must give one executor per core node "
+            f"(core: {conf.core.count} x {conf.core.instance_type}, {conf.core.vcpus} vCPUs): "
+            + "; ".join(wrong)
+        )
+
+
+def _instance_group(raw: Any, where: str, *, needs_vcpus: bool) -> InstanceGroup:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping with instance_type and count")
+    unknown = set(raw) - {f.name for f in fields(InstanceGroup)}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    group = InstanceGroup(**raw)
+    if not isinstance(group.count, int) or group.count < 1:
+        raise ValueError(f"{where}.count: expected a positive integer, got {group.count!r}")
+    if needs_vcpus and (not isinstance(group.vcpus, int) or group.vcpus < 1):
+        raise ValueError(
+            f"{where}.vcpus: expected the vCPU count of {group.instance_type}, got {group.vcpus!r}"
+        )
+    return group
+
+
+def load_config(path: Path) -> EmrConfig:
+    """Read and check ``conf/emr.yaml``.
+
+    Parameters
+    ----------
+    path : Path
+        The YAML file; see ``conf/emr.yaml`` for every key.
+
+    Returns
+    -------
+    EmrConfig
+        With configuration property values turned into strings.
+
+    Raises
+    ------
+    ValueError
+        On a missing or unknown key, or Spark settings that do not give one
+        executor per core node.
+    """
+    raw = yaml.safe_load(path.read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a YAML mapping")
+    names = {f.name for f in fields(EmrConfig)}
+    missing = names - set(raw) - {"idle_timeout_seconds"}
+    unknown = set(raw) - names
+    if missing or unknown:
+        raise ValueError(f"{path}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
+    for key in ("path", "name"):
+        if key not in raw["bootstrap"]:
+            raise ValueError(f"{path}: bootstrap.{key} is missing")
+    conf = EmrConfig(
+        **{
+            **raw,
+            "idle_timeout_seconds": raw.get("idle_timeout_seconds"),
+            "applications": tuple(raw["applications"]),
+            "master": _instance_group(raw["master"], "master", needs_vcpus=False),
+            "core": _instance_group(raw["core"], "core", needs_vcpus=True),
+            "configurations": tuple(_stringify_configurations(raw["configurations"])),
+        }
+    )
+    check_one_executor_per_node(conf)
+    return conf
+
+
+def resolve(template: str, s3: str) -> str:
+    """Put the upload prefix in place of ``{s3}``: ``"{s3}/x.sh"`` -> ``"s3://b/p/x.sh"``."""
+    return template.replace("{s3}", s3.rstrip("/"))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def create_cluster_command(conf: EmrConfig, s3: str, aws: str = "aws") -> list[str]:
+    """The ``aws emr create-cluster`` command line for ``conf``.
+
+    Parameters
+    ----------
+    conf : EmrConfig
+        From :func:`load_config`.
+    s3 : str
+        The prefix ``make upload`` copied ``dist/`` to, replacing ``{s3}``.
+    aws : str
+        The AWS CLI executable.
+
+    Returns
+    -------
+    list of str
+        The argument vector, ready for :func:`subprocess.run`.
+    """
+    groups = [
+        {"Name": "master", "InstanceGroupType": "MASTER",
+         "InstanceType": conf.master.instance_type, "InstanceCount": conf.master.count},
+        {"Name": "core", "InstanceGroupType": "CORE",
+         "InstanceType": conf.core.instance_type, "InstanceCount": conf.core.count},
+    ]
+    bootstrap = {
+        "Name": conf.bootstrap["name"],
+        "Path": resolve(conf.bootstrap["path"], s3),
+        "Args": [resolve(arg, s3) for arg in conf.bootstrap.get("args", [])],
+    }
+    command = [
+        aws, "emr", "create-cluster",
+        "--region", conf.region,
+        "--output", "json",
+        "--name", conf.name,
+        "--release-label", conf.release_label,
+        "--applications", *[f"Name={app}" for app in conf.applications],
+        "--log-uri", conf.log_uri,
+        "--service-role", conf.service_role,
+        "--ec2-attributes", _json({
+            "InstanceProfile": conf.instance_profile,
+            "SubnetId": conf.subnet,
+            "KeyName": conf.key_pair,
+        }),
+        "--instance-groups", _json(groups),
+        "--bootstrap-actions", _json([bootstrap]),
+        "--configurations", _json(list(conf.configurations)),
+    ]  # fmt: skip
+    if conf.idle_timeout_seconds:
+        command += ["--auto-termination-policy", f"IdleTimeout={conf.idle_timeout_seconds}"]
+    return command
+
+
+def spark_submit_args(s3: str, job_config: str, job_args: tuple[str, ...] = ()) -> list[str]:
+    """The ``spark-submit`` line the step runs: cluster mode, everything read from S3.
+
+    In cluster mode the driver starts on a core node, so the job file, the
+    ``--py-files`` zip and the job config are all S3 URIs; nothing is read from
+    the machine that submitted the step.
+    """
+    prefix = s3.rstrip("/")
+    return [
+        "spark-submit",
+        "--deploy-mode", "cluster",
+        "--master", "yarn",
+        "--py-files", f"{prefix}/{ZIP_NAME}",
+        f"{prefix}/{MAIN_NAME}",
+        "--config", job_config,
+        *job_args,
+    ]  # fmt: skip
+
+
+def add_steps_command(
+    conf: EmrConfig,
+    cluster_id: str,
+    s3: str,
+    job_config: str,
+    job_args: tuple[str, ...] = (),
+    aws: str = "aws",
+) -> list[str]:
+    """The ``aws emr add-steps`` command line: one ``command-runner.jar`` step."""
+    step = {
+        "Type": "CUSTOM_JAR",
+        "Name": conf.step["name"],
+        "ActionOnFailure": conf.step["action_on_failure"],
+        "Jar": "command-runner.jar",
+        "Args": spark_submit_args(s3, job_config, job_args),
+    }
+    return [
+        aws, "emr", "add-steps",
+        "--region", conf.region,
+        "--output", "json",
+        "--cluster-id", cluster_id,
+        "--steps", _json([step]),
+    ]  # fmt: skip
+
+
+def default_aws() -> str:
+    """The pinned CLI beside this interpreter (the project venv), else ``aws`` on PATH."""
+    beside = Path(sys.executable).parent / "aws"
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("aws") or "aws"
+
+
+def run(command: list[str], *, dry_run: bool) -> dict[str, Any] | None:
+    """Print ``command`` as a shell line, run it, and return its JSON output."""
+    click.echo(f"+ {shlex.join(command)}")
+    if dry_run:
+        return None
+    try:
+        result = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
+    except FileNotFoundError as exc:
+        raise click.ClickException(
+            f"{command[0]} not found: install awscli (requirements-dev.txt) or pass --aws"
+        ) from exc
+    click.echo(result.stdout, nl=False)
+    if result.returncode != 0:
+        raise click.ClickException(f"{command[1]} {command[2]} failed (exit {result.returncode})")
+    return json.loads(result.stdout) if result.stdout.strip() else {}
+
+
+def _s3_prefix(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    if not value.startswith("s3://") or len(value.rstrip("/")) <= len("s3://"):
+        raise click.BadParameter(f"expected s3://bucket[/prefix], got {value!r}")
+    return value.rstrip("/")
+
+
+def _load(path: Path) -> EmrConfig:
+    try:
+        return load_config(path)
+    except ValueError as exc:
+        raise click.ClickException(f"{path}: {exc}") from exc
+
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=DEFAULT_CONFIG, show_default=True, help="Cluster settings.",
+)  # fmt: skip
+s3_option = click.option(
+    "--s3", required=True, callback=_s3_prefix, envvar="S3",
+    help="Prefix that `make upload` copied dist/ to (s3://bucket/prefix).",
+)  # fmt: skip
+aws_option = click.option(
+    "--aws", default=default_aws, envvar="AWS_CLI", show_default="awscli beside this python",
+    help="AWS CLI executable.",
+)  # fmt: skip
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, help="Print the aws command without running it."
+)
+
+
+@click.group()
+def cli() -> None:
+    """Create an EMR cluster for the inference job and submit the job to it."""
+
+
+@cli.command("create-cluster")
+@config_option
+@s3_option
+@aws_option
+@dry_run_option
+def create_cluster(config_path: Path, s3: str, aws: str, dry_run: bool) -> None:
+    """Start the cluster described by --config, bootstrapped from --s3."""
+    conf = _load(config_path)
+    output = run(create_cluster_command(conf, s3, aws), dry_run=dry_run)
+    if output and "ClusterId" in output:
+        click.echo(f"next: make emr-submit CLUSTER_ID={output['ClusterId']} S3={s3}")
+
+
+@cli.command("add-step")
+@config_option
+@s3_option
+@aws_option
+@dry_run_option
+@click.option("--cluster-id", required=True, envvar="CLUSTER_ID", help="j-XXXXXXXXXXXXX")
+@click.option(
+    "--job-config", default=None,
+    help=f"Job config URI for infer_main.py --config  [default: S3/{JOB_CONFIG_NAME}]",
+)  # fmt: skip
+@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+def add_step(
+    config_path: Path,
+    s3: str,
+    aws: str,
+    dry_run: bool,
+    cluster_id: str,
+    job_config: str | None,
+    job_args: tuple[str, ...],
+) -> None:
+    """Add a cluster-mode spark-submit step; JOB_ARGS (after --) go to infer_main.py."""
+    conf = _load(config_path)
+    job_config = job_config or f"{s3}/{JOB_CONFIG_NAME}"
+    run(add_steps_command(conf, cluster_id, s3, job_config, job_args, aws), dry_run=dry_run)
+
+
+if __name__ == "__main__":
+    cli()

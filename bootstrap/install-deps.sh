@@ -18,6 +18,7 @@
 #   EXCLUDE       space-separated requirement names to skip (default: pyspark,
 #                 because EMR ships its own Spark and a pip copy would shadow it)
 #   PIP_ATTEMPTS  how many times to try pip before giving up (default: 4)
+#   PIP_RETRY_DELAY  seconds before the first retry, growing linearly (default: 15)
 #
 # Safe to run twice: pip leaves requirements that are already satisfied alone.
 set -euo pipefail
@@ -25,6 +26,7 @@ set -euo pipefail
 PYTHON="${PYTHON:-python3}"
 EXCLUDE="${EXCLUDE:-pyspark}"
 PIP_ATTEMPTS="${PIP_ATTEMPTS:-4}"
+PIP_RETRY_DELAY="${PIP_RETRY_DELAY:-15}"
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 requirements="${1:-${script_dir}/requirements.txt}"
 
@@ -109,7 +111,7 @@ until as_owner "${python_path}" -m pip install \
     die "pip install failed ${attempt} times; see the pip output above"
   fi
   # PyPI or the subnet's NAT gateway can blip while a whole cluster boots at once.
-  delay=$((attempt * 15))
+  delay=$((attempt * PIP_RETRY_DELAY))
   log "pip install failed (attempt ${attempt}/${PIP_ATTEMPTS}); retrying in ${delay}s"
   sleep "${delay}"
   attempt=$((attempt + 1))

@@ -16,6 +16,7 @@ Runs on Python 3.9.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -321,6 +322,12 @@ def _s3_prefix(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     return value.rstrip("/")
 
 
+def _cluster_id(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    if not re.fullmatch(r"j-[A-Z0-9]+", value):
+        raise click.BadParameter(f"expected an EMR cluster id like j-2AXXXXXXGAPLF, got {value!r}")
+    return value
+
+
 def _load(path: Path) -> EmrConfig:
     try:
         return load_config(path)
@@ -368,7 +375,10 @@ def create_cluster(config_path: Path, s3: str, aws: str, dry_run: bool) -> None:
 @s3_option
 @aws_option
 @dry_run_option
-@click.option("--cluster-id", required=True, envvar="CLUSTER_ID", help="j-XXXXXXXXXXXXX")
+@click.option(
+    "--cluster-id", required=True, callback=_cluster_id, envvar="CLUSTER_ID",
+    help="From create-cluster's output, or `aws emr list-clusters --active`.",
+)  # fmt: skip
 @click.option(
     "--job-config", default=None,
     help=f"Job config URI for infer_main.py --config  [default: S3/{JOB_CONFIG_NAME}]",

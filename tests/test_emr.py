@@ -1,0 +1,266 @@
+"""EMR deployment: conf/emr.yaml, deploy/emr.py and the make targets, against moto.
+
+``make upload``, ``make emr-cluster`` and ``make emr-submit`` run the pinned AWS
+CLI with ``AWS_ENDPOINT_URL`` pointing at a moto server (which also serves the
+EMR API); boto3 then reads back what the CLI created.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf" / "emr.yaml"
+S3 = "s3://deploy-bucket/jobs/v1"
+
+_spec = importlib.util.spec_from_file_location("emr_deploy", ROOT / "deploy" / "emr.py")
+emr = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = emr  # dataclasses look their module up there
+_spec.loader.exec_module(emr)
+
+
+def write_conf(tmp_path: Path, **changes) -> Path:
+    """conf/emr.yaml with top-level keys replaced; ``spark`` updates spark-defaults."""
+    raw = yaml.safe_load(CONF.read_text())
+    spark = changes.pop("spark", {})
+    raw.update(changes)
+    for conf in raw["configurations"]:
+        if conf["Classification"] == "spark-defaults":
+            conf["Properties"].update(spark)
+    path = tmp_path / "emr.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+# ---------------------------------------------------------------------------
+# The config and the command lines, without AWS
+
+
+def test_shipped_config_gives_one_single_task_executor_per_core_node():
+    conf = emr.load_config(CONF)
+    props = emr.spark_defaults(conf.configurations)
+    assert props["spark.executor.instances"] == str(conf.core.count)
+    assert props["spark.executor.cores"] == "1"
+    assert props["spark.dynamicAllocation.enabled"] == "false"
+    assert props["spark.python.worker.reuse"] == "true"
+    assert props["spark.executorEnv.OMP_NUM_THREADS"] == str(conf.core.vcpus)
+    assert props["spark.executorEnv.MXNET_CPU_WORKER_NTHREADS"] == str(conf.core.vcpus)
+    assert conf.release_label.startswith("emr-7.")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"core": {"instance_type": "m5.2xlarge", "count": 3, "vcpus": 8}},
+         "spark.executor.instances is '2', want '3'"),
+        ({"core": {"instance_type": "m5.4xlarge", "count": 2, "vcpus": 16}},
+         "spark.executorEnv.OMP_NUM_THREADS is '8', want '16'"),
+        ({"spark": {"spark.executor.cores": 4}}, "spark.executor.cores is '4', want '1'"),
+        ({"spark": {"spark.dynamicAllocation.enabled": True}},
+         "spark.dynamicAllocation.enabled is 'true', want 'false'"),
+        ({"subnet_id": "subnet-1"}, r"unknown keys \['subnet_id'\]"),
+        ({"core": {"instance_type": "m5.2xlarge", "count": 2}}, "core.vcpus: expected the vCPU count"),
+    ],
+)  # fmt: skip
+def test_load_config_refuses_inconsistent_settings(tmp_path, changes, message):
+    with pytest.raises(ValueError, match=message):
+        emr.load_config(write_conf(tmp_path, **changes))
+
+
+def test_cli_reports_a_bad_config_and_exits_1(tmp_path):
+    path = write_conf(tmp_path, spark={"spark.executor.instances": 5})
+    result = CliRunner().invoke(
+        emr.cli, ["create-cluster", "--config", str(path), "--s3", S3, "--dry-run"]
+    )
+    assert result.exit_code == 1
+    assert "spark.executor.instances is '5', want '2'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--s3", "bucket/prefix", "--cluster-id", "j-ABC"], "expected s3://bucket"),
+        (["--s3", S3, "--cluster-id", ""], "expected an EMR cluster id"),
+    ],
+)
+def test_add_step_refuses_bad_s3_prefix_and_cluster_id(args, message):
+    result = CliRunner().invoke(emr.cli, ["add-step", "--dry-run", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_dry_run_prints_the_step_without_running_it():
+    result = CliRunner().invoke(
+        emr.cli,
+        ["add-step", "--dry-run", "--aws", "/nonexistent/aws", "--s3", S3 + "/",
+         "--cluster-id", "j-ABC", "--", "--top-k", "3"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("+ /nonexistent/aws emr add-steps --region us-east-1 ")
+    assert (
+        '"Args":["spark-submit","--deploy-mode","cluster","--master","yarn",'
+        f'"--py-files","{S3}/mxinfer_job.zip","{S3}/infer_main.py",'
+        f'"--config","{S3}/job.yaml","--top-k","3"]'
+    ) in result.output
+
+
+# ---------------------------------------------------------------------------
+# The make targets, against moto
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    """TEMPORARY until tests/conftest.py has it: a moto server with fake credentials set."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    fake = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in fake}
+    os.environ.update(fake)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def aws_env(moto_endpoint):
+    """The environment for a make target: fake credentials, the CLI aimed at moto."""
+    return {**os.environ, "AWS_ENDPOINT_URL": moto_endpoint}
+
+
+def make(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_make_upload_copies_dist_and_the_job_config(tmp_path, aws_env, moto_endpoint):
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket="deploy-bucket")
+    job = tmp_path / "my-job.yaml"
+    job.write_text("input: s3://images/in/\n")
+
+    make("upload", f"S3={S3}/", f"DIST={tmp_path / 'dist'}", f"JOB={job}", env=aws_env)
+
+    listed = s3.list_objects_v2(Bucket="deploy-bucket", Prefix="jobs/v1/")["Contents"]
+    assert sorted(obj["Key"] for obj in listed) == [
+        "jobs/v1/conf/defaults.yaml",
+        "jobs/v1/conf/emr.yaml",
+        "jobs/v1/infer_main.py",
+        "jobs/v1/install-deps.sh",
+        "jobs/v1/job.yaml",
+        "jobs/v1/mxinfer_job.zip",
+        "jobs/v1/requirements.txt",
+    ]
+    body = s3.get_object(Bucket="deploy-bucket", Key="jobs/v1/install-deps.sh")["Body"].read()
+    assert body == (ROOT / "bootstrap" / "install-deps.sh").read_bytes()
+    body = s3.get_object(Bucket="deploy-bucket", Key="jobs/v1/job.yaml")["Body"].read()
+    assert body == b"input: s3://images/in/\n"
+
+
+def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint):
+    conf = yaml.safe_load(CONF.read_text())
+    client = boto3.client("emr", region_name=conf["region"], endpoint_url=moto_endpoint)
+
+    created = make("emr-cluster", f"S3={S3}", env=aws_env)
+    print(created.stdout)
+    assert re.search(r"^\+ \S*aws emr create-cluster --region ", created.stdout, re.M)
+    cluster_id = re.search(r"CLUSTER_ID=(j-[A-Z0-9]+)", created.stdout).group(1)
+
+    cluster = client.describe_cluster(ClusterId=cluster_id)["Cluster"]
+    assert cluster["Name"] == conf["name"]
+    assert cluster["ReleaseLabel"] == conf["release_label"]
+    assert cluster["LogUri"] == conf["log_uri"]
+    assert cluster["ServiceRole"] == "EMR_DefaultRole"
+    assert [app["Name"] for app in cluster["Applications"]] == ["Spark"]
+    ec2 = cluster["Ec2InstanceAttributes"]
+    assert (ec2["Ec2SubnetId"], ec2["Ec2KeyName"], ec2["IamInstanceProfile"]) == (
+        conf["subnet"], conf["key_pair"], "EMR_EC2_DefaultRole"
+    )
+    spark_defaults, spark_env = cluster["Configurations"]
+    assert spark_defaults["Classification"] == "spark-defaults"
+    props = spark_defaults["Properties"]
+    assert {key: props[key] for key in (
+        "spark.dynamicAllocation.enabled", "spark.executor.instances", "spark.executor.cores",
+        "spark.python.worker.reuse", "spark.executorEnv.OMP_NUM_THREADS",
+        "spark.executorEnv.MXNET_CPU_WORKER_NTHREADS",
+    )} == {
+        "spark.dynamicAllocation.enabled": "false", "spark.executor.instances": "2",
+        "spark.executor.cores": "1", "spark.python.worker.reuse": "true",
+        "spark.executorEnv.OMP_NUM_THREADS": "8", "spark.executorEnv.MXNET_CPU_WORKER_NTHREADS": "8",
+    }  # fmt: skip
+    # Every value EMR receives is a string, and nothing from the YAML is lost.
+    assert len(props) == len(conf["configurations"][0]["Properties"])
+    assert all(isinstance(value, str) for value in props.values())
+    assert spark_env == {
+        "Classification": "spark-env",
+        "Configurations": [
+            {"Classification": "export", "Properties": {"PYSPARK_PYTHON": "/usr/bin/python3"}}
+        ],
+    }
+
+    assert client.list_bootstrap_actions(ClusterId=cluster_id)["BootstrapActions"] == [
+        {
+            "Name": "install-python-deps",
+            "ScriptPath": f"{S3}/install-deps.sh",
+            "Args": [f"{S3}/requirements.txt"],
+        }
+    ]
+    groups = client.list_instance_groups(ClusterId=cluster_id)["InstanceGroups"]
+    assert sorted(
+        (g["InstanceGroupType"], g["InstanceType"], g["RequestedInstanceCount"]) for g in groups
+    ) == [("CORE", "m5.2xlarge", 2), ("MASTER", "m5.xlarge", 1)]
+
+    submitted = make(
+        "emr-submit", f"CLUSTER_ID={cluster_id}", f"S3={S3}", "ARGS=--top-k 3 --batch-size 16",
+        env=aws_env,
+    )  # fmt: skip
+    print(submitted.stdout)
+    assert re.search(r"^\+ \S*aws emr add-steps --region ", submitted.stdout, re.M)
+    [step] = client.list_steps(ClusterId=cluster_id)["Steps"]
+    assert step["Name"] == "mxnet-batch-inference"
+    assert step["ActionOnFailure"] == "CONTINUE"
+    assert step["Config"]["Jar"] == "command-runner.jar"
+    assert step["Config"]["Args"] == [
+        "spark-submit", "--deploy-mode", "cluster", "--master", "yarn",
+        "--py-files", "s3://deploy-bucket/jobs/v1/mxinfer_job.zip",
+        "s3://deploy-bucket/jobs/v1/infer_main.py",
+        "--config", "s3://deploy-bucket/jobs/v1/job.yaml",
+        "--top-k", "3", "--batch-size", "16",
+    ]  # fmt: skip

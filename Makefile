@@ -1,0 +1,84 @@
+# Run `make help` for the targets. The two that matter first:
+#   make run-local   the whole job on this machine against a local S3 server
+#   make test        the unit and integration tests
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@touch $(STAMP)
+
+.PHONY: venv
+venv: $(STAMP) ## Create .venv from the pinned requirements (done by the other targets when needed)
+
+.PHONY: run-local
+run-local: $(STAMP) ## Run the job on local-cluster[2,1,1024] against a local moto S3 server
+	$(PY) -m demo.run_local
+
+.PHONY: test
+test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: $(STAMP) ## ruff only
+	$(VENV)/bin/ruff check .
+
+# --- EMR deploy (issue 5) ---
+# docs/emr.md walks through these. S3 is the prefix the cluster reads the job
+# from; everything else comes from conf/emr.yaml (EMR_CONF).
+DIST ?= dist
+EMR_CONF ?= conf/emr.yaml
+S3 ?=
+CLUSTER_ID ?=
+JOB ?=
+JOB_CONFIG ?=
+ARGS ?=
+AWS ?= $(VENV)/bin/aws
+need-s3 = @[[ "$(S3)" == s3://?* ]] || { echo "set S3=s3://bucket/prefix (got '$(S3)')" >&2; exit 2; }
+
+.PHONY: package
+package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-files), install-deps.sh + requirements.txt, conf/
+	rm -rf "$(DIST)"
+	mkdir -p "$(DIST)/conf"
+	cp infer_main.py bootstrap/install-deps.sh requirements.txt "$(DIST)/"
+	cp conf/defaults.yaml "$(EMR_CONF)" "$(DIST)/conf/"
+	$(PYTHON) -m zipfile -c "$(DIST)/mxinfer_job.zip" mxinfer.py utils.py
+
+.PHONY: upload
+upload: package $(STAMP) ## Copy dist/ to S3=s3://bucket/prefix; JOB=my-job.yaml also goes up as S3/job.yaml
+	$(need-s3)
+	$(AWS) s3 cp --recursive "$(DIST)/" "$(S3:%/=%)/"
+	$(if $(JOB),$(AWS) s3 cp "$(JOB)" "$(S3:%/=%)/job.yaml")
+
+.PHONY: emr-cluster
+emr-cluster: $(STAMP) ## aws emr create-cluster from conf/emr.yaml (or EMR_CONF=...), bootstrapped from S3=s3://bucket/prefix
+	$(need-s3)
+	$(PY) deploy/emr.py create-cluster --config "$(EMR_CONF)" --s3 "$(S3)"
+
+.PHONY: emr-submit
+emr-submit: $(STAMP) ## Add the cluster-mode spark-submit step: CLUSTER_ID=j-... S3=... [JOB_CONFIG=s3://...] [ARGS='--top-k 3']
+	$(need-s3)
+	$(PY) deploy/emr.py add-step --config "$(EMR_CONF)" --s3 "$(S3)" --cluster-id "$(CLUSTER_ID)" \
+		$(if $(JOB_CONFIG),--job-config "$(JOB_CONFIG)") -- $(ARGS)
+# --- end EMR deploy ---
+
+.PHONY: clean
+clean: ## Remove build outputs and run-local's work folder
+	rm -rf dist build run .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -not -path './.venv/*' -exec rm -rf {} +
+
+.PHONY: clean-venv
+clean-venv: ## Remove the virtual environment
+	rm -rf $(VENV)

@@ -21,7 +21,8 @@ from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf" / "emr.yaml"
-S3 = "s3://deploy-bucket/jobs/v1"
+BUCKET = "emr-deploy-test"
+S3 = f"s3://{BUCKET}/jobs/v1"
 
 _spec = importlib.util.spec_from_file_location("emr_deploy", ROOT / "deploy" / "emr.py")
 emr = importlib.util.module_from_spec(_spec)
@@ -118,46 +119,9 @@ def test_dry_run_prints_the_step_without_running_it():
 # The make targets, against moto
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    """TEMPORARY until tests/conftest.py has it: a moto server with fake credentials set."""
-    import socket
-    import time
-    import urllib.request
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    fake = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in fake}
-    os.environ.update(fake)
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield endpoint
-    finally:
-        server.terminate()
-        server.wait(10)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 @pytest.fixture
 def aws_env(moto_endpoint):
-    """The environment for a make target: fake credentials, the CLI aimed at moto."""
+    """The environment for a make target: conftest's fake credentials, the CLI aimed at moto."""
     return {**os.environ, "AWS_ENDPOINT_URL": moto_endpoint}
 
 
@@ -170,15 +134,14 @@ def make(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return result
 
 
-def test_make_upload_copies_dist_and_the_job_config(tmp_path, aws_env, moto_endpoint):
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
-    s3.create_bucket(Bucket="deploy-bucket")
+def test_make_upload_copies_dist_and_the_job_config(tmp_path, aws_env, s3):
+    s3.create_bucket(Bucket=BUCKET)
     job = tmp_path / "my-job.yaml"
     job.write_text("input: s3://images/in/\n")
 
     make("upload", f"S3={S3}/", f"DIST={tmp_path / 'dist'}", f"JOB={job}", env=aws_env)
 
-    listed = s3.list_objects_v2(Bucket="deploy-bucket", Prefix="jobs/v1/")["Contents"]
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="jobs/v1/")["Contents"]
     assert sorted(obj["Key"] for obj in listed) == [
         "jobs/v1/conf/defaults.yaml",
         "jobs/v1/conf/emr.yaml",
@@ -188,9 +151,9 @@ def test_make_upload_copies_dist_and_the_job_config(tmp_path, aws_env, moto_endp
         "jobs/v1/mxinfer_job.zip",
         "jobs/v1/requirements.txt",
     ]
-    body = s3.get_object(Bucket="deploy-bucket", Key="jobs/v1/install-deps.sh")["Body"].read()
+    body = s3.get_object(Bucket=BUCKET, Key="jobs/v1/install-deps.sh")["Body"].read()
     assert body == (ROOT / "bootstrap" / "install-deps.sh").read_bytes()
-    body = s3.get_object(Bucket="deploy-bucket", Key="jobs/v1/job.yaml")["Body"].read()
+    body = s3.get_object(Bucket=BUCKET, Key="jobs/v1/job.yaml")["Body"].read()
     assert body == b"input: s3://images/in/\n"
 
 
@@ -259,8 +222,8 @@ def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint):
     assert step["Config"]["Jar"] == "command-runner.jar"
     assert step["Config"]["Args"] == [
         "spark-submit", "--deploy-mode", "cluster", "--master", "yarn",
-        "--py-files", "s3://deploy-bucket/jobs/v1/mxinfer_job.zip",
-        "s3://deploy-bucket/jobs/v1/infer_main.py",
-        "--config", "s3://deploy-bucket/jobs/v1/job.yaml",
+        "--py-files", "s3://emr-deploy-test/jobs/v1/mxinfer_job.zip",
+        "s3://emr-deploy-test/jobs/v1/infer_main.py",
+        "--config", "s3://emr-deploy-test/jobs/v1/job.yaml",
         "--top-k", "3", "--batch-size", "16",
     ]  # fmt: skip

@@ -58,7 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "data_name": "data", "context": "cpu",
     "output": None, "output_s3_bucket": None, "output_s3_key": None,
     "batch_size": 64, "top_k": 5,
-    "input_shape": "3,224,224", "mean": "0,0,0", "std": "1,1,1", "resize": "stretch",
+    "input_shape": "3,224,224", "mean": "0", "std": "1", "resize": "stretch",
     "endpoint_url": None, "region": None,
     "limit": None, "dry_run": False,
     "max_errors": "1%", "max_object_bytes": 50 * 1024 * 1024, "max_image_pixels": 64_000_000,
@@ -273,7 +273,6 @@ def resolve(settings: dict) -> JobConfig:
                                "or --sym_url and --param_url")
 
     input_shape = _numbers(s["input_shape"], "input_shape", int, 3)
-    channels = input_shape[0]
     mean = _numbers(s["mean"], "mean")
     std = _numbers(s["std"], "std")
     try:
@@ -283,8 +282,6 @@ def resolve(settings: dict) -> JobConfig:
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if len(mean) != channels and len(mean) != 1:
-        raise click.UsageError(f"mean needs {channels} values for {channels} channels")
 
     suffixes = s["suffixes"]
     if isinstance(suffixes, str):
@@ -451,6 +448,11 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
         e["images"] += s["keys"]
         for k in stages:
             e[k] = round(e[k] + s["seconds"][k], 3)
+    workers: dict[str, dict] = {}
+    for s in stats:
+        w = workers.setdefault(f"{s['executor']}/{s['worker_pid']}", {"batches": 0, "model_loads": 0})
+        w["batches"] += 1
+        w["model_loads"] = max(w["model_loads"], s["model_loads"])
     errors_by_stage = {stage: sum(s["errors"][stage] for s in stats) for stage in ("download", "decode", "predict")}
     return {
         "input": cfg.input_uri, "output": cfg.output_uri,
@@ -463,7 +465,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
         "executors": executors,
         "s3_retries": {"request": sum(s["s3_retries"]["request"] for s in stats),
                        "body": sum(s["s3_retries"]["body"] for s in stats)},
-        "model_loads": max((s["model_loads"] for s in stats), default=0),
+        "python_workers": workers,
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                   "labels": cfg.model.labels_uri, **model_summary},
         "options": cfg.options(),
@@ -572,8 +574,8 @@ def _refuse_secret(ctx, param, value):
 @click.option("--batch-size", "--batch", "batch_size", type=int, help="Images per batch and per partition. [default: 64]")
 @click.option("--top-k", type=int, help="Predictions per image. [default: 5]")
 @click.option("--input-shape", metavar="C,H,W", help="Model input shape. [default: 3,224,224]")
-@click.option("--mean", metavar="R,G,B", help="Subtracted from 0-255 pixel values. [default: 0,0,0]")
-@click.option("--std", metavar="R,G,B", help="Divides after the mean. [default: 1,1,1]")
+@click.option("--mean", metavar="R,G,B", help="Subtracted from 0-255 pixel values, per channel or one for all. [default: 0]")
+@click.option("--std", metavar="R,G,B", help="Divides after the mean, per channel or one for all. [default: 1]")
 @click.option("--resize", type=click.Choice(mxinfer.RESIZE_MODES), help="stretch to H x W, or short side to H*256/224 then centre crop. [default: stretch]")
 @click.option("--endpoint-url", metavar="URL", help="S3-compatible endpoint (moto, MinIO); executors use it too.")
 @click.option("--region", help="AWS region of the buckets. [default: boto3's]")

@@ -27,6 +27,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -64,7 +65,8 @@ class Preprocess:
     input_shape : tuple of int
         ``(C, H, W)``; ``C`` is 3 (RGB) or 1 (greyscale).
     mean, std : tuple of float
-        Per-channel, applied to 0-255 pixel values: ``(x - mean) / std``.
+        Per channel, or one value for all, applied to 0-255 pixel values:
+        ``(x - mean) / std``.
     resize : str
         ``"stretch"`` (straight to ``W x H``) or ``"short-side-crop"``.
     max_image_pixels : int
@@ -72,8 +74,8 @@ class Preprocess:
     """
 
     input_shape: tuple = (3, 224, 224)
-    mean: tuple = (0.0, 0.0, 0.0)
-    std: tuple = (1.0, 1.0, 1.0)
+    mean: tuple = (0.0,)
+    std: tuple = (1.0,)
     resize: str = "stretch"
     max_image_pixels: int = 100_000_000
 
@@ -125,7 +127,12 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
     if not data:
         raise ValueError("empty object (0 bytes)")
     channels, height, width = prep.input_shape
-    with Image.open(io.BytesIO(data)) as img:
+    try:
+        opened = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:  # Pillow's own limit, which also caps ours
+        raise ImageTooLargeError(f"image is over the limit of {2 * Image.MAX_IMAGE_PIXELS} pixels "
+                                 f"(Pillow's decompression bomb check): {exc}") from None
+    with opened as img:
         pixels = img.width * img.height
         if pixels > prep.max_image_pixels:
             raise ImageTooLargeError(
@@ -292,7 +299,10 @@ class Predictor:
         self._module = mx.mod.Module(symbol, data_names=[spec.data_name], label_names=label_names,
                                      context=self._ctx)
         data_shape = (self.batch_size, *self.input_shape)
-        self._module.bind(data_shapes=[(spec.data_name, data_shape)], for_training=False)
+        with warnings.catch_warnings():
+            # Inference binds no label shapes; Module warns that they differ from label_names.
+            warnings.filterwarnings("ignore", message="Data provided by label_shapes")
+            self._module.bind(data_shapes=[(spec.data_name, data_shape)], for_training=False)
         self._module.set_params(arg_params, aux_params, allow_missing=False, allow_extra=True)
         self._symbol = symbol
         self._lock = threading.Lock()

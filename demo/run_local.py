@@ -99,7 +99,7 @@ def main() -> int:
     print("\n== summary")
     print(json.dumps({k: summary[k] for k in ("keys_listed", "predicted", "failed", "batches",
                                               "elapsed_seconds", "images_per_second", "seconds",
-                                              "model_loads")}, indent=2))
+                                              "python_workers")}, indent=2))
     rows = [json.loads(line) for line in lines]
     correct = sum(1 for row in rows if "predictions" in row
                   and row["predictions"][0]["class_id"] == make_demo.true_label(row["key"]))

@@ -1,0 +1,77 @@
+"""Shared fixtures: fake AWS environment, one moto S3 server and one demo model per session.
+
+Integration tests run the real job through ``spark-submit`` on
+``local-cluster[2,1,1024]``; each such run is a session fixture whose output
+several tests read, so the suite starts Spark only a handful of times.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from demo import make_demo  # noqa: E402
+from demo.run_local import spark_env, spark_submit_command  # noqa: E402
+from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fake_aws_env(monkeypatch):
+    """No test can reach a real AWS account: fake keys, a fixed region, no profile."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    for name, value in FAKE_AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory):
+    """A moto S3 (and EMR) server for the whole session; its endpoint URL."""
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
+        yield endpoint
+
+
+def make_s3_client(endpoint: str):
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+@pytest.fixture(scope="session")
+def s3(moto_endpoint):
+    return make_s3_client(moto_endpoint)
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory):
+    """The demo model (logits head) and held-out digit PNGs, trained once per session."""
+    out = tmp_path_factory.mktemp("demo")
+    made = make_demo.make_demo(out, epochs=6)
+    prefix = Path(made["model_prefix"])
+    make_demo.export_softmax_head(prefix, prefix.with_name("digits_softmax"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def logits_prefix(demo_dir) -> Path:
+    return demo_dir / "model" / "digits"
+
+
+@pytest.fixture(scope="session")
+def softmax_prefix(demo_dir) -> Path:
+    return demo_dir / "model" / "digits_softmax"
+
+
+def spark_submit(job_args: list[str], timeout: int = 600, extra_env: dict | None = None,
+                 cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run the job through spark-submit on local-cluster, as ``make run-local`` does."""
+    return subprocess.run(spark_submit_command(job_args), check=False, env=spark_env(extra_env), cwd=str(cwd),
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,161 @@
+"""Decoding: every Pillow mode to 3 channels, the exact recipe, and bad bytes raising."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+
+import mxinfer
+
+PREP = mxinfer.Preprocess(input_shape=(3, 24, 32))
+
+
+def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def gradient_rgb(width: int = 40, height: int = 30) -> Image.Image:
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1),
+                    (x + y) * 255 // (width + height)], axis=-1)
+    return Image.fromarray(rgb.astype(np.uint8))
+
+
+def reference(data: bytes, shape=(3, 24, 32), mean=(0, 0, 0), std=(1, 1, 1)) -> np.ndarray:
+    """The README's recipe, written out independently of mxinfer."""
+    img = Image.open(io.BytesIO(data))
+    img = ImageOps.exif_transpose(img)
+    img = img.convert("RGB")
+    img = img.resize((shape[2], shape[1]), Image.BILINEAR)
+    x = np.asarray(img, dtype=np.float32).transpose(2, 0, 1)
+    return (x - np.array(mean, np.float32).reshape(3, 1, 1)) / np.array(std, np.float32).reshape(3, 1, 1)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "LA", "P", "RGBA", "CMYK", "1"])
+def test_every_8bit_mode_decodes_to_three_channels_as_the_recipe(mode):
+    img = gradient_rgb().convert(mode)
+    fmt = "JPEG" if mode == "CMYK" else "PNG"
+    data = encode(img, fmt)
+    out = mxinfer.decode_image(data, PREP)
+    assert out.shape == (3, 24, 32)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, reference(data), atol=1e-4)
+
+
+def test_cmyk_jpeg_colours_survive():
+    red = Image.new("RGB", (16, 16), (220, 20, 20)).convert("CMYK")
+    out = mxinfer.decode_image(encode(red, "JPEG", quality=95), PREP)
+    r, g, b = (out[c].mean() for c in range(3))
+    assert r > 180 and g < 70 and b < 70
+
+
+def test_16bit_greyscale_is_scaled_not_saturated():
+    values = np.full((30, 40), 32768, dtype=np.uint16)  # mid-grey at 16 bits
+    img = Image.fromarray(values)
+    assert img.mode.startswith("I;16")
+    out = mxinfer.decode_image(encode(img), PREP)
+    # 32768 / 257 = 127.5 -> 128; Pillow's own convert("RGB") would give 255.
+    assert out.shape == (3, 24, 32)
+    np.testing.assert_allclose(out, 128.0, atol=0.5)
+    assert np.asarray(img.convert("RGB")).max() == 255  # the saturation this avoids
+
+
+def test_32bit_integer_greyscale_holding_16bit_values_is_scaled_too():
+    img = Image.fromarray(np.full((8, 8), 65535, dtype=np.uint16)).convert("I")
+    out = mxinfer.decode_image(encode(img, "TIFF"), PREP)
+    np.testing.assert_allclose(out, 255.0, atol=0.5)
+
+
+def test_mean_and_std_apply_to_0_255_values():
+    data = encode(Image.new("RGB", (8, 8), (100, 150, 200)))
+    prep = mxinfer.Preprocess(input_shape=(3, 4, 4), mean=(100, 50, 0), std=(1, 2, 4))
+    out = mxinfer.decode_image(data, prep)
+    np.testing.assert_allclose(out[:, 0, 0], [0.0, 50.0, 50.0])
+
+
+def test_exif_orientation_is_applied():
+    img = Image.new("RGB", (40, 20), (0, 0, 0))
+    img.paste((255, 255, 255), (0, 0, 20, 20))  # left half white
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise on display
+    data = encode(img, "JPEG", exif=exif.tobytes(), quality=95)
+    out = mxinfer.decode_image(data, mxinfer.Preprocess(input_shape=(3, 40, 20)))
+    # After the rotation the white half is on top.
+    assert out[:, :15, :].mean() > 200 and out[:, 25:, :].mean() < 50
+
+
+def test_greyscale_model_input_has_one_channel():
+    out = mxinfer.decode_image(encode(gradient_rgb()), mxinfer.Preprocess(input_shape=(1, 8, 8)))
+    assert out.shape == (1, 8, 8)
+
+
+def test_short_side_crop_resizes_short_side_then_crops_the_centre():
+    img = Image.new("RGB", (512, 256), (0, 0, 0))
+    img.paste((255, 255, 255), (192, 0, 320, 256))  # a white centre band 128 px wide
+    prep = mxinfer.Preprocess(input_shape=(3, 224, 224), resize="short-side-crop")
+    out = mxinfer.decode_image(encode(img), prep)
+    assert out.shape == (3, 224, 224)
+    # Short side 256 -> 256 (no scaling), width 512 -> crop 144..368: band at 48..176.
+    assert out[:, :, 60:160].mean() > 250
+    assert out[:, :, :40].mean() < 5 and out[:, :, 190:].mean() < 5
+
+
+def test_animated_gif_gives_its_first_frame():
+    frames = [Image.new("RGB", (10, 10), c) for c in ((255, 0, 0), (0, 0, 255))]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:])
+    out = mxinfer.decode_image(buffer.getvalue(), mxinfer.Preprocess(input_shape=(3, 10, 10)))
+    assert out[0].mean() > 200 and out[2].mean() < 50
+
+
+@pytest.mark.parametrize("data, match", [
+    (b"", "empty object"),
+    (b"this is not an image at all", "cannot identify image"),
+])
+def test_bad_bytes_raise(data, match):
+    with pytest.raises(Exception, match=match):
+        mxinfer.decode_image(data, PREP)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_truncated_images_raise_rather_than_decode_half_grey(fmt):
+    data = encode(gradient_rgb(200, 150), fmt)
+    with pytest.raises(OSError):
+        mxinfer.decode_image(data[: len(data) // 2], PREP)
+
+
+def test_decompression_bomb_is_refused_before_decoding():
+    prep = mxinfer.Preprocess(input_shape=(3, 8, 8), max_image_pixels=10_000_000)
+    data = png_declaring(5000, 5000)
+    assert len(data) < 100
+    with pytest.raises(mxinfer.ImageTooLargeError, match="25000000 pixels, over the limit of 10000000"):
+        mxinfer.decode_image(data, prep)
+    with pytest.raises(mxinfer.ImageTooLargeError, match="over the limit"):  # 30000 x 30000: Pillow's check first
+        mxinfer.decode_image(png_declaring(30000, 30000), prep)
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A tiny PNG whose header declares ``width x height`` greyscale pixels (a decompression bomb)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"input_shape": (2, 8, 8)}, "C 1 or 3"),
+    ({"mean": (1, 2)}, "mean needs"),
+    ({"std": (0, 1, 1)}, "non-zero"),
+    ({"resize": "zoom"}, "resize must be"),
+])
+def test_preprocess_rejects_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mxinfer.Preprocess(**kwargs)

@@ -1,0 +1,163 @@
+"""The model side: loading checks, softmax vs logits, top-k, padding, the per-worker cache."""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import mxnet as mx
+import numpy as np
+import pytest
+from PIL import Image
+
+import mxinfer
+from demo import make_demo
+
+SHAPE = make_demo.INPUT_SHAPE
+
+
+def digit_batch(n: int, seed: int = 0) -> np.ndarray:
+    (_, _), (test_x, _) = make_demo.digits_split()
+    picks = np.random.RandomState(seed).choice(len(test_x), n, replace=False)
+    return np.stack([mxinfer.decode_image(make_demo.digit_png(test_x[i]), make_demo.PREPROCESS) for i in picks])
+
+
+def test_top_classes_orders_by_probability_and_breaks_ties_by_class_id():
+    probs = np.array([[0.1, 0.3, 0.3, 0.2, 0.1]])
+    assert mxinfer.top_classes(probs, 3) == [[(1, 0.3), (2, 0.3), (3, 0.2)]]
+    assert len(mxinfer.top_classes(probs, 10)[0]) == 5
+
+
+def test_softmax_rows_sum_to_one_and_survive_large_logits():
+    out = mxinfer.softmax(np.array([[1000.0, 1001.0, 999.0], [0.0, 0.0, 0.0]]))
+    np.testing.assert_allclose(out.sum(axis=1), 1.0)
+    np.testing.assert_allclose(out[1], 1 / 3)
+    assert out[0].argmax() == 1
+
+
+def test_parse_labels_drops_synset_ids_and_trailing_blank_lines():
+    text = "n01440764 tench, Tinca tinca\nn02123045 tabby, tabby cat\nplain label\n\n"
+    assert mxinfer.parse_labels(text) == ["tench, Tinca tinca", "tabby, tabby cat", "plain label"]
+
+
+def test_softmax_head_and_logits_head_give_the_same_probabilities(logits_prefix, softmax_prefix):
+    logits = mxinfer.Classifier(str(logits_prefix), SHAPE, batch_size=8)
+    softmax = mxinfer.Classifier(str(softmax_prefix), SHAPE, batch_size=8)
+    assert logits.model_summary()["head"] == "logits"
+    assert softmax.model_summary()["head"] == "softmax"
+    assert "softmax_label" in softmax._symbol.list_arguments()
+    batch = digit_batch(5)
+    p_logits, p_softmax = logits.probabilities(batch), softmax.probabilities(batch)
+    np.testing.assert_allclose(p_logits.sum(axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(p_logits, p_softmax, atol=1e-5)
+
+
+def test_predict_pads_and_splits_yet_each_row_equals_its_result_alone(logits_prefix):
+    predictor = mxinfer.Predictor(str(logits_prefix), SHAPE, batch_size=4)
+    batch = digit_batch(11)
+    together = predictor.predict(batch)[0]
+    assert together.shape == (11, 10)
+    for i in (0, 5, 10):
+        alone = predictor.predict(batch[i: i + 1])[0]
+        np.testing.assert_allclose(alone[0], together[i], rtol=1e-5, atol=1e-5)
+    assert predictor.predict(np.zeros((0, *SHAPE), np.float32))[0].shape == (0, 10)
+
+
+@pytest.mark.parametrize("array, match", [
+    (np.zeros((3, 32, 32), np.float32), "4-d NCHW"),
+    (np.zeros((2, 3, 28, 28), np.float32), r"expected shape \(N, 3, 32, 32\)"),
+    (np.zeros((2, 3, 32, 32), np.float64), "expected dtype float32"),
+])
+def test_predict_rejects_wrong_rank_shape_and_dtype(logits_prefix, array, match):
+    predictor = mxinfer.Predictor(str(logits_prefix), SHAPE, batch_size=2)
+    with pytest.raises(ValueError, match=match):
+        predictor.predict(array)
+
+
+def test_classifier_labels_come_from_synset_beside_the_model(logits_prefix):
+    clf = mxinfer.Classifier(str(logits_prefix), SHAPE, batch_size=2)
+    assert clf.labels == make_demo.LABELS
+    [row] = clf.classify(digit_batch(1), top_k=3)
+    assert len(row) == 3 and row[0][1] == make_demo.LABELS[row[0][0]]
+    assert row[0][2] >= row[1][2] >= row[2][2]
+
+
+def test_without_synset_predictions_have_class_ids_only(tmp_path, logits_prefix):
+    for suffix in ("-symbol.json", "-0000.params"):
+        shutil.copy(f"{logits_prefix}{suffix}", tmp_path / f"m{suffix}")
+    clf = mxinfer.Classifier(str(tmp_path / "m"), SHAPE, batch_size=2)
+    assert clf.labels is None
+    [entries] = clf.prediction_dicts(clf.probabilities(digit_batch(1)), 2)
+    assert set(entries[0]) == {"class_id", "probability"}
+
+
+def test_image_classifier_takes_bytes_paths_and_pil_images(tmp_path, logits_prefix):
+    clf = mxinfer.ImageClassifier(str(logits_prefix), SHAPE, batch_size=4, preprocess=make_demo.PREPROCESS)
+    (_, _), (test_x, _) = make_demo.digits_split()
+    png = make_demo.digit_png(test_x[0])
+    path = tmp_path / "digit.png"
+    path.write_bytes(png)
+    results = clf.classify_images([png, str(path), Image.open(io.BytesIO(png))], top_k=2)
+    assert results[0] == results[1]
+    assert [c for c, _, _ in results[2]] == [c for c, _, _ in results[0]]
+
+
+def save_params(prefix, arg_params: dict, aux_params: dict) -> None:
+    saved = {f"arg:{k}": v for k, v in arg_params.items()}
+    saved.update({f"aux:{k}": v for k, v in aux_params.items()})
+    mx.nd.save(f"{prefix}-0000.params", saved)
+
+
+def test_missing_weight_is_an_error_even_with_a_softmax_label(tmp_path, softmax_prefix):
+    _sym, args, aux = mx.model.load_checkpoint(str(softmax_prefix), 0)
+    dropped = sorted(args)[0]
+    del args[dropped]
+    shutil.copy(f"{softmax_prefix}-symbol.json", tmp_path / "m-symbol.json")
+    save_params(tmp_path / "m", args, aux)
+    with pytest.raises(mxinfer.ModelError, match=f"lacks 1 weight.*{dropped}"):
+        mxinfer.Classifier(str(tmp_path / "m"), SHAPE, batch_size=2)
+
+
+def test_input_shape_the_model_rejects_is_named(logits_prefix):
+    with pytest.raises(mxinfer.ModelError, match=r"\(3, 64, 64\)"):
+        mxinfer.Classifier(str(logits_prefix), (3, 64, 64), batch_size=2)
+
+
+def test_unknown_input_name_lists_the_real_inputs(logits_prefix):
+    spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix), data_name="image")
+    with pytest.raises(mxinfer.ModelError, match=r"no input named 'image'; its inputs are \['data'\]"):
+        mxinfer.Classifier(spec, SHAPE, batch_size=2)
+
+
+def test_labels_file_with_the_wrong_line_count_is_refused(tmp_path, logits_prefix):
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a\nb\nc\n")
+    spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix), labels_uri=str(labels))
+    with pytest.raises(mxinfer.ModelError, match="has 3 lines but the model has 10 classes"):
+        mxinfer.Classifier(spec, SHAPE, batch_size=2)
+
+
+def test_corrupt_params_file_is_a_model_error(tmp_path, logits_prefix):
+    shutil.copy(f"{logits_prefix}-symbol.json", tmp_path / "m-symbol.json")
+    (tmp_path / "m-0000.params").write_bytes(b"not a params file")
+    with pytest.raises(mxinfer.ModelError, match="cannot load checkpoint"):
+        mxinfer.Classifier(str(tmp_path / "m"), SHAPE, batch_size=2)
+
+
+def test_model_summary_describes_the_model(logits_prefix):
+    summary = mxinfer.Predictor(str(logits_prefix), SHAPE, batch_size=2).model_summary()
+    assert summary["inputs"] == {"data": [3, 32, 32]}
+    assert summary["num_classes"] == 10
+    assert summary["parameters"] > 100_000
+    assert list(summary["outputs"].values()) == [[10]]
+
+
+def test_get_classifier_loads_once_per_process_and_key(logits_prefix):
+    spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix))
+    before = mxinfer.load_count
+    first = mxinfer.get_classifier(spec, SHAPE, 3)
+    second = mxinfer.get_classifier(spec, SHAPE, 3)
+    assert first is second
+    assert mxinfer.load_count == before + 1
+    other = mxinfer.get_classifier(spec, SHAPE, 5)
+    assert other is not first and mxinfer.load_count == before + 2

@@ -1,0 +1,148 @@
+"""S3 helpers: URIs, paginated listing, suffix filter, retried body reads, atomic multipart upload."""
+
+from __future__ import annotations
+
+import io
+
+import boto3
+import botocore.exceptions
+import pytest
+from moto import mock_aws
+
+import utils
+
+
+@pytest.fixture
+def s3_mock():
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="bkt")
+        yield client
+
+
+@pytest.mark.parametrize("uri, expected", [
+    ("s3://bucket/a/b.jpg", ("bucket", "a/b.jpg")),
+    ("s3://bucket", ("bucket", "")),
+    ("s3a://bucket/p/", ("bucket", "p/")),
+])
+def test_parse_s3_uri(uri, expected):
+    assert utils.parse_s3_uri(uri) == expected
+
+
+@pytest.mark.parametrize("uri, need_key", [("http://x/y", False), ("s3:///key", False), ("s3://b/", True)])
+def test_parse_s3_uri_rejects(uri, need_key):
+    with pytest.raises(utils.S3UriError, match="s3://BUCKET/KEY"):
+        utils.parse_s3_uri(uri, need_key=need_key)
+
+
+def test_listing_follows_pages_past_1000_keys(s3_mock):
+    for i in range(1234):
+        s3_mock.put_object(Bucket="bkt", Key=f"p/{i:05d}.jpg", Body=b"x" * (i % 7))
+    s3_mock.put_object(Bucket="bkt", Key="other/0.jpg", Body=b"")
+    listed = list(utils.list_objects(s3_mock, "bkt", "p/"))
+    assert len(listed) == 1234
+    assert listed[5] == ("p/00005.jpg", 5)
+
+
+def test_listing_an_empty_prefix_yields_nothing(s3_mock):
+    assert list(utils.list_objects(s3_mock, "bkt", "nothing-here/")) == []
+
+
+def test_keep_suffixes_is_case_insensitive_and_exact_on_the_end():
+    objects = [("a.JPG", 1), ("b.jpeg", 1), ("c.png.txt", 1), ("d.Tiff", 1), ("e", 1), ("f.webp", 1)]
+    kept = utils.keep_suffixes(objects, [".jpg", "jpeg", ".tiff", ".webp"])
+    assert [k for k, _ in kept] == ["a.JPG", "b.jpeg", "d.Tiff", "f.webp"]
+
+
+class FlakyBody:
+    def __init__(self, data: bytes, fail: bool):
+        self.data, self.fail = data, fail
+
+    def read(self):
+        if self.fail:
+            raise botocore.exceptions.ResponseStreamingError(error="connection reset mid-body")
+        return self.data
+
+    def close(self):
+        pass
+
+
+class FlakyClient:
+    """get_object whose first ``failures`` bodies break while streaming."""
+
+    def __init__(self, data: bytes, failures: int):
+        self.data, self.failures, self.calls = data, failures, 0
+
+    def get_object(self, Bucket, Key):
+        self.calls += 1
+        fail = self.calls <= self.failures
+        return {"Body": FlakyBody(self.data, fail), "ContentLength": len(self.data),
+                "ResponseMetadata": {"RetryAttempts": 1}}
+
+
+def test_read_object_retries_a_body_cut_off_midway_and_counts_it():
+    client = FlakyClient(b"image bytes", failures=2)
+    stats = utils.IOStats()
+    assert utils.read_object(client, "bkt", "k", attempts=3, stats=stats) == b"image bytes"
+    assert client.calls == 3
+    assert stats.body_retries == 2
+    assert stats.request_retries == 3  # botocore's own retries, from the response metadata
+
+
+def test_read_object_gives_up_after_its_attempts():
+    client = FlakyClient(b"x", failures=5)
+    with pytest.raises(botocore.exceptions.ResponseStreamingError):
+        utils.read_object(client, "bkt", "k", attempts=2)
+    assert client.calls == 2
+
+
+def test_read_object_raises_no_such_key_at_once(s3_mock):
+    with pytest.raises(botocore.exceptions.ClientError, match="NoSuchKey"):
+        utils.read_object(s3_mock, "bkt", "missing.jpg")
+
+
+def test_read_uri_reads_s3_paths_and_file_uris(s3_mock, tmp_path):
+    s3_mock.put_object(Bucket="bkt", Key="m/x.txt", Body=b"from s3")
+    (tmp_path / "x.txt").write_bytes(b"from disk")
+    assert utils.read_uri("s3://bkt/m/x.txt", s3_mock) == b"from s3"
+    assert utils.read_uri(str(tmp_path / "x.txt")) == b"from disk"
+    assert utils.read_uri(f"file://{tmp_path / 'x.txt'}") == b"from disk"
+    with pytest.raises(FileNotFoundError):
+        utils.read_uri("s3://bkt/m/absent.txt", s3_mock)
+    with pytest.raises(FileNotFoundError):
+        utils.read_uri(str(tmp_path / "absent.txt"))
+
+
+def test_multipart_writer_streams_parts_and_the_object_appears_only_on_close(s3_mock):
+    writer = utils.MultipartWriter(s3_mock, "bkt", "out/p.jsonl", part_bytes=utils.MIN_PART_BYTES)
+    chunk = b"x" * (1024 * 1024)
+    for _ in range(11):
+        writer.write(chunk)
+    assert len(writer._parts) == 2  # 10 MiB uploaded as it came, 1 MiB still buffered
+    assert "Contents" not in s3_mock.list_objects_v2(Bucket="bkt", Prefix="out/")
+    writer.close()
+    body = s3_mock.get_object(Bucket="bkt", Key="out/p.jsonl")["Body"].read()
+    assert body == chunk * 11
+
+
+def test_multipart_writer_aborts_on_error_leaving_no_object_and_no_parts(s3_mock):
+    with pytest.raises(RuntimeError), utils.MultipartWriter(s3_mock, "bkt", "out/p.jsonl") as writer:
+        writer.write(b"partial\n")
+        raise RuntimeError("the job failed")
+    assert "Contents" not in s3_mock.list_objects_v2(Bucket="bkt", Prefix="out/")
+    assert s3_mock.list_multipart_uploads(Bucket="bkt").get("Uploads", []) == []
+
+
+def test_multipart_writer_needs_a_writable_bucket(s3_mock):
+    with pytest.raises(botocore.exceptions.ClientError, match="NoSuchBucket"):
+        utils.MultipartWriter(s3_mock, "no-such-bucket", "k")
+
+
+def test_sibling_uri():
+    assert utils.sibling_uri("s3://b/models/r18-symbol.json", "synset.txt") == "s3://b/models/synset.txt"
+    assert utils.sibling_uri("r18-symbol.json", "synset.txt") == "synset.txt"
+
+
+def test_put_text_round_trips(s3_mock):
+    utils.put_text(s3_mock, "bkt", "s.json", '{"a": 1}')
+    assert io.BytesIO(s3_mock.get_object(Bucket="bkt", Key="s.json")["Body"].read()).read() == b'{"a": 1}'

@@ -119,5 +119,8 @@ def test_packaged_job_writes_every_prediction_and_a_summary_to_s3(packaged_run, 
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key="out/digits.jsonl.summary.json")["Body"].read())
     assert (summary["predicted"], summary["failed"]) == (IMAGES, 0)
     assert summary["batches"] == -(-IMAGES // BATCH)
-    # spark.python.worker.reuse from conf/emr.yaml: one model load per Python worker.
-    assert summary["model_loads"] == 1
+    # spark.executor.cores=1 and spark.python.worker.reuse=true from conf/emr.yaml:
+    # one Python worker per executor, which loaded the model once.
+    workers = summary["python_workers"]
+    assert sorted(name.rsplit("/", 1)[0] for name in workers) == sorted(summary["executors"])
+    assert [w["model_loads"] for w in workers.values()] == [1] * len(workers)

@@ -164,15 +164,15 @@ def load_config(path: Path) -> EmrConfig:
     """
     raw = yaml.safe_load(path.read_text())
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a YAML mapping")
+        raise ValueError("expected a YAML mapping")
     names = {f.name for f in fields(EmrConfig)}
     missing = names - set(raw) - {"idle_timeout_seconds"}
     unknown = set(raw) - names
     if missing or unknown:
-        raise ValueError(f"{path}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
-    for key in ("path", "name"):
-        if key not in raw["bootstrap"]:
-            raise ValueError(f"{path}: bootstrap.{key} is missing")
+        raise ValueError(f"missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
+    for section, keys in (("bootstrap", ("name", "path")), ("step", ("name", "action_on_failure"))):
+        if not isinstance(raw[section], dict) or not all(key in raw[section] for key in keys):
+            raise ValueError(f"{section} needs the keys {', '.join(keys)}")
     conf = EmrConfig(
         **{
             **raw,
@@ -331,7 +331,7 @@ def _cluster_id(_ctx: click.Context, _param: click.Parameter, value: str) -> str
 def _load(path: Path) -> EmrConfig:
     try:
         return load_config(path)
-    except ValueError as exc:
+    except (ValueError, yaml.YAMLError) as exc:
         raise click.ClickException(f"{path}: {exc}") from exc
 
 

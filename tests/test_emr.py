@@ -71,6 +71,7 @@ def test_shipped_config_gives_one_single_task_executor_per_core_node():
          "spark.dynamicAllocation.enabled is 'true', want 'false'"),
         ({"subnet_id": "subnet-1"}, r"unknown keys \['subnet_id'\]"),
         ({"core": {"instance_type": "m5.2xlarge", "count": 2}}, "core.vcpus: expected the vCPU count"),
+        ({"step": {"name": "x"}}, "step needs the keys name, action_on_failure"),
     ],
 )  # fmt: skip
 def test_load_config_refuses_inconsistent_settings(tmp_path, changes, message):

@@ -466,6 +466,8 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
         "s3_retries": {"request": sum(s["s3_retries"]["request"] for s in stats),
                        "body": sum(s["s3_retries"]["body"] for s in stats)},
         "python_workers": workers,
+        # Batches whose result came from a retried task (lost worker or executor, ...).
+        "retried_batches": sum(1 for s in stats if s.get("attempt", 0) > 0),
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                   "labels": cfg.model.labels_uri, **model_summary},
         "options": cfg.options(),

@@ -579,6 +579,16 @@ def _prefetched(items: Sequence[tuple[str, int]], work, pool: ThreadPoolExecutor
         yield result
 
 
+def _task_attempt() -> int:
+    """This task's attempt number (0 the first time); 0 outside Spark."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover - the library used without Spark installed
+        return 0
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
+
+
 def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple]:
     """Score one partition (one batch); yields a single ``(index, lines, blob, stats)``.
 
@@ -589,7 +599,13 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     """
     started = time.perf_counter()
     real = [item for item in items if item is not None]
-    classifier = get_classifier(job.model, job.preprocess.input_shape, job.batch_size)
+    try:
+        classifier = get_classifier(job.model, job.preprocess.input_shape, job.batch_size)
+    except Exception as exc:
+        # Same message on every attempt, so the driver's error names the cause
+        # (weights unreachable from the executors, corrupt, ...), not a stack.
+        raise ModelError(f"executor {socket.gethostname()} cannot load the model {job.model.params_uri}: "
+                         f"{type(exc).__name__}: {_first_line(exc)}") from exc
     client = utils.s3_client(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
                              max_pool_connections=max(10, job.io_threads + 2))
     io_stats = utils.IOStats()
@@ -650,6 +666,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         "partition": index,
         "executor": f"{socket.gethostname()}/{os.getppid()}",
         "worker_pid": os.getpid(),
+        "attempt": _task_attempt(),
         "keys": len(real),
         "errors": errors,
         "seconds": {**{k: round(v, 4) for k, v in timing.items()}, "task": round(time.perf_counter() - started, 4)},

@@ -50,17 +50,19 @@ class S3Proxy:
         HTTP methods eligible for faults (all by default).
     fault_key_filter : callable, optional
         ``f(method, path) -> bool``: only matching requests are eligible.
+    deny : callable, optional
+        ``f(method, path) -> bool``: matching requests get ``403 AccessDenied``, always.
     seed : int
         Fault draws are reproducible.
     """
 
     def __init__(self, upstream: str, latency: float = 0.0, fault_rate: float = 0.0,
                  faults: tuple = FAULTS, fault_methods: tuple = ("GET", "PUT", "POST", "HEAD", "DELETE"),
-                 fault_key_filter=None, seed: int = 0):
+                 fault_key_filter=None, deny=None, seed: int = 0):
         parsed = urllib.parse.urlparse(upstream)
         self.upstream_host, self.upstream_port = parsed.hostname, parsed.port
         self.latency, self.fault_rate, self.faults = latency, fault_rate, tuple(faults)
-        self.fault_methods, self.fault_key_filter = tuple(fault_methods), fault_key_filter
+        self.fault_methods, self.fault_key_filter, self.deny = tuple(fault_methods), fault_key_filter, deny
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self.counts: Counter = Counter()
@@ -92,7 +94,13 @@ class S3Proxy:
                 return None
             if self._random.random() >= self.fault_rate:
                 return None
-            fault = self._random.choice(self.faults)
+            # A cut body is only drawn for GETs: cutting the answer to a POST
+            # that upstream already carried out (CompleteMultipartUpload) tests
+            # moto's idempotency, not ours.
+            choices = [f for f in self.faults if f != "cut" or method == "GET"]
+            if not choices:
+                return None
+            fault = self._random.choice(choices)
             self.counts[fault] += 1
             return fault
 
@@ -108,24 +116,24 @@ class S3Proxy:
             def _forward(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                fault = proxy._draw_fault(self.command, self.path)
                 if proxy.latency:
                     time.sleep(proxy.latency)
+                if proxy.deny is not None and proxy.deny(self.command, self.path):
+                    with proxy._lock:
+                        proxy.counts["denied"] += 1
+                    self._send_error(403, "AccessDenied", "Access Denied")
+                    return
+                fault = proxy._draw_fault(self.command, self.path)
                 if fault == "reset":
                     # SO_LINGER 0 makes close() send RST: the client sees "connection reset".
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.close_connection = True
                     return
-                if fault in ("slowdown", "internal"):
-                    status, code, message = ((503, "SlowDown", "Please reduce your request rate.")
-                                             if fault == "slowdown" else
-                                             (500, "InternalError", "We encountered an internal error."))
-                    payload = _ERROR_XML.format(code=code, message=message).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
+                if fault == "slowdown":
+                    self._send_error(503, "SlowDown", "Please reduce your request rate.")
+                    return
+                if fault == "internal":
+                    self._send_error(500, "InternalError", "We encountered an internal error.")
                     return
                 upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=60)
                 try:
@@ -148,6 +156,15 @@ class S3Proxy:
                     return
                 if self.command != "HEAD":
                     self.wfile.write(data)
+
+            def _send_error(self, status: int, code: str, message: str) -> None:
+                payload = _ERROR_XML.format(code=code, message=message).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 

@@ -157,7 +157,7 @@ def emr_like_python() -> str:
 
 @pytest.fixture(scope="module")
 def bootstrapped(tmp_path_factory):
-    """A fresh venv after the packaged bootstrap ran in it twice: (python, first, second)."""
+    """A fresh venv after the packaged bootstrap ran in it twice: (python, first, second, dist)."""
     tmp = tmp_path_factory.mktemp("bootstrap")
     dist = tmp / "dist"
     subprocess.run(["make", "-s", "package", f"DIST={dist}"], cwd=ROOT, check=True)
@@ -168,7 +168,7 @@ def bootstrapped(tmp_path_factory):
     first = run_script(env={"PYTHON": python}, script=dist / "install-deps.sh")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     second = run_script(env={"PYTHON": python}, script=dist / "install-deps.sh")
-    return python, first, second
+    return python, first, second, dist
 
 
 FORWARD_PASS = """
@@ -192,14 +192,14 @@ print("forward ok", mx.__version__, np.__version__)
 
 
 def test_installed_stack_runs_a_forward_pass(bootstrapped):
-    python, _, _ = bootstrapped
+    python, _, _, _ = bootstrapped
     result = subprocess.run([python, "-c", FORWARD_PASS], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert f"forward ok {pins(REQUIREMENTS)['mxnet']} {pins(REQUIREMENTS)['numpy']}" in result.stdout
 
 
 def test_installs_exactly_the_pins_and_logs_them(bootstrapped):
-    python, first, _ = bootstrapped
+    python, first, _, _ = bootstrapped
     freeze = subprocess.run(
         [python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True
     ).stdout
@@ -215,8 +215,27 @@ def test_installs_exactly_the_pins_and_logs_them(bootstrapped):
 
 
 def test_second_run_succeeds_and_installs_nothing(bootstrapped):
-    _, first, second = bootstrapped
+    _, first, second, _ = bootstrapped
     assert "Successfully installed" in first.stdout
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Successfully installed" not in second.stdout
     assert "install-deps: done" in second.stderr
+
+
+def test_packaged_job_and_deploy_tool_load_on_that_python(bootstrapped):
+    """The zip's modules and infer_main.py import with only what the bootstrap installed."""
+    python, _, _, dist = bootstrapped
+    job = subprocess.run(
+        [python, str(dist / "infer_main.py"), "--help"],
+        env={**os.environ, "PYTHONPATH": str(dist / "mxinfer_job.zip")},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert job.returncode == 0, job.stderr
+    assert "--config URI" in job.stdout
+    deploy = subprocess.run(
+        [python, str(ROOT / "deploy" / "emr.py"), "create-cluster", "--s3", "s3://b/p",
+         "--aws", "aws", "--dry-run"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert deploy.returncode == 0, deploy.stderr
+    assert deploy.stdout.startswith("+ aws emr create-cluster ")

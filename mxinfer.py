@@ -20,6 +20,7 @@ centre crop) -> float32 CHW -> ``(x - mean) / std`` on 0-255 values.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import logging
@@ -30,9 +31,9 @@ import time
 import warnings
 import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -242,6 +243,89 @@ def mx_context(name: str):
     if kind == "gpu":
         return mx.gpu(int(index or 0))
     raise ValueError(f"context must be cpu, gpu or gpu:N, got {name!r}")
+
+
+def choose_context(requested: str, resources: Mapping | None, partition_index: int, num_gpus: int) -> str:
+    """The device one Spark task should run the model on, as ``"cpu"`` or ``"gpu:N"``.
+
+    Pure: the caller passes what Spark and MXNet report (see :func:`task_context`).
+
+    Parameters
+    ----------
+    requested : str
+        ``"cpu"``; ``"gpu:N"`` pins GPU N; ``"gpu"`` picks one for this task.
+    resources : mapping or None
+        The task's Spark resources, ``TaskContext.get().resources()``: a name
+        to an object with ``addresses``. With GPU scheduling on
+        (``spark.task.resource.gpu.amount``) Spark names this task's GPU there.
+    partition_index : int
+        Spreads partitions over the visible GPUs when Spark assigned none.
+    num_gpus : int
+        GPUs this process sees (``mx.context.num_gpus()``).
+
+    Returns
+    -------
+    str
+        ``"cpu"`` or ``"gpu:N"``: the GPU Spark assigned, else
+        ``partition_index % num_gpus``.
+
+    Raises
+    ------
+    ValueError
+        A malformed ``requested``, or ``"gpu"`` with no GPU assigned or visible.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> choose_context("gpu", {"gpu": SimpleNamespace(addresses=["3"])}, 0, 4)
+    'gpu:3'
+    >>> choose_context("gpu", {}, 6, 4)
+    'gpu:2'
+    """
+    kind, colon, index = str(requested).partition(":")
+    if kind == "cpu" and not colon:
+        return "cpu"
+    if kind != "gpu" or (colon and not index.isdigit()):
+        raise ValueError(f"context must be cpu, gpu or gpu:N, got {requested!r}")
+    if colon:
+        return f"gpu:{int(index)}"
+    gpu = (resources or {}).get("gpu")
+    addresses = list(getattr(gpu, "addresses", None) or [])
+    if addresses:
+        if not str(addresses[0]).isdigit():
+            raise ValueError(f"Spark assigned GPU address {addresses[0]!r}; expected a device number")
+        return f"gpu:{int(addresses[0])}"
+    if num_gpus > 0:
+        return f"gpu:{partition_index % num_gpus}"
+    raise ValueError("context gpu: Spark assigned this task no GPU and this process sees none; "
+                     "set spark.executor.resource.gpu.amount and spark.task.resource.gpu.amount, "
+                     "or use context cpu")
+
+
+def _spark_task():
+    """The running Spark task's ``TaskContext``; ``None`` on the driver or without Spark."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover - the library used without Spark installed
+        return None
+    return TaskContext.get()
+
+
+def task_context(requested: str, partition_index: int | None = None) -> str:
+    """:func:`choose_context` for the running task: its Spark resources and the visible GPUs.
+
+    ``partition_index`` defaults to the task's partition (0 outside Spark).
+    Asks MXNet for the GPU count only when ``requested`` is plain ``"gpu"``.
+    """
+    if str(requested) != "gpu":
+        return choose_context(requested, None, 0, 0)
+    import mxnet as mx
+
+    task = _spark_task()
+    resources = task.resources() if task is not None else {}
+    if partition_index is None:
+        partition_index = task.partitionId() if task is not None else 0
+    return choose_context(requested, resources, partition_index, mx.context.num_gpus())
 
 
 def _head_op(symbol_json: str) -> str:
@@ -466,7 +550,7 @@ class ImageClassifier(Classifier):
         return self.classify(self.to_array(images), top_k)
 
 
-_models: dict[tuple, Classifier] = {}
+_models: dict[tuple, Predictor] = {}
 _models_lock = threading.Lock()
 #: How many times this process has loaded a model; tests read it to prove reuse.
 load_count = 0
@@ -477,15 +561,21 @@ def get_classifier(spec: ModelSpec, input_shape: tuple, batch_size: int) -> Clas
 
     Relies on ``spark.python.worker.reuse=true`` (Spark's default): the worker
     process, and so this cache, outlives the task. Keyed by everything that
-    changes the bound module; kept small because an executor serves one job.
+    changes the bound module, the device (``spec.context``) included; kept
+    small because an executor serves one job.
     """
+    return get_model(spec, input_shape, batch_size, Classifier)
+
+
+def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type = Classifier) -> Predictor:
+    """:func:`get_classifier` for any of the classes: ``Predictor`` serves models that are no classifiers."""
     global load_count
-    key = (spec, tuple(input_shape), int(batch_size))
+    key = (kind, spec, tuple(input_shape), int(batch_size))
     with _models_lock:
         model = _models.get(key)
         if model is None:
             started = time.perf_counter()
-            model = Classifier(spec, input_shape, batch_size)
+            model = kind(spec, input_shape, batch_size)
             load_count += 1
             log.info("loaded model %s (%s, batch %d) in %.2fs; loads in this worker: %d",
                      spec.symbol_uri, model.model_summary()["head"], batch_size,
@@ -499,6 +589,272 @@ def get_classifier(spec: ModelSpec, input_shape: tuple, batch_size: int) -> Clas
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ----------------------------------------------------------------------------
+# Custom handlers (--handler)
+
+
+class HandlerError(Exception):
+    """A handler file that cannot serve: missing, fails to import, or defines neither handler."""
+
+
+@dataclass(frozen=True)
+class Handlers:
+    """A user's ``input_handler`` and/or ``output_handler``, from one Python file.
+
+    ``input_handler(key, data: bytes) -> np.ndarray`` replaces
+    :func:`decode_image`: it returns the model input for one image, ``(C, H,
+    W)``, converted to float32. ``output_handler(key, outputs) -> dict`` gets
+    one array per model output (this key's row, before any softmax) and
+    returns the JSON object of the key's line, which replaces the top-k
+    ``predictions``; the job sets ``"key"`` itself. Load with
+    :func:`load_handlers`.
+    """
+
+    path: str
+    input_handler: Callable | None = None
+    output_handler: Callable | None = None
+
+    def decode(self, key: str, data: bytes, input_shape: tuple) -> np.ndarray:
+        """``input_handler(key, data)``, checked against the model's ``(C, H, W)``."""
+        array = np.asarray(self.input_handler(key, data))
+        if array.dtype.kind not in "fiub":
+            raise TypeError(f"input_handler returned dtype {array.dtype}; expected float32 numbers")
+        if tuple(array.shape) != tuple(input_shape):
+            raise ValueError(f"input_handler returned shape {tuple(array.shape)}; the model takes "
+                             f"{tuple(input_shape)} (C, H, W)")
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    def output_line(self, key: str, outputs: list[np.ndarray]) -> str:
+        """The JSON line ``output_handler(key, outputs)`` makes for ``key``."""
+        obj = self.output_handler(key, outputs)
+        if not isinstance(obj, dict):
+            raise TypeError(f"output_handler returned {type(obj).__name__}; expected a dict")
+        obj = {"key": key, **{k: v for k, v in obj.items() if k != "key"}}
+        return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
+
+
+def _json_default(value):
+    """numpy scalars and arrays, which handlers naturally return, as JSON numbers and lists."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def load_handlers(path: str) -> Handlers:
+    """Import a handler file and return its handlers.
+
+    Parameters
+    ----------
+    path : str
+        A local ``.py`` file defining ``input_handler``, ``output_handler`` or both.
+
+    Raises
+    ------
+    HandlerError
+        The file is missing or not ``.py``, raises on import, or defines neither
+        callable; the message says which.
+    """
+    if not path.endswith(".py"):
+        raise HandlerError(f"{path} is not a Python file (.py)")
+    if not os.path.isfile(path):
+        raise HandlerError(f"{path} does not exist")
+    # A private module name, so a handler called utils.py cannot shadow ours.
+    stem = os.path.basename(path)[:-3]
+    name = "mxinfer_handler_" + "".join(c if c.isalnum() else "_" for c in stem)
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise HandlerError(f"{path} fails to import: {type(exc).__name__}: {_first_line(exc)}") from exc
+    found = {}
+    for attr in ("input_handler", "output_handler"):
+        value = getattr(module, attr, None)
+        if value is not None and not callable(value):
+            raise HandlerError(f"{path}: {attr} is a {type(value).__name__}, not a function")
+        found[attr] = value
+    if not any(found.values()):
+        raise HandlerError(f"{path} defines neither input_handler(key, data) nor output_handler(key, outputs)")
+    return Handlers(path, **found)
+
+
+_handlers: dict[str, Handlers] = {}
+_handlers_lock = threading.Lock()
+
+
+def get_handlers(path: str | None) -> Handlers | None:
+    """This Python worker's handlers from ``path``, imported once.
+
+    In a Spark task the file is the copy the driver shipped with
+    ``SparkContext.addFile`` (found by its name with ``SparkFiles.get``);
+    elsewhere (the driver's dry run, tests) ``path`` itself.
+    """
+    if not path:
+        return None
+    with _handlers_lock:
+        handlers = _handlers.get(path)
+        if handlers is None:
+            local = path
+            if _spark_task() is not None:
+                from pyspark import SparkFiles
+
+                shipped = SparkFiles.get(os.path.basename(path))
+                local = shipped if os.path.isfile(shipped) else path
+            handlers = _handlers[path] = load_handlers(local)
+        return handlers
+
+
+# ----------------------------------------------------------------------------
+# The DataFrame function
+
+#: The struct :func:`model_udf` returns, as Spark DDL. ``error`` is ``null``
+#: when the image was scored, ``predictions`` is ``null`` when it was not.
+UDF_RETURN_TYPE = ("predictions array<struct<class_id:int,label:string,probability:double>>, "
+                   "error struct<stage:string,type:string,message:string>")
+
+
+@dataclass(frozen=True)
+class UdfSpec:
+    """What a :func:`model_udf` worker needs, as plain values (pickled with the UDF)."""
+
+    model: ModelSpec
+    preprocess: Preprocess
+    batch_size: int = 64
+    top_k: int = 5
+
+
+def model_udf(model, input_shape=(3, 224, 224), batch_size: int = 64, top_k: int = 5, *,
+              mean=(0.0,), std=(1.0,), resize: str = "stretch", max_image_pixels: int = 64_000_000,
+              context: str | None = None, epoch: int = 0, labels: str | None = None, data_name: str = "data",
+              endpoint_url: str | None = None, region: str | None = None):
+    """A Spark UDF from a column of encoded images to their top-k predictions.
+
+    The model is loaded on the executors, once per Python worker, through
+    :func:`get_classifier` (``spark.python.worker.reuse=true``, Spark's
+    default, keeps the worker and so the model between tasks). Images are
+    decoded exactly as the job does (:func:`decode_image`) and scored by the
+    same :class:`Classifier`, ``batch_size`` at a time. The executors need
+    ``mxinfer.py`` and ``utils.py`` (``--py-files``) and pandas and pyarrow.
+
+    Not built on ``pyspark.ml.functions.predict_batch_udf``: it checks only the
+    first row of each batch against the return type, so it cannot return a
+    null ``predictions`` with an ``error`` for one unreadable image, and its
+    model cache is keyed by a new id per UDF object, where ours is keyed by
+    the model, shared with the job's code path.
+
+    Parameters
+    ----------
+    model : str or ModelSpec
+        Checkpoint prefix (``prefix-symbol.json``, ``prefix-%04d.params``;
+        ``s3://``, ``http(s)://``, ``file://`` or a path every executor can
+        read), or a :class:`ModelSpec`.
+    input_shape : tuple of int
+        ``(C, H, W)`` the model takes.
+    batch_size : int
+        Images per forward pass (the module's bound batch).
+    top_k : int
+        Predictions per image.
+    mean, std, resize, max_image_pixels
+        Preprocessing, as the job's options of the same names.
+    context : str, optional
+        ``cpu``, ``gpu`` (the GPU Spark assigned to the task, else partition
+        modulo visible GPUs) or ``gpu:N``. Default: the ``ModelSpec``'s, cpu.
+    epoch, labels, data_name, endpoint_url, region
+        As :meth:`ModelSpec.from_prefix` when ``model`` is a prefix.
+
+    Returns
+    -------
+    pyspark.sql.Column function
+        Apply it to a binary column; it returns :data:`UDF_RETURN_TYPE`:
+        ``predictions`` (``class_id``, ``label``, ``probability``; highest
+        first) and ``error`` (``stage`` decode or predict, ``type``,
+        ``message``) for an image that could not be scored. A null input gives
+        null fields.
+
+    Examples
+    --------
+    >>> classify = model_udf("s3://bucket/models/resnet-18", top_k=3,  # doctest: +SKIP
+    ...                      mean=(123.68, 116.78, 103.94), std=(58.4, 57.12, 57.38))
+    >>> images = spark.read.format("binaryFile").load("s3://bucket/photos/")  # doctest: +SKIP
+    >>> images.select("path", classify("content").alias("p")).select("path", "p.predictions")  # doctest: +SKIP
+    """
+    import typing
+
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    if isinstance(model, ModelSpec):
+        spec = model if context is None else replace(model, context=context)
+    else:
+        spec = ModelSpec.from_prefix(str(model), epoch, labels_uri=labels, data_name=data_name,
+                                     context=context or "cpu", endpoint_url=endpoint_url, region=region)
+    choose_context(spec.context, None, 0, 1)  # a malformed context fails here, not on the executors
+    if int(batch_size) < 1 or int(top_k) < 1:
+        raise ValueError(f"batch_size and top_k must be at least 1, got {batch_size} and {top_k}")
+    preprocess = Preprocess(input_shape=tuple(int(x) for x in input_shape), mean=tuple(mean), std=tuple(std),
+                            resize=resize, max_image_pixels=int(max_image_pixels))
+    udf_spec = UdfSpec(spec, preprocess, int(batch_size), int(top_k))
+
+    def predict(batches):
+        return _udf_batches(batches, udf_spec)
+
+    # pandas_udf tells the UDF kind from real type hints; this module postpones
+    # annotations and imports pandas lazily, so they are set here.
+    predict.__annotations__ = {"batches": typing.Iterator[pd.Series], "return": typing.Iterator[pd.DataFrame]}
+    return pandas_udf(predict, UDF_RETURN_TYPE)
+
+
+def _udf_batches(batches: Iterator, spec: UdfSpec) -> Iterator:
+    """The executor side of :func:`model_udf`: Arrow batches of image bytes to frames of results."""
+    import pandas as pd
+
+    model = replace(spec.model, context=task_context(spec.model.context))
+    classifier = get_classifier(model, spec.preprocess.input_shape, spec.batch_size)
+    for series in batches:
+        rows = score_images(classifier, list(series), spec.preprocess, spec.top_k)
+        yield pd.DataFrame({"predictions": [p for p, _ in rows], "error": [e for _, e in rows]})
+
+
+def score_images(classifier: Classifier, images: Sequence[bytes | None], preprocess: Preprocess,
+                 top_k: int) -> list[tuple[list[dict] | None, dict | None]]:
+    """Per image, ``(predictions, None)`` or ``(None, error)``; ``(None, None)`` for ``None``.
+
+    Decodes and scores ``classifier.batch_size`` images at a time, so memory
+    stays bounded however large the Arrow batch.
+    """
+    out: list[tuple[list[dict] | None, dict | None]] = [(None, None)] * len(images)
+
+    def failed(stage, exc):
+        return None, {"stage": stage, "type": type(exc).__name__, "message": _first_line(exc)}
+
+    for start in range(0, len(images), classifier.batch_size):
+        arrays, where = [], []
+        for i in range(start, min(start + classifier.batch_size, len(images))):
+            if images[i] is None:
+                continue
+            try:
+                arrays.append(decode_image(bytes(images[i]), preprocess))
+                where.append(i)
+            except Exception as exc:  # noqa: BLE001 - an unreadable image is that row's error
+                out[i] = failed("decode", exc)
+        if not arrays:
+            continue
+        try:
+            probs = classifier.probabilities(np.stack(arrays))
+        except Exception as exc:  # noqa: BLE001 - a failed forward fails its batch's rows
+            for i in where:
+                out[i] = failed("predict", exc)
+            continue
+        finite = np.isfinite(probs).all(axis=1)
+        for i, ok, row in zip(where, finite, top_classes(probs, top_k)):
+            if ok:
+                out[i] = ([{"class_id": c, "label": label, "probability": p}
+                           for c, label, p in classifier._labelled(row)], None)
+            else:
+                out[i] = failed("predict", FloatingPointError("model output is not finite"))
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -520,6 +876,9 @@ class JobSpec:
     max_in_flight: int = 128
     max_object_bytes: int = 50 * 1024 * 1024
     s3_max_attempts: int = 5
+    #: The driver's local copy of the --handler file; executors load the copy
+    #: shipped with ``SparkContext.addFile`` under the same name.
+    handler: str | None = None
 
 
 def error_line(key: str, stage: str, exc: BaseException) -> str:
@@ -553,7 +912,11 @@ def _fetch_and_decode(client, job: JobSpec, key: str, size: int, io_stats: utils
         return key, None, error_line(key, "download", exc), (time.perf_counter() - started, 0.0)
     downloaded = time.perf_counter()
     try:
-        array = decode_image(data, job.preprocess)
+        handlers = get_handlers(job.handler)
+        if handlers is not None and handlers.input_handler is not None:
+            array = handlers.decode(key, data, job.preprocess.input_shape)
+        else:
+            array = decode_image(data, job.preprocess)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's, not the batch's
         return key, None, error_line(key, "decode", exc), (downloaded - started, time.perf_counter() - downloaded)
     return key, array, None, (downloaded - started, time.perf_counter() - downloaded)
@@ -589,6 +952,40 @@ def _task_attempt() -> int:
     return context.attemptNumber() if context is not None else 0
 
 
+def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], top_k: int,
+                 handlers: Handlers | None = None) -> list[tuple[str, str, bool]]:
+    """One forward pass over ``arrays``; per key, ``(key, JSON line, failed)``.
+
+    The line holds the top-k ``predictions`` (``model`` is a
+    :class:`Classifier`), or the object of the user's ``output_handler``. A
+    failed forward pass fails every key of the batch; a non-finite output or
+    a failing handler fails its key only. Failures are ``predict`` error lines.
+    """
+    output_handler = handlers.output_handler if handlers is not None else None
+    try:
+        if output_handler is not None:
+            outputs = model.predict(np.stack(arrays))
+        else:
+            probs = model.probabilities(np.stack(arrays))
+    except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
+        return [(key, error_line(key, "predict", exc), True) for key in keys]
+    out = []
+    if output_handler is not None:
+        for i, key in enumerate(keys):
+            try:
+                out.append((key, handlers.output_line(key, [o[i] for o in outputs]), False))
+            except Exception as exc:  # noqa: BLE001 - the user's code failing on one key fails that key
+                out.append((key, error_line(key, "predict", exc), True))
+        return out
+    finite = np.isfinite(probs).all(axis=1)
+    for key, ok, preds in zip(keys, finite, model.prediction_dicts(probs, top_k)):
+        if ok:
+            out.append((key, json.dumps({"key": key, "predictions": preds}, ensure_ascii=False), False))
+        else:
+            out.append((key, error_line(key, "predict", FloatingPointError("model output is not finite")), True))
+    return out
+
+
 def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple]:
     """Score one partition (one batch); yields a single ``(index, lines, blob, stats)``.
 
@@ -599,8 +996,13 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     """
     started = time.perf_counter()
     real = [item for item in items if item is not None]
+    handlers = get_handlers(job.handler)
+    # With an output_handler the model need not be a classifier (a detector, say).
+    kind = Predictor if handlers is not None and handlers.output_handler is not None else Classifier
     try:
-        classifier = get_classifier(job.model, job.preprocess.input_shape, job.batch_size)
+        # The cache keys on the device, so each GPU of a worker gets its own module.
+        spec = replace(job.model, context=task_context(job.model.context, index))
+        classifier = get_model(spec, job.preprocess.input_shape, job.batch_size, kind)
     except Exception as exc:
         # Same message on every attempt, so the driver's error names the cause
         # (weights unreachable from the executors, corrupt, ...), not a stack.
@@ -621,20 +1023,9 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
 
     def flush():
         forward_started = time.perf_counter()
-        try:
-            probs = classifier.probabilities(np.stack(batch_arrays))
-        except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
-            for key in batch_keys:
-                lines.append((key, error_line(key, "predict", exc)))
-                errors["predict"] += 1
-        else:
-            finite = np.isfinite(probs).all(axis=1)
-            for key, ok, preds in zip(batch_keys, finite, classifier.prediction_dicts(probs, job.top_k)):
-                if ok:
-                    lines.append((key, json.dumps({"key": key, "predictions": preds}, ensure_ascii=False)))
-                else:
-                    lines.append((key, error_line(key, "predict", FloatingPointError("model output is not finite"))))
-                    errors["predict"] += 1
+        for key, line, failed in output_lines(classifier, batch_keys, batch_arrays, job.top_k, handlers):
+            lines.append((key, line))
+            errors["predict"] += failed
         timing["forward"] += time.perf_counter() - forward_started
         batch_keys.clear()
         batch_arrays.clear()

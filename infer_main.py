@@ -31,11 +31,13 @@ import functools
 import json
 import logging
 import math
+import os
 import sys
+import tempfile
 import threading
 import time
 import zlib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import click
@@ -55,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "suffixes": list(mxinfer.DEFAULT_SUFFIXES),
     "model": None, "epoch": 0, "labels": None,
     "sym_url": None, "param_url": None, "label_url": None,
-    "data_name": "data", "context": "cpu",
+    "data_name": "data", "context": "cpu", "handler": None,
     "output": None, "output_s3_bucket": None, "output_s3_key": None,
     "batch_size": 64, "top_k": 5,
     "input_shape": "3,224,224", "mean": "0", "std": "1", "resize": "stretch",
@@ -108,6 +110,9 @@ class JobConfig:
     app_name: str
     log_level: str
     progress_seconds: float
+    #: --handler as given (path or URI), and the local file run_job made of it.
+    handler: str | None = None
+    handler_file: str | None = None
 
     @property
     def input_uri(self) -> str:
@@ -127,6 +132,7 @@ class JobConfig:
             batch_size=self.batch_size, top_k=self.top_k, endpoint_url=self.endpoint_url,
             region=self.region, io_threads=self.io_threads, max_in_flight=self.max_in_flight,
             max_object_bytes=self.max_object_bytes, s3_max_attempts=self.s3_max_attempts,
+            handler=self.handler_file or self.handler,
         )
 
     def options(self) -> dict:
@@ -262,8 +268,10 @@ def resolve(settings: dict) -> JobConfig:
         "labels_uri": s["labels"] or s["label_url"], "data_name": str(s["data_name"]),
         "context": str(s["context"]), "endpoint_url": s["endpoint_url"], "region": s["region"],
     }
-    if str(s["context"]).split(":")[0] not in ("cpu", "gpu"):
-        raise click.UsageError(f"context must be cpu, gpu or gpu:N, got {s['context']!r}")
+    try:
+        mxinfer.choose_context(str(s["context"]), None, 0, 1)
+    except ValueError:
+        raise click.UsageError(f"context must be cpu, gpu or gpu:N, got {s['context']!r}") from None
     if s["model"]:
         model = mxinfer.ModelSpec.from_prefix(str(s["model"]), epoch, **model_kwargs)
     elif s["sym_url"] and s["param_url"]:
@@ -289,6 +297,12 @@ def resolve(settings: dict) -> JobConfig:
     if not suffixes:
         raise click.UsageError("suffixes is empty: no key could match")
     parse_max_errors(s["max_errors"])
+    handler = str(s["handler"]) if s["handler"] else None
+    if handler is not None:
+        if not handler.endswith(".py"):
+            raise click.UsageError(f"handler must be a Python file ending in .py, got {handler!r}")
+        if "://" not in handler and not os.path.isfile(handler):
+            raise click.UsageError(f"handler {handler}: no such file (in cluster mode give an s3:// URI)")
     level = str(s["log_level"]).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise click.UsageError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {s['log_level']!r}")
@@ -301,7 +315,7 @@ def resolve(settings: dict) -> JobConfig:
         max_errors=str(s["max_errors"]), max_object_bytes=_positive(s, "max_object_bytes"),
         io_threads=_positive(s, "io_threads"), max_in_flight=_positive(s, "max_in_flight"),
         s3_max_attempts=_positive(s, "s3_max_attempts"), app_name=str(s["app_name"]),
-        log_level=level, progress_seconds=float(s["progress_seconds"]),
+        log_level=level, progress_seconds=float(s["progress_seconds"]), handler=handler,
     )
 
 
@@ -349,7 +363,10 @@ def run_spark(cfg: JobConfig, padded: list, spark_conf: dict | None = None) -> l
     batches = len(padded) // cfg.batch_size
     log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, batches)
     rdd = sc.parallelize(padded, batches)
-    score = functools.partial(mxinfer.score_partition, job=cfg.job_spec())
+    job = cfg.job_spec()
+    if job.handler:
+        sc.addFile(job.handler)  # executors load their copy by name (mxinfer.get_handlers)
+    score = functools.partial(mxinfer.score_partition, job=job)
     stop = threading.Event()
     reporter = threading.Thread(target=_report_progress, args=(sc, batches, cfg.batch_size,
                                                                cfg.progress_seconds, stop), daemon=True)
@@ -478,6 +495,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     """List, plan, check the model, score on Spark, upload; return the exit code."""
     started = time.time()
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
+    cfg = prepare_handler(cfg, client)
     images = list_images(client, cfg)
     padded = plan_batches(images, cfg.batch_size)
     batches = len(padded) // cfg.batch_size
@@ -487,7 +505,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     # now, with its cause, instead of in every task after the cluster spun up.
     classifier = load_model_on_driver(cfg)
     summary_model = classifier.model_summary()
-    if cfg.top_k > classifier.num_classes:
+    if isinstance(classifier, mxinfer.Classifier) and cfg.top_k > classifier.num_classes:
         raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
     if cfg.dry_run:
         return dry_run(cfg, images, padded, classifier)
@@ -519,9 +537,39 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     return 0
 
 
-def load_model_on_driver(cfg: JobConfig) -> mxinfer.Classifier:
+def prepare_handler(cfg: JobConfig, client) -> JobConfig:
+    """Check --handler on the driver, downloading a URI first; return ``cfg`` with its local file.
+
+    A handler that is missing, fails to import or defines neither function
+    stops the run here, before any listing or Spark work.
+    """
+    if not cfg.handler:
+        return cfg
+    path = cfg.handler
+    if "://" in path:
+        try:
+            data = utils.read_uri(path, client if utils.is_s3_uri(path) else None)
+        except Exception as exc:
+            raise JobError(f"cannot read --handler {path}: {mxinfer._first_line(exc)}") from exc
+        path = os.path.join(tempfile.mkdtemp(prefix="mxinfer-handler-"), path.rsplit("/", 1)[-1])
+        with open(path, "wb") as handle:
+            handle.write(data)
     try:
-        return mxinfer.Classifier(cfg.model, cfg.preprocess.input_shape, cfg.batch_size)
+        handlers = mxinfer.get_handlers(path)
+    except mxinfer.HandlerError as exc:
+        raise JobError(f"--handler: {exc}") from exc
+    log.info("handler %s defines %s", cfg.handler, " and ".join(
+        name for name in ("input_handler", "output_handler") if getattr(handlers, name) is not None))
+    return replace(cfg, handler_file=path)
+
+
+def load_model_on_driver(cfg: JobConfig) -> mxinfer.Predictor:
+    """The model, loaded on the driver's CPU (the driver need not have a GPU) to check it."""
+    handlers = mxinfer.get_handlers(cfg.handler_file or cfg.handler)
+    # With an output_handler the model need not be a classifier (its labels, top-k).
+    kind = mxinfer.Predictor if handlers is not None and handlers.output_handler is not None else mxinfer.Classifier
+    try:
+        return kind(cfg.model, cfg.preprocess.input_shape, cfg.batch_size, context="cpu")
     except mxinfer.ModelError as exc:
         raise JobError(f"model: {exc}") from exc
     except FileNotFoundError as exc:
@@ -531,8 +579,10 @@ def load_model_on_driver(cfg: JobConfig) -> mxinfer.Classifier:
 
 
 def dry_run(cfg: JobConfig, images: list, padded: list, classifier: mxinfer.Classifier) -> int:
-    """Print the plan and one scored image; start no Spark job."""
-    [(_, _, blob, stats)] = mxinfer.score_partition(0, images[:1], cfg.job_spec())
+    """Print the plan and one scored image (on the driver's CPU); start no Spark job."""
+    job = cfg.job_spec()
+    job = replace(job, model=replace(job.model, context="cpu"))
+    [(_, _, blob, stats)] = mxinfer.score_partition(0, images[:1], job)
     plan = {
         "input": cfg.input_uri, "output": cfg.output_uri, "images": len(images),
         "batch_size": cfg.batch_size, "batches": len(padded) // cfg.batch_size,
@@ -569,7 +619,8 @@ def _refuse_secret(ctx, param, value):
 @click.option("--param_url", "--param-url", "param_url", metavar="URI", help="Params file (the original's flag).")
 @click.option("--label_url", "--label-url", "label_url", metavar="URI", help="Labels file (the original's flag).")
 @click.option("--data-name", help="Name of the model's input. [default: data]")
-@click.option("--context", help="cpu, gpu or gpu:N. [default: cpu]")
+@click.option("--context", help="cpu, gpu (the GPU Spark assigned to the task, else partition modulo GPUs) or gpu:N. [default: cpu]")
+@click.option("--handler", metavar="URI", help="Python file (path or s3://) defining input_handler(key, data) and/or output_handler(key, outputs).")
 @click.option("--output", metavar="s3://BUCKET/KEY", help="JSON Lines output object; the summary goes to KEY.summary.json.")
 @click.option("--output_s3_bucket", "--output-s3-bucket", "output_s3_bucket", help="Output bucket (the original's flag). [default: the input bucket]")
 @click.option("--output_s3_key", "--output-s3-key", "output_s3_key", help="Output key (the original's flag).")

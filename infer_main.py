@@ -3,7 +3,7 @@
 Run it on a cluster (EMR/YARN) with::
 
     spark-submit --master yarn --deploy-mode cluster \\
-        --properties-file conf/spark-emr.conf \\
+        --conf spark.executor.cores=1 --conf spark.dynamicAllocation.enabled=false \\
         --py-files utils.py,mxinfer.py infer_main.py \\
         --input s3://my-bucket/photos/ \\
         --model s3://my-bucket/models/resnet-18 \\
@@ -265,7 +265,8 @@ def resolve(settings: dict) -> JobConfig:
     except (TypeError, ValueError):
         raise click.UsageError(f"epoch must be a whole number, got {s['epoch']!r}") from None
     model_kwargs = {
-        "labels_uri": s["labels"] or s["label_url"], "data_name": str(s["data_name"]),
+        # "" means no labels at all; None means synset.txt beside the model if it exists.
+        "labels_uri": s["labels"] if s["labels"] is not None else s["label_url"], "data_name": str(s["data_name"]),
         "context": str(s["context"]), "endpoint_url": s["endpoint_url"], "region": s["region"],
     }
     try:

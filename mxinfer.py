@@ -491,6 +491,14 @@ class Classifier(Predictor):
             if explicit:
                 raise ModelError(f"labels file {uri} does not exist") from None
             return None
+        except Exception as exc:
+            # Without s3:ListBucket, S3 answers a missing object with AccessDenied;
+            # the implicit synset.txt is optional, so go on with class ids only.
+            if explicit or "AccessDenied" not in str(exc):
+                raise
+            log.warning("cannot read %s (%s); predictions carry class ids only; set --labels to "
+                        "name a labels file", uri, _first_line(exc))
+            return None
         if len(labels) != self.num_classes:
             raise ModelError(f"labels file {uri} has {len(labels)} lines but the model has "
                              f"{self.num_classes} classes")

@@ -102,7 +102,7 @@ def s3_client(
         client = _clients.get(cache_key)
         if client is None:
             config = botocore.config.Config(
-                retries={"mode": "standard", "max_attempts": max_attempts},
+                retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
                 max_pool_connections=max_pool_connections,
                 connect_timeout=10,
                 read_timeout=read_timeout,

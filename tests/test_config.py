@@ -217,3 +217,10 @@ def test_missing_model_file_fails_on_the_driver(small_world):
                                                   "--output", "s3://cfg-bucket/o.jsonl", "--epoch", "3"])
     assert result.exit_code == 1
     assert "model file missing" in result.output and "digits-0003.params" in result.output
+
+
+def test_empty_labels_means_no_labels_and_absent_means_synset_beside_the_model():
+    _, cfg = resolve(*BASE, "--labels", "")
+    assert cfg.model.labels_uri == ""
+    _, cfg = resolve(*BASE)
+    assert cfg.model.labels_uri is None

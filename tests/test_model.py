@@ -161,3 +161,8 @@ def test_get_classifier_loads_once_per_process_and_key(logits_prefix):
     assert mxinfer.load_count == before + 1
     other = mxinfer.get_classifier(spec, SHAPE, 5)
     assert other is not first and mxinfer.load_count == before + 2
+
+
+def test_empty_labels_uri_skips_the_synset_beside_the_model(logits_prefix):
+    spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix), labels_uri="")
+    assert mxinfer.Classifier(spec, SHAPE, batch_size=2).labels is None

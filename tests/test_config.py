@@ -224,3 +224,12 @@ def test_empty_labels_means_no_labels_and_absent_means_synset_beside_the_model()
     assert cfg.model.labels_uri == ""
     _, cfg = resolve(*BASE)
     assert cfg.model.labels_uri is None
+
+
+def test_unwritable_output_fails_before_any_spark_work(small_world):
+    result = CliRunner().invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/imgs/",
+                                                  "--output", "s3://no-such-output-bucket/o.jsonl"])
+    assert result.exit_code == 1
+    assert "cannot write s3://no-such-output-bucket/o.jsonl" in result.output and "NoSuchBucket" in result.output
+    from pyspark import SparkContext
+    assert SparkContext._active_spark_context is None

@@ -166,3 +166,13 @@ def test_get_classifier_loads_once_per_process_and_key(logits_prefix):
 def test_empty_labels_uri_skips_the_synset_beside_the_model(logits_prefix):
     spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix), labels_uri="")
     assert mxinfer.Classifier(spec, SHAPE, batch_size=2).labels is None
+
+
+def test_weight_of_the_wrong_shape_is_named(tmp_path, logits_prefix):
+    _, args, aux = mx.model.load_checkpoint(str(logits_prefix), 0)
+    name = next(n for n in sorted(args) if n.endswith("weight") and len(args[n].shape) == 2)
+    args[name] = mx.nd.zeros((args[name].shape[0], args[name].shape[1] + 1))
+    shutil.copy(f"{logits_prefix}-symbol.json", tmp_path / "m-symbol.json")
+    save_params(tmp_path / "m", args, aux)
+    with pytest.raises(mxinfer.ModelError, match=f"weight {name} has shape"):
+        mxinfer.Classifier(str(tmp_path / "m"), SHAPE, batch_size=2)

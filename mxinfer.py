@@ -460,7 +460,10 @@ class Predictor:
             "parameters": self.num_params,
             "inputs": {self.spec.data_name: list(self.input_shape)},
             "outputs": {name: list(shape) for name, shape in zip(self._symbol.list_outputs(), self.output_shapes)},
-            "num_classes": int(np.prod(self.output_shapes[0])) if self.output_shapes else 0,
+            # A class-score head has one axis of length > 1, e.g. (1000,) or (1000, 1, 1);
+            # a detector's (anchors, 6) has no number of classes to tell.
+            "num_classes": (int(np.prod(self.output_shapes[0]))
+                            if self.output_shapes and sum(d > 1 for d in self.output_shapes[0]) <= 1 else None),
             "head": "softmax" if self.output_is_probability else "logits",
             "head_op": self.head_op,
         }

@@ -720,10 +720,19 @@ def get_handlers(path: str | None) -> Handlers | None:
 # ----------------------------------------------------------------------------
 # The DataFrame function
 
-#: The struct :func:`model_udf` returns, as Spark DDL. ``error`` is ``null``
-#: when the image was scored, ``predictions`` is ``null`` when it was not.
-UDF_RETURN_TYPE = ("predictions array<struct<class_id:int,label:string,probability:double>>, "
-                   "error struct<stage:string,type:string,message:string>")
+def udf_return_type():
+    """The struct :func:`model_udf` returns; ``error`` is null when the image was scored.
+
+    ``predictions array<struct<class_id:int, label:string, probability:double>>,
+    error struct<stage:string, type:string, message:string>``. Built in Python,
+    not parsed from DDL, so a UDF can be made before any SparkSession.
+    """
+    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StringType, StructField, StructType
+
+    prediction = StructType([StructField("class_id", IntegerType()), StructField("label", StringType()),
+                             StructField("probability", DoubleType())])
+    error = StructType([StructField(name, StringType()) for name in ("stage", "type", "message")])
+    return StructType([StructField("predictions", ArrayType(prediction)), StructField("error", error)])
 
 
 @dataclass(frozen=True)
@@ -778,7 +787,7 @@ def model_udf(model, input_shape=(3, 224, 224), batch_size: int = 64, top_k: int
     Returns
     -------
     pyspark.sql.Column function
-        Apply it to a binary column; it returns :data:`UDF_RETURN_TYPE`:
+        Apply it to a binary column; it returns :func:`udf_return_type`:
         ``predictions`` (``class_id``, ``label``, ``probability``; highest
         first) and ``error`` (``stage`` decode or predict, ``type``,
         ``message``) for an image that could not be scored. A null input gives
@@ -814,7 +823,7 @@ def model_udf(model, input_shape=(3, 224, 224), batch_size: int = 64, top_k: int
     # pandas_udf tells the UDF kind from real type hints; this module postpones
     # annotations and imports pandas lazily, so they are set here.
     predict.__annotations__ = {"batches": typing.Iterator[pd.Series], "return": typing.Iterator[pd.DataFrame]}
-    return pandas_udf(predict, UDF_RETURN_TYPE)
+    return pandas_udf(predict, udf_return_type())
 
 
 def _udf_batches(batches: Iterator, spec: UdfSpec) -> Iterator:

@@ -649,6 +649,9 @@ class Handlers:
 def _json_default(value):
     """numpy scalars and arrays, which handlers naturally return, as JSON numbers and lists."""
     if isinstance(value, (np.generic, np.ndarray)):
+        if value.dtype.kind == "f" and value.dtype.itemsize <= 4:
+            # float32 holds about 7 significant digits: write those, not 0.9100000262260437.
+            value = np.vectorize(lambda x: float(f"{x:.7g}"), otypes=[np.float64])(value)
         return value.tolist()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 

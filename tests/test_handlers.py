@@ -163,9 +163,10 @@ def test_output_line_keeps_the_real_key_and_writes_numpy_values(tmp_path):
         "        return {'x': float('nan')}\n"
         "    if key == 'list':\n"
         "        return [1]\n"
-        "    return {'key': 'other', 'first': outputs[0][:2], 'best': np.float32(0.5), 'n': np.int64(3)}\n")))
+        "    return {'key': 'other', 'first': outputs[0][:2], 'tenth': np.float32(0.1), 'n': np.int64(3)}\n")))
     line = handlers.output_line("a/b.png", [np.array([1.5, 2.0, 3.0], np.float32)])
-    assert json.loads(line) == {"key": "a/b.png", "first": [1.5, 2.0], "best": 0.5, "n": 3}
+    # float32 written with its own 7 digits: 0.1, not 0.10000000149011612
+    assert json.loads(line) == {"key": "a/b.png", "first": [1.5, 2.0], "tenth": 0.1, "n": 3}
     assert line.startswith('{"key": "a/b.png"')
     with pytest.raises(ValueError, match="Out of range float"):  # NaN would not be valid JSON
         handlers.output_line("nan", [])

@@ -65,6 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "limit": None, "dry_run": False,
     "max_errors": "1%", "max_object_bytes": 50 * 1024 * 1024, "max_image_pixels": 64_000_000,
     "io_threads": 8, "max_in_flight": 128, "s3_max_attempts": 5,
+    "micro_batch_size": 16, "threads": None,
     "app_name": "mxnet-batch-inference", "log_level": "INFO", "progress_seconds": 15,
 }
 
@@ -113,6 +114,8 @@ class JobConfig:
     #: --handler as given (path or URI), and the local file run_job made of it.
     handler: str | None = None
     handler_file: str | None = None
+    micro_batch_size: int | None = None
+    threads: int | None = None
 
     @property
     def input_uri(self) -> str:
@@ -133,6 +136,7 @@ class JobConfig:
             region=self.region, io_threads=self.io_threads, max_in_flight=self.max_in_flight,
             max_object_bytes=self.max_object_bytes, s3_max_attempts=self.s3_max_attempts,
             handler=self.handler_file or self.handler,
+            micro_batch_size=self.micro_batch_size, threads=self.threads,
         )
 
     def options(self) -> dict:
@@ -317,6 +321,8 @@ def resolve(settings: dict) -> JobConfig:
         io_threads=_positive(s, "io_threads"), max_in_flight=_positive(s, "max_in_flight"),
         s3_max_attempts=_positive(s, "s3_max_attempts"), app_name=str(s["app_name"]),
         log_level=level, progress_seconds=float(s["progress_seconds"]), handler=handler,
+        micro_batch_size=_positive(s, "micro_batch_size", allow_none=True),
+        threads=_positive(s, "threads", allow_none=True),
     )
 
 
@@ -467,10 +473,30 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
         for k in stages:
             e[k] = round(e[k] + s["seconds"][k], 3)
     workers: dict[str, dict] = {}
-    for s in stats:
+    for s in sorted(stats, key=lambda s: s.get("worker_task", 0)):
         w = workers.setdefault(f"{s['executor']}/{s['worker_pid']}", {"batches": 0, "model_loads": 0})
         w["batches"] += 1
         w["model_loads"] = max(w["model_loads"], s["model_loads"])
+        if "worker_task" not in s:
+            continue
+        w["threads"] = s["threads"]
+        if w["batches"] == 1:  # includes loading the model: steady state starts after it
+            w["first_task"] = {"started": s["started"], "ended": s["ended"], "images": s["keys"]}
+        memory = s["memory"]
+        if memory["max_rss"]:
+            w["max_rss_bytes"] = max(w.get("max_rss_bytes", 0), memory["max_rss"])
+        # Resident memory after the worker's 1st, 2nd, 5th, 10th, 20th, ... task and its last:
+        # flat once warm, or it leaks.
+        after = w.setdefault("rss_bytes_after_task", {})
+        if memory["rss"] is not None:
+            if str(s["worker_task"]).strip("0") in ("1", "2", "5"):
+                after[str(s["worker_task"])] = memory["rss"]
+            after["last"] = memory["rss"]
+    # Throughput while tasks ran: from the first task's start to the last one's end
+    # (elapsed_seconds also counts listing, Spark start-up and the upload).
+    starts = [s["started"] for s in stats if "started" in s]
+    ends = [s["ended"] for s in stats if "ended" in s]
+    task_window = max(ends) - min(starts) if starts and ends else None
     errors_by_stage = {stage: sum(s["errors"][stage] for s in stats) for stage in ("download", "decode", "predict")}
     return {
         "input": cfg.input_uri, "output": cfg.output_uri,
@@ -484,6 +510,10 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
         "s3_retries": {"request": sum(s["s3_retries"]["request"] for s in stats),
                        "body": sum(s["s3_retries"]["body"] for s in stats)},
         "python_workers": workers,
+        "tasks": {"first_start": min(starts) if starts else None, "last_end": max(ends) if ends else None,
+                  "seconds": round(task_window, 3) if task_window else None,
+                  "images_per_second": round(images / task_window, 2) if task_window else None},
+        "driver_max_rss_bytes": mxinfer.memory_bytes()["max_rss"],
         # Batches whose result came from a retried task (lost worker or executor, ...).
         "retried_batches": sum(1 for s in stats if s.get("attempt", 0) > 0),
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
@@ -570,7 +600,8 @@ def load_model_on_driver(cfg: JobConfig) -> mxinfer.Predictor:
     # With an output_handler the model need not be a classifier (its labels, top-k).
     kind = mxinfer.Predictor if handlers is not None and handlers.output_handler is not None else mxinfer.Classifier
     try:
-        return kind(cfg.model, cfg.preprocess.input_shape, cfg.batch_size, context="cpu")
+        # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory.
+        return kind(cfg.model, cfg.preprocess.input_shape, cfg.job_spec().forward_batch, context="cpu")
     except mxinfer.ModelError as exc:
         raise JobError(f"model: {exc}") from exc
     except FileNotFoundError as exc:
@@ -640,6 +671,8 @@ def _refuse_secret(ctx, param, value):
 @click.option("--max-image-pixels", type=int, help="Larger images become error lines, undecoded. [default: 64000000]")
 @click.option("--io-threads", type=int, help="Download and decode threads per executor. [default: 8]")
 @click.option("--max-in-flight", type=int, help="Images downloaded or decoded ahead of the model, per executor. [default: 128]")
+@click.option("--micro-batch-size", type=int, help="Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first ones while the rest download. [default: 16]")
+@click.option("--threads", type=int, help="MXNet/OpenMP threads per executor. [default: OMP_NUM_THREADS of the executor, else spark.task.cpus if over 1, else all cores]")
 @click.option("--s3-max-attempts", type=int, help="Attempts per S3 request (botocore standard retries). [default: 5]")
 @click.option("--app-name", help="Spark application name. [default: mxnet-batch-inference]")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [default: INFO]")

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -881,6 +882,84 @@ def score_images(classifier: Classifier, images: Sequence[bytes | None], preproc
 
 
 # ----------------------------------------------------------------------------
+# Threads and memory of a Python worker
+
+
+def worker_threads(requested: int | None = None) -> int:
+    """How many cores one forward pass of this Python worker may use.
+
+    ``requested`` (the ``threads`` option) if given; else ``OMP_NUM_THREADS``
+    from the executor's environment (``spark.executorEnv.OMP_NUM_THREADS``);
+    else the task's cores (``spark.task.cpus``) if more than one; else every
+    core of the machine, which is right for one executor per node.
+    """
+    if requested:
+        return int(requested)
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    task = _spark_task()
+    cpus = task.cpus() if task is not None and hasattr(task, "cpus") else 1
+    return cpus if cpus > 1 else (os.cpu_count() or 1)
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment that gives MXNet's forward pass ``threads`` cores, and no more.
+
+    ``OMP_NUM_THREADS`` sizes OpenMP (and oneDNN's convolutions); without it
+    MXNet uses half the cores. ``MXNET_CPU_WORKER_NTHREADS=1`` runs one
+    operator at a time with all of them: a CNN is a chain of operators, and
+    two concurrent operators of ``threads`` threads each would oversubscribe.
+    """
+    return {"OMP_NUM_THREADS": str(threads), "MXNET_CPU_WORKER_NTHREADS": "1"}
+
+
+_threads_configured: list[int] = []
+#: Tasks this Python worker has run; the summary plots its memory against it.
+tasks_run = 0
+
+
+def configure_threads(threads: int) -> int:
+    """Apply :func:`thread_env` in this process if MXNet is not loaded yet; return the threads in force.
+
+    libmxnet and its OpenMP runtime read these variables once, when they load,
+    so this must run before the first ``import mxnet`` of the Python worker
+    (``score_partition`` calls it first thing). Once MXNet is loaded the
+    earlier setting stays, and is what this returns.
+    """
+    if _threads_configured:
+        return _threads_configured[0]
+    if "mxnet" in sys.modules:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        in_force = int(env) if env.isdigit() else 0
+        if in_force != threads:
+            log.warning("MXNet was loaded before the threads setting (%d) could apply; it keeps %s", threads,
+                        f"OMP_NUM_THREADS={env}" if env else "its default")
+    else:
+        os.environ.update(thread_env(threads))
+        in_force = threads
+    _threads_configured.append(in_force)
+    return in_force
+
+
+def memory_bytes() -> dict[str, int | None]:
+    """This process's resident memory now (``rss``, Linux only) and at its peak (``max_rss``)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return {"rss": None, "max_rss": None}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # ru_maxrss is in KiB on Linux, in bytes on macOS.
+    peak = peak if os.uname().sysname == "Darwin" else peak * 1024
+    try:
+        with open("/proc/self/statm") as handle:
+            rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        rss = None
+    return {"rss": rss, "max_rss": peak}
+
+
+# ----------------------------------------------------------------------------
 # One partition of the job
 
 
@@ -902,6 +981,15 @@ class JobSpec:
     #: The driver's local copy of the --handler file; executors load the copy
     #: shipped with ``SparkContext.addFile`` under the same name.
     handler: str | None = None
+    #: Images per forward pass (the module's bound batch); ``None``: ``batch_size``.
+    micro_batch_size: int | None = None
+    #: MXNet/OpenMP threads per Python worker; ``None``: see :func:`worker_threads`.
+    threads: int | None = None
+
+    @property
+    def forward_batch(self) -> int:
+        """The module's bound batch: ``micro_batch_size``, never more than ``batch_size``."""
+        return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
 
 
 def error_line(key: str, stage: str, exc: BaseException) -> str:
@@ -1017,7 +1105,10 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     lines, sorted by key and zlib-compressed, so a million results travel to
     the driver compactly.
     """
-    started = time.perf_counter()
+    global tasks_run
+    started, started_at = time.perf_counter(), time.time()
+    # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
+    threads = configure_threads(worker_threads(job.threads))
     real = [item for item in items if item is not None]
     handlers = get_handlers(job.handler)
     # With an output_handler the model need not be a classifier (a detector, say).
@@ -1025,7 +1116,9 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     try:
         # The cache keys on the device, so each GPU of a worker gets its own module.
         spec = replace(job.model, context=task_context(job.model.context, index))
-        classifier = get_model(spec, job.preprocess.input_shape, job.batch_size, kind)
+        # Bound at the micro-batch: the first forward pass starts as soon as that
+        # many images are decoded, while the pool fetches the rest of the batch.
+        classifier = get_model(spec, job.preprocess.input_shape, job.forward_batch, kind)
     except Exception as exc:
         # Same message on every attempt, so the driver's error names the cause
         # (weights unreachable from the executors, corrupt, ...), not a stack.
@@ -1086,7 +1179,14 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         "seconds": {**{k: round(v, 4) for k, v in timing.items()}, "task": round(time.perf_counter() - started, 4)},
         "s3_retries": {"request": io_stats.request_retries, "body": io_stats.body_retries},
         "model_loads": load_count,
+        # Wall-clock start and end, for throughput from the first task's start to the last one's end.
+        "started": started_at,
+        "ended": time.time(),
+        "threads": threads,
+        "worker_task": tasks_run + 1,
+        "memory": memory_bytes(),
     }
+    tasks_run += 1
     log.info("partition %d: %d keys, %d errors in %.2fs", index, len(real), sum(errors.values()),
              stats["seconds"]["task"])
     yield index, len(lines), blob, stats

@@ -1,0 +1,76 @@
+"""A realistic image set for the benchmark, made here from real photos that scikit-learn ships.
+
+scikit-learn's ``load_sample_images()`` holds two real photos (``china.jpg`` and
+``flower.jpg``, 640x427). Each benchmark image is a distinct random view of one
+of them: a random scale and crop to about 500x375 (landscape or portrait), a
+random horizontal flip, and brightness / contrast / colour jitter; nine in ten
+are saved as JPEG quality 90, one in ten as PNG. Deterministic for a seed, and
+cached on disk, so repeated runs of ``make bench`` upload the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageEnhance
+
+SIZE = (500, 375)  # width, height of a landscape image; portraits are 375x500
+
+
+def source_photos() -> list[Image.Image]:
+    from sklearn.datasets import load_sample_images
+
+    return [Image.fromarray(array) for array in load_sample_images().images]
+
+
+def make_image(photo: Image.Image, rng: np.random.RandomState) -> Image.Image:
+    """One random view of ``photo``, about 500x375 or 375x500."""
+    width, height = SIZE if rng.rand() < 0.8 else SIZE[::-1]
+    # Scale so the crop fits, then some more at random, so crops differ in content and scale.
+    fit = max(width / photo.width, height / photo.height)
+    scale = fit * rng.uniform(1.0, 1.6)
+    scaled = photo.resize((max(width, round(photo.width * scale)), max(height, round(photo.height * scale))),
+                          Image.BILINEAR)
+    left = rng.randint(0, scaled.width - width + 1)
+    top = rng.randint(0, scaled.height - height + 1)
+    img = scaled.crop((left, top, left + width, top + height))
+    if rng.rand() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    img = ImageEnhance.Brightness(img).enhance(rng.uniform(0.7, 1.3))
+    img = ImageEnhance.Contrast(img).enhance(rng.uniform(0.7, 1.3))
+    return ImageEnhance.Color(img).enhance(rng.uniform(0.6, 1.4))
+
+
+def encode(img: Image.Image, index: int) -> tuple[str, bytes]:
+    """Every tenth image as PNG, the rest as JPEG quality 90: ``(suffix, bytes)``."""
+    buffer = io.BytesIO()
+    if index % 10 == 9:
+        img.save(buffer, format="PNG")
+        return ".png", buffer.getvalue()
+    img.save(buffer, format="JPEG", quality=90)
+    return ".jpg", buffer.getvalue()
+
+
+def make_images(out_dir: str | Path, count: int, seed: int = 0) -> list[Path]:
+    """Write ``count`` distinct images under ``out_dir`` (reused if already made); return their paths."""
+    out = Path(out_dir)
+    stamp = out / "made.json"
+    wanted = {"count": count, "seed": seed, "size": list(SIZE)}
+    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
+        return sorted(p for p in out.iterdir() if p.suffix in (".jpg", ".png"))
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.iterdir():
+        old.unlink()
+    photos = source_photos()
+    rng = np.random.RandomState(seed)
+    paths = []
+    for index in range(count):
+        suffix, data = encode(make_image(photos[index % len(photos)], rng), index)
+        path = out / f"img{index:06d}{suffix}"
+        path.write_bytes(data)
+        paths.append(path)
+    stamp.write_text(json.dumps(wanted))
+    return paths

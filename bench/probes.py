@@ -1,0 +1,168 @@
+"""Single-process measurements, each run in a fresh process by ``run_bench`` and printed as one JSON line.
+
+MXNet sizes its thread pools when it loads, so every probe runs in its own
+process whose environment the caller sets (``mxinfer.thread_env``).
+
+* ``limit``  L: forward passes on pre-decoded arrays, nothing else.
+* ``square`` S: the original's square wave: download a batch one object after
+  the other, then decode it, then run the model, then the next batch.
+* ``driver`` the driver's memory for N results from a fake fast model: the
+  listing, the plan, the collected result blobs, the checked stream to an S3
+  multipart upload and the summary, without Spark or executors.
+
+Usage::
+
+    python -m bench.probes limit  --model PREFIX --shape 3,224,224 --batch 64 --seconds 15 IMAGE...
+    python -m bench.probes square --model PREFIX --shape 3,224,224 --batch 64 --endpoint URL \\
+        --bucket B --batches 6 KEY...
+    python -m bench.probes driver --model PREFIX --shape 3,224,224 --endpoint URL --bucket B --results 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import mxinfer  # noqa: E402
+import utils  # noqa: E402
+from bench.models import MEAN, STD  # noqa: E402
+
+
+def _preprocess(shape: tuple) -> mxinfer.Preprocess:
+    mean = tuple(float(x) for x in MEAN.split(","))
+    std = tuple(float(x) for x in STD.split(","))
+    return mxinfer.Preprocess(input_shape=shape, mean=mean, std=std)
+
+
+def limit(model: str, shape: tuple, batch: int, images: list[str], seconds: float) -> dict:
+    """Forward passes of ``batch`` pre-decoded images for about ``seconds``: images/s."""
+    classifier = mxinfer.Classifier(model, shape, batch)
+    prep = _preprocess(shape)
+    arrays = np.stack([mxinfer.decode_image(Path(p).read_bytes(), prep) for p in images])
+    batches = [arrays[i: i + batch] for i in range(0, len(arrays) - batch + 1, batch)] or [arrays[:batch]]
+    for b in batches[:2]:  # warm-up: the first pass creates oneDNN's kernels
+        classifier.predict(b)
+    done, passes, started = 0, 0, time.perf_counter()
+    cpu = time.process_time()
+    while passes < 3 or time.perf_counter() - started < seconds:
+        done += len(classifier.predict(batches[passes % len(batches)])[0])
+        passes += 1
+    elapsed = time.perf_counter() - started
+    return {"images_per_second": done / elapsed, "passes": passes, "seconds": elapsed,
+            "cpu_ms_per_image": 1000 * (time.process_time() - cpu) / done}
+
+
+def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, keys: list[str],
+           batches: int) -> dict:
+    """The original's loop: for each batch, download every object in turn, decode them all, run the model."""
+    classifier = mxinfer.Classifier(model, shape, batch)
+    prep = _preprocess(shape)
+    client = utils.s3_client(endpoint)
+    phases = {"download": 0.0, "decode": 0.0, "forward": 0.0}
+    images = 0
+    started = time.perf_counter()
+    for b in range(batches):
+        chunk = keys[b * batch: (b + 1) * batch]
+        t0 = time.perf_counter()
+        data = [utils.read_object(client, bucket, key) for key in chunk]
+        t1 = time.perf_counter()
+        arrays = np.stack([mxinfer.decode_image(d, prep) for d in data])
+        t2 = time.perf_counter()
+        lines = [json.dumps({"key": k, "predictions": p})
+                 for k, p in zip(chunk, classifier.prediction_dicts(classifier.probabilities(arrays), 5))]
+        t3 = time.perf_counter()
+        assert len(lines) == len(chunk)
+        phases["download"] += t1 - t0
+        phases["decode"] += t2 - t1
+        phases["forward"] += t3 - t2
+        images += len(chunk)
+    elapsed = time.perf_counter() - started
+    return {"images_per_second": images / elapsed, "images": images, "seconds": elapsed,
+            "phases": {k: round(v, 3) for k, v in phases.items()}}
+
+
+def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, batch: int = 64,
+           micro_batch: int = 16, top_k: int = 5) -> dict:
+    """Peak RSS of the driver's own work for ``results`` keys, scored by a fake model (random probabilities).
+
+    Everything the driver holds is real: the listing, the padded plan, the model
+    it loads to check the checkpoint, every partition's zlib blob of JSON lines
+    (made by ``mxinfer.output_lines``' code path with random probabilities
+    instead of a forward pass) with its stats, the checked stream to a real S3
+    multipart upload, the summary.
+    """
+    import infer_main
+
+    before = mxinfer.memory_bytes()
+    cfg = infer_main.resolve(infer_main.merge_settings({
+        "input": f"s3://{bucket}/photos/", "model": model, "output": f"s3://{bucket}/out/driver-{results}.jsonl",
+        "endpoint_url": endpoint, "batch_size": batch, "micro_batch_size": micro_batch,
+        "input_shape": ",".join(map(str, shape)), "top_k": top_k,
+    }, {}))
+    classifier = infer_main.load_model_on_driver(cfg)
+    loaded = mxinfer.memory_bytes()
+    images = [(f"photos/{i // 1000:04d}/img{i:07d}.jpg", 60_000 + i % 5000) for i in range(results)]
+    padded = infer_main.plan_batches(images, batch)
+    rng = np.random.RandomState(0)
+    collected = []
+    for index in range(len(padded) // batch):
+        keys = sorted(key for key, _ in filter(None, padded[index * batch: (index + 1) * batch]))
+        probs = rng.dirichlet(np.full(classifier.num_classes, 0.1), size=len(keys))
+        lines = [json.dumps({"key": k, "predictions": p}, ensure_ascii=False)
+                 for k, p in zip(keys, classifier.prediction_dicts(probs, top_k))]
+        blob = zlib.compress("\n".join(lines).encode("utf-8"), 1)
+        stats = {"partition": index, "executor": "bench/1", "worker_pid": 1, "attempt": 0, "keys": len(keys),
+                 "errors": {"download": 0, "decode": 0, "predict": 0},
+                 "seconds": {"download": 1.0, "decode": 0.2, "forward": 0.5, "wait": 0.0, "task": 1.0},
+                 "s3_retries": {"request": 0, "body": 0}, "model_loads": 1, "started": 0.0, "ended": 1.0,
+                 "threads": 1, "worker_task": index + 1, "memory": {"rss": 1, "max_rss": 1}}
+        collected.append((index, len(lines), blob, stats))
+    client = utils.s3_client(endpoint)
+    started = time.perf_counter()
+    writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key)
+    counts = infer_main.write_output(client, cfg, writer, collected, padded)
+    writer.close()
+    summary = infer_main.summarize(cfg, len(images), len(collected), collected, counts, 1.0,
+                                   classifier.model_summary(), time.perf_counter() - started)
+    utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary))
+    after = mxinfer.memory_bytes()
+    return {"results": results, "predicted": counts["predicted"], "bytes_written": writer.bytes_written,
+            "blob_bytes": sum(len(r[2]) for r in collected), "rss_start": before["rss"],
+            "rss_model_loaded": loaded["rss"], "max_rss": after["max_rss"]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("probe", choices=("limit", "square", "driver"))
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--shape", required=True)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--endpoint")
+    parser.add_argument("--bucket")
+    parser.add_argument("--batches", type=int, default=6)
+    parser.add_argument("--results", type=int, default=10_000)
+    parser.add_argument("items", nargs="*", help="image files (limit) or keys (square)")
+    args = parser.parse_intermixed_args(argv)
+    shape = tuple(int(x) for x in args.shape.split(","))
+    if args.probe == "limit":
+        out = limit(args.model, shape, args.batch, args.items, args.seconds)
+    elif args.probe == "square":
+        out = square(args.model, shape, args.batch, args.endpoint, args.bucket, args.items, args.batches)
+    else:
+        out = driver(args.model, shape, args.endpoint, args.bucket, args.results, args.batch)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

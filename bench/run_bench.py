@@ -1,0 +1,330 @@
+"""``make bench``: how fast the job runs on this machine, against the model's own limit and the original.
+
+Not a test: it prints measurements. In one run it
+
+1. makes a realistic image set (``bench/images.py``: distinct ~500x375 photos,
+   JPEG quality 90 with a tenth PNG, from the real photos scikit-learn ships)
+   and the two checkpoints (``bench/models.py``: ResNet-18 at 3x224x224 and a
+   ResNet-20 at 3x32x32, random weights);
+2. serves them from a moto S3 server behind ``demo/s3proxy.py``, which adds a
+   per-request latency (20 ms by default, about S3's first-byte latency);
+3. measures, per model, with the same checkpoint and batch size:
+
+   - **L**, the model's limit: forward passes on pre-decoded arrays in one
+     process with every core (``bench/probes.py limit``);
+   - **S**, the original's square wave: download the batch one object after
+     the other, then decode it, then run the model, in one process with every
+     core (``bench/probes.py square``);
+   - **E**, the job itself through ``spark-submit`` on ``local-cluster`` with
+     ``conf/spark-local.conf``: images/s from the first task's start to the
+     last task's end, the same after each worker's first task (model load and
+     warm-up: "steady"), and the wall time including Spark's start-up; each
+     Python worker's peak RSS (from its tasks' stats), the driver's peak RSS
+     (its Python process and its JVM, polled with psutil), and the CPU the S3
+     stand-in (moto and the proxy) took from the same two cores;
+
+4. memory: one Python worker's RSS after its 10th and 200th task of a long
+   run (the small model, batch 16, one executor), and the driver's peak RSS
+   for 10,000 and 100,000 results from a fake fast model (``probes driver``).
+
+Usage::
+
+    python -m bench.run_bench            # everything (about 10 minutes here)
+    python -m bench.run_bench --quick    # a smoke run: small model, few images (about a minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import mxinfer  # noqa: E402
+from bench import images as bench_images  # noqa: E402
+from bench import models as bench_models  # noqa: E402
+from demo.run_local import spark_env, spark_submit_command  # noqa: E402
+from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
+from demo.s3proxy import S3Proxy  # noqa: E402
+
+BUCKET = "bench"
+MIB = 1024 * 1024
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Processes and their memory
+
+
+class TreePeaks:
+    """Poll a process tree's resident memory; keep each process's peak, named by its role."""
+
+    def __init__(self, root_pid: int, every: float = 0.2):
+        self.root = psutil.Process(root_pid)
+        self.every = every
+        self.peaks: dict[int, tuple[str, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def role(process: psutil.Process) -> str:
+        cmdline = " ".join(process.cmdline())
+        if "infer_main.py" in cmdline and "java" not in process.name():
+            return "driver python"
+        if "SparkSubmit" in cmdline:
+            return "driver JVM"
+        if "CoarseGrainedExecutorBackend" in cmdline:
+            return "executor JVM"
+        if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
+            return "python worker"
+        return process.name()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                processes = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for process in processes:
+                try:  # the role each time: spark-submit's shell script execs the JVM under the same pid
+                    rss, role = process.memory_info().rss, self.role(process)
+                except psutil.Error:
+                    continue
+                if role != self.peaks.get(process.pid, ("", 0))[0] or rss > self.peaks[process.pid][1]:
+                    self.peaks[process.pid] = (role, rss)
+
+    def __enter__(self) -> TreePeaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, role: str) -> int | None:
+        values = [rss for r, rss in self.peaks.values() if r == role]
+        return max(values) if values else None
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def probe(args: list[str], threads: int) -> dict:
+    """Run ``bench.probes`` in a fresh process whose MXNet uses ``threads`` cores; its JSON result."""
+    env = {**os.environ, **FAKE_AWS_ENV, **mxinfer.thread_env(threads)}
+    result = subprocess.run([sys.executable, "-m", "bench.probes", *args], cwd=str(ROOT), env=env,
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"probe {args[0]} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------
+# The job through spark-submit
+
+
+def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, batch: int, work: Path,
+           master: str, extra: list[str], moto: psutil.Process) -> dict:
+    """Run the job once on ``local-cluster``; its summary plus what was measured around it."""
+    key = f"out/{tag}.jsonl"
+    job_args = ["--input", f"s3://{BUCKET}/photos/", "--model", f"s3://{BUCKET}/models/{model.name}",
+                "--output", f"s3://{BUCKET}/{key}", "--endpoint-url", proxy_endpoint,
+                "--input-shape", model.shape_arg, "--mean", bench_models.MEAN, "--std", bench_models.STD,
+                "--batch-size", str(batch), "--progress-seconds", "30", *extra]
+    command = spark_submit_command(job_args, master)
+    log_path = work / f"{tag}.log"
+    me = psutil.Process()
+    cpu_before = cpu_seconds(moto) + cpu_seconds(me)
+    started = time.time()
+    with open(log_path, "w") as out:
+        process = subprocess.Popen(command, env=spark_env(), cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
+        with TreePeaks(process.pid) as peaks:
+            code = process.wait()
+    wall = time.time() - started
+    stand_in_cpu = cpu_seconds(moto) + cpu_seconds(me) - cpu_before
+    if code != 0:
+        raise RuntimeError(f"the {tag} job exited {code}; see {log_path}")
+    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{key}.summary.json")["Body"].read())
+    tasks = summary["tasks"]
+    workers = summary["python_workers"].values()
+    # Steady state: leave out each worker's first task (model load, first-pass kernel set-up).
+    firsts = [w["first_task"] for w in workers]
+    steady_images = summary["keys_listed"] - sum(f["images"] for f in firsts)
+    steady_window = tasks["last_end"] - min(f["ended"] for f in firsts)
+    return {
+        "tag": tag, "wall_seconds": wall, "summary": summary,
+        "E": tasks["images_per_second"],
+        "E_steady": steady_images / steady_window if steady_window > 0 and steady_images > 0 else None,
+        "worker_peak_rss": [w.get("max_rss_bytes") for w in workers],
+        "driver_python_peak_rss": peaks.peak("driver python"),
+        "driver_jvm_peak_rss": peaks.peak("driver JVM"),
+        "stand_in_cpu_share": stand_in_cpu / (tasks["seconds"] * (os.cpu_count() or 1)) if tasks["seconds"] else None,
+    }
+
+
+# ----------------------------------------------------------------------------
+# The whole benchmark
+
+
+def upload(s3, paths: list[Path], prefixes: dict) -> None:
+    s3.create_bucket(Bucket=BUCKET)
+    for prefix in prefixes.values():
+        for suffix in ("-symbol.json", "-0000.params"):
+            path = prefix.with_name(prefix.name + suffix)
+            s3.upload_file(str(path), BUCKET, f"models/{path.name}")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda p: s3.put_object(Bucket=BUCKET, Key=f"photos/{p.name}", Body=p.read_bytes()), paths))
+
+
+def run(args) -> dict:
+    work = ROOT / "run" / "bench"
+    work.mkdir(parents=True, exist_ok=True)
+    cores = os.cpu_count() or 1
+    started = time.time()
+    log(f"making {args.images} images (cached in {work / 'images'})")
+    paths = bench_images.make_images(work / "images", args.images)
+    chosen = [bench_models.MODELS[name] for name in args.models]
+    prefixes = {m.name: bench_models.export(m, work / "models") for m in chosen}
+    results: dict = {"machine": {"cores": cores, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+                     "images": len(paths), "image_bytes": sum(p.stat().st_size for p in paths),
+                     "latency_ms": args.latency * 1000, "batch": args.batch, "models": {}}
+    with moto_server(work / "moto.log") as upstream, S3Proxy(upstream, latency=args.latency) as proxy:
+        moto = next(p for p in psutil.Process().children() if "moto" in " ".join(p.cmdline()))
+        s3 = boto3.client("s3", endpoint_url=upstream, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        log(f"uploading {len(paths)} images and {len(chosen)} models to moto at {upstream}; "
+            f"the job reads through the proxy at {proxy.endpoint} (+{args.latency * 1000:.0f} ms per request)")
+        upload(s3, paths, prefixes)
+        keys = [f"photos/{p.name}" for p in paths]
+        for model in chosen:
+            prefix = str(prefixes[model.name])
+            row: dict = {"description": model.description, "input_shape": model.input_shape}
+            log(f"{model.name}: L (forward only, {cores} threads, batch {args.batch})")
+            row["L"] = probe(["limit", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
+                              "--seconds", str(args.limit_seconds),
+                              *map(str, paths[: 2 * args.batch])], cores)
+            log(f"{model.name}:   {row['L']['images_per_second']:.1f} images/s; "
+                f"S (square wave, {args.square_batches} batches)")
+            row["S"] = probe(["square", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
+                              "--endpoint", proxy.endpoint, "--bucket", BUCKET, "--batches", str(args.square_batches),
+                              *keys[: args.square_batches * args.batch]], cores)
+            log(f"{model.name}:   {row['S']['images_per_second']:.1f} images/s; E (spark-submit, {args.master})")
+            row["E"] = submit(s3, proxy.endpoint, model, f"E-{model.name}", args.batch, work, args.master, [], moto)
+            log(f"{model.name}:   {row['E']['E']:.1f} images/s, steady {row['E']['E_steady'] or 0:.1f}, "
+                f"wall {row['E']['wall_seconds']:.1f}s")
+            results["models"][model.name] = row
+        if not args.quick:
+            small = bench_models.RESNET20
+            count = min(len(paths), 16 * args.memory_tasks)
+            log(f"memory: one worker, {count} images in batches of 16 ({small.name}, master local-cluster[1,1,1024])")
+            long_run = submit(s3, proxy.endpoint, small, "memory-worker", 16, work, "local-cluster[1,1,1024]",
+                              ["--limit", str(count)], moto)
+            [worker] = long_run["summary"]["python_workers"].values()
+            results["worker_rss"] = {"tasks": worker["batches"], "after": worker.get("rss_bytes_after_task", {})}
+        results["driver_rss"] = {}
+        for count in args.driver_results:
+            log(f"memory: driver for {count:,} results (fake fast model, no Spark)")
+            results["driver_rss"][count] = probe(
+                ["driver", "--model", str(prefixes[chosen[0].name]), "--shape", chosen[0].shape_arg,
+                 "--endpoint", upstream, "--bucket", BUCKET, "--results", str(count)], cores)
+    results["bench_seconds"] = time.time() - started
+    return results
+
+
+# ----------------------------------------------------------------------------
+# The report
+
+
+def _mib(value) -> str:
+    return f"{value / MIB:.0f}" if value else "-"
+
+
+def report(results: dict) -> str:
+    out = []
+    machine = results["machine"]
+    out.append(f"{machine['cores']} cores, {machine['memory_gib']} GiB; {results['images']} images "
+               f"({results['image_bytes'] / results['images'] / 1000:.0f} kB average), "
+               f"S3 latency {results['latency_ms']:.0f} ms per request; batch {results['batch']}")
+    out.append("")
+    header = ("| model | L img/s | S img/s | E img/s | E steady | E/L | E/L steady | E/S | E wall s "
+              "| worker peak RSS MiB | driver peak RSS MiB (python + JVM) | S3 stand-in CPU |")
+    out.append(header)
+    out.append("|" + "---|" * (header.count("|") - 1))
+    for name, row in results["models"].items():
+        e = row["E"]
+        lim, sq = row["L"]["images_per_second"], row["S"]["images_per_second"]
+        steady = e["E_steady"] or 0.0
+        out.append(
+            f"| {name} {'x'.join(map(str, row['input_shape']))} | {lim:.1f} | {sq:.1f} | {e['E']:.1f} | {steady:.1f} "
+            f"| {e['E'] / lim:.2f} | {steady / lim:.2f} | {e['E'] / sq:.1f} | {e['wall_seconds']:.1f} "
+            f"| {' / '.join(_mib(v) for v in e['worker_peak_rss'])} "
+            f"| {_mib(e['driver_python_peak_rss'])} + {_mib(e['driver_jvm_peak_rss'])} "
+            f"| {100 * (e['stand_in_cpu_share'] or 0):.0f}% |")
+    out.append("")
+    out.append("Where the executors' time went in E (seconds summed over tasks; wait = model idle for input):")
+    for name, row in results["models"].items():
+        sec = row["E"]["summary"]["seconds"]
+        sq = row["S"]["phases"]
+        out.append(f"  {name}: E download {sec['download']:.1f}, decode {sec['decode']:.1f}, forward "
+                   f"{sec['forward']:.1f}, wait {sec['wait']:.1f}, task {sec['task']:.1f}, upload {sec['upload']:.1f}"
+                   f" | S download {sq['download']:.1f}, decode {sq['decode']:.1f}, forward {sq['forward']:.1f}")
+    out.append("")
+    if "worker_rss" in results:
+        after = results["worker_rss"]["after"]
+        a10, a200 = after.get("10"), after.get("200")
+        growth = f"{100 * (a200 - a10) / a10:+.1f}%" if a10 and a200 else "n/a"
+        out.append(f"Python worker RSS (long run, {results['worker_rss']['tasks']} tasks): after task 10 "
+                   f"{_mib(a10)} MiB, after task 200 {_mib(a200)} MiB ({growth})")
+    for count, d in results.get("driver_rss", {}).items():
+        out.append(f"Driver peak RSS for {int(count):,} results (fake fast model, driver process only): "
+                   f"{_mib(d['max_rss'])} MiB (after imports {_mib(d['rss_start'])}, "
+                   f"model loaded {_mib(d['rss_model_loaded'])}; result blobs {d['blob_bytes'] / MIB:.1f} MiB)")
+    out.append(f"bench wall time: {results['bench_seconds']:.0f} s")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Throughput and memory of the job on this machine.")
+    parser.add_argument("--quick", action="store_true", help="smoke run: small model, few images, no long run")
+    parser.add_argument("--images", type=int, default=3600, help="images in the set")
+    parser.add_argument("--batch", type=int, default=64, help="batch size (partition) of L, S and E")
+    parser.add_argument("--latency", type=float, default=0.02, help="seconds added to each S3 request")
+    parser.add_argument("--models", default="resnet18,resnet20", help="comma-separated: resnet18, resnet20")
+    parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    parser.add_argument("--limit-seconds", type=float, default=15.0, help="seconds of forward passes for L")
+    parser.add_argument("--square-batches", type=int, default=6, help="batches for S")
+    parser.add_argument("--memory-tasks", type=int, default=210, help="tasks of the long run (batch 16)")
+    parser.add_argument("--driver-results", default="10000,100000", help="result counts for the driver's RSS")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.images, args.models, args.limit_seconds, args.square_batches = 256, "resnet20", 2.0, 2
+        args.driver_results = "1000"
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.driver_results = [int(x) for x in str(args.driver_results).split(",") if x]
+    results = run(args)
+    text = report(results)
+    print("\n" + text, flush=True)
+    out = args.json or ROOT / "run" / "bench" / "results.json"
+    out.write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

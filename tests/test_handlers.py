@@ -30,13 +30,15 @@ SHAPE = make_demo.INPUT_SHAPE
 BOXES_HANDLER = '''
 import io
 import os
+import sys
 
 import numpy as np
 from PIL import Image
 
 LABELS = ["cat", "dog", "bird"]
 MIN_SCORE = 0.25
-os.environ["BOXES_IMPORTS"] = str(int(os.environ.get("BOXES_IMPORTS", "0")) + 1)
+# Counted on the sys module: per process, and not inherited like an environment variable.
+sys.boxes_imports = getattr(sys, "boxes_imports", 0) + 1
 
 
 def input_handler(key, data):
@@ -54,7 +56,7 @@ def output_handler(key, outputs):
     return {
         "key": "ignored: the job keeps the real key",
         "boxes": [{"label": LABELS[int(d[0])], "score": d[1], "box": d[2:]} for d in kept],
-        "worker": {"pid": os.getpid(), "imports": int(os.environ["BOXES_IMPORTS"]), "file": __file__},
+        "worker": {"pid": os.getpid(), "imports": sys.boxes_imports, "file": __file__},
     }
 '''
 

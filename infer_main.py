@@ -27,11 +27,13 @@ images than ``--max-errors`` allows.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
 import math
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -582,7 +584,10 @@ def prepare_handler(cfg: JobConfig, client) -> JobConfig:
             data = utils.read_uri(path, client if utils.is_s3_uri(path) else None)
         except Exception as exc:
             raise JobError(f"cannot read --handler {path}: {mxinfer._first_line(exc)}") from exc
-        path = os.path.join(tempfile.mkdtemp(prefix="mxinfer-handler-"), path.rsplit("/", 1)[-1])
+        folder = tempfile.mkdtemp(prefix="mxinfer-handler-")
+        # Kept until the driver exits: executors fetch it from the driver while the job runs.
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        path = os.path.join(folder, path.rsplit("/", 1)[-1])
         with open(path, "wb") as handle:
             handle.write(data)
     try:

@@ -70,44 +70,63 @@ def log(message: str) -> None:
 # Processes and their memory
 
 
-class TreePeaks:
-    """Poll a process tree's resident memory; keep each process's peak, named by its role."""
+class ProcessWatch:
+    """Poll a process tree (and some fixed processes): each process's peak RSS and CPU over time, by role."""
 
-    def __init__(self, root_pid: int, every: float = 0.2):
+    KNOWN = ("driver python", "driver JVM", "executor JVM", "python worker")
+
+    def __init__(self, root_pid: int, fixed: dict[str, psutil.Process] | None = None, every: float = 0.2):
         self.root = psutil.Process(root_pid)
+        self.fixed = fixed or {}
         self.every = every
-        self.peaks: dict[int, tuple[str, int]] = {}
+        self.roles: dict[int, str] = {}
+        self.peaks: dict[int, int] = {}
+        self.samples: dict[int, list[tuple[float, float]]] = {}
+        self.machine: list[tuple[float, float]] = []  # (time, busy CPU seconds of the whole machine)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
     def role(process: psutil.Process) -> str:
-        cmdline = " ".join(process.cmdline())
-        if "infer_main.py" in cmdline and "java" not in process.name():
-            return "driver python"
-        if "SparkSubmit" in cmdline:
-            return "driver JVM"
-        if "CoarseGrainedExecutorBackend" in cmdline:
-            return "executor JVM"
-        if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
-            return "python worker"
-        return process.name()
+        name, cmdline = process.name(), " ".join(process.cmdline())
+        if name.startswith("java"):
+            if "CoarseGrainedExecutorBackend" in cmdline:
+                return "executor JVM"
+            return "driver JVM" if "SparkSubmit" in cmdline else name
+        if name.startswith("python"):
+            if "infer_main.py" in cmdline:
+                return "driver python"
+            if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
+                return "python worker"
+        return name  # bash (spark-submit's scripts, until they exec the JVM), setsid, ...
+
+    def _poll(self) -> None:
+        try:
+            tree = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            tree = []
+        now = time.time()
+        machine = psutil.cpu_times()
+        self.machine.append((now, sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)))
+        for process in [*tree, *self.fixed.values()]:
+            try:
+                rss, cpu = process.memory_info().rss, cpu_seconds(process)
+                # Until a process shows a known role, look again: spark-submit's shell script
+                # execs the JVM under its own pid. Once known it sticks (a dying worker has no cmdline).
+                if self.roles.get(process.pid) not in self.KNOWN:
+                    fixed = [name for name, p in self.fixed.items() if p.pid == process.pid]
+                    self.roles[process.pid] = fixed[0] if fixed else self.role(process)
+            except psutil.Error:
+                continue
+            self.peaks[process.pid] = max(rss, self.peaks.get(process.pid, 0))
+            self.samples.setdefault(process.pid, []).append((now, cpu))
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            try:
-                processes = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for process in processes:
-                try:  # the role each time: spark-submit's shell script execs the JVM under the same pid
-                    rss, role = process.memory_info().rss, self.role(process)
-                except psutil.Error:
-                    continue
-                if role != self.peaks.get(process.pid, ("", 0))[0] or rss > self.peaks[process.pid][1]:
-                    self.peaks[process.pid] = (role, rss)
+            self._poll()
 
-    def __enter__(self) -> TreePeaks:
+    def __enter__(self) -> ProcessWatch:
+        self._poll()
         self._thread.start()
         return self
 
@@ -115,8 +134,22 @@ class TreePeaks:
         self._stop.set()
         self._thread.join()
 
+    def cpu_between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds each role used from ``start`` to ``end`` (to the 0.2 s polling's precision)."""
+        def at(samples, t):
+            before = [cpu for when, cpu in samples if when <= t]
+            return before[-1] if before else 0.0
+
+        out: dict[str, float] = {}
+        for pid, samples in self.samples.items():
+            role = self.roles[pid]
+            out[role] = out.get(role, 0.0) + at(samples, end) - at(samples, start)
+        # Whatever else ran on the machine meanwhile (another job, tests, the OS) took this much.
+        out["other processes"] = max(0.0, at(self.machine, end) - at(self.machine, start) - sum(out.values()))
+        return out
+
     def peak(self, role: str) -> int | None:
-        values = [rss for r, rss in self.peaks.values() if r == role]
+        values = [rss for pid, rss in self.peaks.items() if self.roles.get(pid) == role]
         return max(values) if values else None
 
 
@@ -140,7 +173,7 @@ def probe(args: list[str], threads: int) -> dict:
 
 
 def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, batch: int, work: Path,
-           master: str, extra: list[str], moto: psutil.Process) -> dict:
+           master: str, extra: list[str], moto: psutil.Process, spark_conf: list[str] = ()) -> dict:
     """Run the job once on ``local-cluster``; its summary plus what was measured around it."""
     key = f"out/{tag}.jsonl"
     job_args = ["--input", f"s3://{BUCKET}/photos/", "--model", f"s3://{BUCKET}/models/{model.name}",
@@ -148,16 +181,17 @@ def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, ba
                 "--input-shape", model.shape_arg, "--mean", bench_models.MEAN, "--std", bench_models.STD,
                 "--batch-size", str(batch), "--progress-seconds", "30", *extra]
     command = spark_submit_command(job_args, master)
+    for setting in spark_conf:  # after "spark-submit --master M": overrides conf/spark-local.conf
+        command[3:3] = ["--conf", setting]
     log_path = work / f"{tag}.log"
-    me = psutil.Process()
-    cpu_before = cpu_seconds(moto) + cpu_seconds(me)
+    # The proxy runs in this process, which also polls: that costs little next to the proxy.
+    fixed = {"S3 stand-in: moto": moto, "S3 stand-in: proxy": psutil.Process()}
     started = time.time()
     with open(log_path, "w") as out:
         process = subprocess.Popen(command, env=spark_env(), cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
-        with TreePeaks(process.pid) as peaks:
+        with ProcessWatch(process.pid, fixed) as watch:
             code = process.wait()
     wall = time.time() - started
-    stand_in_cpu = cpu_seconds(moto) + cpu_seconds(me) - cpu_before
     if code != 0:
         raise RuntimeError(f"the {tag} job exited {code}; see {log_path}")
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{key}.summary.json")["Body"].read())
@@ -167,14 +201,19 @@ def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, ba
     firsts = [w["first_task"] for w in workers]
     steady_images = summary["keys_listed"] - sum(f["images"] for f in firsts)
     steady_window = tasks["last_end"] - min(f["ended"] for f in firsts)
+    images = summary["keys_listed"]
+    # CPU while tasks ran, per image: what the cores were spent on.
+    cpu = watch.cpu_between(tasks["first_start"], tasks["last_end"])
     return {
         "tag": tag, "wall_seconds": wall, "summary": summary,
         "E": tasks["images_per_second"],
         "E_steady": steady_images / steady_window if steady_window > 0 and steady_images > 0 else None,
         "worker_peak_rss": [w.get("max_rss_bytes") for w in workers],
-        "driver_python_peak_rss": peaks.peak("driver python"),
-        "driver_jvm_peak_rss": peaks.peak("driver JVM"),
-        "stand_in_cpu_share": stand_in_cpu / (tasks["seconds"] * (os.cpu_count() or 1)) if tasks["seconds"] else None,
+        "driver_python_peak_rss": watch.peak("driver python"),
+        "driver_jvm_peak_rss": watch.peak("driver JVM"),
+        "stand_in_cpu_share": (sum(v for k, v in cpu.items() if k.startswith("S3 stand-in"))
+                               / (tasks["seconds"] * (os.cpu_count() or 1))),
+        "cpu_ms_per_image": {role: round(1000 * seconds / images, 2) for role, seconds in sorted(cpu.items())},
     }
 
 
@@ -227,7 +266,8 @@ def run(args) -> dict:
                               "--endpoint", proxy.endpoint, "--bucket", BUCKET, "--batches", str(args.square_batches),
                               *keys[: args.square_batches * args.batch]], cores)
             log(f"{model.name}:   {row['S']['images_per_second']:.1f} images/s; E (spark-submit, {args.master})")
-            row["E"] = submit(s3, proxy.endpoint, model, f"E-{model.name}", args.batch, work, args.master, [], moto)
+            row["E"] = submit(s3, proxy.endpoint, model, f"E-{model.name}", args.batch, work, args.master,
+                              args.job_args, moto, args.spark_conf)
             log(f"{model.name}:   {row['E']['E']:.1f} images/s, steady {row['E']['E_steady'] or 0:.1f}, "
                 f"wall {row['E']['wall_seconds']:.1f}s")
             results["models"][model.name] = row
@@ -287,6 +327,15 @@ def report(results: dict) -> str:
                    f"{sec['forward']:.1f}, wait {sec['wait']:.1f}, task {sec['task']:.1f}, upload {sec['upload']:.1f}"
                    f" | S download {sq['download']:.1f}, decode {sq['decode']:.1f}, forward {sq['forward']:.1f}")
     out.append("")
+    out.append("CPU per image in E, by process (ms; the bound is what the cores allow at that cost):")
+    cores = results["machine"]["cores"]
+    for name, row in results["models"].items():
+        cpu = row["E"]["cpu_ms_per_image"]
+        total = sum(cpu.values())
+        parts = ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items() if ms >= 0.05)
+        out.append(f"  {name}: {parts}; total {total:.1f} -> at most {1000 * cores / total:.0f} images/s "
+                   f"on {cores} cores; L costs {row['L']['cpu_ms_per_image']:.1f}")
+    out.append("")
     if "worker_rss" in results:
         after = results["worker_rss"]["after"]
         a10, a200 = after.get("10"), after.get("200")
@@ -309,6 +358,9 @@ def main(argv=None) -> int:
     parser.add_argument("--latency", type=float, default=0.02, help="seconds added to each S3 request")
     parser.add_argument("--models", default="resnet18,resnet20", help="comma-separated: resnet18, resnet20")
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark setting for E, over conf/spark-local.conf (repeatable)")
+    parser.add_argument("--job-args", default="", help="extra job options for E, e.g. '--micro-batch-size 64'")
     parser.add_argument("--limit-seconds", type=float, default=15.0, help="seconds of forward passes for L")
     parser.add_argument("--square-batches", type=int, default=6, help="batches for S")
     parser.add_argument("--memory-tasks", type=int, default=210, help="tasks of the long run (batch 16)")
@@ -319,6 +371,7 @@ def main(argv=None) -> int:
         args.images, args.models, args.limit_seconds, args.square_batches = 256, "resnet20", 2.0, 2
         args.driver_results, args.memory_tasks = "1000", 0
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.job_args = args.job_args.split()
     args.driver_results = [int(x) for x in str(args.driver_results).split(",") if x]
     results = run(args)
     text = report(results)

@@ -35,6 +35,13 @@ test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration)
 lint: $(STAMP) ## ruff only
 	$(VENV)/bin/ruff check .
 
+# --- benchmark (issue 3) ---
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench: $(STAMP) ## Throughput (L, S, E) and memory on this machine, printed as a table (about 10 min; BENCH_ARGS=--quick)
+	$(PY) -m bench.run_bench $(BENCH_ARGS)
+
 # --- EMR deploy (issue 5) ---
 # docs/emr.md walks through these. S3 is the prefix the cluster reads the job
 # from; everything else comes from conf/emr.yaml (EMR_CONF).

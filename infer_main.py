@@ -466,14 +466,14 @@ def write_output(client, cfg: JobConfig, writer: utils.MultipartWriter, results,
 def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: dict,
               elapsed: float, model_summary: dict, upload_seconds: float) -> dict:
     stats = [r[3] for r in results]
-    stages = ("download", "decode", "forward", "wait", "task")
+    stages = ("download", "decode", "forward", "wait", "task", "cpu")
     executors: dict[str, dict] = {}
     for s in stats:
         e = executors.setdefault(s["executor"], {"batches": 0, "images": 0, **{k: 0.0 for k in stages}})
         e["batches"] += 1
         e["images"] += s["keys"]
         for k in stages:
-            e[k] = round(e[k] + s["seconds"][k], 3)
+            e[k] = round(e[k] + s["seconds"].get(k, 0.0), 3)
     workers: dict[str, dict] = {}
     for s in sorted(stats, key=lambda s: s.get("worker_task", 0)):
         w = workers.setdefault(f"{s['executor']}/{s['worker_pid']}", {"batches": 0, "model_loads": 0})
@@ -484,6 +484,9 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
         w["threads"] = s["threads"]
         if w["batches"] == 1:  # includes loading the model: steady state starts after it
             w["first_task"] = {"started": s["started"], "ended": s["ended"], "images": s["keys"]}
+        # In tasks, and idle between them (Spark handing over the next task).
+        w["task_seconds"] = round(w.get("task_seconds", 0.0) + s["ended"] - s["started"], 3)
+        w["idle_between_tasks_seconds"] = round(s["ended"] - w["first_task"]["started"] - w["task_seconds"], 3)
         memory = s["memory"]
         if memory["max_rss"]:
             w["max_rss_bytes"] = max(w.get("max_rss_bytes", 0), memory["max_rss"])

@@ -1106,7 +1106,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     the driver compactly.
     """
     global tasks_run
-    started, started_at = time.perf_counter(), time.time()
+    started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
     threads = configure_threads(worker_threads(job.threads))
     real = [item for item in items if item is not None]
@@ -1176,7 +1176,9 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         "attempt": _task_attempt(),
         "keys": len(real),
         "errors": errors,
-        "seconds": {**{k: round(v, 4) for k, v in timing.items()}, "task": round(time.perf_counter() - started, 4)},
+        # cpu: this worker's CPU seconds (all its threads) during the task.
+        "seconds": {**{k: round(v, 4) for k, v in timing.items()}, "task": round(time.perf_counter() - started, 4),
+                    "cpu": round(time.process_time() - started_cpu, 4)},
         "s3_retries": {"request": io_stats.request_retries, "body": io_stats.body_retries},
         "model_loads": load_count,
         # Wall-clock start and end, for throughput from the first task's start to the last one's end.

@@ -44,7 +44,11 @@ def _preprocess(shape: tuple) -> mxinfer.Preprocess:
 
 
 def limit(model: str, shape: tuple, batch: int, images: list[str], seconds: float) -> dict:
-    """Forward passes of ``batch`` pre-decoded images for about ``seconds``: images/s."""
+    """Forward passes of ``batch`` pre-decoded images for about ``seconds``: images/s.
+
+    The rate is the best of windows of at least a second each, so that a
+    moment of other load on the machine does not lower the limit E is held to.
+    """
     classifier = mxinfer.Classifier(model, shape, batch)
     prep = _preprocess(shape)
     arrays = np.stack([mxinfer.decode_image(Path(p).read_bytes(), prep) for p in images])
@@ -53,12 +57,17 @@ def limit(model: str, shape: tuple, batch: int, images: list[str], seconds: floa
         classifier.predict(b)
     done, passes, started = 0, 0, time.perf_counter()
     cpu = time.process_time()
+    windows, window_start, window_done = [], started, 0
     while passes < 3 or time.perf_counter() - started < seconds:
-        done += len(classifier.predict(batches[passes % len(batches)])[0])
-        passes += 1
+        n = len(classifier.predict(batches[passes % len(batches)])[0])
+        done, window_done, passes = done + n, window_done + n, passes + 1
+        now = time.perf_counter()
+        if now - window_start >= 1.0:
+            windows.append(window_done / (now - window_start))
+            window_start, window_done = now, 0
     elapsed = time.perf_counter() - started
-    return {"images_per_second": done / elapsed, "passes": passes, "seconds": elapsed,
-            "cpu_ms_per_image": 1000 * (time.process_time() - cpu) / done}
+    return {"images_per_second": max(windows or [done / elapsed]), "mean_images_per_second": done / elapsed,
+            "passes": passes, "seconds": elapsed, "cpu_ms_per_image": 1000 * (time.process_time() - cpu) / done}
 
 
 def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, keys: list[str],
@@ -67,8 +76,9 @@ def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, key
     classifier = mxinfer.Classifier(model, shape, batch)
     prep = _preprocess(shape)
     client = utils.s3_client(endpoint)
+    classifier.predict(np.zeros((batch, *shape), np.float32))  # warm-up, as E's steady state has had
     phases = {"download": 0.0, "decode": 0.0, "forward": 0.0}
-    images = 0
+    images, rates = 0, []
     started = time.perf_counter()
     for b in range(batches):
         chunk = keys[b * batch: (b + 1) * batch]
@@ -85,9 +95,11 @@ def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, key
         phases["decode"] += t2 - t1
         phases["forward"] += t3 - t2
         images += len(chunk)
+        rates.append(len(chunk) / (t3 - t0))
     elapsed = time.perf_counter() - started
-    return {"images_per_second": images / elapsed, "images": images, "seconds": elapsed,
-            "phases": {k: round(v, 3) for k, v in phases.items()}}
+    # The best batch: the original at its least disturbed, which E is compared with.
+    return {"images_per_second": max(rates), "mean_images_per_second": images / elapsed, "images": images,
+            "seconds": elapsed, "phases": {k: round(v, 3) for k, v in phases.items()}}
 
 
 def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, batch: int = 64,

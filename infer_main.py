@@ -66,7 +66,7 @@ DEFAULTS: dict[str, Any] = {
     "endpoint_url": None, "region": None,
     "limit": None, "dry_run": False,
     "max_errors": "1%", "max_object_bytes": 50 * 1024 * 1024, "max_image_pixels": 64_000_000,
-    "io_threads": 8, "max_in_flight": 128, "s3_max_attempts": 5,
+    "io_threads": 16, "max_in_flight": 128, "s3_max_attempts": 5,
     "micro_batch_size": 16, "threads": None,
     "app_name": "mxnet-batch-inference", "log_level": "INFO", "progress_seconds": 15,
 }
@@ -677,7 +677,7 @@ def _refuse_secret(ctx, param, value):
 @click.option("--max-errors", metavar="N|P%", help="Exit 3 if more images than this fail (still writing all output). [default: 1%]")
 @click.option("--max-object-bytes", type=int, help="Larger objects become error lines, undownloaded. [default: 52428800]")
 @click.option("--max-image-pixels", type=int, help="Larger images become error lines, undecoded. [default: 64000000]")
-@click.option("--io-threads", type=int, help="Download and decode threads per executor. [default: 8]")
+@click.option("--io-threads", type=int, help="Download and decode threads per executor. [default: 16]")
 @click.option("--max-in-flight", type=int, help="Images downloaded or decoded ahead of the model, per executor. [default: 128]")
 @click.option("--micro-batch-size", type=int, help="Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first ones while the rest download. [default: 16]")
 @click.option("--threads", type=int, help="MXNet/OpenMP threads per executor. [default: OMP_NUM_THREADS of the executor, else spark.task.cpus if over 1, else all cores]")

@@ -234,12 +234,12 @@ def upload(s3, paths: list[Path], prefixes: dict) -> None:
 
 
 def run(args) -> dict:
-    work = ROOT / "run" / "bench"
+    work = args.work
     work.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     started = time.time()
-    log(f"making {args.images} images (cached in {work / 'images'})")
-    paths = bench_images.make_images(work / "images", args.images)
+    log(f"making {args.images} images (cached in {work / f'images-{args.images}'})")
+    paths = bench_images.make_images(work / f"images-{args.images}", args.images)
     chosen = [bench_models.MODELS[name] for name in args.models]
     prefixes = {m.name: bench_models.export(m, work / "models") for m in chosen}
     results: dict = {"machine": {"cores": cores, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
@@ -365,10 +365,12 @@ def main(argv=None) -> int:
     parser.add_argument("--square-batches", type=int, default=6, help="batches for S")
     parser.add_argument("--memory-tasks", type=int, default=210, help="tasks of the long run (batch 16)")
     parser.add_argument("--driver-results", default="10000,100000", help="result counts for the driver's RSS")
+    parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench",
+                        help="folder for the images, models, logs and results.json")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.images, args.models, args.limit_seconds, args.square_batches = 256, "resnet20", 2.0, 2
+        args.images, args.models, args.limit_seconds, args.square_batches = 128, "resnet20", 1.0, 1
         args.driver_results, args.memory_tasks = "1000", 0
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.job_args = args.job_args.split()
@@ -376,7 +378,7 @@ def main(argv=None) -> int:
     results = run(args)
     text = report(results)
     print("\n" + text, flush=True)
-    out = args.json or ROOT / "run" / "bench" / "results.json"
+    out = args.json or args.work / "results.json"
     out.write_text(json.dumps(results, indent=2, default=str))
     return 0
 

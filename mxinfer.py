@@ -908,11 +908,13 @@ def thread_env(threads: int) -> dict[str, str]:
     """The environment that gives MXNet's forward pass ``threads`` cores, and no more.
 
     ``OMP_NUM_THREADS`` sizes OpenMP (and oneDNN's convolutions); without it
-    MXNet uses half the cores. ``MXNET_CPU_WORKER_NTHREADS=1`` runs one
-    operator at a time with all of them: a CNN is a chain of operators, and
-    two concurrent operators of ``threads`` threads each would oversubscribe.
+    MXNet uses half the cores (ResNet-18 on 2 cores: 60 images/s by default,
+    117 with 2 threads). ``MXNET_CPU_WORKER_NTHREADS`` (operators run at once)
+    stays as the executor's environment sets it, else 1: one operator at a
+    time with every thread, which is what a chain of convolutions needs.
     """
-    return {"OMP_NUM_THREADS": str(threads), "MXNET_CPU_WORKER_NTHREADS": "1"}
+    return {"OMP_NUM_THREADS": str(threads),
+            "MXNET_CPU_WORKER_NTHREADS": os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")}
 
 
 _threads_configured: list[int] = []

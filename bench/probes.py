@@ -149,7 +149,8 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     after = mxinfer.memory_bytes()
     return {"results": results, "predicted": counts["predicted"], "bytes_written": writer.bytes_written,
             "blob_bytes": sum(len(r[2]) for r in collected), "rss_start": before["rss"],
-            "rss_model_loaded": loaded["rss"], "max_rss": after["max_rss"]}
+            "rss_model_loaded": loaded["rss"], "max_rss_model_loaded": loaded["max_rss"],
+            "rss_end": after["rss"], "max_rss": after["max_rss"]}
 
 
 def main(argv=None) -> int:

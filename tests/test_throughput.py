@@ -1,0 +1,106 @@
+"""Throughput plumbing without Spark: micro-batches, threads, eager prefetch, timing and memory in the summary."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+
+import infer_main
+import mxinfer
+
+BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
+
+
+def job_spec(**kwargs) -> mxinfer.JobSpec:
+    return mxinfer.JobSpec(model=mxinfer.ModelSpec.from_prefix("s3://m/r"), preprocess=mxinfer.Preprocess(),
+                           bucket="b", **kwargs)
+
+
+@pytest.mark.parametrize(("batch", "micro", "bound"), [(64, 16, 16), (64, None, 64), (8, 16, 8), (64, 64, 64)])
+def test_the_module_is_bound_at_the_micro_batch_never_above_the_batch(batch, micro, bound):
+    assert job_spec(batch_size=batch, micro_batch_size=micro).forward_batch == bound
+
+
+def test_micro_batch_and_threads_reach_the_executors_from_the_options():
+    cfg = infer_main.resolve(infer_main.merge_settings({**BASE, "micro_batch_size": 8, "threads": 4}, {}))
+    spec = cfg.job_spec()
+    assert (spec.micro_batch_size, spec.threads, spec.forward_batch) == (8, 4, 8)
+    defaults = infer_main.resolve(infer_main.merge_settings(BASE, {})).job_spec()
+    assert (defaults.micro_batch_size, defaults.threads, defaults.io_threads) == (16, None, 16)
+
+
+def test_threads_option_beats_the_environment_which_beats_task_cpus_which_beats_cpu_count(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setattr(mxinfer, "_spark_task", lambda: SimpleNamespace(cpus=lambda: 6))
+    assert mxinfer.worker_threads(5) == 5
+    assert mxinfer.worker_threads(None) == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert mxinfer.worker_threads(None) == 6
+    monkeypatch.setattr(mxinfer, "_spark_task", lambda: SimpleNamespace(cpus=lambda: 1))
+    monkeypatch.setattr(mxinfer.os, "cpu_count", lambda: 12)
+    assert mxinfer.worker_threads(None) == 12
+    monkeypatch.setattr(mxinfer, "_spark_task", lambda: None)
+    assert mxinfer.worker_threads(None) == 12
+
+
+def test_thread_env_sets_openmp_and_keeps_an_explicit_worker_thread_count(monkeypatch):
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
+    assert mxinfer.thread_env(8) == {"OMP_NUM_THREADS": "8", "MXNET_CPU_WORKER_NTHREADS": "1"}
+    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "8")
+    assert mxinfer.thread_env(8)["MXNET_CPU_WORKER_NTHREADS"] == "8"
+
+
+def test_prefetch_starts_on_the_call_keeps_order_and_bounds_what_is_in_flight():
+    started = []
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def work(key, size):
+        with lock:
+            started.append(key)
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.01 * (size % 3))  # finish out of order
+        with lock:
+            in_flight[0] -= 1
+        return key
+
+    items = [(f"k{i:02d}", i) for i in range(20)]
+    with ThreadPoolExecutor(8) as pool:
+        results = mxinfer._prefetched(items, work, pool, window=4)
+        time.sleep(0.1)
+        assert sorted(started) == ["k00", "k01", "k02", "k03"]  # submitted before the first next()
+        assert list(results) == [key for key, _ in items]
+    assert most[0] <= 4
+
+
+def task_stats(worker: str, n: int, started: float, rss: int, keys: int = 64) -> dict:
+    return {"partition": n, "executor": "host/1", "worker_pid": worker, "attempt": 0, "keys": keys,
+            "errors": {"download": 0, "decode": 0, "predict": 0},
+            "seconds": {"download": 1.0, "decode": 0.5, "forward": 2.0, "wait": 0.1, "task": 1.0, "cpu": 1.5},
+            "s3_retries": {"request": 0, "body": 0}, "model_loads": 1, "started": started,
+            "ended": started + 1.0, "threads": 2, "worker_task": n, "memory": {"rss": rss, "max_rss": rss + 5}}
+
+
+def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_task():
+    cfg = infer_main.resolve(infer_main.merge_settings(BASE, {}))
+    # One worker, 200 tasks of 1 s with 0.1 s between them; RSS grows by 1 byte per task.
+    stats = [task_stats("7", n, 1000.0 + (n - 1) * 1.1, 500 + n) for n in range(1, 201)]
+    results = [(s["partition"], 64, b"", s) for s in reversed(stats)]  # order must not matter
+    summary = infer_main.summarize(cfg, 200 * 64, 200, results, {"predicted": 12800, "failed": 0}, 300.0, {}, 0.5)
+    window = 199 * 1.1 + 1.0
+    assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
+    assert summary["tasks"]["images_per_second"] == pytest.approx(12800 / window, rel=1e-3)
+    [worker] = summary["python_workers"].values()
+    assert worker["first_task"] == {"started": 1000.0, "ended": 1001.0, "images": 64}
+    assert worker["threads"] == 2 and worker["max_rss_bytes"] == 705
+    assert worker["task_seconds"] == pytest.approx(200.0)
+    assert worker["idle_between_tasks_seconds"] == pytest.approx(199 * 0.1, abs=1e-2)
+    assert worker["rss_bytes_after_task"] == {"1": 501, "2": 502, "5": 505, "10": 510, "20": 520, "50": 550,
+                                              "100": 600, "200": 700, "last": 700}
+    assert summary["seconds"]["cpu"] == pytest.approx(300.0)
+    assert summary["driver_max_rss_bytes"] > 0

@@ -120,6 +120,9 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
         "endpoint_url": endpoint, "batch_size": batch, "micro_batch_size": micro_batch,
         "input_shape": ",".join(map(str, shape)), "top_k": top_k,
     }, {}))
+    # In the driver's order: its S3 client (listing), then the model check, then the results.
+    client = utils.s3_client(endpoint)
+    client.list_objects_v2(Bucket=bucket, MaxKeys=1)
     classifier = infer_main.load_model_on_driver(cfg)
     loaded = mxinfer.memory_bytes()
     images = [(f"photos/{i // 1000:04d}/img{i:07d}.jpg", 60_000 + i % 5000) for i in range(results)]
@@ -138,7 +141,6 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
                  "s3_retries": {"request": 0, "body": 0}, "model_loads": 1, "started": 0.0, "ended": 1.0,
                  "threads": 1, "worker_task": index + 1, "memory": {"rss": 1, "max_rss": 1}}
         collected.append((index, len(lines), blob, stats))
-    client = utils.s3_client(endpoint)
     started = time.perf_counter()
     writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key)
     counts = infer_main.write_output(client, cfg, writer, collected, padded)

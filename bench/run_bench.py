@@ -344,9 +344,8 @@ def report(results: dict) -> str:
                    f"{_mib(a10)} MiB, after task 200 {_mib(a200)} MiB ({growth})")
     for count, d in results.get("driver_rss", {}).items():
         out.append(f"Driver peak RSS for {int(count):,} results (fake fast model, driver process only): "
-                   f"{_mib(d['max_rss'])} MiB; {_mib(d['max_rss_model_loaded'])} MiB of it was reached loading "
-                   f"the model, before any result (result blobs {d['blob_bytes'] / MIB:.1f} MiB, "
-                   f"RSS at the end {_mib(d['rss_end'])} MiB)")
+                   f"{_mib(d['max_rss'])} MiB; {_mib(d['max_rss_model_loaded'])} MiB before any result (imports, "
+                   f"S3 client, the model check); result blobs {d['blob_bytes'] / MIB:.1f} MiB")
     out.append(f"bench wall time: {results['bench_seconds']:.0f} s")
     return "\n".join(out)
 

@@ -6,8 +6,10 @@ process whose environment the caller sets (``mxinfer.thread_env``).
 * ``limit``  L: forward passes on pre-decoded arrays, nothing else.
 * ``square`` S: the original's square wave: download a batch one object after
   the other, then decode it, then run the model, then the next batch.
-* ``driver`` the driver's memory for N results from a fake fast model: the
-  listing, the plan, the collected result blobs, the checked stream to an S3
+* ``results`` what executors would send back for N keys, from a fake fast
+  model (random probabilities), pickled to a file;
+* ``driver`` the driver's memory for those N results: the listing, the plan,
+  the model check, the collected result blobs, the checked stream to an S3
   multipart upload and the summary, without Spark or executors.
 
 Usage::
@@ -15,7 +17,9 @@ Usage::
     python -m bench.probes limit  --model PREFIX --shape 3,224,224 --batch 64 --seconds 15 IMAGE...
     python -m bench.probes square --model PREFIX --shape 3,224,224 --batch 64 --endpoint URL \\
         --bucket B --batches 6 KEY...
-    python -m bench.probes driver --model PREFIX --shape 3,224,224 --endpoint URL --bucket B --results 100000
+    python -m bench.probes results --model PREFIX --shape 3,224,224 --results 100000 --results-file F
+    python -m bench.probes driver --model PREFIX --shape 3,224,224 --endpoint URL --bucket B --results 100000 \\
+        --results-file F
 """
 
 from __future__ import annotations
@@ -102,16 +106,55 @@ def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, key
             "seconds": elapsed, "phases": {k: round(v, 3) for k, v in phases.items()}}
 
 
-def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, batch: int = 64,
-           micro_batch: int = 16, top_k: int = 5) -> dict:
-    """Peak RSS of the driver's own work for ``results`` keys, scored by a fake model (random probabilities).
+def _listing(results: int) -> list[tuple[str, int]]:
+    """What the driver's listing would return for ``results`` photos: ``(key, size)``, sorted."""
+    return [(f"photos/{i // 1000:04d}/img{i:07d}.jpg", 60_000 + i % 5000) for i in range(results)]
 
-    Everything the driver holds is real: the listing, the padded plan, the model
-    it loads to check the checkpoint, every partition's zlib blob of JSON lines
-    (made by ``mxinfer.output_lines``' code path with random probabilities
-    instead of a forward pass) with its stats, the checked stream to a real S3
-    multipart upload, the summary.
+
+def fake_results(model: str, shape: tuple, results: int, out: str, batch: int = 64, top_k: int = 5) -> dict:
+    """What executors would send back for ``results`` keys, scored by a fake fast model, pickled to ``out``.
+
+    Each partition is what ``mxinfer.score_partition`` yields: ``(index, lines,
+    blob, stats)`` with the JSON lines of the real classifier's top-k format
+    (random probabilities over its classes instead of a forward pass), zlib'd.
+    Made in a process of its own, so the driver probe holds only what a driver holds.
     """
+    import pickle
+
+    import infer_main
+
+    classifier = mxinfer.Classifier(model, shape, 1)
+    padded = infer_main.plan_batches(_listing(results), batch)
+    rng = np.random.RandomState(0)
+    with open(out, "wb") as handle:
+        for index in range(len(padded) // batch):
+            keys = sorted(key for key, _ in filter(None, padded[index * batch: (index + 1) * batch]))
+            probs = rng.dirichlet(np.full(classifier.num_classes, 0.1), size=len(keys))
+            lines = [json.dumps({"key": k, "predictions": p}, ensure_ascii=False)
+                     for k, p in zip(keys, classifier.prediction_dicts(probs, top_k))]
+            blob = zlib.compress("\n".join(lines).encode("utf-8"), 1)
+            stats = {"partition": index, "executor": "bench/1", "worker_pid": 1, "attempt": 0, "keys": len(keys),
+                     "errors": {"download": 0, "decode": 0, "predict": 0},
+                     "seconds": {"download": 1.0, "decode": 0.2, "forward": 0.5, "wait": 0.0, "task": 1.0,
+                                 "cpu": 1.0},
+                     "s3_retries": {"request": 0, "body": 0}, "model_loads": 1, "started": float(index),
+                     "ended": index + 1.0, "threads": 1, "worker_task": index + 1,
+                     "memory": {"rss": 1, "max_rss": 1}}
+            pickle.dump((index, len(lines), blob, stats), handle)
+    return {"results": results, "partitions": len(padded) // batch}
+
+
+def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, results_file: str, batch: int = 64,
+           micro_batch: int = 16, top_k: int = 5) -> dict:
+    """Peak RSS of the driver's own work for ``results`` keys whose results :func:`fake_results` made.
+
+    The driver's steps in its order: its S3 client (the listing), the model
+    check, the listing and the padded plan, the collected results (read back
+    one partition at a time, as ``collect()`` deserialises them), the checked
+    stream to a real S3 multipart upload, the summary.
+    """
+    import pickle
+
     import infer_main
 
     before = mxinfer.memory_bytes()
@@ -120,27 +163,19 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
         "endpoint_url": endpoint, "batch_size": batch, "micro_batch_size": micro_batch,
         "input_shape": ",".join(map(str, shape)), "top_k": top_k,
     }, {}))
-    # In the driver's order: its S3 client (listing), then the model check, then the results.
     client = utils.s3_client(endpoint)
     client.list_objects_v2(Bucket=bucket, MaxKeys=1)
     classifier = infer_main.load_model_on_driver(cfg)
-    loaded = mxinfer.memory_bytes()
-    images = [(f"photos/{i // 1000:04d}/img{i:07d}.jpg", 60_000 + i % 5000) for i in range(results)]
+    images = _listing(results)
     padded = infer_main.plan_batches(images, batch)
-    rng = np.random.RandomState(0)
+    loaded = mxinfer.memory_bytes()
     collected = []
-    for index in range(len(padded) // batch):
-        keys = sorted(key for key, _ in filter(None, padded[index * batch: (index + 1) * batch]))
-        probs = rng.dirichlet(np.full(classifier.num_classes, 0.1), size=len(keys))
-        lines = [json.dumps({"key": k, "predictions": p}, ensure_ascii=False)
-                 for k, p in zip(keys, classifier.prediction_dicts(probs, top_k))]
-        blob = zlib.compress("\n".join(lines).encode("utf-8"), 1)
-        stats = {"partition": index, "executor": "bench/1", "worker_pid": 1, "attempt": 0, "keys": len(keys),
-                 "errors": {"download": 0, "decode": 0, "predict": 0},
-                 "seconds": {"download": 1.0, "decode": 0.2, "forward": 0.5, "wait": 0.0, "task": 1.0},
-                 "s3_retries": {"request": 0, "body": 0}, "model_loads": 1, "started": 0.0, "ended": 1.0,
-                 "threads": 1, "worker_task": index + 1, "memory": {"rss": 1, "max_rss": 1}}
-        collected.append((index, len(lines), blob, stats))
+    with open(results_file, "rb") as handle:
+        while True:
+            try:
+                collected.append(pickle.load(handle))
+            except EOFError:
+                break
     started = time.perf_counter()
     writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key)
     counts = infer_main.write_output(client, cfg, writer, collected, padded)
@@ -157,7 +192,7 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("probe", choices=("limit", "square", "driver"))
+    parser.add_argument("probe", choices=("limit", "square", "results", "driver"))
     parser.add_argument("--model", required=True)
     parser.add_argument("--shape", required=True)
     parser.add_argument("--batch", type=int, default=64)
@@ -166,6 +201,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket")
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--results", type=int, default=10_000)
+    parser.add_argument("--results-file", help="pickled partition results: written by results, read by driver")
     parser.add_argument("items", nargs="*", help="image files (limit) or keys (square)")
     args = parser.parse_intermixed_args(argv)
     shape = tuple(int(x) for x in args.shape.split(","))
@@ -173,8 +209,10 @@ def main(argv=None) -> int:
         out = limit(args.model, shape, args.batch, args.items, args.seconds)
     elif args.probe == "square":
         out = square(args.model, shape, args.batch, args.endpoint, args.bucket, args.items, args.batches)
+    elif args.probe == "results":
+        out = fake_results(args.model, shape, args.results, args.results_file, args.batch)
     else:
-        out = driver(args.model, shape, args.endpoint, args.bucket, args.results, args.batch)
+        out = driver(args.model, shape, args.endpoint, args.bucket, args.results, args.results_file, args.batch)
     print(json.dumps(out))
     return 0
 

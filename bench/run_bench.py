@@ -282,9 +282,11 @@ def run(args) -> dict:
         results["driver_rss"] = {}
         for count in args.driver_results:
             log(f"memory: driver for {count:,} results (fake fast model, no Spark)")
-            results["driver_rss"][count] = probe(
-                ["driver", "--model", str(prefixes[chosen[0].name]), "--shape", chosen[0].shape_arg,
-                 "--endpoint", upstream, "--bucket", BUCKET, "--results", str(count)], cores)
+            model_args = ["--model", str(prefixes[chosen[0].name]), "--shape", chosen[0].shape_arg,
+                          "--results", str(count), "--results-file", str(work / f"results-{count}.pickle")]
+            probe(["results", *model_args], cores)
+            results["driver_rss"][count] = probe(["driver", *model_args, "--endpoint", upstream, "--bucket", BUCKET],
+                                                 cores)
     results["bench_seconds"] = time.time() - started
     return results
 

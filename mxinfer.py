@@ -922,20 +922,22 @@ _threads_configured: list[int] = []
 tasks_run = 0
 
 
-def configure_threads(threads: int) -> int:
+def configure_threads(threads: int) -> int | None:
     """Apply :func:`thread_env` in this process if MXNet is not loaded yet; return the threads in force.
 
     libmxnet and its OpenMP runtime read these variables once, when they load,
     so this must run before the first ``import mxnet`` of the Python worker
     (``score_partition`` calls it first thing). Once MXNet is loaded the
-    earlier setting stays, and is what this returns.
+    earlier setting stays, and is what this returns (``None``: MXNet's default).
     """
     if _threads_configured:
         return _threads_configured[0]
     if "mxnet" in sys.modules:
         env = os.environ.get("OMP_NUM_THREADS", "")
-        in_force = int(env) if env.isdigit() else 0
-        if in_force != threads:
+        in_force = int(env) if env.isdigit() else None
+        # In an executor this is a mistake worth a warning; in a notebook or a
+        # --dry-run on the driver, MXNet is there first by design.
+        if in_force != threads and _spark_task() is not None:
             log.warning("MXNet was loaded before the threads setting (%d) could apply; it keeps %s", threads,
                         f"OMP_NUM_THREADS={env}" if env else "its default")
     else:

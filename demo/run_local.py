@@ -97,9 +97,14 @@ def main() -> int:
     for line in lines[:5]:
         print("   " + line)
     print("\n== summary")
-    print(json.dumps({k: summary[k] for k in ("keys_listed", "predicted", "failed", "batches",
-                                              "elapsed_seconds", "images_per_second", "seconds",
-                                              "python_workers")}, indent=2))
+    brief = {k: summary[k] for k in ("keys_listed", "predicted", "failed", "batches", "elapsed_seconds",
+                                     "images_per_second", "seconds")}
+    brief["while_tasks_ran"] = {k: summary["tasks"][k] for k in ("seconds", "images_per_second")}
+    brief["python_workers"] = {name: {k: worker[k] for k in ("batches", "model_loads")}
+                               for name, worker in summary["python_workers"].items()}
+    print(json.dumps(brief, indent=2))
+    print("   (the whole summary, with per-executor timing and memory, is in "
+          f"{config['output']}.summary.json)")
     rows = [json.loads(line) for line in lines]
     correct = sum(1 for row in rows if "predictions" in row
                   and row["predictions"][0]["class_id"] == make_demo.true_label(row["key"]))

@@ -342,7 +342,8 @@ def report(results: dict) -> str:
         after = results["worker_rss"]["after"]
         a10, a200 = after.get("10"), after.get("200")
         growth = f"{100 * (a200 - a10) / a10:+.1f}%" if a10 and a200 else "n/a"
-        out.append(f"Python worker RSS (long run, {results['worker_rss']['tasks']} tasks): after task 10 "
+        out.append(f"Python worker RSS (long run: resnet20, batch 16, one executor, "
+                   f"{results['worker_rss']['tasks']} tasks): after task 10 "
                    f"{_mib(a10)} MiB, after task 200 {_mib(a200)} MiB ({growth})")
     for count, d in results.get("driver_rss", {}).items():
         out.append(f"Driver peak RSS for {int(count):,} results (fake fast model, driver process only): "

@@ -45,6 +45,15 @@ def make_s3_client(endpoint: str):
                         aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
+def bucket_with_model(endpoint: str, bucket: str, model_dir: Path):
+    """Create ``bucket`` and upload every file of ``model_dir`` under ``model/``; return the client."""
+    s3 = make_s3_client(endpoint)
+    s3.create_bucket(Bucket=bucket)
+    for path in sorted(model_dir.iterdir()):
+        s3.upload_file(str(path), bucket, f"model/{path.name}")
+    return s3
+
+
 @pytest.fixture(scope="session")
 def s3(moto_endpoint):
     return make_s3_client(moto_endpoint)

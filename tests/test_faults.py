@@ -27,7 +27,7 @@ import utils
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import S3Proxy
-from tests.conftest import ROOT, make_s3_client, spark_submit
+from tests.conftest import ROOT, bucket_with_model, spark_submit
 from tests.test_decode import png_declaring
 
 BUCKET = "fault-bucket"
@@ -46,11 +46,7 @@ def digit(i: int) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def bucket(moto_endpoint, demo_dir):
-    s3 = make_s3_client(moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    for path in sorted((demo_dir / "model").iterdir()):
-        s3.upload_file(str(path), BUCKET, f"model/{path.name}")
-    return s3
+    return bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
 
 
 def job_spec(endpoint: str, demo_dir: Path, **changes) -> mxinfer.JobSpec:
@@ -263,32 +259,29 @@ def run_with_a_kill(bucket, moto_endpoint, prefix: str, output_key: str, kill) -
     return result, keys
 
 
+def kill_python_workers() -> list:
+    victims = python_workers()
+    for proc in victims:
+        proc.send_signal(signal.SIGKILL)
+    return victims
+
+
+def kill_one_executor() -> list:
+    victims = executors()[:1]
+    for proc in victims:
+        proc.send_signal(signal.SIGKILL)
+    return victims
+
+
 @pytest.mark.spark
-def test_a_killed_python_worker_changes_nothing_in_the_output(bucket, moto_endpoint):
-    def kill_workers():
-        victims = python_workers()
-        for proc in victims:
-            proc.send_signal(signal.SIGKILL)
-        return victims
-
-    result, keys = run_with_a_kill(bucket, moto_endpoint, "killworker/", "out/killworker.jsonl", kill_workers)
+@pytest.mark.parametrize("prefix, kill", [("killworker/", kill_python_workers), ("killexec/", kill_one_executor)],
+                         ids=["python-worker", "executor"])
+def test_a_killed_worker_or_executor_changes_nothing_in_the_output(bucket, moto_endpoint, prefix, kill):
+    output_key = f"out/{prefix.rstrip('/')}.jsonl"
+    result, keys = run_with_a_kill(bucket, moto_endpoint, prefix, output_key, kill)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert_exactly_one_clean_line_per_key(read_lines(bucket, "out/killworker.jsonl"), keys)
-    assert read_summary(bucket, "out/killworker.jsonl")["retried_batches"] >= 1
-
-
-@pytest.mark.spark
-def test_a_killed_executor_changes_nothing_in_the_output(bucket, moto_endpoint):
-    def kill_one_executor():
-        victims = executors()[:1]
-        for proc in victims:
-            proc.send_signal(signal.SIGKILL)
-        return victims
-
-    result, keys = run_with_a_kill(bucket, moto_endpoint, "killexec/", "out/killexec.jsonl", kill_one_executor)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert_exactly_one_clean_line_per_key(read_lines(bucket, "out/killexec.jsonl"), keys)
-    assert read_summary(bucket, "out/killexec.jsonl")["retried_batches"] >= 1
+    assert_exactly_one_clean_line_per_key(read_lines(bucket, output_key), keys)
+    assert read_summary(bucket, output_key)["retried_batches"] >= 1
 
 
 # --- 3. Executors that cannot load the model fail the job fast, with the cause; 5. atomically

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import infer_main
 import mxinfer
 from demo import make_demo
-from tests.conftest import make_s3_client, spark_submit
+from tests.conftest import bucket_with_model, make_s3_client, spark_submit
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -307,10 +307,7 @@ BUCKET = "handler-bucket"
 
 @pytest.fixture(scope="module")
 def world(moto_endpoint, detector, boxes_handler):
-    s3 = make_s3_client(moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    for path in sorted(detector.parent.iterdir()):
-        s3.upload_file(str(path), BUCKET, f"model/{path.name}")
+    s3 = bucket_with_model(moto_endpoint, BUCKET, detector.parent)
     s3.upload_file(str(boxes_handler), BUCKET, "code/boxes.py")
     objects = images()
     for key, body in objects.items():

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from demo import make_demo
-from tests.conftest import make_s3_client, spark_submit
+from tests.conftest import bucket_with_model, spark_submit
 
 pytestmark = pytest.mark.spark
 
@@ -57,10 +57,7 @@ def image_set() -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def world(moto_endpoint, demo_dir):
-    s3 = make_s3_client(moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    for path in sorted((demo_dir / "model").iterdir()):
-        s3.upload_file(str(path), BUCKET, f"model/{path.name}")
+    s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
     objects = image_set()
     for key, body in objects.items():
         s3.put_object(Bucket=BUCKET, Key=key, Body=body)

@@ -852,7 +852,7 @@ def score_images(classifier: Classifier, images: Sequence[bytes | None], preproc
     out: list[tuple[list[dict] | None, dict | None]] = [(None, None)] * len(images)
 
     def failed(stage, exc):
-        return None, {"stage": stage, "type": type(exc).__name__, "message": _first_line(exc)}
+        return None, error_object(stage, exc)
 
     for start in range(0, len(images), classifier.batch_size):
         arrays, where = [], []
@@ -1012,9 +1012,13 @@ class JobSpec:
         return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
 
 
+def error_object(stage: str, exc: BaseException) -> dict:
+    """The ``error`` member of a failed key's line (and of a failed UDF row)."""
+    return {"stage": stage, "type": type(exc).__name__, "message": _first_line(exc)}
+
+
 def error_line(key: str, stage: str, exc: BaseException) -> str:
-    return json.dumps({"key": key, "error": {"stage": stage, "type": type(exc).__name__,
-                                             "message": _first_line(exc)}}, ensure_ascii=False)
+    return json.dumps({"key": key, "error": error_object(stage, exc)}, ensure_ascii=False)
 
 
 class ObjectTooLargeError(ValueError):
@@ -1032,15 +1036,22 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 
 def _fetch_and_decode(client, job: JobSpec, key: str, size: int, io_stats: utils.IOStats):
-    """Download and decode one object: ``(key, array, None, times)`` or ``(key, None, error_line, times)``."""
+    """Download and decode one object.
+
+    Returns ``(key, array, None, times)``, or ``(key, None, (stage, error_line), times)``.
+    """
     started = time.perf_counter()
+
+    def failed(stage, exc, times):
+        return key, None, (stage, error_line(key, stage, exc)), times
+
     if size > job.max_object_bytes:
         exc = ObjectTooLargeError(f"object is {size} bytes, over max_object_bytes={job.max_object_bytes}")
-        return key, None, error_line(key, "download", exc), (0.0, 0.0)
+        return failed("download", exc, (0.0, 0.0))
     try:
         data = utils.read_object(client, job.bucket, key, stats=io_stats)
     except Exception as exc:  # noqa: BLE001 - every download failure becomes this key's error line
-        return key, None, error_line(key, "download", exc), (time.perf_counter() - started, 0.0)
+        return failed("download", exc, (time.perf_counter() - started, 0.0))
     downloaded = time.perf_counter()
     try:
         handlers = get_handlers(job.handler)
@@ -1049,7 +1060,7 @@ def _fetch_and_decode(client, job: JobSpec, key: str, size: int, io_stats: utils
         else:
             array = decode_image(data, job.preprocess)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's, not the batch's
-        return key, None, error_line(key, "decode", exc), (downloaded - started, time.perf_counter() - downloaded)
+        return failed("decode", exc, (downloaded - started, time.perf_counter() - downloaded))
     return key, array, None, (downloaded - started, time.perf_counter() - downloaded)
 
 
@@ -1081,12 +1092,8 @@ def _drain(pending: deque, it: Iterator, work, pool: ThreadPoolExecutor) -> Iter
 
 def _task_attempt() -> int:
     """This task's attempt number (0 the first time); 0 outside Spark."""
-    try:
-        from pyspark import TaskContext
-    except ImportError:  # pragma: no cover - the library used without Spark installed
-        return 0
-    context = TaskContext.get()
-    return context.attemptNumber() if context is not None else 0
+    task = _spark_task()
+    return task.attemptNumber() if task is not None else 0
 
 
 def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], top_k: int,
@@ -1186,8 +1193,9 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         timing["download"] += download_s
         timing["decode"] += decode_s
         if failure is not None:
-            lines.append((key, failure))
-            errors[json.loads(failure)["error"]["stage"]] += 1
+            stage, line = failure
+            lines.append((key, line))
+            errors[stage] += 1
             continue
         batch_keys.append(key)
         batch_arrays.append(array)

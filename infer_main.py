@@ -447,7 +447,7 @@ def iter_checked_lines(results: list[tuple], padded: list, batch_size: int):
             yield line, "error" in obj
 
 
-def write_output(client, cfg: JobConfig, writer: utils.MultipartWriter, results, padded) -> dict:
+def write_output(cfg: JobConfig, writer: utils.MultipartWriter, results, padded) -> dict:
     """Stream the checked lines into ``writer``; return counts of predicted and failed keys."""
     predicted = failed = 0
     chunk: list[str] = []
@@ -553,7 +553,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     try:
         results = run_spark(cfg, padded, spark_conf)
         upload_started = time.time()
-        counts = write_output(client, cfg, writer, results, padded)
+        counts = write_output(cfg, writer, results, padded)
         writer.close()
     except BaseException:
         writer.abort()

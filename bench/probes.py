@@ -178,7 +178,7 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, r
                 break
     started = time.perf_counter()
     writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key)
-    counts = infer_main.write_output(client, cfg, writer, collected, padded)
+    counts = infer_main.write_output(cfg, writer, collected, padded)
     writer.close()
     summary = infer_main.summarize(cfg, len(images), len(collected), collected, counts, 1.0,
                                    classifier.model_summary(), time.perf_counter() - started)

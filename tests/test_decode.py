@@ -49,6 +49,23 @@ def test_every_8bit_mode_decodes_to_three_channels_as_the_recipe(mode):
     np.testing.assert_allclose(out, reference(data), atol=1e-4)
 
 
+@pytest.mark.parametrize("channels", [3, 1])
+def test_normalisation_is_bit_identical_to_float32_first(channels):
+    # decode_image subtracts and divides on uint8 CHW values into float32; the
+    # recipe converts to float32 first. Every one of 256 values per channel must agree exactly.
+    noise = np.random.RandomState(1).randint(0, 256, (64, 48, 3), dtype=np.uint8)
+    noise[0, :, :] = np.arange(48 * 3).reshape(48, 3) % 256
+    img = Image.fromarray(noise)
+    mean, std = ((123.68, 116.78, 103.94), (58.4, 57.12, 57.38)) if channels == 3 else ((127.5,), (255.0,))
+    prep = mxinfer.Preprocess(input_shape=(channels, 64, 48), mean=mean, std=std)
+    out = mxinfer.decode_image(encode(img), prep)
+    pixels = np.asarray(img if channels == 3 else img.convert("L"), dtype=np.float32)
+    pixels = pixels.transpose(2, 0, 1) if channels == 3 else pixels[np.newaxis]
+    expected = (pixels - np.array(mean, np.float32).reshape(-1, 1, 1)) / np.array(std, np.float32).reshape(-1, 1, 1)
+    assert out.dtype == np.float32 and out.flags["C_CONTIGUOUS"] and out.shape == expected.shape
+    assert np.array_equal(out, expected)
+
+
 def test_cmyk_jpeg_colours_survive():
     red = Image.new("RGB", (16, 16), (220, 20, 20)).convert("CMYK")
     out = mxinfer.decode_image(encode(red, "JPEG", quality=95), PREP)

@@ -1037,7 +1037,7 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return pool
 
 
-def _fetch_and_decode(client, job: JobSpec, key: str, size: int, io_stats: utils.IOStats):
+def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, key: str, size: int, io_stats: utils.IOStats):
     """Download and decode one object.
 
     Returns ``(key, array, None, times)``, or ``(key, None, (stage, error_line), times)``.
@@ -1051,7 +1051,7 @@ def _fetch_and_decode(client, job: JobSpec, key: str, size: int, io_stats: utils
         exc = ObjectTooLargeError(f"object is {size} bytes, over max_object_bytes={job.max_object_bytes}")
         return failed("download", exc, (0.0, 0.0))
     try:
-        data = utils.read_object(client, job.bucket, key, stats=io_stats)
+        data = reader.read(job.bucket, key, stats=io_stats)
     except Exception as exc:  # noqa: BLE001 - every download failure becomes this key's error line
         return failed("download", exc, (time.perf_counter() - started, 0.0))
     downloaded = time.perf_counter()
@@ -1148,7 +1148,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     handlers = get_handlers(job.handler)
     # With an output_handler the model need not be a classifier (a detector, say).
     kind = Predictor if handlers is not None and handlers.output_handler is not None else Classifier
-    client = utils.s3_client(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
+    reader = utils.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
                              max_pool_connections=max(10, job.io_threads + 2))
     io_stats = utils.IOStats()
     lines: list[tuple[str, str]] = []
@@ -1156,7 +1156,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     errors = {"download": 0, "decode": 0, "predict": 0}
 
     def work(key, size):
-        return _fetch_and_decode(client, job, key, size, io_stats)
+        return _fetch_and_decode(reader, job, key, size, io_stats)
 
     # Downloading and decoding start now, so a worker's first task fetches while MXNet
     # loads and the model comes in; later tasks find the model in this worker's cache.

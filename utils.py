@@ -9,20 +9,28 @@ boto3's default chain (the instance role on EMR); nothing here accepts keys.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.client
 import logging
 import os
+import re
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from xml.etree import ElementTree
 
 import boto3
+import botocore.auth
+import botocore.awsrequest
 import botocore.config
 import botocore.exceptions
+import botocore.utils
 import urllib3.exceptions
 
 log = logging.getLogger(__name__)
@@ -79,6 +87,8 @@ def parse_s3_uri(uri: str, *, need_key: bool = False) -> tuple[str, str]:
 
 
 _clients: dict[tuple, object] = {}
+_credentials: dict[int, object] = {}  # by id() of a cached client
+_readers: dict[tuple, ObjectReader] = {}
 _clients_lock = threading.Lock()
 
 
@@ -112,6 +122,9 @@ def s3_client(
                 "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config
             )
             _clients[cache_key] = client
+            # The session resolved these for the client and keeps them (refreshing
+            # an instance role's): ObjectReader signs its GETs with the same ones.
+            _credentials[id(client)] = session.get_credentials()
         return client
 
 
@@ -155,7 +168,12 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
     Non-transient errors (``NoSuchKey``, ``AccessDenied``, ...) raise at once.
     """
     for attempt in range(1, attempts + 1):
-        response = client.get_object(Bucket=bucket, Key=key)
+        try:
+            response = client.get_object(Bucket=bucket, Key=key)
+        except botocore.exceptions.ClientError as exc:  # botocore's retries count even when they all failed
+            if stats is not None:
+                stats.add(request_retries=exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+            raise
         retried = response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
         if stats is not None and retried:
             stats.add(request_retries=retried)
@@ -183,6 +201,182 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
             continue
         return data
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def s3_reader(
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    max_attempts: int = 5,
+    max_pool_connections: int = 32,
+) -> ObjectReader:
+    """Return this process's :class:`ObjectReader` for these settings, creating it once."""
+    cache_key = (endpoint_url, region, max_attempts, max_pool_connections, os.getpid())
+    client = s3_client(endpoint_url, region, max_attempts=max_attempts, max_pool_connections=max_pool_connections)
+    with _clients_lock:
+        reader = _readers.get(cache_key)
+        if reader is None:
+            def retry_client():
+                return s3_client(endpoint_url, region, max_attempts=max_attempts - 1,
+                                 max_pool_connections=max_pool_connections)
+
+            reader = _readers[cache_key] = ObjectReader(client, _credentials.get(id(client)), max_attempts,
+                                                        retry_client)
+        return reader
+
+
+#: ``Authorization`` of a SigV4 request to S3; the group is the signing region.
+_SIGV4_SCOPE = re.compile(r"^AWS4-HMAC-SHA256 Credential=[^/]+/\d{8}/([^/]+)/s3/aws4_request")
+#: Answers the lean path raises as botocore would (never retried by botocore's
+#: standard mode); every other answer goes to botocore.
+_FINAL_ERRORS = {404: None, 403: ("AccessDenied", "InvalidObjectState", "AllAccessDisabled")}
+#: Response checksums the lean path checks, in botocore's order of preference.
+_CHECKSUMS = {
+    "crc32": lambda data: zlib.crc32(data).to_bytes(4, "big"),
+    "sha1": lambda data: hashlib.sha1(data).digest(),
+    "sha256": lambda data: hashlib.sha256(data).digest(),
+}
+
+
+class _Retry(Exception):
+    """The lean GET failed in a way botocore retries; ``body`` marks a short or broken body."""
+
+    def __init__(self, cause: BaseException, body: bool = False):
+        super().__init__(str(cause))
+        self.cause, self.body = cause, body
+
+
+class ObjectReader:
+    """Whole-object GETs that cost about 1 ms of CPU each instead of botocore's 2.5.
+
+    botocore's ``get_object`` runs event hooks, endpoint rules, response
+    parsing and per-call bookkeeping on every request; on an executor that
+    shares its cores with the model, that is CPU the model does not get. So
+    botocore makes the first successful GET of each bucket, and the reader
+    learns from the request botocore sent where the bucket's objects live
+    (scheme, host and path, whatever the endpoint, addressing style or region
+    redirect) and which region signs for them. Later GETs are signed with the
+    client's own credentials by botocore's SigV4 signer and sent through the
+    client's own HTTP session (its connection pool, proxies, CA bundle and
+    timeouts).
+
+    The lean path accepts only a plain answer: a 200 whose body is whole and
+    matches its CRC32, SHA-1 or SHA-256 checksum when S3 sends one. A 404, or
+    a 403 for access or an archived object, raises the error botocore raises
+    (``NoSuchKey``, ``AccessDenied``, ``InvalidObjectState``). Anything else
+    (throttling, a 5xx, a redirect, a broken connection, a short body) goes to
+    botocore, through :func:`read_object`, with the attempts that are left, so
+    retries, their bound and the errors are botocore's on both paths.
+    """
+
+    def __init__(self, client, credentials, max_attempts: int, retry_client):
+        self.client, self.credentials, self.max_attempts = client, credentials, max_attempts
+        self._retry_client = retry_client
+        self._http = getattr(getattr(client, "_endpoint", None), "http_session", None)
+        self._learned: dict[str, tuple[str, str, str | None]] = {}
+        self._lock = threading.Lock()
+        self._sent = threading.local()
+        if self.enabled:
+            client.meta.events.register("before-send.s3.GetObject", self._remember_request)
+
+    @property
+    def enabled(self) -> bool:
+        """False without credentials to sign with (unsigned access) or without botocore's HTTP session."""
+        return self.credentials is not None and self._http is not None
+
+    def _remember_request(self, request, **_):
+        self._sent.request = request  # returning None lets botocore send it
+
+    def _learn(self, bucket: str, key: str) -> None:
+        request = getattr(self._sent, "request", None)
+        self._sent.request = None
+        if request is None:
+            return
+        quoted = botocore.utils.percent_encode(key, safe="/~")
+        scope = _SIGV4_SCOPE.match(_text(request.headers.get("Authorization")))
+        url = request.url
+        if scope is None or "?" in url or not url.endswith(quoted):
+            return  # not a plain SigV4 GET: this bucket stays on botocore
+        with self._lock:
+            self._learned[bucket] = (url[: len(url) - len(quoted)], scope.group(1),
+                                     _text(request.headers.get("User-Agent")) or None)
+
+    def read(self, bucket: str, key: str, stats: IOStats | None = None) -> bytes:
+        """The object's bytes; raises what :func:`read_object` raises."""
+        learned = self._learned.get(bucket) if self.enabled else None
+        if learned is None:
+            data = read_object(self.client, bucket, key, stats=stats)
+            if self.enabled:
+                self._learn(bucket, key)
+            return data
+        try:
+            return self._get(learned, key)
+        except _Retry as retry:
+            if self.max_attempts <= 1:
+                raise retry.cause from None
+            if stats is not None:
+                stats.add(body_retries=int(retry.body), request_retries=int(not retry.body))
+            log.debug("s3://%s/%s: lean GET failed (%s); retrying through botocore", bucket, key, retry.cause)
+            return read_object(self._retry_client(), bucket, key, stats=stats)
+
+    def _get(self, learned: tuple[str, str, str | None], key: str) -> bytes:
+        base, region, user_agent = learned
+        headers = {"x-amz-checksum-mode": "ENABLED"}
+        if user_agent:
+            headers["User-Agent"] = user_agent
+        request = botocore.awsrequest.AWSRequest(
+            method="GET", url=base + botocore.utils.percent_encode(key, safe="/~"), headers=headers)
+        botocore.auth.S3SigV4Auth(self.credentials.get_frozen_credentials(), "s3", region).add_auth(request)
+        try:
+            response = self._http.send(request.prepare())
+            data = response.content
+        except (botocore.exceptions.HTTPClientError, *BODY_READ_ERRORS) as exc:
+            raise _Retry(exc, body=isinstance(exc, BODY_READ_ERRORS)) from None
+        if response.status_code != 200:
+            raise self._error(response)
+        expected = response.headers.get("Content-Length")
+        if expected is not None and len(data) != int(expected):
+            raise _Retry(botocore.exceptions.IncompleteReadError(actual_bytes=len(data), expected_bytes=int(expected)),
+                         body=True)
+        self._check_checksum(response.headers, data)
+        return data
+
+    def _error(self, response) -> Exception:
+        """The modeled ClientError for a final answer; a :class:`_Retry` for one botocore should handle."""
+        status, headers = response.status_code, response.headers
+        code, message = _error_code(response.content)
+        code = code or str(status)
+        error = {"Error": {"Code": code, "Message": message or http.client.responses.get(status, "")},
+                 "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": dict(headers.items()),
+                                      "RequestId": headers.get("x-amz-request-id"),
+                                      "HostId": headers.get("x-amz-id-2"), "RetryAttempts": 0}}
+        exc = self.client.exceptions.from_code(code)(error, "GetObject")
+        final = status in _FINAL_ERRORS and (_FINAL_ERRORS[status] is None or code in _FINAL_ERRORS[status])
+        return exc if final else _Retry(exc)
+
+    @staticmethod
+    def _check_checksum(headers, data: bytes) -> None:
+        for algorithm, digest in _CHECKSUMS.items():
+            expected = headers.get(f"x-amz-checksum-{algorithm}")
+            if expected is None or "-" in expected:  # "-N": a multipart upload's checksum of checksums
+                continue
+            if digest(data) != base64.b64decode(expected):
+                raise _Retry(botocore.exceptions.FlexibleChecksumError(
+                    error_msg=f"Expected {algorithm} checksum {expected} did not match the body's"), body=True)
+            return
+
+
+def _text(value) -> str:
+    """A header value as text (botocore's prepared requests hold bytes)."""
+    return value.decode("latin-1") if isinstance(value, bytes) else value or ""
+
+
+def _error_code(body: bytes) -> tuple[str | None, str | None]:
+    """``(Code, Message)`` of an S3 XML error body, or Nones."""
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError:
+        return None, None
+    return root.findtext("Code"), root.findtext("Message")
 
 
 def is_s3_uri(uri: str) -> bool:

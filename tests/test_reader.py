@@ -1,0 +1,136 @@
+"""utils.ObjectReader: the executors' lean GET path, against the moto server behind the fault proxy.
+
+botocore makes a bucket's first GET and the reader makes the rest itself;
+what comes back (bytes, errors, retries and their bound) must be what
+botocore's own ``get_object`` gives.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+
+import botocore.exceptions
+import pytest
+
+import utils
+from demo.s3proxy import S3Proxy
+from tests.conftest import make_s3_client
+
+BUCKET = "reader-bucket"
+BODIES = {f"r/{name}": bytes([i]) * (1000 + 997 * i) for i, name in enumerate(
+    ["a.jpg", "b.jpg", "c d.jpg", "ü/é+%.jpg", "e.jpg"])}
+
+
+@pytest.fixture(scope="module")
+def bucket(moto_endpoint):
+    s3 = make_s3_client(moto_endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    for key, body in BODIES.items():
+        s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+    s3.put_object(Bucket=BUCKET, Key="r/archived.jpg", Body=b"cold", StorageClass="GLACIER")
+    s3.put_object(Bucket=BUCKET, Key="r/crc.jpg", Body=b"checked" * 100, ChecksumAlgorithm="CRC32")
+    return s3
+
+
+def fresh_reader(endpoint: str, max_attempts: int = 5) -> utils.ObjectReader:
+    """A reader that has learned nothing yet (the cached one may have)."""
+    client = utils.s3_client(endpoint, max_attempts=max_attempts)
+    retry = lambda: utils.s3_client(endpoint, max_attempts=max_attempts - 1)  # noqa: E731
+    return utils.ObjectReader(client, utils._credentials[id(client)], max_attempts, retry)
+
+
+def seen(proxy: S3Proxy) -> int:
+    """Requests that reached the proxy (a denied one is answered before it is counted as a request)."""
+    return proxy.counts["requests"] + proxy.counts["denied"]
+
+
+def botocore_sends(client) -> list:
+    sent: list = []
+    client.meta.events.register("before-send.s3.GetObject", lambda request, **_: sent.append(request.url))
+    return sent
+
+
+def test_botocore_makes_the_first_get_of_a_bucket_and_the_reader_the_rest(bucket, moto_endpoint):
+    with S3Proxy(moto_endpoint) as proxy:
+        reader = fresh_reader(proxy.endpoint)
+        assert reader.enabled
+        sent = botocore_sends(reader.client)
+        got = {key: reader.read(BUCKET, key) for key in BODIES}
+    assert got == BODIES  # keys with spaces, non-ASCII, '+' and '%' included
+    assert len(sent) == 1
+    assert proxy.counts["requests"] == len(BODIES)  # one request each, no retries
+
+
+def test_a_checksummed_object_is_checked_and_read(bucket, moto_endpoint):
+    reader = fresh_reader(moto_endpoint)
+    reader.read(BUCKET, "r/a.jpg")  # learn the bucket
+    assert reader.read(BUCKET, "r/crc.jpg") == b"checked" * 100
+    head = bucket.head_object(Bucket=BUCKET, Key="r/crc.jpg", ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32"] == base64.b64encode(zlib.crc32(b"checked" * 100).to_bytes(4, "big")).decode()
+
+
+def test_a_body_that_does_not_match_its_checksum_is_refused():
+    good = b"pixels"
+    header = base64.b64encode(zlib.crc32(good).to_bytes(4, "big")).decode()
+    utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header}, good)
+    utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header + "-3"}, b"other")  # composite: not checked
+    with pytest.raises(utils._Retry) as raised:
+        utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header}, b"pixelz")
+    assert raised.value.body and isinstance(raised.value.cause, botocore.exceptions.FlexibleChecksumError)
+
+
+@pytest.mark.parametrize("key, code", [("r/missing.jpg", "NoSuchKey"), ("r/denied.jpg", "AccessDenied"),
+                                       ("r/archived.jpg", "InvalidObjectState")])
+def test_final_errors_are_botocores_own_and_not_retried(bucket, moto_endpoint, key, code):
+    with S3Proxy(moto_endpoint, deny=lambda method, path: "denied" in path) as proxy:
+        reader = fresh_reader(proxy.endpoint)
+        reader.read(BUCKET, "r/a.jpg")
+        before = seen(proxy)
+        with pytest.raises(botocore.exceptions.ClientError) as lean:
+            reader.read(BUCKET, key)
+        assert seen(proxy) == before + 1
+        with pytest.raises(botocore.exceptions.ClientError) as full:
+            utils.read_object(reader.client, BUCKET, key)
+    assert lean.value.response["Error"]["Code"] == code
+    assert type(lean.value) is type(full.value)
+    assert str(lean.value) == str(full.value)
+
+
+@pytest.mark.parametrize("attempts", [1, 3])
+def test_throttling_goes_to_botocore_with_the_attempts_left(bucket, moto_endpoint, attempts):
+    throttled = lambda method, path: path.endswith("/r/b.jpg")  # noqa: E731
+    with S3Proxy(moto_endpoint, fault_rate=1.0, faults=("slowdown",), fault_key_filter=throttled) as proxy:
+        reader = fresh_reader(proxy.endpoint, max_attempts=attempts)
+        reader.read(BUCKET, "r/a.jpg")
+        stats = utils.IOStats()
+        with pytest.raises(botocore.exceptions.ClientError, match="SlowDown"):
+            reader.read(BUCKET, "r/b.jpg", stats=stats)
+    assert proxy.counts["slowdown"] == attempts  # the lean try counts as the first attempt
+    assert stats.request_retries == attempts - 1
+
+
+def test_resets_and_cut_bodies_are_read_again_and_counted(bucket, moto_endpoint):
+    with S3Proxy(moto_endpoint, fault_rate=0.5, faults=("reset", "cut"), seed=1,
+                 fault_key_filter=lambda method, path: not path.endswith("/r/a.jpg")) as proxy:
+        reader = fresh_reader(proxy.endpoint, max_attempts=8)
+        reader.read(BUCKET, "r/a.jpg")
+        stats = utils.IOStats()
+        got = {key: reader.read(BUCKET, key, stats=stats) for key in BODIES}
+    assert got == BODIES
+    assert proxy.counts["reset"] >= 1 and proxy.counts["cut"] >= 1, proxy.counts
+    assert stats.request_retries + stats.body_retries >= proxy.counts["reset"] + proxy.counts["cut"]
+
+
+def test_without_credentials_every_get_is_botocores(bucket, moto_endpoint):
+    client = utils.s3_client(moto_endpoint)
+    reader = utils.ObjectReader(client, None, 5, lambda: client)
+    assert not reader.enabled
+    sent = botocore_sends(client)
+    assert [reader.read(BUCKET, key) for key in ("r/a.jpg", "r/b.jpg")] == [BODIES["r/a.jpg"], BODIES["r/b.jpg"]]
+    assert len(sent) == 2
+
+
+def test_s3_reader_is_one_per_process_and_settings(moto_endpoint):
+    assert utils.s3_reader(moto_endpoint, max_attempts=4) is utils.s3_reader(moto_endpoint, max_attempts=4)
+    assert utils.s3_reader(moto_endpoint, max_attempts=4) is not utils.s3_reader(moto_endpoint, max_attempts=3)

@@ -335,8 +335,16 @@ def report(results: dict) -> str:
         cpu = row["E"]["cpu_ms_per_image"]
         total = sum(cpu.values())
         parts = ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items() if ms >= 0.05)
+        l_cost = row["L"]["cpu_ms_per_image"]
         out.append(f"  {name}: {parts}; total {total:.1f} -> at most {1000 * cores / total:.0f} images/s "
-                   f"on {cores} cores; L costs {row['L']['cpu_ms_per_image']:.1f}")
+                   f"on {cores} cores; L costs {l_cost:.1f}")
+        # The ceiling on E/L if the worker did nothing but the forward pass: what
+        # the other processes (the S3 stand-in, the JVMs) leave of the cores.
+        worker = cpu.get("python worker", 0.0)
+        others = total - worker
+        out.append(f"    the worker's own work beyond L's forward pass: {worker - l_cost:.1f} ms;"
+                   f" were it free, the other processes' {others:.1f} ms would still cap E/L at "
+                   f"{1000 * cores / (l_cost + others) / row['L']['images_per_second']:.2f}")
     out.append("")
     if "worker_rss" in results:
         after = results["worker_rss"]["after"]

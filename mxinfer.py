@@ -143,7 +143,7 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
                 f"{prep.max_image_pixels} (max_image_pixels)"
             )
         img.load()
-        img = ImageOps.exif_transpose(img)
+        ImageOps.exif_transpose(img, in_place=True)  # in place: no copy of an upright image
         img = to_rgb(img, "RGB" if channels == 3 else "L")
         if prep.resize == "stretch":
             img = img.resize((width, height), Image.BILINEAR)

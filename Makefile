@@ -39,7 +39,7 @@ lint: $(STAMP) ## ruff only
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: $(STAMP) ## Throughput (L, S, E) and memory on this machine, printed as a table (about 10 min; BENCH_ARGS=--quick)
+bench: $(STAMP) ## Throughput (L, S, E) and memory on this machine, printed as a table (about 4 min; BENCH_ARGS=--quick)
 	$(PY) -m bench.run_bench $(BENCH_ARGS)
 
 # --- EMR deploy (issue 5) ---

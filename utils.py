@@ -329,7 +329,7 @@ class ObjectReader:
         try:
             response = self._http.send(request.prepare())
             data = response.content
-        except (botocore.exceptions.HTTPClientError, *BODY_READ_ERRORS) as exc:
+        except (botocore.exceptions.BotoCoreError, *BODY_READ_ERRORS) as exc:  # refused, reset, timed out, cut
             raise _Retry(exc, body=isinstance(exc, BODY_READ_ERRORS)) from None
         if response.status_code != 200:
             raise self._error(response)

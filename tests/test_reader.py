@@ -14,6 +14,7 @@ import botocore.exceptions
 import pytest
 
 import utils
+from demo.s3local import free_port
 from demo.s3proxy import S3Proxy
 from tests.conftest import make_s3_client
 
@@ -120,6 +121,17 @@ def test_resets_and_cut_bodies_are_read_again_and_counted(bucket, moto_endpoint)
     assert got == BODIES
     assert proxy.counts["reset"] >= 1 and proxy.counts["cut"] >= 1, proxy.counts
     assert stats.request_retries + stats.body_retries >= proxy.counts["reset"] + proxy.counts["cut"]
+
+
+def test_a_refused_connection_goes_to_botocore_too(bucket, moto_endpoint):
+    reader = fresh_reader(moto_endpoint, max_attempts=2)
+    reader.read(BUCKET, "r/a.jpg")
+    base, region, agent = reader._learned[BUCKET]
+    # Nothing listens on this port: the lean GET is refused, botocore then reads from moto.
+    reader._learned[BUCKET] = (base.replace(moto_endpoint, f"http://127.0.0.1:{free_port()}"), region, agent)
+    stats = utils.IOStats()
+    assert reader.read(BUCKET, "r/b.jpg", stats=stats) == BODIES["r/b.jpg"]
+    assert stats.request_retries == 1
 
 
 def test_without_credentials_every_get_is_botocores(bucket, moto_endpoint):

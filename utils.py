@@ -5,6 +5,9 @@ Every function takes its boto3 client as an argument (or builds one through
 paginators for listings, and raises on failure: callers decide whether a
 failure becomes an error line or fails the job. Credentials always come from
 boto3's default chain (the instance role on EMR); nothing here accepts keys.
+Executors read images through :class:`ObjectReader` (:func:`s3_reader`),
+which costs less CPU per GET than botocore's ``get_object`` and hands every
+answer but a plain one back to botocore.
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def report(results: dict) -> str:
                f"({results['image_bytes'] / results['images'] / 1000:.0f} kB average), "
                f"S3 latency {results['latency_ms']:.0f} ms per request; batch {results['batch']}")
     out.append("")
-    header = ("| model | L img/s | S img/s | E img/s | E steady | E/L | E/L steady | E/S | E wall s "
+    header = ("| model | L img/s | S img/s | E img/s | E steady | E/L | E/L steady | E/S | E/S steady | E wall s "
               "| worker peak RSS MiB | driver peak RSS MiB (python + JVM) | S3 stand-in CPU |")
     out.append(header)
     out.append("|" + "---|" * (header.count("|") - 1))
@@ -316,7 +316,8 @@ def report(results: dict) -> str:
         steady = e["E_steady"] or 0.0
         out.append(
             f"| {name} {'x'.join(map(str, row['input_shape']))} | {lim:.1f} | {sq:.1f} | {e['E']:.1f} | {steady:.1f} "
-            f"| {e['E'] / lim:.2f} | {steady / lim:.2f} | {e['E'] / sq:.1f} | {e['wall_seconds']:.1f} "
+            f"| {e['E'] / lim:.2f} | {steady / lim:.2f} | {e['E'] / sq:.2f} | {steady / sq:.2f} "
+            f"| {e['wall_seconds']:.1f} "
             f"| {' / '.join(_mib(v) for v in e['worker_peak_rss'])} "
             f"| {_mib(e['driver_python_peak_rss'])} + {_mib(e['driver_jvm_peak_rss'])} "
             f"| {100 * (e['stand_in_cpu_share'] or 0):.0f}% |")

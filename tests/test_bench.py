@@ -23,6 +23,7 @@ def test_bench_quick_prints_the_table_and_results(tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "| resnet20 3x32x32 |" in result.stdout
     assert "Driver peak RSS for 1,000 results" in result.stdout
+    assert "were it free, the other processes'" in result.stdout  # the E/L ceiling line
     results = json.loads((tmp_path / "results.json").read_text())
     row = results["models"]["resnet20"]
     assert row["L"]["images_per_second"] > 0 and row["S"]["images_per_second"] > 0

@@ -54,8 +54,9 @@ def test_normalisation_is_bit_identical_to_float32_first(channels):
     # decode_image subtracts and divides on uint8 CHW values into float32; the
     # recipe converts to float32 first. Every one of 256 values per channel must agree exactly.
     noise = np.random.RandomState(1).randint(0, 256, (64, 48, 3), dtype=np.uint8)
-    noise[0, :, :] = np.arange(48 * 3).reshape(48, 3) % 256
+    noise[:6, :, :] = (np.arange(6 * 48) % 256).reshape(6, 48, 1)  # every value 0-255 in every channel
     img = Image.fromarray(noise)
+    assert all(len(np.unique(noise[..., c])) == 256 for c in range(3))
     mean, std = ((123.68, 116.78, 103.94), (58.4, 57.12, 57.38)) if channels == 3 else ((127.5,), (255.0,))
     prep = mxinfer.Preprocess(input_shape=(channels, 64, 48), mean=mean, std=std)
     out = mxinfer.decode_image(encode(img), prep)

@@ -604,9 +604,7 @@ def prepare_handler(cfg: JobConfig, client) -> JobConfig:
 
 def load_model_on_driver(cfg: JobConfig) -> mxinfer.Predictor:
     """The model, loaded on the driver's CPU (the driver need not have a GPU) to check it."""
-    handlers = mxinfer.get_handlers(cfg.handler_file or cfg.handler)
-    # With an output_handler the model need not be a classifier (its labels, top-k).
-    kind = mxinfer.Predictor if handlers is not None and handlers.output_handler is not None else mxinfer.Classifier
+    kind = mxinfer.model_class(mxinfer.get_handlers(cfg.handler_file or cfg.handler))
     try:
         # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory.
         return kind(cfg.model, cfg.preprocess.input_shape, cfg.job_spec().forward_batch, context="cpu")

@@ -698,6 +698,11 @@ def load_handlers(path: str) -> Handlers:
     return Handlers(path, **found)
 
 
+def model_class(handlers: Handlers | None) -> type:
+    """:class:`Classifier`, or :class:`Predictor` when an ``output_handler`` makes the lines (a detector, say)."""
+    return Predictor if handlers is not None and handlers.output_handler is not None else Classifier
+
+
 _handlers: dict[str, Handlers] = {}
 _handlers_lock = threading.Lock()
 
@@ -1037,8 +1042,9 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return pool
 
 
-def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, key: str, size: int, io_stats: utils.IOStats):
-    """Download and decode one object.
+def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handlers | None, key: str, size: int,
+                      io_stats: utils.IOStats):
+    """Download and decode one object (with ``handlers.input_handler`` if there is one).
 
     Returns ``(key, array, None, times)``, or ``(key, None, (stage, error_line), times)``.
     """
@@ -1056,7 +1062,6 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, key: str, size: 
         return failed("download", exc, (time.perf_counter() - started, 0.0))
     downloaded = time.perf_counter()
     try:
-        handlers = get_handlers(job.handler)
         if handlers is not None and handlers.input_handler is not None:
             array = handlers.decode(key, data, job.preprocess.input_shape)
         else:
@@ -1146,8 +1151,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     threads = configure_threads(worker_threads(job.threads))
     real = [item for item in items if item is not None]
     handlers = get_handlers(job.handler)
-    # With an output_handler the model need not be a classifier (a detector, say).
-    kind = Predictor if handlers is not None and handlers.output_handler is not None else Classifier
+    kind = model_class(handlers)
     reader = utils.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
                              max_pool_connections=max(10, job.io_threads + 2))
     io_stats = utils.IOStats()
@@ -1156,7 +1160,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     errors = {"download": 0, "decode": 0, "predict": 0}
 
     def work(key, size):
-        return _fetch_and_decode(reader, job, key, size, io_stats)
+        return _fetch_and_decode(reader, job, handlers, key, size, io_stats)
 
     # Downloading and decoding start now, so a worker's first task fetches while MXNet
     # loads and the model comes in; later tasks find the model in this worker's cache.

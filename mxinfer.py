@@ -35,7 +35,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -363,7 +363,7 @@ class Predictor:
 
         spec = model if isinstance(model, ModelSpec) else ModelSpec.from_prefix(model)
         if context is not None:
-            spec = ModelSpec(**{**asdict(spec), "context": context})
+            spec = replace(spec, context=context)
         self.spec = spec
         self.input_shape = tuple(int(x) for x in input_shape)
         self.batch_size = int(batch_size)

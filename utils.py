@@ -175,11 +175,10 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
             response = client.get_object(Bucket=bucket, Key=key)
         except botocore.exceptions.ClientError as exc:  # botocore's retries count even when they all failed
             if stats is not None:
-                stats.add(request_retries=exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+                stats.add(request_retries=_retry_attempts(exc.response))
             raise
-        retried = response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
-        if stats is not None and retried:
-            stats.add(request_retries=retried)
+        if stats is not None:
+            stats.add(request_retries=_retry_attempts(response))
         body = response["Body"]
         try:
             data = body.read()
@@ -193,17 +192,31 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
             continue
         finally:
             body.close()
-        expected = response.get("ContentLength")
-        if expected is not None and len(data) != expected:
-            # A proxy or a broken connection can end a body early without an
-            # exception; never hand a short image to the decoder.
+        short = _short_body(data, response.get("ContentLength"))
+        if short is not None:
             if attempt == attempts:
-                raise botocore.exceptions.IncompleteReadError(actual_bytes=len(data), expected_bytes=expected)
+                raise short
             if stats is not None:
                 stats.add(body_retries=1)
             continue
         return data
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _retry_attempts(response: dict) -> int:
+    """The retries botocore made for a response (or a ClientError's ``response``)."""
+    return response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+
+
+def _short_body(data: bytes, content_length) -> botocore.exceptions.IncompleteReadError | None:
+    """The error for a body that is not its Content-Length, else ``None``.
+
+    A proxy or a broken connection can end a body early without an exception;
+    never hand a short image to the decoder.
+    """
+    if content_length is None or len(data) == int(content_length):
+        return None
+    return botocore.exceptions.IncompleteReadError(actual_bytes=len(data), expected_bytes=int(content_length))
 
 
 def s3_reader(
@@ -336,10 +349,9 @@ class ObjectReader:
             raise _Retry(exc, body=isinstance(exc, BODY_READ_ERRORS)) from None
         if response.status_code != 200:
             raise self._error(response)
-        expected = response.headers.get("Content-Length")
-        if expected is not None and len(data) != int(expected):
-            raise _Retry(botocore.exceptions.IncompleteReadError(actual_bytes=len(data), expected_bytes=int(expected)),
-                         body=True)
+        short = _short_body(data, response.headers.get("Content-Length"))
+        if short is not None:
+            raise _Retry(short, body=True)
         self._check_checksum(response.headers, data)
         return data
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import shutil
 
 import mxnet as mx
@@ -176,3 +177,28 @@ def test_weight_of_the_wrong_shape_is_named(tmp_path, logits_prefix):
     save_params(tmp_path / "m", args, aux)
     with pytest.raises(mxinfer.ModelError, match=f"weight {name} has shape"):
         mxinfer.Classifier(str(tmp_path / "m"), SHAPE, batch_size=2)
+
+
+def linear_model(prefix, shape=(3, 4, 4), classes: int = 3) -> str:
+    """A logits model with no ReLU or pooling, so a NaN in the input reaches the scores."""
+    data = mx.sym.var("data")
+    mx.sym.FullyConnected(mx.sym.flatten(data), num_hidden=classes, name="fc").save(f"{prefix}-symbol.json")
+    weights = mx.nd.array(np.random.RandomState(0).randn(classes, int(np.prod(shape))))
+    save_params(prefix, {"fc_weight": weights, "fc_bias": mx.nd.zeros(classes)}, {})
+    return str(prefix)
+
+
+def test_non_finite_scores_fail_their_row_and_a_failed_forward_fails_the_batch(tmp_path):
+    shape = (3, 4, 4)
+    clf = mxinfer.Classifier(linear_model(tmp_path / "linear", shape), shape, batch_size=4)
+    good = np.random.RandomState(1).rand(2, *shape).astype(np.float32)
+    nan = np.full(shape, np.nan, np.float32)
+    lines = mxinfer.output_lines(clf, ["a", "b", "c"], [good[0], nan, good[1]], top_k=2)
+    assert [(key, failed) for key, _, failed in lines] == [("a", False), ("b", True), ("c", False)]
+    assert json.loads(lines[1][1]) == {"key": "b", "error": {"stage": "predict", "type": "FloatingPointError",
+                                                             "message": "model output is not finite"}}
+    assert json.loads(lines[2][1])["predictions"] == clf.prediction_dicts(clf.probabilities(good[1:]), 2)[0]
+    # Arrays the model cannot take fail every key of the forward pass, with the reason.
+    wrong = mxinfer.output_lines(clf, ["a", "b"], [np.zeros((3, 8, 8), np.float32)] * 2, top_k=2)
+    assert [failed for *_, failed in wrong] == [True, True]
+    assert "expected shape" in json.loads(wrong[0][1])["error"]["message"]

@@ -524,17 +524,18 @@ class Classifier(Predictor):
 
     def prediction_dicts(self, probabilities: np.ndarray, k: int) -> list[list[dict]]:
         """Rows of top-k as the job's JSON objects."""
-        rows = []
-        for row in top_classes(probabilities, k):
-            entries = []
-            for class_id, prob in row:
-                entry = {"class_id": class_id}
-                if self.labels:
-                    entry["label"] = self.labels[class_id]
-                entry["probability"] = float(f"{prob:.6g}")
-                entries.append(entry)
-            rows.append(entries)
-        return rows
+        return [self.prediction_entries(self._labelled(row)) for row in top_classes(probabilities, k)]
+
+    def prediction_entries(self, labelled: list[tuple[int, str | None, float]]) -> list[dict]:
+        """One row of :meth:`classify` as the job writes it: no label without labels, 6 significant digits."""
+        entries = []
+        for class_id, label, prob in labelled:
+            entry = {"class_id": class_id}
+            if self.labels:
+                entry["label"] = label
+            entry["probability"] = float(f"{prob:.6g}")
+            entries.append(entry)
+        return entries
 
 
 class ImageClassifier(Classifier):
@@ -873,20 +874,27 @@ def score_images(classifier: Classifier, images: Sequence[bytes | None], preproc
                 out[i] = failed("decode", exc)
         if not arrays:
             continue
-        try:
-            probs = classifier.probabilities(np.stack(arrays))
-        except Exception as exc:  # noqa: BLE001 - a failed forward fails its batch's rows
-            for i in where:
-                out[i] = failed("predict", exc)
-            continue
-        finite = np.isfinite(probs).all(axis=1)
-        for i, ok, row in zip(where, finite, top_classes(probs, top_k)):
-            if ok:
-                out[i] = ([{"class_id": c, "label": label, "probability": p}
-                           for c, label, p in classifier._labelled(row)], None)
-            else:
-                out[i] = failed("predict", FloatingPointError("model output is not finite"))
+        for i, (row, exc) in zip(where, _top_k_or_errors(classifier, arrays, top_k)):
+            out[i] = failed("predict", exc) if exc is not None else (
+                [{"class_id": c, "label": label, "probability": p} for c, label, p in row], None)
     return out
+
+
+def _top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: int) -> list[tuple]:
+    """One forward pass over ``arrays``; per row ``(top-k, None)`` or ``(None, the exception that failed it)``.
+
+    The top-k is :meth:`Classifier.classify`'s row: ``(class_id, label,
+    probability)``, highest first. A failed forward pass fails every row; a
+    row whose scores are not finite fails alone. The job's lines and the UDF's
+    rows are both made from this.
+    """
+    try:
+        probs = classifier.probabilities(np.stack(arrays))
+    except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
+        return [(None, exc)] * len(arrays)
+    finite = np.isfinite(probs).all(axis=1)
+    return [(classifier._labelled(row), None) if ok else (None, FloatingPointError("model output is not finite"))
+            for ok, row in zip(finite, top_classes(probs, top_k))]
 
 
 # ----------------------------------------------------------------------------
@@ -1112,28 +1120,24 @@ def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], to
     failed forward pass fails every key of the batch; a non-finite output or
     a failing handler fails its key only. Failures are ``predict`` error lines.
     """
-    output_handler = handlers.output_handler if handlers is not None else None
+    out = []
+    if handlers is None or handlers.output_handler is None:
+        for key, (row, exc) in zip(keys, _top_k_or_errors(model, arrays, top_k)):
+            if exc is not None:
+                out.append((key, error_line(key, "predict", exc), True))
+            else:
+                line = json.dumps({"key": key, "predictions": model.prediction_entries(row)}, ensure_ascii=False)
+                out.append((key, line, False))
+        return out
     try:
-        if output_handler is not None:
-            outputs = model.predict(np.stack(arrays))
-        else:
-            probs = model.probabilities(np.stack(arrays))
+        outputs = model.predict(np.stack(arrays))
     except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
         return [(key, error_line(key, "predict", exc), True) for key in keys]
-    out = []
-    if output_handler is not None:
-        for i, key in enumerate(keys):
-            try:
-                out.append((key, handlers.output_line(key, [o[i] for o in outputs]), False))
-            except Exception as exc:  # noqa: BLE001 - the user's code failing on one key fails that key
-                out.append((key, error_line(key, "predict", exc), True))
-        return out
-    finite = np.isfinite(probs).all(axis=1)
-    for key, ok, preds in zip(keys, finite, model.prediction_dicts(probs, top_k)):
-        if ok:
-            out.append((key, json.dumps({"key": key, "predictions": preds}, ensure_ascii=False), False))
-        else:
-            out.append((key, error_line(key, "predict", FloatingPointError("model output is not finite")), True))
+    for i, key in enumerate(keys):
+        try:
+            out.append((key, handlers.output_line(key, [o[i] for o in outputs]), False))
+        except Exception as exc:  # noqa: BLE001 - the user's code failing on one key fails that key
+            out.append((key, error_line(key, "predict", exc), True))
     return out
 
 

@@ -1036,8 +1036,8 @@ def error_line(key: str, stage: str, exc: BaseException) -> str:
     return json.dumps({"key": key, "error": error_object(stage, exc)}, ensure_ascii=False)
 
 
-class ObjectTooLargeError(ValueError):
-    """An object over ``max_object_bytes``; refused from its listed size, never downloaded."""
+#: An object over ``max_object_bytes`` (defined in utils, which raises it from a GET's Content-Length).
+ObjectTooLargeError = utils.ObjectTooLargeError
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -1061,11 +1061,11 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
     def failed(stage, exc, times):
         return key, None, (stage, error_line(key, stage, exc)), times
 
-    if size > job.max_object_bytes:
-        exc = ObjectTooLargeError(f"object is {size} bytes, over max_object_bytes={job.max_object_bytes}")
-        return failed("download", exc, (0.0, 0.0))
+    if size is not None and size > job.max_object_bytes:
+        return failed("download", utils.too_large(size, job.max_object_bytes), (0.0, 0.0))
     try:
-        data = reader.read(job.bucket, key, stats=io_stats)
+        # Also checked from the GET's Content-Length: a manifest may not give sizes (size -1).
+        data = reader.read(job.bucket, key, stats=io_stats, max_bytes=job.max_object_bytes)
     except Exception as exc:  # noqa: BLE001 - every download failure becomes this key's error line
         return failed("download", exc, (time.perf_counter() - started, 0.0))
     downloaded = time.perf_counter()

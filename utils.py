@@ -60,6 +60,15 @@ class S3UriError(ValueError):
     """An s3:// URI that cannot be split into bucket and key."""
 
 
+class ObjectTooLargeError(ValueError):
+    """An object over ``max_object_bytes``: refused from its listed size or its ``Content-Length``, never read."""
+
+
+def too_large(size: int, max_bytes: int) -> ObjectTooLargeError:
+    """The error for an object of ``size`` bytes over ``max_bytes``."""
+    return ObjectTooLargeError(f"object is {size} bytes, over max_object_bytes={max_bytes}")
+
+
 def parse_s3_uri(uri: str, *, need_key: bool = False) -> tuple[str, str]:
     """Split ``s3://bucket/key`` into ``(bucket, key)``.
 
@@ -162,13 +171,17 @@ class IOStats:
             self.body_retries += body_retries
 
 
-def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats | None = None) -> bytes:
+def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats | None = None,
+                max_bytes: int | None = None) -> bytes:
     """Download one object into memory, retrying a body read cut off midway.
 
     botocore retries failed requests by itself (see :func:`s3_client`); a
     connection that breaks while the body streams surfaces here instead, so
     the whole GET is repeated, up to ``attempts`` times, with a short backoff.
     Non-transient errors (``NoSuchKey``, ``AccessDenied``, ...) raise at once.
+    With ``max_bytes``, an object whose ``Content-Length`` is larger raises
+    :class:`ObjectTooLargeError` before its body is read (for keys from a
+    manifest without sizes).
     """
     for attempt in range(1, attempts + 1):
         try:
@@ -180,6 +193,10 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
         if stats is not None:
             stats.add(request_retries=_retry_attempts(response))
         body = response["Body"]
+        length = response.get("ContentLength")
+        if max_bytes is not None and length is not None and int(length) > max_bytes:
+            body.close()  # drops the connection rather than reading the body to reuse it
+            raise too_large(int(length), max_bytes)
         try:
             data = body.read()
         except BODY_READ_ERRORS:
@@ -316,34 +333,41 @@ class ObjectReader:
             self._learned[bucket] = (url[: len(url) - len(quoted)], scope.group(1),
                                      _text(request.headers.get("User-Agent")) or None)
 
-    def read(self, bucket: str, key: str, stats: IOStats | None = None) -> bytes:
-        """The object's bytes; raises what :func:`read_object` raises."""
+    def read(self, bucket: str, key: str, stats: IOStats | None = None, max_bytes: int | None = None) -> bytes:
+        """The object's bytes; raises what :func:`read_object` raises (``max_bytes`` as there)."""
         learned = self._learned.get(bucket) if self.enabled else None
         if learned is None:
-            data = read_object(self.client, bucket, key, stats=stats)
+            data = read_object(self.client, bucket, key, stats=stats, max_bytes=max_bytes)
             if self.enabled:
                 self._learn(bucket, key)
             return data
         try:
-            return self._get(learned, key)
+            return self._get(learned, key, max_bytes)
         except _Retry as retry:
             if self.max_attempts <= 1:
                 raise retry.cause from None
             if stats is not None:
                 stats.add(body_retries=int(retry.body), request_retries=int(not retry.body))
             log.debug("s3://%s/%s: lean GET failed (%s); retrying through botocore", bucket, key, retry.cause)
-            return read_object(self._retry_client(), bucket, key, stats=stats)
+            return read_object(self._retry_client(), bucket, key, stats=stats, max_bytes=max_bytes)
 
-    def _get(self, learned: tuple[str, str, str | None], key: str) -> bytes:
+    def _get(self, learned: tuple[str, str, str | None], key: str, max_bytes: int | None = None) -> bytes:
         base, region, user_agent = learned
         headers = {"x-amz-checksum-mode": "ENABLED"}
         if user_agent:
             headers["User-Agent"] = user_agent
+        # stream_output: the body stays unread until the status and Content-Length are checked.
         request = botocore.awsrequest.AWSRequest(
-            method="GET", url=base + botocore.utils.percent_encode(key, safe="/~"), headers=headers)
+            method="GET", url=base + botocore.utils.percent_encode(key, safe="/~"), headers=headers,
+            stream_output=True)
         botocore.auth.S3SigV4Auth(self.credentials.get_frozen_credentials(), "s3", region).add_auth(request)
         try:
             response = self._http.send(request.prepare())
+            length = response.headers.get("Content-Length")
+            if response.status_code == 200 and max_bytes is not None and length and int(length) > max_bytes:
+                response.raw.close()  # drop the connection instead of reading the body
+                response.raw.release_conn()
+                raise too_large(int(length), max_bytes)
             data = response.content
         except (botocore.exceptions.BotoCoreError, *BODY_READ_ERRORS) as exc:  # refused, reset, timed out, cut
             raise _Retry(exc, body=isinstance(exc, BODY_READ_ERRORS)) from None

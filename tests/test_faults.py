@@ -130,6 +130,20 @@ def test_every_bad_object_is_one_error_line_and_its_batch_mates_are_unharmed(buc
         assert rows[key]["predictions"] == classifier.prediction_dicts(classifier.probabilities(alone), 3)[0], key
 
 
+def test_without_a_listed_size_an_object_over_max_bytes_is_refused_from_its_content_length(
+        bucket, moto_endpoint, demo_dir):
+    objects = bad_and_good_objects()
+    for key in ("cases/good-1.jpg", "cases/huge.png"):
+        bucket.put_object(Bucket=BUCKET, Key=key, Body=objects[key])
+    # Size -1: a manifest without sizes. The executor learns the size from the GET's Content-Length.
+    rows, stats = run_partition(job_spec(moto_endpoint, demo_dir), [("cases/good-1.jpg", -1), ("cases/huge.png", -1)])
+    assert rows["cases/huge.png"]["error"] == {
+        "stage": "download", "type": "ObjectTooLargeError",
+        "message": f"object is {len(objects['cases/huge.png'])} bytes, over max_object_bytes=200000"}
+    assert rows["cases/good-1.jpg"]["predictions"]
+    assert stats["errors"] == {"download": 1, "decode": 0, "predict": 0}
+
+
 def test_animated_gif_is_scored_on_its_first_frame(bucket, moto_endpoint, demo_dir):
     objects = bad_and_good_objects()
     job = job_spec(moto_endpoint, demo_dir)

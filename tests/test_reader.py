@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import zlib
 
+import botocore.awsrequest
 import botocore.exceptions
 import pytest
 
@@ -146,3 +147,22 @@ def test_without_credentials_every_get_is_botocores(bucket, moto_endpoint):
 def test_s3_reader_is_one_per_process_and_settings(moto_endpoint):
     assert utils.s3_reader(moto_endpoint, max_attempts=4) is utils.s3_reader(moto_endpoint, max_attempts=4)
     assert utils.s3_reader(moto_endpoint, max_attempts=4) is not utils.s3_reader(moto_endpoint, max_attempts=3)
+
+
+def test_an_object_over_max_bytes_is_refused_from_its_content_length_on_both_paths(bucket, moto_endpoint,
+                                                                                      monkeypatch):
+    big = BODIES["r/e.jpg"]  # the largest body; r/a.jpg is the smallest
+    with S3Proxy(moto_endpoint) as proxy:
+        reader = fresh_reader(proxy.endpoint)
+        with pytest.raises(utils.ObjectTooLargeError, match=f"object is {len(big)} bytes, over max_object_bytes=1500"):
+            reader.read(BUCKET, "r/e.jpg", max_bytes=1500)  # botocore's GET (the bucket's first)
+        assert reader.read(BUCKET, "r/a.jpg", max_bytes=1500) == BODIES["r/a.jpg"]  # at the limit: read
+        assert BUCKET in reader._learned
+        before = seen(proxy)
+        with monkeypatch.context() as patch:  # the lean path must refuse before it touches the body
+            patch.setattr(botocore.awsrequest.AWSResponse, "content",
+                          property(lambda self: pytest.fail("the body of a too-large object was read")))
+            with pytest.raises(utils.ObjectTooLargeError, match=f"object is {len(big)} bytes"):
+                reader.read(BUCKET, "r/e.jpg", max_bytes=1500)
+        assert seen(proxy) == before + 1  # refused, not retried through botocore
+        assert reader.read(BUCKET, "r/e.jpg", max_bytes=len(big)) == big  # the connection pool still works

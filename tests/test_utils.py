@@ -89,6 +89,28 @@ def test_read_object_retries_a_body_cut_off_midway_and_counts_it():
     assert stats.request_retries == 3  # botocore's own retries, from the response metadata
 
 
+class UnreadBody(FlakyBody):
+    """A body that must not be read; remembers being closed."""
+
+    closed = False
+
+    def read(self):
+        raise AssertionError("the body of a too-large object was read")
+
+    def close(self):
+        self.closed = True
+
+
+def test_read_object_refuses_an_object_over_max_bytes_before_reading_its_body():
+    body = UnreadBody(b"", fail=False)
+    client = FlakyClient(b"x" * 10, failures=0)
+    client.get_object = lambda Bucket, Key: {"Body": body, "ContentLength": 5_000_001}
+    with pytest.raises(utils.ObjectTooLargeError, match="object is 5000001 bytes, over max_object_bytes=5000000"):
+        utils.read_object(client, "bkt", "k", max_bytes=5_000_000)
+    assert body.closed
+    assert utils.read_object(FlakyClient(b"x" * 10, failures=0), "bkt", "k", max_bytes=10) == b"x" * 10
+
+
 def test_read_object_gives_up_after_its_attempts():
     client = FlakyClient(b"x", failures=5)
     with pytest.raises(botocore.exceptions.ResponseStreamingError):

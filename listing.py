@@ -1,0 +1,348 @@
+"""The job's key list: held compactly in Arrow columns, listed from S3 in parallel.
+
+Driver-only: ``infer_main`` imports it, executors never do. At ten million
+keys a Python list of ``(key, size)`` tuples costs more than 150 bytes a key;
+a :class:`Listing` keeps the keys in one Arrow ``large_string`` column and the
+sizes in an ``int64`` column (about the key's own bytes plus 16), sorted and
+deduplicated, and hands out batches as zero-copy slices.
+
+:func:`list_prefix` lists one prefix with many ``ListObjectsV2`` calls in
+flight: it splits the key range still to list at boundary strings and lists
+each part from its ``StartAfter``, so a prefix of a million keys costs about
+``pages / concurrency`` round trips instead of ``pages``. :mod:`manifest`
+builds a :class:`Listing` from a manifest file instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import string
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+import boto3
+import botocore.config
+import botocore.session
+import pyarrow as pa
+import pyarrow.compute as pc
+
+log = logging.getLogger(__name__)
+
+#: Arrow type of the key column: 64-bit offsets, so fifty million keys of 60
+#: bytes (3 GB of text) still fit one column.
+KEY_TYPE = pa.large_string()
+#: The size of an object whose size the manifest did not give.
+UNKNOWN_SIZE = -1
+#: Keys handed out per step while iterating (bounds the Python objects alive at once).
+_ITER_CHUNK = 65_536
+#: Characters the range splitter cuts at: S3's "safe" key characters in code point order.
+#: Any key is still listed (ranges cover everything); these only decide where ranges end.
+_CUT_CHARS = "".join(sorted(set(string.digits + string.ascii_letters + "!-_.*'()/")))
+
+
+class Listing:
+    """Sorted, unique image keys of one bucket and their sizes, in Arrow columns.
+
+    Behaves as a read-only sequence of ``(key, size)`` tuples: ``len``,
+    iteration, ``listing[i]``, and ``listing[a:b]``, which returns another
+    :class:`Listing` that shares the memory (no copy). ``size`` is
+    :data:`UNKNOWN_SIZE` (-1) when a manifest did not give it.
+
+    Parameters
+    ----------
+    bucket : str
+        The bucket every key is in.
+    table : pyarrow.Table
+        Columns ``key`` (``large_string``) and ``size`` (``int64``), already
+        sorted and unique; use :meth:`build` to make one from raw columns.
+
+    Examples
+    --------
+    >>> images = Listing.build("b", ["x/2.jpg", "x/1.JPG", "x/a.txt", "x/1.JPG"], [5, 3, 1, 3], suffixes=[".jpg"])
+    >>> len(images), images[0], list(images[1:])
+    (2, ('x/1.JPG', 3), [('x/2.jpg', 5)])
+    """
+
+    __slots__ = ("bucket", "table")
+
+    def __init__(self, bucket: str, table: pa.Table):
+        self.bucket, self.table = bucket, table
+
+    @classmethod
+    def build(cls, bucket: str, keys, sizes=None, *, prefix: str = "", suffixes: Iterable[str] | None = None,
+              limit: int | None = None) -> Listing:
+        """Filter, sort, deduplicate and limit raw key and size columns.
+
+        Parameters
+        ----------
+        bucket : str
+            The keys' bucket.
+        keys : sequence of str, or pyarrow (Chunked)Array of strings
+            Object keys, in any order, possibly repeated.
+        sizes : sequence of int, pyarrow array, or None
+            Sizes in bytes, aligned with ``keys``; None or null means unknown.
+        prefix : str
+            Keep only keys that start with it.
+        suffixes : iterable of str, optional
+            Keep only keys ending with one of these, case-insensitive (a
+            missing leading dot is added, as :func:`utils.keep_suffixes` does).
+        limit : int, optional
+            Keep only the first ``limit`` keys, in sorted order.
+
+        Returns
+        -------
+        Listing
+            Sorted by key in code point order (S3's listing order); for a
+            key given twice, the larger size wins.
+        """
+        keys = _as_column(keys, KEY_TYPE)
+        if sizes is None:
+            sizes = pa.nulls(len(keys), pa.int64())
+        sizes = pc.fill_null(_as_column(sizes, pa.int64()), UNKNOWN_SIZE)
+        table = pa.table({"key": keys, "size": sizes})
+        if prefix:
+            table = table.filter(pc.starts_with(table["key"], prefix))
+        if suffixes is not None:
+            wanted = sorted({s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes})
+            pattern = "(" + "|".join(re.escape(s) for s in wanted) + ")$"
+            table = table.filter(pc.match_substring_regex(table["key"], pattern, ignore_case=True))
+        # Arrow compares strings by their UTF-8 bytes, which is code point order: S3's and Python's.
+        table = table.sort_by([("key", "ascending"), ("size", "descending")])
+        if table.num_rows > 1:
+            sorted_keys = table["key"].combine_chunks()
+            repeated = pc.equal(sorted_keys[1:], sorted_keys[:-1])
+            keep = pa.concat_arrays([pa.array([True]), pc.invert(repeated)])
+            table = table.filter(keep)
+        if limit is not None:
+            table = table.slice(0, limit)
+        return cls(bucket, table.combine_chunks())
+
+    @property
+    def keys(self) -> pa.ChunkedArray:
+        return self.table["key"]
+
+    @property
+    def sizes(self) -> pa.ChunkedArray:
+        return self.table["size"]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of Arrow memory the columns of this listing reference."""
+        return self.table.nbytes
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        for start in range(0, len(self), _ITER_CHUNK):
+            chunk = self.table.slice(start, _ITER_CHUNK)
+            yield from zip(chunk["key"].to_pylist(), chunk["size"].to_pylist())
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("a Listing slices with step 1 only")
+            return Listing(self.bucket, self.table.slice(start, max(0, stop - start)))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} keys")
+        return self.table["key"][index].as_py(), self.table["size"][index].as_py()
+
+    def batch(self, index: int, batch_size: int) -> Listing:
+        """Batch ``index`` (from 0) of ``batch_size`` keys: a zero-copy slice, shorter at the end."""
+        return self[index * batch_size: (index + 1) * batch_size]
+
+    def num_batches(self, batch_size: int) -> int:
+        """How many batches of ``batch_size`` the keys fill (the last one may be short)."""
+        return -(-len(self) // batch_size)
+
+    def __repr__(self) -> str:
+        return f"Listing(bucket={self.bucket!r}, keys={len(self)})"
+
+
+def _as_column(values, kind: pa.DataType) -> pa.ChunkedArray:
+    if isinstance(values, pa.ChunkedArray):
+        return values.cast(kind) if values.type != kind else values
+    if isinstance(values, pa.Array):
+        return pa.chunked_array([values.cast(kind) if values.type != kind else values], kind)
+    return pa.chunked_array([pa.array(list(values), kind)], kind)
+
+
+# ----------------------------------------------------------------------------
+# Listing a prefix: sequential or in parallel
+
+
+def list_client(endpoint_url: str | None = None, region: str | None = None, max_attempts: int = 5,
+                max_pool_connections: int = 32):
+    """An S3 client for listing that leaves ``LastModified`` as text.
+
+    botocore parses every ``LastModified`` of a page with dateutil, about
+    three quarters of the client's CPU for a page of 1,000 keys; the job never
+    reads the date, so this client's parser keeps the string
+    (``ResponseParserFactory.set_parser_defaults``). Same retries as
+    :func:`utils.s3_client`.
+    """
+    session = botocore.session.get_session()
+    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+    config = botocore.config.Config(
+        retries={"mode": "standard", "total_max_attempts": max_attempts},
+        max_pool_connections=max_pool_connections, connect_timeout=10, read_timeout=60,
+    )
+    return boto3.session.Session(botocore_session=session).client(
+        "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
+
+
+def list_prefix(client, bucket: str, prefix: str, concurrency: int = 16, *, page_size: int = 1000,
+                progress_every: int = 100_000) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    """Every key under ``prefix`` and its size, with up to ``concurrency`` list calls in flight.
+
+    The key range left to list starts as everything after ``prefix``. Each
+    call lists one page of a range from its ``StartAfter``; when the page is
+    full and list slots are idle, the rest of the range is cut at boundary
+    strings into as many parts as there are idle slots, each listed on its
+    own. Cuts are made at the first character where the range's last listed
+    key and its end differ, at characters common in keys (digits, letters,
+    ``/-_.``), one character deeper when there is no room: a part that holds
+    no key costs one call, and a part with keys is cut again on its first
+    page. Parts never overlap and cover the whole range, so the result is the
+    same as sequential listing's, whatever the keys are.
+
+    Parameters
+    ----------
+    client : botocore S3 client
+        Its ``max_pool_connections`` should be at least ``concurrency``.
+    bucket, prefix : str
+        What to list.
+    concurrency : int
+        List calls in flight at most; 1 lists page after page.
+    page_size : int
+        ``MaxKeys`` per call (S3 returns at most 1,000).
+    progress_every : int
+        Log a progress line each time this many more keys are listed.
+
+    Returns
+    -------
+    tuple of pyarrow.ChunkedArray
+        Keys (``large_string``) and their sizes (``int64``), in pages in the
+        order they came back: :meth:`Listing.build` sorts them.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    started = time.monotonic()
+    # (start_after, end): list keys > start_after and <= end; None is open.
+    pending: deque = deque([(None, None)])
+    pages: list[tuple[pa.Array, pa.Array]] = []
+    calls = listed = 0
+    next_report = progress_every
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="list") as pool:
+        running: dict = {}
+        try:
+            while pending or running:
+                while pending and len(running) < concurrency:
+                    span = pending.popleft()
+                    running[pool.submit(_list_page, client, bucket, prefix, span, page_size)] = span
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    span = running.pop(future)
+                    keys, sizes, last, more = future.result()
+                    calls += 1
+                    if len(keys):
+                        pages.append((keys, sizes))
+                        listed += len(keys)
+                    if more:
+                        idle = concurrency - len(running) - len(pending)
+                        pending.extend(split_range(prefix, last, span[1], max(1, idle)))
+                if listed >= next_report:
+                    log.info("listing s3://%s/%s: %d keys so far, %d calls, %d in flight, %.0f keys/s",
+                             bucket, prefix, listed, calls, len(running), listed / (time.monotonic() - started))
+                    next_report = (listed // progress_every + 1) * progress_every
+        except BaseException:
+            for future in running:
+                future.cancel()
+            raise
+    log.info("listed s3://%s/%s: %d keys in %.1fs (%d calls, up to %d at once)",
+             bucket, prefix, listed, time.monotonic() - started, calls, concurrency)
+    return (pa.chunked_array([k for k, _ in pages], KEY_TYPE),
+            pa.chunked_array([s for _, s in pages], pa.int64()))
+
+
+def _list_page(client, bucket: str, prefix: str, span: tuple, page_size: int):
+    """One ``ListObjectsV2`` page of ``span``: ``(keys, sizes, last key, more to list)``."""
+    start_after, end = span
+    kwargs = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
+    if start_after is not None:
+        kwargs["StartAfter"] = start_after
+    response = client.list_objects_v2(**kwargs)
+    contents = response.get("Contents", ())
+    keys = [obj["Key"] for obj in contents]
+    sizes = [int(obj["Size"]) for obj in contents]
+    more = bool(response.get("IsTruncated")) and bool(keys)
+    if end is not None and keys and keys[-1] >= end:
+        # The page reached the range's end (and maybe ran into the next range): keep this range's keys.
+        cut = next((i for i, key in enumerate(keys) if key > end), len(keys))
+        keys, sizes, more = keys[:cut], sizes[:cut], False
+    return (pa.array(keys, KEY_TYPE), pa.array(sizes, pa.int64()), keys[-1] if keys else None, more)
+
+
+def split_range(prefix: str, last: str, end: str | None, parts: int) -> list[tuple[str, str | None]]:
+    """Cut the range ``(last, end]`` into at most ``parts`` ranges that cover it exactly.
+
+    Parameters
+    ----------
+    prefix : str
+        The listed prefix: cuts are made after it.
+    last : str
+        The last key listed so far; the range starts after it.
+    end : str or None
+        The range's last possible key (inclusive); None for the prefix's end.
+    parts : int
+        How many ranges at most.
+
+    Returns
+    -------
+    list of (str, str or None)
+        ``(start_after, end)`` ranges, in order; consecutive ranges share a boundary.
+
+    Examples
+    --------
+    >>> split_range("p/", "p/a9", None, 3)
+    [('p/a9', 'p/j'), ('p/j', 'p/r'), ('p/r', None)]
+    """
+    cuts = _cuts(prefix, last, end, parts - 1) if parts > 1 else []
+    edges = [last, *cuts, end]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _cuts(prefix: str, last: str, end: str | None, count: int) -> list[str]:
+    """Up to ``count`` strings strictly between ``last`` and ``end``, in order."""
+    position = len(prefix)
+    if end is not None:  # the first character where they differ (end > last, so end has one there)
+        while position < min(len(last), len(end)) and last[position] == end[position]:
+            position += 1
+    base = last[:position]
+    floor = last[position] if position < len(last) else ""
+    ceiling = end[position] if end is not None else None
+    while True:
+        # Every base + c with floor < c < ceiling is above last and below end.
+        choices = [c for c in _CUT_CHARS if c > floor and (ceiling is None or c < ceiling)]
+        if choices:
+            break
+        if floor:
+            # No room here (last "p/a", end "p/b"): below end is every longer string that starts
+            # with last's next character, so cut one character deeper, above last only.
+            base, position = last[: position + 1], position + 1
+            floor, ceiling = (last[position] if position < len(last) else ""), None
+        else:
+            # last ends here and end's character leaves no room below it: follow end one deeper.
+            base, position = end[: position + 1], position + 1
+            if position >= len(end):
+                return []
+            floor, ceiling = "", end[position]
+    step = len(choices) / (count + 1)
+    picked = sorted({choices[min(len(choices) - 1, int(step * (i + 1)))] for i in range(count)})
+    return [base + c for c in picked]

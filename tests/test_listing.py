@@ -107,7 +107,8 @@ def test_parallel_listing_equals_sequential_listing(bucket, moto_endpoint, concu
 def test_parallel_listing_calls_fan_out(bucket, moto_endpoint):
     client = listing.list_client(moto_endpoint)
     calls = []
-    client.meta.events.register("provide-client-params.s3.ListObjectsV2", lambda params, **_: calls.append(dict(params)))
+    client.meta.events.register("provide-client-params.s3.ListObjectsV2",
+                                lambda params, **_: calls.append(dict(params)))
     listing.list_prefix(client, BUCKET, "set/", 8, page_size=10)
     starts = {call.get("StartAfter") for call in calls}
     assert len(calls) > len(KEYS) / 10 and len(starts) == len(calls)  # every call listed a different range

@@ -4,14 +4,14 @@ Run it on a cluster (EMR/YARN) with::
 
     spark-submit --master yarn --deploy-mode cluster \\
         --conf spark.executor.cores=1 --conf spark.dynamicAllocation.enabled=false \\
-        --py-files utils.py,mxinfer.py infer_main.py \\
+        --py-files utils.py,mxinfer.py,listing.py,manifest.py infer_main.py \\
         --input s3://my-bucket/photos/ \\
         --model s3://my-bucket/models/resnet-18 \\
         --output s3://my-bucket/predictions/photos.jsonl
 
 or with the original article's flags::
 
-    spark-submit --py-files utils.py,mxinfer.py infer_main.py \\
+    spark-submit --py-files utils.py,mxinfer.py,listing.py,manifest.py infer_main.py \\
         --sym_url s3://B/resnet-18-symbol.json --param_url s3://B/resnet-18-0000.params \\
         --label_url s3://B/synset.txt --batch 64 --bucket B --prefix cifar10/test \\
         --output_s3_bucket B --output_s3_key predictions.jsonl
@@ -45,6 +45,8 @@ from typing import Any
 import click
 import yaml
 
+import listing
+import manifest
 import mxinfer
 import utils
 
@@ -56,6 +58,7 @@ EXIT_FAILED, EXIT_USAGE, EXIT_TOO_MANY_ERRORS = 1, 2, 3
 #: (a test keeps them equal). Command line beats --config YAML beats these.
 DEFAULTS: dict[str, Any] = {
     "input": None, "bucket": None, "prefix": "",
+    "input_manifest": None, "list_concurrency": 16,
     "suffixes": list(mxinfer.DEFAULT_SUFFIXES),
     "model": None, "epoch": 0, "labels": None,
     "sym_url": None, "param_url": None, "label_url": None,
@@ -92,7 +95,8 @@ class JobError(Exception):
 class JobConfig:
     """The resolved, validated settings of one run."""
 
-    input_bucket: str
+    #: None until the manifest names it (run_job sets it from the listing).
+    input_bucket: str | None
     input_prefix: str
     suffixes: tuple
     model: mxinfer.ModelSpec
@@ -118,9 +122,14 @@ class JobConfig:
     handler_file: str | None = None
     micro_batch_size: int | None = None
     threads: int | None = None
+    #: --input-manifest: the keys come from this file instead of a listing.
+    input_manifest: str | None = None
+    list_concurrency: int = 16
 
     @property
     def input_uri(self) -> str:
+        if self.input_manifest:
+            return self.input_manifest
         return f"s3://{self.input_bucket}/{self.input_prefix}"
 
     @property
@@ -242,8 +251,14 @@ def resolve(settings: dict) -> JobConfig:
             raise click.UsageError(f"--input: {exc}") from None
     elif s["bucket"]:
         in_bucket, in_prefix = s["bucket"], s["prefix"] or ""
+    elif s["input_manifest"]:
+        in_bucket, in_prefix = None, ""  # the manifest names the bucket
     else:
-        raise click.UsageError("no input: give --input s3://BUCKET/PREFIX (or --bucket and --prefix)")
+        raise click.UsageError("no input: give --input s3://BUCKET/PREFIX (or --bucket and --prefix), "
+                               "or --input-manifest URI")
+    input_manifest = str(s["input_manifest"]) if s["input_manifest"] else None
+    if input_manifest and "://" not in input_manifest and not os.path.isfile(input_manifest):
+        raise click.UsageError(f"--input-manifest {input_manifest}: no such file (in cluster mode give an s3:// URI)")
 
     # Output: --output, or the original's --output_s3_bucket/--output_s3_key (bucket defaults to input's).
     if s["output"] and (s["output_s3_key"] or s["output_s3_bucket"]):
@@ -256,6 +271,8 @@ def resolve(settings: dict) -> JobConfig:
             raise click.UsageError(f"--output: {exc}") from None
     elif s["output_s3_key"]:
         out_bucket, out_key = s["output_s3_bucket"] or in_bucket, s["output_s3_key"].lstrip("/")
+        if out_bucket is None:
+            raise click.UsageError("--output_s3_key needs --output_s3_bucket with --input-manifest (or use --output)")
     elif s["output_s3_bucket"]:
         raise click.UsageError("--output_s3_bucket needs --output_s3_key")
     if out_key is None and not s["dry_run"]:
@@ -325,6 +342,7 @@ def resolve(settings: dict) -> JobConfig:
         log_level=level, progress_seconds=float(s["progress_seconds"]), handler=handler,
         micro_batch_size=_positive(s, "micro_batch_size", allow_none=True),
         threads=_positive(s, "threads", allow_none=True),
+        input_manifest=input_manifest, list_concurrency=_positive(s, "list_concurrency"),
     )
 
 
@@ -332,17 +350,31 @@ def resolve(settings: dict) -> JobConfig:
 # Extract: list and plan
 
 
-def list_images(client, cfg: JobConfig) -> list[tuple[str, int]]:
-    """Every image key under the input prefix with its size, sorted, limited."""
+def list_images(client, cfg: JobConfig) -> listing.Listing:
+    """Every image key of the input with its size, sorted, limited: a compact :class:`listing.Listing`.
+
+    The keys under the input prefix, listed with ``--list-concurrency`` calls
+    in flight, or those ``--input-manifest`` names (``client`` reads it). The
+    listing's ``bucket`` is the one to read the images from.
+    """
+    if cfg.input_manifest:
+        try:
+            return manifest.read_manifest(cfg.input_manifest, client, bucket=cfg.input_bucket,
+                                          prefix=cfg.input_prefix, suffixes=cfg.suffixes, limit=cfg.limit)
+        except manifest.ManifestError as exc:
+            raise JobError(str(exc)) from exc
     try:
-        objects = utils.list_objects(client, cfg.input_bucket, cfg.input_prefix)
-        images = sorted(utils.keep_suffixes(objects, cfg.suffixes))
+        # Its own client: one whose parser skips the dates, with a connection per list call in flight.
+        lister = listing.list_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
+                                     max_pool_connections=max(10, cfg.list_concurrency))
+        keys, sizes = listing.list_prefix(lister, cfg.input_bucket, cfg.input_prefix, cfg.list_concurrency)
+        images = listing.Listing.build(cfg.input_bucket, keys, sizes, suffixes=cfg.suffixes, limit=cfg.limit)
     except Exception as exc:  # NoSuchBucket, AccessDenied, endpoint unreachable
         raise JobError(f"cannot list {cfg.input_uri}: {mxinfer._first_line(exc)}") from exc
-    if not images:
+    if not len(images):
         raise JobError(f"no images under {cfg.input_uri} (looked for keys ending in "
                        f"{' '.join(cfg.suffixes)}); check --input and --suffixes")
-    return images[: cfg.limit] if cfg.limit else images
+    return images
 
 
 def plan_batches(items: list, batch_size: int) -> list:
@@ -533,6 +565,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
     cfg = prepare_handler(cfg, client)
     images = list_images(client, cfg)
+    cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
     padded = plan_batches(images, cfg.batch_size)
     batches = len(padded) // cfg.batch_size
     log.info("%d images under %s: %d batches of %d (%d padding slots)",
@@ -649,6 +682,8 @@ def _refuse_secret(ctx, param, value):
 @click.option("--input", metavar="s3://BUCKET/PREFIX", help="Where the images are.")
 @click.option("--bucket", help="Input bucket (the original's flag; use with --prefix).")
 @click.option("--prefix", help="Input key prefix (the original's flag).")
+@click.option("--input-manifest", metavar="URI", help="Score the keys this file names (path or s3://) instead of listing: text (a key or s3://B/K a line), CSV (bucket,key[,size]) or an S3 Inventory manifest.json; --input then filters by bucket and prefix.")
+@click.option("--list-concurrency", type=int, help="List calls in flight while listing --input. [default: 16]")
 @click.option("--suffixes", help="Comma-separated image suffixes, case-insensitive. [default: .jpg,.jpeg,.png,.gif,.bmp,.tif,.tiff,.webp]")
 @click.option("--model", metavar="URI", help="Checkpoint prefix: URI-symbol.json and URI-%04d.params.")
 @click.option("--epoch", type=int, help="Checkpoint epoch in the params file name. [default: 0]")

@@ -32,7 +32,7 @@ def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]
         str(python_bin / "spark-submit"), "--master", master,
         "--properties-file", str(ROOT / "conf" / "spark-local.conf"),
         "--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}",
-        "--py-files", f"{ROOT / 'utils.py'},{ROOT / 'mxinfer.py'}",
+        "--py-files", ",".join(str(ROOT / name) for name in ("utils.py", "mxinfer.py", "listing.py", "manifest.py")),
         str(ROOT / "infer_main.py"), *job_args,
     ]
 

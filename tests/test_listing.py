@@ -133,3 +133,14 @@ def test_an_empty_prefix_lists_nothing_and_a_missing_bucket_raises(bucket, moto_
 def test_the_list_client_leaves_dates_as_text(bucket, moto_endpoint):
     page = listing.list_client(moto_endpoint).list_objects_v2(Bucket=BUCKET, Prefix="set/a/", MaxKeys=1)
     assert isinstance(page["Contents"][0]["LastModified"], str)
+
+
+def test_list_concurrency_below_one_is_a_usage_error():
+    from click.testing import CliRunner
+
+    import infer_main
+
+    result = CliRunner().invoke(infer_main.main, ["--input", "s3://in/p/", "--model", "s3://m/r18",
+                                                  "--output", "s3://o/p.jsonl", "--list-concurrency", "0"])
+    assert result.exit_code == 2
+    assert "list_concurrency must be at least 1, got 0" in result.output

@@ -1,0 +1,368 @@
+"""Read the job's keys from a manifest instead of listing a prefix (``--input-manifest``).
+
+Driver-only, like :mod:`listing`. Three formats, told apart by the name:
+
+- ``*.json``: an S3 Inventory ``manifest.json``; its data files (CSV, ORC or
+  Parquet, as its ``fileFormat`` says) are read from the inventory's
+  destination bucket with pyarrow. Inventory CSV files are gzipped, have no
+  header, name their columns in the manifest's ``fileSchema`` and URL-encode
+  the keys. With object versions, only current versions that are not delete
+  markers are kept.
+- ``*.csv``: ``bucket,key[,size]`` rows, optionally under a ``bucket,key[,size]``
+  header; a key with a comma is quoted, as CSV does.
+- anything else: plain text, one key or ``s3://bucket/key`` per line; blank lines
+  are skipped, everything else on a line is the key.
+
+Every key must be in one bucket, because the executors read from one
+(``JobSpec.bucket``) and the output names keys without their bucket; a
+manifest that names several is refused with their names. Sizes come from the
+manifest when it has them; a key without one gets size -1, and the executor
+then checks ``--max-object-bytes`` against the GET's ``Content-Length``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import tempfile
+import urllib.parse
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+
+import utils
+from listing import KEY_TYPE, Listing
+
+log = logging.getLogger(__name__)
+
+#: Keys gathered in Python before they go into an Arrow chunk (bounds the Python objects alive at once).
+_CHUNK = 100_000
+#: Malformed lines named in one error message at most.
+_SHOWN = 10
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be used; the message names the manifest, and the lines when they are the cause."""
+
+
+def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: str = "",
+                  suffixes: Iterable[str] | None = None, limit: int | None = None) -> Listing:
+    """The image keys a manifest names, as a :class:`listing.Listing`.
+
+    Parameters
+    ----------
+    uri : str
+        A local path, ``file://`` or ``s3://`` URI of the manifest.
+    client : botocore S3 client, optional
+        For ``s3://`` manifests and inventory data files.
+    bucket : str, optional
+        The bucket of bare keys (``--input``/``--bucket``); when given, every
+        key the manifest names must be in it.
+    prefix : str
+        Keep only keys under this prefix.
+    suffixes : iterable of str, optional
+        Keep only keys with these suffixes (case-insensitive).
+    limit : int, optional
+        Keep only the first ``limit`` keys, in sorted order.
+
+    Returns
+    -------
+    Listing
+        Sorted, unique keys, with sizes where the manifest gives them.
+
+    Raises
+    ------
+    ManifestError
+        The manifest cannot be read, has malformed lines (named by number),
+        names keys in several buckets or no bucket, or names no image.
+    """
+    with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
+        path = _local_copy(uri, client, work)
+        name = uri.rsplit("/", 1)[-1].lower()
+        if name.endswith(".json"):
+            buckets, keys, sizes = _read_inventory(uri, path, client, work)
+        elif name.endswith(".csv"):
+            buckets, keys, sizes = _read_csv(uri, path)
+        else:
+            buckets, keys, sizes = _read_text(uri, path)
+    named = sorted(buckets - {None})
+    if bucket is not None and named and named != [bucket]:
+        raise ManifestError(f"--input-manifest {uri} names keys in bucket(s) {', '.join(named[:5])}, "
+                            f"not in the input bucket {bucket}; drop --input/--bucket or fix the manifest")
+    if len(named) > 1:
+        raise ManifestError(f"--input-manifest {uri} names keys in {len(named)} buckets "
+                            f"({', '.join(named[:5])}{', ...' if len(named) > 5 else ''}); one job reads one "
+                            "bucket: split the manifest by bucket and run one job for each")
+    if None in buckets and bucket is None:
+        raise ManifestError(f"--input-manifest {uri} names keys without a bucket: write them as "
+                            "s3://BUCKET/KEY, or give their bucket with --input s3://BUCKET/")
+    images = Listing.build(bucket or named[0], keys, sizes, prefix=prefix, suffixes=suffixes, limit=limit)
+    if not len(images):
+        where = f" under {prefix!r}" if prefix else ""
+        raise ManifestError(f"--input-manifest {uri} names no image{where} (looked for keys ending in "
+                            f"{' '.join(suffixes or ())}); check the manifest, --input and --suffixes")
+    log.info("manifest %s: %d images in s3://%s (%s sizes)", uri, len(images), images.bucket,
+             "with" if pc.min(images.sizes).as_py() >= 0 else "without all")
+    return images
+
+
+def _local_copy(uri: str, client, work: str) -> str:
+    """The manifest as a local file: a path as it is, an S3 object downloaded into ``work``."""
+    if utils.is_s3_uri(uri):
+        try:
+            bucket, key = utils.parse_s3_uri(uri, need_key=True)
+        except utils.S3UriError as exc:
+            raise ManifestError(f"--input-manifest: {exc}") from None
+        path = os.path.join(work, "manifest-" + key.rsplit("/", 1)[-1])
+        _download(client, bucket, key, path, f"--input-manifest {uri}")
+        return path
+    path = urllib.parse.urlparse(uri).path if uri.startswith("file://") else uri
+    if not os.path.isfile(path):
+        raise ManifestError(f"--input-manifest {uri}: no such file (in cluster mode give an s3:// URI)")
+    return path
+
+
+def _download(client, bucket: str, key: str, path: str, what: str) -> None:
+    try:
+        client.download_file(bucket, key, path)  # streams to disk: a manifest can be gigabytes
+    except Exception as exc:  # botocore: missing, denied, unreachable; each stops the job
+        raise ManifestError(f"cannot read {what} (s3://{bucket}/{key}): {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# ----------------------------------------------------------------------------
+# Plain text and CSV: read in Python, line by line, into Arrow chunks
+
+
+class _Columns:
+    """Keys and sizes gathered in Python lists and moved to Arrow every :data:`_CHUNK` keys."""
+
+    def __init__(self):
+        self.keys: list[str] = []
+        self.sizes: list[int | None] = []
+        self.key_chunks: list[pa.Array] = []
+        self.size_chunks: list[pa.Array] = []
+        self.buckets: set[str | None] = set()
+
+    def add(self, bucket: str | None, key: str, size: int | None) -> None:
+        self.buckets.add(bucket)
+        self.keys.append(key)
+        self.sizes.append(size)
+        if len(self.keys) >= _CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        self.key_chunks.append(pa.array(self.keys, KEY_TYPE))
+        self.size_chunks.append(pa.array(self.sizes, pa.int64()))
+        self.keys, self.sizes = [], []
+
+    def result(self):
+        self.flush()
+        return (self.buckets, pa.chunked_array(self.key_chunks, KEY_TYPE),
+                pa.chunked_array(self.size_chunks, pa.int64()))
+
+
+class _Problems:
+    """Malformed lines: the first few are named, all are counted, and one error reports them."""
+
+    def __init__(self, uri: str):
+        self.uri, self.lines, self.count = uri, [], 0
+
+    def add(self, number: int, message: str) -> None:
+        self.count += 1
+        if len(self.lines) < _SHOWN:
+            self.lines.append(f"line {number}: {message}")
+
+    def check(self) -> None:
+        if self.count:
+            more = f" (and {self.count - len(self.lines)} more)" if self.count > len(self.lines) else ""
+            raise ManifestError(f"--input-manifest {self.uri} has {self.count} malformed line(s){more}: "
+                                + "; ".join(self.lines))
+
+
+def _lines(uri: str, path: str, problems: _Problems) -> Iterator[tuple[int, str]]:
+    """``(number, text)`` of every line, without its line ending; lines that are not UTF-8 are problems."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                problems.add(number, "not UTF-8 text")
+
+
+def _read_text(uri: str, path: str):
+    columns, problems = _Columns(), _Problems(uri)
+    for number, line in _lines(uri, path, problems):
+        if not line.strip():
+            continue
+        if "://" not in line:
+            columns.add(None, line, None)
+            continue
+        try:
+            bucket, key = utils.parse_s3_uri(line, need_key=True)
+        except utils.S3UriError:
+            problems.add(number, f"{line[:200]!r} is not s3://BUCKET/KEY")
+            continue
+        columns.add(bucket, key, None)
+    problems.check()
+    return columns.result()
+
+
+_HEADERS = (["bucket", "key"], ["bucket", "key", "size"])
+
+
+def _read_csv(uri: str, path: str):
+    columns, problems = _Columns(), _Problems(uri)
+    with open(path, encoding="utf-8", errors="strict", newline="") as handle:
+        reader = csv.reader(handle)
+        try:
+            for row in reader:
+                number = reader.line_num
+                if not row or not any(field.strip() for field in row):
+                    continue
+                if number == 1 and [field.strip().lower() for field in row] in _HEADERS:
+                    continue
+                if len(row) not in (2, 3):
+                    problems.add(number, f"{len(row)} fields, expected bucket,key or bucket,key,size")
+                    continue
+                bucket, key = row[0].strip(), row[1]
+                if not bucket or not key:
+                    problems.add(number, "empty bucket or key")
+                    continue
+                size = None
+                if len(row) == 3 and row[2].strip():
+                    text = row[2].strip()
+                    if not text.isdigit():
+                        problems.add(number, f"size {text[:40]!r} is not a whole number of bytes")
+                        continue
+                    size = int(text)
+                columns.add(bucket, key, size)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            problems.add(reader.line_num + 1, f"not CSV: {exc}")
+    problems.check()
+    return columns.result()
+
+
+# ----------------------------------------------------------------------------
+# S3 Inventory: manifest.json and its data files, read with pyarrow
+
+
+def _read_inventory(uri: str, path: str, client, work: str):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        files = [entry["key"] for entry in manifest["files"]]
+        kind = str(manifest["fileFormat"]).upper()
+        destination = str(manifest["destinationBucket"]).rsplit(":", 1)[-1]  # arn:aws:s3:::NAME
+        source = str(manifest.get("sourceBucket") or "") or None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(f"--input-manifest {uri} is not an S3 Inventory manifest.json (with fileFormat, "
+                            f"destinationBucket and files): {type(exc).__name__}: {exc}") from None
+    if kind not in ("CSV", "ORC", "PARQUET"):
+        raise ManifestError(f"--input-manifest {uri}: fileFormat {kind!r} is not CSV, ORC or Parquet")
+    if client is None and files:
+        raise ManifestError(f"--input-manifest {uri}: reading its data files needs an S3 client")
+    buckets: set[str | None] = {source} if source else set()
+    key_chunks, size_chunks = [], []
+    for number, key in enumerate(files, 1):
+        local = os.path.join(work, f"data-{number}-" + key.rsplit("/", 1)[-1])
+        _download(client, destination, key, local, f"inventory data file {number} of {uri}")
+        what = f"inventory data file s3://{destination}/{key}"
+        if kind == "CSV":
+            table = _inventory_csv(what, local, str(manifest.get("fileSchema") or ""))
+        else:
+            table = _inventory_columnar(what, local, kind)
+        os.remove(local)  # one data file on disk at a time
+        buckets.update(pc.unique(table["bucket"]).to_pylist() if "bucket" in table.column_names else ())
+        key_chunks.extend(table["key"].cast(KEY_TYPE).chunks)
+        size_chunks.extend(table["size"].chunks)
+    log.info("inventory %s: %d %s data files", uri, len(files), kind)
+    return buckets, pa.chunked_array(key_chunks, KEY_TYPE), pa.chunked_array(size_chunks, pa.int64())
+
+
+def _inventory_csv(what: str, path: str, schema: str) -> pa.Table:
+    names = [name.strip().lower() for name in schema.split(",") if name.strip()]
+    if "key" not in names:
+        raise ManifestError(f"{what}: the manifest's fileSchema {schema!r} has no Key column")
+    wanted = [n for n in ("bucket", "key", "size", "islatest", "isdeletemarker") if n in names]
+    invalid: list = []
+
+    def remember(row) -> str:
+        invalid.append(row)
+        return "skip"
+
+    try:
+        table = pa_csv.read_csv(  # a .gz name is decompressed on the fly
+            path, read_options=pa_csv.ReadOptions(column_names=names, use_threads=False),
+            parse_options=pa_csv.ParseOptions(invalid_row_handler=remember),
+            convert_options=pa_csv.ConvertOptions(include_columns=wanted,
+                                                  column_types={n: pa.string() for n in wanted}))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ManifestError(f"{what} is not a gzipped inventory CSV: {exc}") from None
+    if invalid:
+        shown = "; ".join(f"line {row.number}: {row.actual_columns} fields, expected {row.expected_columns}"
+                          for row in invalid[:_SHOWN])
+        raise ManifestError(f"{what} has {len(invalid)} malformed line(s): {shown}")
+    # Inventory CSV URL-encodes keys (a space is "+"): decode them as S3 lists them.
+    keys = pa.array([urllib.parse.unquote_plus(k) for k in table["key"].to_pylist()], KEY_TYPE)
+    sizes = table["size"] if "size" in wanted else None
+    if sizes is not None:
+        bad = pc.invert(pc.match_substring_regex(pc.fill_null(sizes, "0"), r"^\d*$"))
+        if pc.any(bad).as_py():
+            first = pc.index(bad, True).as_py()
+            raise ManifestError(f"{what}: line {first + 1}: Size {sizes[first].as_py()!r} is not a whole number")
+        sizes = pc.cast(pc.if_else(pc.equal(sizes, ""), pa.scalar(None, pa.string()), sizes), pa.int64())
+    columns = {"key": keys, "size": sizes if sizes is not None else pa.nulls(len(keys), pa.int64())}
+    if "bucket" in wanted:
+        columns["bucket"] = table["bucket"]
+    current = _current_versions(table, "islatest", "isdeletemarker", text=True)
+    return pa.table(columns).filter(current) if current is not None else pa.table(columns)
+
+
+def _inventory_columnar(what: str, path: str, kind: str) -> pa.Table:
+    try:
+        if kind == "ORC":
+            import pyarrow.orc as reader_module
+        else:
+            import pyarrow.parquet as reader_module
+        table = reader_module.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ManifestError(f"{what} is not a readable {kind} file: {exc}") from None
+    lower = {name.lower(): name for name in table.column_names}
+    if "key" not in lower:
+        raise ManifestError(f"{what} has no key column (its columns: {', '.join(table.column_names)})")
+    columns = {"key": table[lower["key"]].cast(KEY_TYPE),
+               "size": (table[lower["size"]].cast(pa.int64()) if "size" in lower
+                        else pa.nulls(table.num_rows, pa.int64()))}
+    if "bucket" in lower:
+        columns["bucket"] = table[lower["bucket"]].cast(pa.string())
+    current = _current_versions(table.rename_columns([n.lower() for n in table.column_names]),
+                                "is_latest", "is_delete_marker", text=False)
+    return pa.table(columns).filter(current) if current is not None else pa.table(columns)
+
+
+def _current_versions(table: pa.Table, latest: str, marker: str, text: bool):
+    """A filter keeping current versions that are not delete markers; None for an inventory without versions."""
+
+    def equals(name: str, value: bool):
+        column = table[name]
+        if text:
+            found = pc.equal(pc.utf8_lower(column), str(value).lower())
+        else:
+            found = pc.equal(column.cast(pa.bool_()), value)
+        return pc.fill_null(found, False)
+
+    keep = None
+    for name, dropped in ((latest, False), (marker, True)):
+        if name in table.column_names:
+            kept = pc.invert(equals(name, dropped))
+            keep = kept if keep is None else pc.and_(keep, kept)
+    return keep

@@ -1,0 +1,262 @@
+"""--input-manifest: plain text, CSV and S3 Inventory (CSV, ORC, Parquet) manifests, and their errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import urllib.parse
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.orc
+import pyarrow.parquet
+import pytest
+from click.testing import CliRunner
+
+import infer_main
+import manifest
+from tests.conftest import make_s3_client
+
+BUCKET = "manifest-images"
+INVENTORY = "manifest-inventory"
+SUFFIXES = (".jpg", ".png")
+# (key, size): unicode, a space, a plus and a comma, which inventory CSV URL-encodes and CSV quotes.
+OBJECTS = [("photos/a b+c.jpg", 10), ("photos/café,1.png", 20), ("photos/日本.jpg", 30), ("photos/z.jpg", 40)]
+
+
+@pytest.fixture(scope="module")
+def s3(moto_endpoint):
+    client = make_s3_client(moto_endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    client.create_bucket(Bucket=INVENTORY)
+    return client
+
+
+def read(path, client=None, **kwargs) -> list[tuple[str, int]]:
+    return list(manifest.read_manifest(str(path), client, suffixes=SUFFIXES, **kwargs))
+
+
+# --- plain text and CSV
+
+
+def test_text_manifest_of_uris_and_bare_keys(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_bytes("\n".join([f"s3://{BUCKET}/photos/z.jpg", "", f"s3://{BUCKET}/photos/日本.jpg\r",
+                                "photos/a b+c.jpg", "photos/readme.txt", f"s3://{BUCKET}/photos/z.jpg"]).encode())
+    images = manifest.read_manifest(str(path), bucket=BUCKET, suffixes=SUFFIXES)
+    assert images.bucket == BUCKET
+    assert list(images) == [("photos/a b+c.jpg", -1), ("photos/z.jpg", -1), ("photos/日本.jpg", -1)]
+
+
+def test_text_manifest_takes_its_bucket_from_its_uris_and_input_filters_by_prefix(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"s3://{BUCKET}/photos/z.jpg\ns3://{BUCKET}/other/y.jpg\n")
+    assert manifest.read_manifest(str(path), suffixes=SUFFIXES).bucket == BUCKET
+    assert read(path, bucket=BUCKET, prefix="other/") == [("other/y.jpg", -1)]
+
+
+def test_csv_manifest_with_and_without_sizes(tmp_path):
+    with_sizes = tmp_path / "with.csv"
+    with_sizes.write_text("bucket,key,size\n" + "".join(f'{BUCKET},"{key}",{size}\n' for key, size in OBJECTS))
+    assert read(with_sizes) == sorted(OBJECTS)
+    without = tmp_path / "without.csv"
+    without.write_text("".join(f'{BUCKET},"{key}"\n' for key, _ in OBJECTS) + f"{BUCKET},photos/q.jpg,\n")
+    assert read(without) == sorted([(key, -1) for key, _ in OBJECTS] + [("photos/q.jpg", -1)])
+
+
+def test_text_manifest_malformed_lines_are_named_by_number(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"photos/a.jpg\nhttp://host/x.jpg\n\ns3://" + BUCKET.encode() + b"/\nphotos/\xff.jpg\n")
+    with pytest.raises(manifest.ManifestError, match=r"3 malformed line\(s\): line 2: 'http://host/x.jpg' is not "
+                                                     r"s3://BUCKET/KEY; line 4: .*; line 5: not UTF-8 text"):
+        read(path, bucket=BUCKET)
+
+
+def test_csv_manifest_malformed_lines_are_named_by_number(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text(f"{BUCKET},photos/a.jpg,1\n{BUCKET}\n{BUCKET},photos/b.jpg,12kB\n,photos/c.jpg\n"
+                    f'{BUCKET},"photos/d\nwith newline.jpg",4\n{BUCKET},photos/e.jpg,5,extra\n')
+    with pytest.raises(manifest.ManifestError) as raised:
+        read(path)
+    message = str(raised.value)
+    assert "4 malformed line(s)" in message
+    assert "line 2: 1 fields, expected bucket,key or bucket,key,size" in message
+    assert "line 3: size '12kB' is not a whole number of bytes" in message
+    assert "line 4: empty bucket or key" in message
+    assert "line 7: 4 fields" in message  # counted after the quoted key that spans lines 5 and 6
+
+
+def test_a_manifest_that_spans_buckets_is_refused_naming_them(tmp_path):
+    path = tmp_path / "two.csv"
+    path.write_text("b-one,photos/a.jpg\nb-two,photos/b.jpg\nb-one,photos/c.jpg\n")
+    with pytest.raises(manifest.ManifestError, match="names keys in 2 buckets \\(b-one, b-two\\); one job reads "
+                                                     "one bucket: split the manifest by bucket"):
+        read(path)
+    (tmp_path / "one.csv").write_text("b-one,photos/a.jpg\n")
+    with pytest.raises(manifest.ManifestError, match=r"names keys in bucket\(s\) b-one, not in the input bucket "
+                                                     "other"):
+        read(tmp_path / "one.csv", bucket="other")
+
+
+def test_bare_keys_without_a_bucket_are_refused(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_text("photos/a.jpg\n")
+    with pytest.raises(manifest.ManifestError, match="without a bucket: write them as s3://BUCKET/KEY, or give "
+                                                     "their bucket with --input"):
+        read(path)
+
+
+@pytest.mark.parametrize("name, text", [("empty.txt", ""), ("blank.txt", "\n\n"), ("docs.csv", "b-one,a/readme.txt\n"),
+                                        ("header.csv", "bucket,key,size\n")])
+def test_a_manifest_that_names_no_image_is_a_clear_error(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(manifest.ManifestError, match=r"names no image .*looked for keys ending in \.jpg \.png.*"
+                                                     "check the manifest, --input and --suffixes"):
+        read(tmp_path / name, bucket="b-one")
+
+
+def test_a_missing_manifest_is_a_clear_error(tmp_path, s3):
+    with pytest.raises(manifest.ManifestError, match="no such file"):
+        read(tmp_path / "nope.txt")
+    with pytest.raises(manifest.ManifestError, match=f"cannot read --input-manifest s3://{BUCKET}/nope.txt"):
+        read(f"s3://{BUCKET}/nope.txt", s3)
+
+
+def test_a_manifest_on_s3_is_read(s3):
+    s3.put_object(Bucket=BUCKET, Key="lists/keys.txt", Body=f"s3://{BUCKET}/photos/z.jpg\n".encode())
+    assert read(f"s3://{BUCKET}/lists/keys.txt", s3) == [("photos/z.jpg", -1)]
+
+
+# --- S3 Inventory
+
+
+CSV_SCHEMA = "Bucket, Key, VersionId, IsLatest, IsDeleteMarker, Size, LastModifiedDate"
+
+
+def inventory_rows() -> list[dict]:
+    """Current versions of OBJECTS, plus an old version and a delete marker that must not be listed."""
+    rows = [{"bucket": BUCKET, "key": key, "version_id": "v2", "is_latest": True, "is_delete_marker": False,
+             "size": size} for key, size in OBJECTS]
+    rows.append({"bucket": BUCKET, "key": "photos/old.jpg", "version_id": "v1", "is_latest": False,
+                 "is_delete_marker": False, "size": 5})
+    rows.append({"bucket": BUCKET, "key": "photos/deleted.jpg", "version_id": "v3", "is_latest": True,
+                 "is_delete_marker": True, "size": None})
+    return rows
+
+
+def inventory_csv(rows: list[dict]) -> bytes:
+    lines = []
+    for row in rows:
+        size = "" if row["size"] is None else str(row["size"])
+        fields = [row["bucket"], urllib.parse.quote_plus(row["key"], safe="/"), row["version_id"],
+                  str(row["is_latest"]).lower(), str(row["is_delete_marker"]).lower(), size, "2024-01-01T00:00:00.000Z"]
+        lines.append(",".join(f'"{field}"' for field in fields))
+    return gzip.compress(("\n".join(lines) + "\n").encode())
+
+
+def write_inventory(s3, tmp_path: Path, kind: str, parts: list[bytes], schema: str) -> Path:
+    """Upload the data files to the inventory bucket; write manifest.json locally and to S3."""
+    files = []
+    for i, data in enumerate(parts):
+        key = f"inv/{BUCKET}/daily/data/{kind.lower()}-{i}.{ {'CSV': 'csv.gz'}.get(kind, kind.lower()) }"
+        s3.put_object(Bucket=INVENTORY, Key=key, Body=data)
+        files.append({"key": key, "size": len(data), "MD5checksum": "0"})
+    body = {"sourceBucket": BUCKET, "destinationBucket": f"arn:aws:s3:::{INVENTORY}", "version": "2016-11-30",
+            "creationTimestamp": "1514944800000", "fileFormat": kind, "fileSchema": schema, "files": files}
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(body))
+    s3.put_object(Bucket=INVENTORY, Key=f"inv/{BUCKET}/daily/{kind}/manifest.json", Body=path.read_bytes())
+    return path
+
+
+def columnar(kind: str, rows: list[dict]) -> bytes:
+    table = pa.Table.from_pylist(rows, schema=pa.schema([
+        ("bucket", pa.string()), ("key", pa.string()), ("version_id", pa.string()), ("is_latest", pa.bool_()),
+        ("is_delete_marker", pa.bool_()), ("size", pa.int64())]))
+    sink = pa.BufferOutputStream()
+    (pyarrow.orc.write_table if kind == "ORC" else pyarrow.parquet.write_table)(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def test_inventory_with_gzipped_csv_data_files_decodes_keys_and_keeps_current_versions(s3, tmp_path):
+    rows = inventory_rows()
+    path = write_inventory(s3, tmp_path, "CSV", [inventory_csv(rows[:3]), inventory_csv(rows[3:])], CSV_SCHEMA)
+    assert read(path, s3) == sorted(OBJECTS)
+    assert read(f"s3://{INVENTORY}/inv/{BUCKET}/daily/CSV/manifest.json", s3) == sorted(OBJECTS)
+
+
+@pytest.mark.parametrize("kind", ["ORC", "Parquet"])
+def test_inventory_with_orc_or_parquet_data_files(s3, tmp_path, kind):
+    rows = inventory_rows()
+    path = write_inventory(s3, tmp_path, kind, [columnar(kind, rows[:2]), columnar(kind, rows[2:])],
+                           "struct<bucket:string,key:string,version_id:string,is_latest:boolean,"
+                           "is_delete_marker:boolean,size:bigint>")
+    assert read(path, s3) == sorted(OBJECTS)
+
+
+def test_inventory_without_sizes_gives_unknown_sizes(s3, tmp_path):
+    data = gzip.compress("".join(f'"{BUCKET}","{urllib.parse.quote_plus(k, safe="/")}"\n' for k, _ in OBJECTS)
+                         .encode())
+    path = write_inventory(s3, tmp_path, "CSV", [data], "Bucket, Key")
+    assert read(path, s3) == sorted((key, -1) for key, _ in OBJECTS)
+
+
+def test_inventory_csv_malformed_lines_are_named_by_number(s3, tmp_path):
+    good = inventory_csv(inventory_rows()[:2])
+    bad = gzip.compress(gzip.decompress(good) + f'"{BUCKET}","photos/x.jpg"\n'.encode())
+    path = write_inventory(s3, tmp_path, "CSV", [bad], CSV_SCHEMA)
+    with pytest.raises(manifest.ManifestError, match=r"csv-0.csv.gz has 1 malformed line\(s\): line 3: 2 fields, "
+                                                     r"expected 7"):
+        read(path, s3)
+
+
+def test_a_broken_inventory_manifest_is_a_clear_error(s3, tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"fileFormat": "CSV", "files": []}))
+    with pytest.raises(manifest.ManifestError, match=r"is not an S3 Inventory manifest\.json .*KeyError.*"
+                                                     "destinationBucket"):
+        read(path, s3)
+    path.write_text(json.dumps({"fileFormat": "Avro", "files": [], "destinationBucket": "arn:aws:s3:::x"}))
+    with pytest.raises(manifest.ManifestError, match="fileFormat 'AVRO' is not CSV, ORC or Parquet"):
+        read(path, s3)
+
+
+# --- the command line
+
+
+def test_cli_dry_run_reads_the_bucket_and_keys_from_a_manifest(moto_endpoint, logits_prefix, tmp_path):
+    from demo import make_demo
+
+    s3 = make_s3_client(moto_endpoint)
+    s3.create_bucket(Bucket="manifest-cli")
+    for suffix in ("-symbol.json", "-0000.params"):
+        s3.upload_file(f"{logits_prefix}{suffix}", "manifest-cli", f"model/digits{suffix}")
+    (_, _), (test_x, _) = make_demo.digits_split()
+    for i in range(3):
+        s3.put_object(Bucket="manifest-cli", Key=f"imgs/{i}.png", Body=make_demo.digit_png(test_x[i]))
+    path = tmp_path / "keys.csv"
+    path.write_text("".join(f"manifest-cli,imgs/{i}.png\n" for i in (2, 0, 1, 7)))  # imgs/7.png does not exist
+    args = ["--endpoint-url", moto_endpoint, "--model", "s3://manifest-cli/model/digits", "--labels", "",
+            "--input-shape", "3,32,32", "--std", "255", "--input-manifest", str(path), "--dry-run"]
+    result = CliRunner().invoke(infer_main.main, args)
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["input"] == str(path)
+    assert plan["images"] == 4 and plan["first_key"] == "imgs/0.png" and plan["last_key"] == "imgs/7.png"
+    assert plan["sample"]["key"] == "imgs/0.png" and len(plan["sample"]["predictions"]) == 5
+
+
+def test_cli_refuses_a_manifest_file_that_does_not_exist(tmp_path):
+    result = CliRunner().invoke(infer_main.main, ["--input-manifest", str(tmp_path / "nope.txt"), "--model",
+                                                  "s3://m/r18", "--output", "s3://out/p.jsonl"])
+    assert result.exit_code == 2
+    assert "--input-manifest" in result.output and "no such file" in result.output
+
+
+def test_cli_reports_a_multi_bucket_manifest_and_exits_1(moto_endpoint, tmp_path):
+    path = tmp_path / "two.txt"
+    path.write_text("s3://b-one/a.jpg\ns3://b-two/b.jpg\n")
+    result = CliRunner().invoke(infer_main.main, ["--endpoint-url", moto_endpoint, "--input-manifest", str(path),
+                                                  "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"])
+    assert result.exit_code == 1
+    assert "names keys in 2 buckets (b-one, b-two)" in result.output

@@ -130,9 +130,28 @@ def test_an_empty_prefix_lists_nothing_and_a_missing_bucket_raises(bucket, moto_
         listing.list_prefix(client, "no-such-bucket-listing", "p/", 8)
 
 
-def test_the_list_client_leaves_dates_as_text(bucket, moto_endpoint):
-    page = listing.list_client(moto_endpoint).list_objects_v2(Bucket=BUCKET, Prefix="set/a/", MaxKeys=1)
-    assert isinstance(page["Contents"][0]["LastModified"], str)
+def test_the_list_client_reads_keys_and_sizes_itself_as_botocore_would(bucket, moto_endpoint):
+    page = listing.list_client(moto_endpoint).list_objects_v2(Bucket=BUCKET, Prefix="set/")
+    assert "Contents" not in page and page["KeyCount"] == len(KEYS)  # botocore parsed the rest
+    assert list(zip(*page["KeysAndSizes"])) == sequential(moto_endpoint, "set/")
+
+
+PAGE = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        "<Name>b</Name>{encoding}<Contents><Key>{first}</Key><LastModified>2024-01-01T00:00:00.000Z</LastModified>"
+        "<Size>5</Size></Contents><Contents><Key>p/b</Key><Size>7</Size></Contents>"
+        "<IsTruncated>false</IsTruncated></ListBucketResult>")
+
+
+@pytest.mark.parametrize("encoding, first, key", [
+    ("<EncodingType>url</EncodingType>", "p/a+%26+%C3%A9.jpg", "p/a & é.jpg"),  # the regular expression
+    ("", "p/a &amp; é.jpg", "p/a & é.jpg"),  # not url-encoded: ElementTree unescapes
+])
+def test_the_page_reader_decodes_keys_as_botocore_does(encoding, first, key):
+    response = {"status_code": 200, "body": PAGE.format(encoding=encoding, first=first).encode()}
+    custom: dict = {}
+    listing._keys_and_sizes(response_dict=response, customized_response_dict=custom)
+    assert custom["KeysAndSizes"] == ([key, "p/b"], [5, 7])
+    assert b"<Contents>" not in response["body"] and b"<IsTruncated>false" in response["body"]
 
 
 def test_list_concurrency_below_one_is_a_usage_error():

@@ -26,6 +26,7 @@ from xml.etree import ElementTree
 
 import boto3
 import botocore.config
+import botocore.handlers
 import botocore.session
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -201,7 +202,16 @@ def list_client(endpoint_url: str | None = None, region: str | None = None, max_
     )
     client = boto3.session.Session(botocore_session=session).client(
         "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
-    client.meta.events.register("before-parse.s3.ListObjectsV2", _keys_and_sizes)
+    # botocore checks every 200 answer for an embedded error or a cut-off document by parsing all
+    # of it, which costs as much as the hook. Moved after the hook (on its own event name, where
+    # the order is the order of registration), it checks what the hook leaves: the page without
+    # its Contents. A private name: if botocore renames it, its check just stays first.
+    check = getattr(botocore.handlers, "_handle_200_error", None)
+    if check is not None:
+        client.meta.events.unregister("before-parse.s3.*", check)
+    client.meta.events.register("before-parse.s3.*", _keys_and_sizes)
+    if check is not None:
+        client.meta.events.register("before-parse.s3.*", check)
     return client
 
 
@@ -213,19 +223,25 @@ _KEY_SIZE = re.compile(rb"<Contents><Key>([^<&]*)</Key>.*?<Size>(\d+)</Size>", r
 _URL_ENCODED = b"<EncodingType>url</EncodingType>"
 
 
-def _keys_and_sizes(response_dict, customized_response_dict, **_) -> None:
+def _keys_and_sizes(response_dict, customized_response_dict, operation_model=None, **_) -> None:
     """``before-parse`` hook: take a page's keys and sizes out of its XML (see :func:`list_client`)."""
     body = response_dict.get("body")
+    if operation_model is not None and operation_model.name != "ListObjectsV2":
+        return
     if response_dict.get("status_code") != 200 or not body:
         return  # errors are botocore's to parse
     found = _KEY_SIZE.findall(body) if _URL_ENCODED in body else None
     if found is not None and len(found) == body.count(b"<Contents>"):
         # botocore asks for url-encoded keys (encoding-type=url, so that any key survives XML)
         # and decodes them after parsing; these bypass that, so they are decoded here as it would.
-        keys = [unquote_str(key.decode("utf-8")) for key, _ in found]
+        keys = [unquote_str(key.decode("utf-8")) if b"%" in key or b"+" in key else key.decode("utf-8")
+                for key, _ in found]
         sizes = [int(size) for _, size in found]
     else:  # not the layout the expression knows: ElementTree reads any
-        root = ElementTree.fromstring(body)
+        try:
+            root = ElementTree.fromstring(body)
+        except ElementTree.ParseError:
+            return  # a cut-off or broken page: botocore's check makes it a retried 500
         items = root.iterfind(_S3_XML + "Contents")
         pairs = [(item.findtext(_S3_XML + "Key"), int(item.findtext(_S3_XML + "Size"))) for item in items]
         if root.findtext(_S3_XML + "EncodingType") == "url":

@@ -136,6 +136,16 @@ def test_the_list_client_reads_keys_and_sizes_itself_as_botocore_would(bucket, m
     assert list(zip(*page["KeysAndSizes"])) == sequential(moto_endpoint, "set/")
 
 
+def test_a_cut_off_page_is_still_retried_by_botocore(bucket, moto_endpoint):
+    from demo.s3proxy import S3Proxy
+
+    with S3Proxy(moto_endpoint, fault_rate=0.3, faults=("cut",), seed=3) as proxy:
+        client = listing.list_client(proxy.endpoint, max_attempts=10)
+        keys, sizes = listing.list_prefix(client, BUCKET, "set/", 4, page_size=20)
+    assert proxy.counts["cut"] >= 2, proxy.counts
+    assert list(listing.Listing.build(BUCKET, keys, sizes)) == sequential(moto_endpoint, "set/")
+
+
 PAGE = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
         "<Name>b</Name>{encoding}<Contents><Key>{first}</Key><LastModified>2024-01-01T00:00:00.000Z</LastModified>"
         "<Size>5</Size></Contents><Contents><Key>p/b</Key><Size>7</Size></Contents>"

@@ -219,7 +219,7 @@ _S3_XML = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 _CONTENTS = re.compile(rb"<Contents>.*?</Contents>", re.S)
 #: A key and the size after it in one <Contents> (S3 writes Key first, Size later): a url-encoded
 #: key has no "<" or "&", so nothing in it needs unescaping.
-_KEY_SIZE = re.compile(rb"<Contents><Key>([^<&]*)</Key>.*?<Size>(\d+)</Size>", re.S)
+_KEY_SIZE = re.compile(rb"<Contents>\s*<Key>([^<&]*)</Key>.*?<Size>(\d+)</Size>", re.S)
 _URL_ENCODED = b"<EncodingType>url</EncodingType>"
 
 

@@ -408,6 +408,22 @@ def _cuts(prefix: str, last: str, end: str | None, count: int) -> list[str]:
             if position >= len(end):
                 return []
             floor, ceiling = "", end[position]
+    # Keys number their files and folders: after a digit the next key most likely has a digit
+    # there too, after a letter a letter. Cut at those first, spread over the rest.
+    kind = _kind(floor)
+    alike = [c for c in choices if _kind(c) == kind]
+    picked = _spread(alike, count) if len(alike) >= count else alike + _spread(
+        [c for c in choices if _kind(c) != kind], count - len(alike))
+    return [base + c for c in sorted(picked)]
+
+
+def _kind(char: str) -> int:
+    return 0 if char.isdigit() else 1 if char.islower() else 2 if char.isupper() else 3
+
+
+def _spread(choices: list[str], count: int) -> list[str]:
+    """``count`` of ``choices`` (in order), evenly spaced."""
+    if count <= 0 or not choices:
+        return []
     step = len(choices) / (count + 1)
-    picked = sorted({choices[min(len(choices) - 1, int(step * (i + 1)))] for i in range(count)})
-    return [base + c for c in picked]
+    return sorted({choices[min(len(choices) - 1, int(step * (i + 1)))] for i in range(count)})

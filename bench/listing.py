@@ -2,7 +2,7 @@
 
 Not a test: it prints measurements. It
 
-1. starts an S3 stand-in in a child process: moto's ``ThreadedMotoServer``
+1. starts an S3 stand-in: moto's ``ThreadedMotoServer``
    behind ``demo/s3proxy.py``, which adds ``--latency`` seconds to every
    request (real S3 answers a LIST page of 1,000 keys in tens of ms to 0.1 s;
    moto in about a millisecond). The child fills moto's backend directly
@@ -12,8 +12,9 @@ Not a test: it prints measurements. It
    every call (seconds per page at 200,000 keys), which real S3 does not. The
    index gives the same pages as moto (the child checks that on a small bucket
    before it starts) and leaves moto's XML rendering, the proxy's latency and
-   HTTP as they are. Moto and the proxy run in the child, so the lister in
-   this process has a core of its own (of two, here).
+   HTTP as they are. Moto and the proxy run in two child processes, so that
+   neither the stand-in's two halves nor the lister in this process share one
+   Python interpreter lock; the table shows the CPU each side used.
 2. lists the prefix three times, each timed:
 
    - **sequential**: page after page, ``listing.list_prefix(concurrency=1)``;
@@ -44,6 +45,8 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -178,13 +181,11 @@ def _check_stand_in(backend, backend_class, endpoint: str) -> None:
                 assert mine == moto, params
 
 
-def serve(count: int, layout: str, latency: float) -> None:
-    """Run in the child: fill, check, serve; print the endpoint; stop when stdin closes."""
+def serve(count: int, layout: str) -> None:
+    """Run in the first child: fill, check, serve; print the endpoint; stop when stdin closes."""
     from moto.s3.models import S3Backend, s3_backends
     from moto.s3.responses import S3Response
     from moto.server import ThreadedMotoServer
-
-    from demo.s3proxy import S3Proxy
 
     os.environ.update(FAKE_AWS_ENV)
     _index_listing(S3Backend)
@@ -201,29 +202,38 @@ def serve(count: int, layout: str, latency: float) -> None:
     bucket = backend.get_bucket(BUCKET)
     entries.update({(BUCKET, name): _render_entry(key) for name, key in bucket.keys.items()})
     fill = time.perf_counter() - started
-    with S3Proxy(f"http://{host}:{port}", latency=latency) as proxy:
-        print(json.dumps({"endpoint": proxy.endpoint, "fill_seconds": round(fill, 1)}), flush=True)
-        sys.stdin.read()
+    print(json.dumps({"endpoint": f"http://{host}:{port}", "fill_seconds": round(fill, 1)}), flush=True)
+    sys.stdin.read()
     server.stop()
+
+
+def proxy(upstream: str, latency: float) -> None:
+    """Run in the second child: the latency proxy, in a process (and a GIL) of its own."""
+    from demo.s3proxy import S3Proxy
+
+    with S3Proxy(upstream, latency=latency) as running:
+        print(json.dumps({"endpoint": running.endpoint}), flush=True)
+        sys.stdin.read()
 
 
 # ----------------------------------------------------------------------------
 # The parent: time the listings
 
 
-def counted(client) -> list:
+def stand_in_cpu(children) -> float:
+    """CPU seconds the S3 stand-in's processes (moto, the proxy) have used so far."""
+    return sum(sum(psutil.Process(child.pid).cpu_times()[:2]) for child in children)
+
+
+def timed(children, run) -> dict:
+    """Wall time, this process's CPU, the stand-in's CPU and the LIST calls of ``run(count_calls)``."""
     calls: list = []
-    client.meta.events.register("provide-client-params.s3.ListObjectsV2", lambda params, **_: calls.append(1))
-    return calls
-
-
-def timed_listing(client, concurrency: int) -> dict:
-    calls = counted(client)
-    wall, cpu = time.perf_counter(), time.process_time()
-    keys, sizes = listing.list_prefix(client, BUCKET, PREFIX, concurrency, progress_every=10**9)
-    images = listing.Listing.build(BUCKET, keys, sizes)
-    return {"seconds": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "calls": len(calls),
-            "keys": len(images), "first": images[0], "last": images[-1], "listing": images}
+    wall, cpu, server = time.perf_counter(), time.process_time(), stand_in_cpu(children)
+    result = run(lambda client: client.meta.events.register(
+        "provide-client-params.s3.ListObjectsV2", lambda params, **_: calls.append(1)))
+    return {"seconds": time.perf_counter() - wall, "cpu": time.process_time() - cpu,
+            "server_cpu": stand_in_cpu(children) - server, "calls": len(calls), "keys": len(result),
+            "listing": result}
 
 
 def cpu_name() -> str:
@@ -246,44 +256,60 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-botocore-default", action="store_true",
                         help="skip the third, slowest listing (botocore's default parser)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--proxy", metavar="UPSTREAM", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.keys, args.layout, args.latency)
+        serve(args.keys, args.layout)
+        return 0
+    if args.proxy:
+        proxy(args.proxy, args.latency)
         return 0
 
     print(f"== filling moto with {args.keys:,} keys ({args.layout}) in a child process; "
           f"proxy latency {args.latency * 1000:.0f} ms a request", flush=True)
-    child = subprocess.Popen([sys.executable, "-m", "bench.listing", "--serve", "--keys", str(args.keys),
-                              "--layout", args.layout, "--latency", str(args.latency)],
-                             cwd=str(ROOT), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True,
-                             env={**os.environ, **FAKE_AWS_ENV})
+    env = {**os.environ, **FAKE_AWS_ENV}
+    children = []
+
+    def start(*extra: str) -> dict:
+        child = subprocess.Popen([sys.executable, "-m", "bench.listing", *extra], cwd=str(ROOT), env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        children.append(child)
+        return json.loads(child.stdout.readline())
+
     try:
-        ready = json.loads(child.stdout.readline())
-        endpoint = ready["endpoint"]
-        print(f"   filled in {ready['fill_seconds']}s; S3 stand-in at {endpoint}", flush=True)
+        moto = start("--serve", "--keys", str(args.keys), "--layout", args.layout)
+        endpoint = start("--proxy", moto["endpoint"], "--latency", str(args.latency))["endpoint"]
+        print(f"   filled in {moto['fill_seconds']}s; moto at {moto['endpoint']}, the proxy at {endpoint}", flush=True)
         os.environ.update(FAKE_AWS_ENV)
-        lean = listing.list_client(endpoint, max_pool_connections=max(10, args.concurrency))
-        lean.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX, MaxKeys=1)  # connect and build the index first
+
+        def lister(concurrency: int):
+            def run(count_calls):
+                client = listing.list_client(endpoint, max_pool_connections=max(10, concurrency))
+                client.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX, MaxKeys=1)  # connect first
+                count_calls(client)
+                keys, sizes = listing.list_prefix(client, BUCKET, PREFIX, concurrency, progress_every=10**9)
+                return listing.Listing.build(BUCKET, keys, sizes)
+            return run
 
         print("== sequential (1 call in flight)", flush=True)
-        sequential = timed_listing(lean, 1)
+        sequential = timed(children, lister(1))
         print(f"== parallel ({args.concurrency} calls in flight)", flush=True)
-        parallel = timed_listing(lean, args.concurrency)
+        parallel = timed(children, lister(args.concurrency))
         rows = [("sequential", sequential), (f"parallel, {args.concurrency} in flight", parallel)]
         if not args.skip_botocore_default:
             print("== sequential with botocore's default parser (the job's listing before listing.py)", flush=True)
-            client = utils.s3_client(endpoint)
-            calls = counted(client)
-            wall, cpu = time.perf_counter(), time.process_time()
-            found = sorted(utils.list_objects(client, BUCKET, PREFIX))
-            rows.append(("sequential, default parser", {
-                "seconds": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "calls": len(calls),
-                "keys": len(found), "first": found[0], "last": found[-1]}))
-            assert found == list(sequential["listing"]), "the default parser's listing differs"
+
+            def default_parser(count_calls):
+                client = utils.s3_client(endpoint)
+                count_calls(client)
+                return sorted(utils.list_objects(client, BUCKET, PREFIX))
+
+            rows.append(("sequential, botocore's parser", timed(children, default_parser)))
+            assert rows[-1][1]["listing"] == list(sequential["listing"]), "the default parser's listing differs"
     finally:
-        child.stdin.close()
-        child.wait(timeout=60)
+        for child in reversed(children):
+            child.stdin.close()
+            child.wait(timeout=60)
 
     assert sequential["keys"] == parallel["keys"] == args.keys, (sequential["keys"], parallel["keys"])
     assert sequential["listing"].keys.equals(parallel["listing"].keys), "parallel listing differs from sequential"
@@ -291,11 +317,11 @@ def main(argv=None) -> int:
 
     print(f"\n{args.keys:,} keys ({args.layout}), proxy latency {args.latency * 1000:.0f} ms, "
           f"{os.cpu_count()} vCPUs ({cpu_name()}), both lists in this run, the same keys and sizes:\n")
-    print("| listing | seconds | LIST calls | keys/s | client CPU s | client CPU ms/call |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| listing | seconds | LIST calls | keys/s | client CPU s | client CPU ms/call | S3 stand-in CPU s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, row in rows:
         print(f"| {name} | {row['seconds']:.1f} | {row['calls']} | {row['keys'] / row['seconds']:,.0f} | "
-              f"{row['cpu']:.1f} | {1000 * row['cpu'] / row['calls']:.0f} |")
+              f"{row['cpu']:.1f} | {1000 * row['cpu'] / row['calls']:.0f} | {row['server_cpu']:.1f} |")
     ratio = sequential["seconds"] / parallel["seconds"]
     print(f"\nparallel is {ratio:.1f}x faster than sequential "
           f"({sequential['seconds']:.1f}s / {parallel['seconds']:.1f}s)")

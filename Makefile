@@ -46,6 +46,10 @@ bench: $(STAMP) ## Throughput (L, S, E) and memory on this machine, printed as a
 bench-listing: $(STAMP) ## Parallel vs sequential listing of 200,000 keys on moto behind a 50 ms proxy (about 2 min; BENCH_ARGS=--layout flat)
 	$(PY) -m bench.listing $(BENCH_ARGS)
 
+.PHONY: bench-manifest
+bench-manifest: $(STAMP) ## A job from a manifest of 100,000 keys, half missing: one line per key (long; BENCH_ARGS=--keys 2000)
+	$(PY) -m bench.manifest_job $(BENCH_ARGS)
+
 # --- EMR deploy (issue 5) ---
 # docs/emr.md walks through these. S3 is the prefix the cluster reads the job
 # from; everything else comes from conf/emr.yaml (EMR_CONF).

@@ -186,14 +186,16 @@ def list_client(endpoint_url: str | None = None, region: str | None = None, max_
     """An S3 client for listing whose ``ListObjectsV2`` pages cost a tenth of the CPU.
 
     botocore turns each of a page's 1,000 objects into a dict of six parsed
-    fields (``LastModified`` through dateutil): about 40 ms of the driver's
-    CPU a page, so a parallel listing runs out of CPU (one core: the GIL)
-    long before it runs out of S3. The job needs only keys and sizes, so this
-    client reads them from the XML itself, with ElementTree, in a
-    ``before-parse`` hook, and gives botocore the page without its
-    ``Contents`` (its parser then reads only the page's few other fields);
-    the keys and sizes come back as ``response["KeysAndSizes"]``. Signing,
-    retries (as :func:`utils.s3_client`'s), errors and pagination stay botocore's.
+    fields (``LastModified`` through dateutil): 170 ms of the driver's CPU a
+    page on the benchmark's machine (``bench/listing.py``), so a parallel
+    listing runs out of CPU (one core: the GIL) long before it runs out of S3.
+    The job needs only keys and sizes, so this client reads them from the XML
+    itself in a ``before-parse`` hook (a regular expression over the
+    url-encoded keys; ElementTree for any other page) and gives botocore the
+    page without its ``Contents``: 6 to 11 ms a page there. The keys and
+    sizes come back as ``response["KeysAndSizes"]``. Signing, retries (as
+    :func:`utils.s3_client`'s), errors and the check for a cut-off page stay
+    botocore's.
     """
     session = botocore.session.get_session()
     session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)

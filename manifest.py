@@ -188,7 +188,7 @@ class _Problems:
                                 + "; ".join(self.lines))
 
 
-def _lines(uri: str, path: str, problems: _Problems) -> Iterator[tuple[int, str]]:
+def _lines(path: str, problems: _Problems) -> Iterator[tuple[int, str]]:
     """``(number, text)`` of every line, without its line ending; lines that are not UTF-8 are problems."""
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
@@ -200,7 +200,7 @@ def _lines(uri: str, path: str, problems: _Problems) -> Iterator[tuple[int, str]
 
 def _read_text(uri: str, path: str):
     columns, problems = _Columns(), _Problems(uri)
-    for number, line in _lines(uri, path, problems):
+    for number, line in _lines(path, problems):
         if not line.strip():
             continue
         if "://" not in line:

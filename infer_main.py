@@ -363,6 +363,8 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
                                           prefix=cfg.input_prefix, suffixes=cfg.suffixes, limit=cfg.limit)
         except manifest.ManifestError as exc:
             raise JobError(str(exc)) from exc
+        except OSError as exc:  # unreadable file, full disk for the downloaded copy
+            raise JobError(f"cannot read --input-manifest {cfg.input_manifest}: {exc}") from exc
     try:
         # Its own client: one whose parser skips the dates, with a connection per list call in flight.
         lister = listing.list_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,

@@ -372,7 +372,7 @@ def run_spark(cfg: JobConfig, padded: list, spark_conf: dict | None = None) -> l
     batches = len(padded) // cfg.batch_size
     log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, batches)
     rdd = sc.parallelize(padded, batches)
-    job = cfg.job_spec()
+    job = replace(cfg.job_spec(), thread_plan=thread_plan(sc))
     if job.handler:
         sc.addFile(job.handler)  # executors load their copy by name (mxinfer.get_handlers)
     score = functools.partial(mxinfer.score_partition, job=job)
@@ -389,6 +389,60 @@ def run_spark(cfg: JobConfig, padded: list, spark_conf: dict | None = None) -> l
         # Results are on the driver now; release the executors before the
         # upload rather than letting the JVM's shutdown race them.
         sc.stop()
+
+
+def expected_executors(conf: dict) -> int | None:
+    """Executors the cluster will start: ``local-cluster[N,...]``'s N, else ``spark.executor.instances``.
+
+    ``None`` with dynamic allocation, or when nothing says (standalone, Kubernetes).
+    """
+    master = conf.get("spark.master", "")
+    if master.startswith("local-cluster["):
+        return int(master[len("local-cluster["):].split(",")[0])
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        return None
+    instances = conf.get("spark.executor.instances")
+    return int(instances) if instances and str(instances).isdigit() else None
+
+
+def executor_hosts(sc) -> list[str]:
+    """The host of each registered executor (not the driver), from the SparkContext's JVM."""
+    jsc = sc._jsc.sc()
+    driver = jsc.env().blockManager().blockManagerId()
+    return [info.host() for info in jsc.statusTracker().getExecutorInfos()
+            if (info.host(), info.port()) != (driver.host(), driver.port())]
+
+
+def thread_plan(sc, wait_seconds: float = 30.0) -> mxinfer.ThreadPlan:
+    """What the workers need to size their threads (:func:`mxinfer.worker_threads`).
+
+    Executors register a few seconds after the SparkContext starts; this waits
+    (up to ``wait_seconds``) for the expected number, or for the first one if
+    the number is unknown, so two executors on one host do not both take
+    every core.
+    """
+    conf = dict(sc.getConf().getAll())
+    wanted = expected_executors(conf)
+    deadline = time.monotonic() + wait_seconds
+    hosts = executor_hosts(sc)
+    while len(hosts) < (wanted or 1) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        hosts = executor_hosts(sc)
+    return plan_threads(conf, hosts)
+
+
+def plan_threads(conf: dict, hosts: list[str]) -> mxinfer.ThreadPlan:
+    """The :class:`mxinfer.ThreadPlan` for a Spark conf and the executors' hosts (pure)."""
+    master = conf.get("spark.master", "")
+    cores = conf.get("spark.executor.cores")
+    if cores is None and master.startswith("local-cluster["):
+        cores = master[len("local-cluster["):].split(",")[1]
+    tasks = max(1, int(cores or 1) // max(1, int(conf.get("spark.task.cpus", 1))))
+    counts: dict[str, int] = {}
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    return mxinfer.ThreadPlan(omp_from_user="spark.executorEnv.OMP_NUM_THREADS" in conf,
+                              executors_by_host=tuple(sorted(counts.items())), tasks_per_executor=tasks)
 
 
 def _report_progress(sc, batches: int, batch_size: int, every: float, stop: threading.Event) -> None:
@@ -524,7 +578,34 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                   "labels": cfg.model.labels_uri, **model_summary},
         "options": cfg.options(),
+        "threads": thread_fit(stats),
     }
+
+
+def thread_fit(stats: list[dict]) -> dict:
+    """Per host: its cores, the executors that ran tasks, their threads, and a warning if they do not add up.
+
+    Assumes one task at a time per executor (``spark.executor.cores=1``, the
+    job's shape): an executor's threads are the most any of its workers used.
+    """
+    hosts: dict[str, dict] = {}
+    for s in stats:
+        if s.get("threads") is None or s.get("host_cores") is None:
+            continue
+        host = s["executor"].rsplit("/", 1)[0]
+        h = hosts.setdefault(host, {"cores": s["host_cores"], "executors": {}})
+        h["executors"][s["executor"]] = max(h["executors"].get(s["executor"], 0), s["threads"])
+    out: dict[str, Any] = {"hosts": {}, "warnings": []}
+    for host, h in sorted(hosts.items()):
+        total = sum(h["executors"].values())
+        out["hosts"][host] = {"cores": h["cores"], "executors": len(h["executors"]), "threads": total}
+        if total != h["cores"]:
+            out["warnings"].append(
+                f"host {host}: {len(h['executors'])} executor(s) ran {total} MXNet threads in all on "
+                f"{h['cores']} cores ({'cores left idle' if total < h['cores'] else 'threads wait for cores'}); "
+                f"leave --threads and spark.executorEnv.OMP_NUM_THREADS unset to fit the node, or set them "
+                f"to cores / executors per host")
+    return out
 
 
 def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
@@ -562,6 +643,8 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     elapsed = time.time() - started
     summary = summarize(cfg, len(images), batches, results, counts, elapsed, summary_model, upload_seconds)
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
+    for warning in summary["threads"]["warnings"]:
+        log.warning("%s", warning)
     log.info("summary: %s", json.dumps({k: summary[k] for k in (
         "keys_listed", "predicted", "failed", "batches", "elapsed_seconds", "images_per_second")}))
     log.info("wrote %s and s3://%s/%s", cfg.output_uri, cfg.output_bucket, cfg.summary_key)
@@ -678,7 +761,7 @@ def _refuse_secret(ctx, param, value):
 @click.option("--io-threads", type=int, help="Download and decode threads per executor. [default: 16]")
 @click.option("--max-in-flight", type=int, help="Images downloaded or decoded ahead of the model, per executor. [default: 128]")
 @click.option("--micro-batch-size", type=int, help="Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first ones while the rest download. [default: 16]")
-@click.option("--threads", type=int, help="MXNet/OpenMP threads per executor. [default: OMP_NUM_THREADS of the executor, else spark.task.cpus if over 1, else all cores]")
+@click.option("--threads", type=int, help="MXNet/OpenMP threads per executor. [default: spark.executorEnv.OMP_NUM_THREADS if set, else the host's cores divided among its executors]")
 @click.option("--s3-max-attempts", type=int, help="Attempts per S3 request (botocore standard retries). [default: 5]")
 @click.option("--app-name", help="Spark application name. [default: mxnet-batch-inference]")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [default: INFO]")

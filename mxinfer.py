@@ -901,19 +901,71 @@ def _top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: in
 # Threads and memory of a Python worker
 
 
-def worker_threads(requested: int | None = None) -> int:
+@dataclass(frozen=True)
+class ThreadPlan:
+    """What the driver knows about where the Python workers run, for :func:`worker_threads`.
+
+    Since Spark 3.0 (SPARK-28843) every Python worker gets ``OMP_NUM_THREADS``
+    = the executor's cores unless ``spark.executorEnv.OMP_NUM_THREADS`` is set,
+    so a worker cannot tell Spark's value from a user's; the driver can.
+
+    Parameters
+    ----------
+    omp_from_user : bool
+        ``spark.executorEnv.OMP_NUM_THREADS`` is set: the worker's
+        ``OMP_NUM_THREADS`` is the user's choice and wins.
+    executors_by_host : tuple of (str, int)
+        Registered executors per host, as the driver's SparkContext lists them.
+    tasks_per_executor : int
+        Tasks an executor runs at once (``spark.executor.cores // spark.task.cpus``).
+    """
+
+    omp_from_user: bool = False
+    executors_by_host: tuple = ()
+    tasks_per_executor: int = 1
+
+    def workers_on(self, names: Iterable[str]) -> int:
+        """Python workers at once on the host known by any of ``names``; the busiest host's if none matches.
+
+        The busiest host is the safe guess: too few threads leave cores idle,
+        too many make every worker on the host wait for each other.
+        """
+        counts = dict(self.executors_by_host)
+        found = next((counts[name] for name in names if name in counts), None)
+        executors = found if found is not None else max(counts.values(), default=1)
+        return max(1, executors) * max(1, self.tasks_per_executor)
+
+
+def host_names() -> list[str]:
+    """The names the driver may list this host under: hostname, FQDN, address, Spark's and YARN's."""
+    names = [socket.gethostname(), socket.getfqdn()]
+    for variable in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME", "NM_HOST"):
+        if os.environ.get(variable):
+            names.append(os.environ[variable])
+    try:
+        names.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    return names
+
+
+def worker_threads(requested: int | None = None, plan: ThreadPlan | None = None) -> int:
     """How many cores one forward pass of this Python worker may use.
 
     ``requested`` (the ``threads`` option) if given; else ``OMP_NUM_THREADS``
-    from the executor's environment (``spark.executorEnv.OMP_NUM_THREADS``);
-    else the task's cores (``spark.task.cpus``) if more than one; else every
-    core of the machine, which is right for one executor per node.
+    if the user set it (``spark.executorEnv.OMP_NUM_THREADS``, as ``plan``
+    tells; without a plan any value counts); else, with a ``plan``, this
+    host's cores divided among the Python workers the host runs at once (every
+    core for one executor per node); without one, the task's cores
+    (``spark.task.cpus``) if more than one, else every core of the machine.
     """
     if requested:
         return int(requested)
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
+    if env.isdigit() and int(env) > 0 and (plan is None or plan.omp_from_user):
         return int(env)
+    if plan is not None:
+        return max(1, (os.cpu_count() or 1) // plan.workers_on(host_names()))
     task = _spark_task()
     cpus = task.cpus() if task is not None and hasattr(task, "cpus") else 1
     return cpus if cpus > 1 else (os.cpu_count() or 1)
@@ -1020,6 +1072,8 @@ class JobSpec:
     micro_batch_size: int | None = None
     #: MXNet/OpenMP threads per Python worker; ``None``: see :func:`worker_threads`.
     threads: int | None = None
+    #: Where the workers run, from the driver (``infer_main.thread_plan``); ``None`` outside a Spark job.
+    thread_plan: ThreadPlan | None = None
 
     @property
     def forward_batch(self) -> int:
@@ -1152,7 +1206,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     global tasks_run
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
-    threads = configure_threads(worker_threads(job.threads))
+    threads = configure_threads(worker_threads(job.threads, job.thread_plan))
     real = [item for item in items if item is not None]
     handlers = get_handlers(job.handler)
     kind = model_class(handlers)
@@ -1231,6 +1285,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         "started": started_at,
         "ended": time.time(),
         "threads": threads,
+        "host_cores": os.cpu_count(),
         "worker_task": tasks_run + 1,
         "memory": memory_bytes(),
     }

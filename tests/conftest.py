@@ -80,7 +80,8 @@ def softmax_prefix(demo_dir) -> Path:
 
 
 def spark_submit(job_args: list[str], timeout: int = 600, extra_env: dict | None = None,
-                 cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run the job through spark-submit on local-cluster, as ``make run-local`` does."""
-    return subprocess.run(spark_submit_command(job_args), check=False, env=spark_env(extra_env), cwd=str(cwd),
+                 cwd: Path = ROOT, master: str | None = None) -> subprocess.CompletedProcess:
+    """Run the job through spark-submit on local-cluster (``master``, else ``make run-local``'s)."""
+    command = spark_submit_command(job_args, master) if master else spark_submit_command(job_args)
+    return subprocess.run(command, check=False, env=spark_env(extra_env), cwd=str(cwd),
                           capture_output=True, text=True, timeout=timeout)

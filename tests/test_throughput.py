@@ -104,3 +104,50 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
                                               "100": 600, "200": 700, "last": 700}
     assert summary["seconds"]["cpu"] == pytest.approx(300.0)
     assert summary["driver_max_rss_bytes"] > 0
+
+
+def test_spark_implicit_omp_is_ignored_and_the_host_cores_are_shared_among_its_executors(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Spark sets for spark.executor.cores=1
+    monkeypatch.setattr(mxinfer.os, "cpu_count", lambda: 36)
+    monkeypatch.setattr(mxinfer, "host_names", lambda: ["node-a", "10.0.0.1"])
+    one_each = mxinfer.ThreadPlan(executors_by_host=(("node-a", 1), ("node-b", 1)))
+    assert mxinfer.worker_threads(None, one_each) == 36
+    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("10.0.0.1", 4),))) == 9
+    # Not listed under any of its names: the busiest host's share, never more threads than cores.
+    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("x", 2), ("y", 3)))) == 12
+    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("node-a", 2),),
+                                                           tasks_per_executor=2)) == 9
+    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(omp_from_user=True)) == 1
+    assert mxinfer.worker_threads(3, one_each) == 3
+
+
+def test_plan_threads_counts_executors_per_host_and_tells_a_user_omp_setting_apart():
+    conf = {"spark.master": "yarn", "spark.executor.cores": "4", "spark.task.cpus": "2"}
+    plan = infer_main.plan_threads(conf, ["b", "a", "b"])
+    assert plan == mxinfer.ThreadPlan(False, (("a", 1), ("b", 2)), 2)
+    assert infer_main.plan_threads({**conf, "spark.executorEnv.OMP_NUM_THREADS": "8"}, ["a"]).omp_from_user
+    assert infer_main.plan_threads({"spark.master": "local-cluster[2,1,1024]"}, []).tasks_per_executor == 1
+
+
+@pytest.mark.parametrize(("conf", "wanted"), [
+    ({"spark.master": "local-cluster[3,1,1024]"}, 3),
+    ({"spark.master": "yarn", "spark.executor.instances": "10"}, 10),
+    ({"spark.master": "yarn", "spark.executor.instances": "10", "spark.dynamicAllocation.enabled": "true"}, None),
+    ({"spark.master": "yarn"}, None),
+])
+def test_expected_executors_from_the_master_or_the_instances(conf, wanted):
+    assert infer_main.expected_executors(conf) == wanted
+
+
+def test_thread_fit_warns_when_threads_times_executors_differ_from_the_host_cores():
+    def stat(executor, threads, cores):
+        return {"executor": executor, "threads": threads, "host_cores": cores}
+
+    fit = infer_main.thread_fit([stat("a/1", 2, 4), stat("a/2", 2, 4), stat("b/1", 1, 4), stat("c/1", 8, 4),
+                                 stat("b/1", 1, 4)])
+    assert fit["hosts"] == {"a": {"cores": 4, "executors": 2, "threads": 4},
+                            "b": {"cores": 4, "executors": 1, "threads": 1},
+                            "c": {"cores": 4, "executors": 1, "threads": 8}}
+    assert len(fit["warnings"]) == 2
+    assert "host b" in fit["warnings"][0] and "idle" in fit["warnings"][0]
+    assert "host c" in fit["warnings"][1] and "wait" in fit["warnings"][1]

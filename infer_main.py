@@ -69,6 +69,8 @@ DEFAULTS: dict[str, Any] = {
     "io_threads": 16, "max_in_flight": 128, "s3_max_attempts": 5,
     "micro_batch_size": 16, "threads": None,
     "app_name": "mxnet-batch-inference", "log_level": "INFO", "progress_seconds": 15,
+    # Speed per dollar (issue 12).
+    "decode": "draft",
 }
 
 REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
@@ -293,7 +295,7 @@ def resolve(settings: dict) -> JobConfig:
     try:
         preprocess = mxinfer.Preprocess(
             input_shape=input_shape, mean=mean, std=std, resize=str(s["resize"]),
-            max_image_pixels=_positive(s, "max_image_pixels"),
+            max_image_pixels=_positive(s, "max_image_pixels"), decode=str(s["decode"]),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -766,6 +768,9 @@ def _refuse_secret(ctx, param, value):
 @click.option("--app-name", help="Spark application name. [default: mxnet-batch-inference]")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [default: INFO]")
 @click.option("--progress-seconds", type=float, help="Seconds between progress lines. [default: 15]")
+# --- speed per dollar (issue 12)
+@click.option("--decode", type=click.Choice(mxinfer.DECODE_MODES), help="draft: a JPEG at least twice the model's size is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling), then resized; exact: every pixel. [default: draft]")
+# --- end speed per dollar
 @click.option("--access_key", "--access-key", "access_key", hidden=True, expose_value=False, callback=_refuse_secret)
 @click.option("--secret_key", "--secret-key", "secret_key", hidden=True, expose_value=False, callback=_refuse_secret)
 def main(config_uri, **cli):

@@ -12,7 +12,9 @@ The public API (:class:`Predictor`, :class:`Classifier`,
 same numbers as a backfill.
 
 Preprocessing recipe (what :func:`decode_image` does, and what the README tells
-users to reproduce): ``PIL.Image.open`` -> ``ImageOps.exif_transpose`` -> RGB
+users to reproduce): ``PIL.Image.open`` -> for a JPEG, ``img.draft(None,
+draft_size(img, prep))`` (DCT scaling; skipped with ``decode="exact"``) ->
+``ImageOps.exif_transpose`` -> RGB
 (``convert("RGB")``; 16-bit and 32-bit greyscale are scaled to 8 bits first, not
 clipped) -> ``resize((W, H), BILINEAR)`` (or short side to ``H*256/224`` then a
 centre crop) -> float32 CHW -> ``(x - mean) / std`` on 0-255 values.
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp")
 RESIZE_MODES = ("stretch", "short-side-crop")
+DECODE_MODES = ("draft", "exact")
+ORIENTATION_TAG = 0x0112  # EXIF
 # Graph heads that already end in a probability distribution; any other head is
 # treated as logits and gets a softmax.
 SOFTMAX_OPS = frozenset({"SoftmaxOutput", "softmax", "SoftmaxActivation", "Softmax"})
@@ -74,6 +78,11 @@ class Preprocess:
         ``"stretch"`` (straight to ``W x H``) or ``"short-side-crop"``.
     max_image_pixels : int
         Images declaring more pixels are refused before any pixel is decoded.
+    decode : str
+        ``"draft"``: a JPEG at least twice the size the resize needs is
+        decoded at 1/2, 1/4 or 1/8 scale by the JPEG decoder itself (DCT
+        scaling, Pillow's ``Image.draft``), never below twice that size, then
+        resized as usual. ``"exact"``: always decode every pixel.
     """
 
     input_shape: tuple = (3, 224, 224)
@@ -81,6 +90,7 @@ class Preprocess:
     std: tuple = (1.0,)
     resize: str = "stretch"
     max_image_pixels: int = 100_000_000
+    decode: str = "draft"
 
     def __post_init__(self):
         channels = self.input_shape[0]
@@ -94,6 +104,8 @@ class Preprocess:
             raise ValueError("std values must be non-zero")
         if self.resize not in RESIZE_MODES:
             raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
 
 
 class ImageTooLargeError(ValueError):
@@ -142,6 +154,8 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
                 f"image declares {img.width}x{img.height} = {pixels} pixels, over the limit of "
                 f"{prep.max_image_pixels} (max_image_pixels)"
             )
+        if prep.decode == "draft" and img.format in ("JPEG", "MPO"):
+            img.draft(None, draft_size(img, prep))
         img.load()
         ImageOps.exif_transpose(img, in_place=True)  # in place: no copy of an upright image
         img = to_rgb(img, "RGB" if channels == 3 else "L")
@@ -159,6 +173,23 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
     np.subtract(values, mean, out=array, dtype=np.float32)
     array /= std
     return array
+
+
+def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
+    """Twice the size the resize step needs, in the file's own orientation: ``Image.draft``'s request.
+
+    ``draft`` decodes at the smallest of 1/1, 1/2, 1/4, 1/8 scale that is
+    still at least this size in both directions, so the resize that follows
+    always shrinks by 2x or more, as it would from the full image.
+    """
+    _, height, width = prep.input_shape
+    if prep.resize == "short-side-crop":
+        short = round(min(width, height) * 256 / 224)
+        width = height = short
+    # EXIF orientations 5-8 turn the image a quarter: the file's width is the upright height.
+    if img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8):
+        width, height = height, width
+    return 2 * width, 2 * height
 
 
 def _short_side_crop(img: Image.Image, width: int, height: int) -> Image.Image:

@@ -39,10 +39,12 @@ import tempfile
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import click
+import numpy as np
 import yaml
 
 import mxinfer
@@ -70,7 +72,7 @@ DEFAULTS: dict[str, Any] = {
     "micro_batch_size": 16, "threads": None,
     "app_name": "mxnet-batch-inference", "log_level": "INFO", "progress_seconds": 15,
     # Speed per dollar (issue 12).
-    "decode": "draft",
+    "decode": "draft", "precision": "fp32", "calibration_images": 256, "min_agreement": 0.99, "int8_exclude": [],
 }
 
 REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
@@ -120,6 +122,13 @@ class JobConfig:
     handler_file: str | None = None
     micro_batch_size: int | None = None
     threads: int | None = None
+    #: fp32 or int8; int8 quantizes once per job (prepare_precision), after an agreement check.
+    precision: str = "fp32"
+    calibration_images: int = 256
+    min_agreement: float = 0.99
+    int8_exclude: tuple = ()
+    #: The job's int8 checkpoint, local to the driver; made by prepare_precision, not an option.
+    int8_model: mxinfer.ModelSpec | None = None
 
     @property
     def input_uri(self) -> str:
@@ -135,12 +144,12 @@ class JobConfig:
 
     def job_spec(self) -> mxinfer.JobSpec:
         return mxinfer.JobSpec(
-            model=self.model, preprocess=self.preprocess, bucket=self.input_bucket,
+            model=self.int8_model or self.model, preprocess=self.preprocess, bucket=self.input_bucket,
             batch_size=self.batch_size, top_k=self.top_k, endpoint_url=self.endpoint_url,
             region=self.region, io_threads=self.io_threads, max_in_flight=self.max_in_flight,
             max_object_bytes=self.max_object_bytes, s3_max_attempts=self.s3_max_attempts,
             handler=self.handler_file or self.handler,
-            micro_batch_size=self.micro_batch_size, threads=self.threads,
+            micro_batch_size=self.micro_batch_size, threads=self.threads, precision=self.precision,
         )
 
     def options(self) -> dict:
@@ -312,6 +321,17 @@ def resolve(settings: dict) -> JobConfig:
             raise click.UsageError(f"handler must be a Python file ending in .py, got {handler!r}")
         if "://" not in handler and not os.path.isfile(handler):
             raise click.UsageError(f"handler {handler}: no such file (in cluster mode give an s3:// URI)")
+    if s["precision"] not in mxinfer.PRECISIONS:
+        raise click.UsageError(f"precision must be fp32 or int8, got {s['precision']!r}")
+    try:
+        min_agreement = float(s["min_agreement"])
+    except (TypeError, ValueError):
+        raise click.UsageError(f"min_agreement must be a number from 0 to 1, got {s['min_agreement']!r}") from None
+    if not 0 <= min_agreement <= 1:
+        raise click.UsageError(f"min_agreement must be from 0 to 1 (0.99: 99% of top-1 labels), got {min_agreement}")
+    int8_exclude = s["int8_exclude"] or []
+    if isinstance(int8_exclude, str):
+        int8_exclude = [x for x in int8_exclude.replace(" ", "").split(",") if x]
     level = str(s["log_level"]).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise click.UsageError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {s['log_level']!r}")
@@ -327,6 +347,8 @@ def resolve(settings: dict) -> JobConfig:
         log_level=level, progress_seconds=float(s["progress_seconds"]), handler=handler,
         micro_batch_size=_positive(s, "micro_batch_size", allow_none=True),
         threads=_positive(s, "threads", allow_none=True),
+        precision=str(s["precision"]), calibration_images=_positive(s, "calibration_images"),
+        min_agreement=min_agreement, int8_exclude=tuple(str(x) for x in int8_exclude),
     )
 
 
@@ -377,6 +399,8 @@ def run_spark(cfg: JobConfig, padded: list, spark_conf: dict | None = None) -> l
     job = replace(cfg.job_spec(), thread_plan=thread_plan(sc))
     if job.handler:
         sc.addFile(job.handler)  # executors load their copy by name (mxinfer.get_handlers)
+    for path in job.model.shipped_files():  # the int8 checkpoint: read by name (mxinfer.ModelSpec.read)
+        sc.addFile(path)
     score = functools.partial(mxinfer.score_partition, job=job)
     stop = threading.Event()
     reporter = threading.Thread(target=_report_progress, args=(sc, batches, cfg.batch_size,
@@ -626,6 +650,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     summary_model = classifier.model_summary()
     if isinstance(classifier, mxinfer.Classifier) and cfg.top_k > classifier.num_classes:
         raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
+    cfg, precision = prepare_precision(cfg, client, images, classifier)
     if cfg.dry_run:
         return dry_run(cfg, images, padded, classifier)
     try:
@@ -644,6 +669,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     upload_seconds = time.time() - upload_started
     elapsed = time.time() - started
     summary = summarize(cfg, len(images), batches, results, counts, elapsed, summary_model, upload_seconds)
+    summary["precision"] = precision
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
     for warning in summary["threads"]["warnings"]:
         log.warning("%s", warning)
@@ -685,6 +711,100 @@ def prepare_handler(cfg: JobConfig, client) -> JobConfig:
     log.info("handler %s defines %s", cfg.handler, " and ".join(
         name for name in ("input_handler", "output_handler") if getattr(handlers, name) is not None))
     return replace(cfg, handler_file=path)
+
+
+def sample_keys(images: list, count: int) -> tuple[list, list]:
+    """The int8 samples: ``(calibration, held_out)``, each up to ``count`` keys of the sorted listing.
+
+    ``2 * count`` keys evenly spaced over the whole listing (the ``i * n //
+    (2 * count)``-th of ``n``), so they span every folder and date; the even
+    ones calibrate, the odd ones are held out to check agreement, so no image
+    does both. A job of one image uses it for both.
+    """
+    n = min(2 * count, len(images))
+    picked = [images[i * len(images) // n] for i in range(n)]
+    calibration, held_out = picked[0::2], picked[1::2]
+    return calibration, held_out or calibration
+
+
+def sample_arrays(cfg: JobConfig, client, items: list) -> np.ndarray:
+    """Download and decode ``items`` as the executors do; images that fail are left out (they fail in the job too)."""
+    handlers = mxinfer.get_handlers(cfg.handler_file or cfg.handler)
+
+    def one(item):
+        key, _ = item
+        try:
+            data = utils.read_object(client, cfg.input_bucket, key)
+            if handlers is not None and handlers.input_handler is not None:
+                return handlers.decode(key, data, cfg.preprocess.input_shape)
+            return mxinfer.decode_image(data, cfg.preprocess)
+        except Exception as exc:  # noqa: BLE001 - the job records it as this key's error line
+            log.debug("int8 sample: %s left out: %s", key, mxinfer._first_line(exc))
+            return None
+
+    with ThreadPoolExecutor(cfg.io_threads) as pool:
+        arrays = [a for a in pool.map(one, items) if a is not None]
+    return np.stack(arrays) if arrays else np.zeros((0, *cfg.preprocess.input_shape), np.float32)
+
+
+def prepare_precision(cfg: JobConfig, client, images: list, classifier: mxinfer.Predictor) -> tuple[JobConfig, dict]:
+    """For ``--precision int8``: quantize on the driver, check agreement, return ``cfg`` with the int8 model.
+
+    The driver quantizes once (:func:`mxinfer.quantize_int8`), calibrated on
+    :func:`sample_keys`' calibration images, and scores the held-out ones in
+    fp32 and int8. Below ``--min-agreement`` the job refuses (``JobError``)
+    with the figures and what to try; otherwise the executors get the int8
+    checkpoint through ``SparkContext.addFile`` and load it through the same
+    per-worker cache. Returns the summary's ``precision`` entry.
+    """
+    if cfg.precision == "fp32":
+        return cfg, {"precision": "fp32"}
+    if not isinstance(classifier, mxinfer.Classifier):
+        raise JobError("--precision int8 checks that int8 and fp32 agree on the top-1 class, so it needs a "
+                       "classifier; with an output_handler use --precision fp32")
+    started = time.time()
+    calibration_keys, held_out_keys = sample_keys(images, cfg.calibration_images)
+    calibration = sample_arrays(cfg, client, calibration_keys)
+    held_out = sample_arrays(cfg, client, held_out_keys)
+    if not len(calibration) or not len(held_out):
+        raise JobError(f"--precision int8: none of the {len(calibration_keys) + len(held_out_keys)} sampled "
+                       f"images could be read and decoded; check the input, or use --precision fp32")
+    try:
+        symbol_json = cfg.model.read(cfg.model.symbol_uri).decode("utf-8")
+        exclude = mxinfer.int8_excluded(symbol_json, cfg.int8_exclude)
+    except mxinfer.ModelError as exc:
+        raise JobError(str(exc)) from exc
+    folder = tempfile.mkdtemp(prefix="mxinfer-int8-")
+    # Kept until the driver exits: executors fetch the files from the driver while the job runs.
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    forward_batch = cfg.job_spec().forward_batch
+    spec = mxinfer.quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration,
+                                 os.path.join(folder, "model-int8"), exclude, forward_batch)
+    labels_uri = ""
+    if classifier.labels:
+        labels_uri = os.path.join(folder, "synset.txt")
+        with open(labels_uri, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(classifier.labels) + "\n")
+    spec = replace(spec, labels_uri=labels_uri, context=cfg.model.context)
+    int8 = mxinfer.Classifier(spec, cfg.preprocess.input_shape, forward_batch, context="cpu")
+    figures = mxinfer.agreement(classifier.probabilities(held_out), int8.probabilities(held_out))
+    layers = mxinfer.weight_layers(symbol_json)
+    report = {"precision": "int8", **figures, "min_agreement": cfg.min_agreement,
+              "calibration_images": len(calibration), "excluded_layers": exclude,
+              "quantize_seconds": round(time.time() - started, 2)}
+    log.info("int8: top-1 agreement with fp32 %.2f%% on %d held-out images, largest probability difference "
+             "%.4f (calibrated on %d images, %d layer(s) kept in fp32, %.1fs)",
+             100 * figures["top1_agreement"], figures["images"], figures["max_probability_difference"],
+             len(calibration), len(exclude), report["quantize_seconds"])
+    if figures["top1_agreement"] < cfg.min_agreement:
+        raise JobError(
+            f"int8 agrees with fp32 on only {figures['top1_agreement']:.2%} of top-1 classes "
+            f"({figures['images']} held-out images; largest probability difference "
+            f"{figures['max_probability_difference']:.4f}), under --min-agreement {cfg.min_agreement}. "
+            f"Nothing was scored. Try keeping layers in fp32 with --int8-exclude (the first and last are "
+            f"{layers[0] if layers else '?'} and {layers[-1] if layers else '?'}; patterns such as '*conv*' work), "
+            f"more --calibration-images (now {cfg.calibration_images}), or --precision fp32")
+    return replace(cfg, int8_model=spec), report
 
 
 def load_model_on_driver(cfg: JobConfig) -> mxinfer.Predictor:
@@ -770,6 +890,10 @@ def _refuse_secret(ctx, param, value):
 @click.option("--progress-seconds", type=float, help="Seconds between progress lines. [default: 15]")
 # --- speed per dollar (issue 12)
 @click.option("--decode", type=click.Choice(mxinfer.DECODE_MODES), help="draft: a JPEG at least twice the model's size is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling), then resized; exact: every pixel. [default: draft]")
+@click.option("--precision", type=click.Choice(mxinfer.PRECISIONS), help="int8: quantize the model once (oneDNN), calibrated on the job's own images, and run only if it agrees with fp32 (--min-agreement). [default: fp32]")
+@click.option("--calibration-images", type=int, help="int8: images to calibrate on, and as many held out to check agreement; evenly spaced over the sorted listing. [default: 256]")
+@click.option("--min-agreement", type=float, help="int8: the share of held-out images whose top-1 class must match fp32's, or the job refuses to run. [default: 0.99]")
+@click.option("--int8-exclude", metavar="LAYER,...", help="int8: layers (names or shell patterns, e.g. '*conv0*') kept in fp32. [default: none]")
 # --- end speed per dollar
 @click.option("--access_key", "--access-key", "access_key", hidden=True, expose_value=False, callback=_refuse_secret)
 @click.option("--secret_key", "--secret-key", "secret_key", hidden=True, expose_value=False, callback=_refuse_secret)

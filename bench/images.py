@@ -107,3 +107,25 @@ def make_large_images(out_dir: str | Path, count: int, seed: int = 1) -> list[Pa
         paths.append(path)
     stamp.write_text(json.dumps(wanted))
     return paths
+
+
+def real_photos() -> list[Image.Image]:
+    """Nine real photos: scikit-learn's two and seven that scikit-image ships (a cat, a rocket, coffee, ...)."""
+    import skimage
+
+    folder = Path(skimage.__file__).parent / "data"
+    names = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "camera.png",
+             "clock_motion.png")
+    return source_photos() + [Image.open(folder / name).convert("RGB") for name in names]
+
+
+def photo_views(count: int, seed: int = 0) -> list[bytes]:
+    """``count`` distinct JPEGs (quality 90): random views (:func:`make_image`) of :func:`real_photos`."""
+    photos = real_photos()
+    rng = np.random.RandomState(seed)
+    out = []
+    for index in range(count):
+        buffer = io.BytesIO()
+        make_image(photos[index % len(photos)], rng).save(buffer, format="JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out

@@ -609,26 +609,31 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
 
 
 def thread_fit(stats: list[dict]) -> dict:
-    """Per host: its cores, the executors that ran tasks, their threads, and a warning if they do not add up.
+    """Per host: its cores, executors, MXNet threads in all, and a warning when threads x executors differ from the cores.
 
+    The executors are those that ran tasks, or as many as the driver's plan
+    put on the host if more (an executor may get no task in a small job).
     Assumes one task at a time per executor (``spark.executor.cores=1``, the
-    job's shape): an executor's threads are the most any of its workers used.
+    job's shape); an executor's threads are the most any of its workers used.
     """
     hosts: dict[str, dict] = {}
     for s in stats:
-        if s.get("threads") is None or s.get("host_cores") is None:
+        share = s.get("host") or {}
+        if s.get("threads") is None or share.get("cores") is None:
             continue
         host = s["executor"].rsplit("/", 1)[0]
-        h = hosts.setdefault(host, {"cores": s["host_cores"], "executors": {}})
+        h = hosts.setdefault(host, {"cores": share["cores"], "planned": 0, "executors": {}})
+        h["planned"] = max(h["planned"], share.get("workers") or 0)
         h["executors"][s["executor"]] = max(h["executors"].get(s["executor"], 0), s["threads"])
     out: dict[str, Any] = {"hosts": {}, "warnings": []}
     for host, h in sorted(hosts.items()):
-        total = sum(h["executors"].values())
-        out["hosts"][host] = {"cores": h["cores"], "executors": len(h["executors"]), "threads": total}
+        executors = max(len(h["executors"]), h["planned"])
+        total = max(h["executors"].values()) * executors
+        out["hosts"][host] = {"cores": h["cores"], "executors": executors, "threads": total}
         if total != h["cores"]:
             out["warnings"].append(
-                f"host {host}: {len(h['executors'])} executor(s) ran {total} MXNet threads in all on "
-                f"{h['cores']} cores ({'cores left idle' if total < h['cores'] else 'threads wait for cores'}); "
+                f"host {host}: {executors} executor(s) x {max(h['executors'].values())} MXNet threads = {total} "
+                f"on {h['cores']} cores ({'cores left idle' if total < h['cores'] else 'threads wait for cores'}); "
                 f"leave --threads and spark.executorEnv.OMP_NUM_THREADS unset to fit the node, or set them "
                 f"to cores / executors per host")
     return out

@@ -1091,6 +1091,11 @@ def host_names() -> list[str]:
     return names
 
 
+def host_share(plan: ThreadPlan | None) -> dict:
+    """This host's ``cores`` and the Python ``workers`` the driver's plan puts on it at once (``None``: no plan)."""
+    return {"cores": os.cpu_count(), "workers": plan.workers_on(host_names()) if plan is not None else None}
+
+
 def worker_threads(requested: int | None = None, plan: ThreadPlan | None = None) -> int:
     """How many cores one forward pass of this Python worker may use.
 
@@ -1429,7 +1434,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         "started": started_at,
         "ended": time.time(),
         "threads": threads,
-        "host_cores": os.cpu_count(),
+        "host": host_share(job.thread_plan),
         "worker_task": tasks_run + 1,
         "memory": memory_bytes(),
     }

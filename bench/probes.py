@@ -8,6 +8,10 @@ process whose environment the caller sets (``mxinfer.thread_env``).
   the other, then decode it, then run the model, then the next batch.
 * ``results`` what executors would send back for N keys, from a fake fast
   model (random probabilities), pickled to a file;
+* ``quantize`` the int8 checkpoint the job would make (``mxinfer.quantize_int8``),
+  calibrated on the given images, written beside the model as ``PREFIX-int8``;
+* ``decode`` CPU per image of ``decode_image`` on the given files, with
+  ``decode="draft"`` and ``"exact"``, and how far the two inputs differ;
 * ``driver`` the driver's memory for those N results: the listing, the plan,
   the model check, the collected result blobs, the checked stream to an S3
   multipart upload and the summary, without Spark or executors.
@@ -17,6 +21,8 @@ Usage::
     python -m bench.probes limit  --model PREFIX --shape 3,224,224 --batch 64 --seconds 15 IMAGE...
     python -m bench.probes square --model PREFIX --shape 3,224,224 --batch 64 --endpoint URL \\
         --bucket B --batches 6 KEY...
+    python -m bench.probes quantize --model PREFIX --shape 3,224,224 IMAGE...
+    python -m bench.probes decode --model PREFIX --shape 3,224,224 IMAGE...
     python -m bench.probes results --model PREFIX --shape 3,224,224 --results 100000 --results-file F
     python -m bench.probes driver --model PREFIX --shape 3,224,224 --endpoint URL --bucket B --results 100000 \\
         --results-file F
@@ -29,6 +35,7 @@ import json
 import sys
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +111,34 @@ def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, key
     # The best batch: the original at its least disturbed, which E is compared with.
     return {"images_per_second": max(rates), "mean_images_per_second": images / elapsed, "images": images,
             "seconds": elapsed, "phases": {k: round(v, 3) for k, v in phases.items()}}
+
+
+def quantize(model: str, shape: tuple, images: list[str], batch: int = 16) -> dict:
+    """Quantize ``model`` to int8 on ``images`` as the job's driver does; the int8 prefix and the time it took."""
+    prep = _preprocess(shape)
+    arrays = np.stack([mxinfer.decode_image(Path(p).read_bytes(), prep) for p in images])
+    started = time.perf_counter()
+    spec = mxinfer.quantize_int8(mxinfer.ModelSpec.from_prefix(model), shape, arrays, f"{model}-int8", (), batch)
+    return {"prefix": spec.symbol_uri[: -len("-symbol.json")], "seconds": time.perf_counter() - started,
+            "calibration_images": len(arrays)}
+
+
+def decode(shape: tuple, images: list[str], repeats: int = 2) -> dict:
+    """CPU ms per image of :func:`mxinfer.decode_image`, draft and exact, and the mean and max input difference."""
+    prep = _preprocess(shape)
+    datas = [Path(p).read_bytes() for p in images]
+    out: dict = {"images": len(datas)}
+    arrays = {}
+    for mode in mxinfer.DECODE_MODES:
+        mode_prep = replace(prep, decode=mode)
+        mxinfer.decode_image(datas[0], mode_prep)
+        cpu = time.process_time()
+        for _ in range(repeats):
+            arrays[mode] = np.stack([mxinfer.decode_image(d, mode_prep) for d in datas])
+        out[f"{mode}_cpu_ms_per_image"] = 1000 * (time.process_time() - cpu) / (repeats * len(datas))
+    difference = np.abs(arrays["draft"] - arrays["exact"])
+    out["mean_abs_difference"], out["max_abs_difference"] = float(difference.mean()), float(difference.max())
+    return out
 
 
 def _listing(results: int) -> list[tuple[str, int]]:
@@ -192,7 +227,7 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, r
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("probe", choices=("limit", "square", "results", "driver"))
+    parser.add_argument("probe", choices=("limit", "square", "results", "driver", "quantize", "decode"))
     parser.add_argument("--model", required=True)
     parser.add_argument("--shape", required=True)
     parser.add_argument("--batch", type=int, default=64)
@@ -209,6 +244,10 @@ def main(argv=None) -> int:
         out = limit(args.model, shape, args.batch, args.items, args.seconds)
     elif args.probe == "square":
         out = square(args.model, shape, args.batch, args.endpoint, args.bucket, args.items, args.batches)
+    elif args.probe == "quantize":
+        out = quantize(args.model, shape, args.items)
+    elif args.probe == "decode":
+        out = decode(shape, args.items)
     elif args.probe == "results":
         out = fake_results(args.model, shape, args.results, args.results_file, args.batch)
     else:

@@ -140,14 +140,16 @@ def test_expected_executors_from_the_master_or_the_instances(conf, wanted):
 
 
 def test_thread_fit_warns_when_threads_times_executors_differ_from_the_host_cores():
-    def stat(executor, threads, cores):
-        return {"executor": executor, "threads": threads, "host_cores": cores}
+    def stat(executor, threads, cores, planned=None):
+        return {"executor": executor, "threads": threads, "host": {"cores": cores, "workers": planned}}
 
     fit = infer_main.thread_fit([stat("a/1", 2, 4), stat("a/2", 2, 4), stat("b/1", 1, 4), stat("c/1", 8, 4),
-                                 stat("b/1", 1, 4)])
+                                 stat("b/1", 1, 4), stat("d/1", 2, 4, planned=2)])
     assert fit["hosts"] == {"a": {"cores": 4, "executors": 2, "threads": 4},
                             "b": {"cores": 4, "executors": 1, "threads": 1},
-                            "c": {"cores": 4, "executors": 1, "threads": 8}}
+                            "c": {"cores": 4, "executors": 1, "threads": 8},
+                            # Two executors planned on d, one ran a task: no warning for the idle one.
+                            "d": {"cores": 4, "executors": 2, "threads": 4}}
     assert len(fit["warnings"]) == 2
     assert "host b" in fit["warnings"][0] and "idle" in fit["warnings"][0]
     assert "host c" in fit["warnings"][1] and "wait" in fit["warnings"][1]

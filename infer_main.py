@@ -329,6 +329,8 @@ def resolve(settings: dict) -> JobConfig:
         raise click.UsageError(f"min_agreement must be a number from 0 to 1, got {s['min_agreement']!r}") from None
     if not 0 <= min_agreement <= 1:
         raise click.UsageError(f"min_agreement must be from 0 to 1 (0.99: 99% of top-1 labels), got {min_agreement}")
+    if s["precision"] == "int8" and str(s["context"]) != "cpu":
+        raise click.UsageError("precision int8 runs on CPUs (oneDNN); use --context cpu, or --precision fp32 on GPUs")
     int8_exclude = s["int8_exclude"] or []
     if isinstance(int8_exclude, str):
         int8_exclude = [x for x in int8_exclude.replace(" ", "").split(",") if x]
@@ -439,7 +441,7 @@ def executor_hosts(sc) -> list[str]:
             if (info.host(), info.port()) != (driver.host(), driver.port())]
 
 
-def thread_plan(sc, wait_seconds: float = 30.0) -> mxinfer.ThreadPlan:
+def thread_plan(sc, wait_seconds: float = 30.0) -> mxinfer.ThreadPlan | None:
     """What the workers need to size their threads (:func:`mxinfer.worker_threads`).
 
     Executors register a few seconds after the SparkContext starts; this waits
@@ -450,10 +452,15 @@ def thread_plan(sc, wait_seconds: float = 30.0) -> mxinfer.ThreadPlan:
     conf = dict(sc.getConf().getAll())
     wanted = expected_executors(conf)
     deadline = time.monotonic() + wait_seconds
-    hosts = executor_hosts(sc)
-    while len(hosts) < (wanted or 1) and time.monotonic() < deadline:
-        time.sleep(0.25)
+    try:
         hosts = executor_hosts(sc)
+        while len(hosts) < (wanted or 1) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            hosts = executor_hosts(sc)
+    except Exception as exc:  # noqa: BLE001 - a JVM API that changed must not stop the job
+        log.warning("cannot list the executors (%s); workers size their threads without them: set --threads "
+                    "if the summary warns", mxinfer._first_line(exc))
+        return None
     return plan_threads(conf, hosts)
 
 

@@ -54,6 +54,7 @@ def test_int8_exclude_takes_names_and_patterns_and_names_the_layers_when_nothing
     ({"precision": "int4"}, "precision must be fp32 or int8"),
     ({"min_agreement": 1.5}, "min_agreement must be from 0 to 1"),
     ({"calibration_images": 0}, "calibration_images must be at least 1"),
+    ({"precision": "int8", "context": "gpu"}, "int8 runs on CPUs"),
 ])
 def test_int8_options_are_checked(args, message):
     with pytest.raises(infer_main.click.UsageError, match=message):

@@ -153,3 +153,37 @@ def test_thread_fit_warns_when_threads_times_executors_differ_from_the_host_core
     assert len(fit["warnings"]) == 2
     assert "host b" in fit["warnings"][0] and "idle" in fit["warnings"][0]
     assert "host c" in fit["warnings"][1] and "wait" in fit["warnings"][1]
+
+
+class FakeSparkContext:
+    """Just what thread_plan reads: the conf, and executors that register one call at a time."""
+
+    def __init__(self, conf: dict, registrations: list[list[tuple[str, int]]]):
+        self.conf, self.registrations, self.calls = conf, registrations, 0
+        info = lambda host, port: SimpleNamespace(host=lambda: host, port=lambda: port)  # noqa: E731
+        driver = SimpleNamespace(host=lambda: "driver", port=lambda: 1)
+
+        def executor_infos():
+            listed = self.registrations[min(self.calls, len(self.registrations) - 1)]
+            self.calls += 1
+            return [info("driver", 1)] + [info(h, p) for h, p in listed]
+
+        jvm = SimpleNamespace(env=lambda: SimpleNamespace(blockManager=lambda: SimpleNamespace(
+            blockManagerId=lambda: driver)), statusTracker=lambda: SimpleNamespace(getExecutorInfos=executor_infos))
+        self._jsc = SimpleNamespace(sc=lambda: jvm)
+
+    def getConf(self):
+        return SimpleNamespace(getAll=lambda: list(self.conf.items()))
+
+
+def test_thread_plan_waits_for_the_expected_executors_and_leaves_out_the_driver():
+    sc = FakeSparkContext({"spark.master": "local-cluster[2,1,1024]"},
+                          [[], [("127.0.0.1", 5)], [("127.0.0.1", 5), ("127.0.0.1", 6)]])
+    plan = infer_main.thread_plan(sc, wait_seconds=5)
+    assert plan.executors_by_host == (("127.0.0.1", 2),) and sc.calls == 3
+
+
+def test_thread_plan_gives_up_on_a_broken_executor_list_and_workers_fall_back():
+    sc = FakeSparkContext({"spark.master": "yarn"}, [[]])
+    sc._jsc = SimpleNamespace(sc=lambda: (_ for _ in ()).throw(RuntimeError("no such method")))
+    assert infer_main.thread_plan(sc, wait_seconds=0.1) is None

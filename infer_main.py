@@ -790,8 +790,12 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: mxinfer.
     # Kept until the driver exits: executors fetch the files from the driver while the job runs.
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     forward_batch = cfg.job_spec().forward_batch
-    spec = mxinfer.quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration,
-                                 os.path.join(folder, "model-int8"), exclude, forward_batch)
+    try:
+        spec = mxinfer.quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration,
+                                     os.path.join(folder, "model-int8"), exclude, forward_batch)
+    except Exception as exc:  # MXNetError from the quantization pass or the calibration run
+        raise JobError(f"cannot quantize the model to int8: {mxinfer._first_line(exc)}; keep the layer it names "
+                       f"in fp32 with --int8-exclude, or use --precision fp32") from exc
     labels_uri = ""
     if classifier.labels:
         labels_uri = os.path.join(folder, "synset.txt")

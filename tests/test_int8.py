@@ -159,3 +159,17 @@ def test_the_executors_score_with_the_drivers_int8_checkpoint(moto_endpoint, dem
     for line, row in zip(lines, mine):
         got = {p["class_id"]: p["probability"] for p in line["predictions"]}
         np.testing.assert_allclose([got[c] for c in range(10)], row, atol=1e-4)
+
+
+def test_a_model_that_cannot_be_quantized_fails_with_what_to_do(monkeypatch, logits_prefix):
+    def broken(*args, **kwargs):
+        raise RuntimeError("MXNetError: unsupported operator\nstack...")
+
+    monkeypatch.setattr(mxinfer, "quantize_int8", broken)
+    cfg = infer_main.resolve(infer_main.merge_settings(
+        {**BASE, "model": str(logits_prefix), "input_shape": "3,32,32", "precision": "int8"}, {}))
+    classifier = mxinfer.Classifier(cfg.model, (3, 32, 32), 4)
+    monkeypatch.setattr(infer_main, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
+    with pytest.raises(infer_main.JobError, match=r"cannot quantize the model to int8: MXNetError: unsupported "
+                                                   r"operator; keep the layer .* --precision fp32"):
+        infer_main.prepare_precision(cfg, None, [(f"k{i}", 1) for i in range(8)], classifier)

@@ -61,7 +61,7 @@ package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-file
 	mkdir -p "$(DIST)/conf"
 	cp infer_main.py bootstrap/install-deps.sh requirements.txt "$(DIST)/"
 	cp conf/defaults.yaml "$(EMR_CONF)" "$(DIST)/conf/"
-	$(PYTHON) -m zipfile -c "$(DIST)/mxinfer_job.zip" mxinfer.py utils.py
+	$(PYTHON) -m zipfile -c "$(DIST)/mxinfer_job.zip" mxinfer.py utils.py durable.py
 
 .PHONY: upload
 upload: package $(STAMP) ## Copy dist/ to S3=s3://bucket/prefix; JOB=my-job.yaml also goes up as S3/job.yaml

@@ -29,22 +29,28 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import json
 import logging
 import math
 import os
+import re
+import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import click
 import yaml
 
+import durable
 import mxinfer
 import utils
 
@@ -69,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "io_threads": 16, "max_in_flight": 128, "s3_max_attempts": 5,
     "micro_batch_size": 16, "threads": None,
     "app_name": "mxnet-batch-inference", "log_level": "INFO", "progress_seconds": 15,
+    "resume": False, "overwrite": False, "output_format": None,
 }
 
 REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
@@ -118,6 +125,10 @@ class JobConfig:
     handler_file: str | None = None
     micro_batch_size: int | None = None
     threads: int | None = None
+    resume: bool = False
+    overwrite: bool = False
+    #: jsonl or parquet (see :func:`durable.output_format`).
+    output_format: str = "jsonl"
 
     @property
     def input_uri(self) -> str:
@@ -260,6 +271,11 @@ def resolve(settings: dict) -> JobConfig:
         raise click.UsageError("--output_s3_bucket needs --output_s3_key")
     if out_key is None and not s["dry_run"]:
         raise click.UsageError("no output: give --output s3://BUCKET/KEY (for example predictions.jsonl)")
+    if s["resume"] and s["overwrite"]:
+        raise click.UsageError("give --resume (finish an earlier run) or --overwrite (start again), not both")
+    if s["output_format"] is not None and s["output_format"] not in durable.OUTPUT_FORMATS:
+        raise click.UsageError(f"output_format must be one of {', '.join(durable.OUTPUT_FORMATS)}, "
+                               f"got {s['output_format']!r}")
 
     # Model: --model prefix, or the original's --sym_url/--param_url.
     if s["model"] and (s["sym_url"] or s["param_url"]):
@@ -325,6 +341,8 @@ def resolve(settings: dict) -> JobConfig:
         log_level=level, progress_seconds=float(s["progress_seconds"]), handler=handler,
         micro_batch_size=_positive(s, "micro_batch_size", allow_none=True),
         threads=_positive(s, "threads", allow_none=True),
+        resume=bool(s["resume"]), overwrite=bool(s["overwrite"]),
+        output_format=durable.output_format(s["output_format"], out_key or ""),
     )
 
 
@@ -345,23 +363,26 @@ def list_images(client, cfg: JobConfig) -> list[tuple[str, int]]:
     return images[: cfg.limit] if cfg.limit else images
 
 
-def plan_batches(items: list, batch_size: int) -> list:
-    """Pad ``items`` with ``None`` to a whole number of batches.
+def plan_batches(items: Sequence, batch_size: int) -> list[list]:
+    """Cut ``items`` into batches of ``batch_size`` (the last one may be shorter).
 
-    ``sc.parallelize(padded, len(padded) // batch_size)`` then puts exactly one
-    batch in each partition; the ``None`` slots download nothing and yield
-    nothing, so padding never reaches the output.
+    ``sc.parallelize(batches, len(batches))`` puts exactly one batch in each
+    partition, so a partition's index is its batch's index in the run.
     """
-    batches = math.ceil(len(items) / batch_size)
-    return list(items) + [None] * (batches * batch_size - len(items))
+    return [list(items[start:start + batch_size]) for start in range(0, len(items), batch_size)]
 
 
 # ----------------------------------------------------------------------------
 # Transform: the Spark job
 
 
-def run_spark(cfg: JobConfig, padded: list, spark_conf: dict | None = None) -> list[tuple]:
-    """Run one partition per batch on the cluster; return each partition's result."""
+def run_spark(cfg: JobConfig, batches: list[list], parts_prefix: str | None,
+              spark_conf: dict | None = None) -> list[dict]:
+    """Score one partition per batch on the cluster; return each task's stats.
+
+    With ``parts_prefix`` every task writes its batch's lines under it
+    (:func:`mxinfer.part_key`), so nothing but the stats comes back here.
+    """
     from pyspark import SparkConf, SparkContext
 
     conf = SparkConf().setAppName(cfg.app_name)
@@ -369,31 +390,37 @@ def run_spark(cfg: JobConfig, padded: list, spark_conf: dict | None = None) -> l
         conf.set(key, value)
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("WARN")
-    batches = len(padded) // cfg.batch_size
-    log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, batches)
-    rdd = sc.parallelize(padded, batches)
-    job = cfg.job_spec()
+    log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, len(batches))
+    # One element per partition (a whole batch), flattened back into (key, size) pairs on the executor.
+    rdd = sc.parallelize(batches, len(batches)).mapPartitions(itertools.chain.from_iterable)
+    job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=parts_prefix)
     if job.handler:
         sc.addFile(job.handler)  # executors load their copy by name (mxinfer.get_handlers)
     score = functools.partial(mxinfer.score_partition, job=job)
     stop = threading.Event()
-    reporter = threading.Thread(target=_report_progress, args=(sc, batches, cfg.batch_size,
-                                                               cfg.progress_seconds, stop), daemon=True)
+    images = sum(len(batch) for batch in batches)
+    reporter = threading.Thread(target=_report_progress, args=(sc, len(batches), images, cfg.progress_seconds, stop),
+                                daemon=True)
     reporter.start()
     try:
-        return rdd.mapPartitionsWithIndex(score).collect()
+        return [stats for _, _, _, stats in rdd.mapPartitionsWithIndex(score).collect()]
     except Exception as exc:
         raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
     finally:
         stop.set()
-        # Results are on the driver now; release the executors before the
-        # upload rather than letting the JVM's shutdown race them.
-        sc.stop()
+        # Release the executors before the assembly rather than letting the
+        # JVM's shutdown race them. After a signal the JVM may be gone already.
+        try:
+            sc.stop()
+        except Exception as exc:  # noqa: BLE001 - nothing left to stop
+            log.debug("stopping Spark: %s", exc)
 
 
-def _report_progress(sc, batches: int, batch_size: int, every: float, stop: threading.Event) -> None:
-    """Log finished batches and throughput while the job runs, so users can see it move."""
-    started = time.time()
+def _report_progress(sc, batches: int, images: int, every: float, stop: threading.Event) -> None:
+    """Log done/total batches, images/s (last interval and overall) and an ETA while the job runs."""
+    started = last_time = time.time()
+    last_done = 0
+    per_batch = images / batches if batches else 0.0
     tracker = sc.statusTracker()
     while not stop.wait(every):
         done = 0
@@ -401,10 +428,26 @@ def _report_progress(sc, batches: int, batch_size: int, every: float, stop: thre
             info = tracker.getStageInfo(stage_id)
             if info is not None:
                 done += info.numCompletedTasks
-        if done:
-            elapsed = time.time() - started
-            log.info("progress: %d of %d batches done (%.0f%%), about %.1f images/s",
-                     done, batches, 100.0 * done / batches, done * batch_size / elapsed)
+        now = time.time()
+        if not done:
+            continue
+        recent = (done - last_done) * per_batch / (now - last_time)
+        overall = done * per_batch / (now - started)
+        # The recent rate is the steady one once the workers have loaded the model.
+        rate = recent if recent > 0 else overall
+        left = (batches - done) * per_batch / rate if rate > 0 else float("nan")
+        log.info("progress: %d of %d batches done (%.0f%%); %.1f images/s in the last %.0f s, %.1f overall; "
+                 "about %s left", done, batches, 100.0 * done / batches, recent, now - last_time, overall,
+                 _duration(left))
+        last_time, last_done = now, done
+
+
+def _duration(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "an unknown time"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 def spark_failure_reason(exc: BaseException) -> str:
@@ -419,54 +462,204 @@ def spark_failure_reason(exc: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------
-# Load: check, stream out, summarise
+# Load: durable progress, resume, assembly, summary
 
 
-def iter_checked_lines(results: list[tuple], padded: list, batch_size: int):
-    """Yield ``(line, failed)`` for every output line in key order, checking one line per key.
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT reached the driver (a ``BaseException``, like ``KeyboardInterrupt``)."""
 
-    Partitions are matched to their batch by index and lines to keys by key,
-    never by position, so a retried or reordered task cannot shift a result.
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: Signals this driver received: the JVM gets a terminal's Ctrl-C or YARN's SIGTERM
+#: too, and its failure may reach the main thread before the signal's exception does.
+_signals_received: list[int] = []
+
+
+def _raise_interrupted(signum, _frame):
+    _signals_received.append(signum)
+    # One interruption is enough: the clean-up below must not be cut short by a second one.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+class _Console:
+    """Where the last word of a run that did not finish goes, even if spark-submit's JVM is gone.
+
+    In client mode spark-submit's JVM starts this driver and copies its output
+    to the JVM's own. Ctrl-C or a SIGTERM to the process group reaches the
+    JVM too, and it may exit before it copies the one line that says how to
+    resume. So when the parent is a JVM, its stderr is opened at start
+    (``/proc/PPID/fd/2``, append-only, so it outlives the JVM) and that line
+    goes there once the JVM is gone or going.
     """
-    by_index = {index: (count, blob, stats) for index, count, blob, stats in results}
-    batches = len(padded) // batch_size
-    if sorted(by_index) != list(range(batches)):
-        raise JobError(f"expected results for {batches} batches, got {len(by_index)}")
-    for index in range(batches):
-        count, blob, _ = by_index[index]
-        expected = sorted(key for key, _ in filter(None, padded[index * batch_size: (index + 1) * batch_size]))
-        lines = zlib.decompress(blob).decode("utf-8").split("\n") if count else []
-        parsed = [json.loads(line) for line in lines]
-        got = [obj["key"] for obj in parsed]
-        if got != expected:
-            missing = sorted(set(expected) - set(got))[:3]
-            extra = sorted(set(got) - set(expected))[:3]
-            raise JobError(f"batch {index}: {len(got)} lines for {len(expected)} keys "
-                           f"(missing {missing}, unexpected {extra})")
-        for line, obj in zip(lines, parsed):
-            yield line, "error" in obj
+
+    def __init__(self):
+        self.parent, self.fd = os.getppid(), None
+        try:
+            with open(f"/proc/{self.parent}/cmdline", "rb") as handle:
+                if b"java" in handle.read().split(b"\0", 1)[0]:
+                    self.fd = os.open(f"/proc/{self.parent}/fd/2", os.O_WRONLY | os.O_APPEND)
+        except OSError:  # not Linux, not a JVM parent, or its stderr cannot be opened: use ours
+            self.fd = None
+
+    def say(self, line: str, parent_going: bool = False) -> None:
+        """Print ``line`` once, where the user sees it: through the JVM while it lives, else straight."""
+        if self.fd is not None and (parent_going or os.getppid() != self.parent):
+            try:
+                os.write(self.fd, (line + "\n").encode("utf-8", "replace"))
+                return
+            except OSError:
+                pass
+        click.echo(line, err=True)
 
 
-def write_output(cfg: JobConfig, writer: utils.MultipartWriter, results, padded) -> dict:
-    """Stream the checked lines into ``writer``; return counts of predicted and failed keys."""
-    predicted = failed = 0
-    chunk: list[str] = []
-    for line, is_error in iter_checked_lines(results, padded, cfg.batch_size):
-        failed += is_error
-        predicted += not is_error
-        chunk.append(line)
-        if len(chunk) >= 10_000:
-            writer.write(("\n".join(chunk) + "\n").encode("utf-8"))
-            chunk.clear()
-    if chunk:
-        writer.write(("\n".join(chunk) + "\n").encode("utf-8"))
-    return {"predicted": predicted, "failed": failed}
+def resume_command(argv: Sequence[str]) -> str:
+    """The command line that resumes this run: the same arguments, ``--overwrite`` dropped, ``--resume`` added."""
+    args = [a for a in argv[1:] if a != "--overwrite"]
+    if "--resume" not in args:
+        args.append("--resume")
+    return "spark-submit [the same spark options] " + shlex.join([os.path.basename(argv[0]), *args])
 
 
-def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: dict,
-              elapsed: float, model_summary: dict, upload_seconds: float) -> dict:
-    stats = [r[3] for r in results]
-    stages = ("download", "decode", "forward", "wait", "task", "cpu")
+def yarn_attempt() -> tuple[str | None, int]:
+    """``(application id, attempt number)`` of this YARN container from ``CONTAINER_ID``, else ``(None, 1)``.
+
+    YARN names a container ``container[_eE]_<cluster ts>_<app>_<attempt>_<n>``:
+    the application master of attempt 2 runs in ``..._0001_02_000001``.
+    """
+    match = re.match(r"container_(?:e\d+_)?(\d+)_(\d+)_(\d+)_\d+$", os.environ.get("CONTAINER_ID", ""))
+    if not match:
+        return None, 1
+    return f"application_{match.group(1)}_{match.group(2)}", int(match.group(3))
+
+
+def line_settings(cfg: JobConfig) -> dict:
+    """Every setting that changes what a line says about an image (the fingerprint's settings)."""
+    return {"data_name": cfg.model.data_name, "preprocess": asdict(cfg.preprocess), "top_k": cfg.top_k,
+            "max_object_bytes": cfg.max_object_bytes, "precision": "fp32"}
+
+
+def job_fingerprint(cfg: JobConfig, classifier: mxinfer.Predictor) -> dict:
+    """:func:`durable.fingerprint` of this run: settings, model files, labels and handler by content."""
+    labels = getattr(classifier, "labels", None)
+    handler = cfg.handler_file or cfg.handler
+    files = {
+        "model_symbol": cfg.model.read(cfg.model.symbol_uri),
+        "model_params": cfg.model.read(cfg.model.params_uri),
+        "labels": "\n".join(labels).encode("utf-8") if labels else None,
+        "handler": utils.read_uri(handler) if handler else None,
+    }
+    return durable.fingerprint(line_settings(cfg), files)
+
+
+@dataclass
+class Plan:
+    """What this run does: the earlier runs it reuses and the keys it scores."""
+
+    runs: list
+    todo: list
+    number: int
+    resumed: bool
+
+
+def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list, fingerprint: dict) -> Plan:
+    """Decide between a fresh run and a resume; refuse what would overwrite or mix results.
+
+    Raises :class:`JobError` with what to do: the output exists (``--overwrite``),
+    an earlier run's progress exists (``--resume`` or ``--overwrite``), or the
+    earlier run's fingerprint differs from this one's.
+    """
+    try:
+        output_exists = any(utils.object_exists(client, cfg.output_bucket, key)
+                            for key in (cfg.output_key, cfg.summary_key))
+        work_exists = work.exists()
+    except Exception as exc:
+        raise JobError(f"cannot write {cfg.output_uri}: {mxinfer._first_line(exc)}; the job needs "
+                       "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the output bucket") from exc
+    resume = cfg.resume
+    app, attempt = yarn_attempt()
+    if cfg.overwrite:
+        if work_exists:
+            log.info("--overwrite: removing %d objects of the earlier run under %s", work.remove(), work.uri)
+        work_exists = False
+    elif work_exists and not resume and attempt > 1:
+        runs = work.runs()
+        if runs and runs[-1].application == app:
+            log.warning("YARN attempt %d of %s: resuming the progress the earlier attempt made durable under %s",
+                        attempt, app, work.uri)
+            resume = True
+    if work_exists and not resume:
+        runs = work.runs()
+        done = sum(len(run.done) for run in runs)
+        raise JobError(f"{work.uri} holds an earlier run's progress ({done} durable batches in {len(runs)} "
+                       "run(s)); add --resume to finish it, or --overwrite to discard it and start again")
+    if output_exists and not cfg.overwrite and not (resume and work_exists):
+        if resume:
+            raise Completed(cfg.output_uri)
+        raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
+    if not work_exists:
+        if resume:
+            log.info("--resume: nothing under %s yet; scoring every key", work.uri)
+        try:
+            work.write_job(fingerprint, cfg.output_uri)
+        except Exception as exc:
+            raise JobError(f"cannot write {work.uri}: {mxinfer._first_line(exc)}; the job needs s3:PutObject, "
+                           "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
+                           "prefix beside it") from exc
+        return Plan(runs=[], todo=list(images), number=1, resumed=False)
+    job = work.read_job()
+    if job is None:
+        raise JobError(f"{work.uri} has no job.json, so what made its lines is unknown; "
+                       "add --overwrite to discard it and start again")
+    differ = durable.differences(job["fingerprint"], fingerprint)
+    if differ:
+        raise JobError(f"cannot resume: the earlier run under {work.uri} used different settings or files, "
+                       f"and one output must not mix them: {'; '.join(differ)}. Rerun with the earlier "
+                       "settings, or add --overwrite (instead of --resume) to start again")
+    runs = work.runs()
+    keep = durable.remaining_keys(work, runs, durable.iter_keys(images))
+    todo = [item for item, needed in zip(images, keep) if needed]
+    log.info("--resume: %d of %d keys already have a durable line (%d runs under %s); scoring %d",
+             len(images) - len(todo), len(images), len(runs), work.uri, len(todo))
+    return Plan(runs=runs, todo=todo, number=max((run.number for run in runs), default=0) + 1, resumed=True)
+
+
+class Completed(Exception):
+    """``--resume`` of an output that an earlier run already completed: nothing to do."""
+
+
+def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list) -> durable.AssemblyCounts:
+    """Merge every durable line into the output object (one multipart upload, completed only when whole)."""
+    try:
+        writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key,
+                                       content_type="application/vnd.apache.parquet"
+                                       if cfg.output_format == "parquet" else "application/x-ndjson")
+    except Exception as exc:
+        raise JobError(f"cannot write {cfg.output_uri}: {mxinfer._first_line(exc)}; the job needs "
+                       "s3:PutObject on the output key") from exc
+    with_result = bool(cfg.handler) and mxinfer.get_handlers(cfg.handler_file or cfg.handler).output_handler
+    sink = (durable.ParquetSink(writer, with_result=bool(with_result)) if cfg.output_format == "parquet"
+            else durable.JsonLinesSink(writer))
+    try:
+        counts = durable.assemble(work, work.runs(), durable.iter_keys(images), sink)
+        sink.close()
+    except durable.ResumeError as exc:
+        sink.abort()
+        raise JobError(str(exc)) from exc
+    except BaseException:
+        sink.abort()
+        raise
+    return counts
+
+
+def summarize(cfg: JobConfig, images: int, batches: int, stats: list[dict], counts: durable.AssemblyCounts,
+              elapsed: float, model_summary: dict, seconds: dict, plan: Plan, fingerprint: dict) -> dict:
+    """The run's summary: what was scored and reused, where the time went, per executor and per worker."""
+    stages = ("download", "decode", "forward", "wait", "write", "task", "cpu")
     executors: dict[str, dict] = {}
     for s in stats:
         e = executors.setdefault(s["executor"], {"batches": 0, "images": 0, **{k: 0.0 for k in stages}})
@@ -498,45 +691,47 @@ def summarize(cfg: JobConfig, images: int, batches: int, results: list, counts: 
                 after[str(s["worker_task"])] = memory["rss"]
             after["last"] = memory["rss"]
     # Throughput while tasks ran: from the first task's start to the last one's end
-    # (elapsed_seconds also counts listing, Spark start-up and the upload).
+    # (elapsed_seconds also counts listing, Spark start-up and the assembly).
     starts = [s["started"] for s in stats if "started" in s]
     ends = [s["ended"] for s in stats if "ended" in s]
     task_window = max(ends) - min(starts) if starts and ends else None
+    scored = sum(s["keys"] for s in stats)
     errors_by_stage = {stage: sum(s["errors"][stage] for s in stats) for stage in ("download", "decode", "predict")}
     return {
-        "input": cfg.input_uri, "output": cfg.output_uri,
-        "keys_listed": images, "predicted": counts["predicted"], "failed": counts["failed"],
+        "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
+        "keys_listed": images, "predicted": counts.predicted, "failed": counts.failed,
+        # reused: keys whose line an earlier run made durable; scored: keys this run scored.
+        "reused": images - len(plan.todo), "scored": scored, "resumed": plan.resumed, "runs": plan.number,
         "errors_by_stage": errors_by_stage, "batches": batches, "batch_size": cfg.batch_size,
         "elapsed_seconds": round(elapsed, 3),
-        "images_per_second": round(images / elapsed, 2) if elapsed > 0 else None,
+        "images_per_second": round(scored / elapsed, 2) if elapsed > 0 else None,
         "seconds": {**{k: round(sum(e[k] for e in executors.values()), 3) for k in stages},
-                    "upload": round(upload_seconds, 3)},
+                    **{k: round(v, 3) for k, v in seconds.items()}},
+        "assembly": {"parts_read": counts.parts_read, "bytes_read": counts.bytes_read,
+                     "lines_dropped": counts.dropped},
         "executors": executors,
         "s3_retries": {"request": sum(s["s3_retries"]["request"] for s in stats),
                        "body": sum(s["s3_retries"]["body"] for s in stats)},
         "python_workers": workers,
         "tasks": {"first_start": min(starts) if starts else None, "last_end": max(ends) if ends else None,
                   "seconds": round(task_window, 3) if task_window else None,
-                  "images_per_second": round(images / task_window, 2) if task_window else None},
+                  "images_per_second": round(scored / task_window, 2) if task_window else None},
         "driver_max_rss_bytes": mxinfer.memory_bytes()["max_rss"],
         # Batches whose result came from a retried task (lost worker or executor, ...).
         "retried_batches": sum(1 for s in stats if s.get("attempt", 0) > 0),
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                   "labels": cfg.model.labels_uri, **model_summary},
+        "fingerprint": fingerprint,
         "options": cfg.options(),
     }
 
 
 def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
-    """List, plan, check the model, score on Spark, upload; return the exit code."""
+    """List, plan, check the model, score on Spark, assemble; return the exit code."""
     started = time.time()
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
     cfg = prepare_handler(cfg, client)
     images = list_images(client, cfg)
-    padded = plan_batches(images, cfg.batch_size)
-    batches = len(padded) // cfg.batch_size
-    log.info("%d images under %s: %d batches of %d (%d padding slots)",
-             len(images), cfg.input_uri, batches, cfg.batch_size, len(padded) - len(images))
     # Load the model here first: a bad checkpoint, shape or labels file fails
     # now, with its cause, instead of in every task after the cluster spun up.
     classifier = load_model_on_driver(cfg)
@@ -544,33 +739,64 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     if isinstance(classifier, mxinfer.Classifier) and cfg.top_k > classifier.num_classes:
         raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
     if cfg.dry_run:
-        return dry_run(cfg, images, padded, classifier)
+        return dry_run(cfg, images, classifier)
+    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    fingerprint = job_fingerprint(cfg, classifier)
     try:
-        writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key)
-    except Exception as exc:
-        raise JobError(f"cannot write {cfg.output_uri}: {mxinfer._first_line(exc)}; the job needs "
-                       "s3:PutObject on the output key") from exc
+        plan = plan_output(cfg, client, work, images, fingerprint)
+    except Completed:
+        log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
+                 cfg.output_bucket, cfg.summary_key)
+        return 0
+    batches = plan_batches(plan.todo, cfg.batch_size)
+    log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
+             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", len(batches), cfg.batch_size)
+    seconds = {}
+    stats: list[dict] = []
     try:
-        results = run_spark(cfg, padded, spark_conf)
-        upload_started = time.time()
-        counts = write_output(cfg, writer, results, padded)
-        writer.close()
-    except BaseException:
-        writer.abort()
+        if batches:
+            application, _ = yarn_attempt()
+            run = work.start_run(plan.number, durable.iter_keys(plan.todo), cfg.batch_size, application)
+            spark_started = time.time()
+            stats = run_spark(cfg, batches, run.prefix, spark_conf)
+            seconds["spark"] = time.time() - spark_started
+        assembly_started = time.time()
+        counts = assemble_output(cfg, client, work, images)
+        seconds["assembly"] = time.time() - assembly_started
+    except (JobError, Interrupted) as exc:
+        exc.work = work  # main() says what is durable and how to resume
         raise
-    upload_seconds = time.time() - upload_started
+    log.info("assembled %s from %d parts in %.1f s", cfg.output_uri, counts.parts_read, seconds["assembly"])
     elapsed = time.time() - started
-    summary = summarize(cfg, len(images), batches, results, counts, elapsed, summary_model, upload_seconds)
+    summary = summarize(cfg, len(images), len(batches), stats, counts, elapsed, summary_model, seconds, plan,
+                        fingerprint)
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
+    removed = work.remove()
     log.info("summary: %s", json.dumps({k: summary[k] for k in (
-        "keys_listed", "predicted", "failed", "batches", "elapsed_seconds", "images_per_second")}))
-    log.info("wrote %s and s3://%s/%s", cfg.output_uri, cfg.output_bucket, cfg.summary_key)
+        "keys_listed", "predicted", "failed", "reused", "scored", "batches", "elapsed_seconds")}))
+    log.info("wrote %s and s3://%s/%s; removed %d work objects under %s", cfg.output_uri, cfg.output_bucket,
+             cfg.summary_key, removed, work.uri)
     limit = allowed_errors(cfg.max_errors, len(images))
-    if counts["failed"] > limit:
+    if counts.failed > limit:
         log.error("%d images failed, more than --max-errors %s allows (%d); see the error lines in %s",
-                  counts["failed"], cfg.max_errors, limit, cfg.output_uri)
+                  counts.failed, cfg.max_errors, limit, cfg.output_uri)
         return EXIT_TOO_MANY_ERRORS
     return 0
+
+
+def durable_status(work: durable.WorkPrefix | None) -> str:
+    """``N of M batches are durable under URI`` for the messages of a run that did not finish."""
+    if work is None:
+        return ""
+    try:
+        runs = work.runs()
+    except Exception as exc:  # noqa: BLE001 - S3 unreachable: say so instead of hiding the first error
+        return f"could not read {work.uri} ({mxinfer._first_line(exc)})"
+    if not runs:
+        return f"nothing was durable yet under {work.uri}"
+    last = runs[-1]
+    return (f"{len(last.done)} of {last.batches} batches of this run are durable under {work.uri}"
+            + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
 
 
 def prepare_handler(cfg: JobConfig, client) -> JobConfig:
@@ -616,15 +842,15 @@ def load_model_on_driver(cfg: JobConfig) -> mxinfer.Predictor:
         raise JobError(f"cannot load the model ({cfg.model.symbol_uri}): {mxinfer._first_line(exc)}") from exc
 
 
-def dry_run(cfg: JobConfig, images: list, padded: list, classifier: mxinfer.Classifier) -> int:
+def dry_run(cfg: JobConfig, images: list, classifier: mxinfer.Classifier) -> int:
     """Print the plan and one scored image (on the driver's CPU); start no Spark job."""
     job = cfg.job_spec()
     job = replace(job, model=replace(job.model, context="cpu"))
     [(_, _, blob, stats)] = mxinfer.score_partition(0, images[:1], job)
+    batches = math.ceil(len(images) / cfg.batch_size)
     plan = {
-        "input": cfg.input_uri, "output": cfg.output_uri, "images": len(images),
-        "batch_size": cfg.batch_size, "batches": len(padded) // cfg.batch_size,
-        "partitions": len(padded) // cfg.batch_size, "padding_slots": len(padded) - len(images),
+        "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
+        "images": len(images), "batch_size": cfg.batch_size, "batches": batches, "partitions": batches,
         "first_key": images[0][0], "last_key": images[-1][0],
         "model": classifier.model_summary(),
         "sample": json.loads(zlib.decompress(blob).decode("utf-8")),
@@ -683,6 +909,9 @@ def _refuse_secret(ctx, param, value):
 @click.option("--app-name", help="Spark application name. [default: mxnet-batch-inference]")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [default: INFO]")
 @click.option("--progress-seconds", type=float, help="Seconds between progress lines. [default: 15]")
+@click.option("--resume", is_flag=True, default=None, help="Finish an interrupted run: reuse the lines it made durable under OUTPUT.parts/ and score only the keys without one.")
+@click.option("--overwrite", is_flag=True, default=None, help="Replace an existing output, and discard an earlier run's progress under OUTPUT.parts/.")
+@click.option("--output-format", type=click.Choice(durable.OUTPUT_FORMATS), help="Output as JSON Lines or Parquet. [default: parquet if the output key ends in .parquet, else jsonl]")
 @click.option("--access_key", "--access-key", "access_key", hidden=True, expose_value=False, callback=_refuse_secret)
 @click.option("--secret_key", "--secret-key", "secret_key", hidden=True, expose_value=False, callback=_refuse_secret)
 def main(config_uri, **cli):
@@ -696,13 +925,36 @@ def main(config_uri, **cli):
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    console = _Console()
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         code = run_job(cfg)
+    except Interrupted as exc:
+        _exit_interrupted(exc, cfg, console)
     except JobError as exc:
-        log.error("%s", exc)
-        click.echo(f"Error: {exc}", err=True)
+        if _signals_received:  # the JVM failed first, because it was signalled too
+            interrupted = Interrupted(_signals_received[0])
+            interrupted.work = getattr(exc, "work", None)
+            _exit_interrupted(interrupted, cfg, console)
+        work = getattr(exc, "work", None)
+        status = durable_status(work) if work is not None else ""
+        hint = f" ({status}; once the cause is fixed, resume with: {resume_command(sys.argv)})" if status else ""
+        log.debug("failed here", exc_info=True)
+        console.say(f"Error: {exc}{hint}")
         sys.exit(EXIT_FAILED)
+    finally:
+        for sig, handler in previous.items():  # main() may run inside a test or a notebook
+            signal.signal(sig, handler)
     sys.exit(code)
+
+
+def _exit_interrupted(exc: Interrupted, cfg: JobConfig, console: _Console):
+    """One line, not Py4J's and the JVM's stacks: what happened, what is kept, what to run; exit 128+N."""
+    status = durable_status(getattr(exc, "work", None))
+    console.say(f"Interrupted by {exc}: {status + '; ' if status else ''}nothing was written to "
+                f"{cfg.output_uri}. Resume with: {resume_command(sys.argv)}", parent_going=True)
+    log.debug("interrupted here", exc_info=True)
+    sys.exit(128 + exc.signum)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ centre crop) -> float32 CHW -> ``(x - mean) / std`` on 0-255 values.
 from __future__ import annotations
 
 import gc
+import gzip
 import importlib.util
 import io
 import json
@@ -1020,11 +1021,24 @@ class JobSpec:
     micro_batch_size: int | None = None
     #: MXNet/OpenMP threads per Python worker; ``None``: see :func:`worker_threads`.
     threads: int | None = None
+    #: Where each batch's lines become durable: ``s3://output_bucket/parts_prefix``
+    #: (see :func:`part_key`). ``None``: the lines travel back to the driver instead.
+    output_bucket: str | None = None
+    parts_prefix: str | None = None
 
     @property
     def forward_batch(self) -> int:
         """The module's bound batch: ``micro_batch_size``, never more than ``batch_size``."""
         return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
+
+
+def part_key(parts_prefix: str, index: int) -> str:
+    """The S3 key of batch ``index``'s lines under a run's ``parts_prefix``.
+
+    A batch always writes the same key, so a retried or speculative task
+    replaces the object (S3 PUTs are atomic) instead of adding a second copy.
+    """
+    return f"{parts_prefix}part-{index:08d}.jsonl.gz"
 
 
 def error_object(stage: str, exc: BaseException) -> dict:
@@ -1145,9 +1159,10 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     """Score one partition (one batch); yields a single ``(index, lines, blob, stats)``.
 
     ``items`` are ``(key, size)`` pairs; ``None`` marks a padding slot, which
-    downloads nothing and yields nothing. ``blob`` is the partition's JSON
-    lines, sorted by key and zlib-compressed, so a million results travel to
-    the driver compactly.
+    downloads nothing and yields nothing. The partition's JSON lines, sorted by
+    key, are written to S3 as one gzip object of JSON Lines (:func:`part_key`)
+    when ``job.parts_prefix`` is set, and ``blob`` is ``None``; otherwise
+    ``blob`` is the lines joined by newlines and zlib-compressed, for the caller.
     """
     global tasks_run
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
@@ -1214,7 +1229,17 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     if batch_keys:
         flush()
     lines.sort()
-    blob = zlib.compress("\n".join(line for _, line in lines).encode("utf-8"), 1)
+    text = "\n".join(line for _, line in lines).encode("utf-8")
+    write_started = time.perf_counter()
+    if job.parts_prefix is not None:
+        # Durable before Spark hears the task is done: a dead driver loses nothing
+        # this task scored. gzip level 1: ~5x smaller for a fraction of a ms.
+        reader.client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index),
+                                 Body=gzip.compress(text + b"\n" if text else text, compresslevel=1), ContentType="application/gzip")
+        blob = None
+    else:
+        blob = zlib.compress(text, 1)
+    timing["write"] = time.perf_counter() - write_started
     stats = {
         "partition": index,
         "executor": f"{socket.gethostname()}/{os.getppid()}",

@@ -503,6 +503,17 @@ class MultipartWriter:
             self.abort()
 
 
+def object_exists(client, bucket: str, key: str) -> bool:
+    """Whether ``s3://bucket/key`` exists; errors other than "not found" raise."""
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return True
+
+
 def put_text(client, bucket: str, key: str, text: str, content_type: str = "application/json") -> None:
     """Write a small text object in one request."""
     client.put_object(Bucket=bucket, Key=key, Body=text.encode("utf-8"), ContentType=content_type)

@@ -23,6 +23,8 @@ from demo.s3local import FAKE_AWS_ENV, moto_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MASTER = "local-cluster[2,1,1024]"
+#: Our modules, shipped with --py-files (the driver's too: in cluster mode it runs on the cluster).
+PY_FILES = ("utils.py", "mxinfer.py", "durable.py")
 
 
 def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]:
@@ -32,7 +34,7 @@ def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]
         str(python_bin / "spark-submit"), "--master", master,
         "--properties-file", str(ROOT / "conf" / "spark-local.conf"),
         "--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}",
-        "--py-files", f"{ROOT / 'utils.py'},{ROOT / 'mxinfer.py'}",
+        "--py-files", ",".join(str(ROOT / name) for name in PY_FILES),
         str(ROOT / "infer_main.py"), *job_args,
     ]
 

@@ -136,11 +136,12 @@ def test_missing_config_file_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.parametrize("n, batch, batches", [(1, 4, 1), (4, 4, 1), (5, 4, 2), (9, 3, 3)])
-def test_plan_pads_to_whole_batches_with_empty_slots(n, batch, batches):
+def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, batches):
     items = [(f"k{i}", 1) for i in range(n)]
-    padded = infer_main.plan_batches(items, batch)
-    assert len(padded) == batches * batch
-    assert padded[:n] == items and all(x is None for x in padded[n:])
+    planned = infer_main.plan_batches(items, batch)
+    assert len(planned) == batches
+    assert [item for b in planned for item in b] == items  # every item once, in order
+    assert all(len(b) == batch for b in planned[:-1]) and 1 <= len(planned[-1]) <= batch
 
 
 @pytest.mark.parametrize("value, keys, allowed", [("0", 100, 0), ("5", 10, 5), ("1%", 1000, 10), ("1%", 99, 0),
@@ -183,7 +184,7 @@ def test_dry_run_prints_the_plan_and_a_scored_image_without_spark(small_world):
                                              "--batch-size", "2", "--dry-run"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    assert plan["images"] == 5 and plan["batches"] == 3 and plan["padding_slots"] == 1
+    assert plan["images"] == 5 and plan["batches"] == 3
     assert plan["first_key"] == "imgs/0.png"
     assert plan["sample"]["key"] == "imgs/0.png" and len(plan["sample"]["predictions"]) == 5
     assert plan["model"]["num_classes"] == 10

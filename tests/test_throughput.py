@@ -94,8 +94,8 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     keys = [(f"k{i}", 1) for i in range(200 * 64)]
     plan = infer_main.Plan(runs=[], todo=keys, number=1, resumed=False)
     counts = durable.AssemblyCounts(predicted=12800, failed=0)
-    summary = infer_main.summarize(cfg, 200 * 64, 200, list(reversed(stats)), counts, 300.0, {},  # order must not matter
-                                   {"assembly": 0.5}, plan, {})
+    stats.reverse()  # order must not matter
+    summary = infer_main.summarize(cfg, 200 * 64, 200, stats, counts, 300.0, {}, {"assembly": 0.5}, plan, {})
     window = 199 * 1.1 + 1.0
     assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
     assert summary["tasks"]["images_per_second"] == pytest.approx(12800 / window, rel=1e-3)

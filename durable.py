@@ -84,10 +84,8 @@ def fingerprint(settings: dict, files: dict[str, bytes | None]) -> dict:
 
 
 def _plain(value):
-    """Tuples as lists, so a fingerprint equals its own JSON round trip."""
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    """The value as JSON gives it back (tuples as lists), so a fingerprint equals its own round trip."""
+    return json.loads(json.dumps(value))
 
 
 #: The fingerprint's file entries (compared by digest, named as files in messages).
@@ -244,6 +242,8 @@ class AssemblyCounts:
     failed: int = 0
     #: Lines whose key is no longer in the job's key list (the input changed between runs).
     dropped: int = 0
+    #: Lines of a key that an earlier run had already made durable (kept: the earlier one).
+    superseded: int = 0
     parts_read: int = 0
     bytes_read: int = 0
 
@@ -286,8 +286,9 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str], sink,
     ``keys`` is this job's sorted key list. Each run's parts, read in batch
     order, are sorted by key (its plan was), so a heap merge of the runs gives
     every line in key order while holding only a window of parts per run.
-    A key of ``keys`` without a line, or with two, raises ``ResumeError``:
-    nothing is written then (the caller aborts the sink).
+    A key of ``keys`` without a line raises ``ResumeError``: nothing is
+    written then (the caller aborts the sink). A key that two runs scored gets
+    the earlier run's line only (``heapq.merge`` is stable).
     """
     counts = AssemblyCounts()
     with ThreadPoolExecutor(threads, thread_name_prefix="assemble") as pool:
@@ -298,8 +299,10 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str], sink,
         chunk: list[str] = []
         for key, end, line in merged:
             if key == last:
-                raise ResumeError(f"two lines for key {key!r} under {work.uri}; remove the work prefix "
-                                  "(--overwrite) and run again")
+                # Two runs scored this key (a late task of an earlier run wrote its part after the
+                # resume planned): both lines come from the same fingerprint; the earlier run's is kept.
+                counts.superseded += 1
+                continue
             if position < total and keys[position] < key:
                 raise ResumeError(f"no line for key {keys[position]!r} under {work.uri}")
             if position < total and keys[position] == key:

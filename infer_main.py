@@ -708,7 +708,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, stats: list[dict], coun
         "seconds": {**{k: round(sum(e[k] for e in executors.values()), 3) for k in stages},
                     **{k: round(v, 3) for k, v in seconds.items()}},
         "assembly": {"parts_read": counts.parts_read, "bytes_read": counts.bytes_read,
-                     "lines_dropped": counts.dropped},
+                     "lines_dropped": counts.dropped, "lines_superseded": counts.superseded},
         "executors": executors,
         "s3_retries": {"request": sum(s["s3_retries"]["request"] for s in stats),
                        "body": sum(s["s3_retries"]["body"] for s in stats)},

@@ -27,6 +27,7 @@ import io
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -1041,9 +1042,17 @@ def part_key(parts_prefix: str, index: int) -> str:
     return f"{parts_prefix}part-{index:08d}.jsonl.gz"
 
 
+#: ``<_io.BytesIO object at 0x7f...>`` in a message (Pillow's "cannot identify image file").
+_OBJECT_ADDRESS = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
 def error_object(stage: str, exc: BaseException) -> dict:
-    """The ``error`` member of a failed key's line (and of a failed UDF row)."""
-    return {"stage": stage, "type": type(exc).__name__, "message": _first_line(exc)}
+    """The ``error`` member of a failed key's line (and of a failed UDF row).
+
+    Memory addresses are cut from the message, so the same image fails with
+    the same line in every run (a resumed output equals an uninterrupted one).
+    """
+    return {"stage": stage, "type": type(exc).__name__, "message": _OBJECT_ADDRESS.sub(r"<\1>", _first_line(exc))}
 
 
 def error_line(key: str, stage: str, exc: BaseException) -> str:

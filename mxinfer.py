@@ -80,7 +80,7 @@ class Preprocess:
     mean: tuple = (0.0,)
     std: tuple = (1.0,)
     resize: str = "stretch"
-    max_image_pixels: int = 100_000_000
+    max_image_pixels: int = 64_000_000
 
     def __post_init__(self):
         channels = self.input_shape[0]

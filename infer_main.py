@@ -718,20 +718,34 @@ def load_model_on_driver(cfg: JobConfig) -> mxinfer.Predictor:
 
 
 def dry_run(cfg: JobConfig, images: list, padded: list, classifier: mxinfer.Classifier) -> int:
-    """Print the plan and one scored image (on the driver's CPU); start no Spark job."""
+    """Check that the output may be written, score one image on the driver's CPU, print the plan.
+
+    Starts no Spark job. The plan is one JSON object on the last line of
+    standard output: under spark-submit the driver's log and MXNet's own
+    messages share that stream, so a script reads the last line only.
+    """
+    if cfg.output_key:
+        client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
+        try:
+            utils.check_writable(client, cfg.output_bucket, cfg.output_key)
+        except utils.OutputNotWritableError as exc:
+            raise JobError(str(exc)) from exc
     job = cfg.job_spec()
     job = replace(job, model=replace(job.model, context="cpu"))
     [(_, _, blob, stats)] = mxinfer.score_partition(0, images[:1], job)
     plan = {
-        "input": cfg.input_uri, "output": cfg.output_uri, "images": len(images),
-        "batch_size": cfg.batch_size, "batches": len(padded) // cfg.batch_size,
+        "input": cfg.input_uri, "output": cfg.output_uri, "output_writable": bool(cfg.output_key) or None,
+        "images": len(images), "batch_size": cfg.batch_size, "batches": len(padded) // cfg.batch_size,
         "partitions": len(padded) // cfg.batch_size, "padding_slots": len(padded) - len(images),
         "first_key": images[0][0], "last_key": images[-1][0],
         "model": classifier.model_summary(),
         "sample": json.loads(zlib.decompress(blob).decode("utf-8")),
         "sample_seconds": stats["seconds"],
     }
-    click.echo(json.dumps(plan, indent=2, ensure_ascii=False))
+    # Whatever was logged or printed before ends its line first, so the plan is a line of its own.
+    sys.stderr.flush()
+    click.echo(json.dumps(plan, ensure_ascii=False))
+    sys.stdout.flush()
     return 0
 
 

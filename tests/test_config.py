@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import click
@@ -347,3 +348,23 @@ def test_unwritable_output_fails_before_any_spark_work(small_world):
     assert "cannot write s3://no-such-output-bucket/o.jsonl" in result.output and "NoSuchBucket" in result.output
     from pyspark import SparkContext
     assert SparkContext._active_spark_context is None
+
+
+def test_dry_run_with_an_unwritable_output_fails_and_says_so_once(small_world, caplog):
+    result = CliRunner(mix_stderr=False).invoke(infer_main.main, [
+        *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://no-such-output-bucket/o.jsonl",
+        "--dry-run"])
+    assert result.exit_code == 1
+    assert result.stdout == ""  # no plan
+    assert result.stderr.count("cannot write s3://no-such-output-bucket/o.jsonl") == 1
+    assert "NoSuchBucket" in result.stderr
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # not also logged as an ERROR line
+
+
+def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, moto_endpoint):
+    result = CliRunner(mix_stderr=False).invoke(infer_main.main, [
+        *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://cfg-bucket/dry/o.jsonl", "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout.splitlines()[-1])
+    assert plan["output"] == "s3://cfg-bucket/dry/o.jsonl" and plan["output_writable"] is True
+    assert make_s3_client(moto_endpoint).list_objects_v2(Bucket="cfg-bucket", Prefix="dry/")["KeyCount"] == 0

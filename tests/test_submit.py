@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 
 import pytest
 
 from demo.run_local import upload_demo
+from demo.submit import shell_line, uses_local_s3
 from tests.conftest import ROOT, make_s3_client
-
-pytestmark = pytest.mark.spark
 
 MARKER = "<!-- tests/test_submit.py runs this command as it is written here -->"
 IMAGES = 30
@@ -52,6 +52,24 @@ def demo_bucket(moto_endpoint, demo_dir, tmp_path_factory):
     return s3
 
 
+@pytest.mark.parametrize("args, local", [
+    (["--endpoint-url", "http://127.0.0.1:5000"], True),
+    (["--endpoint-url=http://localhost:9000"], True),
+    (["--endpoint-url", "https://s3.eu-west-1.amazonaws.com"], False),
+    (["--input", "s3://b/p/"], False),
+])
+def test_fake_keys_only_for_a_server_on_this_machine(args, local):
+    assert uses_local_s3(args) is local
+
+
+def test_the_printed_line_quotes_what_a_shell_would_split():
+    command = ["spark-submit", "--master", "local-cluster[2,1,1024]", "--top-k", "2"]
+    line = shell_line(command, {"A": "x y"})
+    assert line == "A='x y' spark-submit --master 'local-cluster[2,1,1024]' --top-k 2"
+    assert shlex.split(line) == ["A=x y", *command]
+
+
+@pytest.mark.spark
 def test_the_readmes_local_command_runs_from_a_fresh_shell_and_prints_a_line_that_does_too(
         demo_bucket, moto_endpoint):
     line = readme_command()

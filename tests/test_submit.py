@@ -28,7 +28,11 @@ def readme_command() -> str:
 
 def fresh_shell_env() -> dict:
     """What a new terminal has: no venv on PATH, no PYSPARK_*, SPARK_* or AWS_* variables."""
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+    path = ["/usr/local/bin", "/usr/bin", "/bin"]
+    java = shutil.which("java")  # wherever this machine keeps Java (Spark needs it), but never .venv/bin
+    if java and os.path.dirname(java) not in path:
+        path.append(os.path.dirname(java))
+    env = {"PATH": ":".join(path), "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
     if "JAVA_HOME" in os.environ:
         env["JAVA_HOME"] = os.environ["JAVA_HOME"]
     return env

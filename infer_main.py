@@ -753,7 +753,8 @@ def dry_run(cfg: JobConfig, images: list, padded: list, classifier: mxinfer.Clas
 # The command line: every option, its type, range and default, in one place.
 # DEFAULTS, the YAML layer and --help all read this table; conf/defaults.yaml
 # is checked against it by tests/test_config.py. Adding an option is one
-# decorator here and one field of JobConfig.
+# decorator here (its default, type and range), a JobConfig field, and the
+# line of resolve that fills it.
 
 #: Defaults the executors' JobSpec and the Preprocess recipe already hold:
 #: the job takes them from there, so the library and the job cannot drift.

@@ -49,6 +49,7 @@ from typing import Any
 
 import click
 import yaml
+from click.core import ParameterSource
 
 import durable
 import mxinfer
@@ -57,26 +58,6 @@ import utils
 log = logging.getLogger("infer_main")
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TOO_MANY_ERRORS = 1, 2, 3
-
-#: Every setting, its default, and what it means; conf/defaults.yaml mirrors this
-#: (a test keeps them equal). Command line beats --config YAML beats these.
-DEFAULTS: dict[str, Any] = {
-    "input": None, "bucket": None, "prefix": "",
-    "suffixes": list(mxinfer.DEFAULT_SUFFIXES),
-    "model": None, "epoch": 0, "labels": None,
-    "sym_url": None, "param_url": None, "label_url": None,
-    "data_name": "data", "context": "cpu", "handler": None,
-    "output": None, "output_s3_bucket": None, "output_s3_key": None,
-    "batch_size": 64, "top_k": 5,
-    "input_shape": "3,224,224", "mean": "0", "std": "1", "resize": "stretch",
-    "endpoint_url": None, "region": None,
-    "limit": None, "dry_run": False,
-    "max_errors": "1%", "max_object_bytes": 50 * 1024 * 1024, "max_image_pixels": 64_000_000,
-    "io_threads": 16, "max_in_flight": 128, "s3_max_attempts": 5,
-    "micro_batch_size": 16, "threads": None,
-    "app_name": "mxnet-batch-inference", "log_level": "INFO", "progress_seconds": 15,
-    "resume": False, "overwrite": False, "output_format": None,
-}
 
 REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
                    "aws_session_token")
@@ -161,43 +142,140 @@ class JobConfig:
         return out
 
 
-def _numbers(value, name: str, kind=float, count: int | None = None) -> tuple:
-    if isinstance(value, (list, tuple)):
-        parts = list(value)
-    else:
-        parts = [p for p in str(value).replace(" ", "").split(",") if p]
-    try:
-        numbers = tuple(kind(p) for p in parts)
-    except (TypeError, ValueError):
-        raise click.UsageError(f"{name} must be comma-separated numbers, got {value!r}") from None
-    if count is not None and len(numbers) != count:
-        raise click.UsageError(f"{name} needs {count} comma-separated values, got {value!r}")
-    return numbers
+# ----------------------------------------------------------------------------
+# Option types: the command line and the YAML layer convert through the same
+# ones (merge_settings), so a value means the same and fails the same in both.
 
 
-def _positive(settings: dict, name: str, allow_none: bool = False) -> int | None:
-    value = settings[name]
-    if value is None and allow_none:
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise click.UsageError(f"{name} must be a whole number, got {value!r}") from None
-    if number < 1:
-        raise click.UsageError(f"{name} must be at least 1, got {number}")
-    return number
+class WholeNumber(click.IntRange):
+    """``click.IntRange`` that refuses a non-whole number instead of cutting it.
+
+    click's own ``INT`` calls ``int(8.9)`` and gets 8; a YAML ``batch_size: 8.9``
+    or ``top_k: 2.7`` must be refused, not silently changed. ``True`` is no
+    number either, though Python says ``int(True) == 1``.
+    """
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            self.fail(f"{value!r} is not a whole number", param, ctx)
+        return super().convert(value, param, ctx)
 
 
-def parse_max_errors(value: str) -> tuple[float, bool]:
-    """``"10"`` -> (10, False); ``"2.5%"`` -> (2.5, True)."""
+class FiniteNumber(click.FloatRange):
+    """``click.FloatRange`` that refuses booleans, NaN and infinities."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, bool):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class NumberList(click.ParamType):
+    """Comma-separated numbers, or a YAML list, to a tuple: ``"3,224,224"`` -> ``(3, 224, 224)``.
+
+    Parameters
+    ----------
+    kind : {int, float}
+        Whole numbers at least 1 (``int``), or any finite numbers (``float``).
+    count : int, optional
+        The exact number of values.
+    nonzero : bool
+        Refuse zeros (a divisor).
+    """
+
+    name = "numbers"
+
+    def __init__(self, kind: type = float, count: int | None = None, nonzero: bool = False):
+        self.kind, self.count, self.nonzero = kind, count, nonzero
+        self._element = WholeNumber(min=1) if kind is int else FiniteNumber()
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            parts = list(value)
+        else:
+            parts = [p for p in str(value).replace(" ", "").split(",") if p]
+        what = "whole numbers of at least 1" if self.kind is int else "numbers"
+        try:
+            numbers = tuple(self._element.convert(p, None, None) for p in parts)
+        except click.BadParameter:
+            self.fail(f"needs comma-separated {what}, got {value!r}", param, ctx)
+        if self.count is not None and len(numbers) != self.count:
+            self.fail(f"needs {self.count} comma-separated {what}, got {value!r}", param, ctx)
+        if not numbers:
+            self.fail("needs at least one number", param, ctx)
+        if self.nonzero and any(n == 0 for n in numbers):
+            self.fail(f"values must be non-zero, got {value!r}", param, ctx)
+        return numbers
+
+
+class Suffixes(click.ParamType):
+    """Comma-separated key suffixes, or a YAML list, to a tuple of strings."""
+
+    name = "suffixes"
+
+    def convert(self, value, param, ctx):
+        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+        suffixes = tuple(s for s in (str(x).strip() for x in items) if s)
+        if not suffixes:
+            self.fail("no suffix given, so no key could match; give some, such as .jpg,.png", param, ctx)
+        return suffixes
+
+
+class MaxErrors(click.ParamType):
+    """A count (``10``) or a percentage (``1%``) of the listed keys, kept as text."""
+
+    name = "N|P%"
+
+    def convert(self, value, param, ctx):
+        try:
+            parse_max_errors(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value).strip()
+
+
+class DeviceContext(click.ParamType):
+    """``cpu``, ``gpu`` or ``gpu:N``, checked by the grammar the executors use."""
+
+    name = "context"
+
+    def convert(self, value, param, ctx):
+        try:
+            mxinfer.choose_context(str(value), None, 0, 1)
+        except ValueError:
+            self.fail(f"must be cpu, gpu or gpu:N, got {value!r}", param, ctx)
+        return str(value)
+
+
+class HandlerFile(click.ParamType):
+    """A ``.py`` file: a local path that exists, or a URI the driver downloads."""
+
+    name = "FILE.py"
+
+    def convert(self, value, param, ctx):
+        path = str(value)
+        if not path.endswith(".py"):
+            self.fail(f"must be a Python file ending in .py, got {path!r}", param, ctx)
+        if "://" not in path and not os.path.isfile(path):
+            self.fail(f"{path}: no such file (in cluster mode give an s3:// URI)", param, ctx)
+        return path
+
+
+def parse_max_errors(value) -> tuple[float, bool]:
+    """``"10"`` -> (10, False); ``"2.5%"`` -> (2.5, True); anything else raises ``ValueError``."""
     text = str(value).strip()
     percent = text.endswith("%")
     try:
         number = float(text.rstrip("%"))
     except ValueError:
-        raise click.UsageError(f"max_errors must be a count (10) or a percentage (1%), got {value!r}") from None
-    if number < 0 or (percent and number > 100):
-        raise click.UsageError(f"max_errors out of range: {value!r}")
+        raise ValueError(f"must be a count (10) or a percentage (1%), got {value!r}") from None
+    if not math.isfinite(number) or number < 0 or (percent and number > 100):
+        raise ValueError(f"out of range (0 or more, at most 100%), got {value!r}")
     return number, percent
 
 
@@ -207,7 +285,10 @@ def allowed_errors(max_errors: str, keys: int) -> int:
 
 
 def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = None) -> dict:
-    """Read a YAML config from a path or any URI :func:`utils.read_uri` takes (s3:// in cluster mode)."""
+    """Read a YAML config from a path or any URI :func:`utils.read_uri` takes (s3:// in cluster mode).
+
+    Returns the raw mapping; :func:`merge_settings` converts each value.
+    """
     try:
         client = utils.s3_client(endpoint_url, region) if utils.is_s3_uri(uri) else None
         text = utils.read_uri(uri, client).decode("utf-8")
@@ -232,25 +313,68 @@ def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = No
     return data
 
 
-def merge_settings(cli: dict, yaml_settings: dict) -> dict:
-    """Defaults, then YAML, then the options given on the command line."""
-    settings = dict(DEFAULTS)
-    settings.update(yaml_settings)
-    settings.update({k: v for k, v in cli.items() if v is not None})
-    return settings
+class Settings(dict):
+    """Merged option values, each converted by its option's click type.
+
+    :meth:`name` says how the user wrote an option, so a message about a YAML
+    value names its key and file, and one about a command-line value its flag.
+    """
+
+    def __init__(self, values: dict, names: dict[str, str]):
+        super().__init__(values)
+        self.names = names
+
+    def name(self, key: str) -> str:
+        return self.names.get(key) or option_flag(key)
 
 
-def resolve(settings: dict) -> JobConfig:
-    """Validate merged settings into a :class:`JobConfig`; a problem raises ``click.UsageError``."""
+def option_flag(key: str) -> str:
+    """The first long flag of the option that sets ``key`` (``batch_size`` -> ``--batch-size``)."""
+    return PARAMS[key].opts[0] if key in PARAMS else f"--{key.replace('_', '-')}"
+
+
+def convert_option(key: str, value, hint: str):
+    """``value`` converted by the click type of the option ``key``; a bad one raises ``BadParameter`` naming ``hint``."""
+    try:
+        return PARAMS[key].type.convert(value, None, None)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint=hint) from None
+
+
+def merge_settings(cli: dict, yaml_settings: dict, config: str = "--config") -> Settings:
+    """The defaults, then the YAML, then the options given on the command line, all typed.
+
+    Every value goes through its option's click type, so the YAML layer has
+    the command line's types and ranges; a YAML ``null`` keeps the default.
+    """
+    values: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for key, default in DEFAULTS.items():
+        values[key] = None if default is None else convert_option(key, default, f"the default of {option_flag(key)}")
+    for key, value in yaml_settings.items():
+        if value is not None:
+            names[key] = f"{key} in {config}"
+            values[key] = convert_option(key, value, f"{key!r} in {config}")
+    for key, value in cli.items():
+        if value is not None:
+            names.pop(key, None)
+            values[key] = convert_option(key, value, f"'{option_flag(key)}'")
+    return Settings(values, names)
+
+
+def resolve(settings: Settings) -> JobConfig:
+    """Check the merged settings together into a :class:`JobConfig`; a problem raises ``click.UsageError``."""
     s = settings
+    name = s.name
     # Input: --input, or the original's --bucket/--prefix.
     if s["input"] and s["bucket"]:
-        raise click.UsageError("give either --input s3://BUCKET/PREFIX or --bucket/--prefix, not both")
+        raise click.UsageError(f"{name('input')} and {name('bucket')} both set the input: give either "
+                               "--input s3://BUCKET/PREFIX or --bucket/--prefix, not both")
     if s["input"]:
         try:
             in_bucket, in_prefix = utils.parse_s3_uri(s["input"])
         except utils.S3UriError as exc:
-            raise click.UsageError(f"--input: {exc}") from None
+            raise click.UsageError(f"{name('input')}: {exc}") from None
     elif s["bucket"]:
         in_bucket, in_prefix = s["bucket"], s["prefix"] or ""
     else:
@@ -258,17 +382,19 @@ def resolve(settings: dict) -> JobConfig:
 
     # Output: --output, or the original's --output_s3_bucket/--output_s3_key (bucket defaults to input's).
     if s["output"] and (s["output_s3_key"] or s["output_s3_bucket"]):
-        raise click.UsageError("give either --output s3://BUCKET/KEY or --output_s3_bucket/--output_s3_key")
+        other = "output_s3_key" if s["output_s3_key"] else "output_s3_bucket"
+        raise click.UsageError(f"{name('output')} and {name(other)} both set the output: give either "
+                               "--output s3://BUCKET/KEY or --output_s3_bucket/--output_s3_key")
     out_bucket = out_key = None
     if s["output"]:
         try:
             out_bucket, out_key = utils.parse_s3_uri(s["output"], need_key=True)
         except utils.S3UriError as exc:
-            raise click.UsageError(f"--output: {exc}") from None
+            raise click.UsageError(f"{name('output')}: {exc}") from None
     elif s["output_s3_key"]:
         out_bucket, out_key = s["output_s3_bucket"] or in_bucket, s["output_s3_key"].lstrip("/")
     elif s["output_s3_bucket"]:
-        raise click.UsageError("--output_s3_bucket needs --output_s3_key")
+        raise click.UsageError(f"{name('output_s3_bucket')} needs --output_s3_key")
     if out_key is None and not s["dry_run"]:
         raise click.UsageError("no output: give --output s3://BUCKET/KEY (for example predictions.jsonl)")
     if s["resume"] and s["overwrite"]:
@@ -279,69 +405,43 @@ def resolve(settings: dict) -> JobConfig:
 
     # Model: --model prefix, or the original's --sym_url/--param_url.
     if s["model"] and (s["sym_url"] or s["param_url"]):
-        raise click.UsageError("give either --model PREFIX or --sym_url and --param_url, not both")
+        raise click.UsageError(f"{name('model')} and {name('sym_url' if s['sym_url'] else 'param_url')} both "
+                               "set the model: give either --model PREFIX or --sym_url and --param_url")
     if s["labels"] and s["label_url"]:
-        raise click.UsageError("give either --labels or --label_url, not both")
-    try:
-        epoch = int(s["epoch"])
-    except (TypeError, ValueError):
-        raise click.UsageError(f"epoch must be a whole number, got {s['epoch']!r}") from None
+        raise click.UsageError(f"{name('labels')} and {name('label_url')} both set the labels: give one")
     model_kwargs = {
         # "" means no labels at all; None means synset.txt beside the model if it exists.
-        "labels_uri": s["labels"] if s["labels"] is not None else s["label_url"], "data_name": str(s["data_name"]),
-        "context": str(s["context"]), "endpoint_url": s["endpoint_url"], "region": s["region"],
+        "labels_uri": s["labels"] if s["labels"] is not None else s["label_url"], "data_name": s["data_name"],
+        "context": s["context"], "endpoint_url": s["endpoint_url"], "region": s["region"],
     }
-    try:
-        mxinfer.choose_context(str(s["context"]), None, 0, 1)
-    except ValueError:
-        raise click.UsageError(f"context must be cpu, gpu or gpu:N, got {s['context']!r}") from None
     if s["model"]:
-        model = mxinfer.ModelSpec.from_prefix(str(s["model"]), epoch, **model_kwargs)
+        model = mxinfer.ModelSpec.from_prefix(s["model"], s["epoch"], **model_kwargs)
     elif s["sym_url"] and s["param_url"]:
-        model = mxinfer.ModelSpec(str(s["sym_url"]), str(s["param_url"]), **model_kwargs)
+        model = mxinfer.ModelSpec(s["sym_url"], s["param_url"], **model_kwargs)
     else:
         raise click.UsageError("no model: give --model PREFIX (PREFIX-symbol.json, PREFIX-0000.params) "
                                "or --sym_url and --param_url")
 
-    input_shape = _numbers(s["input_shape"], "input_shape", int, 3)
-    mean = _numbers(s["mean"], "mean")
-    std = _numbers(s["std"], "std")
-    try:
-        preprocess = mxinfer.Preprocess(
-            input_shape=input_shape, mean=mean, std=std, resize=str(s["resize"]),
-            max_image_pixels=_positive(s, "max_image_pixels"),
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-
-    suffixes = s["suffixes"]
-    if isinstance(suffixes, str):
-        suffixes = [x for x in suffixes.replace(" ", "").split(",") if x]
-    if not suffixes:
-        raise click.UsageError("suffixes is empty: no key could match")
-    parse_max_errors(s["max_errors"])
-    handler = str(s["handler"]) if s["handler"] else None
-    if handler is not None:
-        if not handler.endswith(".py"):
-            raise click.UsageError(f"handler must be a Python file ending in .py, got {handler!r}")
-        if "://" not in handler and not os.path.isfile(handler):
-            raise click.UsageError(f"handler {handler}: no such file (in cluster mode give an s3:// URI)")
-    level = str(s["log_level"]).upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise click.UsageError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {s['log_level']!r}")
+    channels = s["input_shape"][0]
+    if channels not in (1, 3):
+        raise click.UsageError(f"{name('input_shape')}: C (the first of C,H,W) must be 3 (RGB) or 1 "
+                               f"(greyscale), got {channels}")
+    for key in ("mean", "std"):
+        if len(s[key]) not in (1, channels):
+            raise click.UsageError(f"{name(key)} needs 1 or {channels} values (one per channel of "
+                                   f"{name('input_shape')}), got {len(s[key])}")
+    preprocess = mxinfer.Preprocess(input_shape=s["input_shape"], mean=s["mean"], std=s["std"],
+                                    resize=s["resize"], max_image_pixels=s["max_image_pixels"])
     return JobConfig(
-        input_bucket=in_bucket, input_prefix=in_prefix, suffixes=tuple(suffixes), model=model,
-        output_bucket=out_bucket, output_key=out_key,
-        batch_size=_positive(s, "batch_size"), top_k=_positive(s, "top_k"), preprocess=preprocess,
-        endpoint_url=s["endpoint_url"] or None, region=s["region"] or None,
-        limit=_positive(s, "limit", allow_none=True), dry_run=bool(s["dry_run"]),
-        max_errors=str(s["max_errors"]), max_object_bytes=_positive(s, "max_object_bytes"),
-        io_threads=_positive(s, "io_threads"), max_in_flight=_positive(s, "max_in_flight"),
-        s3_max_attempts=_positive(s, "s3_max_attempts"), app_name=str(s["app_name"]),
-        log_level=level, progress_seconds=float(s["progress_seconds"]), handler=handler,
-        micro_batch_size=_positive(s, "micro_batch_size", allow_none=True),
-        threads=_positive(s, "threads", allow_none=True),
-        resume=bool(s["resume"]), overwrite=bool(s["overwrite"]),
+        input_bucket=in_bucket, input_prefix=in_prefix, suffixes=s["suffixes"], model=model,
+        output_bucket=out_bucket, output_key=out_key, batch_size=s["batch_size"], top_k=s["top_k"],
+        preprocess=preprocess, endpoint_url=s["endpoint_url"] or None, region=s["region"] or None,
+        limit=s["limit"], dry_run=s["dry_run"], max_errors=s["max_errors"],
+        max_object_bytes=s["max_object_bytes"], io_threads=s["io_threads"], max_in_flight=s["max_in_flight"],
+        s3_max_attempts=s["s3_max_attempts"], app_name=s["app_name"], log_level=s["log_level"],
+        progress_seconds=s["progress_seconds"], handler=s["handler"] or None,
+        micro_batch_size=s["micro_batch_size"], threads=s["threads"],
+        resume=s["resume"], overwrite=s["overwrite"],
         output_format=durable.output_format(s["output_format"], out_key or ""),
     )
 
@@ -566,12 +666,15 @@ class Plan:
     resumed: bool
 
 
-def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list, fingerprint: dict) -> Plan:
+def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list, fingerprint: dict,
+                dry: bool = False) -> Plan:
     """Decide between a fresh run and a resume; refuse what would overwrite or mix results.
 
     Raises :class:`JobError` with what to do: the output exists (``--overwrite``),
     an earlier run's progress exists (``--resume`` or ``--overwrite``), or the
-    earlier run's fingerprint differs from this one's.
+    earlier run's fingerprint differs from this one's; :class:`Completed` for
+    a resume of a finished output. A fresh run records its fingerprint, and
+    ``--overwrite`` removes the earlier progress, unless ``dry``.
     """
     try:
         output_exists = any(utils.object_exists(client, cfg.output_bucket, key)
@@ -583,7 +686,7 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list, 
     resume = cfg.resume
     app, attempt = yarn_attempt()
     if cfg.overwrite:
-        if work_exists:
+        if work_exists and not dry:
             log.info("--overwrite: removing %d objects of the earlier run under %s", work.remove(), work.uri)
         work_exists = False
     elif work_exists and not resume and attempt > 1:
@@ -604,6 +707,8 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list, 
     if not work_exists:
         if resume:
             log.info("--resume: nothing under %s yet; scoring every key", work.uri)
+        if dry:
+            return Plan(runs=[], todo=list(images), number=1, resumed=False)
         try:
             work.write_job(fingerprint, cfg.output_uri)
         except Exception as exc:
@@ -738,10 +843,10 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     summary_model = classifier.model_summary()
     if isinstance(classifier, mxinfer.Classifier) and cfg.top_k > classifier.num_classes:
         raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
-    if cfg.dry_run:
-        return dry_run(cfg, images, classifier)
-    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     fingerprint = job_fingerprint(cfg, classifier)
+    if cfg.dry_run:
+        return dry_run(cfg, images, classifier, client, fingerprint)
+    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
         plan = plan_output(cfg, client, work, images, fingerprint)
     except Completed:
@@ -842,26 +947,64 @@ def load_model_on_driver(cfg: JobConfig) -> mxinfer.Predictor:
         raise JobError(f"cannot load the model ({cfg.model.symbol_uri}): {mxinfer._first_line(exc)}") from exc
 
 
-def dry_run(cfg: JobConfig, images: list, classifier: mxinfer.Classifier) -> int:
-    """Print the plan and one scored image (on the driver's CPU); start no Spark job."""
+def dry_run(cfg: JobConfig, images: list, classifier: mxinfer.Classifier, client, fingerprint: dict) -> int:
+    """Make every check the real run makes before Spark, score one image on the driver's CPU, print the plan.
+
+    Starts no Spark job and leaves nothing behind. The checks: the output may
+    be written, and :func:`plan_output`'s (an existing output, an earlier
+    run's progress, a resume with other settings). The plan is one JSON object
+    on the last line of standard output: under spark-submit the driver's log
+    and MXNet's own messages share that stream, so a script reads the last
+    line only.
+    """
+    to_score = len(images)
+    if cfg.output_key:
+        try:
+            utils.check_writable(client, cfg.output_bucket, cfg.output_key)
+        except utils.OutputNotWritableError as exc:
+            raise JobError(str(exc)) from exc
+        work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+        try:
+            to_score = len(plan_output(cfg, client, work, images, fingerprint, dry=True).todo)
+        except Completed:
+            to_score = 0
     job = cfg.job_spec()
     job = replace(job, model=replace(job.model, context="cpu"))
     [(_, _, blob, stats)] = mxinfer.score_partition(0, images[:1], job)
     batches = math.ceil(len(images) / cfg.batch_size)
     plan = {
         "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
-        "images": len(images), "batch_size": cfg.batch_size, "batches": batches, "partitions": batches,
+        "output_writable": bool(cfg.output_key) or None,
+        # keys an earlier run made durable (--resume) are not scored again
+        "images": len(images), "to_score": to_score, "batch_size": cfg.batch_size, "batches": batches,
+        "partitions": batches,
         "first_key": images[0][0], "last_key": images[-1][0],
         "model": classifier.model_summary(),
         "sample": json.loads(zlib.decompress(blob).decode("utf-8")),
         "sample_seconds": stats["seconds"],
     }
-    click.echo(json.dumps(plan, indent=2, ensure_ascii=False))
+    # Whatever was logged or printed before ends its line first, so the plan is a line of its own.
+    sys.stderr.flush()
+    click.echo(json.dumps(plan, ensure_ascii=False))
+    sys.stdout.flush()
     return 0
 
 
 # ----------------------------------------------------------------------------
-# The command line
+# The command line: every option, its type, range and default, in one place.
+# DEFAULTS, the YAML layer and --help all read this table; conf/defaults.yaml
+# is checked against it by tests/test_config.py. Adding an option is one
+# decorator here (its default, type and range), a JobConfig field, and the
+# line of resolve that fills it.
+
+#: Defaults the executors' JobSpec and the Preprocess recipe already hold:
+#: the job takes them from there, so the library and the job cannot drift.
+_JOB = {f.name: f.default for f in fields(mxinfer.JobSpec)}
+_PREP = mxinfer.Preprocess()
+
+
+def _csv(values) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
 
 def _refuse_secret(ctx, param, value):
@@ -870,58 +1013,66 @@ def _refuse_secret(ctx, param, value):
     return value
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _count(minimum: int = 1) -> WholeNumber:
+    return WholeNumber(min=minimum)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
+                                 "show_default": True})
 @click.option("--config", "config_uri", metavar="URI", help="YAML file of options (path or s3://); the command line overrides it.")
 @click.option("--input", metavar="s3://BUCKET/PREFIX", help="Where the images are.")
 @click.option("--bucket", help="Input bucket (the original's flag; use with --prefix).")
-@click.option("--prefix", help="Input key prefix (the original's flag).")
-@click.option("--suffixes", help="Comma-separated image suffixes, case-insensitive. [default: .jpg,.jpeg,.png,.gif,.bmp,.tif,.tiff,.webp]")
+@click.option("--prefix", default="", show_default=False, help="Input key prefix (the original's flag).")
+@click.option("--suffixes", type=Suffixes(), default=_csv(mxinfer.DEFAULT_SUFFIXES), help="Comma-separated image suffixes, case-insensitive.")
 @click.option("--model", metavar="URI", help="Checkpoint prefix: URI-symbol.json and URI-%04d.params.")
-@click.option("--epoch", type=int, help="Checkpoint epoch in the params file name. [default: 0]")
-@click.option("--labels", metavar="URI", help="Labels file, one per class. [default: synset.txt beside the model, if any]")
+@click.option("--epoch", type=_count(0), default=0, help="Checkpoint epoch in the params file name.")
+@click.option("--labels", metavar="URI", show_default="synset.txt beside the model, if any", help="Labels file, one per class; '' for none.")
 @click.option("--sym_url", "--sym-url", "sym_url", metavar="URI", help="Symbol JSON (the original's flag).")
 @click.option("--param_url", "--param-url", "param_url", metavar="URI", help="Params file (the original's flag).")
 @click.option("--label_url", "--label-url", "label_url", metavar="URI", help="Labels file (the original's flag).")
-@click.option("--data-name", help="Name of the model's input. [default: data]")
-@click.option("--context", help="cpu, gpu (the GPU Spark assigned to the task, else partition modulo GPUs) or gpu:N. [default: cpu]")
-@click.option("--handler", metavar="URI", help="Python file (path or s3://) defining input_handler(key, data) and/or output_handler(key, outputs).")
+@click.option("--data-name", default="data", help="Name of the model's input.")
+@click.option("--context", type=DeviceContext(), default="cpu", help="cpu, gpu (the GPU Spark assigned to the task, else partition modulo GPUs) or gpu:N.")
+@click.option("--handler", type=HandlerFile(), metavar="URI", help="Python file (path or s3://) defining input_handler(key, data) and/or output_handler(key, outputs).")
 @click.option("--output", metavar="s3://BUCKET/KEY", help="JSON Lines output object; the summary goes to KEY.summary.json.")
-@click.option("--output_s3_bucket", "--output-s3-bucket", "output_s3_bucket", help="Output bucket (the original's flag). [default: the input bucket]")
+@click.option("--output_s3_bucket", "--output-s3-bucket", "output_s3_bucket", show_default="the input bucket", help="Output bucket (the original's flag).")
 @click.option("--output_s3_key", "--output-s3-key", "output_s3_key", help="Output key (the original's flag).")
-@click.option("--batch-size", "--batch", "batch_size", type=int, help="Images per batch and per partition. [default: 64]")
-@click.option("--top-k", type=int, help="Predictions per image. [default: 5]")
-@click.option("--input-shape", metavar="C,H,W", help="Model input shape. [default: 3,224,224]")
-@click.option("--mean", metavar="R,G,B", help="Subtracted from 0-255 pixel values, per channel or one for all. [default: 0]")
-@click.option("--std", metavar="R,G,B", help="Divides after the mean, per channel or one for all. [default: 1]")
-@click.option("--resize", type=click.Choice(mxinfer.RESIZE_MODES), help="stretch to H x W, or short side to H*256/224 then centre crop. [default: stretch]")
+@click.option("--batch-size", "--batch", "batch_size", type=_count(), default=_JOB["batch_size"], help="Images per batch and per partition.")
+@click.option("--top-k", type=_count(), default=_JOB["top_k"], help="Predictions per image.")
+@click.option("--input-shape", type=NumberList(int, count=3), metavar="C,H,W", default=_csv(_PREP.input_shape), help="Model input shape; C is 3 (RGB) or 1 (greyscale).")
+@click.option("--mean", type=NumberList(float), metavar="R,G,B", default=_csv(_PREP.mean), help="Subtracted from 0-255 pixel values, per channel or one for all.")
+@click.option("--std", type=NumberList(float, nonzero=True), metavar="R,G,B", default=_csv(_PREP.std), help="Divides after the mean, per channel or one for all.")
+@click.option("--resize", type=click.Choice(mxinfer.RESIZE_MODES), default=_PREP.resize, help="stretch to H x W, or short side to H*256/224 then centre crop.")
 @click.option("--endpoint-url", metavar="URL", help="S3-compatible endpoint (moto, MinIO); executors use it too.")
-@click.option("--region", help="AWS region of the buckets. [default: boto3's]")
-@click.option("--limit", type=int, help="Score only the first N keys (sorted).")
-@click.option("--dry-run", is_flag=True, default=None, help="List, plan, load the model, score one image; no Spark job.")
-@click.option("--max-errors", metavar="N|P%", help="Exit 3 if more images than this fail (still writing all output). [default: 1%]")
-@click.option("--max-object-bytes", type=int, help="Larger objects become error lines, undownloaded. [default: 52428800]")
-@click.option("--max-image-pixels", type=int, help="Larger images become error lines, undecoded. [default: 64000000]")
-@click.option("--io-threads", type=int, help="Download and decode threads per executor. [default: 16]")
-@click.option("--max-in-flight", type=int, help="Images downloaded or decoded ahead of the model, per executor. [default: 128]")
-@click.option("--micro-batch-size", type=int, help="Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first ones while the rest download. [default: 16]")
-@click.option("--threads", type=int, help="MXNet/OpenMP threads per executor. [default: OMP_NUM_THREADS of the executor, else spark.task.cpus if over 1, else all cores]")
-@click.option("--s3-max-attempts", type=int, help="Attempts per S3 request (botocore standard retries). [default: 5]")
-@click.option("--app-name", help="Spark application name. [default: mxnet-batch-inference]")
-@click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [default: INFO]")
-@click.option("--progress-seconds", type=float, help="Seconds between progress lines. [default: 15]")
-@click.option("--resume", is_flag=True, default=None, help="Finish an interrupted run: reuse the lines it made durable under OUTPUT.parts/ and score only the keys without one.")
-@click.option("--overwrite", is_flag=True, default=None, help="Replace an existing output, and discard an earlier run's progress under OUTPUT.parts/.")
-@click.option("--output-format", type=click.Choice(durable.OUTPUT_FORMATS), help="Output as JSON Lines or Parquet. [default: parquet if the output key ends in .parquet, else jsonl]")
+@click.option("--region", show_default="boto3's", help="AWS region of the buckets.")
+@click.option("--limit", type=_count(), help="Score only the first N keys (sorted).")
+@click.option("--dry-run/--no-dry-run", default=False, help="List, plan, load the model, score one image, check the output may be written; no Spark job. The plan is one JSON object on the last line of standard output.")
+@click.option("--max-errors", type=MaxErrors(), default="1%", help="Exit 3 if more images than this fail (still writing all output).")
+@click.option("--max-object-bytes", type=_count(), default=_JOB["max_object_bytes"], help="Larger objects become error lines, undownloaded.")
+@click.option("--max-image-pixels", type=_count(), default=_PREP.max_image_pixels, help="Larger images become error lines, undecoded.")
+@click.option("--io-threads", type=_count(), default=_JOB["io_threads"], help="Download and decode threads per executor.")
+@click.option("--max-in-flight", type=_count(), default=_JOB["max_in_flight"], help="Images downloaded or decoded ahead of the model, per executor.")
+@click.option("--micro-batch-size", type=_count(), default=16, help="Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first ones while the rest download.")
+@click.option("--threads", type=_count(), show_default="OMP_NUM_THREADS of the executor, else spark.task.cpus if over 1, else all cores", help="MXNet/OpenMP threads per executor.")
+@click.option("--s3-max-attempts", type=_count(), default=_JOB["s3_max_attempts"], help="Attempts per S3 request (botocore standard retries).")
+@click.option("--app-name", default="mxnet-batch-inference", help="Spark application name.")
+@click.option("--log-level", type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case_sensitive=False), default="INFO", help="Driver log level.")
+@click.option("--progress-seconds", type=FiniteNumber(min=1), default=15.0, help="Seconds between progress lines.")
+@click.option("--resume", is_flag=True, default=False, help="Finish an interrupted run: reuse the lines it made durable under OUTPUT.parts/ and score only the keys without one.")
+@click.option("--overwrite", is_flag=True, default=False, help="Replace an existing output, and discard an earlier run's progress under OUTPUT.parts/.")
+@click.option("--output-format", type=click.Choice(durable.OUTPUT_FORMATS), show_default="parquet if the output key ends in .parquet, else jsonl", help="Output as JSON Lines or Parquet.")
 @click.option("--access_key", "--access-key", "access_key", hidden=True, expose_value=False, callback=_refuse_secret)
 @click.option("--secret_key", "--secret-key", "secret_key", hidden=True, expose_value=False, callback=_refuse_secret)
-def main(config_uri, **cli):
+def main(config_uri, **values):
     """Score every image under an S3 prefix with an MXNet model; write top-k JSON Lines to S3.
 
     Credentials come from boto3's default chain (the instance role on EMR);
     no option takes AWS keys.
     """
-    yaml_settings = load_yaml(config_uri, cli.get("endpoint_url"), cli.get("region")) if config_uri else {}
-    cfg = resolve(merge_settings(cli, yaml_settings))
+    ctx = click.get_current_context()
+    given = {k: v for k, v in values.items()
+             if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    yaml_settings = load_yaml(config_uri, given.get("endpoint_url"), given.get("region")) if config_uri else {}
+    cfg = resolve(merge_settings(given, yaml_settings, config_uri or "--config"))
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -940,6 +1091,8 @@ def main(config_uri, **cli):
         status = durable_status(work) if work is not None else ""
         hint = f" ({status}; once the cause is fixed, resume with: {resume_command(sys.argv)})" if status else ""
         log.debug("failed here", exc_info=True)
+        # Once, as click prints a usage error: not also as an ERROR log line
+        # (under spark-submit both land in the same stream).
         console.say(f"Error: {exc}{hint}")
         sys.exit(EXIT_FAILED)
     finally:
@@ -955,6 +1108,12 @@ def _exit_interrupted(exc: Interrupted, cfg: JobConfig, console: _Console):
                 f"{cfg.output_uri}. Resume with: {resume_command(sys.argv)}", parent_going=True)
     log.debug("interrupted here", exc_info=True)
     sys.exit(128 + exc.signum)
+
+
+#: Every option the command line and --config take, by its setting name.
+PARAMS: dict[str, click.Parameter] = {p.name: p for p in main.params if p.expose_value and p.name != "config_uri"}
+#: Every setting's default as --help shows it; merge_settings converts them.
+DEFAULTS: dict[str, Any] = {name: p.default for name, p in PARAMS.items()}
 
 
 if __name__ == "__main__":

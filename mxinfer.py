@@ -20,6 +20,7 @@ centre crop) -> float32 CHW -> ``(x - mean) / std`` on 0-255 values.
 
 from __future__ import annotations
 
+import ast
 import gc
 import gzip
 import importlib.util
@@ -82,7 +83,7 @@ class Preprocess:
     mean: tuple = (0.0,)
     std: tuple = (1.0,)
     resize: str = "stretch"
-    max_image_pixels: int = 100_000_000
+    max_image_pixels: int = 64_000_000
 
     def __post_init__(self):
         channels = self.input_shape[0]
@@ -410,8 +411,8 @@ class Predictor:
         try:
             arg_shapes, out_shapes, aux_shapes = symbol.infer_shape(**{spec.data_name: shape})
         except Exception as exc:  # MXNetError; infer_shape raises several kinds
-            raise ModelError(f"the model rejects input shape {self.input_shape} (C,H,W): "
-                             f"{_first_line(exc)}; set --input-shape to what it was trained on") from exc
+            raise ModelError(f"the model rejects input shape {self.input_shape} (C,H,W): {_first_line(exc)}; "
+                             f"{self._wanted_shape(symbol, arg_params, aux_params)}") from exc
         needed = {n: s for n, s in zip(arguments, arg_shapes) if n != spec.data_name and not n.endswith("_label")}
         missing = sorted(set(needed) - set(arg_params))
         if missing:
@@ -423,9 +424,49 @@ class Predictor:
                 raise ModelError(f"{spec.params_uri} lacks auxiliary state {name}")
             if tuple(have.shape) != tuple(want):
                 raise ModelError(f"weight {name} has shape {tuple(have.shape)} but the graph needs "
-                                 f"{tuple(want)} for input shape {self.input_shape}")
+                                 f"{tuple(want)} for input shape {self.input_shape}; "
+                                 f"{self._wanted_shape(symbol, arg_params, aux_params)}")
         self.output_shapes = [tuple(s[1:]) for s in out_shapes]
         self.num_params = int(sum(int(np.prod(v.shape)) for v in arg_params.values()))
+
+    #: Square input sizes tried when the checkpoint does not record its shape:
+    #: those of common ImageNet-style and small models.
+    _COMMON_SIZES = (224, 299, 227, 256, 32, 28, 64, 96, 112, 128, 160, 192, 240, 288, 320, 331, 384, 512)
+
+    def _wanted_shape(self, symbol, arg_params: dict, aux_params: dict) -> str:
+        """What to set ``--input-shape`` to: the shape the checkpoint records, else one its weights fit.
+
+        A data variable made with ``mx.sym.var(name, shape=...)`` records its
+        shape in the symbol file. Otherwise the first ``(C, H, W)`` whose
+        inferred weight shapes all match the saved ones is named: the given
+        H and W with 3 or 1 channels first, then common square sizes. A graph
+        that pools globally fits any size, so H and W are then the given ones.
+        """
+        recorded = symbol.attr_dict().get(self.spec.data_name, {}).get("__shape__")
+        if recorded:
+            try:
+                dims = tuple(int(d) for d in ast.literal_eval(recorded))[-3:]
+            except (ValueError, SyntaxError, TypeError):
+                dims = ()
+            if len(dims) == 3 and min(dims) > 0:
+                return f"the checkpoint records input shape {','.join(map(str, dims))}: set --input-shape to it"
+        saved = {**arg_params, **aux_params}
+        given_c, given_h, given_w = self.input_shape
+        channels = dict.fromkeys((given_c, 3, 1))
+        sizes = dict.fromkeys([(given_h, given_w)] + [(n, n) for n in self._COMMON_SIZES])
+        for height, width in sizes:
+            for c in channels:
+                shape = (1, c, height, width)
+                try:
+                    arg_shapes, _, aux_shapes = symbol.infer_shape(**{self.spec.data_name: shape})
+                except Exception:  # noqa: BLE001 - MXNetError: this shape does not fit; try the next
+                    continue
+                inferred = dict(zip(symbol.list_arguments(), arg_shapes))
+                inferred.update(zip(symbol.list_auxiliary_states(), aux_shapes))
+                if all(tuple(inferred[n]) == tuple(v.shape) for n, v in saved.items() if n in inferred):
+                    return (f"its weights fit input shape {c},{height},{width} (C,H,W): set --input-shape "
+                            "to that, or to what it was trained on")
+        return "set --input-shape to what it was trained on"
 
     def predict(self, array: np.ndarray) -> list[np.ndarray]:
         """Run the model on ``array`` (N, C, H, W) float32 of any length N.

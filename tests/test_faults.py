@@ -202,7 +202,7 @@ def test_job_completes_through_20_percent_s3_faults_and_counts_the_retries(bucke
     bucket.put_object(Bucket=BUCKET, Key="out/faulty.jsonl", Body=b"stale output of an earlier run\n")
     with S3Proxy(moto_endpoint, fault_rate=0.2, seed=7) as proxy:
         result = spark_submit(job_args(proxy.endpoint, "faulty/", "out/faulty.jsonl", "--batch-size", "8",
-                                       "--s3-max-attempts", "8"))
+                                       "--s3-max-attempts", "8", "--overwrite"))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     rows = read_lines(bucket, "out/faulty.jsonl")  # the stale object was replaced whole

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import durable
 import infer_main
 import mxinfer
 
@@ -90,8 +91,11 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     cfg = infer_main.resolve(infer_main.merge_settings(BASE, {}))
     # One worker, 200 tasks of 1 s with 0.1 s between them; RSS grows by 1 byte per task.
     stats = [task_stats("7", n, 1000.0 + (n - 1) * 1.1, 500 + n) for n in range(1, 201)]
-    results = [(s["partition"], 64, b"", s) for s in reversed(stats)]  # order must not matter
-    summary = infer_main.summarize(cfg, 200 * 64, 200, results, {"predicted": 12800, "failed": 0}, 300.0, {}, 0.5)
+    keys = [(f"k{i}", 1) for i in range(200 * 64)]
+    plan = infer_main.Plan(runs=[], todo=keys, number=1, resumed=False)
+    counts = durable.AssemblyCounts(predicted=12800, failed=0)
+    stats.reverse()  # order must not matter
+    summary = infer_main.summarize(cfg, 200 * 64, 200, stats, counts, 300.0, {}, {"assembly": 0.5}, plan, {})
     window = 199 * 1.1 + 1.0
     assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
     assert summary["tasks"]["images_per_second"] == pytest.approx(12800 / window, rel=1e-3)
@@ -104,6 +108,7 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
                                               "100": 600, "200": 700, "last": 700}
     assert summary["seconds"]["cpu"] == pytest.approx(300.0)
     assert summary["driver_max_rss_bytes"] > 0
+    assert summary["scored"] == 12800 and summary["reused"] == 0 and summary["seconds"]["assembly"] == 0.5
 
 
 def test_spark_implicit_omp_is_ignored_and_the_host_cores_are_shared_among_its_executors(monkeypatch):

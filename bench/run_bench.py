@@ -300,10 +300,9 @@ def run(args) -> dict:
         for count in args.driver_results:
             log(f"memory: driver for {count:,} results (fake fast model, no Spark)")
             model_args = ["--model", str(prefixes[chosen[0].name]), "--shape", chosen[0].shape_arg,
-                          "--results", str(count), "--results-file", str(work / f"results-{count}.pickle")]
+                          "--results", str(count), "--endpoint", upstream, "--bucket", BUCKET]
             probe(["results", *model_args], cores)
-            results["driver_rss"][count] = probe(["driver", *model_args, "--endpoint", upstream, "--bucket", BUCKET],
-                                                 cores)
+            results["driver_rss"][count] = probe(["driver", *model_args], cores)
     results["bench_seconds"] = time.time() - started
     return results
 
@@ -419,9 +418,12 @@ def report(results: dict) -> str:
                    f"{results['worker_rss']['tasks']} tasks): after task 10 "
                    f"{_mib(a10)} MiB, after task 200 {_mib(a200)} MiB ({growth})")
     for count, d in results.get("driver_rss", {}).items():
-        out.append(f"Driver peak RSS for {int(count):,} results (fake fast model, driver process only): "
-                   f"{_mib(d['max_rss'])} MiB; {_mib(d['max_rss_model_loaded'])} MiB before any result (imports, "
-                   f"S3 client, the model check); result blobs {d['blob_bytes'] / MIB:.1f} MiB")
+        out.append(f"Driver for {int(count):,} results (fake fast model, driver process only): peak RSS "
+                   f"{_mib(d['max_rss'])} MiB ({_mib(d['max_rss_model_loaded'])} MiB before any result: imports, "
+                   f"S3 client, the model check; {_mib(d['max_rss_planned'])} after the resume plan); assembly of "
+                   f"{d['parts_read']:,} parts ({d['part_bytes'] / MIB:.1f} MiB gzip) into "
+                   f"{d['bytes_written'] / MIB:.1f} MiB: {d['assembly_seconds']:.1f} s "
+                   f"(resume plan {d['resume_plan_seconds']:.1f} s)")
     out.append(f"bench wall time: {results['bench_seconds']:.0f} s")
     return "\n".join(out)
 

@@ -381,7 +381,8 @@ def report(results: dict) -> str:
         sec = row["E"]["summary"]["seconds"]
         sq = row["S"]["phases"]
         out.append(f"  {name}: E download {sec['download']:.1f}, decode {sec['decode']:.1f}, forward "
-                   f"{sec['forward']:.1f}, wait {sec['wait']:.1f}, task {sec['task']:.1f}, upload {sec['upload']:.1f}"
+                   f"{sec['forward']:.1f}, wait {sec['wait']:.1f}, task {sec['task']:.1f}, write {sec['write']:.1f}, "
+                   f"assembly {sec['assembly']:.1f}"
                    f" | S download {sq['download']:.1f}, decode {sq['decode']:.1f}, forward {sq['forward']:.1f}")
     out.append("")
     out.append("CPU per image in E, by process (ms; the bound is what the cores allow at that cost):")

@@ -295,7 +295,8 @@ def test_weights_unreachable_from_executors_fail_fast_with_the_cause_and_leave_n
     def deny_params_after_the_drivers_read(method: str, path: str) -> bool:
         if method == "GET" and path.endswith("/model/digits-0000.params"):
             params_reads.append(path)
-            return len(params_reads) > 1  # the driver's check passes; every executor is refused
+            # The driver reads the params twice (the model check, the resume fingerprint); every executor is refused.
+            return len(params_reads) > 2
         return False
 
     started = time.time()
@@ -306,8 +307,9 @@ def test_weights_unreachable_from_executors_fail_fast_with_the_cause_and_leave_n
     assert result.returncode == 1, output[-3000:]
     assert "cannot load the model" in output and "AccessDenied" in output and "digits-0000.params" in output
     assert elapsed < 150
-    listing = bucket.list_objects_v2(Bucket=BUCKET, Prefix="out/nomodel")
-    assert "Contents" not in listing  # no output, no summary
+    assert not utils.object_exists(bucket, BUCKET, "out/nomodel.jsonl")  # no output
+    assert not utils.object_exists(bucket, BUCKET, "out/nomodel.jsonl.summary.json")  # no summary
+    assert "resume with:" in output  # the work prefix is kept for --resume, and the message says so
     assert bucket.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []  # no orphaned parts
 
 

@@ -199,7 +199,7 @@ def test_summary_reports_counts_timing_model_and_options(logits_run):
     assert summary["elapsed_seconds"] > 0 and summary["images_per_second"] > 0
     assert summary["model"]["head"] == "logits" and summary["model"]["num_classes"] == 10
     assert summary["options"]["batch_size"] == BATCH and summary["options"]["top_k"] == 3
-    assert set(summary["seconds"]) >= {"download", "decode", "forward", "wait", "upload"}
+    assert set(summary["seconds"]) >= {"download", "decode", "forward", "wait", "write", "spark", "assembly"}
     assert '"keys_listed": 44' in output(result)  # also logged by the driver
 
 
@@ -236,7 +236,7 @@ def test_dry_run_through_spark_submit_starts_no_spark_job(world):
     # The driver's log and MXNet's messages come first on the same stream; the plan is the last line.
     assert len(result.stdout.splitlines()) > 1
     plan = json.loads(result.stdout.splitlines()[-1])
-    assert plan["images"] == 44 and plan["partitions"] == 6 and plan["padding_slots"] == 4
+    assert plan["images"] == 44 and plan["partitions"] == 6 and plan["to_score"] == 44
     assert plan["sample"]["key"] == plan["first_key"]
     assert plan["output"] == f"s3://{BUCKET}/out/dry.jsonl" and plan["output_writable"] is True
     assert "master local-cluster" not in text and "app-" not in text  # no SparkContext was made

@@ -159,6 +159,45 @@ def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, m
     assert sorted(work.runs()[0].done) == [0, 1, 2, 3, 4]
 
 
+def config(output_key: str, *args: str) -> infer_main.JobConfig:
+    options = {"input": f"s3://{BUCKET}/in/", "model": f"s3://{BUCKET}/m", "output": f"s3://{BUCKET}/{output_key}"}
+    for flag in args:
+        options[flag.lstrip("-")] = True
+    return infer_main.resolve(infer_main.merge_settings(options, {}))
+
+
+def test_an_existing_output_is_refused_and_left_untouched_unless_overwrite(s3):
+    s3.put_object(Bucket=BUCKET, Key="done/out.jsonl", Body=b"yesterday's results\n")
+    work = durable.WorkPrefix(s3, BUCKET, "done/out.jsonl")
+    images = [("in/a.jpg", 1)]
+    with pytest.raises(infer_main.JobError, match=r"s3://resume-bucket/done/out.jsonl \(or its summary\) already "
+                                                  r"exists; add --overwrite to replace it"):
+        infer_main.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
+    assert read(s3, "done/out.jsonl") == b"yesterday's results\n" and not work.exists()
+    plan = infer_main.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
+    assert plan.todo == images and work.read_job()["fingerprint"] == {"top_k": 2}
+    # --resume of a finished output (no work prefix left) has nothing to do.
+    work.remove()
+    with pytest.raises(infer_main.Completed):
+        infer_main.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
+
+
+def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, monkeypatch):
+    work = durable.WorkPrefix(s3, BUCKET, "yarn/out.jsonl")
+    keys = ["a", "b", "c", "d"]
+    work.write_job({"top_k": 2}, "s3://resume-bucket/yarn/out.jsonl")
+    run = work.start_run(1, keys, 2, "application_1700000000000_0007")
+    s3.put_object(Bucket=BUCKET, Key=mxinfer.part_key(run.prefix, 0), Body=gzip.compress(b""))
+    images = [(k, 1) for k in keys]
+    monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0007_02_000001")
+    plan = infer_main.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+    assert plan.resumed and [k for k, _ in plan.todo] == ["c", "d"] and plan.number == 2
+    # Attempt 2 of another application never takes this work over.
+    monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0008_02_000001")
+    with pytest.raises(infer_main.JobError, match="holds an earlier run's progress"):
+        infer_main.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+
+
 def test_yarn_attempt_is_read_from_the_container_id(monkeypatch):
     monkeypatch.setenv("CONTAINER_ID", "container_e17_1410901177871_0031_02_000001")
     assert infer_main.yarn_attempt() == ("application_1410901177871_0031", 2)
@@ -301,12 +340,15 @@ def test_a_driver_killed_after_a_third_resumes_to_the_uninterrupted_output(s3, w
 
 
 @pytest.mark.spark
-def test_sigterm_prints_the_resume_command_and_leaves_the_parts_and_no_upload(s3, world):
-    output_key = "term-spark/out.jsonl"
-    _, output, at_signal = run_until(s3, world, output_key, 3, signal.SIGTERM)
-    interrupted = [x for x in output.splitlines() if x.startswith("Interrupted by SIGTERM")]
-    assert len(interrupted) == 1, output[-3000:]
-    assert "durable under s3://resume-bucket/term-spark/out.jsonl.parts/" in interrupted[0]
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_prints_the_resume_command_and_leaves_the_parts_and_no_upload(s3, world, sig):
+    """SIGTERM (YARN, ``kill``) or SIGINT (Ctrl-C) to the driver's process group, as a terminal sends it."""
+    output_key = f"signal-{sig.name}/out.jsonl"
+    process, output, at_signal = run_until(s3, world, output_key, 3, sig)
+    interrupted = [x for x in output.splitlines() if x.startswith("Interrupted by")]
+    assert len(interrupted) == 1 and interrupted[0].startswith(f"Interrupted by {sig.name}: "), output[-3000:]
+    assert process.returncode != 0
+    assert f"durable under s3://resume-bucket/{output_key}.parts/" in interrupted[0]
     assert interrupted[0].endswith("--resume") and "Resume with: spark-submit" in interrupted[0]
     assert "Traceback" not in output
     assert len(parts(s3, output_key)) >= len(at_signal) and open_uploads(s3) == []

@@ -23,8 +23,12 @@ $(STAMP): requirements.txt requirements-dev.txt
 venv: $(STAMP) ## Create .venv from the pinned requirements (done by the other targets when needed)
 
 .PHONY: run-local
-run-local: $(STAMP) ## Run the job on local-cluster[2,1,1024] against a local moto S3 server
-	$(PY) -m demo.run_local
+run-local: $(STAMP) ## Run the job on local-cluster[2,1,1024] against a local moto S3 server (KEEP_S3=1: keep the server up to rerun by hand)
+	$(PY) -m demo.run_local $(if $(KEEP_S3),--keep-s3)
+
+.PHONY: submit
+submit: $(STAMP) ## spark-submit the job on local-cluster[2,1,1024] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'
+	$(PY) -m demo.submit $(ARGS)
 
 .PHONY: test
 test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration)
@@ -69,7 +73,7 @@ package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-file
 	mkdir -p "$(DIST)/conf"
 	cp infer_main.py bootstrap/install-deps.sh requirements.txt "$(DIST)/"
 	cp conf/defaults.yaml "$(EMR_CONF)" "$(DIST)/conf/"
-	$(PYTHON) -m zipfile -c "$(DIST)/mxinfer_job.zip" mxinfer.py utils.py listing.py manifest.py
+	$(PYTHON) -m zipfile -c "$(DIST)/mxinfer_job.zip" mxinfer.py utils.py durable.py listing.py manifest.py
 
 .PHONY: upload
 upload: package $(STAMP) ## Copy dist/ to S3=s3://bucket/prefix; JOB=my-job.yaml also goes up as S3/job.yaml

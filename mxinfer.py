@@ -12,7 +12,9 @@ The public API (:class:`Predictor`, :class:`Classifier`,
 same numbers as a backfill.
 
 Preprocessing recipe (what :func:`decode_image` does, and what the README tells
-users to reproduce): ``PIL.Image.open`` -> ``ImageOps.exif_transpose`` -> RGB
+users to reproduce): ``PIL.Image.open`` -> for a JPEG, ``img.draft(None,
+draft_size(img, prep))`` (DCT scaling; skipped with ``decode="exact"``) ->
+``ImageOps.exif_transpose`` -> RGB
 (``convert("RGB")``; 16-bit and 32-bit greyscale are scaled to 8 bits first, not
 clipped) -> ``resize((W, H), BILINEAR)`` (or short side to ``H*256/224`` then a
 centre crop) -> float32 CHW -> ``(x - mean) / std`` on 0-255 values.
@@ -20,12 +22,15 @@ centre crop) -> float32 CHW -> ``(x - mean) / std`` on 0-255 values.
 
 from __future__ import annotations
 
+import ast
 import gc
+import gzip
 import importlib.util
 import io
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -46,6 +51,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp")
 RESIZE_MODES = ("stretch", "short-side-crop")
+DECODE_MODES = ("draft", "exact")
+ORIENTATION_TAG = 0x0112  # EXIF
 # Graph heads that already end in a probability distribution; any other head is
 # treated as logits and gets a softmax.
 SOFTMAX_OPS = frozenset({"SoftmaxOutput", "softmax", "SoftmaxActivation", "Softmax"})
@@ -74,13 +81,19 @@ class Preprocess:
         ``"stretch"`` (straight to ``W x H``) or ``"short-side-crop"``.
     max_image_pixels : int
         Images declaring more pixels are refused before any pixel is decoded.
+    decode : str
+        ``"draft"``: a JPEG at least twice the size the resize needs is
+        decoded at 1/2, 1/4 or 1/8 scale by the JPEG decoder itself (DCT
+        scaling, Pillow's ``Image.draft``), never below twice that size, then
+        resized as usual. ``"exact"``: always decode every pixel.
     """
 
     input_shape: tuple = (3, 224, 224)
     mean: tuple = (0.0,)
     std: tuple = (1.0,)
     resize: str = "stretch"
-    max_image_pixels: int = 100_000_000
+    max_image_pixels: int = 64_000_000
+    decode: str = "draft"
 
     def __post_init__(self):
         channels = self.input_shape[0]
@@ -94,6 +107,8 @@ class Preprocess:
             raise ValueError("std values must be non-zero")
         if self.resize not in RESIZE_MODES:
             raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
 
 
 class ImageTooLargeError(ValueError):
@@ -142,6 +157,8 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
                 f"image declares {img.width}x{img.height} = {pixels} pixels, over the limit of "
                 f"{prep.max_image_pixels} (max_image_pixels)"
             )
+        if prep.decode == "draft" and img.format in ("JPEG", "MPO"):
+            img.draft(None, draft_size(img, prep))
         img.load()
         ImageOps.exif_transpose(img, in_place=True)  # in place: no copy of an upright image
         img = to_rgb(img, "RGB" if channels == 3 else "L")
@@ -159,6 +176,23 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
     np.subtract(values, mean, out=array, dtype=np.float32)
     array /= std
     return array
+
+
+def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
+    """Twice the size the resize step needs, in the file's own orientation: ``Image.draft``'s request.
+
+    ``draft`` decodes at the smallest of 1/1, 1/2, 1/4, 1/8 scale that is
+    still at least this size in both directions, so the resize that follows
+    always shrinks by 2x or more, as it would from the full image.
+    """
+    _, height, width = prep.input_shape
+    if prep.resize == "short-side-crop":
+        short = round(min(width, height) * 256 / 224)
+        width = height = short
+    # EXIF orientations 5-8 turn the image a quarter: the file's width is the upright height.
+    if img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8):
+        width, height = height, width
+    return 2 * width, 2 * height
 
 
 def _short_side_crop(img: Image.Image, width: int, height: int) -> Image.Image:
@@ -232,9 +266,23 @@ class ModelSpec:
         """``prefix-symbol.json`` and ``prefix-%04d.params``, as MXNet's checkpoints."""
         return cls(f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params", **kwargs)
 
+    #: The files are local to the driver, which shipped them with ``SparkContext.addFile``
+    #: (the job's int8 checkpoint); a Spark task reads its copy, found by name.
+    shipped: bool = False
+
     def read(self, uri: str) -> bytes:
+        if self.shipped and _spark_task() is not None:
+            from pyspark import SparkFiles
+
+            uri = SparkFiles.get(os.path.basename(uri))
         client = utils.s3_client(self.endpoint_url, self.region) if utils.is_s3_uri(uri) else None
         return utils.read_uri(uri, client)
+
+    def shipped_files(self) -> list[str]:
+        """The local files a Spark job must ``addFile`` for this model: none unless ``shipped``."""
+        if not self.shipped:
+            return []
+        return [uri for uri in (self.symbol_uri, self.params_uri, self.labels_uri) if uri]
 
 
 def mx_context(name: str):
@@ -408,8 +456,8 @@ class Predictor:
         try:
             arg_shapes, out_shapes, aux_shapes = symbol.infer_shape(**{spec.data_name: shape})
         except Exception as exc:  # MXNetError; infer_shape raises several kinds
-            raise ModelError(f"the model rejects input shape {self.input_shape} (C,H,W): "
-                             f"{_first_line(exc)}; set --input-shape to what it was trained on") from exc
+            raise ModelError(f"the model rejects input shape {self.input_shape} (C,H,W): {_first_line(exc)}; "
+                             f"{self._wanted_shape(symbol, arg_params, aux_params)}") from exc
         needed = {n: s for n, s in zip(arguments, arg_shapes) if n != spec.data_name and not n.endswith("_label")}
         missing = sorted(set(needed) - set(arg_params))
         if missing:
@@ -421,9 +469,49 @@ class Predictor:
                 raise ModelError(f"{spec.params_uri} lacks auxiliary state {name}")
             if tuple(have.shape) != tuple(want):
                 raise ModelError(f"weight {name} has shape {tuple(have.shape)} but the graph needs "
-                                 f"{tuple(want)} for input shape {self.input_shape}")
+                                 f"{tuple(want)} for input shape {self.input_shape}; "
+                                 f"{self._wanted_shape(symbol, arg_params, aux_params)}")
         self.output_shapes = [tuple(s[1:]) for s in out_shapes]
         self.num_params = int(sum(int(np.prod(v.shape)) for v in arg_params.values()))
+
+    #: Square input sizes tried when the checkpoint does not record its shape:
+    #: those of common ImageNet-style and small models.
+    _COMMON_SIZES = (224, 299, 227, 256, 32, 28, 64, 96, 112, 128, 160, 192, 240, 288, 320, 331, 384, 512)
+
+    def _wanted_shape(self, symbol, arg_params: dict, aux_params: dict) -> str:
+        """What to set ``--input-shape`` to: the shape the checkpoint records, else one its weights fit.
+
+        A data variable made with ``mx.sym.var(name, shape=...)`` records its
+        shape in the symbol file. Otherwise the first ``(C, H, W)`` whose
+        inferred weight shapes all match the saved ones is named: the given
+        H and W with 3 or 1 channels first, then common square sizes. A graph
+        that pools globally fits any size, so H and W are then the given ones.
+        """
+        recorded = symbol.attr_dict().get(self.spec.data_name, {}).get("__shape__")
+        if recorded:
+            try:
+                dims = tuple(int(d) for d in ast.literal_eval(recorded))[-3:]
+            except (ValueError, SyntaxError, TypeError):
+                dims = ()
+            if len(dims) == 3 and min(dims) > 0:
+                return f"the checkpoint records input shape {','.join(map(str, dims))}: set --input-shape to it"
+        saved = {**arg_params, **aux_params}
+        given_c, given_h, given_w = self.input_shape
+        channels = dict.fromkeys((given_c, 3, 1))
+        sizes = dict.fromkeys([(given_h, given_w)] + [(n, n) for n in self._COMMON_SIZES])
+        for height, width in sizes:
+            for c in channels:
+                shape = (1, c, height, width)
+                try:
+                    arg_shapes, _, aux_shapes = symbol.infer_shape(**{self.spec.data_name: shape})
+                except Exception:  # noqa: BLE001 - MXNetError: this shape does not fit; try the next
+                    continue
+                inferred = dict(zip(symbol.list_arguments(), arg_shapes))
+                inferred.update(zip(symbol.list_auxiliary_states(), aux_shapes))
+                if all(tuple(inferred[n]) == tuple(v.shape) for n, v in saved.items() if n in inferred):
+                    return (f"its weights fit input shape {c},{height},{width} (C,H,W): set --input-shape "
+                            "to that, or to what it was trained on")
+        return "set --input-shape to what it was trained on"
 
     def predict(self, array: np.ndarray) -> list[np.ndarray]:
         """Run the model on ``array`` (N, C, H, W) float32 of any length N.
@@ -605,6 +693,103 @@ def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type =
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ----------------------------------------------------------------------------
+# INT8 (--precision int8)
+
+PRECISIONS = ("fp32", "int8")
+#: The layers oneDNN quantizes, by their op in the fp32 graph; --int8-exclude names them.
+WEIGHT_OPS = ("Convolution", "FullyConnected")
+
+
+def weight_layers(symbol_json: str) -> list[str]:
+    """Names of the graph's convolution and fully connected layers, input first."""
+    return [node["name"] for node in json.loads(symbol_json)["nodes"] if node["op"] in WEIGHT_OPS]
+
+
+def int8_excluded(symbol_json: str, patterns: Sequence[str]) -> list[str]:
+    """The layers ``patterns`` (shell-style, ``fnmatch``) name; a pattern naming none raises ``ModelError``."""
+    import fnmatch
+
+    layers = weight_layers(symbol_json)
+    excluded: list[str] = []
+    for pattern in patterns:
+        matched = fnmatch.filter(layers, pattern)
+        if not matched:
+            shown = ", ".join([*layers[:3], "...", *layers[-2:]]) if len(layers) > 5 else ", ".join(layers)
+            raise ModelError(f"--int8-exclude {pattern!r} names no convolution or fully connected layer of "
+                             f"the model; its layers are {shown}")
+        excluded.extend(name for name in matched if name not in excluded)
+    return excluded
+
+
+def quantize_int8(spec: ModelSpec, input_shape: tuple, calibration: np.ndarray, out_prefix: str,
+                  exclude: Sequence[str] = (), batch_size: int = 16) -> ModelSpec:
+    """Quantize a checkpoint to int8 with oneDNN, calibrated on ``calibration``; write it beside ``out_prefix``.
+
+    MXNet's post-training quantization (``quantize_model_mkldnn``): the
+    graph is fused for oneDNN, every convolution and fully connected layer
+    but the ``exclude`` ones (:func:`int8_excluded`) gets int8 weights and
+    inputs, and each layer's output range is the min and max it reached on
+    the calibration images (``naive`` calibration: no scipy needed on the
+    cluster). Deterministic for the same images.
+
+    Parameters
+    ----------
+    spec : ModelSpec
+        The fp32 checkpoint.
+    input_shape : tuple of int
+        ``(C, H, W)``.
+    calibration : numpy.ndarray
+        ``(N, C, H, W)`` float32 model inputs, preprocessed as the job does.
+    out_prefix : str
+        Writes ``out_prefix-symbol.json`` and ``out_prefix-0000.params``.
+    exclude : sequence of str
+        Layer names (of the fp32 graph) to keep in fp32.
+    batch_size : int
+        Images per calibration forward pass.
+
+    Returns
+    -------
+    ModelSpec
+        ``spec`` pointing at the int8 files (``shipped``, so a Spark job
+        ships them with ``addFile``).
+    """
+    import mxnet as mx
+    from mxnet.contrib.quantization import quantize_model_mkldnn
+
+    symbol_json = spec.read(spec.symbol_uri).decode("utf-8")
+    symbol = mx.sym.load_json(symbol_json)
+    saved = mx.nd.load_frombuffer(spec.read(spec.params_uri))
+    arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
+    aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
+    label_names = [n for n in symbol.list_arguments() if n.endswith("_label")]
+    data = mx.io.NDArrayIter({spec.data_name: calibration}, batch_size=min(batch_size, len(calibration)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Data provided by label_shapes")
+        qsym, qargs, qaux = quantize_model_mkldnn(
+            symbol, arg_params, aux_params, data_names=[spec.data_name], label_names=label_names, ctx=mx.cpu(),
+            excluded_sym_names=list(exclude), calib_mode="naive", calib_data=data,
+            num_calib_examples=len(calibration), quantized_dtype="auto", quantize_mode="smart")
+    mx.model.save_checkpoint(out_prefix, 0, qsym, qargs, qaux)
+    return replace(spec, symbol_uri=f"{out_prefix}-symbol.json", params_uri=f"{out_prefix}-0000.params",
+                   shipped=True)
+
+
+def agreement(reference: np.ndarray, candidate: np.ndarray) -> dict:
+    """How far ``candidate`` class probabilities stray from ``reference`` (both ``(N, classes)``).
+
+    Returns ``top1_agreement`` (the share of rows with the same top class),
+    ``max_probability_difference`` (the largest absolute difference of any
+    class's probability) and ``images``.
+    """
+    if reference.shape != candidate.shape or not len(reference):
+        raise ValueError(f"need two non-empty arrays of one shape, got {reference.shape} and {candidate.shape}")
+    same = np.argmax(reference, axis=1) == np.argmax(candidate, axis=1)
+    return {"top1_agreement": round(float(same.mean()), 4),
+            "max_probability_difference": round(float(np.abs(reference - candidate).max()), 4),
+            "images": len(reference)}
 
 
 # ----------------------------------------------------------------------------
@@ -901,19 +1086,76 @@ def _top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: in
 # Threads and memory of a Python worker
 
 
-def worker_threads(requested: int | None = None) -> int:
+@dataclass(frozen=True)
+class ThreadPlan:
+    """What the driver knows about where the Python workers run, for :func:`worker_threads`.
+
+    Since Spark 3.0 (SPARK-28843) every Python worker gets ``OMP_NUM_THREADS``
+    = the executor's cores unless ``spark.executorEnv.OMP_NUM_THREADS`` is set,
+    so a worker cannot tell Spark's value from a user's; the driver can.
+
+    Parameters
+    ----------
+    omp_from_user : bool
+        ``spark.executorEnv.OMP_NUM_THREADS`` is set: the worker's
+        ``OMP_NUM_THREADS`` is the user's choice and wins.
+    executors_by_host : tuple of (str, int)
+        Registered executors per host, as the driver's SparkContext lists them.
+    tasks_per_executor : int
+        Tasks an executor runs at once (``spark.executor.cores // spark.task.cpus``).
+    """
+
+    omp_from_user: bool = False
+    executors_by_host: tuple = ()
+    tasks_per_executor: int = 1
+
+    def workers_on(self, names: Iterable[str]) -> int:
+        """Python workers at once on the host known by any of ``names``; the busiest host's if none matches.
+
+        The busiest host is the safe guess: too few threads leave cores idle,
+        too many make every worker on the host wait for each other.
+        """
+        counts = dict(self.executors_by_host)
+        found = next((counts[name] for name in names if name in counts), None)
+        executors = found if found is not None else max(counts.values(), default=1)
+        return max(1, executors) * max(1, self.tasks_per_executor)
+
+
+def host_names() -> list[str]:
+    """The names the driver may list this host under: hostname, FQDN, address, Spark's and YARN's."""
+    names = [socket.gethostname(), socket.getfqdn()]
+    for variable in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME", "NM_HOST"):
+        if os.environ.get(variable):
+            names.append(os.environ[variable])
+    try:
+        names.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    return names
+
+
+def host_share(plan: ThreadPlan | None) -> dict:
+    """This host's ``cores`` and the Python ``workers`` the driver's plan puts on it at once (``None``: no plan)."""
+    return {"cores": os.cpu_count(), "workers": plan.workers_on(host_names()) if plan is not None else None}
+
+
+def worker_threads(requested: int | None = None, plan: ThreadPlan | None = None) -> int:
     """How many cores one forward pass of this Python worker may use.
 
     ``requested`` (the ``threads`` option) if given; else ``OMP_NUM_THREADS``
-    from the executor's environment (``spark.executorEnv.OMP_NUM_THREADS``);
-    else the task's cores (``spark.task.cpus``) if more than one; else every
-    core of the machine, which is right for one executor per node.
+    if the user set it (``spark.executorEnv.OMP_NUM_THREADS``, as ``plan``
+    tells; without a plan any value counts); else, with a ``plan``, this
+    host's cores divided among the Python workers the host runs at once (every
+    core for one executor per node); without one, the task's cores
+    (``spark.task.cpus``) if more than one, else every core of the machine.
     """
     if requested:
         return int(requested)
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
+    if env.isdigit() and int(env) > 0 and (plan is None or plan.omp_from_user):
         return int(env)
+    if plan is not None:
+        return max(1, (os.cpu_count() or 1) // plan.workers_on(host_names()))
     task = _spark_task()
     cpus = task.cpus() if task is not None and hasattr(task, "cpus") else 1
     return cpus if cpus > 1 else (os.cpu_count() or 1)
@@ -1020,6 +1262,14 @@ class JobSpec:
     micro_batch_size: int | None = None
     #: MXNet/OpenMP threads per Python worker; ``None``: see :func:`worker_threads`.
     threads: int | None = None
+    #: Where the workers run, from the driver (``infer_main.thread_plan``); ``None`` outside a Spark job.
+    thread_plan: ThreadPlan | None = None
+    #: ``fp32`` or ``int8``; with ``int8``, ``model`` is the job's quantized checkpoint.
+    precision: str = "fp32"
+    #: Where each batch's lines become durable: ``s3://output_bucket/parts_prefix``
+    #: (see :func:`part_key`). ``None``: the lines travel back to the driver instead.
+    output_bucket: str | None = None
+    parts_prefix: str | None = None
 
     @property
     def forward_batch(self) -> int:
@@ -1027,9 +1277,26 @@ class JobSpec:
         return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
 
 
+def part_key(parts_prefix: str, index: int) -> str:
+    """The S3 key of batch ``index``'s lines under a run's ``parts_prefix``.
+
+    A batch always writes the same key, so a retried or speculative task
+    replaces the object (S3 PUTs are atomic) instead of adding a second copy.
+    """
+    return f"{parts_prefix}part-{index:08d}.jsonl.gz"
+
+
+#: ``<_io.BytesIO object at 0x7f...>`` in a message (Pillow's "cannot identify image file").
+_OBJECT_ADDRESS = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
 def error_object(stage: str, exc: BaseException) -> dict:
-    """The ``error`` member of a failed key's line (and of a failed UDF row)."""
-    return {"stage": stage, "type": type(exc).__name__, "message": _first_line(exc)}
+    """The ``error`` member of a failed key's line (and of a failed UDF row).
+
+    Memory addresses are cut from the message, so the same image fails with
+    the same line in every run (a resumed output equals an uninterrupted one).
+    """
+    return {"stage": stage, "type": type(exc).__name__, "message": _OBJECT_ADDRESS.sub(r"<\1>", _first_line(exc))}
 
 
 def error_line(key: str, stage: str, exc: BaseException) -> str:
@@ -1145,14 +1412,15 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     """Score one partition (one batch); yields a single ``(index, lines, blob, stats)``.
 
     ``items`` are ``(key, size)`` pairs; ``None`` marks a padding slot, which
-    downloads nothing and yields nothing. ``blob`` is the partition's JSON
-    lines, sorted by key and zlib-compressed, so a million results travel to
-    the driver compactly.
+    downloads nothing and yields nothing. The partition's JSON lines, sorted by
+    key, are written to S3 as one gzip object of JSON Lines (:func:`part_key`)
+    when ``job.parts_prefix`` is set, and ``blob`` is ``None``; otherwise
+    ``blob`` is the lines joined by newlines and zlib-compressed, for the caller.
     """
     global tasks_run
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
-    threads = configure_threads(worker_threads(job.threads))
+    threads = configure_threads(worker_threads(job.threads, job.thread_plan))
     real = [item for item in items if item is not None]
     handlers = get_handlers(job.handler)
     kind = model_class(handlers)
@@ -1214,7 +1482,18 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     if batch_keys:
         flush()
     lines.sort()
-    blob = zlib.compress("\n".join(line for _, line in lines).encode("utf-8"), 1)
+    text = "\n".join(line for _, line in lines).encode("utf-8")
+    write_started = time.perf_counter()
+    if job.parts_prefix is not None:
+        # Durable before Spark hears the task is done: a dead driver loses nothing
+        # this task scored. gzip level 1: ~5x smaller for a fraction of a ms.
+        reader.client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index),
+                                 Body=gzip.compress(text + b"\n" if text else text, compresslevel=1),
+                                 ContentType="application/gzip")
+        blob = None
+    else:
+        blob = zlib.compress(text, 1)
+    timing["write"] = time.perf_counter() - write_started
     stats = {
         "partition": index,
         "executor": f"{socket.gethostname()}/{os.getppid()}",
@@ -1231,6 +1510,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         "started": started_at,
         "ended": time.time(),
         "threads": threads,
+        "host": host_share(job.thread_plan),
         "worker_task": tasks_run + 1,
         "memory": memory_bytes(),
     }

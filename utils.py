@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -525,6 +526,60 @@ class MultipartWriter:
             self.close()
         else:
             self.abort()
+
+
+def object_exists(client, bucket: str, key: str) -> bool:
+    """Whether ``s3://bucket/key`` exists; errors other than "not found" raise."""
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return True
+
+
+#: What a boto3 S3 call raises: an error answer, or no answer at all.
+S3_ERRORS = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
+
+
+class OutputNotWritableError(Exception):
+    """The job may not write its output key; the message says which permission or bucket to fix."""
+
+
+def check_writable(client, bucket: str, key: str) -> None:
+    """Prove that ``key`` in ``bucket`` may be written, leaving nothing behind.
+
+    Writes an empty probe object next to ``key`` (``KEY.write-check-<random>``,
+    so it never touches an existing output) and deletes it. The dry run calls
+    this so that it fails where the real run would; the real run may call it
+    before any Spark work.
+
+    Parameters
+    ----------
+    client : botocore S3 client
+    bucket, key : str
+        The output object the job will write.
+
+    Raises
+    ------
+    OutputNotWritableError
+        The probe could not be written (no such bucket, access denied,
+        endpoint unreachable), with the cause and what the job needs.
+    """
+    probe = f"{key}.write-check-{uuid.uuid4().hex[:12]}"
+    try:
+        client.put_object(Bucket=bucket, Key=probe, Body=b"")
+    except S3_ERRORS as exc:  # NoSuchBucket, AccessDenied, endpoint unreachable
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OutputNotWritableError(
+            f"cannot write s3://{bucket}/{key}: {reason}; the job needs an existing bucket and "
+            f"s3:PutObject on the output key") from exc
+    try:
+        client.delete_object(Bucket=bucket, Key=probe)
+    except S3_ERRORS as exc:  # the check passed; only the clean-up failed (no s3:DeleteObject)
+        log.warning("could write s3://%s/%s but not delete the probe object s3://%s/%s (%s); delete it by hand",
+                    bucket, key, bucket, probe, exc)
 
 
 def put_text(client, bucket: str, key: str, text: str, content_type: str = "application/json") -> None:

@@ -74,3 +74,58 @@ def make_images(out_dir: str | Path, count: int, seed: int = 0) -> list[Path]:
         paths.append(path)
     stamp.write_text(json.dumps(wanted))
     return paths
+
+
+#: Phone and camera photos: 8 to 12 MP (4032x3024 is a 12 MP phone photo).
+LARGE_SIZES = ((4032, 3024), (3264, 2448), (3840, 2160))
+
+
+def make_large_image(photo: Image.Image, rng: np.random.RandomState, size: tuple[int, int]) -> Image.Image:
+    """A random view of ``photo`` (as :func:`make_image`), upscaled to ``size`` (landscape or portrait)."""
+    view = make_image(photo, rng)
+    width, height = size if view.width >= view.height else size[::-1]
+    return view.resize((width, height), Image.BICUBIC)
+
+
+def make_large_images(out_dir: str | Path, count: int, seed: int = 1) -> list[Path]:
+    """Write ``count`` JPEGs (quality 90) of 8 to 12 MP under ``out_dir`` (reused if already made)."""
+    out = Path(out_dir)
+    stamp = out / "made.json"
+    wanted = {"count": count, "seed": seed, "sizes": [list(s) for s in LARGE_SIZES]}
+    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
+        return sorted(out.glob("*.jpg"))
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.iterdir():
+        old.unlink()
+    photos = source_photos()
+    rng = np.random.RandomState(seed)
+    paths = []
+    for index in range(count):
+        img = make_large_image(photos[index % len(photos)], rng, LARGE_SIZES[index % len(LARGE_SIZES)])
+        path = out / f"large{index:05d}.jpg"
+        img.save(path, format="JPEG", quality=90)
+        paths.append(path)
+    stamp.write_text(json.dumps(wanted))
+    return paths
+
+
+def real_photos() -> list[Image.Image]:
+    """Nine real photos: scikit-learn's two and seven that scikit-image ships (a cat, a rocket, coffee, ...)."""
+    import skimage
+
+    folder = Path(skimage.__file__).parent / "data"
+    names = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "camera.png",
+             "clock_motion.png")
+    return source_photos() + [Image.open(folder / name).convert("RGB") for name in names]
+
+
+def photo_views(count: int, seed: int = 0) -> list[bytes]:
+    """``count`` distinct JPEGs (quality 90): random views (:func:`make_image`) of :func:`real_photos`."""
+    photos = real_photos()
+    rng = np.random.RandomState(seed)
+    out = []
+    for index in range(count):
+        buffer = io.BytesIO()
+        make_image(photos[index % len(photos)], rng).save(buffer, format="JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out

@@ -8,6 +8,10 @@ process whose environment the caller sets (``mxinfer.thread_env``).
   the other, then decode it, then run the model, then the next batch.
 * ``results`` what executors would send back for N keys, from a fake fast
   model (random probabilities), pickled to a file;
+* ``quantize`` the int8 checkpoint the job would make (``mxinfer.quantize_int8``),
+  calibrated on the given images, written beside the model as ``PREFIX-int8``;
+* ``decode`` CPU per image of ``decode_image`` on the given files, with
+  ``decode="draft"`` and ``"exact"``, and how far the two inputs differ;
 * ``driver`` the driver's memory for those N results: the listing, the plan,
   the model check, the collected result blobs, the checked stream to an S3
   multipart upload and the summary, without Spark or executors.
@@ -17,6 +21,8 @@ Usage::
     python -m bench.probes limit  --model PREFIX --shape 3,224,224 --batch 64 --seconds 15 IMAGE...
     python -m bench.probes square --model PREFIX --shape 3,224,224 --batch 64 --endpoint URL \\
         --bucket B --batches 6 KEY...
+    python -m bench.probes quantize --model PREFIX --shape 3,224,224 IMAGE...
+    python -m bench.probes decode --model PREFIX --shape 3,224,224 IMAGE...
     python -m bench.probes results --model PREFIX --shape 3,224,224 --results 100000 --results-file F
     python -m bench.probes driver --model PREFIX --shape 3,224,224 --endpoint URL --bucket B --results 100000 \\
         --results-file F
@@ -28,7 +34,7 @@ import argparse
 import json
 import sys
 import time
-import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -106,93 +112,135 @@ def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, key
             "seconds": elapsed, "phases": {k: round(v, 3) for k, v in phases.items()}}
 
 
+def quantize(model: str, shape: tuple, images: list[str], batch: int = 16) -> dict:
+    """Quantize ``model`` to int8 on ``images`` as the job's driver does; the int8 prefix and the time it took."""
+    prep = _preprocess(shape)
+    arrays = np.stack([mxinfer.decode_image(Path(p).read_bytes(), prep) for p in images])
+    started = time.perf_counter()
+    spec = mxinfer.quantize_int8(mxinfer.ModelSpec.from_prefix(model), shape, arrays, f"{model}-int8", (), batch)
+    return {"prefix": spec.symbol_uri[: -len("-symbol.json")], "seconds": time.perf_counter() - started,
+            "calibration_images": len(arrays)}
+
+
+def decode(shape: tuple, images: list[str], repeats: int = 2) -> dict:
+    """CPU ms per image of :func:`mxinfer.decode_image`, draft and exact, and the mean and max input difference."""
+    prep = _preprocess(shape)
+    datas = [Path(p).read_bytes() for p in images]
+    out: dict = {"images": len(datas)}
+    arrays = {}
+    for mode in mxinfer.DECODE_MODES:
+        mode_prep = replace(prep, decode=mode)
+        mxinfer.decode_image(datas[0], mode_prep)
+        cpu = time.process_time()
+        for _ in range(repeats):
+            arrays[mode] = np.stack([mxinfer.decode_image(d, mode_prep) for d in datas])
+        out[f"{mode}_cpu_ms_per_image"] = 1000 * (time.process_time() - cpu) / (repeats * len(datas))
+    difference = np.abs(arrays["draft"] - arrays["exact"])
+    out["mean_abs_difference"], out["max_abs_difference"] = float(difference.mean()), float(difference.max())
+    return out
+
+
 def _listing(results: int) -> list[tuple[str, int]]:
     """What the driver's listing would return for ``results`` photos: ``(key, size)``, sorted."""
     return [(f"photos/{i // 1000:04d}/img{i:07d}.jpg", 60_000 + i % 5000) for i in range(results)]
 
 
-def fake_results(model: str, shape: tuple, results: int, out: str, batch: int = 64, top_k: int = 5) -> dict:
-    """What executors would send back for ``results`` keys, scored by a fake fast model, pickled to ``out``.
+def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: str, batch: int = 64,
+                 top_k: int = 5) -> dict:
+    """Leave under the work prefix what a run's executors would have left for ``results`` keys.
 
-    Each partition is what ``mxinfer.score_partition`` yields: ``(index, lines,
-    blob, stats)`` with the JSON lines of the real classifier's top-k format
-    (random probabilities over its classes instead of a forward pass), zlib'd.
-    Made in a process of its own, so the driver probe holds only what a driver holds.
+    The run's plan (``durable.WorkPrefix.start_run``) and one gzip part per
+    batch (``mxinfer.part_key``) with the JSON lines of the real classifier's
+    top-k format (random probabilities over its classes instead of a forward
+    pass), written to S3 with a few threads. Made in a process of its own, so
+    the driver probe holds only what a driver holds.
     """
-    import pickle
+    import gzip
+    from concurrent.futures import ThreadPoolExecutor
 
-    import infer_main
+    import durable
 
     classifier = mxinfer.Classifier(model, shape, 1)
-    padded = infer_main.plan_batches(_listing(results), batch)
+    keys = [key for key, _ in _listing(results)]
+    client = utils.s3_client(endpoint, max_pool_connections=16)
+    work = durable.WorkPrefix(client, bucket, _output_key(results))
+    work.remove()
+    run = work.start_run(1, keys, batch, None)
     rng = np.random.RandomState(0)
-    with open(out, "wb") as handle:
-        for index in range(len(padded) // batch):
-            keys = sorted(key for key, _ in filter(None, padded[index * batch: (index + 1) * batch]))
-            probs = rng.dirichlet(np.full(classifier.num_classes, 0.1), size=len(keys))
-            lines = [json.dumps({"key": k, "predictions": p}, ensure_ascii=False)
-                     for k, p in zip(keys, classifier.prediction_dicts(probs, top_k))]
-            blob = zlib.compress("\n".join(lines).encode("utf-8"), 1)
-            stats = {"partition": index, "executor": "bench/1", "worker_pid": 1, "attempt": 0, "keys": len(keys),
-                     "errors": {"download": 0, "decode": 0, "predict": 0},
-                     "seconds": {"download": 1.0, "decode": 0.2, "forward": 0.5, "wait": 0.0, "task": 1.0,
-                                 "cpu": 1.0},
-                     "s3_retries": {"request": 0, "body": 0}, "model_loads": 1, "started": float(index),
-                     "ended": index + 1.0, "threads": 1, "worker_task": index + 1,
-                     "memory": {"rss": 1, "max_rss": 1}}
-            pickle.dump((index, len(lines), blob, stats), handle)
-    return {"results": results, "partitions": len(padded) // batch}
+
+    def part(index: int) -> int:
+        chunk = keys[index * batch: (index + 1) * batch]
+        probs = np.random.RandomState(index).dirichlet(np.full(classifier.num_classes, 0.1), size=len(chunk))
+        body = "".join(json.dumps({"key": k, "predictions": p}, ensure_ascii=False) + "\n"
+                       for k, p in zip(chunk, classifier.prediction_dicts(probs, top_k)))
+        data = gzip.compress(body.encode("utf-8"), compresslevel=1)
+        client.put_object(Bucket=bucket, Key=mxinfer.part_key(run.prefix, index), Body=data)
+        return len(data)
+
+    del rng
+    with ThreadPoolExecutor(16) as pool:
+        part_bytes = sum(pool.map(part, range(run.batches)))
+    return {"results": results, "parts": run.batches, "part_bytes": part_bytes}
 
 
-def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, results_file: str, batch: int = 64,
+def _output_key(results: int) -> str:
+    return f"out/driver-{results}.jsonl"
+
+
+def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, batch: int = 64,
            micro_batch: int = 16, top_k: int = 5) -> dict:
-    """Peak RSS of the driver's own work for ``results`` keys whose results :func:`fake_results` made.
+    """Peak RSS and assembly time of the driver's own work for ``results`` keys that :func:`fake_results` left.
 
     The driver's steps in its order: its S3 client (the listing), the model
-    check, the listing and the padded plan, the collected results (read back
-    one partition at a time, as ``collect()`` deserialises them), the checked
-    stream to a real S3 multipart upload, the summary.
+    check, the listing and the plan, what a ``--resume`` reads (the earlier
+    run's plan and parts, to find the keys still to score: none here), then
+    the assembly of every part into the output (a real S3 multipart upload)
+    and the summary. Spark is not started: with executors writing their own
+    parts, nothing of the results passes through the driver before the
+    assembly.
     """
-    import pickle
-
+    import durable
     import infer_main
 
     before = mxinfer.memory_bytes()
     cfg = infer_main.resolve(infer_main.merge_settings({
-        "input": f"s3://{bucket}/photos/", "model": model, "output": f"s3://{bucket}/out/driver-{results}.jsonl",
+        "input": f"s3://{bucket}/photos/", "model": model, "output": f"s3://{bucket}/{_output_key(results)}",
         "endpoint_url": endpoint, "batch_size": batch, "micro_batch_size": micro_batch,
-        "input_shape": ",".join(map(str, shape)), "top_k": top_k,
+        "input_shape": ",".join(map(str, shape)), "top_k": top_k, "overwrite": True,
     }, {}))
     client = utils.s3_client(endpoint)
     client.list_objects_v2(Bucket=bucket, MaxKeys=1)
     classifier = infer_main.load_model_on_driver(cfg)
     images = _listing(results)
-    padded = infer_main.plan_batches(images, batch)
     loaded = mxinfer.memory_bytes()
-    collected = []
-    with open(results_file, "rb") as handle:
-        while True:
-            try:
-                collected.append(pickle.load(handle))
-            except EOFError:
-                break
+    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     started = time.perf_counter()
-    writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key)
-    counts = infer_main.write_output(cfg, writer, collected, padded)
-    writer.close()
-    summary = infer_main.summarize(cfg, len(images), len(collected), collected, counts, 1.0,
-                                   classifier.model_summary(), time.perf_counter() - started)
+    runs = work.runs()
+    keep = durable.remaining_keys(work, runs, durable.iter_keys(images))
+    todo = [item for item, needed in zip(images, keep) if needed]
+    plan_seconds = time.perf_counter() - started
+    assert not todo, f"{len(todo)} keys without a part"
+    planned = mxinfer.memory_bytes()
+    started = time.perf_counter()
+    counts = infer_main.assemble_output(cfg, client, work, images)
+    assembly_seconds = time.perf_counter() - started
+    plan = infer_main.Plan(runs=runs, todo=todo, number=2, resumed=True)
+    summary = infer_main.summarize(cfg, len(images), 0, [], counts, 1.0, classifier.model_summary(),
+                                   {"assembly": assembly_seconds}, plan, {})
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary))
     after = mxinfer.memory_bytes()
-    return {"results": results, "predicted": counts["predicted"], "bytes_written": writer.bytes_written,
-            "blob_bytes": sum(len(r[2]) for r in collected), "rss_start": before["rss"],
+    size = client.head_object(Bucket=cfg.output_bucket, Key=cfg.output_key)["ContentLength"]
+    work.remove()
+    return {"results": results, "predicted": counts.predicted, "parts_read": counts.parts_read,
+            "part_bytes": counts.bytes_read, "bytes_written": size, "resume_plan_seconds": plan_seconds,
+            "assembly_seconds": assembly_seconds, "rss_start": before["rss"],
             "rss_model_loaded": loaded["rss"], "max_rss_model_loaded": loaded["max_rss"],
-            "rss_end": after["rss"], "max_rss": after["max_rss"]}
+            "max_rss_planned": planned["max_rss"], "rss_end": after["rss"], "max_rss": after["max_rss"]}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("probe", choices=("limit", "square", "results", "driver"))
+    parser.add_argument("probe", choices=("limit", "square", "results", "driver", "quantize", "decode"))
     parser.add_argument("--model", required=True)
     parser.add_argument("--shape", required=True)
     parser.add_argument("--batch", type=int, default=64)
@@ -201,7 +249,6 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket")
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--results", type=int, default=10_000)
-    parser.add_argument("--results-file", help="pickled partition results: written by results, read by driver")
     parser.add_argument("items", nargs="*", help="image files (limit) or keys (square)")
     args = parser.parse_intermixed_args(argv)
     shape = tuple(int(x) for x in args.shape.split(","))
@@ -209,10 +256,14 @@ def main(argv=None) -> int:
         out = limit(args.model, shape, args.batch, args.items, args.seconds)
     elif args.probe == "square":
         out = square(args.model, shape, args.batch, args.endpoint, args.bucket, args.items, args.batches)
+    elif args.probe == "quantize":
+        out = quantize(args.model, shape, args.items)
+    elif args.probe == "decode":
+        out = decode(shape, args.items)
     elif args.probe == "results":
-        out = fake_results(args.model, shape, args.results, args.results_file, args.batch)
+        out = fake_results(args.model, shape, args.results, args.endpoint, args.bucket, args.batch)
     else:
-        out = driver(args.model, shape, args.endpoint, args.bucket, args.results, args.results_file, args.batch)
+        out = driver(args.model, shape, args.endpoint, args.bucket, args.results, args.batch)
     print(json.dumps(out))
     return 0
 

@@ -23,7 +23,17 @@ Not a test: it prints measurements. In one run it
      (its Python process and its JVM, polled with psutil), and the CPU the S3
      stand-in (moto and the proxy) took from the same two cores;
 
-4. memory: one Python worker's RSS after its 10th and 200th task of a long
+4. int8 (``--no-int8`` skips it), per model: the checkpoint quantized as the
+   job's driver does (``probes.py quantize``), its L, and E with
+   ``--precision int8`` (``--min-agreement 0``: the weights are random, so the
+   agreement is printed, not required), with E_int8/E_fp32 and the per-process
+   CPU breakdown;
+5. large photos (``--large-images``, 0 skips): 8-12 MP JPEGs made from the
+   real photos (``bench/images.py``): decode CPU per image with and without
+   DCT scaling (``probes.py decode``), S and E with the first model;
+6. the MXNet threads each Python worker ran with, and the summary's warning if
+   threads x executors do not fill a host's cores;
+7. memory: one Python worker's RSS after its 10th and 200th task of a long
    run (the small model, batch 16, one executor), and the driver's peak RSS
    for 10,000 and 100,000 results from a fake fast model (``probes driver``).
 
@@ -173,10 +183,11 @@ def probe(args: list[str], threads: int) -> dict:
 
 
 def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, batch: int, work: Path,
-           master: str, extra: list[str], moto: psutil.Process, spark_conf: list[str] = ()) -> dict:
+           master: str, extra: list[str], moto: psutil.Process, spark_conf: list[str] = (),
+           prefix: str = "photos/") -> dict:
     """Run the job once on ``local-cluster``; its summary plus what was measured around it."""
     key = f"out/{tag}.jsonl"
-    job_args = ["--input", f"s3://{BUCKET}/photos/", "--model", f"s3://{BUCKET}/models/{model.name}",
+    job_args = ["--input", f"s3://{BUCKET}/{prefix}", "--model", f"s3://{BUCKET}/models/{model.name}",
                 "--output", f"s3://{BUCKET}/{key}", "--endpoint-url", proxy_endpoint,
                 "--input-shape", model.shape_arg, "--mean", bench_models.MEAN, "--std", bench_models.STD,
                 "--batch-size", str(batch), "--progress-seconds", "30", *extra]
@@ -271,6 +282,12 @@ def run(args) -> dict:
             log(f"{model.name}:   {row['E']['E']:.1f} images/s, steady {row['E']['E_steady'] or 0:.1f}, "
                 f"wall {row['E']['wall_seconds']:.1f}s")
             results["models"][model.name] = row
+        if args.int8:
+            results["int8"] = {}
+            for model in chosen:
+                results["int8"][model.name] = run_int8(args, s3, proxy, moto, model, prefixes[model.name], paths)
+        if args.large_images > 0:
+            results["large"] = run_large(args, s3, proxy, moto, chosen[0], prefixes[chosen[0].name])
         if args.memory_tasks > 0:
             small = bench_models.RESNET20
             count = min(len(paths), 16 * args.memory_tasks)
@@ -283,12 +300,49 @@ def run(args) -> dict:
         for count in args.driver_results:
             log(f"memory: driver for {count:,} results (fake fast model, no Spark)")
             model_args = ["--model", str(prefixes[chosen[0].name]), "--shape", chosen[0].shape_arg,
-                          "--results", str(count), "--results-file", str(work / f"results-{count}.pickle")]
+                          "--results", str(count), "--endpoint", upstream, "--bucket", BUCKET]
             probe(["results", *model_args], cores)
-            results["driver_rss"][count] = probe(["driver", *model_args, "--endpoint", upstream, "--bucket", BUCKET],
-                                                 cores)
+            results["driver_rss"][count] = probe(["driver", *model_args], cores)
     results["bench_seconds"] = time.time() - started
     return results
+
+
+def run_int8(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Path, paths: list[Path]) -> dict:
+    """L and E of ``model`` quantized to int8 (calibrated on the bench images, as the job's driver does)."""
+    cores = os.cpu_count() or 1
+    log(f"{model.name} int8: quantize on {args.calibration_images} images, then L")
+    quantized = probe(["quantize", "--model", str(prefix), "--shape", model.shape_arg,
+                       *map(str, paths[: args.calibration_images])], cores)
+    lim = probe(["limit", "--model", quantized["prefix"], "--shape", model.shape_arg, "--batch", str(args.batch),
+                 "--seconds", str(args.limit_seconds), *map(str, paths[: 2 * args.batch])], cores)
+    log(f"{model.name} int8:   {lim['images_per_second']:.1f} images/s; E (spark-submit, {args.master})")
+    # Random weights: agreement is reported, not required (--min-agreement 0).
+    e = submit(s3, proxy.endpoint, model, f"E-{model.name}-int8", args.batch, args.work, args.master,
+               [*args.job_args, "--precision", "int8", "--min-agreement", "0",
+                "--calibration-images", str(args.calibration_images)], moto, args.spark_conf)
+    log(f"{model.name} int8:   {e['E']:.1f} images/s, agreement {e['summary']['precision']['top1_agreement']}")
+    return {"quantize": quantized, "L": lim, "E": e}
+
+
+def run_large(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Path) -> dict:
+    """The job on 8-12 MP JPEGs: decode cost both ways, S and E."""
+    cores = os.cpu_count() or 1
+    log(f"making {args.large_images} photos of 8-12 MP (cached in {args.work / f'large-{args.large_images}'})")
+    large = bench_images.make_large_images(args.work / f"large-{args.large_images}", args.large_images)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda p: s3.put_object(Bucket=BUCKET, Key=f"large/{p.name}", Body=p.read_bytes()), large))
+    decode = probe(["decode", "--model", str(prefix), "--shape", model.shape_arg, *map(str, large[:8])], cores)
+    log(f"large photos: decode {decode['draft_cpu_ms_per_image']:.1f} ms (draft), "
+        f"{decode['exact_cpu_ms_per_image']:.1f} ms (exact); S and E with {model.name}")
+    batches = max(1, min(args.square_batches, len(large) // args.batch))
+    square = probe(["square", "--model", str(prefix), "--shape", model.shape_arg, "--batch", str(args.batch),
+                    "--endpoint", proxy.endpoint, "--bucket", BUCKET, "--batches", str(batches),
+                    *[f"large/{p.name}" for p in large[: batches * args.batch]]], cores)
+    e = submit(s3, proxy.endpoint, model, f"E-{model.name}-large", args.batch, args.work, args.master,
+               args.job_args, moto, args.spark_conf, prefix="large/")
+    log(f"large photos:   S {square['images_per_second']:.1f}, E {e['E']:.1f} images/s")
+    return {"model": model.name, "images": len(large), "bytes": sum(p.stat().st_size for p in large),
+            "decode": decode, "S": square, "E": e}
 
 
 # ----------------------------------------------------------------------------
@@ -327,7 +381,8 @@ def report(results: dict) -> str:
         sec = row["E"]["summary"]["seconds"]
         sq = row["S"]["phases"]
         out.append(f"  {name}: E download {sec['download']:.1f}, decode {sec['decode']:.1f}, forward "
-                   f"{sec['forward']:.1f}, wait {sec['wait']:.1f}, task {sec['task']:.1f}, upload {sec['upload']:.1f}"
+                   f"{sec['forward']:.1f}, wait {sec['wait']:.1f}, task {sec['task']:.1f}, write {sec['write']:.1f}, "
+                   f"assembly {sec['assembly']:.1f}"
                    f" | S download {sq['download']:.1f}, decode {sq['decode']:.1f}, forward {sq['forward']:.1f}")
     out.append("")
     out.append("CPU per image in E, by process (ms; the bound is what the cores allow at that cost):")
@@ -346,6 +401,15 @@ def report(results: dict) -> str:
         out.append(f"    the worker's own work beyond L's forward pass: {worker - l_cost:.1f} ms;"
                    f" were it free, the other processes' {others:.1f} ms would still cap E/L at "
                    f"{1000 * cores / (l_cost + others) / row['L']['images_per_second']:.2f}")
+    out.extend(report_int8(results))
+    out.extend(report_large(results))
+    out.append("MXNet threads per Python worker (the job's default; --threads and OMP_NUM_THREADS unset):")
+    runs = [(f"E-{n}", r["E"]) for n, r in results["models"].items()]
+    runs += [(f"E-{n}-int8", r["E"]) for n, r in results.get("int8", {}).items()]
+    runs += [("E-large", results["large"]["E"])] if "large" in results else []
+    for tag, e in runs:
+        threads = results_threads(e["summary"])
+        out.append(f"  {tag}: {threads}")
     out.append("")
     if "worker_rss" in results:
         after = results["worker_rss"]["after"]
@@ -355,11 +419,69 @@ def report(results: dict) -> str:
                    f"{results['worker_rss']['tasks']} tasks): after task 10 "
                    f"{_mib(a10)} MiB, after task 200 {_mib(a200)} MiB ({growth})")
     for count, d in results.get("driver_rss", {}).items():
-        out.append(f"Driver peak RSS for {int(count):,} results (fake fast model, driver process only): "
-                   f"{_mib(d['max_rss'])} MiB; {_mib(d['max_rss_model_loaded'])} MiB before any result (imports, "
-                   f"S3 client, the model check); result blobs {d['blob_bytes'] / MIB:.1f} MiB")
+        out.append(f"Driver for {int(count):,} results (fake fast model, driver process only): peak RSS "
+                   f"{_mib(d['max_rss'])} MiB ({_mib(d['max_rss_model_loaded'])} MiB before any result: imports, "
+                   f"S3 client, the model check; {_mib(d['max_rss_planned'])} after the resume plan); assembly of "
+                   f"{d['parts_read']:,} parts ({d['part_bytes'] / MIB:.1f} MiB gzip) into "
+                   f"{d['bytes_written'] / MIB:.1f} MiB: {d['assembly_seconds']:.1f} s "
+                   f"(resume plan {d['resume_plan_seconds']:.1f} s)")
     out.append(f"bench wall time: {results['bench_seconds']:.0f} s")
     return "\n".join(out)
+
+
+def results_threads(summary: dict) -> str:
+    """Each worker's threads, and the summary's warning if threads x executors do not fill the cores."""
+    threads = ", ".join(str(w.get("threads")) for w in summary["python_workers"].values())
+    hosts = summary.get("threads", {}).get("hosts", {})
+    fit = "; ".join(f"{h['executors']} executor(s) x threads = {h['threads']} on {h['cores']} cores"
+                    for h in hosts.values())
+    warnings = summary.get("threads", {}).get("warnings", [])
+    return f"{threads} ({fit})" + (f"; WARNING {warnings[0]}" if warnings else "")
+
+
+def report_int8(results: dict) -> list[str]:
+    if not results.get("int8"):
+        return []
+    out = ["| model int8 | L img/s | E img/s | E/L | E_int8/E_fp32 | L_int8/L_fp32 | top-1 agreement (random weights) "
+           "| max prob diff | quantize s (driver) |", "|" + "---|" * 9]
+    cores = results["machine"]["cores"]
+    cpu_lines = []
+    for name, row in results["int8"].items():
+        fp32 = results["models"][name]
+        lim, e = row["L"]["images_per_second"], row["E"]["E"]
+        precision = row["E"]["summary"]["precision"]
+        out.append(f"| {name} int8 | {lim:.1f} | {e:.1f} | {e / lim:.2f} | {e / fp32['E']['E']:.2f} "
+                   f"| {lim / fp32['L']['images_per_second']:.2f} | {precision['top1_agreement']:.3f} "
+                   f"| {precision['max_probability_difference']:.3f} | {precision['quantize_seconds']:.1f} |")
+        cpu = row["E"]["cpu_ms_per_image"]
+        total = sum(cpu.values())
+        parts = ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items() if ms >= 0.05)
+        cpu_lines.append(f"  {name} int8: {parts}; total {total:.1f} -> at most {1000 * cores / total:.0f} "
+                         f"images/s on {cores} cores; L_int8 costs {row['L']['cpu_ms_per_image']:.1f}")
+    return [*out, "", "CPU per image in E with int8, by process (ms):", *cpu_lines, ""]
+
+
+def report_large(results: dict) -> list[str]:
+    if "large" not in results:
+        return []
+    large = results["large"]
+    d, e, sq = large["decode"], large["E"], large["S"]
+    lim = results["models"][large["model"]]["L"]
+    sec = e["summary"]["seconds"]
+    return [
+        f"Large photos: {large['images']} JPEGs of 8-12 MP ({large['bytes'] / large['images'] / 1e6:.1f} MB "
+        f"average), {large['model']}:",
+        "| decode ms/image (draft) | decode ms/image (exact) | decode / L's forward CPU | input diff mean / max "
+        "| S img/s | E img/s | E/L | E/S |",
+        "|" + "---|" * 8,
+        f"| {d['draft_cpu_ms_per_image']:.1f} | {d['exact_cpu_ms_per_image']:.1f} "
+        f"| {d['draft_cpu_ms_per_image'] / lim['cpu_ms_per_image']:.2f} "
+        f"| {d['mean_abs_difference']:.4f} / {d['max_abs_difference']:.3f} | {sq['images_per_second']:.1f} "
+        f"| {e['E']:.1f} | {e['E'] / lim['images_per_second']:.2f} | {e['E'] / sq['images_per_second']:.2f} |",
+        f"  E seconds: download {sec['download']:.1f}, decode {sec['decode']:.1f}, forward {sec['forward']:.1f}, "
+        f"wait {sec['wait']:.1f}, task {sec['task']:.1f}",
+        "",
+    ]
 
 
 def main(argv=None) -> int:
@@ -377,6 +499,9 @@ def main(argv=None) -> int:
     parser.add_argument("--square-batches", type=int, default=6, help="batches for S")
     parser.add_argument("--memory-tasks", type=int, default=210, help="tasks of the long run (batch 16)")
     parser.add_argument("--driver-results", default="10000,100000", help="result counts for the driver's RSS")
+    parser.add_argument("--no-int8", dest="int8", action="store_false", help="skip the int8 rows")
+    parser.add_argument("--calibration-images", type=int, default=256, help="int8 calibration images")
+    parser.add_argument("--large-images", type=int, default=192, help="8-12 MP JPEGs in the large-photo set (0: skip)")
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench",
                         help="folder for the images, models, logs and results.json")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
@@ -384,6 +509,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.images, args.models, args.limit_seconds, args.square_batches = 128, "resnet20", 1.0, 1
         args.driver_results, args.memory_tasks = "1000", 0
+        args.calibration_images, args.large_images = 16, 8
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.job_args = args.job_args.split()
     args.driver_results = [int(x) for x in str(args.driver_results).split(",") if x]

@@ -2,8 +2,11 @@
 
 Starts a moto S3 server on a free loopback port, makes the demo model and
 images, uploads them, runs ``spark-submit --master 'local-cluster[2,1,1024]'``
-with ``--py-files``, prints some predictions, the summary and the demo's
-accuracy, and stops the server (also when the job fails).
+with ``--py-files``, keeps a copy of the output and its summary under
+``run/output/``, prints some predictions, the summary and the demo's
+accuracy, and stops the server (also when the job fails). With ``--keep-s3``
+(``make run-local KEEP_S3=1``) the server stays up until Ctrl-C, and the
+printed ``make submit`` line reruns the job against it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from demo.s3local import FAKE_AWS_ENV, moto_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MASTER = "local-cluster[2,1,1024]"
+#: Our modules, shipped with --py-files (the driver's too: in cluster mode it runs on the cluster).
+PY_FILES = ("utils.py", "mxinfer.py", "durable.py", "listing.py", "manifest.py")
 
 
 def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]:
@@ -32,15 +37,23 @@ def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]
         str(python_bin / "spark-submit"), "--master", master,
         "--properties-file", str(ROOT / "conf" / "spark-local.conf"),
         "--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}",
-        "--py-files", ",".join(str(ROOT / name) for name in ("utils.py", "mxinfer.py", "listing.py", "manifest.py")),
+        "--py-files", ",".join(str(ROOT / name) for name in PY_FILES),
         str(ROOT / "infer_main.py"), *job_args,
     ]
 
 
-def spark_env(extra: dict | None = None) -> dict:
-    """Environment for spark-submit: our venv's Python on driver and executors, fake AWS keys."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(FAKE_AWS_ENV)
+def spark_env(extra: dict | None = None, fake_aws: bool = True) -> dict:
+    """Environment for spark-submit: our venv's Python on driver and executors, fake AWS keys.
+
+    ``PYSPARK_PYTHON`` is what lets ``.venv/bin/spark-submit`` run from a shell
+    without the venv activated: unset, PySpark's launcher uses the first
+    ``python3`` on PATH, which has no pyspark. ``fake_aws`` replaces every
+    ``AWS_`` variable with moto's fake keys (never a real key near moto).
+    """
+    env = dict(os.environ)
+    if fake_aws:
+        env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+        env.update(FAKE_AWS_ENV)
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -60,7 +73,7 @@ def upload_demo(s3, made: dict, bucket: str, model_key: str, image_prefix: str) 
     return count
 
 
-def main() -> int:
+def main(keep_s3: bool = False) -> int:
     started = time.time()
     work = ROOT / "run"
     work.mkdir(exist_ok=True)
@@ -83,16 +96,39 @@ def main() -> int:
         count = upload_demo(s3, made, bucket, model_key, image_prefix)
         print(f"   uploaded the model and {count} images to {config['input']}", flush=True)
 
-        command = spark_submit_command(["--config", str(ROOT / "conf" / "demo.yaml"), "--endpoint-url", endpoint])
-        print("== " + " ".join(command), flush=True)
-        code = subprocess.call(command, env=spark_env(), cwd=str(ROOT))
+        job_args = ["--config", "conf/demo.yaml", "--endpoint-url", endpoint]
+        # What a user types to run it again by hand, from any shell (see demo/submit.py).
+        rerun = f"make submit ARGS='{' '.join(job_args)}'"
+        print(f"== {rerun}", flush=True)
+        code = subprocess.call(spark_submit_command(job_args), env=spark_env(), cwd=str(ROOT))
         if code != 0:
             print(f"!! the job failed with exit code {code}", file=sys.stderr)
             return code
 
         lines = s3.get_object(Bucket=bucket, Key=output_key)["Body"].read().decode().splitlines()
-        summary = json.loads(s3.get_object(Bucket=bucket, Key=f"{output_key}.summary.json")["Body"].read())
+        summary_text = s3.get_object(Bucket=bucket, Key=f"{output_key}.summary.json")["Body"].read().decode()
+        summary = json.loads(summary_text)
+        # The server stops with this script: keep copies where the user can still read them.
+        kept = work / "output"
+        kept.mkdir(exist_ok=True)
+        (kept / Path(output_key).name).write_text("\n".join(lines) + "\n")
+        summary_copy = kept / f"{Path(output_key).name}.summary.json"
+        summary_copy.write_text(summary_text)
+        if keep_s3:
+            code = report(lines, summary, summary_copy, config, started)
+            print(f"\n== the local S3 server stays at {endpoint} until Ctrl-C; rerun the job with\n   {rerun}",
+                  flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                print("\n== stopping the local S3 server")
+            return code
+    return report(lines, summary, summary_copy, config, started)
 
+
+def report(lines: list[str], summary: dict, summary_copy: Path, config: dict, started: float) -> int:
+    """Print the first lines, the summary and the demo's accuracy; 0 if the accuracy is as expected."""
     print(f"\n== {len(lines)} lines in {config['output']}; the first five:")
     for line in lines[:5]:
         print("   " + line)
@@ -104,7 +140,7 @@ def main() -> int:
                                for name, worker in summary["python_workers"].items()}
     print(json.dumps(brief, indent=2))
     print("   (the whole summary, with per-executor timing and memory, is in "
-          f"{config['output']}.summary.json)")
+          f"{summary_copy.relative_to(ROOT)}, a copy of {config['output']}.summary.json)")
     rows = [json.loads(line) for line in lines]
     correct = sum(1 for row in rows if "predictions" in row
                   and row["predictions"][0]["class_id"] == make_demo.true_label(row["key"]))
@@ -115,4 +151,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(keep_s3="--keep-s3" in sys.argv[1:]))

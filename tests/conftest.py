@@ -79,8 +79,20 @@ def softmax_prefix(demo_dir) -> Path:
     return demo_dir / "model" / "digits_softmax"
 
 
+def start_spark_submit(job_args: list[str], extra_env: dict | None = None) -> subprocess.Popen:
+    """Start the job through spark-submit in a session of its own, so a test can signal the whole driver.
+
+    Killing the process group is what a lost driver node, YARN's container
+    kill or a terminal's Ctrl-C does: the JVM, the Python driver and (on
+    local-cluster) the executors it started go together.
+    """
+    return subprocess.Popen(spark_submit_command(job_args), env=spark_env(extra_env), cwd=str(ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
 def spark_submit(job_args: list[str], timeout: int = 600, extra_env: dict | None = None,
-                 cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run the job through spark-submit on local-cluster, as ``make run-local`` does."""
-    return subprocess.run(spark_submit_command(job_args), check=False, env=spark_env(extra_env), cwd=str(cwd),
+                 cwd: Path = ROOT, master: str | None = None) -> subprocess.CompletedProcess:
+    """Run the job through spark-submit on local-cluster (``master``, else ``make run-local``'s)."""
+    command = spark_submit_command(job_args, master) if master else spark_submit_command(job_args)
+    return subprocess.run(command, check=False, env=spark_env(extra_env), cwd=str(cwd),
                           capture_output=True, text=True, timeout=timeout)

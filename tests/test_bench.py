@@ -24,7 +24,14 @@ def test_bench_quick_prints_the_table_and_results(tmp_path):
     assert "| resnet20 3x32x32 |" in result.stdout
     assert "Driver peak RSS for 1,000 results" in result.stdout
     assert "were it free, the other processes'" in result.stdout  # the E/L ceiling line
+    assert "| resnet20 int8 |" in result.stdout and "Large photos: 8 JPEGs of 8-12 MP" in result.stdout
+    assert "MXNet threads per Python worker" in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
+    int8 = results["int8"]["resnet20"]
+    assert int8["L"]["images_per_second"] > 0 and int8["E"]["summary"]["precision"]["precision"] == "int8"
+    assert int8["E"]["summary"]["predicted"] == 128
+    large = results["large"]
+    assert large["E"]["summary"]["predicted"] == 8 and large["decode"]["draft_cpu_ms_per_image"] > 0
     row = results["models"]["resnet20"]
     assert row["L"]["images_per_second"] > 0 and row["S"]["images_per_second"] > 0
     summary = row["E"]["summary"]

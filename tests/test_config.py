@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -41,7 +44,9 @@ def resolve(*args: str, config: dict | None = None, tmp_path: Path | None = None
 
 def test_conf_defaults_yaml_documents_exactly_the_defaults():
     documented = yaml.safe_load((ROOT / "conf" / "defaults.yaml").read_text())
-    assert documented == infer_main.DEFAULTS
+    assert sorted(documented) == sorted(infer_main.DEFAULTS)
+    # Compared as the job reads them: a YAML list of suffixes is the default's comma-separated text.
+    assert infer_main.merge_settings({}, documented) == infer_main.merge_settings({}, {})
 
 
 def test_defaults_apply_when_nothing_overrides_them():
@@ -93,16 +98,22 @@ def test_the_originals_flags_map_to_the_same_job():
     ([*BASE, "--bucket", "x"], "either --input"),
     (["--input", "photos/", "--model", "m", "--output", "s3://o/k"], "not an S3 URI"),
     ([*BASE[:4], "--output", "s3://o/"], "names no object"),
-    ([*BASE, "--batch-size", "0"], "batch_size must be at least 1"),
-    ([*BASE, "--top-k", "-1"], "top_k must be at least 1"),
-    ([*BASE, "--input-shape", "3,224"], "input_shape needs 3"),
-    ([*BASE, "--input-shape", "3,a,224"], "comma-separated numbers"),
-    ([*BASE, "--mean", "1,2"], "mean needs 1 or 3 values"),
-    ([*BASE, "--std", "0"], "non-zero"),
+    ([*BASE, "--batch-size", "0"], "'--batch-size' / '--batch': 0 is not in the range x>=1"),
+    ([*BASE, "--top-k", "-1"], "'--top-k': -1 is not in the range x>=1"),
+    ([*BASE, "--input-shape", "3,224"], "'--input-shape': needs 3 comma-separated"),
+    ([*BASE, "--input-shape", "3,a,224"], "'--input-shape': needs comma-separated whole numbers"),
+    ([*BASE, "--input-shape", "2,8,8"], "--input-shape: C (the first of C,H,W) must be 3 (RGB) or 1"),
+    ([*BASE, "--mean", "1,2"], "--mean needs 1 or 3 values"),
+    ([*BASE, "--std", "0"], "'--std': values must be non-zero"),
     ([*BASE, "--resize", "zoom"], "'zoom' is not one of"),
-    ([*BASE, "--max-errors", "lots"], "max_errors must be"),
-    ([*BASE, "--context", "tpu"], "context must be"),
-    ([*BASE, "--log-level", "LOUD"], "log_level must be"),
+    ([*BASE, "--max-errors", "lots"], "'--max-errors': must be a count (10) or a percentage (1%)"),
+    ([*BASE, "--max-errors", "101%"], "'--max-errors': out of range"),
+    ([*BASE, "--context", "tpu"], "'--context': must be cpu, gpu or gpu:N"),
+    ([*BASE, "--log-level", "LOUD"], "'LOUD' is not one of"),
+    ([*BASE, "--batch-size", "8.9"], "'--batch-size' / '--batch': '8.9' is not a valid integer"),
+    ([*BASE, "--progress-seconds", "fast"], "'--progress-seconds': 'fast' is not a valid float"),
+    ([*BASE, "--handler", "boxes.txt"], "'--handler': must be a Python file ending in .py"),
+    ([*BASE, "--suffixes", ","], "'--suffixes': no suffix given"),
 ])
 def test_usage_errors_exit_2_and_say_what_to_fix(args, message):
     result, cfg = resolve(*args)
@@ -130,17 +141,123 @@ def test_unknown_yaml_option_is_named(tmp_path):
     assert result.exit_code == 2 and "unknown option(s): batchsize" in result.output
 
 
+@pytest.mark.parametrize("value", ["false", "no", False, "off"])
+def test_yaml_dry_run_false_in_any_spelling_runs_the_job_for_real(tmp_path, value):
+    result, cfg = resolve(*BASE, config={"dry_run": value}, tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert cfg.dry_run is False  # run_job takes the real path: no plan, Spark and the upload
+
+
+@pytest.mark.parametrize("value", ["yes", "true", True])
+def test_yaml_dry_run_true_in_any_spelling_is_a_dry_run(tmp_path, value):
+    result, cfg = resolve(*BASE, config={"dry_run": value}, tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert cfg.dry_run is True
+
+
+def test_no_dry_run_on_the_command_line_beats_the_yaml(tmp_path):
+    result, cfg = resolve(*BASE, "--no-dry-run", config={"dry_run": True}, tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert cfg.dry_run is False
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("dry_run", "maybe", "'maybe' is not a valid boolean"),
+    ("batch_size", 8.9, "8.9 is not a whole number"),
+    ("batch_size", "8.9", "'8.9' is not a valid integer"),
+    ("top_k", 2.7, "2.7 is not a whole number"),
+    ("epoch", True, "True is not a whole number"),
+    ("progress_seconds", "fast", "'fast' is not a valid float"),
+    ("progress_seconds", float("nan"), "nan is not a finite number"),
+    ("input_shape", [3, 32.5, 32], "needs comma-separated whole numbers"),
+    ("mean", "1,x,3", "needs comma-separated numbers"),
+    ("resize", "zoom", "'zoom' is not one of"),
+    ("log_level", "LOUD", "'LOUD' is not one of"),
+])
+def test_a_bad_yaml_value_exits_2_naming_the_key_and_the_file(tmp_path, key, value, message):
+    result, cfg = resolve(*BASE, config={key: value}, tmp_path=tmp_path)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{key}' in {tmp_path / 'job.yaml'}: {message}" in result.output
+    assert cfg is None
+
+
+def test_a_yaml_value_the_options_check_together_is_named_as_a_yaml_key(tmp_path):
+    result, _ = resolve(*BASE, config={"mean": "1,2"}, tmp_path=tmp_path)
+    assert result.exit_code == 2
+    assert f"mean in {tmp_path / 'job.yaml'} needs 1 or 3 values" in result.output
+
+
+def test_yaml_whole_floats_and_numeric_text_are_taken(tmp_path):
+    result, cfg = resolve(*BASE, config={"batch_size": 8.0, "top_k": "3", "progress_seconds": "2.5"},
+                          tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert (cfg.batch_size, cfg.top_k, cfg.progress_seconds) == (8, 3, 2.5)
+
+
+def test_yaml_null_keeps_the_default(tmp_path):
+    result, cfg = resolve(*BASE, config={"batch_size": None}, tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert cfg.batch_size == infer_main.DEFAULTS["batch_size"]
+
+
+#: Every numeric option of the table with a lower bound: sizes, counts, intervals.
+BOUNDED = sorted(name for name, param in infer_main.PARAMS.items()
+                 if isinstance(param.type, (click.IntRange, click.FloatRange)) and param.type.min is not None)
+
+
+def test_every_numeric_option_has_a_range():
+    numeric = [name for name, param in infer_main.PARAMS.items()
+               if isinstance(param.type, (click.types._NumberParamTypeBase, infer_main.NumberList))]
+    unbounded = [name for name in numeric if name not in BOUNDED and not isinstance(
+        infer_main.PARAMS[name].type, infer_main.NumberList)]
+    assert numeric and unbounded == []
+
+
+@pytest.mark.parametrize("key", BOUNDED)
+@pytest.mark.parametrize("where", ["command line", "yaml"])
+def test_zero_or_negative_sizes_counts_and_intervals_exit_2(tmp_path, key, where):
+    too_small = infer_main.PARAMS[key].type.min - 1
+    if where == "yaml":
+        result, cfg = resolve(*BASE, config={key: too_small}, tmp_path=tmp_path)
+        named = f"'{key}' in {tmp_path / 'job.yaml'}"
+    else:
+        flag = infer_main.option_flag(key)
+        result, cfg = resolve(*BASE, f"{flag}={too_small}")
+        named = f"'{flag}'"
+    assert result.exit_code == 2, result.output
+    assert named in result.output and "is not in the range" in result.output
+    assert cfg is None
+
+
+def test_help_shows_every_default_from_the_table_and_no_help_text_types_one():
+    result = CliRunner().invoke(infer_main.main, ["--help"], terminal_width=400)
+    assert result.exit_code == 0
+    assert not [name for name, param in infer_main.PARAMS.items() if "[default" in (param.help or "")]
+    for name in ("batch_size", "top_k", "max_image_pixels", "io_threads", "app_name"):
+        assert f"[default: {infer_main.DEFAULTS[name]}" in " ".join(result.output.split())
+
+
+def test_the_job_and_the_library_share_their_defaults():
+    cfg = infer_main.resolve(infer_main.merge_settings({k[2:]: v for k, v in zip(BASE[::2], BASE[1::2])}, {}))
+    assert cfg.preprocess == mxinfer.Preprocess()
+    library = mxinfer.JobSpec(model=cfg.model, preprocess=mxinfer.Preprocess(), bucket="in")
+    job = cfg.job_spec()
+    for name in ("batch_size", "top_k", "io_threads", "max_in_flight", "max_object_bytes", "s3_max_attempts"):
+        assert getattr(job, name) == getattr(library, name)
+
+
 def test_missing_config_file_is_a_usage_error(tmp_path):
     result, _ = resolve(*BASE, "--config", str(tmp_path / "nope.yaml"))
     assert result.exit_code == 2 and "cannot read --config" in result.output
 
 
 @pytest.mark.parametrize("n, batch, batches", [(1, 4, 1), (4, 4, 1), (5, 4, 2), (9, 3, 3)])
-def test_plan_pads_to_whole_batches_with_empty_slots(n, batch, batches):
+def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, batches):
     items = [(f"k{i}", 1) for i in range(n)]
-    padded = infer_main.plan_batches(items, batch)
-    assert len(padded) == batches * batch
-    assert padded[:n] == items and all(x is None for x in padded[n:])
+    planned = infer_main.plan_batches(items, batch)
+    assert len(planned) == batches
+    assert [item for b in planned for item in b] == items  # every item once, in order
+    assert all(len(b) == batch for b in planned[:-1]) and 1 <= len(planned[-1]) <= batch
 
 
 @pytest.mark.parametrize("value, keys, allowed", [("0", 100, 0), ("5", 10, 5), ("1%", 1000, 10), ("1%", 99, 0),
@@ -183,7 +300,7 @@ def test_dry_run_prints_the_plan_and_a_scored_image_without_spark(small_world):
                                              "--batch-size", "2", "--dry-run"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    assert plan["images"] == 5 and plan["batches"] == 3 and plan["padding_slots"] == 1
+    assert plan["images"] == 5 and plan["batches"] == 3
     assert plan["first_key"] == "imgs/0.png"
     assert plan["sample"]["key"] == "imgs/0.png" and len(plan["sample"]["predictions"]) == 5
     assert plan["model"]["num_classes"] == 10
@@ -233,3 +350,41 @@ def test_unwritable_output_fails_before_any_spark_work(small_world):
     assert "cannot write s3://no-such-output-bucket/o.jsonl" in result.output and "NoSuchBucket" in result.output
     from pyspark import SparkContext
     assert SparkContext._active_spark_context is None
+
+
+def test_dry_run_with_an_unwritable_output_fails_and_says_so_once(small_world, caplog):
+    result = CliRunner(mix_stderr=False).invoke(infer_main.main, [
+        *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://no-such-output-bucket/o.jsonl",
+        "--dry-run"])
+    assert result.exit_code == 1
+    assert result.stdout == ""  # no plan
+    assert result.stderr.count("cannot write s3://no-such-output-bucket/o.jsonl") == 1
+    assert "NoSuchBucket" in result.stderr
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # not also logged as an ERROR line
+
+
+def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, moto_endpoint):
+    result = CliRunner(mix_stderr=False).invoke(infer_main.main, [
+        *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://cfg-bucket/dry/o.jsonl", "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout.splitlines()[-1])
+    assert plan["output"] == "s3://cfg-bucket/dry/o.jsonl" and plan["output_writable"] is True
+    assert make_s3_client(moto_endpoint).list_objects_v2(Bucket="cfg-bucket", Prefix="dry/")["KeyCount"] == 0
+
+
+def test_the_readme_options_table_shows_the_defaults_of_the_option_table():
+    section = (ROOT / "README.md").read_text().split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    shown = {}
+    for line in section.splitlines():
+        if line.startswith("| `--"):
+            first, default = (cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip("|"))[:2])
+            flag = re.match(r"`(--[\w-]+)", first).group(1)
+            keys = [k for k, param in infer_main.PARAMS.items() if flag in param.opts]
+            if flag != "--config":  # the one option that is no setting
+                [key] = keys
+                shown[key] = default.strip("`")
+    with_defaults = {k for k, v in infer_main.DEFAULTS.items() if v not in (None, "")}
+    assert with_defaults <= set(shown)
+    for key in with_defaults:
+        assert infer_main.convert_option(key, shown[key], "README") == \
+            infer_main.convert_option(key, infer_main.DEFAULTS[key], "default"), key

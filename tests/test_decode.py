@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,9 +29,12 @@ def gradient_rgb(width: int = 40, height: int = 30) -> Image.Image:
     return Image.fromarray(rgb.astype(np.uint8))
 
 
-def reference(data: bytes, shape=(3, 24, 32), mean=(0, 0, 0), std=(1, 1, 1)) -> np.ndarray:
-    """The README's recipe, written out independently of mxinfer."""
+def reference(data: bytes, shape=(3, 24, 32), mean=(0, 0, 0), std=(1, 1, 1), draft: bool = True) -> np.ndarray:
+    """The README's recipe (stretch), written out independently of mxinfer."""
     img = Image.open(io.BytesIO(data))
+    if draft and img.format == "JPEG":
+        turned = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+        img.draft(None, (2 * shape[1], 2 * shape[2]) if turned else (2 * shape[2], 2 * shape[1]))
     img = ImageOps.exif_transpose(img)
     img = img.convert("RGB")
     img = img.resize((shape[2], shape[1]), Image.BILINEAR)
@@ -177,3 +181,66 @@ def png_declaring(width: int, height: int) -> bytes:
 def test_preprocess_rejects_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         mxinfer.Preprocess(**kwargs)
+
+
+def real_photo(scale: float = 1.0) -> Image.Image:
+    """scikit-learn's china.jpg (640x427), upscaled by ``scale``."""
+    from sklearn.datasets import load_sample_images
+
+    img = Image.fromarray(load_sample_images().images[0])
+    return img.resize((round(img.width * scale), round(img.height * scale)), Image.BICUBIC) if scale != 1 else img
+
+
+BIG = mxinfer.Preprocess(input_shape=(3, 224, 224), mean=(123.68, 116.78, 103.94), std=(58.4, 57.12, 57.38))
+
+
+@pytest.mark.parametrize("resize", mxinfer.RESIZE_MODES)
+def test_a_large_jpeg_is_decoded_at_reduced_scale_close_to_the_exact_path(resize, monkeypatch):
+    data = encode(real_photo(2.5), "JPEG", quality=90)  # 1600x1068: at least 2x of 448 for a 1/2 draft
+    prep = replace(BIG, resize=resize)
+    loaded = []
+    real_load = mxinfer.Image.Image.load
+
+    def spy(self):
+        loaded.append(self.size)
+        return real_load(self)
+
+    monkeypatch.setattr(mxinfer.Image.Image, "load", spy)
+    draft = mxinfer.decode_image(data, prep)
+    assert loaded[0] == (800, 534)  # the JPEG decoder's 1/2 scale, not 1600x1068
+    exact = mxinfer.decode_image(data, replace(prep, decode="exact"))
+    assert draft.shape == exact.shape == (3, 224, 224)
+    difference = np.abs(draft - exact)
+    assert 0 < difference.mean() < 0.02 and difference.max() < 0.5  # in units of std
+
+
+def test_the_draft_path_is_the_readme_recipe():
+    data = encode(real_photo(2.5), "JPEG", quality=90)
+    np.testing.assert_allclose(mxinfer.decode_image(data, replace(BIG, mean=(0.0,), std=(1.0,))),
+                               reference(data, (3, 224, 224)), atol=1e-4)
+
+
+@pytest.mark.parametrize(("fmt", "scale"), [("PNG", 2.5), ("JPEG", 1.0)])
+def test_png_and_jpegs_under_twice_the_target_take_the_exact_path(fmt, scale):
+    data = encode(real_photo(scale), fmt)
+    np.testing.assert_array_equal(mxinfer.decode_image(data, BIG),
+                                  mxinfer.decode_image(data, replace(BIG, decode="exact")))
+
+
+def test_draft_asks_for_twice_the_upright_size_of_a_quarter_turned_jpeg():
+    img = real_photo(2.5).resize((1600, 800))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored on its side: upright it is 800 wide, 1600 high
+    data = encode(img, "JPEG", quality=90, exif=exif.tobytes())
+    prep = mxinfer.Preprocess(input_shape=(3, 400, 200))
+    with Image.open(io.BytesIO(data)) as opened:
+        assert mxinfer.draft_size(opened, prep) == (800, 400)  # the file's width is the upright height
+    draft = mxinfer.decode_image(data, prep)
+    exact = mxinfer.decode_image(data, replace(prep, decode="exact"))
+    assert draft.shape == (3, 400, 200)
+    assert np.abs(draft - exact).mean() < 2.0  # 0-255 units: the same upright picture
+
+
+def test_decode_mode_is_checked():
+    with pytest.raises(ValueError, match="decode must be one of draft, exact"):
+        mxinfer.Preprocess(decode="fast")

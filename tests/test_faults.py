@@ -216,7 +216,7 @@ def test_job_completes_through_20_percent_s3_faults_and_counts_the_retries(bucke
     bucket.put_object(Bucket=BUCKET, Key="out/faulty.jsonl", Body=b"stale output of an earlier run\n")
     with S3Proxy(moto_endpoint, fault_rate=0.2, seed=7) as proxy:
         result = spark_submit(job_args(proxy.endpoint, "faulty/", "out/faulty.jsonl", "--batch-size", "8",
-                                       "--s3-max-attempts", "8"))
+                                       "--s3-max-attempts", "8", "--overwrite"))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     rows = read_lines(bucket, "out/faulty.jsonl")  # the stale object was replaced whole
@@ -309,7 +309,8 @@ def test_weights_unreachable_from_executors_fail_fast_with_the_cause_and_leave_n
     def deny_params_after_the_drivers_read(method: str, path: str) -> bool:
         if method == "GET" and path.endswith("/model/digits-0000.params"):
             params_reads.append(path)
-            return len(params_reads) > 1  # the driver's check passes; every executor is refused
+            # The driver reads the params twice (the model check, the resume fingerprint); every executor is refused.
+            return len(params_reads) > 2
         return False
 
     started = time.time()
@@ -320,8 +321,9 @@ def test_weights_unreachable_from_executors_fail_fast_with_the_cause_and_leave_n
     assert result.returncode == 1, output[-3000:]
     assert "cannot load the model" in output and "AccessDenied" in output and "digits-0000.params" in output
     assert elapsed < 150
-    listing = bucket.list_objects_v2(Bucket=BUCKET, Prefix="out/nomodel")
-    assert "Contents" not in listing  # no output, no summary
+    assert not utils.object_exists(bucket, BUCKET, "out/nomodel.jsonl")  # no output
+    assert not utils.object_exists(bucket, BUCKET, "out/nomodel.jsonl.summary.json")  # no summary
+    assert "resume with:" in output  # the work prefix is kept for --resume, and the message says so
     assert bucket.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []  # no orphaned parts
 
 

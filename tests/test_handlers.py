@@ -291,7 +291,7 @@ def test_a_bad_handler_stops_the_run_before_any_listing(tmp_path, moto_endpoint,
 
 def test_handler_must_be_a_python_file():
     result = run_cli("--handler", "s3://b/handler.zip")
-    assert result.exit_code == 2 and "handler must be a Python file ending in .py" in result.output
+    assert result.exit_code == 2 and "'--handler': must be a Python file ending in .py" in result.output
 
 
 def test_missing_s3_handler_is_named(moto_endpoint):

@@ -199,7 +199,7 @@ def test_summary_reports_counts_timing_model_and_options(logits_run):
     assert summary["elapsed_seconds"] > 0 and summary["images_per_second"] > 0
     assert summary["model"]["head"] == "logits" and summary["model"]["num_classes"] == 10
     assert summary["options"]["batch_size"] == BATCH and summary["options"]["top_k"] == 3
-    assert set(summary["seconds"]) >= {"download", "decode", "forward", "wait", "upload"}
+    assert set(summary["seconds"]) >= {"download", "decode", "forward", "wait", "write", "spark", "assembly"}
     assert '"keys_listed": 44' in output(result)  # also logged by the driver
 
 
@@ -229,11 +229,29 @@ def test_dry_run_through_spark_submit_starts_no_spark_job(world):
     result = spark_submit([
         "--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits", "--dry-run",
         "--endpoint-url", world["endpoint"], "--input-shape", "3,32,32", "--std", "255", "--batch-size", "8",
+        "--output", f"s3://{BUCKET}/out/dry.jsonl",
     ])
     assert result.returncode == 0, output(result)[-3000:]
     text = output(result)
-    lines = text.splitlines()
-    plan = json.loads("\n".join(lines[lines.index("{"): len(lines) - lines[::-1].index("}")]))
-    assert plan["images"] == 44 and plan["partitions"] == 6 and plan["padding_slots"] == 4
+    # The driver's log and MXNet's messages come first on the same stream; the plan is the last line.
+    assert len(result.stdout.splitlines()) > 1
+    plan = json.loads(result.stdout.splitlines()[-1])
+    assert plan["images"] == 44 and plan["partitions"] == 6 and plan["to_score"] == 44
     assert plan["sample"]["key"] == plan["first_key"]
+    assert plan["output"] == f"s3://{BUCKET}/out/dry.jsonl" and plan["output_writable"] is True
     assert "master local-cluster" not in text and "app-" not in text  # no SparkContext was made
+    # The write check left nothing behind.
+    listed = world["s3"].list_objects_v2(Bucket=BUCKET, Prefix="out/dry.jsonl")
+    assert listed["KeyCount"] == 0
+
+
+def test_dry_run_through_spark_submit_fails_once_on_an_unwritable_output(world):
+    result = spark_submit([
+        "--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits", "--dry-run",
+        "--endpoint-url", world["endpoint"], "--input-shape", "3,32,32", "--std", "255",
+        "--output", "s3://no-such-dry-run-bucket/out.jsonl",
+    ])
+    assert result.returncode == 1, output(result)[-3000:]
+    text = output(result)
+    assert text.count("cannot write s3://no-such-dry-run-bucket/out.jsonl") == 1  # one error, printed once
+    assert "NoSuchBucket" in text

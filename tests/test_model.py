@@ -202,3 +202,20 @@ def test_non_finite_scores_fail_their_row_and_a_failed_forward_fails_the_batch(t
     wrong = mxinfer.output_lines(clf, ["a", "b"], [np.zeros((3, 8, 8), np.float32)] * 2, top_k=2)
     assert [failed for *_, failed in wrong] == [True, True]
     assert "expected shape" in json.loads(wrong[0][1])["error"]["message"]
+
+
+@pytest.mark.parametrize("wrong", [(1, *SHAPE[1:]), (SHAPE[0], SHAPE[1] - 4, SHAPE[2] - 4)])
+def test_a_wrong_input_shape_names_the_shape_the_weights_fit(logits_prefix, wrong):
+    wanted = ",".join(map(str, SHAPE))
+    with pytest.raises(mxinfer.ModelError, match=f"its weights fit input shape {wanted} \\(C,H,W\\)"):
+        mxinfer.Classifier(str(logits_prefix), wrong, batch_size=2)
+
+
+def test_a_wrong_input_shape_names_the_shape_the_checkpoint_records(tmp_path):
+    recorded = (3, 5, 6)  # not square and not a common size: only the record can name it
+    data = mx.sym.var("data", shape=(1, *recorded))
+    mx.sym.FullyConnected(mx.sym.flatten(data), num_hidden=2, name="fc").save(f"{tmp_path / 'm'}-symbol.json")
+    save_params(tmp_path / "m", {"fc_weight": mx.nd.zeros((2, int(np.prod(recorded)))), "fc_bias": mx.nd.zeros(2)},
+                {})
+    with pytest.raises(mxinfer.ModelError, match="the checkpoint records input shape 3,5,6: set --input-shape"):
+        mxinfer.Predictor(str(tmp_path / "m"), (3, 8, 8), batch_size=1)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import durable
 import infer_main
 import mxinfer
 
@@ -90,8 +91,11 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     cfg = infer_main.resolve(infer_main.merge_settings(BASE, {}))
     # One worker, 200 tasks of 1 s with 0.1 s between them; RSS grows by 1 byte per task.
     stats = [task_stats("7", n, 1000.0 + (n - 1) * 1.1, 500 + n) for n in range(1, 201)]
-    results = [(s["partition"], 64, b"", s) for s in reversed(stats)]  # order must not matter
-    summary = infer_main.summarize(cfg, 200 * 64, 200, results, {"predicted": 12800, "failed": 0}, 300.0, {}, 0.5)
+    keys = [(f"k{i}", 1) for i in range(200 * 64)]
+    plan = infer_main.Plan(runs=[], todo=keys, number=1, resumed=False)
+    counts = durable.AssemblyCounts(predicted=12800, failed=0)
+    stats.reverse()  # order must not matter
+    summary = infer_main.summarize(cfg, 200 * 64, 200, stats, counts, 300.0, {}, {"assembly": 0.5}, plan, {})
     window = 199 * 1.1 + 1.0
     assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
     assert summary["tasks"]["images_per_second"] == pytest.approx(12800 / window, rel=1e-3)
@@ -104,3 +108,87 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
                                               "100": 600, "200": 700, "last": 700}
     assert summary["seconds"]["cpu"] == pytest.approx(300.0)
     assert summary["driver_max_rss_bytes"] > 0
+    assert summary["scored"] == 12800 and summary["reused"] == 0 and summary["seconds"]["assembly"] == 0.5
+
+
+def test_spark_implicit_omp_is_ignored_and_the_host_cores_are_shared_among_its_executors(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Spark sets for spark.executor.cores=1
+    monkeypatch.setattr(mxinfer.os, "cpu_count", lambda: 36)
+    monkeypatch.setattr(mxinfer, "host_names", lambda: ["node-a", "10.0.0.1"])
+    one_each = mxinfer.ThreadPlan(executors_by_host=(("node-a", 1), ("node-b", 1)))
+    assert mxinfer.worker_threads(None, one_each) == 36
+    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("10.0.0.1", 4),))) == 9
+    # Not listed under any of its names: the busiest host's share, never more threads than cores.
+    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("x", 2), ("y", 3)))) == 12
+    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("node-a", 2),),
+                                                           tasks_per_executor=2)) == 9
+    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(omp_from_user=True)) == 1
+    assert mxinfer.worker_threads(3, one_each) == 3
+
+
+def test_plan_threads_counts_executors_per_host_and_tells_a_user_omp_setting_apart():
+    conf = {"spark.master": "yarn", "spark.executor.cores": "4", "spark.task.cpus": "2"}
+    plan = infer_main.plan_threads(conf, ["b", "a", "b"])
+    assert plan == mxinfer.ThreadPlan(False, (("a", 1), ("b", 2)), 2)
+    assert infer_main.plan_threads({**conf, "spark.executorEnv.OMP_NUM_THREADS": "8"}, ["a"]).omp_from_user
+    assert infer_main.plan_threads({"spark.master": "local-cluster[2,1,1024]"}, []).tasks_per_executor == 1
+
+
+@pytest.mark.parametrize(("conf", "wanted"), [
+    ({"spark.master": "local-cluster[3,1,1024]"}, 3),
+    ({"spark.master": "yarn", "spark.executor.instances": "10"}, 10),
+    ({"spark.master": "yarn", "spark.executor.instances": "10", "spark.dynamicAllocation.enabled": "true"}, None),
+    ({"spark.master": "yarn"}, None),
+])
+def test_expected_executors_from_the_master_or_the_instances(conf, wanted):
+    assert infer_main.expected_executors(conf) == wanted
+
+
+def test_thread_fit_warns_when_threads_times_executors_differ_from_the_host_cores():
+    def stat(executor, threads, cores, planned=None):
+        return {"executor": executor, "threads": threads, "host": {"cores": cores, "workers": planned}}
+
+    fit = infer_main.thread_fit([stat("a/1", 2, 4), stat("a/2", 2, 4), stat("b/1", 1, 4), stat("c/1", 8, 4),
+                                 stat("b/1", 1, 4), stat("d/1", 2, 4, planned=2)])
+    assert fit["hosts"] == {"a": {"cores": 4, "executors": 2, "threads": 4},
+                            "b": {"cores": 4, "executors": 1, "threads": 1},
+                            "c": {"cores": 4, "executors": 1, "threads": 8},
+                            # Two executors planned on d, one ran a task: no warning for the idle one.
+                            "d": {"cores": 4, "executors": 2, "threads": 4}}
+    assert len(fit["warnings"]) == 2
+    assert "host b" in fit["warnings"][0] and "idle" in fit["warnings"][0]
+    assert "host c" in fit["warnings"][1] and "wait" in fit["warnings"][1]
+
+
+class FakeSparkContext:
+    """Just what thread_plan reads: the conf, and executors that register one call at a time."""
+
+    def __init__(self, conf: dict, registrations: list[list[tuple[str, int]]]):
+        self.conf, self.registrations, self.calls = conf, registrations, 0
+        info = lambda host, port: SimpleNamespace(host=lambda: host, port=lambda: port)  # noqa: E731
+        driver = SimpleNamespace(host=lambda: "driver", port=lambda: 1)
+
+        def executor_infos():
+            listed = self.registrations[min(self.calls, len(self.registrations) - 1)]
+            self.calls += 1
+            return [info("driver", 1)] + [info(h, p) for h, p in listed]
+
+        jvm = SimpleNamespace(env=lambda: SimpleNamespace(blockManager=lambda: SimpleNamespace(
+            blockManagerId=lambda: driver)), statusTracker=lambda: SimpleNamespace(getExecutorInfos=executor_infos))
+        self._jsc = SimpleNamespace(sc=lambda: jvm)
+
+    def getConf(self):
+        return SimpleNamespace(getAll=lambda: list(self.conf.items()))
+
+
+def test_thread_plan_waits_for_the_expected_executors_and_leaves_out_the_driver():
+    sc = FakeSparkContext({"spark.master": "local-cluster[2,1,1024]"},
+                          [[], [("127.0.0.1", 5)], [("127.0.0.1", 5), ("127.0.0.1", 6)]])
+    plan = infer_main.thread_plan(sc, wait_seconds=5)
+    assert plan.executors_by_host == (("127.0.0.1", 2),) and sc.calls == 3
+
+
+def test_thread_plan_gives_up_on_a_broken_executor_list_and_workers_fall_back():
+    sc = FakeSparkContext({"spark.master": "yarn"}, [[]])
+    sc._jsc = SimpleNamespace(sc=lambda: (_ for _ in ()).throw(RuntimeError("no such method")))
+    assert infer_main.thread_plan(sc, wait_seconds=0.1) is None

@@ -168,3 +168,30 @@ def test_sibling_uri():
 def test_put_text_round_trips(s3_mock):
     utils.put_text(s3_mock, "bkt", "s.json", '{"a": 1}')
     assert io.BytesIO(s3_mock.get_object(Bucket="bkt", Key="s.json")["Body"].read()).read() == b'{"a": 1}'
+
+
+def test_check_writable_writes_a_probe_beside_the_key_and_leaves_nothing(s3_mock):
+    s3_mock.put_object(Bucket="bkt", Key="out/p.jsonl", Body=b"an earlier output")
+    written = []
+    s3_mock.meta.events.register("provide-client-params.s3.PutObject",
+                                 lambda params, **_: written.append(params["Key"]))
+    utils.check_writable(s3_mock, "bkt", "out/p.jsonl")
+    [probe] = written
+    assert probe.startswith("out/p.jsonl.write-check-")
+    keys = [obj["Key"] for obj in s3_mock.list_objects_v2(Bucket="bkt")["Contents"]]
+    assert keys == ["out/p.jsonl"]  # the probe is gone and the existing object untouched
+    assert s3_mock.get_object(Bucket="bkt", Key="out/p.jsonl")["Body"].read() == b"an earlier output"
+
+
+def test_check_writable_names_the_output_and_the_cause(s3_mock):
+    with pytest.raises(utils.OutputNotWritableError, match=r"cannot write s3://nope/k\.jsonl: .*NoSuchBucket"):
+        utils.check_writable(s3_mock, "nope", "k.jsonl")
+
+
+def test_check_writable_passes_when_only_the_clean_up_is_refused(s3_mock, caplog):
+    def refuse(**_):
+        raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "DeleteObject")
+
+    s3_mock.meta.events.register("before-call.s3.DeleteObject", refuse)
+    utils.check_writable(s3_mock, "bkt", "k.jsonl")
+    assert "delete it by hand" in caplog.text

@@ -1,0 +1,437 @@
+"""Durable progress: the work prefix beside the output, ``--resume``, and the final assembly.
+
+A run never holds its results in the driver. Each executor writes its batch's
+lines to S3 as soon as it has scored them (``mxinfer.score_partition``), under
+a *work prefix* that belongs to the output object::
+
+    OUTPUT.parts/job.json                        what every line depends on (the fingerprint)
+    OUTPUT.parts/run-0001/run.json               one run's plan: batch size, batch count, keys, app id
+    OUTPUT.parts/run-0001/keys.parquet           that run's keys in batch order
+    OUTPUT.parts/run-0001/part-00000012.jsonl.gz batch 12's lines, sorted by key
+
+When every listed key has a line, :func:`assemble` merges the runs' parts
+into the output object (key order, each key once, one multipart upload that
+is completed only when whole), and the work prefix is removed. A driver that
+dies before then leaves the parts; ``--resume`` plans only the keys that have
+no line yet (:func:`remaining_keys`) as a new run, and the assembly merges
+the old runs' parts with the new one's, so the output is the one an
+uninterrupted run would have written.
+
+This module runs on the driver only. It lists and reads S3 through the
+client it is given.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import heapq
+import io
+import json
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from json.decoder import scanstring
+
+import pyarrow as pa
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+import mxinfer
+import utils
+
+log = logging.getLogger(__name__)
+
+#: The work prefix is the output key followed by this.
+WORK_SUFFIX = ".parts/"
+#: The JSON Lines and Parquet output formats; ``.parquet`` keys default to the latter.
+OUTPUT_FORMATS = ("jsonl", "parquet")
+#: Rows per Parquet row group: about 5-10 MiB of top-5 predictions, small enough
+#: for the driver to hold one while it writes it, large enough for Athena scans.
+PARQUET_ROW_GROUP = 100_000
+_RUN = re.compile(r"run-(\d{4,})/(.+)$")
+_PART = re.compile(r"part-(\d{8})\.jsonl\.gz$")
+#: Every line starts with this (``json.dumps({"key": ...})``): the key can be
+#: read without parsing the rest of the line.
+_KEY_START = '{"key": "'
+_ERROR_AFTER_KEY = ', "error": {"stage": '
+
+
+class ResumeError(Exception):
+    """The work prefix and this run do not fit together; the message says what to do."""
+
+
+def output_format(requested: str | None, key: str) -> str:
+    """``requested``, else ``parquet`` for a key ending in ``.parquet``, else ``jsonl``."""
+    if requested:
+        return requested
+    return "parquet" if key.lower().endswith(".parquet") else "jsonl"
+
+
+def fingerprint(settings: dict, files: dict[str, bytes | None]) -> dict:
+    """What every line of the output depends on: the settings as given, and files by SHA-256.
+
+    Two runs whose fingerprints are equal write the same line for the same
+    image, so their parts may be merged into one output.
+    """
+    digests = {name: (hashlib.sha256(data).hexdigest() if data is not None else None)
+               for name, data in files.items()}
+    return {**{k: _plain(v) for k, v in settings.items()}, **digests}
+
+
+def _plain(value):
+    """The value as JSON gives it back (tuples as lists), so a fingerprint equals its own round trip."""
+    return json.loads(json.dumps(value))
+
+
+#: The fingerprint's file entries (compared by digest, named as files in messages).
+_FILES = ("model_symbol", "model_params", "labels", "handler", "int8_params")
+
+
+def differences(earlier: dict, now: dict) -> list[str]:
+    """One phrase per fingerprint entry that differs, e.g. ``top_k: 3 then, 5 now``."""
+    out = []
+    for name in sorted(set(earlier) | set(now)):
+        before, after = earlier.get(name), now.get(name)
+        if before != after:
+            if name in _FILES:
+                out.append(f"{name} (a different file: sha256 {str(before)[:12]} then, {str(after)[:12]} now)")
+            else:
+                out.append(f"{name}: {json.dumps(before)} then, {json.dumps(after)} now")
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run recorded under the work prefix: its plan and which of its batches are durable."""
+
+    number: int
+    prefix: str
+    batch_size: int
+    batches: int
+    keys: int
+    application: str | None
+    done: frozenset = field(default_factory=frozenset)
+
+    def batch_rows(self, index: int) -> tuple[int, int]:
+        """Rows of ``keys.parquet`` that batch ``index`` scored."""
+        start = index * self.batch_size
+        return start, min(start + self.batch_size, self.keys)
+
+
+class WorkPrefix:
+    """The work prefix of one output object: what earlier runs made durable, and the next run's plan."""
+
+    def __init__(self, client, bucket: str, output_key: str):
+        self.client, self.bucket = client, bucket
+        self.prefix = output_key + WORK_SUFFIX
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def _objects(self, prefix: str) -> list[tuple[str, int]]:
+        return list(utils.list_objects(self.client, self.bucket, prefix))
+
+    def exists(self) -> bool:
+        """Whether anything is under the work prefix."""
+        page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+        return bool(page.get("KeyCount"))
+
+    def read_job(self) -> dict | None:
+        """``job.json`` (the fingerprint the first run recorded), or ``None``."""
+        try:
+            return json.loads(utils.read_object(self.client, self.bucket, self.prefix + "job.json"))
+        except self.client.exceptions.NoSuchKey:
+            return None
+
+    def write_job(self, fingerprint_: dict, output_uri: str) -> None:
+        body = {"output": output_uri, "created": time.time(), "fingerprint": fingerprint_}
+        utils.put_text(self.client, self.bucket, self.prefix + "job.json", json.dumps(body, indent=2) + "\n")
+
+    def runs(self) -> list[Run]:
+        """Every recorded run, oldest first, with the batches each made durable."""
+        files: dict[int, dict[str, str]] = {}
+        for key, _ in self._objects(self.prefix + "run-"):
+            match = _RUN.match(key[len(self.prefix):])
+            if match:
+                files.setdefault(int(match.group(1)), {})[match.group(2)] = key
+        runs = []
+        for number in sorted(files):
+            names = files[number]
+            if "run.json" not in names:
+                continue  # the driver died while starting this run: it scored nothing
+            meta = json.loads(utils.read_object(self.client, self.bucket, names["run.json"]))
+            done = frozenset(int(m.group(1)) for m in map(_PART.match, names) if m)
+            runs.append(Run(number=number, prefix=self.run_prefix(number), batch_size=meta["batch_size"],
+                            batches=meta["batches"], keys=meta["keys"], application=meta.get("application"),
+                            done=done))
+        return runs
+
+    def run_prefix(self, number: int) -> str:
+        return f"{self.prefix}run-{number:04d}/"
+
+    def run_keys(self, run: Run) -> pa.ChunkedArray:
+        """The keys of ``run`` in batch order."""
+        data = utils.read_object(self.client, self.bucket, run.prefix + "keys.parquet")
+        return pq.read_table(io.BytesIO(data), columns=["key"]).column("key")
+
+    def start_run(self, number: int, keys: Sequence[str], batch_size: int, application: str | None) -> Run:
+        """Record run ``number``'s plan (its keys in batch order) before any of its batches is scored."""
+        prefix = self.run_prefix(number)
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"key": pa.array(keys, pa.string())}), buffer, compression="zstd")
+        self.client.put_object(Bucket=self.bucket, Key=prefix + "keys.parquet", Body=buffer.getvalue())
+        batches = -(-len(keys) // batch_size)
+        meta = {"batch_size": batch_size, "batches": batches, "keys": len(keys), "application": application,
+                "started": time.time()}
+        # run.json last: a run without it never started, and resume ignores it.
+        utils.put_text(self.client, self.bucket, prefix + "run.json", json.dumps(meta) + "\n")
+        return Run(number=number, prefix=prefix, batch_size=batch_size, batches=batches, keys=len(keys),
+                   application=application)
+
+    def remove(self) -> int:
+        """Delete everything under the work prefix; return how many objects were deleted."""
+        keys = [key for key, _ in self._objects(self.prefix)]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1,000 keys a call
+            chunk = keys[start:start + 1000]
+            response = self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+            if response.get("Errors"):
+                error = response["Errors"][0]
+                raise OSError(f"cannot delete s3://{self.bucket}/{error['Key']}: {error.get('Message')}")
+        return len(keys)
+
+
+def remaining_keys(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str]) -> list[bool]:
+    """For each of ``keys``, whether it still needs scoring (no earlier run made its line durable)."""
+    done = [_done_keys(work, run) for run in runs if run.done]
+    if not done:
+        return [True] * len(keys)
+    value_set = pa.concat_arrays([chunk for array in done for chunk in array.chunks])
+    import pyarrow.compute as pc
+
+    scored = pc.is_in(pa.array(keys, pa.string()), value_set=value_set)
+    return [not flag for flag in scored.to_pylist()]
+
+
+def _done_keys(work: WorkPrefix, run: Run) -> pa.ChunkedArray:
+    keys = work.run_keys(run)
+    slices = [keys.slice(*_span(run.batch_rows(index))) for index in sorted(run.done)]
+    return pa.chunked_array([chunk for s in slices for chunk in s.chunks], pa.string())
+
+
+def _span(rows: tuple[int, int]) -> tuple[int, int]:
+    start, end = rows
+    return start, end - start
+
+
+# ----------------------------------------------------------------------------
+# Assembly
+
+
+@dataclass
+class AssemblyCounts:
+    """What the assembly wrote and from where."""
+
+    predicted: int = 0
+    failed: int = 0
+    #: Lines whose key is no longer in the job's key list (the input changed between runs).
+    dropped: int = 0
+    #: Lines of a key that an earlier run had already made durable (kept: the earlier one).
+    superseded: int = 0
+    parts_read: int = 0
+    bytes_read: int = 0
+
+
+def line_key(line: str) -> tuple[str, int]:
+    """The key of one output line and the index just after it, without parsing the whole line."""
+    if line.startswith(_KEY_START):
+        return scanstring(line, len(_KEY_START))
+    return json.loads(line)["key"], -1
+
+
+def _run_lines(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int,
+               counts: AssemblyCounts) -> Iterator[tuple[str, int, str]]:
+    """``(key, end_of_key, line)`` of every durable line of ``run``, in key order (batch by batch)."""
+    def fetch(index: int) -> bytes:
+        return utils.read_object(work.client, work.bucket, mxinfer.part_key(run.prefix, index))
+
+    pending: deque = deque()
+    indices = iter(sorted(run.done))
+    for index in indices:
+        pending.append(pool.submit(fetch, index))
+        if len(pending) >= window:
+            break
+    while pending:
+        data = pending.popleft().result()
+        nxt = next(indices, None)
+        if nxt is not None:
+            pending.append(pool.submit(fetch, nxt))
+        counts.parts_read += 1
+        counts.bytes_read += len(data)
+        for line in gzip.decompress(data).decode("utf-8").splitlines():
+            key, end = line_key(line)
+            yield key, end, line
+
+
+def assemble(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str], sink,
+             threads: int = 16) -> AssemblyCounts:
+    """Merge the runs' durable lines into ``sink`` in key order, exactly one line per key of ``keys``.
+
+    ``keys`` is this job's sorted key list. Each run's parts, read in batch
+    order, are sorted by key (its plan was), so a heap merge of the runs gives
+    every line in key order while holding only a window of parts per run.
+    A key of ``keys`` without a line raises ``ResumeError``: nothing is
+    written then (the caller aborts the sink). A key that two runs scored gets
+    the earlier run's line only (``heapq.merge`` is stable).
+    """
+    counts = AssemblyCounts()
+    with ThreadPoolExecutor(threads, thread_name_prefix="assemble") as pool:
+        window = max(2, threads // max(1, len(runs)))
+        streams = [_run_lines(work, run, pool, window, counts) for run in runs if run.done]
+        merged = heapq.merge(*streams, key=lambda item: item[0])
+        position, total, last = 0, len(keys), None
+        chunk: list[str] = []
+        for key, end, line in merged:
+            if key == last:
+                # Two runs scored this key (a late task of an earlier run wrote its part after the
+                # resume planned): both lines come from the same fingerprint; the earlier run's is kept.
+                counts.superseded += 1
+                continue
+            if position < total and keys[position] < key:
+                raise ResumeError(f"no line for key {keys[position]!r} under {work.uri}")
+            if position < total and keys[position] == key:
+                position += 1
+                last = key
+                is_error = line.startswith(_ERROR_AFTER_KEY, end) if end >= 0 else '"error"' in line
+                counts.failed += is_error
+                counts.predicted += not is_error
+                chunk.append(line)
+                if len(chunk) >= 10_000:
+                    sink.write_lines(chunk)
+                    chunk = []
+            else:
+                counts.dropped += 1
+        if position < total:
+            raise ResumeError(f"no line for key {keys[position]!r} under {work.uri} "
+                              f"({total - position} keys without a line)")
+        if chunk:
+            sink.write_lines(chunk)
+    return counts
+
+
+# ----------------------------------------------------------------------------
+# Output formats
+
+
+class JsonLinesSink:
+    """The output as JSON Lines: the parts' lines as they are."""
+
+    def __init__(self, writer: utils.MultipartWriter):
+        self.writer = writer
+
+    def write_lines(self, lines: list[str]) -> None:
+        self.writer.write("".join(line + "\n" for line in lines).encode("utf-8"))
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+
+#: The Parquet output's columns (Athena, Glue and Spark read it as it is).
+PREDICTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])
+ERROR = pa.struct([("stage", pa.string()), ("type", pa.string()), ("message", pa.string())])
+
+
+def parquet_schema(with_result: bool) -> pa.Schema:
+    """``key``, ``predictions``, ``error``; with an ``output_handler``, ``result`` (its JSON object) too."""
+    columns = [("key", pa.string()), ("predictions", pa.list_(PREDICTION)), ("error", ERROR)]
+    if with_result:
+        columns.append(("result", pa.string()))
+    return pa.schema(columns)
+
+
+class ParquetSink:
+    """The output as Parquet, one row per key, written row group by row group."""
+
+    def __init__(self, writer: utils.MultipartWriter, with_result: bool = False):
+        self.writer, self.with_result = writer, with_result
+        self.schema = parquet_schema(with_result)
+        self._file = _WriterFile(writer)
+        self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
+        self._pending: list[str] = []
+
+    def write_lines(self, lines: list[str]) -> None:
+        self._pending.extend(lines)
+        if len(self._pending) >= PARQUET_ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        self._parquet.write_table(lines_table(self._pending, self.schema), row_group_size=PARQUET_ROW_GROUP)
+        self._pending = []
+
+    def close(self) -> None:
+        self._flush()
+        self._parquet.close()
+        self.writer.close()
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+
+def lines_table(lines: list[str], schema: pa.Schema) -> pa.Table:
+    """Output lines as a table of ``schema`` (Arrow's JSON reader; ``result`` rebuilt in Python)."""
+    options = pa_json.ParseOptions(explicit_schema=pa.schema([f for f in schema if f.name != "result"]),
+                                   unexpected_field_behavior="ignore")
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    table = pa_json.read_json(io.BytesIO(data), parse_options=options,
+                              read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
+    table = table.select([f.name for f in schema if f.name != "result"]).cast(
+        pa.schema([f for f in schema if f.name != "result"]))
+    if "result" in schema.names:
+        results = []
+        for line in lines:
+            obj = json.loads(line)
+            obj.pop("key", None)
+            results.append(None if "error" in obj and set(obj) == {"error"}
+                           else json.dumps(obj, ensure_ascii=False))
+        table = table.append_column("result", pa.array(results, pa.string()))
+    return table
+
+
+class _WriterFile(io.RawIOBase):
+    """A write-only file over a :class:`utils.MultipartWriter`, for ``pq.ParquetWriter``."""
+
+    def __init__(self, writer: utils.MultipartWriter):
+        super().__init__()
+        self.writer = writer
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.writer.write(bytes(data))
+        return len(data)
+
+    def tell(self) -> int:
+        return self.writer.bytes_written
+
+    def close(self) -> None:  # the sink completes the upload; pyarrow only closes its side
+        super().close()
+
+
+def iter_keys(items: Iterable[tuple[str, int]]) -> list[str]:
+    """The keys of ``(key, size)`` pairs, or of a ``listing.Listing`` (read from its Arrow column at once)."""
+    column = getattr(items, "keys", None)
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return column.to_pylist()
+    return [key for key, _ in items]

@@ -1,0 +1,175 @@
+"""--precision int8: the samples, the quantized checkpoint, and the agreement gate on a real pretrained model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import infer_main
+import mxinfer
+from demo import make_demo
+from tests.conftest import make_s3_client
+
+BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
+
+
+def test_samples_are_spread_over_the_listing_disjoint_and_the_same_every_time():
+    images = [(f"k{i:03d}", 1) for i in range(100)]
+    calibration, held_out = infer_main.sample_keys(images, 10)
+    assert (len(calibration), len(held_out)) == (10, 10)
+    assert not set(calibration) & set(held_out)
+    assert calibration[0] == images[0] and held_out[-1][0] >= "k090"  # from the first key to the last tenth
+    assert infer_main.sample_keys(images, 10) == (calibration, held_out)
+    few_cal, few_held = infer_main.sample_keys(images[:5], 10)
+    assert sorted(few_cal + few_held) == images[:5]
+    assert infer_main.sample_keys(images[:1], 10) == (images[:1], images[:1])
+
+
+def test_agreement_counts_top1_matches_and_the_largest_probability_difference():
+    reference = np.eye(4)[[0, 1, 2, 3]] * 0.7 + 0.075
+    candidate = reference.copy()
+    candidate[3] = reference[2]  # one row of four disagrees on the top class
+    figures = mxinfer.agreement(reference, candidate)
+    assert figures["top1_agreement"] == 0.75 and figures["images"] == 4
+    assert figures["max_probability_difference"] == pytest.approx(np.abs(reference - candidate).max())
+    with pytest.raises(ValueError, match="one shape"):
+        mxinfer.agreement(reference, candidate[:2])
+
+
+def test_int8_exclude_takes_names_and_patterns_and_names_the_layers_when_nothing_matches(logits_prefix):
+    symbol_json = Path(f"{logits_prefix}-symbol.json").read_text()
+    layers = mxinfer.weight_layers(symbol_json)
+    assert layers and all(name in symbol_json for name in layers)
+    assert mxinfer.int8_excluded(symbol_json, [layers[0], layers[0]]) == [layers[0]]
+    assert mxinfer.int8_excluded(symbol_json, ["*"]) == layers
+    with pytest.raises(mxinfer.ModelError, match=f"names no convolution .* its layers are {layers[0]}"):
+        mxinfer.int8_excluded(symbol_json, ["no_such_layer"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"precision": "int4"}, "'int4' is not one of 'fp32', 'int8'"),
+    ({"min_agreement": 1.5}, "1.5 is not in the range 0<=x<=1"),
+    ({"calibration_images": 0}, "0 is not in the range x>=1"),
+    ({"precision": "int8", "context": "gpu"}, "int8 runs on CPUs"),
+])
+def test_int8_options_are_checked(args, message):
+    with pytest.raises(infer_main.click.UsageError, match=message):
+        infer_main.resolve(infer_main.merge_settings({**BASE, **args}, {}))
+
+
+def test_int8_options_reach_the_config_and_the_executors():
+    cfg = infer_main.resolve(infer_main.merge_settings(
+        {**BASE, "precision": "int8", "calibration_images": 8, "min_agreement": 0.9, "int8_exclude": "a*,b"}, {}))
+    assert (cfg.precision, cfg.calibration_images, cfg.min_agreement, cfg.int8_exclude) == ("int8", 8, 0.9, ("a*", "b"))
+    assert cfg.job_spec().precision == "int8" and cfg.job_spec().model == cfg.model  # until the driver quantizes
+
+
+def digit_arrays(count: int) -> np.ndarray:
+    (_, _), (test_x, _) = make_demo.digits_split()
+    return np.stack([mxinfer.decode_image(make_demo.digit_png(x), make_demo.PREPROCESS) for x in test_x[:count]])
+
+
+def test_the_quantized_checkpoint_is_int8_but_for_excluded_layers_and_ships_its_files(logits_prefix, tmp_path):
+    spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix))
+    layers = mxinfer.weight_layers(Path(f"{logits_prefix}-symbol.json").read_text())
+    arrays = digit_arrays(48)
+    int8 = mxinfer.quantize_int8(spec, make_demo.INPUT_SHAPE, arrays[:24], str(tmp_path / "q"), [layers[-1]], 8)
+    assert int8.shipped and int8.shipped_files() == [str(tmp_path / "q-symbol.json"), str(tmp_path / "q-0000.params")]
+    graph = json.loads(Path(int8.symbol_uri).read_text())
+    ops = [node["op"] for node in graph["nodes"]]
+    assert "_contrib_quantize_v2" in ops  # the input is quantized
+    quantized = [node for node in graph["nodes"] if node.get("attrs", {}).get("quantized") == "true"]
+    assert quantized and all(layers[-1] not in node["name"] for node in quantized)
+    fp32 = mxinfer.Classifier(spec, make_demo.INPUT_SHAPE, 8)
+    figures = mxinfer.agreement(fp32.probabilities(arrays[24:]), mxinfer.Classifier(
+        int8, make_demo.INPUT_SHAPE, 8).probabilities(arrays[24:]))
+    assert figures["top1_agreement"] >= 0.9  # a trained model, quantized: mostly the same answers
+
+
+# ----------------------------------------------------------------------------
+# The gate on a real pretrained model (EfficientNet-Lite0) and real photos
+
+
+@pytest.fixture(scope="module")
+def real_world(moto_endpoint, tmp_path_factory):
+    from bench import images, pretrained
+
+    prefix = pretrained.export(tmp_path_factory.mktemp("effnet"))
+    s3 = make_s3_client(moto_endpoint)
+    s3.create_bucket(Bucket="int8-bucket")
+    for suffix in ("-symbol.json", "-0000.params"):
+        # One PUT: moto's checksum of a multipart upload (upload_file over 8 MB) fails botocore's check.
+        s3.put_object(Bucket="int8-bucket", Key=f"model/effnet{suffix}", Body=Path(f"{prefix}{suffix}").read_bytes())
+    for i, data in enumerate(images.photo_views(48, seed=3)):
+        s3.put_object(Bucket="int8-bucket", Key=f"photos/{i:03d}.jpg", Body=data)
+    return ["--endpoint-url", moto_endpoint, "--model", "s3://int8-bucket/model/effnet",
+            "--input", "s3://int8-bucket/photos/", "--output", "s3://int8-bucket/out/p.jsonl",
+            "--mean", pretrained.MEAN, "--std", pretrained.STD, "--precision", "int8", "--calibration-images", "24"]
+
+
+def test_int8_below_the_minimum_agreement_refuses_with_the_figures_and_what_to_try(real_world, s3):
+    result = CliRunner().invoke(infer_main.main, real_world)
+    assert result.exit_code == infer_main.EXIT_FAILED, result.output
+    assert "int8 agrees with fp32 on only" in result.output and "24 held-out images" in result.output
+    assert "under --min-agreement 0.99" in result.output
+    assert "--int8-exclude" in result.output and "--precision fp32" in result.output
+    assert "Contents" not in s3.list_objects_v2(Bucket="int8-bucket", Prefix="out/")  # nothing was scored
+
+
+def test_int8_at_or_above_the_minimum_runs_on_the_quantized_model(real_world):
+    result = CliRunner().invoke(infer_main.main, [*real_world, "--min-agreement", "0.5", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert len(plan["sample"]["predictions"]) == 5
+
+
+@pytest.mark.spark
+def test_the_executors_score_with_the_drivers_int8_checkpoint(moto_endpoint, demo_dir, tmp_path):
+    from tests.conftest import bucket_with_model, spark_submit
+
+    s3 = bucket_with_model(moto_endpoint, "int8-job", demo_dir / "model")
+    paths = sorted((demo_dir / "images").rglob("*.png"))[:24]
+    keys = [f"imgs/{p.parent.name}/{p.name}" for p in paths]
+    for key, path in zip(keys, paths):
+        s3.put_object(Bucket="int8-job", Key=key, Body=path.read_bytes())
+    result = spark_submit(["--input", "s3://int8-job/imgs/", "--model", "s3://int8-job/model/digits",
+                           "--output", "s3://int8-job/out/p.jsonl", "--endpoint-url", moto_endpoint,
+                           "--input-shape", "3,32,32", "--std", "255", "--batch-size", "8", "--top-k", "10",
+                           "--precision", "int8", "--calibration-images", "6", "--min-agreement", "0.8"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(s3.get_object(Bucket="int8-job", Key="out/p.jsonl.summary.json")["Body"].read())
+    assert summary["precision"]["precision"] == "int8" and summary["precision"]["images"] == 6
+    assert summary["precision"]["top1_agreement"] >= 0.8 and summary["predicted"] == 24
+    # The same documented sample, quantized here, gives the job's probabilities.
+    by_key = dict(zip(keys, paths))
+    listing = sorted((key, path.stat().st_size) for key, path in by_key.items())
+    calibration, _ = infer_main.sample_keys(listing, 6)
+    arrays = np.stack([mxinfer.decode_image(by_key[k].read_bytes(), make_demo.PREPROCESS) for k, _ in calibration])
+    spec = mxinfer.ModelSpec.from_prefix(str(demo_dir / "model" / "digits"), labels_uri="")
+    int8 = mxinfer.Classifier(mxinfer.quantize_int8(spec, make_demo.INPUT_SHAPE, arrays, str(tmp_path / "q")),
+                              make_demo.INPUT_SHAPE, 8)
+    lines = [json.loads(line) for line in
+             s3.get_object(Bucket="int8-job", Key="out/p.jsonl")["Body"].read().decode().splitlines()]
+    mine = int8.probabilities(np.stack([mxinfer.decode_image(by_key[line["key"]].read_bytes(),
+                                                             make_demo.PREPROCESS) for line in lines]))
+    for line, row in zip(lines, mine):
+        got = {p["class_id"]: p["probability"] for p in line["predictions"]}
+        np.testing.assert_allclose([got[c] for c in range(10)], row, atol=1e-4)
+
+
+def test_a_model_that_cannot_be_quantized_fails_with_what_to_do(monkeypatch, logits_prefix):
+    def broken(*args, **kwargs):
+        raise RuntimeError("MXNetError: unsupported operator\nstack...")
+
+    monkeypatch.setattr(mxinfer, "quantize_int8", broken)
+    cfg = infer_main.resolve(infer_main.merge_settings(
+        {**BASE, "model": str(logits_prefix), "input_shape": "3,32,32", "precision": "int8"}, {}))
+    classifier = mxinfer.Classifier(cfg.model, (3, 32, 32), 4)
+    monkeypatch.setattr(infer_main, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
+    with pytest.raises(infer_main.JobError, match=r"cannot quantize the model to int8: MXNetError: unsupported "
+                                                   r"operator; keep the layer .* --precision fp32"):
+        infer_main.prepare_precision(cfg, None, [(f"k{i}", 1) for i in range(8)], classifier)

@@ -1,0 +1,93 @@
+"""The README's local command, copied from the README and run from a clean shell (no venv activated)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from demo.run_local import upload_demo
+from demo.submit import shell_line, uses_local_s3
+from tests.conftest import ROOT, make_s3_client
+
+MARKER = "<!-- tests/test_submit.py runs this command as it is written here -->"
+IMAGES = 30
+
+
+def readme_command() -> str:
+    """The one-line command in the ```bash block after MARKER in the README."""
+    after = (ROOT / "README.md").read_text().split(MARKER, 1)[1]
+    block = after.split("```bash\n", 1)[1].split("```", 1)[0]
+    [line] = block.strip().splitlines()
+    return line
+
+
+def fresh_shell_env() -> dict:
+    """What a new terminal has: no venv on PATH, no PYSPARK_*, SPARK_* or AWS_* variables."""
+    path = ["/usr/local/bin", "/usr/bin", "/bin"]
+    java = shutil.which("java")  # wherever this machine keeps Java (Spark needs it), but never .venv/bin
+    if java and os.path.dirname(java) not in path:
+        path.append(os.path.dirname(java))
+    env = {"PATH": ":".join(path), "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+    if "JAVA_HOME" in os.environ:
+        env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+    return env
+
+
+def run_in_fresh_shell(line: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", line], env=fresh_shell_env(), cwd=str(ROOT), capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
+@pytest.fixture(scope="module")
+def demo_bucket(moto_endpoint, demo_dir, tmp_path_factory):
+    """conf/demo.yaml's bucket on the test server: the demo model and a few of its digits."""
+    subset = tmp_path_factory.mktemp("subset")
+    for path in sorted((demo_dir / "images").rglob("*.png"))[:IMAGES]:
+        (subset / path.parent.name).mkdir(exist_ok=True)
+        shutil.copy(path, subset / path.parent.name / path.name)
+    s3 = make_s3_client(moto_endpoint)
+    made = {"model_prefix": str(demo_dir / "model" / "digits"), "images": str(subset)}
+    assert upload_demo(s3, made, "demo-bucket", "models/digits", "digits/test/") == IMAGES
+    return s3
+
+
+@pytest.mark.parametrize("args, local", [
+    (["--endpoint-url", "http://127.0.0.1:5000"], True),
+    (["--endpoint-url=http://localhost:9000"], True),
+    (["--endpoint-url", "https://s3.eu-west-1.amazonaws.com"], False),
+    (["--input", "s3://b/p/"], False),
+])
+def test_fake_keys_only_for_a_server_on_this_machine(args, local):
+    assert uses_local_s3(args) is local
+
+
+def test_the_printed_line_quotes_what_a_shell_would_split():
+    command = ["spark-submit", "--master", "local-cluster[2,1,1024]", "--top-k", "2"]
+    line = shell_line(command, {"A": "x y"})
+    assert line == "A='x y' spark-submit --master 'local-cluster[2,1,1024]' --top-k 2"
+    assert shlex.split(line) == ["A=x y", *command]
+
+
+@pytest.mark.spark
+def test_the_readmes_local_command_runs_from_a_fresh_shell_and_prints_a_line_that_does_too(
+        demo_bucket, moto_endpoint):
+    line = readme_command()
+    assert line.startswith("make submit ARGS=") and "http://127.0.0.1:PORT" in line
+    result = run_in_fresh_shell(line.replace("http://127.0.0.1:PORT", moto_endpoint))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    body = demo_bucket.get_object(Bucket="demo-bucket", Key="predictions/digits.jsonl")["Body"].read()
+    rows = [json.loads(row) for row in body.decode().splitlines()]
+    assert len(rows) == IMAGES and all(len(row["predictions"]) == 2 for row in rows)  # the README's --top-k 2
+
+    # The spark-submit line it printed, with its environment, runs as it is too.
+    [printed] = [x[3:] for x in result.stdout.splitlines() if x.startswith("== ") and "spark-submit" in x]
+    assert ".venv/bin/spark-submit" in printed and "PYSPARK_PYTHON=" in printed
+    again = run_in_fresh_shell(f"{printed} --dry-run --output s3://demo-bucket/predictions/dry.jsonl")
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    plan = json.loads(again.stdout.splitlines()[-1])
+    assert plan["images"] == IMAGES and len(plan["sample"]["predictions"]) == 2

@@ -546,6 +546,10 @@ def run_spark(cfg: JobConfig, batches: list[list], parts_prefix: str | None,
     for key, value in (spark_conf or {}).items():
         conf.set(key, value)
     sc = SparkContext.getOrCreate(conf)
+    if signal.getsignal(signal.SIGTERM) is _raise_interrupted and threading.current_thread() is threading.main_thread():
+        # PySpark's SparkContext puts its own SIGINT handler in (cancel the jobs, then
+        # KeyboardInterrupt, with Py4J's stacks): Ctrl-C must end as SIGTERM does.
+        signal.signal(signal.SIGINT, _raise_interrupted)
     sc.setLogLevel("WARN")
     log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, len(batches))
     # One element per partition (a whole batch), flattened back into (key, size) pairs on the executor.

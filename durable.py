@@ -6,7 +6,7 @@ a *work prefix* that belongs to the output object::
 
     OUTPUT.parts/job.json                        what every line depends on (the fingerprint)
     OUTPUT.parts/run-0001/run.json               one run's plan: batch size, batch count, keys, app id
-    OUTPUT.parts/run-0001/keys.parquet           that run's keys in batch order
+    OUTPUT.parts/run-0001/plan.arrows            that run's keys in batch order, a record batch per batch
     OUTPUT.parts/run-0001/part-00000012.jsonl.gz batch 12's lines, sorted by key
 
 When every listed key has a line, :func:`assemble` merges the runs' parts
@@ -32,15 +32,18 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from json.decoder import scanstring
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+import listing
 import mxinfer
 import utils
 
@@ -53,6 +56,8 @@ OUTPUT_FORMATS = ("jsonl", "parquet")
 #: Rows per Parquet row group: about 5-10 MiB of top-5 predictions, small enough
 #: for the driver to hold one while it writes it, large enough for Athena scans.
 PARQUET_ROW_GROUP = 100_000
+#: A run's keys in batch order (:func:`listing.write_plan`), beside its ``run.json``.
+PLAN_NAME = "plan.arrows"
 _RUN = re.compile(r"run-(\d{4,})/(.+)$")
 _PART = re.compile(r"part-(\d{8})\.jsonl\.gz$")
 #: Every line starts with this (``json.dumps({"key": ...})``): the key can be
@@ -116,11 +121,8 @@ class Run:
     keys: int
     application: str | None
     done: frozenset = field(default_factory=frozenset)
-
-    def batch_rows(self, index: int) -> tuple[int, int]:
-        """Rows of ``keys.parquet`` that batch ``index`` scored."""
-        start = index * self.batch_size
-        return start, min(start + self.batch_size, self.keys)
+    #: ``(offset, length)`` of each batch in the run's plan; known to the run that wrote it only.
+    spans: tuple = ()
 
 
 class WorkPrefix:
@@ -175,24 +177,44 @@ class WorkPrefix:
     def run_prefix(self, number: int) -> str:
         return f"{self.prefix}run-{number:04d}/"
 
+    def plan_key(self, run: Run) -> str:
+        """The key of ``run``'s plan (its keys in batch order) in the output bucket."""
+        return run.prefix + PLAN_NAME
+
+    def run_batches(self, run: Run) -> Iterator[pa.RecordBatch]:
+        """The keys (and sizes) of ``run``, one record batch per batch of the run, streamed from its plan."""
+        body = self.client.get_object(Bucket=self.bucket, Key=self.plan_key(run))["Body"]
+        try:
+            yield from listing.read_plan(body)
+        finally:
+            body.close()
+
     def run_keys(self, run: Run) -> pa.ChunkedArray:
         """The keys of ``run`` in batch order."""
-        data = utils.read_object(self.client, self.bucket, run.prefix + "keys.parquet")
-        return pq.read_table(io.BytesIO(data), columns=["key"]).column("key")
+        return pa.chunked_array([batch.column(0) for batch in self.run_batches(run)], listing.KEY_TYPE)
 
-    def start_run(self, number: int, keys: Sequence[str], batch_size: int, application: str | None) -> Run:
-        """Record run ``number``'s plan (its keys in batch order) before any of its batches is scored."""
+    def start_run(self, number: int, keys, batch_size: int, application: str | None) -> Run:
+        """Record run ``number``'s plan before any of its batches is scored.
+
+        ``keys`` (a :class:`listing.Listing`, or key strings) in batch order
+        stream into ``plan.arrows`` (:func:`listing.write_plan`); the returned
+        run's ``spans`` say where each batch is in it, for the tasks.
+        """
+        if not isinstance(keys, listing.Listing):
+            keys = list(keys)
+            keys = listing.Listing(self.bucket, pa.table({"key": pa.array(keys, listing.KEY_TYPE),
+                                                          "size": pa.array([listing.UNKNOWN_SIZE] * len(keys),
+                                                                           pa.int64())}))
         prefix = self.run_prefix(number)
-        buffer = io.BytesIO()
-        pq.write_table(pa.table({"key": pa.array(keys, pa.string())}), buffer, compression="zstd")
-        self.client.put_object(Bucket=self.bucket, Key=prefix + "keys.parquet", Body=buffer.getvalue())
-        batches = -(-len(keys) // batch_size)
-        meta = {"batch_size": batch_size, "batches": batches, "keys": len(keys), "application": application,
+        with utils.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
+                                   content_type="application/vnd.apache.arrow.stream") as writer:
+            spans = listing.write_plan(keys, batch_size, writer.write)
+        meta = {"batch_size": batch_size, "batches": len(spans), "keys": len(keys), "application": application,
                 "started": time.time()}
         # run.json last: a run without it never started, and resume ignores it.
         utils.put_text(self.client, self.bucket, prefix + "run.json", json.dumps(meta) + "\n")
-        return Run(number=number, prefix=prefix, batch_size=batch_size, batches=batches, keys=len(keys),
-                   application=application)
+        return Run(number=number, prefix=prefix, batch_size=batch_size, batches=len(spans), keys=len(keys),
+                   application=application, spans=tuple(spans))
 
     def remove(self) -> int:
         """Delete everything under the work prefix; return how many objects were deleted."""
@@ -207,27 +229,22 @@ class WorkPrefix:
         return len(keys)
 
 
-def remaining_keys(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str]) -> list[bool]:
-    """For each of ``keys``, whether it still needs scoring (no earlier run made its line durable)."""
-    done = [_done_keys(work, run) for run in runs if run.done]
+def remaining_keys(work: WorkPrefix, runs: Sequence[Run], keys) -> pa.Array:
+    """For each of ``keys`` (a :class:`listing.Listing`, or key strings), whether it still needs scoring.
+
+    A boolean Arrow array: true where no earlier run made the key's line
+    durable. Only the durable batches' keys are read, one run's plan at a time.
+    """
+    column = keys.keys if isinstance(keys, listing.Listing) else pa.array(list(keys), listing.KEY_TYPE)
+    done = [chunk for run in runs if run.done for chunk in _done_keys(work, run)]
     if not done:
-        return [True] * len(keys)
-    value_set = pa.concat_arrays([chunk for array in done for chunk in array.chunks])
-    import pyarrow.compute as pc
-
-    scored = pc.is_in(pa.array(keys, pa.string()), value_set=value_set)
-    return [not flag for flag in scored.to_pylist()]
+        return pa.array(np.ones(len(column), dtype=bool))
+    scored = pc.is_in(column, value_set=pa.concat_arrays(done))
+    return pc.invert(scored.combine_chunks() if isinstance(scored, pa.ChunkedArray) else scored)
 
 
-def _done_keys(work: WorkPrefix, run: Run) -> pa.ChunkedArray:
-    keys = work.run_keys(run)
-    slices = [keys.slice(*_span(run.batch_rows(index))) for index in sorted(run.done)]
-    return pa.chunked_array([chunk for s in slices for chunk in s.chunks], pa.string())
-
-
-def _span(rows: tuple[int, int]) -> tuple[int, int]:
-    start, end = rows
-    return start, end - start
+def _done_keys(work: WorkPrefix, run: Run) -> list[pa.Array]:
+    return [batch.column(0) for index, batch in enumerate(work.run_batches(run)) if index in run.done]
 
 
 # ----------------------------------------------------------------------------
@@ -279,11 +296,11 @@ def _run_lines(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int
             yield key, end, line
 
 
-def assemble(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str], sink,
-             threads: int = 16) -> AssemblyCounts:
+def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 16) -> AssemblyCounts:
     """Merge the runs' durable lines into ``sink`` in key order, exactly one line per key of ``keys``.
 
-    ``keys`` is this job's sorted key list. Each run's parts, read in batch
+    ``keys`` is this job's sorted key list (a :class:`listing.Listing`, or key
+    strings), read a chunk at a time. Each run's parts, read in batch
     order, are sorted by key (its plan was), so a heap merge of the runs gives
     every line in key order while holding only a window of parts per run.
     A key of ``keys`` without a line raises ``ResumeError``: nothing is
@@ -295,7 +312,9 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str], sink,
         window = max(2, threads // max(1, len(runs)))
         streams = [_run_lines(work, run, pool, window, counts) for run in runs if run.done]
         merged = heapq.merge(*streams, key=lambda item: item[0])
-        position, total, last = 0, len(keys), None
+        expected = iter_keys(keys)
+        want = next(expected, None)
+        position, last = 0, None
         chunk: list[str] = []
         for key, end, line in merged:
             if key == last:
@@ -303,11 +322,12 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str], sink,
                 # resume planned): both lines come from the same fingerprint; the earlier run's is kept.
                 counts.superseded += 1
                 continue
-            if position < total and keys[position] < key:
-                raise ResumeError(f"no line for key {keys[position]!r} under {work.uri}")
-            if position < total and keys[position] == key:
+            if want is not None and want < key:
+                raise ResumeError(f"no line for key {want!r} under {work.uri}")
+            if want == key:
                 position += 1
                 last = key
+                want = next(expected, None)
                 is_error = line.startswith(_ERROR_AFTER_KEY, end) if end >= 0 else '"error"' in line
                 counts.failed += is_error
                 counts.predicted += not is_error
@@ -317,9 +337,9 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys: Sequence[str], sink,
                     chunk = []
             else:
                 counts.dropped += 1
-        if position < total:
-            raise ResumeError(f"no line for key {keys[position]!r} under {work.uri} "
-                              f"({total - position} keys without a line)")
+        if want is not None:
+            raise ResumeError(f"no line for key {want!r} under {work.uri} "
+                              f"({len(keys) - position} keys without a line)")
         if chunk:
             sink.write_lines(chunk)
     return counts
@@ -429,9 +449,11 @@ class _WriterFile(io.RawIOBase):
         super().close()
 
 
-def iter_keys(items: Iterable[tuple[str, int]]) -> list[str]:
-    """The keys of ``(key, size)`` pairs, or of a ``listing.Listing`` (read from its Arrow column at once)."""
-    column = getattr(items, "keys", None)
-    if isinstance(column, (pa.Array, pa.ChunkedArray)):
-        return column.to_pylist()
-    return [key for key, _ in items]
+def iter_keys(items) -> Iterator[str]:
+    """The keys of a :class:`listing.Listing` (from its Arrow column, a chunk at a time), or of key strings."""
+    if isinstance(items, listing.Listing):
+        column = items.keys
+        for start in range(0, len(column), 65_536):
+            yield from column.slice(start, 65_536).to_pylist()
+    else:
+        yield from items

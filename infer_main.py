@@ -16,12 +16,14 @@ or with the original article's flags::
         --label_url s3://B/synset.txt --batch 64 --bucket B --prefix cifar10/test \\
         --output_s3_bucket B --output_s3_key predictions.jsonl
 
-The driver lists the keys, pads them to whole batches and runs one Spark
-partition per batch; executors (``spark.executor.cores=1``, because MXNet uses
-every core of its node itself) download, decode and score their batch
-(``mxinfer.score_partition``); the driver checks that every key came back once,
-streams the JSON lines to S3 with a multipart upload and writes a summary next
-to them. Exit codes: 0 done, 1 failed, 2 usage error, 3 done but more failed
+The driver lists the keys (an Arrow :class:`listing.Listing`), writes the
+run's plan (whole batches, the last one short) to the work prefix beside the
+output, and runs one Spark partition per batch; executors
+(``spark.executor.cores=1``: MXNet uses the node's cores itself) read their
+batch's keys from the plan, download, decode and score them and write their
+lines to S3 (``mxinfer.score_partition``); the driver then merges every line
+into the output in key order, each key once (``durable.assemble``), and writes
+a summary next to it. Exit codes: 0 done, 1 failed, 2 usage error, 3 done but more failed
 images than ``--max-errors`` allows.
 """
 
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import itertools
 import json
 import logging
 import math
@@ -520,25 +521,17 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
     return images
 
 
-def plan_batches(items: Sequence, batch_size: int) -> list[list]:
-    """Cut ``items`` into batches of ``batch_size`` (the last one may be shorter).
-
-    ``sc.parallelize(batches, len(batches))`` puts exactly one batch in each
-    partition, so a partition's index is its batch's index in the run.
-    """
-    return [list(items[start:start + batch_size]) for start in range(0, len(items), batch_size)]
-
-
 # ----------------------------------------------------------------------------
 # Transform: the Spark job
 
 
-def run_spark(cfg: JobConfig, batches: list[list], parts_prefix: str | None,
-              spark_conf: dict | None = None) -> list[dict]:
-    """Score one partition per batch on the cluster; return each task's stats.
+def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict | None = None) -> mxinfer.StatsFold:
+    """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded.
 
-    With ``parts_prefix`` every task writes its batch's lines under it
-    (:func:`mxinfer.part_key`), so nothing but the stats comes back here.
+    Each partition holds one ``(offset, length)`` span of the run's plan
+    (``plan_key``): the task reads its keys from there and writes its lines
+    under the run's prefix (:func:`mxinfer.part_key`). The keys never pass
+    through Py4J, and nothing but an accumulator of stats comes back here.
     """
     from pyspark import SparkConf, SparkContext
 
@@ -551,23 +544,23 @@ def run_spark(cfg: JobConfig, batches: list[list], parts_prefix: str | None,
         # KeyboardInterrupt, with Py4J's stacks): Ctrl-C must end as SIGTERM does.
         signal.signal(signal.SIGINT, _raise_interrupted)
     sc.setLogLevel("WARN")
-    log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, len(batches))
-    # One element per partition (a whole batch), flattened back into (key, size) pairs on the executor.
-    rdd = sc.parallelize(batches, len(batches)).mapPartitions(itertools.chain.from_iterable)
-    job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=parts_prefix,
+    log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, run.batches)
+    rdd = sc.parallelize(run.spans, run.batches)
+    job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=run.prefix, plan_key=plan_key,
                   thread_plan=thread_plan(sc))
     if job.handler:
         sc.addFile(job.handler)  # executors load their copy by name (mxinfer.get_handlers)
     for path in job.model.shipped_files():  # the int8 checkpoint: read by name (mxinfer.ModelSpec.read)
         sc.addFile(path)
-    score = functools.partial(mxinfer.score_partition, job=job)
+    stats = sc.accumulator(mxinfer.StatsFold(), mxinfer.StatsAccumulator())
+    score = functools.partial(mxinfer.score_into, job=job, stats=stats)
     stop = threading.Event()
-    images = sum(len(batch) for batch in batches)
-    reporter = threading.Thread(target=_report_progress, args=(sc, len(batches), images, cfg.progress_seconds, stop),
-                                daemon=True)
+    reporter = threading.Thread(target=_report_progress, args=(stats, run.batches, run.keys, cfg.progress_seconds,
+                                                                 stop), daemon=True)
     reporter.start()
     try:
-        return [stats for _, _, _, stats in rdd.mapPartitionsWithIndex(score).collect()]
+        rdd.mapPartitionsWithIndex(score).sum()
+        return stats.value
     except Exception as exc:
         raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
     finally:
@@ -639,30 +632,28 @@ def plan_threads(conf: dict, hosts: list[str]) -> mxinfer.ThreadPlan:
                               executors_by_host=tuple(sorted(counts.items())), tasks_per_executor=tasks)
 
 
-def _report_progress(sc, batches: int, images: int, every: float, stop: threading.Event) -> None:
-    """Log done/total batches, images/s (last interval and overall) and an ETA while the job runs."""
+def _report_progress(stats, batches: int, images: int, every: float, stop: threading.Event) -> None:
+    """Log done/total batches, images/s (last interval and overall), failed images and an ETA while the job runs.
+
+    ``stats`` is the job's accumulator: Spark merges each task's stats into it as the task ends.
+    """
     started = last_time = time.time()
-    last_done = 0
-    per_batch = images / batches if batches else 0.0
-    tracker = sc.statusTracker()
+    last_keys = 0
     while not stop.wait(every):
-        done = 0
-        for stage_id in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage_id)
-            if info is not None:
-                done += info.numCompletedTasks
+        fold = stats.value
+        done, keys, failed = fold.tasks, fold.keys, sum(fold.errors.values())
         now = time.time()
         if not done:
             continue
-        recent = (done - last_done) * per_batch / (now - last_time)
-        overall = done * per_batch / (now - started)
+        recent = (keys - last_keys) / (now - last_time)
+        overall = keys / (now - started)
         # The recent rate is the steady one once the workers have loaded the model.
         rate = recent if recent > 0 else overall
-        left = (batches - done) * per_batch / rate if rate > 0 else float("nan")
-        log.info("progress: %d of %d batches done (%.0f%%); %.1f images/s in the last %.0f s, %.1f overall; "
-                 "about %s left", done, batches, 100.0 * done / batches, recent, now - last_time, overall,
-                 _duration(left))
-        last_time, last_done = now, done
+        left = (images - keys) / rate if rate > 0 else float("nan")
+        log.info("progress: %d of %d batches done (%.0f%%), %d of %d images, %d failed; %.1f images/s in the "
+                 "last %.0f s, %.1f overall; about %s left", done, batches, 100.0 * done / batches, keys, images,
+                 failed, recent, now - last_time, overall, _duration(left))
+        last_time, last_keys = now, keys
 
 
 def _duration(seconds: float) -> str:
@@ -786,15 +777,15 @@ def job_fingerprint(cfg: JobConfig, classifier: mxinfer.Predictor) -> dict:
 
 @dataclass
 class Plan:
-    """What this run does: the earlier runs it reuses and the keys it scores."""
+    """What this run does: the earlier runs it reuses and the keys it scores (a :class:`listing.Listing`)."""
 
     runs: list
-    todo: list
+    todo: listing.Listing
     number: int
     resumed: bool
 
 
-def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list, fingerprint: dict,
+def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict,
                 dry: bool = False) -> Plan:
     """Decide between a fresh run and a resume; refuse what would overwrite or mix results.
 
@@ -836,14 +827,14 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list, 
         if resume:
             log.info("--resume: nothing under %s yet; scoring every key", work.uri)
         if dry:
-            return Plan(runs=[], todo=list(images), number=1, resumed=False)
+            return Plan(runs=[], todo=images, number=1, resumed=False)
         try:
             work.write_job(fingerprint, cfg.output_uri)
         except Exception as exc:
             raise JobError(f"cannot write {work.uri}: {mxinfer._first_line(exc)}; the job needs s3:PutObject, "
                            "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
                            "prefix beside it") from exc
-        return Plan(runs=[], todo=list(images), number=1, resumed=False)
+        return Plan(runs=[], todo=images, number=1, resumed=False)
     job = work.read_job()
     if job is None:
         raise JobError(f"{work.uri} has no job.json, so what made its lines is unknown; "
@@ -854,8 +845,7 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list, 
                        f"and one output must not mix them: {'; '.join(differ)}. Rerun with the earlier "
                        "settings, or add --overwrite (instead of --resume) to start again")
     runs = work.runs()
-    keep = durable.remaining_keys(work, runs, durable.iter_keys(images))
-    todo = [item for item, needed in zip(images, keep) if needed]
+    todo = images.filter(durable.remaining_keys(work, runs, images))
     log.info("--resume: %d of %d keys already have a durable line (%d runs under %s); scoring %d",
              len(images) - len(todo), len(images), len(runs), work.uri, len(todo))
     return Plan(runs=runs, todo=todo, number=max((run.number for run in runs), default=0) + 1, resumed=True)
@@ -865,7 +855,8 @@ class Completed(Exception):
     """``--resume`` of an output that an earlier run already completed: nothing to do."""
 
 
-def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: list) -> durable.AssemblyCounts:
+def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
+                    images: listing.Listing) -> durable.AssemblyCounts:
     """Merge every durable line into the output object (one multipart upload, completed only when whole)."""
     try:
         writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key,
@@ -878,7 +869,7 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
     sink = (durable.ParquetSink(writer, with_result=bool(with_result)) if cfg.output_format == "parquet"
             else durable.JsonLinesSink(writer))
     try:
-        counts = durable.assemble(work, work.runs(), durable.iter_keys(images), sink)
+        counts = durable.assemble(work, work.runs(), images, sink)
         sink.close()
     except durable.ResumeError as exc:
         sink.abort()
@@ -889,96 +880,61 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
     return counts
 
 
-def summarize(cfg: JobConfig, images: int, batches: int, stats: list[dict], counts: durable.AssemblyCounts,
+def summarize(cfg: JobConfig, images: int, batches: int, stats, counts: durable.AssemblyCounts,
               elapsed: float, model_summary: dict, seconds: dict, plan: Plan, fingerprint: dict) -> dict:
-    """The run's summary: what was scored and reused, where the time went, per executor and per worker."""
-    stages = ("download", "decode", "forward", "wait", "write", "task", "cpu")
-    executors: dict[str, dict] = {}
-    for s in stats:
-        e = executors.setdefault(s["executor"], {"batches": 0, "images": 0, **{k: 0.0 for k in stages}})
-        e["batches"] += 1
-        e["images"] += s["keys"]
-        for k in stages:
-            e[k] = round(e[k] + s["seconds"].get(k, 0.0), 3)
-    workers: dict[str, dict] = {}
-    for s in sorted(stats, key=lambda s: s.get("worker_task", 0)):
-        w = workers.setdefault(f"{s['executor']}/{s['worker_pid']}", {"batches": 0, "model_loads": 0})
-        w["batches"] += 1
-        w["model_loads"] = max(w["model_loads"], s["model_loads"])
-        if "worker_task" not in s:
-            continue
-        w["threads"] = s["threads"]
-        if w["batches"] == 1:  # includes loading the model: steady state starts after it
-            w["first_task"] = {"started": s["started"], "ended": s["ended"], "images": s["keys"]}
-        # In tasks, and idle between them (Spark handing over the next task).
-        w["task_seconds"] = round(w.get("task_seconds", 0.0) + s["ended"] - s["started"], 3)
-        w["idle_between_tasks_seconds"] = round(s["ended"] - w["first_task"]["started"] - w["task_seconds"], 3)
-        memory = s["memory"]
-        if memory["max_rss"]:
-            w["max_rss_bytes"] = max(w.get("max_rss_bytes", 0), memory["max_rss"])
-        # Resident memory after the worker's 1st, 2nd, 5th, 10th, 20th, ... task and its last:
-        # flat once warm, or it leaks.
-        after = w.setdefault("rss_bytes_after_task", {})
-        if memory["rss"] is not None:
-            if str(s["worker_task"]).strip("0") in ("1", "2", "5"):
-                after[str(s["worker_task"])] = memory["rss"]
-            after["last"] = memory["rss"]
+    """The run's summary: what was scored and reused, where the time went, per executor and per worker.
+
+    ``stats`` is the tasks' :class:`mxinfer.StatsFold` (or their stats dicts).
+    """
+    fold = stats if isinstance(stats, mxinfer.StatsFold) else mxinfer.StatsFold.of(stats)
+    executors = {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()}
+                 for name, e in fold.executors.items()}
+    workers = {name: fold.worker_summary(name) for name in sorted(fold.workers)}
     # Throughput while tasks ran: from the first task's start to the last one's end
     # (elapsed_seconds also counts listing, Spark start-up and the assembly).
-    starts = [s["started"] for s in stats if "started" in s]
-    ends = [s["ended"] for s in stats if "ended" in s]
-    task_window = max(ends) - min(starts) if starts and ends else None
-    scored = sum(s["keys"] for s in stats)
-    errors_by_stage = {stage: sum(s["errors"][stage] for s in stats) for stage in ("download", "decode", "predict")}
+    window = fold.last_end - fold.first_start if fold.first_start is not None else None
+    scored = fold.keys
     return {
         "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
         "keys_listed": images, "predicted": counts.predicted, "failed": counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
         "reused": images - len(plan.todo), "scored": scored, "resumed": plan.resumed, "runs": plan.number,
-        "errors_by_stage": errors_by_stage, "batches": batches, "batch_size": cfg.batch_size,
+        "errors_by_stage": dict(fold.errors), "batches": batches, "batch_size": cfg.batch_size,
         "elapsed_seconds": round(elapsed, 3),
         "images_per_second": round(scored / elapsed, 2) if elapsed > 0 else None,
-        "seconds": {**{k: round(sum(e[k] for e in executors.values()), 3) for k in stages},
+        "seconds": {**{k: round(sum(e[k] for e in fold.executors.values()), 3) for k in fold.STAGES},
                     **{k: round(v, 3) for k, v in seconds.items()}},
         "assembly": {"parts_read": counts.parts_read, "bytes_read": counts.bytes_read,
                      "lines_dropped": counts.dropped, "lines_superseded": counts.superseded},
         "executors": executors,
-        "s3_retries": {"request": sum(s["s3_retries"]["request"] for s in stats),
-                       "body": sum(s["s3_retries"]["body"] for s in stats)},
+        "s3_retries": dict(fold.s3_retries),
         "python_workers": workers,
-        "tasks": {"first_start": min(starts) if starts else None, "last_end": max(ends) if ends else None,
-                  "seconds": round(task_window, 3) if task_window else None,
-                  "images_per_second": round(scored / task_window, 2) if task_window else None},
+        "tasks": {"first_start": fold.first_start, "last_end": fold.last_end,
+                  "seconds": round(window, 3) if window else None,
+                  "images_per_second": round(scored / window, 2) if window else None},
         "driver_max_rss_bytes": mxinfer.memory_bytes()["max_rss"],
         # Batches whose result came from a retried task (lost worker or executor, ...).
-        "retried_batches": sum(1 for s in stats if s.get("attempt", 0) > 0),
+        "retried_batches": fold.retried,
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                   "labels": cfg.model.labels_uri, **model_summary},
         "fingerprint": fingerprint,
         "options": cfg.options(),
-        "threads": thread_fit(stats),
+        "threads": thread_fit(fold),
     }
 
 
-def thread_fit(stats: list[dict]) -> dict:
+def thread_fit(stats) -> dict:
     """Per host: its cores, executors, MXNet threads in all, and a warning when threads x executors differ from the cores.
 
-    The executors are those that ran tasks, or as many as the driver's plan
+    ``stats`` is a :class:`mxinfer.StatsFold` (or task stats dicts). The
+    executors are those that ran tasks, or as many as the driver's plan
     put on the host if more (an executor may get no task in a small job).
     Assumes one task at a time per executor (``spark.executor.cores=1``, the
     job's shape); an executor's threads are the most any of its workers used.
     """
-    hosts: dict[str, dict] = {}
-    for s in stats:
-        share = s.get("host") or {}
-        if s.get("threads") is None or share.get("cores") is None:
-            continue
-        host = s["executor"].rsplit("/", 1)[0]
-        h = hosts.setdefault(host, {"cores": share["cores"], "planned": 0, "executors": {}})
-        h["planned"] = max(h["planned"], share.get("workers") or 0)
-        h["executors"][s["executor"]] = max(h["executors"].get(s["executor"], 0), s["threads"])
+    fold = stats if isinstance(stats, mxinfer.StatsFold) else mxinfer.StatsFold.of(stats)
     out: dict[str, Any] = {"hosts": {}, "warnings": []}
-    for host, h in sorted(hosts.items()):
+    for host, h in sorted(fold.hosts.items()):
         executors = max(len(h["executors"]), h["planned"])
         total = max(h["executors"].values()) * executors
         out["hosts"][host] = {"cores": h["cores"], "executors": executors, "threads": total}
@@ -994,12 +950,15 @@ def thread_fit(stats: list[dict]) -> dict:
 def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     """List, plan, check the model, score on Spark, assemble; return the exit code."""
     started = time.time()
+    seconds: dict[str, float] = {}
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
     cfg = prepare_handler(cfg, client)
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
+    seconds["listing"] = time.time() - started
     # Load the model here first: a bad checkpoint, shape or labels file fails
     # now, with its cause, instead of in every task after the cluster spun up.
+    check_started = time.time()
     classifier = load_model_on_driver(cfg)
     summary_model = classifier.model_summary()
     if isinstance(classifier, mxinfer.Classifier) and cfg.top_k > classifier.num_classes:
@@ -1008,6 +967,9 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     fingerprint = job_fingerprint(cfg, classifier)
     if cfg.dry_run:
         return dry_run(cfg, images, classifier, client, fingerprint)
+    del classifier  # checked: the driver needs the model no more
+    seconds["model_check"] = time.time() - check_started
+    plan_started = time.time()
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
         plan = plan_output(cfg, client, work, images, fingerprint)
@@ -1015,18 +977,20 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
         return 0
-    batches = plan_batches(plan.todo, cfg.batch_size)
+    batches = plan.todo.num_batches(cfg.batch_size)
     log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
-             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", len(batches), cfg.batch_size)
-    seconds = {}
-    stats: list[dict] = []
+             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
+    stats = mxinfer.StatsFold()
     try:
         if batches:
             application, _ = yarn_attempt()
-            run = work.start_run(plan.number, durable.iter_keys(plan.todo), cfg.batch_size, application)
+            run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
+            seconds["plan"] = time.time() - plan_started
             spark_started = time.time()
-            stats = run_spark(cfg, batches, run.prefix, spark_conf)
+            stats = run_spark(cfg, run, work.plan_key(run), spark_conf)
             seconds["spark"] = time.time() - spark_started
+        else:
+            seconds["plan"] = time.time() - plan_started
         assembly_started = time.time()
         counts = assemble_output(cfg, client, work, images)
         seconds["assembly"] = time.time() - assembly_started
@@ -1035,7 +999,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
         raise
     log.info("assembled %s from %d parts in %.1f s", cfg.output_uri, counts.parts_read, seconds["assembly"])
     elapsed = time.time() - started
-    summary = summarize(cfg, len(images), len(batches), stats, counts, elapsed, summary_model, seconds, plan,
+    summary = summarize(cfg, len(images), batches, stats, counts, elapsed, summary_model, seconds, plan,
                         fingerprint)
     summary["precision"] = precision
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")

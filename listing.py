@@ -1,6 +1,7 @@
 """The job's key list: held compactly in Arrow columns, listed from S3 in parallel.
 
-Driver-only: ``infer_main`` imports it, executors never do. At ten million
+The driver holds the listing; executors import this module only to read
+their batch's keys from the run's plan (:func:`read_plan_batch`). At ten million
 keys a Python list of ``(key, size)`` tuples costs more than 150 bytes a key;
 a :class:`Listing` keeps the keys in one Arrow ``large_string`` column and the
 sizes in an ``int64`` column (about the key's own bytes plus 16), sorted and
@@ -11,10 +12,17 @@ flight: it splits the key range still to list at boundary strings and lists
 each part from its ``StartAfter``, so a prefix of a million keys costs about
 ``pages / concurrency`` round trips instead of ``pages``. :mod:`manifest`
 builds a :class:`Listing` from a manifest file instead.
+
+:func:`write_plan` writes the keys a run scores as one Arrow IPC stream with
+one record batch per job batch, and returns each batch's byte span. Spark
+then parallelizes only those spans (a few bytes per batch, not the keys), and
+each task reads its batch's keys with one ranged GET: neither the driver's
+Python nor its JVM holds the keys twice, however many there are.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -45,6 +53,8 @@ _ITER_CHUNK = 65_536
 #: Characters the range splitter cuts at: S3's "safe" key characters in code point order.
 #: Any key is still listed (ranges cover everything); these only decide where ranges end.
 _CUT_CHARS = "".join(sorted(set(string.digits + string.ascii_letters + "!-_.*'()/")))
+#: A run's plan: one Arrow record batch per job batch (see :func:`write_plan`).
+PLAN_SCHEMA = pa.schema([("key", KEY_TYPE), ("size", pa.int64())])
 
 
 class Listing:
@@ -161,6 +171,10 @@ class Listing:
         """Batch ``index`` (from 0) of ``batch_size`` keys: a zero-copy slice, shorter at the end."""
         return self[index * batch_size: (index + 1) * batch_size]
 
+    def filter(self, mask) -> Listing:
+        """The keys where ``mask`` (a boolean Arrow array or list, one per key) is true."""
+        return Listing(self.bucket, self.table.filter(mask))
+
     def num_batches(self, batch_size: int) -> int:
         """How many batches of ``batch_size`` the keys fill (the last one may be short)."""
         return -(-len(self) // batch_size)
@@ -175,6 +189,81 @@ def _as_column(values, kind: pa.DataType) -> pa.ChunkedArray:
     if isinstance(values, pa.Array):
         return pa.chunked_array([values.cast(kind) if values.type != kind else values], kind)
     return pa.chunked_array([pa.array(list(values), kind)], kind)
+
+
+# ----------------------------------------------------------------------------
+# A run's plan: the keys it scores, read back one batch at a time
+
+
+class _CountingFile(io.RawIOBase):
+    """A write-only file that hands every write to ``sink`` and counts the bytes (its ``tell``)."""
+
+    def __init__(self, sink):
+        super().__init__()
+        self.sink, self.position = sink, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        self.sink(data)
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+
+def write_plan(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
+    """Write ``keys`` as an Arrow IPC stream of one record batch per job batch; return each batch's span.
+
+    Parameters
+    ----------
+    keys : Listing
+        The keys of the run, in batch order.
+    batch_size : int
+        Keys per batch: batch ``i`` holds rows ``i * batch_size`` onwards.
+    sink : callable
+        Called with each piece of the stream (``bytes``), in order: for
+        example a :class:`utils.MultipartWriter`'s ``write``, so the plan
+        streams to S3 without ever being whole in memory.
+
+    Returns
+    -------
+    list of (int, int)
+        ``(offset, length)`` in the stream of each batch's message: what
+        :func:`read_plan_batch` decodes after a ranged GET. Buffers are zstd
+        compressed per batch, so a batch reads alone.
+    """
+    out = _CountingFile(sink)
+    spans = []
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    table = keys.table.cast(PLAN_SCHEMA)
+    with pa.ipc.new_stream(out, PLAN_SCHEMA, options=options) as writer:
+        for start in range(0, table.num_rows, batch_size):
+            before = out.tell()
+            for batch in table.slice(start, batch_size).combine_chunks().to_batches():
+                writer.write_batch(batch)
+            spans.append((before, out.tell() - before))
+    return spans
+
+
+def read_plan_batch(data: bytes) -> list[tuple[str, int]]:
+    """The ``(key, size)`` pairs of one batch (the bytes of a span :func:`write_plan` returned).
+
+    The first batch's span also holds the stream's schema message, which is skipped.
+    """
+    for message in pa.ipc.MessageReader.open_stream(pa.py_buffer(data)):
+        if message.type == "record batch":
+            batch = pa.ipc.read_record_batch(message, PLAN_SCHEMA)
+            return list(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()))
+    raise ValueError(f"no record batch in {len(data)} bytes of a plan")
+
+
+def read_plan(source) -> Iterator[pa.RecordBatch]:
+    """Every batch of a plan stream (``bytes`` or a readable file, such as a GET's body), in order."""
+    yield from pa.ipc.open_stream(source)
 
 
 # ----------------------------------------------------------------------------

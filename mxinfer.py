@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image, ImageOps
 
+import listing
 import utils
 
 log = logging.getLogger(__name__)
@@ -1270,6 +1271,9 @@ class JobSpec:
     #: (see :func:`part_key`). ``None``: the lines travel back to the driver instead.
     output_bucket: str | None = None
     parts_prefix: str | None = None
+    #: The run's plan in ``output_bucket`` (``listing.write_plan``): when set, a
+    #: partition holds one ``(offset, length)`` span and the task reads its keys from there.
+    plan_key: str | None = None
 
     @property
     def forward_batch(self) -> int:
@@ -1412,7 +1416,9 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     """Score one partition (one batch); yields a single ``(index, lines, blob, stats)``.
 
     ``items`` are ``(key, size)`` pairs; ``None`` marks a padding slot, which
-    downloads nothing and yields nothing. The partition's JSON lines, sorted by
+    downloads nothing and yields nothing. With ``job.plan_key``, ``items`` is
+    one ``(offset, length)`` span of the run's plan instead, and the batch's
+    keys come from one ranged GET of it (the driver never ships the keys). The partition's JSON lines, sorted by
     key, are written to S3 as one gzip object of JSON Lines (:func:`part_key`)
     when ``job.parts_prefix`` is set, and ``blob`` is ``None``; otherwise
     ``blob`` is the lines joined by newlines and zlib-compressed, for the caller.
@@ -1421,12 +1427,18 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
     threads = configure_threads(worker_threads(job.threads, job.thread_plan))
-    real = [item for item in items if item is not None]
     handlers = get_handlers(job.handler)
     kind = model_class(handlers)
     reader = utils.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
                              max_pool_connections=max(10, job.io_threads + 2))
     io_stats = utils.IOStats()
+    if job.plan_key is not None:
+        [(offset, length)] = list(items)
+        plan = utils.read_object(reader.client, job.output_bucket, job.plan_key, stats=io_stats,
+                                 byte_range=(offset, length))
+        real = listing.read_plan_batch(plan)
+    else:
+        real = [item for item in items if item is not None]
     lines: list[tuple[str, str]] = []
     timing = {"download": 0.0, "decode": 0.0, "forward": 0.0, "wait": 0.0}
     errors = {"download": 0, "decode": 0, "predict": 0}
@@ -1520,3 +1532,163 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     log.info("partition %d: %d keys, %d errors in %.2fs", index, len(real), sum(errors.values()),
              stats["seconds"]["task"])
     yield index, len(lines), blob, stats
+
+
+class StatsFold:
+    """The stats of every task of a job, folded as tasks finish: one entry per executor, worker and host.
+
+    Its size grows with the cluster, not with the job: a job of ten million
+    keys (156,000 tasks) holds no list of task stats anywhere. Executors fold
+    their task's stats into a Spark accumulator (:class:`StatsAccumulator`),
+    which the driver merges as each task ends; Spark applies a successful
+    task's update once, also when the task was retried.
+    """
+
+    STAGES = ("download", "decode", "forward", "wait", "write", "task", "cpu")
+
+    def __init__(self):
+        self.tasks = 0
+        self.keys = 0
+        self.errors = {"download": 0, "decode": 0, "predict": 0}
+        self.s3_retries = {"request": 0, "body": 0}
+        #: Tasks whose result came from a retried attempt (lost worker or executor, ...).
+        self.retried = 0
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+        self.executors: dict[str, dict] = {}
+        self.workers: dict[str, dict] = {}
+        self.hosts: dict[str, dict] = {}
+
+    @classmethod
+    def of(cls, stats: Iterable[dict]) -> StatsFold:
+        """A fold of task stats dicts (as :func:`score_partition` yields them)."""
+        fold = cls()
+        for s in stats:
+            fold.add(s)
+        return fold
+
+    def add(self, s: dict) -> StatsFold:
+        """Fold in one task's stats."""
+        self.tasks += 1
+        self.keys += s["keys"]
+        for k in self.errors:
+            self.errors[k] += s["errors"][k]
+        for k in self.s3_retries:
+            self.s3_retries[k] += s["s3_retries"][k]
+        self.retried += s.get("attempt", 0) > 0
+        if "started" in s:
+            self.first_start = min(filter(None, (self.first_start, s["started"])))
+            self.last_end = max(filter(None, (self.last_end, s["ended"])))
+        e = self.executors.setdefault(s["executor"], {"batches": 0, "images": 0, **dict.fromkeys(self.STAGES, 0.0)})
+        e["batches"] += 1
+        e["images"] += s["keys"]
+        for k in self.STAGES:
+            e[k] += s["seconds"].get(k, 0.0)
+        w = self.workers.setdefault(f"{s['executor']}/{s['worker_pid']}", {"batches": 0, "model_loads": 0})
+        w["batches"] += 1
+        w["model_loads"] = max(w["model_loads"], s["model_loads"])
+        if "worker_task" in s:
+            n = s["worker_task"]
+            if n >= w.get("last_task", 0):
+                w["last_task"], w["threads"] = n, s["threads"]
+                w["last_rss"] = s["memory"]["rss"]
+            if n <= w.get("first", (n + 1,))[0]:
+                w["first"] = (n, s["started"], s["ended"], s["keys"])
+            w["task_seconds"] = w.get("task_seconds", 0.0) + s["ended"] - s["started"]
+            w["last_end"] = max(w.get("last_end", s["ended"]), s["ended"])
+            if s["memory"]["max_rss"]:
+                w["max_rss"] = max(w.get("max_rss", 0), s["memory"]["max_rss"])
+            # Resident memory after the worker's 1st, 2nd, 5th, 10th, 20th, ... task: flat once warm, or it leaks.
+            if s["memory"]["rss"] is not None and str(n).strip("0") in ("1", "2", "5"):
+                w.setdefault("rss_after", {})[n] = s["memory"]["rss"]
+        share = s.get("host") or {}
+        if s.get("threads") is not None and share.get("cores") is not None:
+            h = self.hosts.setdefault(s["executor"].rsplit("/", 1)[0],
+                                      {"cores": share["cores"], "planned": 0, "executors": {}})
+            h["planned"] = max(h["planned"], share.get("workers") or 0)
+            h["executors"][s["executor"]] = max(h["executors"].get(s["executor"], 0), s["threads"])
+        return self
+
+    def merge(self, other: StatsFold) -> StatsFold:
+        """Fold in another fold (an executor's, when its task ends)."""
+        self.tasks += other.tasks
+        self.keys += other.keys
+        for k in self.errors:
+            self.errors[k] += other.errors[k]
+        for k in self.s3_retries:
+            self.s3_retries[k] += other.s3_retries[k]
+        self.retried += other.retried
+        self.first_start = min(filter(None, (self.first_start, other.first_start)), default=None)
+        self.last_end = max(filter(None, (self.last_end, other.last_end)), default=None)
+        for name, o in other.executors.items():
+            e = self.executors.setdefault(name, {"batches": 0, "images": 0, **dict.fromkeys(self.STAGES, 0.0)})
+            for k, v in o.items():
+                e[k] += v
+        for name, o in other.workers.items():
+            w = self.workers.get(name)
+            if w is None:
+                self.workers[name] = {k: dict(v) if isinstance(v, dict) else v for k, v in o.items()}
+                continue
+            w["batches"] += o["batches"]
+            w["model_loads"] = max(w["model_loads"], o["model_loads"])
+            if "last_task" not in o:
+                continue
+            if o["last_task"] >= w.get("last_task", 0):
+                w["last_task"], w["threads"], w["last_rss"] = o["last_task"], o["threads"], o["last_rss"]
+            if "first" not in w or o["first"][0] < w["first"][0]:
+                w["first"] = o["first"]
+            w["task_seconds"] = w.get("task_seconds", 0.0) + o["task_seconds"]
+            w["last_end"] = max(w.get("last_end", o["last_end"]), o["last_end"])
+            if "max_rss" in o:
+                w["max_rss"] = max(w.get("max_rss", 0), o["max_rss"])
+            w.setdefault("rss_after", {}).update(o.get("rss_after", {}))
+        for name, o in other.hosts.items():
+            h = self.hosts.setdefault(name, {"cores": o["cores"], "planned": 0, "executors": {}})
+            h["planned"] = max(h["planned"], o["planned"])
+            for executor, threads in o["executors"].items():
+                h["executors"][executor] = max(h["executors"].get(executor, 0), threads)
+        return self
+
+    def worker_summary(self, name: str) -> dict:
+        """One Python worker as the job's summary shows it."""
+        w = self.workers[name]
+        out = {"batches": w["batches"], "model_loads": w["model_loads"]}
+        if "last_task" not in w:
+            return out
+        _, started, ended, keys = w["first"]
+        out["threads"] = w["threads"]
+        # The first task includes loading the model: steady state starts after it.
+        out["first_task"] = {"started": started, "ended": ended, "images": keys}
+        # In tasks, and idle between them (Spark handing over the next task).
+        out["task_seconds"] = round(w["task_seconds"], 3)
+        out["idle_between_tasks_seconds"] = round(w["last_end"] - started - w["task_seconds"], 3)
+        if "max_rss" in w:
+            out["max_rss_bytes"] = w["max_rss"]
+        after = {str(k): v for k, v in sorted(w.get("rss_after", {}).items())}
+        if w.get("last_rss") is not None:
+            after["last"] = w["last_rss"]
+        out["rss_bytes_after_task"] = after
+        return out
+
+
+try:  # executors and the driver have pyspark; the library's other users may not
+    from pyspark.accumulators import AccumulatorParam as _AccumulatorParam
+except ImportError:  # pragma: no cover - without pyspark there is no accumulator to make
+    _AccumulatorParam = object
+
+
+class StatsAccumulator(_AccumulatorParam):
+    """Spark accumulator type of a :class:`StatsFold`: ``sc.accumulator(StatsFold(), StatsAccumulator())``."""
+
+    def zero(self, value: StatsFold) -> StatsFold:
+        return StatsFold()
+
+    def addInPlace(self, value1: StatsFold, value2: StatsFold) -> StatsFold:
+        return value1.merge(value2)
+
+
+def score_into(index: int, items: Iterable, job: JobSpec, stats) -> Iterator[int]:
+    """:func:`score_partition`, with its stats added to the accumulator ``stats``; yields the keys it scored."""
+    for _, _, _, task_stats in score_partition(index, items, job):
+        stats.add(StatsFold().add(task_stats))
+        yield task_stats["keys"]

@@ -173,7 +173,7 @@ class IOStats:
 
 
 def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats | None = None,
-                max_bytes: int | None = None) -> bytes:
+                max_bytes: int | None = None, byte_range: tuple[int, int] | None = None) -> bytes:
     """Download one object into memory, retrying a body read cut off midway.
 
     botocore retries failed requests by itself (see :func:`s3_client`); a
@@ -182,11 +182,13 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
     Non-transient errors (``NoSuchKey``, ``AccessDenied``, ...) raise at once.
     With ``max_bytes``, an object whose ``Content-Length`` is larger raises
     :class:`ObjectTooLargeError` before its body is read (for keys from a
-    manifest without sizes).
+    manifest without sizes). ``byte_range`` is ``(offset, length)``: those
+    bytes of the object only.
     """
+    extra = {} if byte_range is None else {"Range": f"bytes={byte_range[0]}-{byte_range[0] + byte_range[1] - 1}"}
     for attempt in range(1, attempts + 1):
         try:
-            response = client.get_object(Bucket=bucket, Key=key)
+            response = client.get_object(Bucket=bucket, Key=key, **extra)
         except botocore.exceptions.ClientError as exc:  # botocore's retries count even when they all failed
             if stats is not None:
                 stats.add(request_retries=_retry_attempts(exc.response))

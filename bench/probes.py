@@ -140,9 +140,18 @@ def decode(shape: tuple, images: list[str], repeats: int = 2) -> dict:
     return out
 
 
-def _listing(results: int) -> list[tuple[str, int]]:
-    """What the driver's listing would return for ``results`` photos: ``(key, size)``, sorted."""
-    return [(f"photos/{i // 1000:04d}/img{i:07d}.jpg", 60_000 + i % 5000) for i in range(results)]
+def _listing(results: int, bucket: str = "bench"):
+    """What the driver's listing would return for ``results`` photos: a sorted ``listing.Listing``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    import listing
+
+    index = pa.array(np.arange(results, dtype=np.int64))
+    keys = pc.binary_join_element_wise(
+        "photos/", pc.utf8_lpad(pc.cast(pc.divide(index, 1000), pa.string()), 4, "0"), "/img",
+        pc.utf8_lpad(pc.cast(index, pa.string()), 7, "0"), ".jpg", "")
+    return listing.Listing.build(bucket, keys, pc.add(pc.bit_wise_and(index, 4095), 60_000))
 
 
 def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: str, batch: int = 64,
@@ -161,11 +170,12 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     import durable
 
     classifier = mxinfer.Classifier(model, shape, 1)
-    keys = [key for key, _ in _listing(results)]
+    images = _listing(results, bucket)
+    keys = images.keys.to_pylist()
     client = utils.s3_client(endpoint, max_pool_connections=16)
     work = durable.WorkPrefix(client, bucket, _output_key(results))
     work.remove()
-    run = work.start_run(1, keys, batch, None)
+    run = work.start_run(1, images, batch, None)
     rng = np.random.RandomState(0)
 
     def part(index: int) -> int:
@@ -211,13 +221,12 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     client = utils.s3_client(endpoint)
     client.list_objects_v2(Bucket=bucket, MaxKeys=1)
     classifier = infer_main.load_model_on_driver(cfg)
-    images = _listing(results)
+    images = _listing(results, bucket)
     loaded = mxinfer.memory_bytes()
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     started = time.perf_counter()
     runs = work.runs()
-    keep = durable.remaining_keys(work, runs, durable.iter_keys(images))
-    todo = [item for item, needed in zip(images, keep) if needed]
+    todo = images.filter(durable.remaining_keys(work, runs, images))
     plan_seconds = time.perf_counter() - started
     assert not todo, f"{len(todo)} keys without a part"
     planned = mxinfer.memory_bytes()
@@ -225,7 +234,7 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     counts = infer_main.assemble_output(cfg, client, work, images)
     assembly_seconds = time.perf_counter() - started
     plan = infer_main.Plan(runs=runs, todo=todo, number=2, resumed=True)
-    summary = infer_main.summarize(cfg, len(images), 0, [], counts, 1.0, classifier.model_summary(),
+    summary = infer_main.summarize(cfg, len(images), 0, mxinfer.StatsFold(), counts, 1.0, classifier.model_summary(),
                                    {"assembly": assembly_seconds}, plan, {})
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary))
     after = mxinfer.memory_bytes()

@@ -13,6 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 import infer_main
+import listing
 import mxinfer
 from tests.conftest import ROOT, make_s3_client
 
@@ -253,10 +254,12 @@ def test_missing_config_file_is_a_usage_error(tmp_path):
 
 @pytest.mark.parametrize("n, batch, batches", [(1, 4, 1), (4, 4, 1), (5, 4, 2), (9, 3, 3)])
 def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, batches):
-    items = [(f"k{i}", 1) for i in range(n)]
-    planned = infer_main.plan_batches(items, batch)
-    assert len(planned) == batches
-    assert [item for b in planned for item in b] == items  # every item once, in order
+    images = listing.Listing.build("b", [f"k{i}" for i in range(n)], list(range(n)))
+    stream = bytearray()
+    spans = listing.write_plan(images, batch, stream.extend)
+    planned = [listing.read_plan_batch(bytes(stream[offset:offset + length])) for offset, length in spans]
+    assert len(planned) == batches == images.num_batches(batch)
+    assert [item for b in planned for item in b] == list(images)  # every item once, in order
     assert all(len(b) == batch for b in planned[:-1]) and 1 <= len(planned[-1]) <= batch
 
 

@@ -7,6 +7,7 @@ second part runs the whole job through spark-submit on local-cluster.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import signal
@@ -22,6 +23,8 @@ import pyspark
 import pytest
 from PIL import Image
 
+import durable
+import listing
 import mxinfer
 import utils
 from demo import make_demo
@@ -128,6 +131,28 @@ def test_every_bad_object_is_one_error_line_and_its_batch_mates_are_unharmed(buc
     for key in ("cases/good-1.jpg", "cases/good-2.png", "cases/anim.gif", "cases/grey16.png", "cases/cmyk.jpg"):
         alone = mxinfer.decode_image(objects[key], make_demo.PREPROCESS)[np.newaxis]
         assert rows[key]["predictions"] == classifier.prediction_dicts(classifier.probabilities(alone), 3)[0], key
+
+
+def test_a_task_reads_its_keys_and_sizes_from_the_runs_plan_and_writes_its_part(bucket, demo_dir, moto_endpoint):
+    keys = [f"plan/{name}.png" for name in ("a", "b", "c", "d", "é")]
+    for i, key in enumerate(keys):
+        bucket.put_object(Bucket=BUCKET, Key=key, Body=encode(digit(i), "PNG"))
+    # The plan says c.png is over max_object_bytes: the task goes by the plan's size, not the object's.
+    images = listing.Listing.build(BUCKET, keys, [100, 100, 10**9, 100, 100])
+    work = durable.WorkPrefix(bucket, BUCKET, "plan-out/out.jsonl")
+    run = work.start_run(1, images, 2, None)
+    assert run.batches == 3 and len(run.spans) == 3
+    job = job_spec(moto_endpoint, demo_dir, output_bucket=BUCKET, parts_prefix=run.prefix,
+                   plan_key=work.plan_key(run))
+    [(index, count, blob, stats)] = mxinfer.score_partition(1, [run.spans[1]], job)
+    part = bucket.get_object(Bucket=BUCKET, Key=mxinfer.part_key(run.prefix, 1))["Body"].read()
+    rows = [json.loads(line) for line in gzip.decompress(part).decode().splitlines()]
+    assert (index, count, blob, stats["keys"]) == (1, 2, None, 2)
+    assert [row["key"] for row in rows] == ["plan/c.png", "plan/d.png"]
+    assert rows[0]["error"]["type"] == "ObjectTooLargeError" and "predictions" in rows[1]
+    # The last, short batch holds the unicode key; every key of the plan is read back once, in order.
+    [(_, count, _, _)] = mxinfer.score_partition(2, [run.spans[2]], job)
+    assert count == 1 and work.run_keys(run).to_pylist() == keys
 
 
 def test_without_a_listed_size_an_object_over_max_bytes_is_refused_from_its_content_length(

@@ -26,6 +26,7 @@ from PIL import Image
 
 import durable
 import infer_main
+import listing
 import mxinfer
 import utils
 from demo import make_demo
@@ -43,8 +44,7 @@ def write_run(work: durable.WorkPrefix, number: int, keys: list[str], batch: int
     """A run as the driver and executors leave it: plan, then the parts of the ``done`` batches."""
     run = work.start_run(number, keys, batch, None)
     for index in done:
-        start, end = run.batch_rows(index)
-        body = "".join(line(k, number) + "\n" for k in keys[start:end])
+        body = "".join(line(k, number) + "\n" for k in keys[index * batch:(index + 1) * batch])
         work.client.put_object(Bucket=work.bucket, Key=mxinfer.part_key(run.prefix, index),
                                Body=gzip.compress(body.encode()))
 
@@ -114,7 +114,7 @@ def test_remaining_keys_are_those_outside_every_durable_batch(s3):
     write_run(work, 1, keys, 3, done=[1, 3])  # k03-k05 and k09
     write_run(work, 2, ["k00", "k01", "k02"], 3, done=[])
     listed = [*keys, "new"]
-    keep = durable.remaining_keys(work, work.runs(), listed)
+    keep = durable.remaining_keys(work, work.runs(), listed).to_pylist()
     assert [k for k, needed in zip(listed, keep) if needed] == ["k00", "k01", "k02", "k06", "k07", "k08",
                                                                           "new"]
 
@@ -169,13 +169,13 @@ def config(output_key: str, *args: str) -> infer_main.JobConfig:
 def test_an_existing_output_is_refused_and_left_untouched_unless_overwrite(s3):
     s3.put_object(Bucket=BUCKET, Key="done/out.jsonl", Body=b"yesterday's results\n")
     work = durable.WorkPrefix(s3, BUCKET, "done/out.jsonl")
-    images = [("in/a.jpg", 1)]
+    images = listing.Listing.build(BUCKET, ["in/a.jpg"], [1])
     with pytest.raises(infer_main.JobError, match=r"s3://resume-bucket/done/out.jsonl \(or its summary\) already "
                                                   r"exists; add --overwrite to replace it"):
         infer_main.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
     assert read(s3, "done/out.jsonl") == b"yesterday's results\n" and not work.exists()
     plan = infer_main.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
-    assert plan.todo == images and work.read_job()["fingerprint"] == {"top_k": 2}
+    assert plan.todo is images and work.read_job()["fingerprint"] == {"top_k": 2}
     # --resume of a finished output (no work prefix left) has nothing to do.
     work.remove()
     with pytest.raises(infer_main.Completed):
@@ -188,7 +188,7 @@ def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, mon
     work.write_job({"top_k": 2}, "s3://resume-bucket/yarn/out.jsonl")
     run = work.start_run(1, keys, 2, "application_1700000000000_0007")
     s3.put_object(Bucket=BUCKET, Key=mxinfer.part_key(run.prefix, 0), Body=gzip.compress(b""))
-    images = [(k, 1) for k in keys]
+    images = listing.Listing.build(BUCKET, keys, [1] * len(keys))
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0007_02_000001")
     plan = infer_main.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
     assert plan.resumed and [k for k, _ in plan.todo] == ["c", "d"] and plan.number == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ import pytest
 
 import durable
 import infer_main
+import listing
 import mxinfer
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
@@ -91,7 +93,7 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     cfg = infer_main.resolve(infer_main.merge_settings(BASE, {}))
     # One worker, 200 tasks of 1 s with 0.1 s between them; RSS grows by 1 byte per task.
     stats = [task_stats("7", n, 1000.0 + (n - 1) * 1.1, 500 + n) for n in range(1, 201)]
-    keys = [(f"k{i}", 1) for i in range(200 * 64)]
+    keys = listing.Listing.build("b", [f"k{i}" for i in range(200 * 64)])
     plan = infer_main.Plan(runs=[], todo=keys, number=1, resumed=False)
     counts = durable.AssemblyCounts(predicted=12800, failed=0)
     stats.reverse()  # order must not matter
@@ -109,6 +111,30 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     assert summary["seconds"]["cpu"] == pytest.approx(300.0)
     assert summary["driver_max_rss_bytes"] > 0
     assert summary["scored"] == 12800 and summary["reused"] == 0 and summary["seconds"]["assembly"] == 0.5
+
+
+def test_stats_folded_per_task_in_any_order_and_grouping_give_the_same_summary():
+    cfg = infer_main.resolve(infer_main.merge_settings(BASE, {}))
+    stats = [task_stats(worker, n, 1000.0 + (n - 1) * 1.1 + int(worker), 500 + n)
+             for worker in ("7", "8") for n in range(1, 31)]
+    stats[5]["attempt"] = 1
+    stats[7]["errors"] = {"download": 1, "decode": 2, "predict": 0}
+    plan = infer_main.Plan(runs=[], todo=listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)]), number=1,
+                           resumed=False)
+    counts = durable.AssemblyCounts(predicted=3840, failed=3)
+    whole = infer_main.summarize(cfg, 3840, 60, stats, counts, 100.0, {}, {}, plan, {})
+    # As Spark's accumulator sees them: each task's own fold, merged as tasks end, in any order.
+    random.Random(3).shuffle(stats)
+    merged = mxinfer.StatsFold()
+    for start in range(0, len(stats), 7):
+        merged = mxinfer.StatsAccumulator().addInPlace(merged, mxinfer.StatsFold.of(stats[start:start + 7]))
+    folded = infer_main.summarize(cfg, 3840, 60, merged, counts, 100.0, {}, {}, plan, {})
+    for summary in (whole, folded):
+        summary.pop("driver_max_rss_bytes")
+    assert folded == whole
+    assert whole["retried_batches"] == 1 and whole["errors_by_stage"] == {"download": 1, "decode": 2, "predict": 0}
+    assert sorted(w["batches"] for w in whole["python_workers"].values()) == [30, 30]
+    assert all(w["first_task"]["images"] == 64 for w in whole["python_workers"].values())
 
 
 def test_spark_implicit_omp_is_ignored_and_the_host_cores_are_shared_among_its_executors(monkeypatch):
@@ -146,7 +172,8 @@ def test_expected_executors_from_the_master_or_the_instances(conf, wanted):
 
 def test_thread_fit_warns_when_threads_times_executors_differ_from_the_host_cores():
     def stat(executor, threads, cores, planned=None):
-        return {"executor": executor, "threads": threads, "host": {"cores": cores, "workers": planned}}
+        return {**task_stats("1", 1, 1000.0, 1), "executor": executor, "threads": threads,
+                "host": {"cores": cores, "workers": planned}}
 
     fit = infer_main.thread_fit([stat("a/1", 2, 4), stat("a/2", 2, 4), stat("b/1", 1, 4), stat("c/1", 8, 4),
                                  stat("b/1", 1, 4), stat("d/1", 2, 4, planned=2)])

@@ -54,6 +54,10 @@ bench-listing: $(STAMP) ## Parallel vs sequential listing of 200,000 keys on mot
 bench-manifest: $(STAMP) ## A job from a manifest of 100,000 keys, half missing: one line per key (long; BENCH_ARGS=--keys 2000)
 	$(PY) -m bench.manifest_job $(BENCH_ARGS)
 
+.PHONY: bench-scale
+bench-scale: $(STAMP) ## Driver time and memory, per-task overhead at 100,000 and 1,000,000 keys, fake fast scorer (long; BENCH_ARGS=--quick)
+	$(PY) -m bench.scale $(BENCH_ARGS)
+
 # --- EMR deploy (issue 5) ---
 # docs/emr.md walks through these. S3 is the prefix the cluster reads the job
 # from; everything else comes from conf/emr.yaml (EMR_CONF).

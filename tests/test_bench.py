@@ -1,7 +1,9 @@
 """``make bench`` still runs: its quickest mode, end to end (images, moto + latency proxy, L, S, E, driver memory).
 
 The benchmark measures; this only proves the measuring works, so it checks
-that every number is there and sane, not how large it is.
+that every number is there and sane, not how large it is. ``make bench-scale``'s
+arithmetic (extrapolation, per-task overhead) is checked on a hand-made
+summary, without Spark.
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.spark
 
-
+@pytest.mark.spark
 def test_bench_quick_prints_the_table_and_results(tmp_path):
     result = subprocess.run([sys.executable, "-m", "bench.run_bench", "--quick", "--work", str(tmp_path)],
                             cwd=str(ROOT), capture_output=True, text=True, timeout=300, check=False)
@@ -40,3 +41,32 @@ def test_bench_quick_prints_the_table_and_results(tmp_path):
     assert all(w["max_rss_bytes"] > 0 and w["first_task"]["images"] > 0
                for w in summary["python_workers"].values())
     assert row["E"]["driver_python_peak_rss"] > 0 and row["E"]["driver_jvm_peak_rss"] > 0
+
+
+def test_bench_scale_extrapolation_and_task_overhead():
+    from bench import scale
+    from bench.listing import layout_keys
+
+    # The straight line through (100k, 10) and (1M, 28): slope 2e-5 a key, 208 at 10M.
+    assert scale.extrapolate([(100_000, 10.0), (1_000_000, 28.0)], 10_000_000) == pytest.approx(208.0)
+    assert scale.extrapolate([(100_000, None), (1_000_000, 28.0)], 10_000_000) is None
+    rows = [{"keys": 1_000_000, "spark_s": 280.0, "plan_s": None},
+            {"keys": 100_000, "spark_s": 40.0, "plan_s": 1.0},
+            {"keys": 20_000_000, "spark_s": 1.0}]  # above the target: not used
+    row = scale.extrapolated_row(rows, 10_000_000, 64)
+    assert row["from"] == [100_000, 1_000_000] and row["batches"] == 156_250
+    assert row["spark_s"] == pytest.approx(2680.0) and row["plan_s"] is None
+    assert scale.extrapolated_row(rows[:1], 10_000_000, 64) is None
+
+    # 2 executors, tasks from t=0 to t=10 s: 20 executor-seconds for 100 batches, 15 of them in tasks.
+    summary = {"batches": 100, "tasks": {"seconds": 10.0},
+               "python_workers": {"a": {"task_seconds": 8.0, "idle_between_tasks_seconds": 1.5},
+                                  "b": {"task_seconds": 7.0, "idle_between_tasks_seconds": 2.5}}}
+    overhead = scale.task_overhead(summary, executors=2)
+    assert overhead["overhead_window_ms"] == pytest.approx(50.0)  # (10 x 2 - 15) / 100
+    assert overhead["overhead_idle_ms"] == pytest.approx(40.0)  # (1.5 + 2.5) / 100
+    assert overhead["in_task_ms"] == pytest.approx(150.0)  # 15 / 100
+    assert scale.task_overhead({"batches": 0}, 2)["overhead_window_ms"] is None
+
+    assert list(scale.manifest_keys(2500)) == layout_keys("nested", 2500)
+    assert scale.mebibytes("2g") == 2048 and scale.mebibytes("512m") == 512

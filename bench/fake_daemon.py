@@ -1,0 +1,99 @@
+"""PySpark's worker daemon with a fake, instant scorer: for ``make bench-scale`` only.
+
+``bench/scale.py`` runs the real job with
+``--conf spark.python.daemon.module=bench.fake_daemon`` and
+``--conf spark.executorEnv.PYTHONPATH=<repo root>``. Each executor then starts
+this module (``python -m bench.fake_daemon``) instead of ``pyspark.daemon``:
+it imports ``mxinfer``, patches it, and runs PySpark's own daemon
+(:func:`pyspark.daemon.manager`). The daemon forks the Python workers, so
+every worker finds the patched ``mxinfer`` already in ``sys.modules`` when it
+unpickles ``mxinfer.score_partition``. Nothing in the job's code knows.
+
+What is fake, so that a task costs only what Spark and the job's own code
+around the model cost:
+
+- ``mxinfer._fetch_and_decode``: no S3 GET, no decoding; every key gets one
+  constant zero array of the job's input shape, instantly;
+- ``mxinfer.get_model``: no MXNet; a stand-in that has only ``batch_size``;
+- ``mxinfer.output_lines``: no forward pass; every key gets the line
+  ``{"key": KEY, "predictions": [{"class_id": 0, "probability": 1.0}]}``
+  (:data:`FAKE_PREDICTIONS`, which the bench looks for in the output to prove
+  the fake ran).
+
+Everything else is the job's: ``score_partition`` itself (how a task gets its
+keys, its thread pool and prefetching, the S3 client), the per-batch gzip PUT
+of the part under ``OUTPUT.parts/``, the task's stats, and the whole driver.
+The patches replace module attributes that ``score_partition`` looks up when
+it runs, and accept extra arguments, so they keep working when
+``score_partition`` changes how a task reads its keys.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+import mxinfer
+
+#: Every key's predictions under the fake scorer (a random-weight model never gives exactly 1.0).
+FAKE_PREDICTIONS = [{"class_id": 0, "probability": 1.0}]
+
+_arrays: dict[tuple, np.ndarray] = {}
+_models: dict[int, FakeModel] = {}
+_lock = threading.Lock()
+
+
+class FakeModel:
+    """What ``score_partition`` asks of its model besides ``output_lines``: the bound batch size."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = int(batch_size)
+        self.num_classes = 1
+        self.labels = None
+
+
+def _array(shape) -> np.ndarray:
+    shape = tuple(int(n) for n in shape)
+    array = _arrays.get(shape)
+    if array is None:
+        array = np.zeros(shape, np.float32)
+        array.setflags(write=False)  # one shared array for every key
+        _arrays[shape] = array
+    return array
+
+
+def fake_fetch_and_decode(reader, job, handlers, key, size, *args, **kwargs):
+    """``(key, array, None, (download_s, decode_s))`` as the real one returns, without a GET."""
+    return key, _array(job.preprocess.input_shape), None, (0.0, 0.0)
+
+
+def fake_get_model(spec, input_shape, batch_size, *args, **kwargs) -> FakeModel:
+    """One :class:`FakeModel` per batch size per worker, counted as a load like the real cache does."""
+    with _lock:
+        model = _models.get(int(batch_size))
+        if model is None:
+            model = _models[int(batch_size)] = FakeModel(batch_size)
+            mxinfer.load_count += 1
+        return model
+
+
+def fake_output_lines(model, keys, arrays, top_k, *args, **kwargs) -> list[tuple[str, str, bool]]:
+    """Per key ``(key, JSON line, failed)``, the line carrying :data:`FAKE_PREDICTIONS`."""
+    return [(key, json.dumps({"key": key, "predictions": FAKE_PREDICTIONS}, ensure_ascii=False), False)
+            for key in keys]
+
+
+def patch(module=mxinfer) -> None:
+    module._fetch_and_decode = fake_fetch_and_decode
+    module.get_model = fake_get_model
+    module.output_lines = fake_output_lines
+
+
+if __name__ == "__main__":
+    # Only as the daemon: importing this module (bench/scale.py reads FAKE_PREDICTIONS) patches nothing.
+    patch()
+    from pyspark.daemon import manager
+
+    manager()

@@ -1,0 +1,369 @@
+"""``make bench-scale``: the driver and Spark's per-task cost at 100,000 and 1,000,000 keys, with a fake scorer.
+
+Not a test: it prints measurements. For each ``--keys`` count it
+
+1. writes a manifest, a local CSV of ``bucket,key,size`` rows
+   (ImageNet-like keys, as ``bench.listing.layout_keys`` makes them); no object is
+   stored under those keys, because the executors never fetch one;
+2. runs the real job through ``spark-submit`` on ``local-cluster[2,1,1024]``
+   with ``conf/spark-local.conf``, built as ``demo/run_local.py`` builds it,
+   with ``--input-manifest``, against a moto S3 server (``demo/s3local.py``)
+   that holds only the model and receives the output;
+3. with a **fake fast scorer** on the executors (``bench/fake_daemon.py``,
+   through ``spark.python.daemon.module``): no S3 GET, no decoding, no MXNet;
+   every key gets the same top-1 line. Everything else is real: the task
+   itself, its per-batch gzip PUT of the part to S3, the driver (reading the
+   manifest, loading a real small model for its model check, planning, the
+   Spark job, the assembly of the output, the summary). The bench checks
+   the output's first line to prove the fake ran;
+4. polls the process tree with psutil (``bench.run_bench.ProcessWatch``) for
+   the peak RSS of the driver's Python process and of its JVM.
+
+It prints one row per key count and a row extrapolated to 10,000,000 keys
+(linear, through the two largest measured counts below it), and compares the
+driver's memory with ``spark.driver.memory`` in ``conf/emr.yaml``.
+
+Times come from the job's summary (``OUTPUT.summary.json``): ``seconds.listing``
+(reading the manifest), ``seconds.model_check``, ``seconds.plan``,
+``seconds.spark`` (the whole Spark part: SparkContext start, executors,
+tasks, stop) and ``seconds.assembly``; a key the job does not write yet is
+printed as ``n/a``. ``manifest write`` is the bench's own time to write the
+CSV, not the job's.
+
+Per-task overhead, two ways (ms per batch; one task per batch):
+
+- **window**: ``(tasks.seconds x executors - sum of python_workers[*].task_seconds) / batches``.
+  ``tasks.seconds`` runs from the first task's start to the last task's end
+  (as the Python workers clock them); times the executors, that is the
+  executor time the Spark job had; minus the time spent inside
+  ``score_partition``, what is left is everything around the tasks: the
+  scheduler, serializing and sending each task, the worker reading and
+  unpickling it, returning its result, PySpark's ``gc.collect()`` after each
+  task, and also an executor that starts late or runs out of tasks early.
+  It is the cost per batch that a cluster pays, an upper bound.
+- **idle**: ``sum of python_workers[*].idle_between_tasks_seconds / batches``:
+  only the gaps between one worker's consecutive tasks (from its first
+  task's start to its last task's end, minus its time in tasks), so the
+  hand-over from one task to the next without the start and end skew.
+
+``in-task`` is ``sum of task_seconds / batches``: what ``score_partition``
+costs with the fake scorer (the part's gzip and PUT, the S3 client, the
+bookkeeping), so the three add up to the executor time per batch.
+
+Usage::
+
+    python -m bench.scale                          # 100,000 and 1,000,000 keys
+    python -m bench.scale --quick                  # 10,000 and 20,000 keys: a smoke run
+    python -m bench.scale --keys 100000,1000000,10000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import boto3
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import models as bench_models  # noqa: E402
+from bench.fake_daemon import FAKE_PREDICTIONS  # noqa: E402
+from bench.listing import PREFIX as LISTING_PREFIX  # noqa: E402
+from bench.run_bench import MIB, ProcessWatch, log  # noqa: E402
+from demo.run_local import MASTER, spark_env, spark_submit_command  # noqa: E402
+from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
+
+BUCKET = "bench-scale"
+DAEMON_MODULE = "bench.fake_daemon"
+TARGET = 10_000_000
+MODEL = bench_models.RESNET20  # 3x32x32: the driver's model check loads it for real
+#: Bytes per object the manifest claims (the fake scorer never reads one).
+OBJECT_SIZE = 65_536
+
+#: The table's columns after ``keys`` and ``batches``: (row field, header, decimals).
+COLUMNS = (
+    ("manifest_write_s", "manifest write s (bench)", 1),
+    ("listing_s", "manifest read s", 1),
+    ("model_check_s", "model check s", 1),
+    ("plan_s", "plan s", 1),
+    ("spark_s", "Spark job s", 1),
+    ("tasks_s", "tasks window s", 1),
+    ("overhead_window_ms", "per-task overhead ms (window)", 1),
+    ("overhead_idle_ms", "per-task overhead ms (idle)", 1),
+    ("in_task_ms", "in-task ms", 1),
+    ("assembly_s", "assembly s", 1),
+    ("elapsed_s", "job elapsed s", 1),
+    ("wall_s", "spark-submit wall s", 1),
+    ("driver_python_mib", "driver python peak MiB", 0),
+    ("driver_jvm_mib", "driver JVM peak MiB", 0),
+    ("driver_total_mib", "python + JVM MiB", 0),
+)
+
+
+class Watch(ProcessWatch):
+    """:class:`ProcessWatch` that also knows the fake daemon and its forks as Python workers."""
+
+    @staticmethod
+    def role(process: psutil.Process) -> str:
+        role = ProcessWatch.role(process)
+        if role.startswith("python") and DAEMON_MODULE in " ".join(process.cmdline()):
+            return "python worker"
+        return role
+
+
+# ----------------------------------------------------------------------------
+# Arithmetic (tests/test_bench.py checks it on a hand-made summary)
+
+
+def task_overhead(summary: dict, executors: int) -> dict:
+    """Per-task overhead (window, idle) and in-task time, in ms per batch; see the module's docstring."""
+    batches = summary.get("batches") or 0
+    window = (summary.get("tasks") or {}).get("seconds")
+    workers = list((summary.get("python_workers") or {}).values())
+    in_tasks = sum(w.get("task_seconds", 0.0) for w in workers)
+    idle = sum(w.get("idle_between_tasks_seconds", 0.0) for w in workers)
+    if not batches or not workers:
+        return {"overhead_window_ms": None, "overhead_idle_ms": None, "in_task_ms": None}
+    return {
+        "overhead_window_ms": 1000 * (window * executors - in_tasks) / batches if window else None,
+        "overhead_idle_ms": 1000 * idle / batches,
+        "in_task_ms": 1000 * in_tasks / batches,
+    }
+
+
+def extrapolate(points: Sequence[tuple[float, float | None]], target: float) -> float | None:
+    """The value at ``target`` on the straight line through two points ``(x, y)``; ``None`` if a ``y`` is."""
+    (x1, y1), (x2, y2) = points
+    if y1 is None or y2 is None or x1 == x2:
+        return None
+    return y2 + (y2 - y1) / (x2 - x1) * (target - x2)
+
+
+def extrapolated_row(rows: Sequence[dict], target: int, batch_size: int) -> dict | None:
+    """Every column at ``target`` keys, from the two largest measured key counts below it (``None``: fewer)."""
+    below = sorted((r for r in rows if r["keys"] < target), key=lambda r: r["keys"])[-2:]
+    if len(below) < 2:
+        return None
+    out = {"keys": target, "batches": math.ceil(target / batch_size), "from": [r["keys"] for r in below]}
+    for field, _, _ in COLUMNS:
+        out[field] = extrapolate([(r["keys"], r.get(field)) for r in below], target)
+    return out
+
+
+def mebibytes(value: str) -> float:
+    """A JVM memory setting (``2g``, ``512m``, ``1024k``, bytes) in MiB."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*", str(value).lower())
+    if not match:
+        raise ValueError(f"not a memory size: {value!r}")
+    number, unit = float(match.group(1)), match.group(2)
+    return number * {"": 1 / MIB, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit]
+
+
+def emr_driver_memory(path: Path = ROOT / "conf" / "emr.yaml") -> str | None:
+    """``spark.driver.memory`` of the ``spark-defaults`` classification in ``conf/emr.yaml``."""
+    config = yaml.safe_load(path.read_text())
+    for item in config.get("configurations") or []:
+        if item.get("Classification") == "spark-defaults":
+            value = (item.get("Properties") or {}).get("spark.driver.memory")
+            return None if value is None else str(value)
+    return None
+
+
+# ----------------------------------------------------------------------------
+# One run
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown CPU"
+    for line in out.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "Model name":
+            return value.strip()
+    return "unknown CPU"
+
+
+def manifest_keys(count: int) -> Iterator[str]:
+    """``bench.listing.layout_keys("nested", count)``, one key at a time (10,000,000 keys need no list)."""
+    for i in range(count):
+        folder = f"n{1440000 + i // 1000:08d}"
+        yield f"{LISTING_PREFIX}{folder}/{folder}_{i % 1000}.JPEG"
+
+
+def write_manifest(path: Path, count: int) -> float:
+    """A ``bucket,key,size`` CSV of ``count`` keys (with the header); the seconds it took."""
+    started = time.perf_counter()
+    with open(path, "w", newline="") as out:
+        out.write("bucket,key,size\n")
+        out.writelines(f"{BUCKET},{key},{OBJECT_SIZE}\n" for key in manifest_keys(count))
+    return time.perf_counter() - started
+
+
+def executors_of(master: str) -> int | None:
+    match = re.fullmatch(r"local-cluster\[(\d+),.*\]", master)
+    return int(match.group(1)) if match else None
+
+
+def run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
+    """Write the manifest, run the job on it, read its summary and output: one row of the table."""
+    manifest = work / f"manifest-{keys}.csv"
+    log(f"{keys:,} keys: writing {manifest}")
+    manifest_seconds = write_manifest(manifest, keys)
+    output_key = f"out/scale-{keys}.jsonl"
+    job_args = ["--input-manifest", str(manifest), "--model", f"s3://{BUCKET}/models/{MODEL.name}",
+                "--output", f"s3://{BUCKET}/{output_key}", "--endpoint-url", endpoint,
+                "--input-shape", MODEL.shape_arg, "--batch-size", str(args.batch_size), "--top-k", "1",
+                "--progress-seconds", "30"]
+    command = spark_submit_command(job_args, args.master)
+    settings = [f"spark.python.daemon.module={DAEMON_MODULE}", f"spark.executorEnv.PYTHONPATH={ROOT}",
+                *args.spark_conf]
+    for setting in reversed(settings):  # after "spark-submit --master M": over conf/spark-local.conf
+        command[3:3] = ["--conf", setting]
+    log_path = work / f"scale-{keys}.log"
+    log(f"{keys:,} keys: spark-submit on {args.master}, batch {args.batch_size} "
+        f"({math.ceil(keys / args.batch_size):,} tasks), fake scorer; log in {log_path}")
+    started = time.time()
+    with open(log_path, "w") as out:
+        process = subprocess.Popen(command, env=spark_env(), cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
+        with Watch(process.pid, every=0.5) as watch:
+            code = process.wait()
+    wall = time.time() - started
+    if code != 0:
+        raise RuntimeError(f"the {keys:,}-key job exited {code}; see {log_path}")
+    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{output_key}.summary.json")["Body"].read())
+    (work / f"scale-{keys}.summary.json").write_text(json.dumps(summary, indent=2))
+    first = s3.get_object(Bucket=BUCKET, Key=output_key, Range="bytes=0-1023")["Body"].read()
+    first_line = json.loads(first.split(b"\n", 1)[0])
+    if first_line.get("predictions") != FAKE_PREDICTIONS:
+        raise RuntimeError(f"the output's first line is not the fake scorer's: {first_line}; was "
+                           f"spark.python.daemon.module={DAEMON_MODULE} used? see {log_path}")
+    if summary.get("keys_listed") != keys or summary.get("predicted") != keys:
+        raise RuntimeError(f"the job listed {summary.get('keys_listed')} keys and predicted "
+                           f"{summary.get('predicted')}, not {keys}; see {log_path}")
+    s3.delete_object(Bucket=BUCKET, Key=output_key)  # moto keeps objects in memory
+    seconds = summary.get("seconds") or {}
+    python, jvm = watch.peak("driver python"), watch.peak("driver JVM")
+    row = {
+        "keys": keys, "batches": summary.get("batches"), "manifest_write_s": manifest_seconds,
+        "listing_s": seconds.get("listing"), "model_check_s": seconds.get("model_check"),
+        "plan_s": seconds.get("plan"), "spark_s": seconds.get("spark"),
+        "tasks_s": (summary.get("tasks") or {}).get("seconds"), "assembly_s": seconds.get("assembly"),
+        "elapsed_s": summary.get("elapsed_seconds"), "wall_s": wall,
+        "driver_python_mib": python / MIB if python else None, "driver_jvm_mib": jvm / MIB if jvm else None,
+        "driver_total_mib": (python + jvm) / MIB if python and jvm else None,
+        "summary_seconds_keys": sorted(seconds),
+    }
+    executors = executors_of(args.master) or len(summary.get("executors") or {}) or 1
+    row.update(task_overhead(summary, executors))
+    log(f"{keys:,} keys: done in {wall:.0f} s (Spark job {row['spark_s'] or 0:.0f} s)")
+    return row
+
+
+# ----------------------------------------------------------------------------
+# The report
+
+
+def _cell(value, decimals: int) -> str:
+    return "n/a" if value is None else f"{value:,.{decimals}f}"
+
+
+def report(rows: list[dict], args, cpu: str, started: float) -> str:
+    out = [f"CPU: {cpu} ({os.cpu_count()} vCPUs), {psutil.virtual_memory().total / 2**30:.1f} GiB",
+           f"FAKE SCORER on the executors ({DAEMON_MODULE}: no S3 GET, no decode, no MXNet; one fixed top-1 "
+           f"line per key); the driver, the tasks' part PUTs and the assembly are real.",
+           f"spark-submit --master '{args.master}' with conf/spark-local.conf"
+           + (f" and {' '.join(args.spark_conf)}" if args.spark_conf else "")
+           + f"; batch {args.batch_size}; model check on {MODEL.name} {MODEL.shape_arg} (random weights)", ""]
+    header = "| keys | batches | " + " | ".join(h for _, h, _ in COLUMNS) + " |"
+    out += [header, "|" + "---:|" * (2 + len(COLUMNS))]
+    extra = extrapolated_row(rows, TARGET, args.batch_size)
+    for row in sorted(rows, key=lambda r: r["keys"]) + ([extra] if extra else []):
+        label = f"{row['keys']:,}"
+        if "from" in row:
+            label = f"{label} EXTRAPOLATED (linear from {row['from'][0]:,} and {row['from'][1]:,})"
+        out.append(f"| {label} | {row['batches']:,} | "
+                   + " | ".join(_cell(row.get(field), d) for field, _, d in COLUMNS) + " |")
+    if extra is None:
+        out.append(f"(no extrapolation to {TARGET:,} keys: it needs two measured key counts below it)")
+    out.append("")
+    out.append("per-task overhead (window) = (tasks.seconds x executors - sum of python_workers task_seconds) "
+               "/ batches; (idle) = sum of python_workers idle_between_tasks_seconds / batches; "
+               "in-task = sum of task_seconds / batches")
+    missing = sorted({k for k in ("listing", "model_check", "plan", "spark", "assembly")
+                      if any(k not in r["summary_seconds_keys"] for r in rows)})
+    if missing:
+        out.append(f"n/a: the job's summary has no seconds.{', seconds.'.join(missing)} "
+                   f"(its seconds: {', '.join(rows[0]['summary_seconds_keys'])})")
+    emr = emr_driver_memory()
+    local = next((s.split("=", 1)[1] for s in args.spark_conf if s.startswith("spark.driver.memory=")), None)
+    if emr:
+        largest = max(rows, key=lambda r: r["keys"])
+        line = (f"driver memory: spark.driver.memory in conf/emr.yaml is {emr} ({mebibytes(emr):,.0f} MiB, the "
+                f"driver JVM's heap; its YARN container adds spark.driver.memoryOverhead, 384 MiB by default, "
+                f"and the Python driver runs in that container too). Python + JVM peak here: "
+                f"{_cell(largest['driver_total_mib'], 0)} MiB at {largest['keys']:,} keys")
+        if extra:
+            line += f", {_cell(extra['driver_total_mib'], 0)} MiB extrapolated to {TARGET:,}"
+        out.append(line + ".")
+    out.append(f"The local driver JVM ran with spark.driver.memory {local or '1g (Spark default)'}: "
+               "its heap stops there, so its RSS does not grow without bound.")
+    out.append(f"bench wall time: {time.time() - started:.0f} s")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Driver and per-task cost at scale, with a fake fast scorer.")
+    parser.add_argument("--keys", default="100000,1000000",
+                        help="comma-separated key counts [default: 100000,1000000; add 10000000 to measure it]")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 10,000 and 20,000 keys")
+    parser.add_argument("--batch-size", type=int, default=64, help="the job's --batch-size (one task per batch)")
+    parser.add_argument("--master", default=MASTER)
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark setting, over conf/spark-local.conf (repeatable), "
+                             "e.g. spark.driver.memory=2g")
+    parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench-scale",
+                        help="folder for the manifests, model, logs, summaries and results.json")
+    args = parser.parse_args(argv)
+    counts = [10_000, 20_000] if args.quick else [int(x.replace("_", "")) for x in args.keys.split(",") if x]
+    if not counts or min(counts) < 1:
+        parser.error("--keys: give positive key counts")
+    started = time.time()
+    cpu = cpu_model()
+    print(f"CPU: {cpu}; FAKE SCORER on the executors ({DAEMON_MODULE})", flush=True)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    prefix = bench_models.export(MODEL, work / "models")
+    rows = []
+    with moto_server(work / "moto.log") as endpoint:
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name=FAKE_AWS_ENV["AWS_DEFAULT_REGION"],
+                          aws_access_key_id=FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=FAKE_AWS_ENV["AWS_SECRET_ACCESS_KEY"])
+        s3.create_bucket(Bucket=BUCKET)
+        for suffix in ("-symbol.json", "-0000.params"):
+            path = prefix.with_name(prefix.name + suffix)
+            # One PUT (see bench.run_bench.upload: moto and multipart checksums).
+            s3.put_object(Bucket=BUCKET, Key=f"models/{path.name}", Body=path.read_bytes())
+        for count in sorted(set(counts)):
+            rows.append(run_point(s3, endpoint, count, args, work))
+    text = report(rows, args, cpu, started)
+    print("\n" + text, flush=True)
+    (work / "results.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -237,9 +237,13 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
     log(f"{keys:,} keys: spark-submit on {args.master}, batch {args.batch_size} "
         f"({math.ceil(keys / args.batch_size):,} tasks), fake scorer; log in {log_path}")
     started = time.time()
+    port = endpoint.rsplit(":", 1)[1]
+    servers = [p for p in psutil.process_iter(["cmdline"])
+               if "moto_server" in " ".join(p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])]
+    moto = {"S3 stand-in: moto": servers[0]} if servers else {}
     with open(log_path, "w") as out:
         process = subprocess.Popen(command, env=spark_env(), cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
-        with Watch(process.pid, every=0.5) as watch:
+        with Watch(process.pid, fixed=moto, every=0.5) as watch:
             code = process.wait()
     wall = time.time() - started
     if code != 0:
@@ -269,6 +273,12 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
     }
     executors = executors_of(args.master) or len(summary.get("executors") or {}) or 1
     row.update(task_overhead(summary, executors))
+    tasks = summary.get("tasks") or {}
+    if tasks.get("first_start") and summary.get("batches"):
+        # What each process spent per task while the tasks ran: Spark's share, the workers', moto's.
+        cpu = watch.cpu_between(tasks["first_start"], tasks["last_end"])
+        row["cpu_ms_per_task"] = {role: 1000 * seconds / summary["batches"] for role, seconds in cpu.items()
+                                  if seconds > 0}
     log(f"{keys:,} keys: done in {wall:.0f} s (Spark job {row['spark_s'] or 0:.0f} s)")
     return row
 
@@ -303,6 +313,14 @@ def report(rows: list[dict], args, cpu: str, started: float) -> str:
     out.append("per-task overhead (window) = (tasks.seconds x executors - sum of python_workers task_seconds) "
                "/ batches; (idle) = sum of python_workers idle_between_tasks_seconds / batches; "
                "in-task = sum of task_seconds / batches")
+    for row in sorted(rows, key=lambda r: r["keys"]):
+        cpu = row.get("cpu_ms_per_task")
+        if cpu:
+            total = sum(cpu.values())
+            out.append(f"CPU per task while the tasks ran, {row['keys']:,} keys (ms): "
+                       + ", ".join(f"{role} {ms:.1f}" for role, ms in sorted(cpu.items(), key=lambda x: -x[1]))
+                       + f"; total {total:.1f} -> at most {1000 * (os.cpu_count() or 1) / total:.1f} tasks/s "
+                       f"on {os.cpu_count()} cores")
     missing = sorted({k for k in ("listing", "model_check", "plan", "spark", "assembly")
                       if any(k not in r["summary_seconds_keys"] for r in rows)})
     if missing:

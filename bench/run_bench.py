@@ -334,15 +334,18 @@ def run_large(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Pat
     decode = probe(["decode", "--model", str(prefix), "--shape", model.shape_arg, *map(str, large[:8])], cores)
     log(f"large photos: decode {decode['draft_cpu_ms_per_image']:.1f} ms (draft), "
         f"{decode['exact_cpu_ms_per_image']:.1f} ms (exact); S and E with {model.name}")
-    batches = max(1, min(args.square_batches, len(large) // args.batch))
-    square = probe(["square", "--model", str(prefix), "--shape", model.shape_arg, "--batch", str(args.batch),
+    # Smaller batches than the small photos': a few hundred images must still make
+    # enough tasks for each worker to reach its steady state after its first.
+    batch = args.large_batch
+    batches = max(1, min(args.square_batches, len(large) // batch))
+    square = probe(["square", "--model", str(prefix), "--shape", model.shape_arg, "--batch", str(batch),
                     "--endpoint", proxy.endpoint, "--bucket", BUCKET, "--batches", str(batches),
-                    *[f"large/{p.name}" for p in large[: batches * args.batch]]], cores)
-    e = submit(s3, proxy.endpoint, model, f"E-{model.name}-large", args.batch, args.work, args.master,
+                    *[f"large/{p.name}" for p in large[: batches * batch]]], cores)
+    e = submit(s3, proxy.endpoint, model, f"E-{model.name}-large", batch, args.work, args.master,
                args.job_args, moto, args.spark_conf, prefix="large/")
     log(f"large photos:   S {square['images_per_second']:.1f}, E {e['E']:.1f} images/s")
     return {"model": model.name, "images": len(large), "bytes": sum(p.stat().st_size for p in large),
-            "decode": decode, "S": square, "E": e}
+            "batch": batch, "decode": decode, "S": square, "E": e}
 
 
 # ----------------------------------------------------------------------------
@@ -468,18 +471,31 @@ def report_large(results: dict) -> list[str]:
     d, e, sq = large["decode"], large["E"], large["S"]
     lim = results["models"][large["model"]]["L"]
     sec = e["summary"]["seconds"]
+    cores = results["machine"]["cores"]
+    steady = e["E_steady"] or 0.0
+    cpu = e["cpu_ms_per_image"]
+    total = sum(cpu.values())
+    others = sum(ms for role, ms in cpu.items() if role != "python worker")
     return [
         f"Large photos: {large['images']} JPEGs of 8-12 MP ({large['bytes'] / large['images'] / 1e6:.1f} MB "
-        f"average), {large['model']}:",
+        f"average), {large['model']}, batch {large.get('batch', '?')}:",
         "| decode ms/image (draft) | decode ms/image (exact) | decode / L's forward CPU | input diff mean / max "
-        "| S img/s | E img/s | E/L | E/S |",
-        "|" + "---|" * 8,
+        "| S img/s | E img/s | E steady | E/L | E/L steady | E/S |",
+        "|" + "---|" * 10,
         f"| {d['draft_cpu_ms_per_image']:.1f} | {d['exact_cpu_ms_per_image']:.1f} "
         f"| {d['draft_cpu_ms_per_image'] / lim['cpu_ms_per_image']:.2f} "
         f"| {d['mean_abs_difference']:.4f} / {d['max_abs_difference']:.3f} | {sq['images_per_second']:.1f} "
-        f"| {e['E']:.1f} | {e['E'] / lim['images_per_second']:.2f} | {e['E'] / sq['images_per_second']:.2f} |",
+        f"| {e['E']:.1f} | {steady:.1f} | {e['E'] / lim['images_per_second']:.2f} "
+        f"| {steady / lim['images_per_second']:.2f} | {e['E'] / sq['images_per_second']:.2f} |",
         f"  E seconds: download {sec['download']:.1f}, decode {sec['decode']:.1f}, forward {sec['forward']:.1f}, "
         f"wait {sec['wait']:.1f}, task {sec['task']:.1f}",
+        "  CPU per image in E, by process (ms): "
+        + ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items() if ms >= 0.05)
+        + f"; total {total:.1f} -> at most {1000 * cores / total:.1f} images/s on {cores} cores; L costs "
+        f"{lim['cpu_ms_per_image']:.1f}, draft decoding {d['draft_cpu_ms_per_image']:.1f}: the worker alone "
+        f"caps E/L at {lim['cpu_ms_per_image'] / (lim['cpu_ms_per_image'] + d['draft_cpu_ms_per_image']):.2f}, "
+        f"the other processes' {others:.1f} ms at "
+        f"{lim['cpu_ms_per_image'] / (lim['cpu_ms_per_image'] + others):.2f}",
         "",
     ]
 
@@ -502,6 +518,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-int8", dest="int8", action="store_false", help="skip the int8 rows")
     parser.add_argument("--calibration-images", type=int, default=256, help="int8 calibration images")
     parser.add_argument("--large-images", type=int, default=192, help="8-12 MP JPEGs in the large-photo set (0: skip)")
+    parser.add_argument("--large-batch", type=int, default=16, help="batch size (partition) of S and E on them")
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench",
                         help="folder for the images, models, logs and results.json")
     parser.add_argument("--json", type=Path, help="also write the raw results here")

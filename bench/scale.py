@@ -21,7 +21,11 @@ Not a test: it prints measurements. For each ``--keys`` count it
 
 It prints one row per key count and a row extrapolated to 10,000,000 keys
 (linear, through the two largest measured counts below it), and compares the
-driver's memory with ``spark.driver.memory`` in ``conf/emr.yaml``.
+driver's memory with ``spark.driver.memory`` in ``conf/emr.yaml``. The three
+per-batch columns (the two overheads and in-task) are averages, so their
+totals (value x batches: a fixed cost plus one per batch) are extrapolated
+and divided by the batches at 10,000,000 keys; extrapolating the averages
+themselves would follow the fixed cost's dilution below zero.
 
 Times come from the job's summary (``OUTPUT.summary.json``): ``seconds.listing``
 (reading the manifest), ``seconds.model_check``, ``seconds.plan``,
@@ -112,6 +116,10 @@ COLUMNS = (
 )
 
 
+#: Columns that are averages per batch: extrapolated as totals (value x batches), then divided by the batches.
+PER_BATCH = ("overhead_window_ms", "overhead_idle_ms", "in_task_ms")
+
+
 class Watch(ProcessWatch):
     """:class:`ProcessWatch` that also knows the fake daemon and its forks as Python workers."""
 
@@ -156,9 +164,16 @@ def extrapolated_row(rows: Sequence[dict], target: int, batch_size: int) -> dict
     below = sorted((r for r in rows if r["keys"] < target), key=lambda r: r["keys"])[-2:]
     if len(below) < 2:
         return None
-    out = {"keys": target, "batches": math.ceil(target / batch_size), "from": [r["keys"] for r in below]}
+    batches = math.ceil(target / batch_size)
+    out = {"keys": target, "batches": batches, "from": [r["keys"] for r in below]}
     for field, _, _ in COLUMNS:
-        out[field] = extrapolate([(r["keys"], r.get(field)) for r in below], target)
+        if field in PER_BATCH:
+            # An average per batch: extrapolate its total (fixed costs plus a cost per batch), then divide.
+            totals = [(r["keys"], None if r.get(field) is None else r[field] * r["batches"]) for r in below]
+            total = extrapolate(totals, target)
+            out[field] = None if total is None else total / batches
+        else:
+            out[field] = extrapolate([(r["keys"], r.get(field)) for r in below], target)
     return out
 
 
@@ -270,6 +285,8 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
         "driver_python_mib": python / MIB if python else None, "driver_jvm_mib": jvm / MIB if jvm else None,
         "driver_total_mib": (python + jvm) / MIB if python and jvm else None,
         "summary_seconds_keys": sorted(seconds),
+        "worker_peak_mib": [w["max_rss_bytes"] / MIB for w in (summary.get("python_workers") or {}).values()
+                            if w.get("max_rss_bytes")],
     }
     executors = executors_of(args.master) or len(summary.get("executors") or {}) or 1
     row.update(task_overhead(summary, executors))
@@ -309,6 +326,9 @@ def report(rows: list[dict], args, cpu: str, started: float) -> str:
                    + " | ".join(_cell(row.get(field), d) for field, _, d in COLUMNS) + " |")
     if extra is None:
         out.append(f"(no extrapolation to {TARGET:,} keys: it needs two measured key counts below it)")
+    elif extra["from"][1] < 100_000:
+        out.append(f"(a smoke run: from {extra['from'][0]:,} and {extra['from'][1]:,} keys the slopes are mostly "
+                   "noise, and the extrapolated row means little; run the default key counts for figures)")
     out.append("")
     out.append("per-task overhead (window) = (tasks.seconds x executors - sum of python_workers task_seconds) "
                "/ batches; (idle) = sum of python_workers idle_between_tasks_seconds / batches; "
@@ -321,6 +341,9 @@ def report(rows: list[dict], args, cpu: str, started: float) -> str:
                        + ", ".join(f"{role} {ms:.1f}" for role, ms in sorted(cpu.items(), key=lambda x: -x[1]))
                        + f"; total {total:.1f} -> at most {1000 * (os.cpu_count() or 1) / total:.1f} tasks/s "
                        f"on {os.cpu_count()} cores")
+    out.append("extrapolated per-task columns: their totals (ms x batches) extrapolated, divided by the batches")
+    workers = "; ".join(f"{r['keys']:,} keys: " + " / ".join(f"{m:.0f}" for m in r["worker_peak_mib"]) for r in rows)
+    out.append(f"Python worker peak RSS MiB (no MXNet under the fake scorer): {workers}")
     missing = sorted({k for k in ("listing", "model_check", "plan", "spark", "assembly")
                       if any(k not in r["summary_seconds_keys"] for r in rows)})
     if missing:

@@ -57,6 +57,10 @@ def test_bench_scale_extrapolation_and_task_overhead():
     assert row["from"] == [100_000, 1_000_000] and row["batches"] == 156_250
     assert row["spark_s"] == pytest.approx(2680.0) and row["plan_s"] is None
     assert scale.extrapolated_row(rows[:1], 10_000_000, 64) is None
+    # A per-batch average is extrapolated as its total: 1 s fixed plus 100 ms a batch stays 100 ms a batch.
+    rows = [{"keys": keys, "batches": keys // 64, "in_task_ms": 1000 / (keys // 64) + 100}
+            for keys in (64_000, 640_000)]
+    assert scale.extrapolated_row(rows, 10_000_000, 64)["in_task_ms"] == pytest.approx(1000 / 156_250 + 100)
 
     # 2 executors, tasks from t=0 to t=10 s: 20 executor-seconds for 100 batches, 15 of them in tasks.
     summary = {"batches": 100, "tasks": {"seconds": 10.0},

@@ -323,7 +323,7 @@ def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = No
     except (OSError, utils.S3UriError) as exc:
         raise click.UsageError(f"cannot read --config {uri}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - botocore errors: no such bucket, access denied
-        raise click.UsageError(f"cannot read --config {uri}: {mxinfer._first_line(exc)}") from None
+        raise click.UsageError(f"cannot read --config {uri}: {mxinfer.first_line(exc)}") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
@@ -514,7 +514,7 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
         keys, sizes = listing.list_prefix(lister, cfg.input_bucket, cfg.input_prefix, cfg.list_concurrency)
         images = listing.Listing.build(cfg.input_bucket, keys, sizes, suffixes=cfg.suffixes, limit=cfg.limit)
     except Exception as exc:  # NoSuchBucket, AccessDenied, endpoint unreachable
-        raise JobError(f"cannot list {cfg.input_uri}: {mxinfer._first_line(exc)}") from exc
+        raise JobError(f"cannot list {cfg.input_uri}: {mxinfer.first_line(exc)}") from exc
     if not len(images):
         raise JobError(f"no images under {cfg.input_uri} (looked for keys ending in "
                        f"{' '.join(cfg.suffixes)}); check --input and --suffixes")
@@ -613,7 +613,7 @@ def thread_plan(sc, wait_seconds: float = 30.0) -> mxinfer.ThreadPlan | None:
             hosts = executor_hosts(sc)
     except Exception as exc:  # noqa: BLE001 - a JVM API that changed must not stop the job
         log.warning("cannot list the executors (%s); workers size their threads without them: set --threads "
-                    "if the summary warns", mxinfer._first_line(exc))
+                    "if the summary warns", mxinfer.first_line(exc))
         return None
     return plan_threads(conf, hosts)
 
@@ -672,7 +672,7 @@ def spark_failure_reason(exc: BaseException) -> str:
                     and not line.strip().startswith(("at ", "py4j", "org.apache", "Caused by: org.apache"))]
     if python_lines:
         return python_lines[-1][:1000]
-    return mxinfer._first_line(exc)[:1000]
+    return mxinfer.first_line(exc)[:1000]
 
 
 # ----------------------------------------------------------------------------
@@ -800,7 +800,7 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
                             for key in (cfg.output_key, cfg.summary_key))
         work_exists = work.exists()
     except Exception as exc:
-        raise JobError(f"cannot write {cfg.output_uri}: {mxinfer._first_line(exc)}; the job needs "
+        raise JobError(f"cannot write {cfg.output_uri}: {mxinfer.first_line(exc)}; the job needs "
                        "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the output bucket") from exc
     resume = cfg.resume
     app, attempt = yarn_attempt()
@@ -831,7 +831,7 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
         try:
             work.write_job(fingerprint, cfg.output_uri)
         except Exception as exc:
-            raise JobError(f"cannot write {work.uri}: {mxinfer._first_line(exc)}; the job needs s3:PutObject, "
+            raise JobError(f"cannot write {work.uri}: {mxinfer.first_line(exc)}; the job needs s3:PutObject, "
                            "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
                            "prefix beside it") from exc
         return Plan(runs=[], todo=images, number=1, resumed=False)
@@ -863,7 +863,7 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
                                        content_type="application/vnd.apache.parquet"
                                        if cfg.output_format == "parquet" else "application/x-ndjson")
     except Exception as exc:
-        raise JobError(f"cannot write {cfg.output_uri}: {mxinfer._first_line(exc)}; the job needs "
+        raise JobError(f"cannot write {cfg.output_uri}: {mxinfer.first_line(exc)}; the job needs "
                        "s3:PutObject on the output key") from exc
     with_result = bool(cfg.handler) and mxinfer.get_handlers(cfg.handler_file or cfg.handler).output_handler
     sink = (durable.ParquetSink(writer, with_result=bool(with_result)) if cfg.output_format == "parquet"
@@ -1025,7 +1025,7 @@ def durable_status(work: durable.WorkPrefix | None) -> str:
     try:
         runs = work.runs()
     except Exception as exc:  # noqa: BLE001 - S3 unreachable: say so instead of hiding the first error
-        return f"could not read {work.uri} ({mxinfer._first_line(exc)})"
+        return f"could not read {work.uri} ({mxinfer.first_line(exc)})"
     if not runs:
         return f"nothing was durable yet under {work.uri}"
     last = runs[-1]
@@ -1046,7 +1046,7 @@ def prepare_handler(cfg: JobConfig, client) -> JobConfig:
         try:
             data = utils.read_uri(path, client if utils.is_s3_uri(path) else None)
         except Exception as exc:
-            raise JobError(f"cannot read --handler {path}: {mxinfer._first_line(exc)}") from exc
+            raise JobError(f"cannot read --handler {path}: {mxinfer.first_line(exc)}") from exc
         folder = tempfile.mkdtemp(prefix="mxinfer-handler-")
         # Kept until the driver exits: executors fetch it from the driver while the job runs.
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
@@ -1088,7 +1088,7 @@ def sample_arrays(cfg: JobConfig, client, items: list) -> np.ndarray:
                 return handlers.decode(key, data, cfg.preprocess.input_shape)
             return mxinfer.decode_image(data, cfg.preprocess)
         except Exception as exc:  # noqa: BLE001 - the job records it as this key's error line
-            log.debug("int8 sample: %s left out: %s", key, mxinfer._first_line(exc))
+            log.debug("int8 sample: %s left out: %s", key, mxinfer.first_line(exc))
             return None
 
     with ThreadPoolExecutor(cfg.io_threads) as pool:
@@ -1131,7 +1131,7 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: mxinfer.
         spec = mxinfer.quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration,
                                      os.path.join(folder, "model-int8"), exclude, forward_batch)
     except Exception as exc:  # MXNetError from the quantization pass or the calibration run
-        raise JobError(f"cannot quantize the model to int8: {mxinfer._first_line(exc)}; keep the layer it names "
+        raise JobError(f"cannot quantize the model to int8: {mxinfer.first_line(exc)}; keep the layer it names "
                        f"in fp32 with --int8-exclude, or use --precision fp32") from exc
     labels_uri = ""
     if classifier.labels:
@@ -1171,7 +1171,7 @@ def load_model_on_driver(cfg: JobConfig) -> mxinfer.Predictor:
     except FileNotFoundError as exc:
         raise JobError(f"model file missing: {exc}") from exc
     except Exception as exc:
-        raise JobError(f"cannot load the model ({cfg.model.symbol_uri}): {mxinfer._first_line(exc)}") from exc
+        raise JobError(f"cannot load the model ({cfg.model.symbol_uri}): {mxinfer.first_line(exc)}") from exc
 
 
 def dry_run(cfg: JobConfig, images: list, classifier: mxinfer.Classifier, client, fingerprint: dict) -> int:

@@ -130,10 +130,10 @@ def _download(client, bucket: str, key: str, path: str, what: str) -> None:
     try:
         client.download_file(bucket, key, path)  # streams to disk: a manifest can be gigabytes
     except Exception as exc:  # botocore: missing, denied, unreachable; each stops the job
-        raise ManifestError(f"cannot read {what} (s3://{bucket}/{key}): {_first_line(exc)}") from exc
+        raise ManifestError(f"cannot read {what} (s3://{bucket}/{key}): {first_line(exc)}") from exc
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 

@@ -425,7 +425,7 @@ class Predictor:
             saved = mx.nd.load_frombuffer(params)
         except mx.base.MXNetError as exc:
             raise ModelError(f"cannot load checkpoint {spec.symbol_uri} / {spec.params_uri}: "
-                             f"{_first_line(exc)}") from exc
+                             f"{first_line(exc)}") from exc
         arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
         aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
         self.head_op = _head_op(symbol_json)
@@ -457,7 +457,7 @@ class Predictor:
         try:
             arg_shapes, out_shapes, aux_shapes = symbol.infer_shape(**{spec.data_name: shape})
         except Exception as exc:  # MXNetError; infer_shape raises several kinds
-            raise ModelError(f"the model rejects input shape {self.input_shape} (C,H,W): {_first_line(exc)}; "
+            raise ModelError(f"the model rejects input shape {self.input_shape} (C,H,W): {first_line(exc)}; "
                              f"{self._wanted_shape(symbol, arg_params, aux_params)}") from exc
         needed = {n: s for n, s in zip(arguments, arg_shapes) if n != spec.data_name and not n.endswith("_label")}
         missing = sorted(set(needed) - set(arg_params))
@@ -593,7 +593,7 @@ class Classifier(Predictor):
             if explicit or "AccessDenied" not in str(exc):
                 raise
             log.warning("cannot read %s (%s); predictions carry class ids only; set --labels to "
-                        "name a labels file", uri, _first_line(exc))
+                        "name a labels file", uri, first_line(exc))
             return None
         if len(labels) != self.num_classes:
             raise ModelError(f"labels file {uri} has {len(labels)} lines but the model has "
@@ -657,6 +657,10 @@ class ImageClassifier(Classifier):
 
 _models: dict[tuple, Predictor] = {}
 _models_lock = threading.Lock()
+#: Bound modules a worker keeps. An executor serves one job, which needs one
+#: per device its worker uses (``--context gpu`` spreads tasks over the GPUs it
+#: sees); more would only be a job's earlier settings. The oldest goes first.
+MAX_MODELS = 4
 #: How many times this process has loaded a model; tests read it to prove reuse.
 load_count = 0
 
@@ -685,13 +689,20 @@ def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type =
             log.info("loaded model %s (%s, batch %d) in %.2fs; loads in this worker: %d",
                      spec.symbol_uri, model.model_summary()["head"], batch_size,
                      time.perf_counter() - started, load_count)
-            if len(_models) >= 4:
+            if len(_models) >= MAX_MODELS:
                 _models.pop(next(iter(_models)))
             _models[key] = model
         return model
 
 
-def _first_line(exc: BaseException) -> str:
+def clear_models() -> None:
+    """Forget this process's loaded models (the next :func:`get_model` loads again)."""
+    with _models_lock:
+        _models.clear()
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name if it has none): for one-line errors."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -873,7 +884,7 @@ def load_handlers(path: str) -> Handlers:
     try:
         module_spec.loader.exec_module(module)
     except Exception as exc:
-        raise HandlerError(f"{path} fails to import: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise HandlerError(f"{path} fails to import: {type(exc).__name__}: {first_line(exc)}") from exc
     found = {}
     for attr in ("input_handler", "output_handler"):
         value = getattr(module, attr, None)
@@ -1300,7 +1311,7 @@ def error_object(stage: str, exc: BaseException) -> dict:
     Memory addresses are cut from the message, so the same image fails with
     the same line in every run (a resumed output equals an uninterrupted one).
     """
-    return {"stage": stage, "type": type(exc).__name__, "message": _OBJECT_ADDRESS.sub(r"<\1>", _first_line(exc))}
+    return {"stage": stage, "type": type(exc).__name__, "message": _OBJECT_ADDRESS.sub(r"<\1>", first_line(exc))}
 
 
 def error_line(key: str, stage: str, exc: BaseException) -> str:
@@ -1459,7 +1470,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         # Same message on every attempt, so the driver's error names the cause
         # (weights unreachable from the executors, corrupt, ...), not a stack.
         raise ModelError(f"executor {socket.gethostname()} cannot load the model {job.model.params_uri}: "
-                         f"{type(exc).__name__}: {_first_line(exc)}") from exc
+                         f"{type(exc).__name__}: {first_line(exc)}") from exc
 
     batch_keys: list[str] = []
     batch_arrays: list[np.ndarray] = []

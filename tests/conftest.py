@@ -7,6 +7,7 @@ several tests read, so the suite starts Spark only a handful of times.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -14,13 +15,30 @@ from pathlib import Path
 
 import boto3
 import pytest
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import mxinfer  # noqa: E402
 from demo import make_demo  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
+
+
+def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
+    """``img`` encoded as ``fmt`` (Pillow's format name), with Pillow's save options."""
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def fresh_model_cache():
+    """Each test loads its own models: none finds one an earlier test left in this process's cache."""
+    mxinfer.clear_models()
+    yield
+    mxinfer.clear_models()
 
 
 @pytest.fixture(autouse=True)

@@ -9,17 +9,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 import mxinfer
+from tests.conftest import encode
 
 PREP = mxinfer.Preprocess(input_shape=(3, 24, 32))
-
-
-def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    img.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
 
 
 def gradient_rgb(width: int = 40, height: int = 30) -> Image.Image:
@@ -137,12 +132,12 @@ def test_animated_gif_gives_its_first_frame():
     assert out[0].mean() > 200 and out[2].mean() < 50
 
 
-@pytest.mark.parametrize("data, match", [
-    (b"", "empty object"),
-    (b"this is not an image at all", "cannot identify image"),
+@pytest.mark.parametrize("data, error, match", [
+    (b"", ValueError, "empty object"),
+    (b"this is not an image at all", UnidentifiedImageError, "cannot identify image"),
 ])
-def test_bad_bytes_raise(data, match):
-    with pytest.raises(Exception, match=match):
+def test_bad_bytes_raise(data, error, match):
+    with pytest.raises(error, match=match):
         mxinfer.decode_image(data, PREP)
 
 

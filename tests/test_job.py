@@ -20,18 +20,12 @@ import pytest
 from PIL import Image, ImageOps
 
 from demo import make_demo
-from tests.conftest import bucket_with_model, spark_submit
+from tests.conftest import bucket_with_model, encode, spark_submit
 
 pytestmark = pytest.mark.spark
 
 BUCKET = "job-bucket"
 BATCH = 8
-
-
-def encode(img: Image.Image, fmt: str, **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    img.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
 
 
 def image_set() -> dict[str, bytes]:
@@ -217,12 +211,18 @@ def test_softmax_and_logits_heads_agree(logits_run, original_flags_run):
     for line in logits_run[1]:
         row = json.loads(line)
         by_key[row["key"]] = row.get("predictions")
+    compared = 0
     for line in original_flags_run[1]:
         row = json.loads(line)
         if row.get("predictions"):
-            for a, b in zip(row["predictions"][:3], by_key[row["key"]]):
+            # The softmax run keeps 5 classes, the logits run 3: the first 3 of each must match, all of them.
+            theirs = by_key[row["key"]]
+            assert len(row["predictions"]) == 5 and len(theirs) == 3, row["key"]
+            for a, b in zip(row["predictions"][:3], theirs):
                 assert a["class_id"] == b["class_id"]
                 assert abs(a["probability"] - b["probability"]) <= 1e-5
+            compared += 1
+    assert compared == 40  # every image that has predictions in both runs
 
 
 def test_dry_run_through_spark_submit_starts_no_spark_job(world):

@@ -991,9 +991,11 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
             seconds["spark"] = time.time() - spark_started
         else:
             seconds["plan"] = time.time() - plan_started
-        assembly_started = time.time()
+        assembly_started, assembly_cpu = time.time(), time.process_time()
         counts = assemble_output(cfg, client, work, images)
         seconds["assembly"] = time.time() - assembly_started
+        # The driver's own CPU in the assembly (merging, checking, compressing); the rest is waiting for S3.
+        seconds["assembly_cpu"] = time.process_time() - assembly_cpu
     except (JobError, Interrupted) as exc:
         exc.work = work  # main() says what is durable and how to resume
         raise

@@ -112,11 +112,12 @@ class Listing:
             Sorted by key in code point order (S3's listing order); for a
             key given twice, the larger size wins.
         """
-        keys = _as_column(keys, KEY_TYPE)
-        if sizes is None:
-            sizes = pa.nulls(len(keys), pa.int64())
-        sizes = pc.fill_null(_as_column(sizes, pa.int64()), UNKNOWN_SIZE)
-        table = pa.table({"key": keys, "size": sizes})
+        # Each step drops its input as soon as it has its output: at ten million keys the
+        # driver's peak is a few copies of the key column, so every copy counts.
+        table = pa.table({"key": _as_column(keys, KEY_TYPE), "size": _as_column(sizes, pa.int64())
+                          if sizes is not None else pa.nulls(len(keys), pa.int64())})
+        del keys, sizes
+        table = table.set_column(1, "size", pc.fill_null(table["size"], UNKNOWN_SIZE))
         if prefix:
             table = table.filter(pc.starts_with(table["key"], prefix))
         if suffixes is not None:
@@ -124,15 +125,21 @@ class Listing:
             pattern = "(" + "|".join(re.escape(s) for s in wanted) + ")$"
             table = table.filter(pc.match_substring_regex(table["key"], pattern, ignore_case=True))
         # Arrow compares strings by their UTF-8 bytes, which is code point order: S3's and Python's.
-        table = table.sort_by([("key", "ascending"), ("size", "descending")])
+        # A listing or an inventory comes sorted and unique: then nothing is copied.
         if table.num_rows > 1:
-            sorted_keys = table["key"].combine_chunks()
-            repeated = pc.equal(sorted_keys[1:], sorted_keys[:-1])
-            keep = pa.concat_arrays([pa.array([True]), pc.invert(repeated)])
-            table = table.filter(keep)
+            column = table["key"]
+            if not pc.all(pc.less(column[:-1], column[1:])).as_py():
+                table = table.sort_by([("key", "ascending"), ("size", "descending")])
+                column = table["key"]
+                repeated = pc.equal(column[1:], column[:-1])
+                if pc.any(repeated).as_py():
+                    keep = pa.concat_arrays([pa.array([True]), *pc.invert(repeated).chunks])
+                    table = table.filter(keep)
+            del column
         if limit is not None:
             table = table.slice(0, limit)
-        return cls(bucket, table.combine_chunks())
+        pa.default_memory_pool().release_unused()  # give the freed copies back to the system
+        return cls(bucket, table)
 
     @property
     def keys(self) -> pa.ChunkedArray:

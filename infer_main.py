@@ -1035,6 +1035,10 @@ def durable_status(work: durable.WorkPrefix | None) -> str:
             + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
 
 
+#: The name the driver gives its copy of ``--handler``, before the file's own name.
+HANDLER_PREFIX = "mxinfer_handler_"
+
+
 def prepare_handler(cfg: JobConfig, client) -> JobConfig:
     """Check --handler on the driver, downloading a URI first; return ``cfg`` with its local file.
 
@@ -1044,21 +1048,25 @@ def prepare_handler(cfg: JobConfig, client) -> JobConfig:
     if not cfg.handler:
         return cfg
     path = cfg.handler
-    if "://" in path:
-        try:
-            data = utils.read_uri(path, client if utils.is_s3_uri(path) else None)
-        except Exception as exc:
-            raise JobError(f"cannot read --handler {path}: {mxinfer.first_line(exc)}") from exc
-        folder = tempfile.mkdtemp(prefix="mxinfer-handler-")
-        # Kept until the driver exits: executors fetch it from the driver while the job runs.
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        path = os.path.join(folder, path.rsplit("/", 1)[-1])
-        with open(path, "wb") as handle:
-            handle.write(data)
+    try:
+        data = utils.read_uri(path, client if utils.is_s3_uri(path) else None)
+    except FileNotFoundError:
+        raise JobError(f"--handler: {path} does not exist") from None
+    except Exception as exc:
+        raise JobError(f"cannot read --handler {path}: {mxinfer.first_line(exc)}") from exc
+    folder = tempfile.mkdtemp(prefix="mxinfer-handler-")
+    # Kept until the driver exits: executors fetch it from the driver while the job runs.
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    # Shipped under a name of its own: SparkContext.addFile puts files side by side with
+    # the --py-files, so a handler called utils.py would clash with ours (and Spark
+    # refuses a second file of one name with different contents).
+    path = os.path.join(folder, HANDLER_PREFIX + path.rsplit("/", 1)[-1])
+    with open(path, "wb") as handle:
+        handle.write(data)
     try:
         handlers = mxinfer.get_handlers(path)
     except mxinfer.HandlerError as exc:
-        raise JobError(f"--handler: {exc}") from exc
+        raise JobError(f"--handler: {str(exc).replace(path, cfg.handler)}") from exc
     log.info("handler %s defines %s", cfg.handler, " and ".join(
         name for name in ("input_handler", "output_handler") if getattr(handlers, name) is not None))
     return replace(cfg, handler_file=path)

@@ -876,7 +876,9 @@ def load_handlers(path: str) -> Handlers:
         raise HandlerError(f"{path} is not a Python file (.py)")
     if not os.path.isfile(path):
         raise HandlerError(f"{path} does not exist")
-    # A private module name, so a handler called utils.py cannot shadow ours.
+    # Loaded from its file under a module name of its own and never put in sys.modules,
+    # so ``import utils`` anywhere still finds ours. (That the file itself cannot clash
+    # with our --py-files on an executor is the driver's doing: it ships a renamed copy.)
     stem = os.path.basename(path)[:-3]
     name = "mxinfer_handler_" + "".join(c if c.isalnum() else "_" for c in stem)
     module_spec = importlib.util.spec_from_file_location(name, path)

@@ -187,12 +187,12 @@ def mebibytes(value: str) -> float:
     return number * {"": 1 / MIB, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit]
 
 
-def emr_driver_memory(path: Path = ROOT / "conf" / "emr.yaml") -> str | None:
-    """``spark.driver.memory`` of the ``spark-defaults`` classification in ``conf/emr.yaml``."""
+def emr_driver_memory(path: Path = ROOT / "conf" / "emr.yaml", name: str = "spark.driver.memory") -> str | None:
+    """Setting ``name`` of the ``spark-defaults`` classification in ``conf/emr.yaml``."""
     config = yaml.safe_load(path.read_text())
     for item in config.get("configurations") or []:
         if item.get("Classification") == "spark-defaults":
-            value = (item.get("Properties") or {}).get("spark.driver.memory")
+            value = (item.get("Properties") or {}).get(name)
             return None if value is None else str(value)
     return None
 
@@ -352,12 +352,14 @@ def report(rows: list[dict], args, cpu: str, started: float) -> str:
         out.append(f"n/a: the job's summary has no seconds.{', seconds.'.join(missing)} "
                    f"(its seconds: {', '.join(rows[0]['summary_seconds_keys'])})")
     emr = emr_driver_memory()
+    overhead = emr_driver_memory(name="spark.driver.memoryOverhead") or "384m"
     local = next((s.split("=", 1)[1] for s in args.spark_conf if s.startswith("spark.driver.memory=")), None)
     if emr:
         largest = max(rows, key=lambda r: r["keys"])
         line = (f"driver memory: spark.driver.memory in conf/emr.yaml is {emr} ({mebibytes(emr):,.0f} MiB, the "
-                f"driver JVM's heap; its YARN container adds spark.driver.memoryOverhead, 384 MiB by default, "
-                f"and the Python driver runs in that container too). Python + JVM peak here: "
+                f"driver JVM's heap) and spark.driver.memoryOverhead {overhead}: the YARN container holds "
+                f"{mebibytes(emr) + mebibytes(overhead):,.0f} MiB, the Python driver included. Python + JVM peak "
+                f"here: "
                 f"{_cell(largest['driver_total_mib'], 0)} MiB at {largest['keys']:,} keys")
         if extra:
             line += f", {_cell(extra['driver_total_mib'], 0)} MiB extrapolated to {TARGET:,}"

@@ -461,6 +461,14 @@ def report_int8(results: dict) -> list[str]:
         parts = ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items() if ms >= 0.05)
         cpu_lines.append(f"  {name} int8: {parts}; total {total:.1f} -> at most {1000 * cores / total:.0f} "
                          f"images/s on {cores} cores; L_int8 costs {row['L']['cpu_ms_per_image']:.1f}")
+        # Both runs are CPU-bound: the ratios can be no better than these, whatever the worker does.
+        others = sum(ms for role, ms in cpu.items() if role != "python worker")
+        fp32_total = sum(fp32["E"]["cpu_ms_per_image"].values())
+        l_int8 = row["L"]["cpu_ms_per_image"]
+        cpu_lines.append(f"    ceilings from these costs: E_int8/E_fp32 <= fp32's {fp32_total:.1f} / int8's "
+                         f"{total:.1f} ms = {fp32_total / total:.2f}; were the worker's own work free, the other "
+                         f"processes' {others:.1f} ms would still cap E_int8/L_int8 at "
+                         f"{l_int8 / (l_int8 + others):.2f}")
     return [*out, "", "CPU per image in E with int8, by process (ms):", *cpu_lines, ""]
 
 

@@ -118,17 +118,23 @@ class Listing:
                           if sizes is not None else pa.nulls(len(keys), pa.int64())})
         del keys, sizes
         table = table.set_column(1, "size", pc.fill_null(table["size"], UNKNOWN_SIZE))
+        masks = []
         if prefix:
-            table = table.filter(pc.starts_with(table["key"], prefix))
+            masks.append(pc.starts_with(table["key"], prefix))
         if suffixes is not None:
             wanted = sorted({s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes})
             pattern = "(" + "|".join(re.escape(s) for s in wanted) + ")$"
-            table = table.filter(pc.match_substring_regex(table["key"], pattern, ignore_case=True))
+            masks.append(pc.match_substring_regex(table["key"], pattern, ignore_case=True))
+        if masks:
+            mask = masks[0] if len(masks) == 1 else pc.and_(*masks)
+            if not pc.all(mask).as_py():  # usually every key is an image: then no copy
+                table = table.filter(mask)
+            del masks, mask
         # Arrow compares strings by their UTF-8 bytes, which is code point order: S3's and Python's.
         # A listing or an inventory comes sorted and unique: then nothing is copied.
         if table.num_rows > 1:
             column = table["key"]
-            if not pc.all(pc.less(column[:-1], column[1:])).as_py():
+            if not _strictly_increasing(column):
                 table = table.sort_by([("key", "ascending"), ("size", "descending")])
                 column = table["key"]
                 repeated = pc.equal(column[1:], column[:-1])
@@ -188,6 +194,20 @@ class Listing:
 
     def __repr__(self) -> str:
         return f"Listing(bucket={self.bucket!r}, keys={len(self)})"
+
+
+def _strictly_increasing(column: pa.ChunkedArray) -> bool:
+    """Whether every value is less than the next, compared chunk by chunk (without joining the chunks)."""
+    last = None
+    for chunk in column.chunks:
+        if not len(chunk):
+            continue
+        if last is not None and not last < chunk[0].as_py():
+            return False
+        if len(chunk) > 1 and not pc.all(pc.less(chunk[:-1], chunk[1:])).as_py():
+            return False
+        last = chunk[-1].as_py()
+    return True
 
 
 def _as_column(values, kind: pa.DataType) -> pa.ChunkedArray:

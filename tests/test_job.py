@@ -222,7 +222,8 @@ def test_softmax_and_logits_heads_agree(logits_run, original_flags_run):
                 assert a["class_id"] == b["class_id"]
                 assert abs(a["probability"] - b["probability"]) <= 1e-5
             compared += 1
-    assert compared == 40  # every image that has predictions in both runs
+    # Both runs scored the same images: every one with predictions in the logits run was compared.
+    assert compared == sum(1 for predictions in by_key.values() if predictions) >= 40
 
 
 def test_dry_run_through_spark_submit_starts_no_spark_job(world):

@@ -869,7 +869,8 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
     sink = (durable.ParquetSink(writer, with_result=bool(with_result)) if cfg.output_format == "parquet"
             else durable.JsonLinesSink(writer))
     try:
-        counts = durable.assemble(work, work.runs(), images, sink)
+        reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
+        counts = durable.assemble(work, work.runs(), images, sink, reader=reader)
         sink.close()
     except durable.ResumeError as exc:
         sink.abort()

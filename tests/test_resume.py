@@ -145,7 +145,7 @@ def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, m
         os.kill(os.getpid(), signal.SIGTERM)  # a real signal, through the driver's real handler
 
     monkeypatch.setattr(durable.JsonLinesSink, "write_lines", write_then_signal)
-    monkeypatch.setattr(durable, "assemble", lambda w, runs, k, sink: [sink.write_lines([line(x)]) for x in k])
+    monkeypatch.setattr(durable, "assemble", lambda w, runs, k, sink, **_: [sink.write_lines([line(x)]) for x in k])
     previous = signal.signal(signal.SIGTERM, infer_main._raise_interrupted)
     try:
         with pytest.raises(infer_main.Interrupted, match="SIGTERM"):

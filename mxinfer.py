@@ -1269,6 +1269,8 @@ class JobSpec:
     max_in_flight: int = 128
     max_object_bytes: int = 50 * 1024 * 1024
     s3_max_attempts: int = 5
+    #: ``lean`` or ``botocore``: how executors GET objects (:func:`utils.s3_reader`).
+    s3_reader: str = "lean"
     #: The driver's local copy of the --handler file; executors load the copy
     #: shipped with ``SparkContext.addFile`` under the same name.
     handler: str | None = None
@@ -1443,7 +1445,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     handlers = get_handlers(job.handler)
     kind = model_class(handlers)
     reader = utils.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
-                             max_pool_connections=max(10, job.io_threads + 2))
+                             max_pool_connections=max(10, job.io_threads + 2), kind=job.s3_reader)
     io_stats = utils.IOStats()
     if job.plan_key is not None:
         [(offset, length)] = list(items)

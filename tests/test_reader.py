@@ -14,6 +14,7 @@ import botocore.awsrequest
 import botocore.exceptions
 import pytest
 
+import infer_main
 import utils
 from demo.s3local import free_port
 from demo.s3proxy import S3Proxy
@@ -142,6 +143,24 @@ def test_without_credentials_every_get_is_botocores(bucket, moto_endpoint):
     sent = botocore_sends(client)
     assert [reader.read(BUCKET, key) for key in ("r/a.jpg", "r/b.jpg")] == [BODIES["r/a.jpg"], BODIES["r/b.jpg"]]
     assert len(sent) == 2
+
+
+def test_the_botocore_reader_sends_every_get_through_get_object(bucket, moto_endpoint):
+    reader = utils.s3_reader(moto_endpoint, max_attempts=2, kind="botocore")
+    assert not reader.enabled and reader is not utils.s3_reader(moto_endpoint, max_attempts=2)
+    sent = botocore_sends(reader.client)
+    keys = ("r/a.jpg", "r/b.jpg", "r/a.jpg")
+    assert [reader.read(BUCKET, key) for key in keys] == [BODIES[key] for key in keys]
+    assert len(sent) == 3
+    with pytest.raises(ValueError, match="choose one of lean, botocore"):
+        utils.s3_reader(moto_endpoint, kind="fast")
+
+
+def test_s3_reader_option_reaches_the_executors_job_spec():
+    base = {"input": "s3://b/in/", "model": "s3://b/m", "output": "s3://b/o.jsonl"}
+    assert infer_main.resolve(infer_main.merge_settings(base, {})).job_spec().s3_reader == "lean"
+    chosen = infer_main.resolve(infer_main.merge_settings({**base, "s3_reader": "botocore"}, {}))
+    assert chosen.job_spec().s3_reader == "botocore"
 
 
 def test_s3_reader_is_one_per_process_and_settings(moto_endpoint):

@@ -54,26 +54,34 @@ def encode(img: Image.Image, index: int) -> tuple[str, bytes]:
     return ".jpg", buffer.getvalue()
 
 
-def make_images(out_dir: str | Path, count: int, seed: int = 0) -> list[Path]:
-    """Write ``count`` distinct images under ``out_dir`` (reused if already made); return their paths."""
+def _cached_set(out_dir: str | Path, wanted: dict, suffixes: tuple[str, ...], count: int, seed: int,
+                write_one) -> list[Path]:
+    """The files ``write_one(out, index, photo, rng)`` makes for ``count`` indices, or those already
+    under ``out_dir`` when its stamp says they were made with the same ``wanted`` settings."""
     out = Path(out_dir)
     stamp = out / "made.json"
-    wanted = {"count": count, "seed": seed, "size": list(SIZE)}
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
-        return sorted(p for p in out.iterdir() if p.suffix in (".jpg", ".png"))
+        return sorted(p for p in out.iterdir() if p.suffix in suffixes)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.iterdir():
         old.unlink()
     photos = source_photos()
     rng = np.random.RandomState(seed)
-    paths = []
-    for index in range(count):
-        suffix, data = encode(make_image(photos[index % len(photos)], rng), index)
-        path = out / f"img{index:06d}{suffix}"
-        path.write_bytes(data)
-        paths.append(path)
+    paths = [write_one(out, index, photos[index % len(photos)], rng) for index in range(count)]
     stamp.write_text(json.dumps(wanted))
     return paths
+
+
+def make_images(out_dir: str | Path, count: int, seed: int = 0) -> list[Path]:
+    """Write ``count`` distinct images under ``out_dir`` (reused if already made); return their paths."""
+    def write_one(out: Path, index: int, photo: Image.Image, rng: np.random.RandomState) -> Path:
+        suffix, data = encode(make_image(photo, rng), index)
+        path = out / f"img{index:06d}{suffix}"
+        path.write_bytes(data)
+        return path
+
+    wanted = {"count": count, "seed": seed, "size": list(SIZE)}
+    return _cached_set(out_dir, wanted, (".jpg", ".png"), count, seed, write_one)
 
 
 #: Phone and camera photos: 8 to 12 MP (4032x3024 is a 12 MP phone photo).
@@ -89,24 +97,13 @@ def make_large_image(photo: Image.Image, rng: np.random.RandomState, size: tuple
 
 def make_large_images(out_dir: str | Path, count: int, seed: int = 1) -> list[Path]:
     """Write ``count`` JPEGs (quality 90) of 8 to 12 MP under ``out_dir`` (reused if already made)."""
-    out = Path(out_dir)
-    stamp = out / "made.json"
-    wanted = {"count": count, "seed": seed, "sizes": [list(s) for s in LARGE_SIZES]}
-    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
-        return sorted(out.glob("*.jpg"))
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.iterdir():
-        old.unlink()
-    photos = source_photos()
-    rng = np.random.RandomState(seed)
-    paths = []
-    for index in range(count):
-        img = make_large_image(photos[index % len(photos)], rng, LARGE_SIZES[index % len(LARGE_SIZES)])
+    def write_one(out: Path, index: int, photo: Image.Image, rng: np.random.RandomState) -> Path:
         path = out / f"large{index:05d}.jpg"
-        img.save(path, format="JPEG", quality=90)
-        paths.append(path)
-    stamp.write_text(json.dumps(wanted))
-    return paths
+        make_large_image(photo, rng, LARGE_SIZES[index % len(LARGE_SIZES)]).save(path, format="JPEG", quality=90)
+        return path
+
+    wanted = {"count": count, "seed": seed, "sizes": [list(s) for s in LARGE_SIZES]}
+    return _cached_set(out_dir, wanted, (".jpg",), count, seed, write_one)
 
 
 def real_photos() -> list[Image.Image]:

@@ -72,12 +72,12 @@ AWS ?= $(VENV)/bin/aws
 need-s3 = @[[ "$(S3)" == s3://?* ]] || { echo "set S3=s3://bucket/prefix (got '$(S3)')" >&2; exit 2; }
 
 .PHONY: package
-package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-files), install-deps.sh + requirements.txt, conf/
+package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-files: mxinfer.py, utils.py, mxjob/), install-deps.sh + requirements.txt, conf/
 	rm -rf "$(DIST)"
 	mkdir -p "$(DIST)/conf"
 	cp infer_main.py bootstrap/install-deps.sh requirements.txt "$(DIST)/"
 	cp conf/defaults.yaml "$(EMR_CONF)" "$(DIST)/conf/"
-	$(PYTHON) -m zipfile -c "$(DIST)/mxinfer_job.zip" mxinfer.py utils.py durable.py listing.py manifest.py
+	$(PYTHON) deploy/package.py "$(DIST)/mxinfer_job.zip"
 
 .PHONY: upload
 upload: package $(STAMP) ## Copy dist/ to S3=s3://bucket/prefix; JOB=my-job.yaml also goes up as S3/job.yaml

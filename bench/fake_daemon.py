@@ -4,18 +4,18 @@
 ``--conf spark.python.daemon.module=bench.fake_daemon`` and
 ``--conf spark.executorEnv.PYTHONPATH=<repo root>``. Each executor then starts
 this module (``python -m bench.fake_daemon``) instead of ``pyspark.daemon``:
-it imports ``mxinfer``, patches it, and runs PySpark's own daemon
+it imports ``mxjob.partition``, patches it, and runs PySpark's own daemon
 (:func:`pyspark.daemon.manager`). The daemon forks the Python workers, so
-every worker finds the patched ``mxinfer`` already in ``sys.modules`` when it
-unpickles ``mxinfer.score_partition``. Nothing in the job's code knows.
+every worker finds the patched module already in ``sys.modules`` when it
+unpickles ``mxjob.partition.score_into``. Nothing in the job's code knows.
 
 What is fake, so that a task costs only what Spark and the job's own code
 around the model cost:
 
-- ``mxinfer._fetch_and_decode``: no S3 GET, no decoding; every key gets one
+- ``partition._fetch_and_decode``: no S3 GET, no decoding; every key gets one
   constant zero array of the job's input shape, instantly;
-- ``mxinfer.get_model``: no MXNet; a stand-in that has only ``batch_size``;
-- ``mxinfer.output_lines``: no forward pass; every key gets the line
+- ``partition.get_model``: no MXNet; a stand-in that has only ``batch_size``;
+- ``partition.output_lines``: no forward pass; every key gets the line
   ``{"key": KEY, "predictions": [{"class_id": 0, "probability": 1.0}]}``
   (:data:`FAKE_PREDICTIONS`, which the bench looks for in the output to prove
   the fake ran).
@@ -35,7 +35,7 @@ import threading
 
 import numpy as np
 
-import mxinfer
+from mxjob import partition, state
 
 #: Every key's predictions under the fake scorer (a random-weight model never gives exactly 1.0).
 FAKE_PREDICTIONS = [{"class_id": 0, "probability": 1.0}]
@@ -75,7 +75,7 @@ def fake_get_model(spec, input_shape, batch_size, *args, **kwargs) -> FakeModel:
         model = _models.get(int(batch_size))
         if model is None:
             model = _models[int(batch_size)] = FakeModel(batch_size)
-            mxinfer.load_count += 1
+            state.counters.model_loads += 1
         return model
 
 
@@ -85,7 +85,7 @@ def fake_output_lines(model, keys, arrays, top_k, *args, **kwargs) -> list[tuple
             for key in keys]
 
 
-def patch(module=mxinfer) -> None:
+def patch(module=partition) -> None:
     module._fetch_and_decode = fake_fetch_and_decode
     module.get_model = fake_get_model
     module.output_lines = fake_output_lines

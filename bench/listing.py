@@ -51,9 +51,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import listing  # noqa: E402
 import utils  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV  # noqa: E402
+from mxjob import listing  # noqa: E402
 
 BUCKET = "bench-listing"
 PREFIX = "images/"

@@ -1,7 +1,7 @@
 """Single-process measurements, each run in a fresh process by ``run_bench`` and printed as one JSON line.
 
 MXNet sizes its thread pools when it loads, so every probe runs in its own
-process whose environment the caller sets (``mxinfer.thread_env``).
+process whose environment the caller sets (``worker.thread_env``).
 
 * ``limit``  L: forward passes on pre-decoded arrays, nothing else.
 * ``square`` S: the original's square wave: download a batch one object after
@@ -45,6 +45,10 @@ sys.path.insert(0, str(ROOT))
 import mxinfer  # noqa: E402
 import utils  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
+from mxjob import config, worker  # noqa: E402
+from mxjob.driver import assemble_output, load_model_on_driver  # noqa: E402
+from mxjob.stats import StatsFold  # noqa: E402
+from mxjob.summary import summarize  # noqa: E402
 
 
 def _preprocess(shape: tuple) -> mxinfer.Preprocess:
@@ -145,7 +149,7 @@ def _listing(results: int, bucket: str = "bench"):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    import listing
+    from mxjob import listing
 
     index = pa.array(np.arange(results, dtype=np.int64))
     keys = pc.binary_join_element_wise(
@@ -159,7 +163,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     """Leave under the work prefix what a run's executors would have left for ``results`` keys.
 
     The run's plan (``durable.WorkPrefix.start_run``) and one gzip part per
-    batch (``mxinfer.part_key``) with the JSON lines of the real classifier's
+    batch (``durable.part_key``) with the JSON lines of the real classifier's
     top-k format (random probabilities over its classes instead of a forward
     pass), written to S3 with a few threads. Made in a process of its own, so
     the driver probe holds only what a driver holds.
@@ -167,7 +171,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     import gzip
     from concurrent.futures import ThreadPoolExecutor
 
-    import durable
+    from mxjob import durable
 
     classifier = mxinfer.Classifier(model, shape, 1)
     images = _listing(results, bucket)
@@ -184,7 +188,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
         body = "".join(json.dumps({"key": k, "predictions": p}, ensure_ascii=False) + "\n"
                        for k, p in zip(chunk, classifier.prediction_dicts(probs, top_k)))
         data = gzip.compress(body.encode("utf-8"), compresslevel=1)
-        client.put_object(Bucket=bucket, Key=mxinfer.part_key(run.prefix, index), Body=data)
+        client.put_object(Bucket=bucket, Key=durable.part_key(run.prefix, index), Body=data)
         return len(data)
 
     del rng
@@ -209,35 +213,35 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     parts, nothing of the results passes through the driver before the
     assembly.
     """
-    import durable
-    import infer_main
+    from mxjob import durable
 
-    before = mxinfer.memory_bytes()
-    cfg = infer_main.resolve(infer_main.merge_settings({
+
+    before = worker.memory_bytes()
+    cfg = config.resolve(config.merge_settings({
         "input": f"s3://{bucket}/photos/", "model": model, "output": f"s3://{bucket}/{_output_key(results)}",
         "endpoint_url": endpoint, "batch_size": batch, "micro_batch_size": micro_batch,
         "input_shape": ",".join(map(str, shape)), "top_k": top_k, "overwrite": True,
     }, {}))
     client = utils.s3_client(endpoint)
     client.list_objects_v2(Bucket=bucket, MaxKeys=1)
-    classifier = infer_main.load_model_on_driver(cfg)
+    classifier = load_model_on_driver(cfg)
     images = _listing(results, bucket)
-    loaded = mxinfer.memory_bytes()
+    loaded = worker.memory_bytes()
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     started = time.perf_counter()
     runs = work.runs()
     todo = images.filter(durable.remaining_keys(work, runs, images))
     plan_seconds = time.perf_counter() - started
     assert not todo, f"{len(todo)} keys without a part"
-    planned = mxinfer.memory_bytes()
+    planned = worker.memory_bytes()
     started = time.perf_counter()
-    counts = infer_main.assemble_output(cfg, client, work, images)
+    counts = assemble_output(cfg, client, work, images)
     assembly_seconds = time.perf_counter() - started
-    plan = infer_main.Plan(runs=runs, todo=todo, number=2, resumed=True)
-    summary = infer_main.summarize(cfg, len(images), 0, mxinfer.StatsFold(), counts, 1.0, classifier.model_summary(),
-                                   {"assembly": assembly_seconds}, plan, {})
+    plan = durable.Plan(runs=runs, todo=todo, number=2, resumed=True)
+    summary = summarize(cfg, len(images), 0, StatsFold(), counts, 1.0, classifier.model_summary(),
+                        {"assembly": assembly_seconds}, plan, {})
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary))
-    after = mxinfer.memory_bytes()
+    after = worker.memory_bytes()
     size = client.head_object(Bucket=cfg.output_bucket, Key=cfg.output_key)["ContentLength"]
     work.remove()
     return {"results": results, "predicted": counts.predicted, "parts_read": counts.parts_read,

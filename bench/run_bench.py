@@ -61,12 +61,12 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import mxinfer  # noqa: E402
 from bench import images as bench_images  # noqa: E402
 from bench import models as bench_models  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
 from demo.s3proxy import S3Proxy  # noqa: E402
+from mxjob import worker  # noqa: E402
 
 BUCKET = "bench"
 MIB = 1024 * 1024
@@ -170,7 +170,7 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 def probe(args: list[str], threads: int) -> dict:
     """Run ``bench.probes`` in a fresh process whose MXNet uses ``threads`` cores; its JSON result."""
-    env = {**os.environ, **FAKE_AWS_ENV, **mxinfer.thread_env(threads)}
+    env = {**os.environ, **FAKE_AWS_ENV, **worker.thread_env(threads)}
     result = subprocess.run([sys.executable, "-m", "bench.probes", *args], cwd=str(ROOT), env=env,
                             capture_output=True, text=True, check=False)
     if result.returncode != 0:

@@ -11,10 +11,12 @@ printed ``make submit`` line reruns the job against it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,11 +25,29 @@ import yaml
 
 from demo import make_demo
 from demo.s3local import FAKE_AWS_ENV, moto_server
+from deploy.package import build_zip
 
 ROOT = Path(__file__).resolve().parent.parent
 MASTER = "local-cluster[2,1,1024]"
-#: Our modules, shipped with --py-files (the driver's too: in cluster mode it runs on the cluster).
-PY_FILES = ("utils.py", "mxinfer.py", "durable.py", "listing.py", "manifest.py")
+
+
+#: Where run-local, make submit and the tests keep the --py-files zip: it outlives the run, so
+#: the spark-submit line make submit prints works as it is.
+PY_FILES_ZIP = ROOT / "run" / "py-files" / "mxinfer_job.zip"
+
+
+@functools.cache
+def py_files_zip() -> Path:
+    """The ``--py-files`` zip of ``make package`` (``deploy/package.py``), built from the sources once per process.
+
+    Written beside and then renamed over :data:`PY_FILES_ZIP`, so a job that
+    another process started meanwhile never reads half a zip.
+    """
+    PY_FILES_ZIP.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=PY_FILES_ZIP.parent, suffix=".zip.partial")
+    os.close(fd)
+    os.replace(build_zip(partial), PY_FILES_ZIP)
+    return PY_FILES_ZIP
 
 
 def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]:
@@ -37,7 +57,7 @@ def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]
         str(python_bin / "spark-submit"), "--master", master,
         "--properties-file", str(ROOT / "conf" / "spark-local.conf"),
         "--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}",
-        "--py-files", ",".join(str(ROOT / name) for name in PY_FILES),
+        "--py-files", str(py_files_zip()),
         str(ROOT / "infer_main.py"), *job_args,
     ]
 

@@ -20,10 +20,10 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import mxinfer  # noqa: E402
 from demo import make_demo  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
+from mxjob import state  # noqa: E402
 
 
 def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
@@ -36,9 +36,9 @@ def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
 @pytest.fixture(autouse=True)
 def fresh_model_cache():
     """Each test loads its own models: none finds one an earlier test left in this process's cache."""
-    mxinfer.clear_models()
+    state.clear()
     yield
-    mxinfer.clear_models()
+    state.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ import pytest
 
 import mxinfer
 from demo import make_demo
+from mxjob import partition, state
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -157,7 +158,7 @@ class Loaded(Exception):
 ])
 def test_the_job_runs_each_task_on_the_gpu_chosen_for_it(monkeypatch, resources, visible, index, expected):
     task = SimpleNamespace(resources=lambda: resources, partitionId=lambda: index, attemptNumber=lambda: 0)
-    monkeypatch.setattr(mxinfer, "_spark_task", lambda: task)
+    monkeypatch.setattr(state, "spark_task", lambda: task)
     monkeypatch.setattr(mx.context, "num_gpus", lambda: visible)
     chosen = []
 
@@ -165,7 +166,7 @@ def test_the_job_runs_each_task_on_the_gpu_chosen_for_it(monkeypatch, resources,
         chosen.append(spec.context)
         raise Loaded
 
-    monkeypatch.setattr(mxinfer, "get_model", fake_get_model)
+    monkeypatch.setattr(partition, "get_model", fake_get_model)
     spec = mxinfer.ModelSpec.from_prefix("/nowhere/m", context="gpu")
     job = mxinfer.JobSpec(model=spec, preprocess=mxinfer.Preprocess(SHAPE), bucket="b")
     with pytest.raises(mxinfer.ModelError, match="Loaded"):

@@ -13,8 +13,8 @@ import yaml
 from click.testing import CliRunner
 
 import infer_main
-import listing
 import mxinfer
+from mxjob import cluster, config, listing
 from tests.conftest import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -45,9 +45,9 @@ def resolve(*args: str, config: dict | None = None, tmp_path: Path | None = None
 
 def test_conf_defaults_yaml_documents_exactly_the_defaults():
     documented = yaml.safe_load((ROOT / "conf" / "defaults.yaml").read_text())
-    assert sorted(documented) == sorted(infer_main.DEFAULTS)
+    assert sorted(documented) == sorted(config.DEFAULTS)
     # Compared as the job reads them: a YAML list of suffixes is the default's comma-separated text.
-    assert infer_main.merge_settings({}, documented) == infer_main.merge_settings({}, {})
+    assert config.merge_settings({}, documented) == config.merge_settings({}, {})
 
 
 def test_defaults_apply_when_nothing_overrides_them():
@@ -55,7 +55,7 @@ def test_defaults_apply_when_nothing_overrides_them():
     assert result.exit_code == 0, result.output
     assert cfg.batch_size == 64 and cfg.top_k == 5
     assert cfg.preprocess == mxinfer.Preprocess((3, 224, 224), (0.0,), (1.0,), "stretch", 64_000_000)
-    assert cfg.suffixes == mxinfer.DEFAULT_SUFFIXES
+    assert cfg.suffixes == listing.DEFAULT_SUFFIXES
     assert cfg.model.symbol_uri == "s3://m/r18-symbol.json"
     assert cfg.model.params_uri == "s3://m/r18-0000.params"
     assert (cfg.input_bucket, cfg.input_prefix) == ("in", "photos/")
@@ -198,31 +198,31 @@ def test_yaml_whole_floats_and_numeric_text_are_taken(tmp_path):
 def test_yaml_null_keeps_the_default(tmp_path):
     result, cfg = resolve(*BASE, config={"batch_size": None}, tmp_path=tmp_path)
     assert result.exit_code == 0, result.output
-    assert cfg.batch_size == infer_main.DEFAULTS["batch_size"]
+    assert cfg.batch_size == config.DEFAULTS["batch_size"]
 
 
 #: Every numeric option of the table with a lower bound: sizes, counts, intervals.
-BOUNDED = sorted(name for name, param in infer_main.PARAMS.items()
+BOUNDED = sorted(name for name, param in config.PARAMS.items()
                  if isinstance(param.type, (click.IntRange, click.FloatRange)) and param.type.min is not None)
 
 
 def test_every_numeric_option_has_a_range():
-    numeric = [name for name, param in infer_main.PARAMS.items()
-               if isinstance(param.type, (click.types._NumberParamTypeBase, infer_main.NumberList))]
+    numeric = [name for name, param in config.PARAMS.items()
+               if isinstance(param.type, (click.types._NumberParamTypeBase, config.NumberList))]
     unbounded = [name for name in numeric if name not in BOUNDED and not isinstance(
-        infer_main.PARAMS[name].type, infer_main.NumberList)]
+        config.PARAMS[name].type, config.NumberList)]
     assert numeric and unbounded == []
 
 
 @pytest.mark.parametrize("key", BOUNDED)
 @pytest.mark.parametrize("where", ["command line", "yaml"])
 def test_zero_or_negative_sizes_counts_and_intervals_exit_2(tmp_path, key, where):
-    too_small = infer_main.PARAMS[key].type.min - 1
+    too_small = config.PARAMS[key].type.min - 1
     if where == "yaml":
         result, cfg = resolve(*BASE, config={key: too_small}, tmp_path=tmp_path)
         named = f"'{key}' in {tmp_path / 'job.yaml'}"
     else:
-        flag = infer_main.option_flag(key)
+        flag = config.option_flag(key)
         result, cfg = resolve(*BASE, f"{flag}={too_small}")
         named = f"'{flag}'"
     assert result.exit_code == 2, result.output
@@ -233,13 +233,13 @@ def test_zero_or_negative_sizes_counts_and_intervals_exit_2(tmp_path, key, where
 def test_help_shows_every_default_from_the_table_and_no_help_text_types_one():
     result = CliRunner().invoke(infer_main.main, ["--help"], terminal_width=400)
     assert result.exit_code == 0
-    assert not [name for name, param in infer_main.PARAMS.items() if "[default" in (param.help or "")]
+    assert not [name for name, param in config.PARAMS.items() if "[default" in (param.help or "")]
     for name in ("batch_size", "top_k", "max_image_pixels", "io_threads", "app_name"):
-        assert f"[default: {infer_main.DEFAULTS[name]}" in " ".join(result.output.split())
+        assert f"[default: {config.DEFAULTS[name]}" in " ".join(result.output.split())
 
 
 def test_the_job_and_the_library_share_their_defaults():
-    cfg = infer_main.resolve(infer_main.merge_settings({k[2:]: v for k, v in zip(BASE[::2], BASE[1::2])}, {}))
+    cfg = config.resolve(config.merge_settings({k[2:]: v for k, v in zip(BASE[::2], BASE[1::2])}, {}))
     assert cfg.preprocess == mxinfer.Preprocess()
     library = mxinfer.JobSpec(model=cfg.model, preprocess=mxinfer.Preprocess(), bucket="in")
     job = cfg.job_spec()
@@ -266,14 +266,14 @@ def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, 
 @pytest.mark.parametrize("value, keys, allowed", [("0", 100, 0), ("5", 10, 5), ("1%", 1000, 10), ("1%", 99, 0),
                                                    ("100%", 7, 7)])
 def test_allowed_errors(value, keys, allowed):
-    assert infer_main.allowed_errors(value, keys) == allowed
+    assert config.allowed_errors(value, keys) == allowed
 
 
 def test_spark_failure_reason_finds_the_python_error():
     text = ("An error occurred while calling o45.collect.\n: org.apache.spark.SparkException: Job aborted\n"
             "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
             "mxinfer.ModelError: weights missing\n\tat org.apache.spark.api.python.X\n")
-    assert infer_main.spark_failure_reason(RuntimeError(text)) == "mxinfer.ModelError: weights missing"
+    assert cluster.spark_failure_reason(RuntimeError(text)) == "mxinfer.ModelError: weights missing"
 
 
 # --- against the local S3 server, without Spark
@@ -382,12 +382,12 @@ def test_the_readme_options_table_shows_the_defaults_of_the_option_table():
         if line.startswith("| `--"):
             first, default = (cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip("|"))[:2])
             flag = re.match(r"`(--[\w-]+)", first).group(1)
-            keys = [k for k, param in infer_main.PARAMS.items() if flag in param.opts]
+            keys = [k for k, param in config.PARAMS.items() if flag in param.opts]
             if flag != "--config":  # the one option that is no setting
                 [key] = keys
                 shown[key] = default.strip("`")
-    with_defaults = {k for k, v in infer_main.DEFAULTS.items() if v not in (None, "")}
+    with_defaults = {k for k, v in config.DEFAULTS.items() if v not in (None, "")}
     assert with_defaults <= set(shown)
     for key in with_defaults:
-        assert infer_main.convert_option(key, shown[key], "README") == \
-            infer_main.convert_option(key, infer_main.DEFAULTS[key], "default"), key
+        assert config.convert_option(key, shown[key], "README") == \
+            config.convert_option(key, config.DEFAULTS[key], "default"), key

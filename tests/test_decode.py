@@ -8,6 +8,7 @@ import zlib
 from dataclasses import replace
 
 import numpy as np
+import PIL.Image
 import pytest
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -194,13 +195,13 @@ def test_a_large_jpeg_is_decoded_at_reduced_scale_close_to_the_exact_path(resize
     data = encode(real_photo(2.5), "JPEG", quality=90)  # 1600x1068: at least 2x of 448 for a 1/2 draft
     prep = replace(BIG, resize=resize)
     loaded = []
-    real_load = mxinfer.Image.Image.load
+    real_load = PIL.Image.Image.load
 
     def spy(self):
         loaded.append(self.size)
         return real_load(self)
 
-    monkeypatch.setattr(mxinfer.Image.Image, "load", spy)
+    monkeypatch.setattr(PIL.Image.Image, "load", spy)
     draft = mxinfer.decode_image(data, prep)
     assert loaded[0] == (800, 534)  # the JPEG decoder's 1/2 scale, not 1600x1068
     exact = mxinfer.decode_image(data, replace(prep, decode="exact"))

@@ -24,13 +24,12 @@ import pyspark
 import pytest
 from PIL import Image
 
-import durable
-import listing
 import mxinfer
 import utils
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import S3Proxy
+from mxjob import durable, listing
 from tests.conftest import ROOT, bucket_with_model, encode, spark_submit
 from tests.test_decode import png_declaring
 
@@ -120,7 +119,7 @@ def test_every_bad_object_is_one_error_line_and_its_batch_mates_are_unharmed(buc
         assert "predictions" not in rows[key]
         assert error["stage"] == stage, (key, error)
         assert kind in error["type"] and text in error["message"], (key, error)
-    assert stats["errors"] == {"download": 4, "decode": 5, "predict": 0}
+    assert stats.errors == {"download": 4, "decode": 5, "predict": 0}
     # The good images share batches with the bad ones yet get what they get alone.
     classifier = mxinfer.get_classifier(job.model, make_demo.INPUT_SHAPE, job.batch_size)
     for key in ("cases/good-1.jpg", "cases/good-2.png", "cases/anim.gif", "cases/grey16.png", "cases/cmyk.jpg"):
@@ -140,9 +139,9 @@ def test_a_task_reads_its_keys_and_sizes_from_the_runs_plan_and_writes_its_part(
     job = job_spec(moto_endpoint, demo_dir, output_bucket=BUCKET, parts_prefix=run.prefix,
                    plan_key=work.plan_key(run))
     [(index, count, blob, stats)] = mxinfer.score_partition(1, [run.spans[1]], job)
-    part = bucket.get_object(Bucket=BUCKET, Key=mxinfer.part_key(run.prefix, 1))["Body"].read()
+    part = bucket.get_object(Bucket=BUCKET, Key=durable.part_key(run.prefix, 1))["Body"].read()
     rows = [json.loads(line) for line in gzip.decompress(part).decode().splitlines()]
-    assert (index, count, blob, stats["keys"]) == (1, 2, None, 2)
+    assert (index, count, blob, stats.keys) == (1, 2, None, 2)
     assert [row["key"] for row in rows] == ["plan/c.png", "plan/d.png"]
     assert rows[0]["error"]["type"] == "ObjectTooLargeError" and "predictions" in rows[1]
     # The last, short batch holds the unicode key; every key of the plan is read back once, in order.
@@ -161,7 +160,7 @@ def test_without_a_listed_size_an_object_over_max_bytes_is_refused_from_its_cont
         "stage": "download", "type": "ObjectTooLargeError",
         "message": f"object is {len(objects['cases/huge.png'])} bytes, over max_object_bytes=200000"}
     assert rows["cases/good-1.jpg"]["predictions"]
-    assert stats["errors"] == {"download": 1, "decode": 0, "predict": 0}
+    assert stats.errors == {"download": 1, "decode": 0, "predict": 0}
 
 
 def test_animated_gif_is_scored_on_its_first_frame(bucket, moto_endpoint, demo_dir):
@@ -196,7 +195,7 @@ def test_cut_bodies_are_read_again(bucket, moto_endpoint, demo_dir):
         rows, stats = run_partition(job, [("cut/a.png", 1)])
     assert "predictions" in rows["cut/a.png"], rows
     assert proxy.counts["cut"] >= 1
-    assert stats["s3_retries"]["body"] + stats["s3_retries"]["request"] >= proxy.counts["cut"]
+    assert stats.s3_retries["body"] + stats.s3_retries["request"] >= proxy.counts["cut"]
 
 
 # --- Through spark-submit on local-cluster

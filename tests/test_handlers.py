@@ -21,6 +21,8 @@ from click.testing import CliRunner
 import infer_main
 import mxinfer
 from demo import make_demo
+from mxjob import config, driver
+from mxjob.handlers import get_handlers
 from tests.conftest import bucket_with_model, make_s3_client, spark_submit
 
 SHAPE = make_demo.INPUT_SHAPE
@@ -136,14 +138,14 @@ def test_load_handlers_refuses_what_cannot_serve(tmp_path, name, text, match):
 def test_a_handler_named_like_our_modules_is_shipped_under_a_name_of_its_own(tmp_path):
     # Spark's addFile puts the handler beside the --py-files: as utils.py it would clash with ours.
     write(tmp_path / "utils.py", "def output_handler(key, outputs):\n    return {}\n")
-    cfg = infer_main.resolve(infer_main.merge_settings({
+    cfg = config.resolve(config.merge_settings({
         "input": "s3://b/in/", "model": "s3://b/m", "output": "s3://b/o.jsonl", "handler": str(tmp_path / "utils.py")},
         {}))
-    prepared = infer_main.prepare_handler(cfg, client=None)
+    prepared = driver.prepare_handler(cfg, client=None)
     shipped = os.path.basename(prepared.handler_file)
     assert shipped == "mxinfer_handler_utils.py" and prepared.job_spec().handler == prepared.handler_file
-    assert shipped[:-3] not in {"utils", "mxinfer", "durable", "listing", "manifest", "infer_main"}
-    assert mxinfer.get_handlers(prepared.handler_file).output_handler is not None
+    assert shipped[:-3] not in {"utils", "mxinfer", "mxjob", "infer_main"}
+    assert get_handlers(prepared.handler_file).output_handler is not None
 
 
 def test_input_handler_output_is_converted_to_float32_and_its_shape_checked(tmp_path):

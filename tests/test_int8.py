@@ -12,6 +12,8 @@ from click.testing import CliRunner
 import infer_main
 import mxinfer
 from demo import make_demo
+from mxjob import config, driver, errors
+from mxjob.int8 import int8_excluded, weight_layers
 from tests.conftest import make_s3_client
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
@@ -19,14 +21,14 @@ BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 
 def test_samples_are_spread_over_the_listing_disjoint_and_the_same_every_time():
     images = [(f"k{i:03d}", 1) for i in range(100)]
-    calibration, held_out = infer_main.sample_keys(images, 10)
+    calibration, held_out = driver.sample_keys(images, 10)
     assert (len(calibration), len(held_out)) == (10, 10)
     assert not set(calibration) & set(held_out)
     assert calibration[0] == images[0] and held_out[-1][0] >= "k090"  # from the first key to the last tenth
-    assert infer_main.sample_keys(images, 10) == (calibration, held_out)
-    few_cal, few_held = infer_main.sample_keys(images[:5], 10)
+    assert driver.sample_keys(images, 10) == (calibration, held_out)
+    few_cal, few_held = driver.sample_keys(images[:5], 10)
     assert sorted(few_cal + few_held) == images[:5]
-    assert infer_main.sample_keys(images[:1], 10) == (images[:1], images[:1])
+    assert driver.sample_keys(images[:1], 10) == (images[:1], images[:1])
 
 
 def test_agreement_counts_top1_matches_and_the_largest_probability_difference():
@@ -42,12 +44,12 @@ def test_agreement_counts_top1_matches_and_the_largest_probability_difference():
 
 def test_int8_exclude_takes_names_and_patterns_and_names_the_layers_when_nothing_matches(logits_prefix):
     symbol_json = Path(f"{logits_prefix}-symbol.json").read_text()
-    layers = mxinfer.weight_layers(symbol_json)
+    layers = weight_layers(symbol_json)
     assert layers and all(name in symbol_json for name in layers)
-    assert mxinfer.int8_excluded(symbol_json, [layers[0], layers[0]]) == [layers[0]]
-    assert mxinfer.int8_excluded(symbol_json, ["*"]) == layers
+    assert int8_excluded(symbol_json, [layers[0], layers[0]]) == [layers[0]]
+    assert int8_excluded(symbol_json, ["*"]) == layers
     with pytest.raises(mxinfer.ModelError, match=f"names no convolution .* its layers are {layers[0]}"):
-        mxinfer.int8_excluded(symbol_json, ["no_such_layer"])
+        int8_excluded(symbol_json, ["no_such_layer"])
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -58,11 +60,11 @@ def test_int8_exclude_takes_names_and_patterns_and_names_the_layers_when_nothing
 ])
 def test_int8_options_are_checked(args, message):
     with pytest.raises(infer_main.click.UsageError, match=message):
-        infer_main.resolve(infer_main.merge_settings({**BASE, **args}, {}))
+        config.resolve(config.merge_settings({**BASE, **args}, {}))
 
 
 def test_int8_options_reach_the_config_and_the_executors():
-    cfg = infer_main.resolve(infer_main.merge_settings(
+    cfg = config.resolve(config.merge_settings(
         {**BASE, "precision": "int8", "calibration_images": 8, "min_agreement": 0.9, "int8_exclude": "a*,b"}, {}))
     assert (cfg.precision, cfg.calibration_images, cfg.min_agreement, cfg.int8_exclude) == ("int8", 8, 0.9, ("a*", "b"))
     assert cfg.job_spec().precision == "int8" and cfg.job_spec().model == cfg.model  # until the driver quantizes
@@ -75,7 +77,7 @@ def digit_arrays(count: int) -> np.ndarray:
 
 def test_the_quantized_checkpoint_is_int8_but_for_excluded_layers_and_ships_its_files(logits_prefix, tmp_path):
     spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix))
-    layers = mxinfer.weight_layers(Path(f"{logits_prefix}-symbol.json").read_text())
+    layers = weight_layers(Path(f"{logits_prefix}-symbol.json").read_text())
     arrays = digit_arrays(48)
     int8 = mxinfer.quantize_int8(spec, make_demo.INPUT_SHAPE, arrays[:24], str(tmp_path / "q"), [layers[-1]], 8)
     assert int8.shipped and int8.shipped_files() == [str(tmp_path / "q-symbol.json"), str(tmp_path / "q-0000.params")]
@@ -113,7 +115,7 @@ def real_world(moto_endpoint, tmp_path_factory):
 
 def test_int8_below_the_minimum_agreement_refuses_with_the_figures_and_what_to_try(real_world, s3):
     result = CliRunner().invoke(infer_main.main, real_world)
-    assert result.exit_code == infer_main.EXIT_FAILED, result.output
+    assert result.exit_code == errors.EXIT_FAILED, result.output
     assert "int8 agrees with fp32 on only" in result.output and "24 held-out images" in result.output
     assert "under --min-agreement 0.99" in result.output
     assert "--int8-exclude" in result.output and "--precision fp32" in result.output
@@ -147,7 +149,7 @@ def test_the_executors_score_with_the_drivers_int8_checkpoint(moto_endpoint, dem
     # The same documented sample, quantized here, gives the job's probabilities.
     by_key = dict(zip(keys, paths))
     listing = sorted((key, path.stat().st_size) for key, path in by_key.items())
-    calibration, _ = infer_main.sample_keys(listing, 6)
+    calibration, _ = driver.sample_keys(listing, 6)
     arrays = np.stack([mxinfer.decode_image(by_key[k].read_bytes(), make_demo.PREPROCESS) for k, _ in calibration])
     spec = mxinfer.ModelSpec.from_prefix(str(demo_dir / "model" / "digits"), labels_uri="")
     int8 = mxinfer.Classifier(mxinfer.quantize_int8(spec, make_demo.INPUT_SHAPE, arrays, str(tmp_path / "q")),
@@ -165,11 +167,11 @@ def test_a_model_that_cannot_be_quantized_fails_with_what_to_do(monkeypatch, log
     def broken(*args, **kwargs):
         raise RuntimeError("MXNetError: unsupported operator\nstack...")
 
-    monkeypatch.setattr(mxinfer, "quantize_int8", broken)
-    cfg = infer_main.resolve(infer_main.merge_settings(
+    monkeypatch.setattr(driver, "quantize_int8", broken)
+    cfg = config.resolve(config.merge_settings(
         {**BASE, "model": str(logits_prefix), "input_shape": "3,32,32", "precision": "int8"}, {}))
     classifier = mxinfer.Classifier(cfg.model, (3, 32, 32), 4)
-    monkeypatch.setattr(infer_main, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
-    with pytest.raises(infer_main.JobError, match=r"cannot quantize the model to int8: MXNetError: unsupported "
+    monkeypatch.setattr(driver, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
+    with pytest.raises(errors.JobError, match=r"cannot quantize the model to int8: MXNetError: unsupported "
                                                    r"operator; keep the layer .* --precision fp32"):
-        infer_main.prepare_precision(cfg, None, [(f"k{i}", 1) for i in range(8)], classifier)
+        driver.prepare_precision(cfg, None, [(f"k{i}", 1) for i in range(8)], classifier)

@@ -9,8 +9,8 @@ import botocore.exceptions
 import pyarrow as pa
 import pytest
 
-import listing
 import utils
+from mxjob import listing
 from tests.conftest import make_s3_client
 
 BUCKET = "listing-bucket"
@@ -115,7 +115,7 @@ def test_parallel_listing_calls_fan_out(bucket, moto_endpoint):
 
 
 def test_listing_logs_progress_every_n_keys(bucket, moto_endpoint, caplog):
-    with caplog.at_level(logging.INFO, logger="listing"):
+    with caplog.at_level(logging.INFO, logger=listing.__name__):
         listing.list_prefix(listing.list_client(moto_endpoint), BUCKET, "set/", 4, page_size=10, progress_every=50)
     progress = [r.getMessage() for r in caplog.records if "keys so far" in r.getMessage()]
     assert len(progress) >= 4 and all(f"listing s3://{BUCKET}/set/:" in line for line in progress)

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import infer_main
-import manifest
+from mxjob import manifest
 from tests.conftest import make_s3_client
 
 BUCKET = "manifest-images"

@@ -13,6 +13,7 @@ from PIL import Image
 
 import mxinfer
 from demo import make_demo
+from mxjob import partition, state
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -155,13 +156,13 @@ def test_model_summary_describes_the_model(logits_prefix):
 
 def test_get_classifier_loads_once_per_process_and_key(logits_prefix):
     spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix))
-    before = mxinfer.load_count
+    before = state.counters.model_loads
     first = mxinfer.get_classifier(spec, SHAPE, 3)
     second = mxinfer.get_classifier(spec, SHAPE, 3)
     assert first is second
-    assert mxinfer.load_count == before + 1
+    assert state.counters.model_loads == before + 1
     other = mxinfer.get_classifier(spec, SHAPE, 5)
-    assert other is not first and mxinfer.load_count == before + 2
+    assert other is not first and state.counters.model_loads == before + 2
 
 
 def test_empty_labels_uri_skips_the_synset_beside_the_model(logits_prefix):
@@ -193,13 +194,13 @@ def test_non_finite_scores_fail_their_row_and_a_failed_forward_fails_the_batch(t
     clf = mxinfer.Classifier(linear_model(tmp_path / "linear", shape), shape, batch_size=4)
     good = np.random.RandomState(1).rand(2, *shape).astype(np.float32)
     nan = np.full(shape, np.nan, np.float32)
-    lines = mxinfer.output_lines(clf, ["a", "b", "c"], [good[0], nan, good[1]], top_k=2)
+    lines = partition.output_lines(clf, ["a", "b", "c"], [good[0], nan, good[1]], top_k=2)
     assert [(key, failed) for key, _, failed in lines] == [("a", False), ("b", True), ("c", False)]
     assert json.loads(lines[1][1]) == {"key": "b", "error": {"stage": "predict", "type": "FloatingPointError",
                                                              "message": "model output is not finite"}}
     assert json.loads(lines[2][1])["predictions"] == clf.prediction_dicts(clf.probabilities(good[1:]), 2)[0]
     # Arrays the model cannot take fail every key of the forward pass, with the reason.
-    wrong = mxinfer.output_lines(clf, ["a", "b"], [np.zeros((3, 8, 8), np.float32)] * 2, top_k=2)
+    wrong = partition.output_lines(clf, ["a", "b"], [np.zeros((3, 8, 8), np.float32)] * 2, top_k=2)
     assert [failed for *_, failed in wrong] == [True, True]
     assert "expected shape" in json.loads(wrong[0][1])["error"]["message"]
 

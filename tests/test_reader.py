@@ -8,16 +8,18 @@ botocore's own ``get_object`` gives.
 from __future__ import annotations
 
 import base64
+import logging
 import zlib
+from types import SimpleNamespace
 
 import botocore.awsrequest
 import botocore.exceptions
 import pytest
 
-import infer_main
 import utils
 from demo.s3local import free_port
 from demo.s3proxy import S3Proxy
+from mxjob import config
 from tests.conftest import make_s3_client
 
 BUCKET = "reader-bucket"
@@ -38,9 +40,9 @@ def bucket(moto_endpoint):
 
 def fresh_reader(endpoint: str, max_attempts: int = 5) -> utils.ObjectReader:
     """A reader that has learned nothing yet (the cached one may have)."""
-    client = utils.s3_client(endpoint, max_attempts=max_attempts)
+    client, credentials = utils.cached_client(endpoint, None, max_attempts, 32)
     retry = lambda: utils.s3_client(endpoint, max_attempts=max_attempts - 1)  # noqa: E731
-    return utils.ObjectReader(client, utils._credentials[id(client)], max_attempts, retry)
+    return utils.ObjectReader(client, credentials, max_attempts, retry)
 
 
 def seen(proxy: S3Proxy) -> int:
@@ -136,13 +138,27 @@ def test_a_refused_connection_goes_to_botocore_too(bucket, moto_endpoint):
     assert stats.request_retries == 1
 
 
-def test_without_credentials_every_get_is_botocores(bucket, moto_endpoint):
+def test_without_credentials_every_get_is_botocores_and_the_fallback_is_logged_once(bucket, moto_endpoint, caplog):
     client = utils.s3_client(moto_endpoint)
-    reader = utils.ObjectReader(client, None, 5, lambda: client)
-    assert not reader.enabled
+    with caplog.at_level(logging.WARNING, logger="utils"):
+        reader = utils.ObjectReader(client, None, 5, lambda: client)
+    assert not reader.enabled and reader.unavailable() == "no credentials to sign with: unsigned access"
+    [warning] = [r.getMessage() for r in caplog.records if "--s3-reader lean is not available" in r.getMessage()]
+    assert "unsigned access" in warning and "botocore's get_object" in warning
     sent = botocore_sends(client)
     assert [reader.read(BUCKET, key) for key in ("r/a.jpg", "r/b.jpg")] == [BODIES["r/a.jpg"], BODIES["r/b.jpg"]]
     assert len(sent) == 2
+
+
+def test_a_client_without_botocores_http_session_falls_back_with_the_reason(moto_endpoint, caplog):
+    client, credentials = utils.cached_client(moto_endpoint, None, 5, 32)
+    bare = SimpleNamespace(meta=client.meta)  # as a botocore whose client has no _endpoint.http_session
+    with caplog.at_level(logging.WARNING, logger="utils"):
+        reader = utils.ObjectReader(bare, credentials, 5, lambda: client)
+    assert not reader.enabled and "http_session" in reader.unavailable()
+    assert any("http_session" in r.getMessage() for r in caplog.records)
+    turned_off = utils.ObjectReader(client, credentials, 5, lambda: client, lean=False)
+    assert not turned_off.enabled and turned_off.unavailable() is None  # off by choice: nothing to warn about
 
 
 def test_the_botocore_reader_sends_every_get_through_get_object(bucket, moto_endpoint):
@@ -158,8 +174,8 @@ def test_the_botocore_reader_sends_every_get_through_get_object(bucket, moto_end
 
 def test_s3_reader_option_reaches_the_executors_job_spec():
     base = {"input": "s3://b/in/", "model": "s3://b/m", "output": "s3://b/o.jsonl"}
-    assert infer_main.resolve(infer_main.merge_settings(base, {})).job_spec().s3_reader == "lean"
-    chosen = infer_main.resolve(infer_main.merge_settings({**base, "s3_reader": "botocore"}, {}))
+    assert config.resolve(config.merge_settings(base, {})).job_spec().s3_reader == "lean"
+    chosen = config.resolve(config.merge_settings({**base, "s3_reader": "botocore"}, {}))
     assert chosen.job_spec().s3_reader == "botocore"
 
 

@@ -24,13 +24,12 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-import durable
 import infer_main
-import listing
-import mxinfer
 import utils
 from demo import make_demo
 from demo.s3proxy import S3Proxy
+from mxjob import driver, durable, errors, listing, signals
+from mxjob.config import JobConfig, merge_settings, resolve
 from tests.conftest import bucket_with_model, make_s3_client, spark_submit, start_spark_submit
 
 BUCKET = "resume-bucket"
@@ -45,7 +44,7 @@ def write_run(work: durable.WorkPrefix, number: int, keys: list[str], batch: int
     run = work.start_run(number, keys, batch, None)
     for index in done:
         body = "".join(line(k, number) + "\n" for k in keys[index * batch:(index + 1) * batch])
-        work.client.put_object(Bucket=work.bucket, Key=mxinfer.part_key(run.prefix, index),
+        work.client.put_object(Bucket=work.bucket, Key=durable.part_key(run.prefix, index),
                                Body=gzip.compress(body.encode()))
 
 
@@ -134,7 +133,7 @@ def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, m
     work = durable.WorkPrefix(s3, BUCKET, "term/out.jsonl")
     keys = [f"k{i:03d}" for i in range(50)]
     write_run(work, 1, keys, 10, done=[0, 1, 2, 3, 4])
-    cfg = infer_main.resolve(infer_main.merge_settings(
+    cfg = resolve(merge_settings(
         {"input": f"s3://{BUCKET}/in/", "model": f"s3://{BUCKET}/m", "output": f"s3://{BUCKET}/term/out.jsonl"}, {}))
     writes = []
     real_write = durable.JsonLinesSink.write_lines
@@ -146,40 +145,40 @@ def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, m
 
     monkeypatch.setattr(durable.JsonLinesSink, "write_lines", write_then_signal)
     monkeypatch.setattr(durable, "assemble", lambda w, runs, k, sink, **_: [sink.write_lines([line(x)]) for x in k])
-    previous = signal.signal(signal.SIGTERM, infer_main._raise_interrupted)
+    previous = signal.signal(signal.SIGTERM, signals.raise_interrupted)
     try:
-        with pytest.raises(infer_main.Interrupted, match="SIGTERM"):
-            infer_main.assemble_output(cfg, s3, work, [(k, 1) for k in keys])
+        with pytest.raises(signals.Interrupted, match="SIGTERM"):
+            driver.assemble_output(cfg, s3, work, [(k, 1) for k in keys])
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        infer_main._signals_received.clear()
+        signals.received.clear()
     assert writes == [1]  # the upload was open and had data when the signal came
     assert open_uploads(s3) == [] and not utils.object_exists(s3, BUCKET, "term/out.jsonl")
     assert sorted(work.runs()[0].done) == [0, 1, 2, 3, 4]
 
 
-def config(output_key: str, *args: str) -> infer_main.JobConfig:
+def config(output_key: str, *args: str) -> JobConfig:
     options = {"input": f"s3://{BUCKET}/in/", "model": f"s3://{BUCKET}/m", "output": f"s3://{BUCKET}/{output_key}"}
     for flag in args:
         options[flag.lstrip("-")] = True
-    return infer_main.resolve(infer_main.merge_settings(options, {}))
+    return resolve(merge_settings(options, {}))
 
 
 def test_an_existing_output_is_refused_and_left_untouched_unless_overwrite(s3):
     s3.put_object(Bucket=BUCKET, Key="done/out.jsonl", Body=b"yesterday's results\n")
     work = durable.WorkPrefix(s3, BUCKET, "done/out.jsonl")
     images = listing.Listing.build(BUCKET, ["in/a.jpg"], [1])
-    with pytest.raises(infer_main.JobError, match=r"s3://resume-bucket/done/out.jsonl \(or its summary\) already "
+    with pytest.raises(errors.JobError, match=r"s3://resume-bucket/done/out.jsonl \(or its summary\) already "
                                                   r"exists; add --overwrite to replace it"):
-        infer_main.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
+        driver.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
     assert read(s3, "done/out.jsonl") == b"yesterday's results\n" and not work.exists()
-    plan = infer_main.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
+    plan = driver.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
     assert plan.todo is images and work.read_job()["fingerprint"] == {"top_k": 2}
     # --resume of a finished output (no work prefix left) has nothing to do.
     work.remove()
-    with pytest.raises(infer_main.Completed):
-        infer_main.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
+    with pytest.raises(driver.Completed):
+        driver.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
 
 
 def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, monkeypatch):
@@ -187,24 +186,24 @@ def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, mon
     keys = ["a", "b", "c", "d"]
     work.write_job({"top_k": 2}, "s3://resume-bucket/yarn/out.jsonl")
     run = work.start_run(1, keys, 2, "application_1700000000000_0007")
-    s3.put_object(Bucket=BUCKET, Key=mxinfer.part_key(run.prefix, 0), Body=gzip.compress(b""))
+    s3.put_object(Bucket=BUCKET, Key=durable.part_key(run.prefix, 0), Body=gzip.compress(b""))
     images = listing.Listing.build(BUCKET, keys, [1] * len(keys))
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0007_02_000001")
-    plan = infer_main.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+    plan = driver.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
     assert plan.resumed and [k for k, _ in plan.todo] == ["c", "d"] and plan.number == 2
     # Attempt 2 of another application never takes this work over.
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0008_02_000001")
-    with pytest.raises(infer_main.JobError, match="holds an earlier run's progress"):
-        infer_main.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+    with pytest.raises(errors.JobError, match="holds an earlier run's progress"):
+        driver.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
 
 
 def test_yarn_attempt_is_read_from_the_container_id(monkeypatch):
     monkeypatch.setenv("CONTAINER_ID", "container_e17_1410901177871_0031_02_000001")
-    assert infer_main.yarn_attempt() == ("application_1410901177871_0031", 2)
+    assert driver.yarn_attempt() == ("application_1410901177871_0031", 2)
     monkeypatch.setenv("CONTAINER_ID", "container_1410901177871_0031_01_000001")
-    assert infer_main.yarn_attempt() == ("application_1410901177871_0031", 1)
+    assert driver.yarn_attempt() == ("application_1410901177871_0031", 1)
     monkeypatch.delenv("CONTAINER_ID")
-    assert infer_main.yarn_attempt() == (None, 1)
+    assert driver.yarn_attempt() == (None, 1)
 
 
 def test_resume_command_adds_resume_and_drops_overwrite():
@@ -390,7 +389,7 @@ def test_the_same_undecodable_image_gives_the_same_error_line_in_every_run():
         try:
             Image.open(io.BytesIO(b"<html>no</html>"))
         except Exception as exc:  # noqa: BLE001 - whatever Pillow raises is the line's content
-            return mxinfer.error_line("k.jpg", "decode", exc)
+            return errors.error_line("k.jpg", "decode", exc)
         raise AssertionError("Pillow opened HTML")
 
     first, second = failure(), failure()

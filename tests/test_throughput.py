@@ -6,14 +6,15 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
-import durable
-import infer_main
-import listing
 import mxinfer
+from mxjob import cluster, config, durable, listing, partition, state, worker
+from mxjob.stats import StatsAccumulator, StatsFold, TaskStats
+from mxjob.summary import summarize, thread_fit
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 
@@ -29,32 +30,32 @@ def test_the_module_is_bound_at_the_micro_batch_never_above_the_batch(batch, mic
 
 
 def test_micro_batch_and_threads_reach_the_executors_from_the_options():
-    cfg = infer_main.resolve(infer_main.merge_settings({**BASE, "micro_batch_size": 8, "threads": 4}, {}))
+    cfg = config.resolve(config.merge_settings({**BASE, "micro_batch_size": 8, "threads": 4}, {}))
     spec = cfg.job_spec()
     assert (spec.micro_batch_size, spec.threads, spec.forward_batch) == (8, 4, 8)
-    defaults = infer_main.resolve(infer_main.merge_settings(BASE, {})).job_spec()
+    defaults = config.resolve(config.merge_settings(BASE, {})).job_spec()
     assert (defaults.micro_batch_size, defaults.threads, defaults.io_threads) == (16, None, 16)
 
 
 def test_threads_option_beats_the_environment_which_beats_task_cpus_which_beats_cpu_count(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    monkeypatch.setattr(mxinfer, "_spark_task", lambda: SimpleNamespace(cpus=lambda: 6))
-    assert mxinfer.worker_threads(5) == 5
-    assert mxinfer.worker_threads(None) == 3
+    monkeypatch.setattr(state, "spark_task", lambda: SimpleNamespace(cpus=lambda: 6))
+    assert worker.worker_threads(5) == 5
+    assert worker.worker_threads(None) == 3
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert mxinfer.worker_threads(None) == 6
-    monkeypatch.setattr(mxinfer, "_spark_task", lambda: SimpleNamespace(cpus=lambda: 1))
-    monkeypatch.setattr(mxinfer.os, "cpu_count", lambda: 12)
-    assert mxinfer.worker_threads(None) == 12
-    monkeypatch.setattr(mxinfer, "_spark_task", lambda: None)
-    assert mxinfer.worker_threads(None) == 12
+    assert worker.worker_threads(None) == 6
+    monkeypatch.setattr(state, "spark_task", lambda: SimpleNamespace(cpus=lambda: 1))
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: 12)
+    assert worker.worker_threads(None) == 12
+    monkeypatch.setattr(state, "spark_task", lambda: None)
+    assert worker.worker_threads(None) == 12
 
 
 def test_thread_env_sets_openmp_and_keeps_an_explicit_worker_thread_count(monkeypatch):
     monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
-    assert mxinfer.thread_env(8) == {"OMP_NUM_THREADS": "8", "MXNET_CPU_WORKER_NTHREADS": "1"}
+    assert worker.thread_env(8) == {"OMP_NUM_THREADS": "8", "MXNET_CPU_WORKER_NTHREADS": "1"}
     monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "8")
-    assert mxinfer.thread_env(8)["MXNET_CPU_WORKER_NTHREADS"] == "8"
+    assert worker.thread_env(8)["MXNET_CPU_WORKER_NTHREADS"] == "8"
 
 
 def test_prefetch_starts_on_the_call_keeps_order_and_bounds_what_is_in_flight():
@@ -74,30 +75,30 @@ def test_prefetch_starts_on_the_call_keeps_order_and_bounds_what_is_in_flight():
 
     items = [(f"k{i:02d}", i) for i in range(20)]
     with ThreadPoolExecutor(8) as pool:
-        results = mxinfer._prefetched(items, work, pool, window=4)
+        results = partition._prefetched(items, work, pool, window=4)
         time.sleep(0.1)
         assert sorted(started) == ["k00", "k01", "k02", "k03"]  # submitted before the first next()
         assert list(results) == [key for key, _ in items]
     assert most[0] <= 4
 
 
-def task_stats(worker: str, n: int, started: float, rss: int, keys: int = 64) -> dict:
-    return {"partition": n, "executor": "host/1", "worker_pid": worker, "attempt": 0, "keys": keys,
-            "errors": {"download": 0, "decode": 0, "predict": 0},
-            "seconds": {"download": 1.0, "decode": 0.5, "forward": 2.0, "wait": 0.1, "task": 1.0, "cpu": 1.5},
-            "s3_retries": {"request": 0, "body": 0}, "model_loads": 1, "started": started,
-            "ended": started + 1.0, "threads": 2, "worker_task": n, "memory": {"rss": rss, "max_rss": rss + 5}}
+def task_stats(worker: str, n: int, started: float, rss: int, keys: int = 64) -> TaskStats:
+    return TaskStats(partition=n, executor="host/1", worker_pid=worker, attempt=0, keys=keys,
+                     errors={"download": 0, "decode": 0, "predict": 0},
+                     seconds={"download": 1.0, "decode": 0.5, "forward": 2.0, "wait": 0.1, "task": 1.0, "cpu": 1.5},
+                     s3_retries={"request": 0, "body": 0}, model_loads=1, started=started,
+                     ended=started + 1.0, threads=2, worker_task=n, memory={"rss": rss, "max_rss": rss + 5})
 
 
 def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_task():
-    cfg = infer_main.resolve(infer_main.merge_settings(BASE, {}))
+    cfg = config.resolve(config.merge_settings(BASE, {}))
     # One worker, 200 tasks of 1 s with 0.1 s between them; RSS grows by 1 byte per task.
     stats = [task_stats("7", n, 1000.0 + (n - 1) * 1.1, 500 + n) for n in range(1, 201)]
     keys = listing.Listing.build("b", [f"k{i}" for i in range(200 * 64)])
-    plan = infer_main.Plan(runs=[], todo=keys, number=1, resumed=False)
+    plan = durable.Plan(runs=[], todo=keys, number=1, resumed=False)
     counts = durable.AssemblyCounts(predicted=12800, failed=0)
     stats.reverse()  # order must not matter
-    summary = infer_main.summarize(cfg, 200 * 64, 200, stats, counts, 300.0, {}, {"assembly": 0.5}, plan, {})
+    summary = summarize(cfg, 200 * 64, 200, StatsFold.of(stats), counts, 300.0, {}, {"assembly": 0.5}, plan, {})
     window = 199 * 1.1 + 1.0
     assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
     assert summary["tasks"]["images_per_second"] == pytest.approx(12800 / window, rel=1e-3)
@@ -114,21 +115,21 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
 
 
 def test_stats_folded_per_task_in_any_order_and_grouping_give_the_same_summary():
-    cfg = infer_main.resolve(infer_main.merge_settings(BASE, {}))
+    cfg = config.resolve(config.merge_settings(BASE, {}))
     stats = [task_stats(worker, n, 1000.0 + (n - 1) * 1.1 + int(worker), 500 + n)
              for worker in ("7", "8") for n in range(1, 31)]
-    stats[5]["attempt"] = 1
-    stats[7]["errors"] = {"download": 1, "decode": 2, "predict": 0}
-    plan = infer_main.Plan(runs=[], todo=listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)]), number=1,
+    stats[5].attempt = 1
+    stats[7].errors = {"download": 1, "decode": 2, "predict": 0}
+    plan = durable.Plan(runs=[], todo=listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)]), number=1,
                            resumed=False)
     counts = durable.AssemblyCounts(predicted=3840, failed=3)
-    whole = infer_main.summarize(cfg, 3840, 60, stats, counts, 100.0, {}, {}, plan, {})
+    whole = summarize(cfg, 3840, 60, StatsFold.of(stats), counts, 100.0, {}, {}, plan, {})
     # As Spark's accumulator sees them: each task's own fold, merged as tasks end, in any order.
     random.Random(3).shuffle(stats)
-    merged = mxinfer.StatsFold()
+    merged = StatsFold()
     for start in range(0, len(stats), 7):
-        merged = mxinfer.StatsAccumulator().addInPlace(merged, mxinfer.StatsFold.of(stats[start:start + 7]))
-    folded = infer_main.summarize(cfg, 3840, 60, merged, counts, 100.0, {}, {}, plan, {})
+        merged = StatsAccumulator().addInPlace(merged, StatsFold.of(stats[start:start + 7]))
+    folded = summarize(cfg, 3840, 60, merged, counts, 100.0, {}, {}, plan, {})
     for summary in (whole, folded):
         summary.pop("driver_max_rss_bytes")
     assert folded == whole
@@ -139,25 +140,25 @@ def test_stats_folded_per_task_in_any_order_and_grouping_give_the_same_summary()
 
 def test_spark_implicit_omp_is_ignored_and_the_host_cores_are_shared_among_its_executors(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Spark sets for spark.executor.cores=1
-    monkeypatch.setattr(mxinfer.os, "cpu_count", lambda: 36)
-    monkeypatch.setattr(mxinfer, "host_names", lambda: ["node-a", "10.0.0.1"])
-    one_each = mxinfer.ThreadPlan(executors_by_host=(("node-a", 1), ("node-b", 1)))
-    assert mxinfer.worker_threads(None, one_each) == 36
-    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("10.0.0.1", 4),))) == 9
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: 36)
+    monkeypatch.setattr(worker, "host_names", lambda: ["node-a", "10.0.0.1"])
+    one_each = worker.ThreadPlan(executors_by_host=(("node-a", 1), ("node-b", 1)))
+    assert worker.worker_threads(None, one_each) == 36
+    assert worker.worker_threads(None, worker.ThreadPlan(executors_by_host=(("10.0.0.1", 4),))) == 9
     # Not listed under any of its names: the busiest host's share, never more threads than cores.
-    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("x", 2), ("y", 3)))) == 12
-    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(executors_by_host=(("node-a", 2),),
+    assert worker.worker_threads(None, worker.ThreadPlan(executors_by_host=(("x", 2), ("y", 3)))) == 12
+    assert worker.worker_threads(None, worker.ThreadPlan(executors_by_host=(("node-a", 2),),
                                                            tasks_per_executor=2)) == 9
-    assert mxinfer.worker_threads(None, mxinfer.ThreadPlan(omp_from_user=True)) == 1
-    assert mxinfer.worker_threads(3, one_each) == 3
+    assert worker.worker_threads(None, worker.ThreadPlan(omp_from_user=True)) == 1
+    assert worker.worker_threads(3, one_each) == 3
 
 
 def test_plan_threads_counts_executors_per_host_and_tells_a_user_omp_setting_apart():
     conf = {"spark.master": "yarn", "spark.executor.cores": "4", "spark.task.cpus": "2"}
-    plan = infer_main.plan_threads(conf, ["b", "a", "b"])
-    assert plan == mxinfer.ThreadPlan(False, (("a", 1), ("b", 2)), 2)
-    assert infer_main.plan_threads({**conf, "spark.executorEnv.OMP_NUM_THREADS": "8"}, ["a"]).omp_from_user
-    assert infer_main.plan_threads({"spark.master": "local-cluster[2,1,1024]"}, []).tasks_per_executor == 1
+    plan = cluster.plan_threads(conf, ["b", "a", "b"])
+    assert plan == worker.ThreadPlan(False, (("a", 1), ("b", 2)), 2)
+    assert cluster.plan_threads({**conf, "spark.executorEnv.OMP_NUM_THREADS": "8"}, ["a"]).omp_from_user
+    assert cluster.plan_threads({"spark.master": "local-cluster[2,1,1024]"}, []).tasks_per_executor == 1
 
 
 @pytest.mark.parametrize(("conf", "wanted"), [
@@ -167,16 +168,16 @@ def test_plan_threads_counts_executors_per_host_and_tells_a_user_omp_setting_apa
     ({"spark.master": "yarn"}, None),
 ])
 def test_expected_executors_from_the_master_or_the_instances(conf, wanted):
-    assert infer_main.expected_executors(conf) == wanted
+    assert cluster.expected_executors(conf) == wanted
 
 
 def test_thread_fit_warns_when_threads_times_executors_differ_from_the_host_cores():
     def stat(executor, threads, cores, planned=None):
-        return {**task_stats("1", 1, 1000.0, 1), "executor": executor, "threads": threads,
-                "host": {"cores": cores, "workers": planned}}
+        return replace(task_stats("1", 1, 1000.0, 1), executor=executor, threads=threads,
+                       host={"cores": cores, "workers": planned})
 
-    fit = infer_main.thread_fit([stat("a/1", 2, 4), stat("a/2", 2, 4), stat("b/1", 1, 4), stat("c/1", 8, 4),
-                                 stat("b/1", 1, 4), stat("d/1", 2, 4, planned=2)])
+    fit = thread_fit(StatsFold.of([stat("a/1", 2, 4), stat("a/2", 2, 4), stat("b/1", 1, 4), stat("c/1", 8, 4),
+                                   stat("b/1", 1, 4), stat("d/1", 2, 4, planned=2)]))
     assert fit["hosts"] == {"a": {"cores": 4, "executors": 2, "threads": 4},
                             "b": {"cores": 4, "executors": 1, "threads": 1},
                             "c": {"cores": 4, "executors": 1, "threads": 8},
@@ -211,11 +212,11 @@ class FakeSparkContext:
 def test_thread_plan_waits_for_the_expected_executors_and_leaves_out_the_driver():
     sc = FakeSparkContext({"spark.master": "local-cluster[2,1,1024]"},
                           [[], [("127.0.0.1", 5)], [("127.0.0.1", 5), ("127.0.0.1", 6)]])
-    plan = infer_main.thread_plan(sc, wait_seconds=5)
+    plan = cluster.thread_plan(sc, wait_seconds=5)
     assert plan.executors_by_host == (("127.0.0.1", 2),) and sc.calls == 3
 
 
 def test_thread_plan_gives_up_on_a_broken_executor_list_and_workers_fall_back():
     sc = FakeSparkContext({"spark.master": "yarn"}, [[]])
     sc._jsc = SimpleNamespace(sc=lambda: (_ for _ in ()).throw(RuntimeError("no such method")))
-    assert infer_main.thread_plan(sc, wait_seconds=0.1) is None
+    assert cluster.thread_plan(sc, wait_seconds=0.1) is None

@@ -18,6 +18,7 @@ import pytest
 import mxinfer
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
+from mxjob import state, udf
 from tests.conftest import ROOT
 
 SHAPE = make_demo.INPUT_SHAPE
@@ -53,12 +54,12 @@ def test_score_images_matches_classify_images_with_per_row_errors(logits_prefix)
 
 
 def test_udf_worker_loads_the_model_once_for_all_its_batches(logits_prefix):
-    spec = mxinfer.UdfSpec(mxinfer.ModelSpec.from_prefix(str(logits_prefix)), make_demo.PREPROCESS,
+    spec = udf.UdfSpec(mxinfer.ModelSpec.from_prefix(str(logits_prefix)), make_demo.PREPROCESS,
                            batch_size=7, top_k=2)  # a batch size no other test binds: a fresh cache entry
-    before = mxinfer.load_count
+    before = state.counters.model_loads
     pngs = digit_pngs(5)
-    frames = list(mxinfer._udf_batches(iter([pd.Series(pngs[:3]), pd.Series(pngs[3:])]), spec))
-    assert mxinfer.load_count == before + 1
+    frames = list(udf._udf_batches(iter([pd.Series(pngs[:3]), pd.Series(pngs[3:])]), spec))
+    assert state.counters.model_loads == before + 1
     assert [len(f) for f in frames] == [3, 2] and list(frames[0].columns) == ["predictions", "error"]
     assert frames[1]["predictions"][0][0]["class_id"] == reference(logits_prefix, pngs[3:4], 1)[0][0][0]
 

@@ -1,6 +1,6 @@
 """Score a folder of PNGs with ``mxinfer.model_udf`` on Spark; ``tests/test_udf.py`` spark-submits it::
 
-    spark-submit --py-files utils.py,mxinfer.py tests/udf_job.py IMAGES_DIR MODEL_PREFIX OUT.json
+    spark-submit --py-files dist/mxinfer_job.zip tests/udf_job.py IMAGES_DIR MODEL_PREFIX OUT.json
 
 Writes ``{path: {"predictions": [...], "error": ...}}`` for every image, plus a
 row whose content is null under the path ``"null"``.

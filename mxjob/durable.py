@@ -1,7 +1,7 @@
 """Durable progress: the work prefix beside the output, ``--resume``, and the final assembly.
 
 A run never holds its results in the driver. Each executor writes its batch's
-lines to S3 as soon as it has scored them (``mxinfer.score_partition``), under
+lines to S3 as soon as it has scored them (``mxjob.partition.score_partition``), under
 a *work prefix* that belongs to the output object::
 
     OUTPUT.parts/job.json                        what every line depends on (the fingerprint)
@@ -43,9 +43,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-import listing
-import mxinfer
 import utils
+from mxjob import listing
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +63,15 @@ _PART = re.compile(r"part-(\d{8})\.jsonl\.gz$")
 #: read without parsing the rest of the line.
 _KEY_START = '{"key": "'
 _ERROR_AFTER_KEY = ', "error": {"stage": '
+
+
+def part_key(parts_prefix: str, index: int) -> str:
+    """The S3 key of batch ``index``'s lines under a run's ``parts_prefix``.
+
+    A batch always writes the same key, so a retried or speculative task
+    replaces the object (S3 PUTs are atomic) instead of adding a second copy.
+    """
+    return f"{parts_prefix}part-{index:08d}.jsonl.gz"
 
 
 class ResumeError(Exception):
@@ -123,6 +131,16 @@ class Run:
     done: frozenset = field(default_factory=frozenset)
     #: ``(offset, length)`` of each batch in the run's plan; known to the run that wrote it only.
     spans: tuple = ()
+
+
+@dataclass
+class Plan:
+    """What this run does: the earlier runs it reuses and the keys it scores (a :class:`listing.Listing`)."""
+
+    runs: list
+    todo: listing.Listing
+    number: int
+    resumed: bool
 
 
 class WorkPrefix:
@@ -276,7 +294,7 @@ def _run_lines(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int
                counts: AssemblyCounts, reader=None) -> Iterator[tuple[str, int, str]]:
     """``(key, end_of_key, line)`` of every durable line of ``run``, in key order (batch by batch)."""
     def fetch(index: int) -> bytes:
-        key = mxinfer.part_key(run.prefix, index)
+        key = part_key(run.prefix, index)
         if reader is not None:
             return reader.read(work.bucket, key)
         return utils.read_object(work.client, work.bucket, key)

@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 import utils
-from listing import KEY_TYPE, Listing
+from mxjob.errors import first_line
+from mxjob.listing import KEY_TYPE, Listing
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +132,6 @@ def _download(client, bucket: str, key: str, path: str, what: str) -> None:
         client.download_file(bucket, key, path)  # streams to disk: a manifest can be gigabytes
     except Exception as exc:  # botocore: missing, denied, unreachable; each stops the job
         raise ManifestError(f"cannot read {what} (s3://{bucket}/{key}): {first_line(exc)}") from exc
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 # ----------------------------------------------------------------------------

@@ -1,0 +1,171 @@
+"""The Spark side of the driver: the job over the run's batches, executors' threads, progress lines."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import signal
+import threading
+import time
+from dataclasses import replace
+
+from mxjob import durable, signals
+from mxjob.config import JobConfig
+from mxjob.errors import JobError, first_line
+from mxjob.partition import score_into
+from mxjob.stats import StatsAccumulator, StatsFold
+from mxjob.worker import ThreadPlan
+
+log = logging.getLogger(__name__)
+
+
+def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict | None = None) -> StatsFold:
+    """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded.
+
+    Each partition holds one ``(offset, length)`` span of the run's plan
+    (``plan_key``): the task reads its keys from there and writes its lines
+    under the run's prefix (:func:`part_key`). The keys never pass
+    through Py4J, and nothing but an accumulator of stats comes back here.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    conf = SparkConf().setAppName(cfg.app_name)
+    for key, value in (spark_conf or {}).items():
+        conf.set(key, value)
+    sc = SparkContext.getOrCreate(conf)
+    main_thread = threading.current_thread() is threading.main_thread()
+    if signal.getsignal(signal.SIGTERM) is signals.raise_interrupted and main_thread:
+        # PySpark's SparkContext puts its own SIGINT handler in (cancel the jobs, then
+        # KeyboardInterrupt, with Py4J's stacks): Ctrl-C must end as SIGTERM does.
+        signal.signal(signal.SIGINT, signals.raise_interrupted)
+    sc.setLogLevel("WARN")
+    log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, run.batches)
+    rdd = sc.parallelize(run.spans, run.batches)
+    job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=run.prefix, plan_key=plan_key,
+                  thread_plan=thread_plan(sc))
+    if job.handler:
+        sc.addFile(job.handler)  # executors load their copy by name (get_handlers)
+    for path in job.model.shipped_files():  # the int8 checkpoint: read by name (ModelSpec.read)
+        sc.addFile(path)
+    stats = sc.accumulator(StatsFold(), StatsAccumulator())
+    score = functools.partial(score_into, job=job, stats=stats)
+    stop = threading.Event()
+    reporter = threading.Thread(target=_report_progress, args=(stats, run.batches, run.keys, cfg.progress_seconds,
+                                                                 stop), daemon=True)
+    reporter.start()
+    try:
+        rdd.mapPartitionsWithIndex(score).sum()
+        return stats.value
+    except Exception as exc:
+        raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
+    finally:
+        stop.set()
+        # Release the executors before the assembly rather than letting the
+        # JVM's shutdown race them. After a signal the JVM may be gone already.
+        try:
+            sc.stop()
+        except Exception as exc:  # noqa: BLE001 - nothing left to stop
+            log.debug("stopping Spark: %s", exc)
+
+
+def expected_executors(conf: dict) -> int | None:
+    """Executors the cluster will start: ``local-cluster[N,...]``'s N, else ``spark.executor.instances``.
+
+    ``None`` with dynamic allocation, or when nothing says (standalone, Kubernetes).
+    """
+    master = conf.get("spark.master", "")
+    if master.startswith("local-cluster["):
+        return int(master[len("local-cluster["):].split(",")[0])
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        return None
+    instances = conf.get("spark.executor.instances")
+    return int(instances) if instances and str(instances).isdigit() else None
+
+
+def executor_hosts(sc) -> list[str]:
+    """The host of each registered executor (not the driver), from the SparkContext's JVM."""
+    jsc = sc._jsc.sc()
+    driver = jsc.env().blockManager().blockManagerId()
+    return [info.host() for info in jsc.statusTracker().getExecutorInfos()
+            if (info.host(), info.port()) != (driver.host(), driver.port())]
+
+
+def thread_plan(sc, wait_seconds: float = 30.0) -> ThreadPlan | None:
+    """What the workers need to size their threads (:func:`worker_threads`).
+
+    Executors register a few seconds after the SparkContext starts; this waits
+    (up to ``wait_seconds``) for the expected number, or for the first one if
+    the number is unknown, so two executors on one host do not both take
+    every core.
+    """
+    conf = dict(sc.getConf().getAll())
+    wanted = expected_executors(conf)
+    deadline = time.monotonic() + wait_seconds
+    try:
+        hosts = executor_hosts(sc)
+        while len(hosts) < (wanted or 1) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            hosts = executor_hosts(sc)
+    except Exception as exc:  # noqa: BLE001 - a JVM API that changed must not stop the job
+        log.warning("cannot list the executors (%s); workers size their threads without them: set --threads "
+                    "if the summary warns", first_line(exc))
+        return None
+    return plan_threads(conf, hosts)
+
+
+def plan_threads(conf: dict, hosts: list[str]) -> ThreadPlan:
+    """The :class:`ThreadPlan` for a Spark conf and the executors' hosts (pure)."""
+    master = conf.get("spark.master", "")
+    cores = conf.get("spark.executor.cores")
+    if cores is None and master.startswith("local-cluster["):
+        cores = master[len("local-cluster["):].split(",")[1]
+    tasks = max(1, int(cores or 1) // max(1, int(conf.get("spark.task.cpus", 1))))
+    counts: dict[str, int] = {}
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    return ThreadPlan(omp_from_user="spark.executorEnv.OMP_NUM_THREADS" in conf,
+                              executors_by_host=tuple(sorted(counts.items())), tasks_per_executor=tasks)
+
+
+def _report_progress(stats, batches: int, images: int, every: float, stop: threading.Event) -> None:
+    """Log done/total batches, images/s (last interval and overall), failed images and an ETA while the job runs.
+
+    ``stats`` is the job's accumulator: Spark merges each task's stats into it as the task ends.
+    """
+    started = last_time = time.time()
+    last_keys = 0
+    while not stop.wait(every):
+        fold = stats.value
+        done, keys, failed = fold.tasks, fold.keys, sum(fold.errors.values())
+        now = time.time()
+        if not done:
+            continue
+        recent = (keys - last_keys) / (now - last_time)
+        overall = keys / (now - started)
+        # The recent rate is the steady one once the workers have loaded the model.
+        rate = recent if recent > 0 else overall
+        left = (images - keys) / rate if rate > 0 else float("nan")
+        log.info("progress: %d of %d batches done (%.0f%%), %d of %d images, %d failed; %.1f images/s in the "
+                 "last %.0f s, %.1f overall; about %s left", done, batches, 100.0 * done / batches, keys, images,
+                 failed, recent, now - last_time, overall, _duration(left))
+        last_time, last_keys = now, keys
+
+
+def _duration(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "an unknown time"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def spark_failure_reason(exc: BaseException) -> str:
+    """The Python exception line inside a Py4J error, not 200 lines of JVM stack."""
+    text = str(exc)
+    python_lines = [line.strip() for line in text.splitlines()
+                    if line.strip() and ("Error:" in line or "Exception:" in line)
+                    and not line.strip().startswith(("at ", "py4j", "org.apache", "Caused by: org.apache"))]
+    if python_lines:
+        return python_lines[-1][:1000]
+    return first_line(exc)[:1000]

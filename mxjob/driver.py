@@ -1,0 +1,501 @@
+"""One run on the driver, from listing to summary: :func:`run_job` and its steps.
+
+List (or read the manifest), check the model and the handler on the driver,
+quantize for ``--precision int8``, decide between a fresh run and a resume
+(:func:`plan_output`), run the batches on Spark (:mod:`mxjob.cluster`),
+assemble the durable lines into the output (:mod:`mxjob.durable`), write the
+summary (:mod:`mxjob.summary`). ``--dry-run`` makes every check and scores
+one image instead of starting Spark (:func:`dry_run`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+
+import click
+import numpy as np
+
+import utils
+from mxjob import durable, listing, manifest
+from mxjob.cluster import run_spark
+from mxjob.config import JobConfig, allowed_errors
+from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
+from mxjob.handlers import HandlerError, get_handlers, model_class
+from mxjob.int8 import agreement, int8_excluded, quantize_int8, weight_layers
+from mxjob.model import Classifier, ModelError, Predictor
+from mxjob.partition import score_partition
+from mxjob.preprocess import decode_image
+from mxjob.signals import Interrupted
+from mxjob.stats import StatsFold
+from mxjob.summary import summarize
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------
+# Listing
+
+
+def list_images(client, cfg: JobConfig) -> listing.Listing:
+    """Every image key of the input with its size, sorted, limited: a compact :class:`listing.Listing`.
+
+    The keys under the input prefix, listed with ``--list-concurrency`` calls
+    in flight, or those ``--input-manifest`` names (``client`` reads it). The
+    listing's ``bucket`` is the one to read the images from.
+    """
+    if cfg.input_manifest:
+        try:
+            return manifest.read_manifest(cfg.input_manifest, client, bucket=cfg.input_bucket,
+                                          prefix=cfg.input_prefix, suffixes=cfg.suffixes, limit=cfg.limit)
+        except manifest.ManifestError as exc:
+            raise JobError(str(exc)) from exc
+        except OSError as exc:  # unreadable file, full disk for the downloaded copy
+            raise JobError(f"cannot read --input-manifest {cfg.input_manifest}: {exc}") from exc
+    try:
+        # Its own client: one whose parser skips the dates, with a connection per list call in flight.
+        lister = listing.list_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
+                                     max_pool_connections=max(10, cfg.list_concurrency))
+        keys, sizes = listing.list_prefix(lister, cfg.input_bucket, cfg.input_prefix, cfg.list_concurrency)
+        images = listing.Listing.build(cfg.input_bucket, keys, sizes, suffixes=cfg.suffixes, limit=cfg.limit)
+    except Exception as exc:  # NoSuchBucket, AccessDenied, endpoint unreachable
+        raise JobError(f"cannot list {cfg.input_uri}: {first_line(exc)}") from exc
+    if not len(images):
+        raise JobError(f"no images under {cfg.input_uri} (looked for keys ending in "
+                       f"{' '.join(cfg.suffixes)}); check --input and --suffixes")
+    return images
+
+
+# ----------------------------------------------------------------------------
+# Plan, resume, assembly
+
+
+def yarn_attempt() -> tuple[str | None, int]:
+    """``(application id, attempt number)`` of this YARN container from ``CONTAINER_ID``, else ``(None, 1)``.
+
+    YARN names a container ``container[_eE]_<cluster ts>_<app>_<attempt>_<n>``:
+    the application master of attempt 2 runs in ``..._0001_02_000001``.
+    """
+    match = re.match(r"container_(?:e\d+_)?(\d+)_(\d+)_(\d+)_\d+$", os.environ.get("CONTAINER_ID", ""))
+    if not match:
+        return None, 1
+    return f"application_{match.group(1)}_{match.group(2)}", int(match.group(3))
+
+
+def line_settings(cfg: JobConfig) -> dict:
+    """Every setting that changes what a line says about an image (the fingerprint's settings)."""
+    settings = {"data_name": cfg.model.data_name, "preprocess": asdict(cfg.preprocess), "top_k": cfg.top_k,
+                "max_object_bytes": cfg.max_object_bytes, "precision": cfg.precision}
+    if cfg.precision == "int8":
+        settings.update(calibration_images=cfg.calibration_images, int8_exclude=cfg.int8_exclude)
+    return settings
+
+
+def job_fingerprint(cfg: JobConfig, classifier: Predictor) -> dict:
+    """:func:`durable.fingerprint` of this run: settings, model files, labels and handler by content."""
+    labels = getattr(classifier, "labels", None)
+    handler = cfg.handler_file or cfg.handler
+    files = {
+        "model_symbol": cfg.model.read(cfg.model.symbol_uri),
+        "model_params": cfg.model.read(cfg.model.params_uri),
+        "labels": "\n".join(labels).encode("utf-8") if labels else None,
+        "handler": utils.read_uri(handler) if handler else None,
+        # The quantized model itself: calibrated on the job's own sample, it is part of what made the lines.
+        "int8_params": cfg.int8_model.read(cfg.int8_model.params_uri) if cfg.int8_model else None,
+    }
+    return durable.fingerprint(line_settings(cfg), files)
+
+
+def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict,
+                dry: bool = False) -> durable.Plan:
+    """Decide between a fresh run and a resume; refuse what would overwrite or mix results.
+
+    Raises :class:`JobError` with what to do: the output exists (``--overwrite``),
+    an earlier run's progress exists (``--resume`` or ``--overwrite``), or the
+    earlier run's fingerprint differs from this one's; :class:`Completed` for
+    a resume of a finished output. A fresh run records its fingerprint, and
+    ``--overwrite`` removes the earlier progress, unless ``dry``.
+    """
+    try:
+        output_exists = any(utils.object_exists(client, cfg.output_bucket, key)
+                            for key in (cfg.output_key, cfg.summary_key))
+        work_exists = work.exists()
+    except Exception as exc:
+        raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
+                       "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the output bucket") from exc
+    resume = cfg.resume
+    app, attempt = yarn_attempt()
+    if cfg.overwrite:
+        if work_exists and not dry:
+            log.info("--overwrite: removing %d objects of the earlier run under %s", work.remove(), work.uri)
+        work_exists = False
+    elif work_exists and not resume and attempt > 1:
+        runs = work.runs()
+        if runs and runs[-1].application == app:
+            log.warning("YARN attempt %d of %s: resuming the progress the earlier attempt made durable under %s",
+                        attempt, app, work.uri)
+            resume = True
+    if work_exists and not resume:
+        runs = work.runs()
+        done = sum(len(run.done) for run in runs)
+        raise JobError(f"{work.uri} holds an earlier run's progress ({done} durable batches in {len(runs)} "
+                       "run(s)); add --resume to finish it, or --overwrite to discard it and start again")
+    if output_exists and not cfg.overwrite and not (resume and work_exists):
+        if resume:
+            raise Completed(cfg.output_uri)
+        raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
+    if not work_exists:
+        if resume:
+            log.info("--resume: nothing under %s yet; scoring every key", work.uri)
+        if dry:
+            return durable.Plan(runs=[], todo=images, number=1, resumed=False)
+        try:
+            work.write_job(fingerprint, cfg.output_uri)
+        except Exception as exc:
+            raise JobError(f"cannot write {work.uri}: {first_line(exc)}; the job needs s3:PutObject, "
+                           "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
+                           "prefix beside it") from exc
+        return durable.Plan(runs=[], todo=images, number=1, resumed=False)
+    job = work.read_job()
+    if job is None:
+        raise JobError(f"{work.uri} has no job.json, so what made its lines is unknown; "
+                       "add --overwrite to discard it and start again")
+    differ = durable.differences(job["fingerprint"], fingerprint)
+    if differ:
+        raise JobError(f"cannot resume: the earlier run under {work.uri} used different settings or files, "
+                       f"and one output must not mix them: {'; '.join(differ)}. Rerun with the earlier "
+                       "settings, or add --overwrite (instead of --resume) to start again")
+    runs = work.runs()
+    todo = images.filter(durable.remaining_keys(work, runs, images))
+    log.info("--resume: %d of %d keys already have a durable line (%d runs under %s); scoring %d",
+             len(images) - len(todo), len(images), len(runs), work.uri, len(todo))
+    return durable.Plan(runs=runs, todo=todo, number=max((run.number for run in runs), default=0) + 1, resumed=True)
+
+
+class Completed(Exception):
+    """``--resume`` of an output that an earlier run already completed: nothing to do."""
+
+
+def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
+                    images: listing.Listing) -> durable.AssemblyCounts:
+    """Merge every durable line into the output object (one multipart upload, completed only when whole)."""
+    try:
+        writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key,
+                                       content_type="application/vnd.apache.parquet"
+                                       if cfg.output_format == "parquet" else "application/x-ndjson")
+    except Exception as exc:
+        raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
+                       "s3:PutObject on the output key") from exc
+    with_result = bool(cfg.handler) and get_handlers(cfg.handler_file or cfg.handler).output_handler
+    sink = (durable.ParquetSink(writer, with_result=bool(with_result)) if cfg.output_format == "parquet"
+            else durable.JsonLinesSink(writer))
+    try:
+        reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts, kind=cfg.s3_reader)
+        counts = durable.assemble(work, work.runs(), images, sink, reader=reader)
+        sink.close()
+    except durable.ResumeError as exc:
+        sink.abort()
+        raise JobError(str(exc)) from exc
+    except BaseException:
+        sink.abort()
+        raise
+    return counts
+
+
+# ----------------------------------------------------------------------------
+# The run
+
+
+def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
+    """List, plan, check the model, score on Spark, assemble; return the exit code."""
+    started = time.time()
+    seconds: dict[str, float] = {}
+    client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
+    cfg = prepare_handler(cfg, client)
+    images = list_images(client, cfg)
+    cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
+    seconds["listing"] = time.time() - started
+    # Load the model here first: a bad checkpoint, shape or labels file fails
+    # now, with its cause, instead of in every task after the cluster spun up.
+    check_started = time.time()
+    classifier = load_model_on_driver(cfg)
+    summary_model = classifier.model_summary()
+    if isinstance(classifier, Classifier) and cfg.top_k > classifier.num_classes:
+        raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
+    cfg, precision = prepare_precision(cfg, client, images, classifier)
+    fingerprint = job_fingerprint(cfg, classifier)
+    if cfg.dry_run:
+        return dry_run(cfg, images, classifier, client, fingerprint)
+    del classifier  # checked: the driver needs the model no more
+    seconds["model_check"] = time.time() - check_started
+    plan_started = time.time()
+    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    try:
+        plan = plan_output(cfg, client, work, images, fingerprint)
+    except Completed:
+        log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
+                 cfg.output_bucket, cfg.summary_key)
+        return 0
+    batches = plan.todo.num_batches(cfg.batch_size)
+    log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
+             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
+    stats = StatsFold()
+    try:
+        if batches:
+            application, _ = yarn_attempt()
+            run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
+            seconds["plan"] = time.time() - plan_started
+            spark_started = time.time()
+            stats = run_spark(cfg, run, work.plan_key(run), spark_conf)
+            seconds["spark"] = time.time() - spark_started
+        else:
+            seconds["plan"] = time.time() - plan_started
+        assembly_started, assembly_cpu = time.time(), time.process_time()
+        counts = assemble_output(cfg, client, work, images)
+        seconds["assembly"] = time.time() - assembly_started
+        # The driver's own CPU in the assembly (merging, checking, compressing); the rest is waiting for S3.
+        seconds["assembly_cpu"] = time.process_time() - assembly_cpu
+    except (JobError, Interrupted) as exc:
+        exc.work = work  # main() says what is durable and how to resume
+        raise
+    log.info("assembled %s from %d parts in %.1f s", cfg.output_uri, counts.parts_read, seconds["assembly"])
+    elapsed = time.time() - started
+    summary = summarize(cfg, len(images), batches, stats, counts, elapsed, summary_model, seconds, plan,
+                        fingerprint)
+    summary["precision"] = precision
+    utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
+    for warning in summary["threads"]["warnings"]:
+        log.warning("%s", warning)
+    removed = work.remove()
+    log.info("summary: %s", json.dumps({k: summary[k] for k in (
+        "keys_listed", "predicted", "failed", "reused", "scored", "batches", "elapsed_seconds")}))
+    log.info("wrote %s and s3://%s/%s; removed %d work objects under %s", cfg.output_uri, cfg.output_bucket,
+             cfg.summary_key, removed, work.uri)
+    limit = allowed_errors(cfg.max_errors, len(images))
+    if counts.failed > limit:
+        log.error("%d images failed, more than --max-errors %s allows (%d); see the error lines in %s",
+                  counts.failed, cfg.max_errors, limit, cfg.output_uri)
+        return EXIT_TOO_MANY_ERRORS
+    return 0
+
+
+def durable_status(work: durable.WorkPrefix | None) -> str:
+    """``N of M batches are durable under URI`` for the messages of a run that did not finish."""
+    if work is None:
+        return ""
+    try:
+        runs = work.runs()
+    except Exception as exc:  # noqa: BLE001 - S3 unreachable: say so instead of hiding the first error
+        return f"could not read {work.uri} ({first_line(exc)})"
+    if not runs:
+        return f"nothing was durable yet under {work.uri}"
+    last = runs[-1]
+    return (f"{len(last.done)} of {last.batches} batches of this run are durable under {work.uri}"
+            + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
+
+
+# ----------------------------------------------------------------------------
+# Checks on the driver: handler, model, int8
+
+
+#: The name the driver gives its copy of ``--handler``, before the file's own name.
+HANDLER_PREFIX = "mxinfer_handler_"
+
+
+def prepare_handler(cfg: JobConfig, client) -> JobConfig:
+    """Check --handler on the driver, downloading a URI first; return ``cfg`` with its local file.
+
+    A handler that is missing, fails to import or defines neither function
+    stops the run here, before any listing or Spark work.
+    """
+    if not cfg.handler:
+        return cfg
+    path = cfg.handler
+    try:
+        data = utils.read_uri(path, client if utils.is_s3_uri(path) else None)
+    except FileNotFoundError:
+        raise JobError(f"--handler: {path} does not exist") from None
+    except Exception as exc:
+        raise JobError(f"cannot read --handler {path}: {first_line(exc)}") from exc
+    folder = tempfile.mkdtemp(prefix="mxinfer-handler-")
+    # Kept until the driver exits: executors fetch it from the driver while the job runs.
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    # Shipped under a name of its own: SparkContext.addFile puts files side by side with
+    # the --py-files, so a handler called utils.py would clash with ours (and Spark
+    # refuses a second file of one name with different contents).
+    path = os.path.join(folder, HANDLER_PREFIX + path.rsplit("/", 1)[-1])
+    with open(path, "wb") as handle:
+        handle.write(data)
+    try:
+        handlers = get_handlers(path)
+    except HandlerError as exc:
+        raise JobError(f"--handler: {str(exc).replace(path, cfg.handler)}") from exc
+    log.info("handler %s defines %s", cfg.handler, " and ".join(
+        name for name in ("input_handler", "output_handler") if getattr(handlers, name) is not None))
+    return replace(cfg, handler_file=path)
+
+
+def sample_keys(images: list, count: int) -> tuple[list, list]:
+    """The int8 samples: ``(calibration, held_out)``, each up to ``count`` keys of the sorted listing.
+
+    ``2 * count`` keys evenly spaced over the whole listing (the ``i * n //
+    (2 * count)``-th of ``n``), so they span every folder and date; the even
+    ones calibrate, the odd ones are held out to check agreement, so no image
+    does both. A job of one image uses it for both.
+    """
+    n = min(2 * count, len(images))
+    picked = [images[i * len(images) // n] for i in range(n)]
+    calibration, held_out = picked[0::2], picked[1::2]
+    return calibration, held_out or calibration
+
+
+def sample_arrays(cfg: JobConfig, client, items: list) -> np.ndarray:
+    """Download and decode ``items`` as the executors do; images that fail are left out (they fail in the job too)."""
+    handlers = get_handlers(cfg.handler_file or cfg.handler)
+
+    def one(item):
+        key, _ = item
+        try:
+            data = utils.read_object(client, cfg.input_bucket, key)
+            if handlers is not None and handlers.input_handler is not None:
+                return handlers.decode(key, data, cfg.preprocess.input_shape)
+            return decode_image(data, cfg.preprocess)
+        except Exception as exc:  # noqa: BLE001 - the job records it as this key's error line
+            log.debug("int8 sample: %s left out: %s", key, first_line(exc))
+            return None
+
+    with ThreadPoolExecutor(cfg.io_threads) as pool:
+        arrays = [a for a in pool.map(one, items) if a is not None]
+    return np.stack(arrays) if arrays else np.zeros((0, *cfg.preprocess.input_shape), np.float32)
+
+
+def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predictor) -> tuple[JobConfig, dict]:
+    """For ``--precision int8``: quantize on the driver, check agreement, return ``cfg`` with the int8 model.
+
+    The driver quantizes once (:func:`quantize_int8`), calibrated on
+    :func:`sample_keys`' calibration images, and scores the held-out ones in
+    fp32 and int8. Below ``--min-agreement`` the job refuses (``JobError``)
+    with the figures and what to try; otherwise the executors get the int8
+    checkpoint through ``SparkContext.addFile`` and load it through the same
+    per-worker cache. Returns the summary's ``precision`` entry.
+    """
+    if cfg.precision == "fp32":
+        return cfg, {"precision": "fp32"}
+    if not isinstance(classifier, Classifier):
+        raise JobError("--precision int8 checks that int8 and fp32 agree on the top-1 class, so it needs a "
+                       "classifier; with an output_handler use --precision fp32")
+    started = time.time()
+    calibration_keys, held_out_keys = sample_keys(images, cfg.calibration_images)
+    calibration = sample_arrays(cfg, client, calibration_keys)
+    held_out = sample_arrays(cfg, client, held_out_keys)
+    if not len(calibration) or not len(held_out):
+        raise JobError(f"--precision int8: none of the {len(calibration_keys) + len(held_out_keys)} sampled "
+                       f"images could be read and decoded; check the input, or use --precision fp32")
+    try:
+        symbol_json = cfg.model.read(cfg.model.symbol_uri).decode("utf-8")
+        exclude = int8_excluded(symbol_json, cfg.int8_exclude)
+    except ModelError as exc:
+        raise JobError(str(exc)) from exc
+    folder = tempfile.mkdtemp(prefix="mxinfer-int8-")
+    # Kept until the driver exits: executors fetch the files from the driver while the job runs.
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    forward_batch = cfg.job_spec().forward_batch
+    try:
+        spec = quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration,
+                                     os.path.join(folder, "model-int8"), exclude, forward_batch)
+    except Exception as exc:  # MXNetError from the quantization pass or the calibration run
+        raise JobError(f"cannot quantize the model to int8: {first_line(exc)}; keep the layer it names "
+                       f"in fp32 with --int8-exclude, or use --precision fp32") from exc
+    labels_uri = ""
+    if classifier.labels:
+        labels_uri = os.path.join(folder, "synset.txt")
+        with open(labels_uri, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(classifier.labels) + "\n")
+    spec = replace(spec, labels_uri=labels_uri, context=cfg.model.context)
+    int8 = Classifier(spec, cfg.preprocess.input_shape, forward_batch, context="cpu")
+    figures = agreement(classifier.probabilities(held_out), int8.probabilities(held_out))
+    layers = weight_layers(symbol_json)
+    report = {"precision": "int8", **figures, "min_agreement": cfg.min_agreement,
+              "calibration_images": len(calibration), "excluded_layers": exclude,
+              "quantize_seconds": round(time.time() - started, 2)}
+    log.info("int8: top-1 agreement with fp32 %.2f%% on %d held-out images, largest probability difference "
+             "%.4f (calibrated on %d images, %d layer(s) kept in fp32, %.1fs)",
+             100 * figures["top1_agreement"], figures["images"], figures["max_probability_difference"],
+             len(calibration), len(exclude), report["quantize_seconds"])
+    if figures["top1_agreement"] < cfg.min_agreement:
+        raise JobError(
+            f"int8 agrees with fp32 on only {figures['top1_agreement']:.2%} of top-1 classes "
+            f"({figures['images']} held-out images; largest probability difference "
+            f"{figures['max_probability_difference']:.4f}), under --min-agreement {cfg.min_agreement}. "
+            f"Nothing was scored. Try keeping layers in fp32 with --int8-exclude (the first and last are "
+            f"{layers[0] if layers else '?'} and {layers[-1] if layers else '?'}; patterns such as '*conv*' work), "
+            f"more --calibration-images (now {cfg.calibration_images}), or --precision fp32")
+    return replace(cfg, int8_model=spec), report
+
+
+def load_model_on_driver(cfg: JobConfig) -> Predictor:
+    """The model, loaded on the driver's CPU (the driver need not have a GPU) to check it."""
+    kind = model_class(get_handlers(cfg.handler_file or cfg.handler))
+    try:
+        # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory.
+        return kind(cfg.model, cfg.preprocess.input_shape, cfg.job_spec().forward_batch, context="cpu")
+    except ModelError as exc:
+        raise JobError(f"model: {exc}") from exc
+    except FileNotFoundError as exc:
+        raise JobError(f"model file missing: {exc}") from exc
+    except Exception as exc:
+        raise JobError(f"cannot load the model ({cfg.model.symbol_uri}): {first_line(exc)}") from exc
+
+
+def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, fingerprint: dict) -> int:
+    """Make every check the real run makes before Spark, score one image on the driver's CPU, print the plan.
+
+    Starts no Spark job and leaves nothing behind. The checks: the output may
+    be written, and :func:`plan_output`'s (an existing output, an earlier
+    run's progress, a resume with other settings). The plan is one JSON object
+    on the last line of standard output: under spark-submit the driver's log
+    and MXNet's own messages share that stream, so a script reads the last
+    line only.
+    """
+    to_score = len(images)
+    if cfg.output_key:
+        try:
+            utils.check_writable(client, cfg.output_bucket, cfg.output_key)
+        except utils.OutputNotWritableError as exc:
+            raise JobError(str(exc)) from exc
+        work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+        try:
+            to_score = len(plan_output(cfg, client, work, images, fingerprint, dry=True).todo)
+        except Completed:
+            to_score = 0
+    job = cfg.job_spec()
+    job = replace(job, model=replace(job.model, context="cpu"))
+    [(_, _, blob, stats)] = score_partition(0, images[:1], job)
+    batches = math.ceil(len(images) / cfg.batch_size)
+    plan = {
+        "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
+        "output_writable": bool(cfg.output_key) or None,
+        # keys an earlier run made durable (--resume) are not scored again
+        "images": len(images), "to_score": to_score, "batch_size": cfg.batch_size, "batches": batches,
+        "partitions": batches,
+        "first_key": images[0][0], "last_key": images[-1][0],
+        "model": classifier.model_summary(),
+        "sample": json.loads(zlib.decompress(blob).decode("utf-8")),
+        "sample_seconds": stats.seconds,
+    }
+    # Whatever was logged or printed before ends its line first, so the plan is a line of its own.
+    sys.stderr.flush()
+    click.echo(json.dumps(plan, ensure_ascii=False))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,39 @@
+"""What a failure looks like: one line for the user, one error object for a key that failed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+log = logging.getLogger(__name__)
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name if it has none): for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+#: ``<_io.BytesIO object at 0x7f...>`` in a message (Pillow's "cannot identify image file").
+_OBJECT_ADDRESS = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
+def error_object(stage: str, exc: BaseException) -> dict:
+    """The ``error`` member of a failed key's line (and of a failed UDF row).
+
+    Memory addresses are cut from the message, so the same image fails with
+    the same line in every run (a resumed output equals an uninterrupted one).
+    """
+    return {"stage": stage, "type": type(exc).__name__, "message": _OBJECT_ADDRESS.sub(r"<\1>", first_line(exc))}
+
+
+def error_line(key: str, stage: str, exc: BaseException) -> str:
+    return json.dumps({"key": key, "error": error_object(stage, exc)}, ensure_ascii=False)
+
+
+#: Exit codes of ``infer_main``: done (0), failed, usage error, done but more failed images than ``--max-errors``.
+EXIT_FAILED, EXIT_USAGE, EXIT_TOO_MANY_ERRORS = 1, 2, 3
+
+
+class JobError(Exception):
+    """A failure with a message for the user; the job exits 1 with it."""

@@ -1,0 +1,439 @@
+"""The model: a checkpoint (:class:`ModelSpec`), bound once as a :class:`Predictor`, and top-k.
+
+:class:`Predictor` maps NCHW float32 arrays to the model's outputs;
+:class:`Classifier` adds labels, softmax and top-k; :class:`ImageClassifier`
+takes encoded images and decodes them as the job does. :func:`get_model` is
+the per-worker cache the job and the UDF load through (held in
+:mod:`mxjob.state`), so a Python worker binds a model once and reuses it for
+every later task (``spark.python.worker.reuse=true``, Spark's default).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import logging
+import os
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from PIL import Image
+
+import utils
+from mxjob import defaults, state
+from mxjob.device import mx_context
+from mxjob.errors import first_line
+from mxjob.preprocess import Preprocess, decode_image
+
+log = logging.getLogger(__name__)
+
+# Graph heads that already end in a probability distribution; any other head is
+# treated as logits and gets a softmax.
+SOFTMAX_OPS = frozenset({"SoftmaxOutput", "softmax", "SoftmaxActivation", "Softmax"})
+
+
+class ModelError(Exception):
+    """A checkpoint that cannot serve this job (missing weight, wrong shape, ...)."""
+
+
+# ----------------------------------------------------------------------------
+# Top-k
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise softmax, stable for large logits."""
+    shifted = x - x.max(axis=1, keepdims=True)
+    e = np.exp(shifted)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def top_classes(probabilities: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+    """Per row, the ``k`` largest ``(class_id, probability)``, highest first.
+
+    Ties keep the lower class id first, so results are deterministic.
+    """
+    k = min(k, probabilities.shape[1])
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+    return [[(int(c), float(row[c])) for c in idx] for row, idx in zip(probabilities, order)]
+
+
+def parse_labels(text: str) -> list[str]:
+    """One label per line; an ImageNet synset id in front (``n02123045 tabby``) is dropped."""
+    labels = []
+    for line in text.splitlines():
+        line = line.strip()
+        head, _, rest = line.partition(" ")
+        if rest and len(head) == 9 and head[0] == "n" and head[1:].isdigit():
+            line = rest.strip()
+        labels.append(line)
+    while labels and not labels[-1]:
+        labels.pop()
+    return labels
+
+
+# ----------------------------------------------------------------------------
+# The checkpoint and the bound module
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a checkpoint lives; plain strings so it pickles to executors.
+
+    ``labels_uri`` of ``None`` means: ``synset.txt`` beside the symbol file if it
+    exists, else class ids only; ``""`` means no labels.
+    """
+
+    symbol_uri: str
+    params_uri: str
+    labels_uri: str | None = None
+    data_name: str = "data"
+    context: str = "cpu"
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    @classmethod
+    def from_prefix(cls, prefix: str, epoch: int = 0, **kwargs) -> ModelSpec:
+        """``prefix-symbol.json`` and ``prefix-%04d.params``, as MXNet's checkpoints."""
+        return cls(f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params", **kwargs)
+
+    #: The files are local to the driver, which shipped them with ``SparkContext.addFile``
+    #: (the job's int8 checkpoint); a Spark task reads its copy, found by name.
+    shipped: bool = False
+
+    def read(self, uri: str) -> bytes:
+        if self.shipped and state.spark_task() is not None:
+            from pyspark import SparkFiles
+
+            uri = SparkFiles.get(os.path.basename(uri))
+        client = utils.s3_client(self.endpoint_url, self.region) if utils.is_s3_uri(uri) else None
+        return utils.read_uri(uri, client)
+
+    def shipped_files(self) -> list[str]:
+        """The local files a Spark job must ``addFile`` for this model: none unless ``shipped``."""
+        if not self.shipped:
+            return []
+        return [uri for uri in (self.symbol_uri, self.params_uri, self.labels_uri) if uri]
+
+
+def _head_op(symbol_json: str) -> str:
+    graph = json.loads(symbol_json)
+    head = graph["heads"][0][0]
+    return graph["nodes"][head]["op"]
+
+
+class Predictor:
+    """A bound MXNet Module that maps NCHW float32 arrays to the model's outputs.
+
+    Parameters
+    ----------
+    model : ModelSpec or str
+        The checkpoint, or a checkpoint prefix (``prefix-symbol.json``,
+        ``prefix-0000.params``).
+    input_shape : tuple of int
+        ``(C, H, W)`` of one input.
+    batch_size : int
+        The batch the module is bound at; :meth:`predict` pads or splits.
+
+    Examples
+    --------
+    >>> p = Predictor("file:///models/resnet18", (3, 224, 224), batch_size=8)  # doctest: +SKIP
+    >>> p.predict(np.zeros((3, 3, 224, 224), np.float32))[0].shape  # doctest: +SKIP
+    (3, 1000)
+    """
+
+    def __init__(self, model, input_shape=defaults.INPUT_SHAPE, batch_size: int = defaults.BATCH_SIZE,
+                 context: str | None = None):
+        import mxnet as mx
+
+        spec = model if isinstance(model, ModelSpec) else ModelSpec.from_prefix(model)
+        if context is not None:
+            spec = replace(spec, context=context)
+        self.spec = spec
+        self.input_shape = tuple(int(x) for x in input_shape)
+        self.batch_size = int(batch_size)
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        symbol_json = spec.read(spec.symbol_uri).decode("utf-8")
+        params = spec.read(spec.params_uri)
+        try:
+            symbol = mx.sym.load_json(symbol_json)
+            saved = mx.nd.load_frombuffer(params)
+        except mx.base.MXNetError as exc:
+            raise ModelError(f"cannot load checkpoint {spec.symbol_uri} / {spec.params_uri}: "
+                             f"{first_line(exc)}") from exc
+        arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
+        aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
+        self.head_op = _head_op(symbol_json)
+        self.output_is_probability = self.head_op in SOFTMAX_OPS
+        self._check(symbol, arg_params, aux_params)
+        label_names = [n for n in symbol.list_arguments() if n.endswith("_label")]
+        self._ctx = mx_context(spec.context)
+        self._module = mx.mod.Module(symbol, data_names=[spec.data_name], label_names=label_names,
+                                     context=self._ctx)
+        data_shape = (self.batch_size, *self.input_shape)
+        with warnings.catch_warnings():
+            # Inference binds no label shapes; Module warns that they differ from label_names.
+            warnings.filterwarnings("ignore", message="Data provided by label_shapes")
+            self._module.bind(data_shapes=[(spec.data_name, data_shape)], for_training=False)
+        self._module.set_params(arg_params, aux_params, allow_missing=False, allow_extra=True)
+        self._symbol = symbol
+        self._lock = threading.Lock()
+        self._mx = mx
+
+    def _check(self, symbol, arg_params, aux_params) -> None:
+        """Fail on the driver, with a useful message, before any image is read."""
+        spec = self.spec
+        arguments = symbol.list_arguments()
+        if spec.data_name not in arguments:
+            inputs = [a for a in arguments if a not in arg_params and not a.endswith("_label")]
+            raise ModelError(f"the model has no input named {spec.data_name!r}; its inputs are {inputs} "
+                             "(set data_name)")
+        shape = (self.batch_size, *self.input_shape)
+        try:
+            arg_shapes, out_shapes, aux_shapes = symbol.infer_shape(**{spec.data_name: shape})
+        except Exception as exc:  # MXNetError; infer_shape raises several kinds
+            raise ModelError(f"the model rejects input shape {self.input_shape} (C,H,W): {first_line(exc)}; "
+                             f"{self._wanted_shape(symbol, arg_params, aux_params)}") from exc
+        needed = {n: s for n, s in zip(arguments, arg_shapes) if n != spec.data_name and not n.endswith("_label")}
+        missing = sorted(set(needed) - set(arg_params))
+        if missing:
+            raise ModelError(f"{spec.params_uri} lacks {len(missing)} weight(s) the graph needs: "
+                             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        for name, want in list(needed.items()) + list(zip(symbol.list_auxiliary_states(), aux_shapes)):
+            have = (arg_params.get(name) if name in arg_params else aux_params.get(name))
+            if have is None:
+                raise ModelError(f"{spec.params_uri} lacks auxiliary state {name}")
+            if tuple(have.shape) != tuple(want):
+                raise ModelError(f"weight {name} has shape {tuple(have.shape)} but the graph needs "
+                                 f"{tuple(want)} for input shape {self.input_shape}; "
+                                 f"{self._wanted_shape(symbol, arg_params, aux_params)}")
+        self.output_shapes = [tuple(s[1:]) for s in out_shapes]
+        self.num_params = int(sum(int(np.prod(v.shape)) for v in arg_params.values()))
+
+    #: Square input sizes tried when the checkpoint does not record its shape:
+    #: those of common ImageNet-style and small models.
+    _COMMON_SIZES = (224, 299, 227, 256, 32, 28, 64, 96, 112, 128, 160, 192, 240, 288, 320, 331, 384, 512)
+
+    def _wanted_shape(self, symbol, arg_params: dict, aux_params: dict) -> str:
+        """What to set ``--input-shape`` to: the shape the checkpoint records, else one its weights fit.
+
+        A data variable made with ``mx.sym.var(name, shape=...)`` records its
+        shape in the symbol file. Otherwise the first ``(C, H, W)`` whose
+        inferred weight shapes all match the saved ones is named: the given
+        H and W with 3 or 1 channels first, then common square sizes. A graph
+        that pools globally fits any size, so H and W are then the given ones.
+        """
+        recorded = symbol.attr_dict().get(self.spec.data_name, {}).get("__shape__")
+        if recorded:
+            try:
+                dims = tuple(int(d) for d in ast.literal_eval(recorded))[-3:]
+            except (ValueError, SyntaxError, TypeError):
+                dims = ()
+            if len(dims) == 3 and min(dims) > 0:
+                return f"the checkpoint records input shape {','.join(map(str, dims))}: set --input-shape to it"
+        saved = {**arg_params, **aux_params}
+        given_c, given_h, given_w = self.input_shape
+        channels = dict.fromkeys((given_c, 3, 1))
+        sizes = dict.fromkeys([(given_h, given_w)] + [(n, n) for n in self._COMMON_SIZES])
+        for height, width in sizes:
+            for c in channels:
+                shape = (1, c, height, width)
+                try:
+                    arg_shapes, _, aux_shapes = symbol.infer_shape(**{self.spec.data_name: shape})
+                except Exception:  # noqa: BLE001 - MXNetError: this shape does not fit; try the next
+                    continue
+                inferred = dict(zip(symbol.list_arguments(), arg_shapes))
+                inferred.update(zip(symbol.list_auxiliary_states(), aux_shapes))
+                if all(tuple(inferred[n]) == tuple(v.shape) for n, v in saved.items() if n in inferred):
+                    return (f"its weights fit input shape {c},{height},{width} (C,H,W): set --input-shape "
+                            "to that, or to what it was trained on")
+        return "set --input-shape to what it was trained on"
+
+    def predict(self, array: np.ndarray) -> list[np.ndarray]:
+        """Run the model on ``array`` (N, C, H, W) float32 of any length N.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            One array per model output, each with exactly N rows.
+        """
+        if not isinstance(array, np.ndarray) or array.ndim != 4:
+            raise ValueError(f"expected a 4-d NCHW numpy array, got {getattr(array, 'shape', type(array))}")
+        if tuple(array.shape[1:]) != self.input_shape:
+            raise ValueError(f"expected shape (N, {', '.join(map(str, self.input_shape))}), got {array.shape}")
+        if array.dtype != np.float32:
+            raise ValueError(f"expected dtype float32, got {array.dtype}")
+        n = array.shape[0]
+        chunks = []
+        for start in range(0, n, self.batch_size):
+            chunk = array[start: start + self.batch_size]
+            rows = chunk.shape[0]
+            if rows < self.batch_size:
+                chunk = np.concatenate([chunk, np.zeros((self.batch_size - rows, *self.input_shape), np.float32)])
+            chunks.append((self._forward(chunk), rows))
+        if not chunks:
+            return [np.zeros((0, *s), np.float32) for s in self.output_shapes]
+        return [np.concatenate([outs[i][:rows] for outs, rows in chunks]) for i in range(len(chunks[0][0]))]
+
+    def _forward(self, batch: np.ndarray) -> list[np.ndarray]:
+        mx = self._mx
+        data = mx.io.DataBatch([mx.nd.array(batch, ctx=self._ctx)])
+        with self._lock:
+            self._module.forward(data, is_train=False)
+            return [o.asnumpy() for o in self._module.get_outputs()]
+
+    def model_summary(self) -> dict:
+        """Parameter count, input and output names and shapes, classes, head kind."""
+        return {
+            "parameters": self.num_params,
+            "inputs": {self.spec.data_name: list(self.input_shape)},
+            "outputs": {name: list(shape) for name, shape in zip(self._symbol.list_outputs(), self.output_shapes)},
+            # A class-score head has one axis of length > 1, e.g. (1000,) or (1000, 1, 1);
+            # a detector's (anchors, 6) has no number of classes to tell.
+            "num_classes": (int(np.prod(self.output_shapes[0]))
+                            if self.output_shapes and sum(d > 1 for d in self.output_shapes[0]) <= 1 else None),
+            "head": "softmax" if self.output_is_probability else "logits",
+            "head_op": self.head_op,
+        }
+
+
+class Classifier(Predictor):
+    """A :class:`Predictor` whose first output is class scores; adds labels and top-k.
+
+    Labels come from ``spec.labels_uri``; when that is ``None``, from
+    ``synset.txt`` beside the symbol file if it exists.
+    """
+
+    def __init__(self, model, input_shape=defaults.INPUT_SHAPE, batch_size: int = defaults.BATCH_SIZE,
+                 context: str | None = None):
+        super().__init__(model, input_shape, batch_size, context)
+        self.num_classes = int(np.prod(self.output_shapes[0]))
+        self.labels = self._load_labels()
+
+    def _load_labels(self) -> list[str] | None:
+        uri = self.spec.labels_uri
+        explicit = uri is not None
+        if uri is None:
+            uri = utils.sibling_uri(self.spec.symbol_uri, "synset.txt")
+        if not uri:
+            return None
+        try:
+            labels = parse_labels(self.spec.read(uri).decode("utf-8"))
+        except FileNotFoundError:
+            if explicit:
+                raise ModelError(f"labels file {uri} does not exist") from None
+            return None
+        except Exception as exc:
+            # Without s3:ListBucket, S3 answers a missing object with AccessDenied;
+            # the implicit synset.txt is optional, so go on with class ids only.
+            if explicit or "AccessDenied" not in str(exc):
+                raise
+            log.warning("cannot read %s (%s); predictions carry class ids only; set --labels to "
+                        "name a labels file", uri, first_line(exc))
+            return None
+        if len(labels) != self.num_classes:
+            raise ModelError(f"labels file {uri} has {len(labels)} lines but the model has "
+                             f"{self.num_classes} classes")
+        return labels
+
+    def probabilities(self, array: np.ndarray) -> np.ndarray:
+        scores = self.predict(array)[0].reshape(array.shape[0], -1).astype(np.float64)
+        return scores if self.output_is_probability else softmax(scores)
+
+    def classify(self, array: np.ndarray, top_k: int = defaults.TOP_K) -> list[list[tuple[int, str | None, float]]]:
+        """Per row, ``(class_id, label, probability)`` for the ``top_k`` classes, highest first."""
+        return [self._labelled(row) for row in top_classes(self.probabilities(array), top_k)]
+
+    def _labelled(self, row):
+        return [(c, self.labels[c] if self.labels else None, p) for c, p in row]
+
+    def prediction_dicts(self, probabilities: np.ndarray, k: int) -> list[list[dict]]:
+        """Rows of top-k as the job's JSON objects."""
+        return [self.prediction_entries(self._labelled(row)) for row in top_classes(probabilities, k)]
+
+    def prediction_entries(self, labelled: list[tuple[int, str | None, float]]) -> list[dict]:
+        """One row of :meth:`classify` as the job writes it: no label without labels, 6 significant digits."""
+        entries = []
+        for class_id, label, prob in labelled:
+            entry = {"class_id": class_id}
+            if self.labels:
+                entry["label"] = label
+            entry["probability"] = float(f"{prob:.6g}")
+            entries.append(entry)
+        return entries
+
+
+class ImageClassifier(Classifier):
+    """A :class:`Classifier` that takes encoded images, decoded exactly as the job does."""
+
+    def __init__(self, model, input_shape=defaults.INPUT_SHAPE, batch_size: int = defaults.BATCH_SIZE,
+                 context: str | None = None, preprocess: Preprocess | None = None):
+        super().__init__(model, input_shape, batch_size, context)
+        self.preprocess = preprocess or Preprocess(input_shape=self.input_shape)
+        if tuple(self.preprocess.input_shape) != self.input_shape:
+            raise ValueError("preprocess.input_shape must match input_shape")
+
+    def to_array(self, images: Sequence) -> np.ndarray:
+        arrays = []
+        for image in images:
+            if isinstance(image, Image.Image):
+                buffer = io.BytesIO()
+                image.save(buffer, format="PNG")
+                image = buffer.getvalue()
+            elif isinstance(image, (str, os.PathLike)):
+                with open(image, "rb") as handle:
+                    image = handle.read()
+            arrays.append(decode_image(bytes(image), self.preprocess))
+        return np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
+
+    def classify_images(self, images: Sequence, top_k: int = defaults.TOP_K):
+        """Classify encoded bytes, file paths or PIL images."""
+        return self.classify(self.to_array(images), top_k)
+
+
+def get_classifier(spec: ModelSpec, input_shape: tuple, batch_size: int) -> Classifier:
+    """This Python worker's classifier for ``spec``, loaded on first use and then reused.
+
+    Relies on ``spark.python.worker.reuse=true`` (Spark's default): the worker
+    process, and so its cache (:data:`mxjob.state.models`), outlives the task.
+    Keyed by everything that changes the bound module, the device
+    (``spec.context``) included.
+    """
+    return get_model(spec, input_shape, batch_size, Classifier)
+
+
+def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type = Classifier) -> Predictor:
+    """:func:`get_classifier` for any of the classes: ``Predictor`` serves models that are no classifiers."""
+
+    def load() -> Predictor:
+        started = time.perf_counter()
+        model = kind(spec, input_shape, batch_size)
+        state.counters.model_loads += 1
+        log.info("loaded model %s (%s, batch %d) in %.2fs; loads in this worker: %d",
+                 spec.symbol_uri, model.model_summary()["head"], batch_size,
+                 time.perf_counter() - started, state.counters.model_loads)
+        return model
+
+    return state.models.get((kind, spec, tuple(input_shape), int(batch_size)), load)
+
+
+def top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: int) -> list[tuple]:
+    """One forward pass over ``arrays``; per row ``(top-k, None)`` or ``(None, the exception that failed it)``.
+
+    The top-k is :meth:`Classifier.classify`'s row: ``(class_id, label,
+    probability)``, highest first. A failed forward pass fails every row; a
+    row whose scores are not finite fails alone. The job's lines and the UDF's
+    rows are both made from this.
+    """
+    try:
+        probs = classifier.probabilities(np.stack(arrays))
+    except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
+        return [(None, exc)] * len(arrays)
+    finite = np.isfinite(probs).all(axis=1)
+    return [(classifier._labelled(row), None) if ok else (None, FloatingPointError("model output is not finite"))
+            for ok, row in zip(finite, top_classes(probs, top_k))]

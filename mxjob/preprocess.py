@@ -1,0 +1,169 @@
+"""Preprocessing: encoded image bytes to the model's float32 CHW input, one recipe.
+
+The recipe (what :func:`decode_image` does, and what the README tells users
+to reproduce): ``PIL.Image.open`` -> for a JPEG, ``img.draft(None,
+draft_size(img, prep))`` (DCT scaling; skipped with ``decode="exact"``) ->
+``ImageOps.exif_transpose`` -> RGB (``convert("RGB")``; 16-bit and 32-bit
+greyscale are scaled to 8 bits first, not clipped) -> ``resize((W, H),
+BILINEAR)`` (or short side to ``H*256/224`` then a centre crop) -> float32
+CHW -> ``(x - mean) / std`` on 0-255 values.
+
+Pure functions of the bytes and a :class:`Preprocess`: no S3, no Spark, no model.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from mxjob import defaults
+
+log = logging.getLogger(__name__)
+
+RESIZE_MODES = ("stretch", "short-side-crop")
+DECODE_MODES = ("draft", "exact")
+ORIENTATION_TAG = 0x0112  # EXIF
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How encoded images become model input.
+
+    Parameters
+    ----------
+    input_shape : tuple of int
+        ``(C, H, W)``; ``C`` is 3 (RGB) or 1 (greyscale).
+    mean, std : tuple of float
+        Per channel, or one value for all, applied to 0-255 pixel values:
+        ``(x - mean) / std``.
+    resize : str
+        ``"stretch"`` (straight to ``W x H``) or ``"short-side-crop"``.
+    max_image_pixels : int
+        Images declaring more pixels are refused before any pixel is decoded.
+    decode : str
+        ``"draft"``: a JPEG at least twice the size the resize needs is
+        decoded at 1/2, 1/4 or 1/8 scale by the JPEG decoder itself (DCT
+        scaling, Pillow's ``Image.draft``), never below twice that size, then
+        resized as usual. ``"exact"``: always decode every pixel.
+    """
+
+    input_shape: tuple = defaults.INPUT_SHAPE
+    mean: tuple = (0.0,)
+    std: tuple = (1.0,)
+    resize: str = "stretch"
+    max_image_pixels: int = defaults.MAX_IMAGE_PIXELS
+    decode: str = "draft"
+
+    def __post_init__(self):
+        channels = self.input_shape[0]
+        if len(self.input_shape) != 3 or channels not in (1, 3) or min(self.input_shape) < 1:
+            raise ValueError(f"input_shape must be (C, H, W) with C 1 or 3, got {self.input_shape}")
+        for name in ("mean", "std"):
+            values = getattr(self, name)
+            if len(values) not in (1, channels):
+                raise ValueError(f"{name} needs 1 or {channels} values, got {len(values)}")
+        if any(s == 0 for s in self.std):
+            raise ValueError("std values must be non-zero")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
+
+
+class ImageTooLargeError(ValueError):
+    """An image that declares more pixels than the configured limit."""
+
+
+def to_rgb(img: Image.Image, mode: str = "RGB") -> Image.Image:
+    """Convert any Pillow mode to 8-bit RGB (or L), scaling deep greyscale.
+
+    Pillow's own ``convert`` clips 16-bit ("I;16") and 32-bit ("I", "F")
+    greyscale to 255, which turns most real 16-bit images white; those are
+    scaled from their bit depth to 0-255 instead.
+    """
+    if img.mode.startswith("I;16") or img.mode in ("I", "F"):
+        values = np.asarray(img, dtype=np.float64)
+        if img.mode.startswith("I;16"):
+            scale = 255.0 / 65535.0
+        elif img.mode == "I" and values.size and values.max() > 255:
+            scale = 255.0 / 65535.0 if values.max() <= 65535 else 255.0 / 4294967295.0
+        else:
+            scale = 1.0
+        values = np.clip(np.rint(values * scale), 0, 255).astype(np.uint8)
+        img = Image.fromarray(values)
+    return img if img.mode == mode else img.convert(mode)
+
+
+def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
+    """Decode one encoded image to a float32 CHW array, exactly per the recipe.
+
+    Raises on anything that is not a whole, readable image: a truncated file is
+    an error, never a half-grey image (``ImageFile.LOAD_TRUNCATED_IMAGES`` stays
+    off). Animated images give their first frame.
+    """
+    if not data:
+        raise ValueError("empty object (0 bytes)")
+    channels, height, width = prep.input_shape
+    try:
+        opened = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:  # Pillow's own limit, which also caps ours
+        raise ImageTooLargeError(f"image is over the limit of {2 * Image.MAX_IMAGE_PIXELS} pixels "
+                                 f"(Pillow's decompression bomb check): {exc}") from None
+    with opened as img:
+        pixels = img.width * img.height
+        if pixels > prep.max_image_pixels:
+            raise ImageTooLargeError(
+                f"image declares {img.width}x{img.height} = {pixels} pixels, over the limit of "
+                f"{prep.max_image_pixels} (max_image_pixels)"
+            )
+        if prep.decode == "draft" and img.format in ("JPEG", "MPO"):
+            img.draft(None, draft_size(img, prep))
+        img.load()
+        ImageOps.exif_transpose(img, in_place=True)  # in place: no copy of an upright image
+        img = to_rgb(img, "RGB" if channels == 3 else "L")
+        if prep.resize == "stretch":
+            img = img.resize((width, height), Image.BILINEAR)
+        else:
+            img = _short_side_crop(img, width, height)
+        values = np.asarray(img)  # uint8: to_rgb made it RGB or L
+    # CHW as uint8 first, then (x - mean) / std in float32 into one new array:
+    # the same values as converting to float32 first, in half the time.
+    values = values[np.newaxis, :, :] if channels == 1 else np.ascontiguousarray(values.transpose(2, 0, 1))
+    mean = np.asarray(prep.mean, dtype=np.float32).reshape(-1, 1, 1)
+    std = np.asarray(prep.std, dtype=np.float32).reshape(-1, 1, 1)
+    array = np.empty(values.shape, dtype=np.float32)
+    np.subtract(values, mean, out=array, dtype=np.float32)
+    array /= std
+    return array
+
+
+def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
+    """Twice the size the resize step needs, in the file's own orientation: ``Image.draft``'s request.
+
+    ``draft`` decodes at the smallest of 1/1, 1/2, 1/4, 1/8 scale that is
+    still at least this size in both directions, so the resize that follows
+    always shrinks by 2x or more, as it would from the full image.
+    """
+    _, height, width = prep.input_shape
+    if prep.resize == "short-side-crop":
+        short = round(min(width, height) * 256 / 224)
+        width = height = short
+    # EXIF orientations 5-8 turn the image a quarter: the file's width is the upright height.
+    if img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8):
+        width, height = height, width
+    return 2 * width, 2 * height
+
+
+def _short_side_crop(img: Image.Image, width: int, height: int) -> Image.Image:
+    """Shorter side to ``min(H, W) * 256 / 224`` (ImageNet's usual ratio), then centre crop."""
+    short = round(min(width, height) * 256 / 224)
+    scale = short / min(img.width, img.height)
+    new_w = max(width, round(img.width * scale))
+    new_h = max(height, round(img.height * scale))
+    img = img.resize((new_w, new_h), Image.BILINEAR)
+    left, top = (new_w - width) // 2, (new_h - height) // 2
+    return img.crop((left, top, left + width, top + height))

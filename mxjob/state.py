@@ -1,0 +1,120 @@
+"""Per-process state of a Python worker, all of it in this one module.
+
+A module is imported once per Python worker, and with
+``spark.python.worker.reuse=true`` (Spark's default) that worker runs every
+later task of its executor. What is kept here is paid for by a worker's first
+task and reused by the others: the bound models, the handler files, the
+download pools, the thread setting MXNet loaded with, and the counters the
+summary reports. Spark's ``pyspark.ml.model_cache`` and mlflow's
+``spark_model_cache`` keep their models the same way, in a module of their
+own rather than in the job script, which Spark would pickle and ship instead.
+
+Every cache is a :class:`ProcessCache`: keyed, locked, bounded, and evicting
+the least recently used entry. Its capacity is named, with the reason for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+
+class ProcessCache:
+    """A keyed, locked, bounded cache; the least recently used entry goes first.
+
+    Parameters
+    ----------
+    name : str
+        What it holds, for messages.
+    capacity : int
+        Entries kept; adding one more evicts the least recently used.
+    on_evict : callable, optional
+        Called with an evicted value (a thread pool is shut down, say).
+    """
+
+    def __init__(self, name: str, capacity: int, on_evict: Callable[[Any], None] | None = None):
+        if capacity < 1:
+            raise ValueError(f"{name}: capacity must be at least 1, got {capacity}")
+        self.name, self.capacity, self._on_evict = name, capacity, on_evict
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The value for ``key``, made by ``make()`` on first use.
+
+        ``make`` runs under the lock, so two threads of one worker asking for
+        the same model load it once, not twice. If it raises, nothing is kept.
+        """
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+            value = make()
+            self._entries[key] = value
+            while len(self._entries) > self.capacity:
+                _, evicted = self._entries.popitem(last=False)
+                if self._on_evict is not None:
+                    self._on_evict(evicted)
+            return value
+
+    def clear(self) -> None:
+        """Forget every entry (without calling ``on_evict``)."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+
+#: Bound modules a worker keeps. An executor serves one job, which needs one
+#: module per device its worker uses: ``--context gpu`` spreads a worker's
+#: tasks over the GPUs it sees, and nodes have up to 4 (8 on the largest, which
+#: then reload at most once per task). On the CPU a job needs one; a notebook
+#: that changes the batch size or the checkpoint keeps its last ones.
+MAX_MODELS = 4
+#: Handler files a worker keeps imported: a job has one (``--handler``).
+MAX_HANDLERS = 4
+#: Download pools a worker keeps, by thread count: a job uses one size.
+MAX_POOLS = 2
+
+models = ProcessCache("models", MAX_MODELS)
+handlers = ProcessCache("handlers", MAX_HANDLERS)
+pools = ProcessCache("download pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))
+
+
+@dataclass
+class Counters:
+    """What this process has done, for the summary and for tests that prove reuse."""
+
+    #: Models this process has loaded (a reused worker loads once).
+    model_loads: int = 0
+    #: Tasks this Python worker has run; the summary plots its memory against it.
+    tasks_run: int = 0
+    #: Whether MXNet's threads were set (``mxjob.worker.configure_threads``), and to what:
+    #: ``None`` is MXNet's own default, when it was loaded before the setting could apply.
+    threads_set: bool = False
+    threads: int | None = None
+
+
+counters = Counters()
+
+
+def clear() -> None:
+    """Forget the loaded models and handlers: the next use loads them again (tests, notebooks)."""
+    models.clear()
+    handlers.clear()
+
+
+def spark_task():
+    """The running Spark task's ``TaskContext``; ``None`` on the driver or without Spark."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover - the library used without Spark installed
+        return None
+    return TaskContext.get()

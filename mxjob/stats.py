@@ -1,0 +1,194 @@
+"""The tasks' stats: folded as tasks end into one Spark accumulator, whatever the number of tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TaskStats:
+    """What one task (one batch) did: :func:`mxjob.partition.score_partition` makes one per task.
+
+    Executors fold it into the job's accumulator (:class:`StatsFold`) at once;
+    only folds travel to the driver.
+    """
+
+    #: The batch's index in the run.
+    partition: int
+    #: ``host/PID`` of the executor (the Python worker's parent).
+    executor: str
+    worker_pid: int
+    #: The task's attempt number: 0 the first time, more after a lost worker or executor.
+    attempt: int
+    #: Keys in the batch.
+    keys: int
+    #: Failed keys by stage: ``download``, ``decode``, ``predict``.
+    errors: dict
+    #: Seconds in each of :data:`StatsFold.STAGES`; ``cpu`` is the worker's CPU seconds (all its threads).
+    seconds: dict
+    #: S3 attempts retried: ``request`` (botocore's) and ``body`` (a cut body read again).
+    s3_retries: dict
+    #: Models this worker had loaded by the task's end.
+    model_loads: int
+    #: Wall-clock start and end (``time.time()``).
+    started: float
+    ended: float
+    #: MXNet/OpenMP threads in force in the worker (``None``: MXNet's default).
+    threads: int | None = None
+    #: This host's ``cores`` and the Python ``workers`` the driver's plan put on it.
+    host: dict = field(default_factory=dict)
+    #: 1 for the worker's first task, 2 for its second, ...
+    worker_task: int = 1
+    #: The worker's ``rss`` and ``max_rss`` in bytes after the task.
+    memory: dict = field(default_factory=dict)
+
+
+class StatsFold:
+    """The stats of every task of a job, folded as tasks finish: one entry per executor, worker and host.
+
+    Its size grows with the cluster, not with the job: a job of ten million
+    keys (156,000 tasks) holds no list of task stats anywhere. Executors fold
+    their task's stats into a Spark accumulator (:class:`StatsAccumulator`),
+    which the driver merges as each task ends; Spark applies a successful
+    task's update once, also when the task was retried.
+    """
+
+    STAGES = ("download", "decode", "forward", "wait", "write", "task", "cpu")
+
+    def __init__(self):
+        self.tasks = 0
+        self.keys = 0
+        self.errors = {"download": 0, "decode": 0, "predict": 0}
+        self.s3_retries = {"request": 0, "body": 0}
+        #: Tasks whose result came from a retried attempt (lost worker or executor, ...).
+        self.retried = 0
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+        self.executors: dict[str, dict] = {}
+        self.workers: dict[str, dict] = {}
+        self.hosts: dict[str, dict] = {}
+
+    @classmethod
+    def of(cls, stats: Iterable[TaskStats]) -> StatsFold:
+        """A fold of :class:`TaskStats`."""
+        fold = cls()
+        for s in stats:
+            fold.add(s)
+        return fold
+
+    def add(self, s: TaskStats) -> StatsFold:
+        """Fold in one task's stats."""
+        self.tasks += 1
+        self.keys += s.keys
+        for k in self.errors:
+            self.errors[k] += s.errors[k]
+        for k in self.s3_retries:
+            self.s3_retries[k] += s.s3_retries[k]
+        self.retried += s.attempt > 0
+        self.first_start = min(filter(None, (self.first_start, s.started)))
+        self.last_end = max(filter(None, (self.last_end, s.ended)))
+        e = self.executors.setdefault(s.executor, {"batches": 0, "images": 0, **dict.fromkeys(self.STAGES, 0.0)})
+        e["batches"] += 1
+        e["images"] += s.keys
+        for k in self.STAGES:
+            e[k] += s.seconds.get(k, 0.0)
+        w = self.workers.setdefault(f"{s.executor}/{s.worker_pid}", {"batches": 0, "model_loads": 0})
+        w["batches"] += 1
+        w["model_loads"] = max(w["model_loads"], s.model_loads)
+        n = s.worker_task
+        rss, max_rss = s.memory.get("rss"), s.memory.get("max_rss")
+        if n >= w.get("last_task", 0):
+            w["last_task"], w["threads"], w["last_rss"] = n, s.threads, rss
+        if n <= w.get("first", (n + 1,))[0]:
+            w["first"] = (n, s.started, s.ended, s.keys)
+        w["task_seconds"] = w.get("task_seconds", 0.0) + s.ended - s.started
+        w["last_end"] = max(w.get("last_end", s.ended), s.ended)
+        if max_rss:
+            w["max_rss"] = max(w.get("max_rss", 0), max_rss)
+        # Resident memory after the worker's 1st, 2nd, 5th, 10th, 20th, ... task: flat once warm, or it leaks.
+        if rss is not None and str(n).strip("0") in ("1", "2", "5"):
+            w.setdefault("rss_after", {})[n] = rss
+        if s.threads is not None and s.host.get("cores") is not None:
+            h = self.hosts.setdefault(s.executor.rsplit("/", 1)[0],
+                                      {"cores": s.host["cores"], "planned": 0, "executors": {}})
+            h["planned"] = max(h["planned"], s.host.get("workers") or 0)
+            h["executors"][s.executor] = max(h["executors"].get(s.executor, 0), s.threads)
+        return self
+
+    def merge(self, other: StatsFold) -> StatsFold:
+        """Fold in another fold (an executor's, when its task ends)."""
+        self.tasks += other.tasks
+        self.keys += other.keys
+        for k in self.errors:
+            self.errors[k] += other.errors[k]
+        for k in self.s3_retries:
+            self.s3_retries[k] += other.s3_retries[k]
+        self.retried += other.retried
+        self.first_start = min(filter(None, (self.first_start, other.first_start)), default=None)
+        self.last_end = max(filter(None, (self.last_end, other.last_end)), default=None)
+        for name, o in other.executors.items():
+            e = self.executors.setdefault(name, {"batches": 0, "images": 0, **dict.fromkeys(self.STAGES, 0.0)})
+            for k, v in o.items():
+                e[k] += v
+        for name, o in other.workers.items():
+            w = self.workers.get(name)
+            if w is None:
+                self.workers[name] = {k: dict(v) if isinstance(v, dict) else v for k, v in o.items()}
+                continue
+            w["batches"] += o["batches"]
+            w["model_loads"] = max(w["model_loads"], o["model_loads"])
+            if "last_task" not in o:
+                continue
+            if o["last_task"] >= w.get("last_task", 0):
+                w["last_task"], w["threads"], w["last_rss"] = o["last_task"], o["threads"], o["last_rss"]
+            if "first" not in w or o["first"][0] < w["first"][0]:
+                w["first"] = o["first"]
+            w["task_seconds"] = w.get("task_seconds", 0.0) + o["task_seconds"]
+            w["last_end"] = max(w.get("last_end", o["last_end"]), o["last_end"])
+            if "max_rss" in o:
+                w["max_rss"] = max(w.get("max_rss", 0), o["max_rss"])
+            w.setdefault("rss_after", {}).update(o.get("rss_after", {}))
+        for name, o in other.hosts.items():
+            h = self.hosts.setdefault(name, {"cores": o["cores"], "planned": 0, "executors": {}})
+            h["planned"] = max(h["planned"], o["planned"])
+            for executor, threads in o["executors"].items():
+                h["executors"][executor] = max(h["executors"].get(executor, 0), threads)
+        return self
+
+    def worker_summary(self, name: str) -> dict:
+        """One Python worker as the job's summary shows it."""
+        w = self.workers[name]
+        out = {"batches": w["batches"], "model_loads": w["model_loads"]}
+        if "last_task" not in w:
+            return out
+        _, started, ended, keys = w["first"]
+        out["threads"] = w["threads"]
+        # The first task includes loading the model: steady state starts after it.
+        out["first_task"] = {"started": started, "ended": ended, "images": keys}
+        # In tasks, and idle between them (Spark handing over the next task).
+        out["task_seconds"] = round(w["task_seconds"], 3)
+        out["idle_between_tasks_seconds"] = round(w["last_end"] - started - w["task_seconds"], 3)
+        if "max_rss" in w:
+            out["max_rss_bytes"] = w["max_rss"]
+        after = {str(k): v for k, v in sorted(w.get("rss_after", {}).items())}
+        if w.get("last_rss") is not None:
+            after["last"] = w["last_rss"]
+        out["rss_bytes_after_task"] = after
+        return out
+
+
+try:  # executors and the driver have pyspark; the library's other users may not
+    from pyspark.accumulators import AccumulatorParam as _AccumulatorParam
+except ImportError:  # pragma: no cover - without pyspark there is no accumulator to make
+    _AccumulatorParam = object
+
+
+class StatsAccumulator(_AccumulatorParam):
+    """Spark accumulator type of a :class:`StatsFold`: ``sc.accumulator(StatsFold(), StatsAccumulator())``."""
+
+    def zero(self, value: StatsFold) -> StatsFold:
+        return StatsFold()
+
+    def addInPlace(self, value1: StatsFold, value2: StatsFold) -> StatsFold:
+        return value1.merge(value2)

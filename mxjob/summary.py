@@ -1,0 +1,107 @@
+"""The run's summary (``OUTPUT.summary.json``): what was scored and reused, where the time went, threads per host."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mxjob import durable
+from mxjob.config import JobConfig
+from mxjob.stats import StatsFold
+from mxjob.worker import memory_bytes
+
+log = logging.getLogger(__name__)
+
+
+def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts: durable.AssemblyCounts,
+              elapsed: float, model_summary: dict, seconds: dict, plan: durable.Plan, fingerprint: dict) -> dict:
+    """The run's summary, as written to ``OUTPUT.summary.json``.
+
+    Parameters
+    ----------
+    cfg : JobConfig
+        The run's settings; the summary repeats them under ``options``.
+    images : int
+        Keys listed.
+    batches : int
+        Batches this run scored (a resume scores fewer than the listing holds).
+    fold : StatsFold
+        The tasks' stats, folded (the job's accumulator).
+    counts : durable.AssemblyCounts
+        Lines in the output: predicted, failed, and what the assembly read and dropped.
+    elapsed : float
+        Seconds from start to the summary.
+    model_summary : dict
+        :meth:`Predictor.model_summary` of the checked model.
+    seconds : dict
+        The driver's own stages: ``listing``, ``model_check``, ``plan``, ``spark``, ``assembly``, ``assembly_cpu``.
+    plan : durable.Plan
+        The earlier runs reused and the keys scored.
+    fingerprint : dict
+        What every line depends on (:func:`durable.fingerprint`).
+
+    Returns
+    -------
+    dict
+        Counts first (listed, predicted, failed, reused, scored), then time
+        (``elapsed_seconds``, ``seconds`` by stage summed over executors and
+        the driver's own, the tasks' window), then per executor, per Python
+        worker and per host (``threads``), then the model, fingerprint and options.
+    """
+    executors = {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()}
+                 for name, e in fold.executors.items()}
+    workers = {name: fold.worker_summary(name) for name in sorted(fold.workers)}
+    # Throughput while tasks ran: from the first task's start to the last one's end
+    # (elapsed_seconds also counts listing, Spark start-up and the assembly).
+    window = fold.last_end - fold.first_start if fold.first_start is not None else None
+    scored = fold.keys
+    return {
+        "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
+        "keys_listed": images, "predicted": counts.predicted, "failed": counts.failed,
+        # reused: keys whose line an earlier run made durable; scored: keys this run scored.
+        "reused": images - len(plan.todo), "scored": scored, "resumed": plan.resumed, "runs": plan.number,
+        "errors_by_stage": dict(fold.errors), "batches": batches, "batch_size": cfg.batch_size,
+        "elapsed_seconds": round(elapsed, 3),
+        "images_per_second": round(scored / elapsed, 2) if elapsed > 0 else None,
+        "seconds": {**{k: round(sum(e[k] for e in fold.executors.values()), 3) for k in fold.STAGES},
+                    **{k: round(v, 3) for k, v in seconds.items()}},
+        "assembly": {"parts_read": counts.parts_read, "bytes_read": counts.bytes_read,
+                     "lines_dropped": counts.dropped, "lines_superseded": counts.superseded},
+        "executors": executors,
+        "s3_retries": dict(fold.s3_retries),
+        "python_workers": workers,
+        "tasks": {"first_start": fold.first_start, "last_end": fold.last_end,
+                  "seconds": round(window, 3) if window else None,
+                  "images_per_second": round(scored / window, 2) if window else None},
+        "driver_max_rss_bytes": memory_bytes()["max_rss"],
+        # Batches whose result came from a retried task (lost worker or executor, ...).
+        "retried_batches": fold.retried,
+        "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
+                  "labels": cfg.model.labels_uri, **model_summary},
+        "fingerprint": fingerprint,
+        "options": cfg.options(),
+        "threads": thread_fit(fold),
+    }
+
+
+def thread_fit(fold: StatsFold) -> dict:
+    """Per host: its cores, executors and MXNet threads in all; a warning where threads x executors miss the cores.
+
+    ``fold`` holds the tasks' stats. The
+    executors are those that ran tasks, or as many as the driver's plan
+    put on the host if more (an executor may get no task in a small job).
+    Assumes one task at a time per executor (``spark.executor.cores=1``, the
+    job's shape); an executor's threads are the most any of its workers used.
+    """
+    out: dict[str, Any] = {"hosts": {}, "warnings": []}
+    for host, h in sorted(fold.hosts.items()):
+        executors = max(len(h["executors"]), h["planned"])
+        total = max(h["executors"].values()) * executors
+        out["hosts"][host] = {"cores": h["cores"], "executors": executors, "threads": total}
+        if total != h["cores"]:
+            out["warnings"].append(
+                f"host {host}: {executors} executor(s) x {max(h['executors'].values())} MXNet threads = {total} "
+                f"on {h['cores']} cores ({'cores left idle' if total < h['cores'] else 'threads wait for cores'}); "
+                f"leave --threads and spark.executorEnv.OMP_NUM_THREADS unset to fit the node, or set them "
+                f"to cores / executors per host")
+    return out

@@ -1,0 +1,171 @@
+"""The DataFrame function: :func:`model_udf`, a pandas UDF over a column of encoded images.
+
+It scores through the job's own code: the same :func:`decode_image`, the same
+per-worker model cache, the same top-k and the same error objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from mxjob import defaults
+from mxjob.device import parse_context, task_context
+from mxjob.errors import error_object
+from mxjob.model import (
+    Classifier,
+    ModelSpec,
+    get_classifier,
+    top_k_or_errors,
+)
+from mxjob.preprocess import Preprocess, decode_image
+
+log = logging.getLogger(__name__)
+
+def udf_return_type():
+    """The struct :func:`model_udf` returns; ``error`` is null when the image was scored.
+
+    ``predictions array<struct<class_id:int, label:string, probability:double>>,
+    error struct<stage:string, type:string, message:string>``. Built in Python,
+    not parsed from DDL, so a UDF can be made before any SparkSession.
+    """
+    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StringType, StructField, StructType
+
+    prediction = StructType([StructField("class_id", IntegerType()), StructField("label", StringType()),
+                             StructField("probability", DoubleType())])
+    error = StructType([StructField(name, StringType()) for name in ("stage", "type", "message")])
+    return StructType([StructField("predictions", ArrayType(prediction)), StructField("error", error)])
+
+
+@dataclass(frozen=True)
+class UdfSpec:
+    """What a :func:`model_udf` worker needs, as plain values (pickled with the UDF)."""
+
+    model: ModelSpec
+    preprocess: Preprocess
+    batch_size: int = defaults.BATCH_SIZE
+    top_k: int = defaults.TOP_K
+
+
+def model_udf(model, input_shape=defaults.INPUT_SHAPE, batch_size: int = defaults.BATCH_SIZE,
+              top_k: int = defaults.TOP_K, *, mean=Preprocess.mean, std=Preprocess.std,
+              resize: str = Preprocess.resize, max_image_pixels: int = defaults.MAX_IMAGE_PIXELS,
+              context: str | None = None, epoch: int = 0, labels: str | None = None, data_name: str = "data",
+              endpoint_url: str | None = None, region: str | None = None):
+    """A Spark UDF from a column of encoded images to their top-k predictions.
+
+    The model is loaded on the executors, once per Python worker, through
+    :func:`get_classifier` (``spark.python.worker.reuse=true``, Spark's
+    default, keeps the worker and so the model between tasks). Images are
+    decoded exactly as the job does (:func:`decode_image`) and scored by the
+    same :class:`Classifier`, ``batch_size`` at a time. The executors need
+    ``mxinfer.py`` and ``utils.py`` (``--py-files``) and pandas and pyarrow.
+
+    Not built on ``pyspark.ml.functions.predict_batch_udf``: it checks only the
+    first row of each batch against the return type, so it cannot return a
+    null ``predictions`` with an ``error`` for one unreadable image, and its
+    model cache is keyed by a new id per UDF object, where ours is keyed by
+    the model, shared with the job's code path.
+
+    Parameters
+    ----------
+    model : str or ModelSpec
+        Checkpoint prefix (``prefix-symbol.json``, ``prefix-%04d.params``;
+        ``s3://``, ``http(s)://``, ``file://`` or a path every executor can
+        read), or a :class:`ModelSpec`.
+    input_shape : tuple of int
+        ``(C, H, W)`` the model takes.
+    batch_size : int
+        Images per forward pass (the module's bound batch).
+    top_k : int
+        Predictions per image.
+    mean, std, resize, max_image_pixels
+        Preprocessing, as the job's options of the same names.
+    context : str, optional
+        ``cpu``, ``gpu`` (the GPU Spark assigned to the task, else partition
+        modulo visible GPUs) or ``gpu:N``. Default: the ``ModelSpec``'s, cpu.
+    epoch, labels, data_name, endpoint_url, region
+        As :meth:`ModelSpec.from_prefix` when ``model`` is a prefix.
+
+    Returns
+    -------
+    pyspark.sql.Column function
+        Apply it to a binary column; it returns :func:`udf_return_type`:
+        ``predictions`` (``class_id``, ``label``, ``probability``; highest
+        first) and ``error`` (``stage`` decode or predict, ``type``,
+        ``message``) for an image that could not be scored. A null input gives
+        null fields.
+
+    Examples
+    --------
+    >>> classify = model_udf("s3://bucket/models/resnet-18", top_k=3,  # doctest: +SKIP
+    ...                      mean=(123.68, 116.78, 103.94), std=(58.4, 57.12, 57.38))
+    >>> images = spark.read.format("binaryFile").load("s3://bucket/photos/")  # doctest: +SKIP
+    >>> images.select("path", classify("content").alias("p")).select("path", "p.predictions")  # doctest: +SKIP
+    """
+    import typing
+
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    if isinstance(model, ModelSpec):
+        spec = model if context is None else replace(model, context=context)
+    else:
+        spec = ModelSpec.from_prefix(str(model), epoch, labels_uri=labels, data_name=data_name,
+                                     context=context or "cpu", endpoint_url=endpoint_url, region=region)
+    parse_context(spec.context)  # a malformed context fails here, not on the executors
+    if int(batch_size) < 1 or int(top_k) < 1:
+        raise ValueError(f"batch_size and top_k must be at least 1, got {batch_size} and {top_k}")
+    preprocess = Preprocess(input_shape=tuple(int(x) for x in input_shape), mean=tuple(mean), std=tuple(std),
+                            resize=resize, max_image_pixels=int(max_image_pixels))
+    udf_spec = UdfSpec(spec, preprocess, int(batch_size), int(top_k))
+
+    def predict(batches):
+        return _udf_batches(batches, udf_spec)
+
+    # pandas_udf tells the UDF kind from real type hints; this module postpones
+    # annotations and imports pandas lazily, so they are set here.
+    predict.__annotations__ = {"batches": typing.Iterator[pd.Series], "return": typing.Iterator[pd.DataFrame]}
+    return pandas_udf(predict, udf_return_type())
+
+
+def _udf_batches(batches: Iterator, spec: UdfSpec) -> Iterator:
+    """The executor side of :func:`model_udf`: Arrow batches of image bytes to frames of results."""
+    import pandas as pd
+
+    model = replace(spec.model, context=task_context(spec.model.context))
+    classifier = get_classifier(model, spec.preprocess.input_shape, spec.batch_size)
+    for series in batches:
+        rows = score_images(classifier, list(series), spec.preprocess, spec.top_k)
+        yield pd.DataFrame({"predictions": [p for p, _ in rows], "error": [e for _, e in rows]})
+
+
+def score_images(classifier: Classifier, images: Sequence[bytes | None], preprocess: Preprocess,
+                 top_k: int) -> list[tuple[list[dict] | None, dict | None]]:
+    """Per image, ``(predictions, None)`` or ``(None, error)``; ``(None, None)`` for ``None``.
+
+    Decodes and scores ``classifier.batch_size`` images at a time, so memory
+    stays bounded however large the Arrow batch.
+    """
+    out: list[tuple[list[dict] | None, dict | None]] = [(None, None)] * len(images)
+
+    def failed(stage, exc):
+        return None, error_object(stage, exc)
+
+    for start in range(0, len(images), classifier.batch_size):
+        arrays, where = [], []
+        for i in range(start, min(start + classifier.batch_size, len(images))):
+            if images[i] is None:
+                continue
+            try:
+                arrays.append(decode_image(bytes(images[i]), preprocess))
+                where.append(i)
+            except Exception as exc:  # noqa: BLE001 - an unreadable image is that row's error
+                out[i] = failed("decode", exc)
+        if not arrays:
+            continue
+        for i, (row, exc) in zip(where, top_k_or_errors(classifier, arrays, top_k)):
+            out[i] = failed("predict", exc) if exc is not None else (
+                [{"class_id": c, "label": label, "probability": p} for c, label, p in row], None)
+    return out

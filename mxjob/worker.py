@@ -1,0 +1,168 @@
+"""Threads and memory of a Python worker: how many cores a forward pass may use, and what the process holds.
+
+Since Spark 3.0 every Python worker gets ``OMP_NUM_THREADS`` = the executor's
+cores unless ``spark.executorEnv.OMP_NUM_THREADS`` is set, so with
+``spark.executor.cores=1`` MXNet would use one core whatever the node has.
+The driver sends a :class:`ThreadPlan` (where the workers run); each worker
+divides its host's cores by the workers the host runs at once
+(:func:`worker_threads`) and applies that before MXNet loads
+(:func:`configure_threads`).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import socket
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mxjob import state
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """What the driver knows about where the Python workers run, for :func:`worker_threads`.
+
+    Since Spark 3.0 (SPARK-28843) every Python worker gets ``OMP_NUM_THREADS``
+    = the executor's cores unless ``spark.executorEnv.OMP_NUM_THREADS`` is set,
+    so a worker cannot tell Spark's value from a user's; the driver can.
+
+    Parameters
+    ----------
+    omp_from_user : bool
+        ``spark.executorEnv.OMP_NUM_THREADS`` is set: the worker's
+        ``OMP_NUM_THREADS`` is the user's choice and wins.
+    executors_by_host : tuple of (str, int)
+        Registered executors per host, as the driver's SparkContext lists them.
+    tasks_per_executor : int
+        Tasks an executor runs at once (``spark.executor.cores // spark.task.cpus``).
+    """
+
+    omp_from_user: bool = False
+    executors_by_host: tuple = ()
+    tasks_per_executor: int = 1
+
+    def workers_on(self, names: Iterable[str]) -> int:
+        """Python workers at once on the host known by any of ``names``; the busiest host's if none matches.
+
+        The busiest host is the safe guess: too few threads leave cores idle,
+        too many make every worker on the host wait for each other.
+        """
+        counts = dict(self.executors_by_host)
+        found = next((counts[name] for name in names if name in counts), None)
+        executors = found if found is not None else max(counts.values(), default=1)
+        return max(1, executors) * max(1, self.tasks_per_executor)
+
+
+def host_names() -> list[str]:
+    """The names the driver may list this host under: hostname, FQDN, address, Spark's and YARN's."""
+    names = [socket.gethostname(), socket.getfqdn()]
+    for variable in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME", "NM_HOST"):
+        if os.environ.get(variable):
+            names.append(os.environ[variable])
+    try:
+        names.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    return names
+
+
+def host_share(plan: ThreadPlan | None) -> dict:
+    """This host's ``cores`` and the Python ``workers`` the driver's plan puts on it at once (``None``: no plan)."""
+    return {"cores": os.cpu_count(), "workers": plan.workers_on(host_names()) if plan is not None else None}
+
+
+def worker_threads(requested: int | None = None, plan: ThreadPlan | None = None) -> int:
+    """How many cores one forward pass of this Python worker may use.
+
+    ``requested`` (the ``threads`` option) if given; else ``OMP_NUM_THREADS``
+    if the user set it (``spark.executorEnv.OMP_NUM_THREADS``, as ``plan``
+    tells; without a plan any value counts); else, with a ``plan``, this
+    host's cores divided among the Python workers the host runs at once (every
+    core for one executor per node); without one, the task's cores
+    (``spark.task.cpus``) if more than one, else every core of the machine.
+    """
+    if requested:
+        return int(requested)
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0 and (plan is None or plan.omp_from_user):
+        return int(env)
+    if plan is not None:
+        return max(1, (os.cpu_count() or 1) // plan.workers_on(host_names()))
+    task = state.spark_task()
+    cpus = task.cpus() if task is not None and hasattr(task, "cpus") else 1
+    return cpus if cpus > 1 else (os.cpu_count() or 1)
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment that gives MXNet's forward pass ``threads`` cores, and no more.
+
+    ``OMP_NUM_THREADS`` sizes OpenMP (and oneDNN's convolutions); without it
+    MXNet uses half the cores (ResNet-18 on 2 cores: 60 images/s by default,
+    117 with 2 threads). ``MXNET_CPU_WORKER_NTHREADS`` (operators run at once)
+    stays as the executor's environment sets it, else 1: one operator at a
+    time with every thread, which is what a chain of convolutions needs.
+    """
+    return {"OMP_NUM_THREADS": str(threads),
+            "MXNET_CPU_WORKER_NTHREADS": os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")}
+
+
+def configure_threads(threads: int) -> int | None:
+    """Apply :func:`thread_env` in this process if MXNet is not loaded yet; return the threads in force.
+
+    libmxnet and its OpenMP runtime read these variables once, when they load,
+    so this must run before the first ``import mxnet`` of the Python worker
+    (``score_partition`` calls it first thing). Once MXNet is loaded the
+    earlier setting stays, and is what this returns (``None``: MXNet's default).
+    """
+    if state.counters.threads_set:
+        return state.counters.threads
+    if "mxnet" in sys.modules:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        in_force = int(env) if env.isdigit() else None
+        # In an executor this is a mistake worth a warning; in a notebook or a
+        # --dry-run on the driver, MXNet is there first by design.
+        if in_force != threads and state.spark_task() is not None:
+            log.warning("MXNet was loaded before the threads setting (%d) could apply; it keeps %s", threads,
+                        f"OMP_NUM_THREADS={env}" if env else "its default")
+    else:
+        os.environ.update(thread_env(threads))
+        in_force = threads
+    state.counters.threads_set, state.counters.threads = True, in_force
+    return in_force
+
+
+def freeze_long_lived() -> None:
+    """Take what this worker keeps for good (modules, the model, clients) out of the cyclic GC's sight.
+
+    A reused PySpark worker runs ``gc.collect()`` after every task, and with
+    MXNet, botocore and a model loaded a full collection costs 0.1-0.2 s of
+    CPU each time (``make bench`` measured it). Once the first task has loaded
+    everything, ``gc.freeze()`` moves the survivors of one last collection to
+    the permanent generation, so later collections scan only new objects.
+    Reference counting still frees frozen objects; only cycles among them
+    would stay, and those are the long-lived ones.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def memory_bytes() -> dict[str, int | None]:
+    """This process's resident memory now (``rss``, Linux only) and at its peak (``max_rss``)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return {"rss": None, "max_rss": None}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # ru_maxrss is in KiB on Linux, in bytes on macOS.
+    peak = peak if os.uname().sysname == "Darwin" else peak * 1024
+    try:
+        with open("/proc/self/statm") as handle:
+            rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        rss = None
+    return {"rss": rss, "max_rss": peak}

@@ -1,0 +1,100 @@
+"""Per-process state: the one cache type (keyed, locked, least recently used out) and the zip that ships it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import zipfile
+
+import pytest
+
+from deploy.package import build_zip, zip_members
+from mxjob import device, state
+from tests.conftest import ROOT
+
+
+def test_the_least_recently_used_entry_is_evicted_and_on_evict_sees_it():
+    evicted = []
+    cache = state.ProcessCache("t", 2, on_evict=evicted.append)
+    cache.get("a", lambda: "A")
+    cache.get("b", lambda: "B")
+    assert cache.get("a", lambda: "not made: a hit") == "A"  # a is now the most recent
+    cache.get("c", lambda: "C")
+    assert evicted == ["B"] and "a" in cache and "c" in cache and "b" not in cache and len(cache) == 2
+
+
+def test_a_failing_make_keeps_nothing_and_the_next_call_makes_again():
+    cache = state.ProcessCache("t", 2)
+
+    def broken():
+        raise OSError("weights unreachable")
+
+    with pytest.raises(OSError, match="weights unreachable"):
+        cache.get("m", broken)
+    assert "m" not in cache and cache.get("m", lambda: 7) == 7
+
+
+def test_threads_asking_for_one_key_at_once_make_it_once():
+    cache = state.ProcessCache("t", 2)
+    made, start = [], threading.Barrier(8)
+
+    def make():
+        made.append(1)
+        return object()
+
+    results = []
+
+    def ask():
+        start.wait()
+        results.append(cache.get("model", make))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and len({id(r) for r in results}) == 1
+
+
+def test_capacity_below_one_is_refused():
+    with pytest.raises(ValueError, match="capacity must be at least 1"):
+        state.ProcessCache("models", 0)
+
+
+def test_clear_forgets_models_and_handlers():
+    state.models.get("k", lambda: 1)
+    state.handlers.get("h", lambda: 2)
+    state.clear()
+    assert "k" not in state.models and "h" not in state.handlers
+
+
+@pytest.mark.parametrize(("name", "parsed"), [("cpu", ("cpu", None)), ("gpu", ("gpu", None)), ("gpu:3", ("gpu", 3))])
+def test_one_context_grammar(name, parsed):
+    assert device.parse_context(name) == parsed
+
+
+@pytest.mark.parametrize("name", ["cpu:0", "gpu:", "gpu:x", "tpu", "GPU", ""])
+def test_a_malformed_context_is_refused_by_every_caller(name):
+    with pytest.raises(ValueError, match="context must be cpu, gpu or gpu:N"):
+        device.parse_context(name)
+    with pytest.raises(ValueError, match="context must be cpu, gpu or gpu:N"):
+        device.choose_context(name, None, 0, 1)
+    with pytest.raises(ValueError, match="context must be cpu, gpu or gpu:N"):
+        device.mx_context(name)
+
+
+def test_the_py_files_zip_holds_every_module_and_imports_from_itself_alone(tmp_path):
+    archive = build_zip(tmp_path / "job.zip")
+    names = zipfile.ZipFile(archive).namelist()
+    package = sorted(p.name for p in (ROOT / "mxjob").glob("*.py"))
+    assert names == ["mxinfer.py", "utils.py", *[f"mxjob/{n}" for n in package]]
+    assert [m.as_posix() for m in zip_members()] == names
+    assert build_zip(tmp_path / "again.zip").read_bytes() == archive.read_bytes()  # same sources, same bytes
+    # From an empty folder, with only the zip on the path: every module imports.
+    modules = ["mxinfer", "utils", *[f"mxjob.{n[:-3]}" for n in package if n != "__init__.py"]]
+    code = (f"import importlib, sys; sys.path.insert(0, {str(archive)!r}); "
+            f"[importlib.import_module(m) for m in {modules}]")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin"}, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]

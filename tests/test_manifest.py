@@ -86,24 +86,18 @@ def test_csv_manifest_malformed_lines_are_named_by_number(tmp_path):
     assert "line 7: 4 fields" in message  # counted after the quoted key that spans lines 5 and 6
 
 
-def test_a_manifest_that_spans_buckets_is_refused_naming_them(tmp_path):
-    path = tmp_path / "two.csv"
-    path.write_text("b-one,photos/a.jpg\nb-two,photos/b.jpg\nb-one,photos/c.jpg\n")
-    with pytest.raises(manifest.ManifestError, match="names keys in 2 buckets \\(b-one, b-two\\); one job reads "
-                                                     "one bucket: split the manifest by bucket"):
-        read(path)
-    (tmp_path / "one.csv").write_text("b-one,photos/a.jpg\n")
-    with pytest.raises(manifest.ManifestError, match=r"names keys in bucket\(s\) b-one, not in the input bucket "
-                                                     "other"):
-        read(tmp_path / "one.csv", bucket="other")
-
-
-def test_bare_keys_without_a_bucket_are_refused(tmp_path):
-    path = tmp_path / "keys.txt"
-    path.write_text("photos/a.jpg\n")
-    with pytest.raises(manifest.ManifestError, match="without a bucket: write them as s3://BUCKET/KEY, or give "
-                                                     "their bucket with --input"):
-        read(path)
+@pytest.mark.parametrize(("name", "text", "bucket", "match"), [
+    ("two.csv", "b-one,photos/a.jpg\nb-two,photos/b.jpg\nb-one,photos/c.jpg\n", None,
+     "names keys in 2 buckets \\(b-one, b-two\\); one job reads one bucket: split the manifest by bucket"),
+    ("one.csv", "b-one,photos/a.jpg\n", "other", r"names keys in bucket\(s\) b-one, not in the input bucket other"),
+    ("keys.txt", "photos/a.jpg\n", None,
+     "without a bucket: write them as s3://BUCKET/KEY, or give their bucket with --input"),
+])
+def test_a_manifest_that_does_not_name_the_one_input_bucket_is_refused(tmp_path, name, text, bucket, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(manifest.ManifestError, match=match):
+        read(path, **({"bucket": bucket} if bucket else {}))
 
 
 @pytest.mark.parametrize("name, text", [("empty.txt", ""), ("blank.txt", "\n\n"), ("docs.csv", "b-one,a/readme.txt\n"),

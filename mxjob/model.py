@@ -347,14 +347,15 @@ class Classifier(Predictor):
 
     def classify(self, array: np.ndarray, top_k: int = defaults.TOP_K) -> list[list[tuple[int, str | None, float]]]:
         """Per row, ``(class_id, label, probability)`` for the ``top_k`` classes, highest first."""
-        return [self._labelled(row) for row in top_classes(self.probabilities(array), top_k)]
+        return [self.labelled(row) for row in top_classes(self.probabilities(array), top_k)]
 
-    def _labelled(self, row):
+    def labelled(self, row: list[tuple[int, float]]) -> list[tuple[int, str | None, float]]:
+        """A row of :func:`top_classes` with each class's label (``None`` without labels)."""
         return [(c, self.labels[c] if self.labels else None, p) for c, p in row]
 
     def prediction_dicts(self, probabilities: np.ndarray, k: int) -> list[list[dict]]:
         """Rows of top-k as the job's JSON objects."""
-        return [self.prediction_entries(self._labelled(row)) for row in top_classes(probabilities, k)]
+        return [self.prediction_entries(self.labelled(row)) for row in top_classes(probabilities, k)]
 
     def prediction_entries(self, labelled: list[tuple[int, str | None, float]]) -> list[dict]:
         """One row of :meth:`classify` as the job writes it: no label without labels, 6 significant digits."""
@@ -435,5 +436,5 @@ def top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: int
     except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
         return [(None, exc)] * len(arrays)
     finite = np.isfinite(probs).all(axis=1)
-    return [(classifier._labelled(row), None) if ok else (None, FloatingPointError("model output is not finite"))
+    return [(classifier.labelled(row), None) if ok else (None, FloatingPointError("model output is not finite"))
             for ok, row in zip(finite, top_classes(probs, top_k))]

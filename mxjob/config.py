@@ -24,7 +24,7 @@ from mxjob import durable
 from mxjob.device import parse_context
 from mxjob.errors import first_line
 from mxjob.int8 import PRECISIONS
-from mxjob.listing import DEFAULT_SUFFIXES
+from mxjob.listing import DEFAULT_SUFFIXES, LIST_CONCURRENCY
 from mxjob.model import ModelSpec
 from mxjob.partition import JobSpec
 from mxjob.preprocess import DECODE_MODES, RESIZE_MODES, Preprocess
@@ -491,7 +491,7 @@ OPTIONS: list[click.Option] = [
     click.Option(["--bucket"], help="Input bucket (the original's flag; use with --prefix)."),
     click.Option(["--prefix"], default="", show_default=False, help="Input key prefix (the original's flag)."),
     click.Option(["--input-manifest"], metavar="URI", help="Score the keys this file names (path or s3://) instead of listing: text (a key or s3://B/K a line), CSV (bucket,key[,size]) or an S3 Inventory manifest.json; --input then filters by bucket and prefix."),
-    click.Option(["--list-concurrency"], type=_count(), default=16, help="List calls in flight while listing --input."),
+    click.Option(["--list-concurrency"], type=_count(), default=LIST_CONCURRENCY, help="List calls in flight while listing --input."),
     click.Option(["--suffixes"], type=Suffixes(), default=_csv(DEFAULT_SUFFIXES), help="Comma-separated image suffixes, case-insensitive."),
     click.Option(["--model"], metavar="URI", help="Checkpoint prefix: URI-symbol.json and URI-%04d.params."),
     click.Option(["--epoch"], type=_count(0), default=0, help="Checkpoint epoch in the params file name."),

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 #: bytes (3 GB of text) still fit one column.
 #: Keys the job scores unless --suffixes says otherwise: the image formats Pillow decodes.
 DEFAULT_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp")
+#: ListObjectsV2 calls in flight (``--list-concurrency``): enough to hide S3's per-page latency, few
+#: enough to stay far below its request rate per prefix.
+LIST_CONCURRENCY = 16
 KEY_TYPE = pa.large_string()
 #: The size of an object whose size the manifest did not give.
 UNKNOWN_SIZE = -1
@@ -375,7 +378,7 @@ def _keys_and_sizes(response_dict, customized_response_dict, operation_model=Non
     response_dict["body"] = rest if b"<Contents>" not in rest else _CONTENTS.sub(b"", rest)
 
 
-def list_prefix(client, bucket: str, prefix: str, concurrency: int = 16, *, page_size: int = 1000,
+def list_prefix(client, bucket: str, prefix: str, concurrency: int = LIST_CONCURRENCY, *, page_size: int = 1000,
                 progress_every: int = 100_000) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
     """Every key under ``prefix`` and its size, with up to ``concurrency`` list calls in flight.
 

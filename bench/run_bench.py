@@ -252,7 +252,10 @@ def run(args) -> dict:
     log(f"making {args.images} images (cached in {work / f'images-{args.images}'})")
     paths = bench_images.make_images(work / f"images-{args.images}", args.images)
     chosen = [bench_models.MODELS[name] for name in args.models]
-    prefixes = {m.name: bench_models.export(m, work / "models") for m in chosen}
+    # The memory run uses ResNet-20 whichever models --models names: it goes up too.
+    extra = [bench_models.RESNET20] if args.memory_tasks > 0 and bench_models.RESNET20 not in chosen else []
+    needed = [*chosen, *extra]
+    prefixes = {m.name: bench_models.export(m, work / "models") for m in needed}
     results: dict = {"machine": {"cores": cores, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
                      "images": len(paths), "image_bytes": sum(p.stat().st_size for p in paths),
                      "latency_ms": args.latency * 1000, "batch": args.batch, "models": {}}
@@ -260,7 +263,7 @@ def run(args) -> dict:
         moto = next(p for p in psutil.Process().children() if "moto" in " ".join(p.cmdline()))
         s3 = boto3.client("s3", endpoint_url=upstream, region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
-        log(f"uploading {len(paths)} images and {len(chosen)} models to moto at {upstream}; "
+        log(f"uploading {len(paths)} images and {len(prefixes)} models to moto at {upstream}; "
             f"the job reads through the proxy at {proxy.endpoint} (+{args.latency * 1000:.0f} ms per request)")
         upload(s3, paths, prefixes)
         keys = [f"photos/{p.name}" for p in paths]

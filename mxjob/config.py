@@ -10,7 +10,6 @@ range), a :class:`JobConfig` field, and the line of :func:`resolve` that fills i
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from dataclasses import asdict, dataclass, fields
@@ -28,9 +27,6 @@ from mxjob.listing import DEFAULT_SUFFIXES, LIST_CONCURRENCY
 from mxjob.model import ModelSpec
 from mxjob.partition import JobSpec
 from mxjob.preprocess import DECODE_MODES, RESIZE_MODES, Preprocess
-
-log = logging.getLogger(__name__)
-
 
 REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
                    "aws_session_token")

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from mxjob import state
-
-log = logging.getLogger(__name__)
 
 
 def parse_context(name: str) -> tuple[str, int | None]:

@@ -45,6 +45,98 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------
+# The run
+
+
+def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
+    """List, plan, check the model, score on Spark, assemble; return the exit code."""
+    started = time.time()
+    seconds: dict[str, float] = {}
+    client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
+    cfg = prepare_handler(cfg, client)
+    images = list_images(client, cfg)
+    cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
+    seconds["listing"] = time.time() - started
+    # Load the model here first: a bad checkpoint, shape or labels file fails
+    # now, with its cause, instead of in every task after the cluster spun up.
+    check_started = time.time()
+    classifier = load_model_on_driver(cfg)
+    summary_model = classifier.model_summary()
+    if isinstance(classifier, Classifier) and cfg.top_k > classifier.num_classes:
+        raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
+    cfg, precision = prepare_precision(cfg, client, images, classifier)
+    fingerprint = job_fingerprint(cfg, classifier)
+    if cfg.dry_run:
+        return dry_run(cfg, images, classifier, client, fingerprint)
+    del classifier  # checked: the driver needs the model no more
+    seconds["model_check"] = time.time() - check_started
+    plan_started = time.time()
+    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    try:
+        plan = plan_output(cfg, client, work, images, fingerprint)
+    except Completed:
+        log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
+                 cfg.output_bucket, cfg.summary_key)
+        return 0
+    batches = plan.todo.num_batches(cfg.batch_size)
+    log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
+             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
+    stats = StatsFold()
+    try:
+        if batches:
+            application, _ = yarn_attempt()
+            run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
+            seconds["plan"] = time.time() - plan_started
+            spark_started = time.time()
+            stats = run_spark(cfg, run, work.plan_key(run), spark_conf)
+            seconds["spark"] = time.time() - spark_started
+        else:
+            seconds["plan"] = time.time() - plan_started
+        assembly_started, assembly_cpu = time.time(), time.process_time()
+        counts = assemble_output(cfg, client, work, images)
+        seconds["assembly"] = time.time() - assembly_started
+        # The driver's own CPU in the assembly (merging, checking, compressing); the rest is waiting for S3.
+        seconds["assembly_cpu"] = time.process_time() - assembly_cpu
+    except (JobError, Interrupted) as exc:
+        exc.work = work  # main() says what is durable and how to resume
+        raise
+    log.info("assembled %s from %d parts in %.1f s", cfg.output_uri, counts.parts_read, seconds["assembly"])
+    elapsed = time.time() - started
+    summary = summarize(cfg, len(images), batches, stats, counts, elapsed, summary_model, seconds, plan,
+                        fingerprint)
+    summary["precision"] = precision
+    utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
+    for warning in summary["threads"]["warnings"]:
+        log.warning("%s", warning)
+    removed = work.remove()
+    log.info("summary: %s", json.dumps({k: summary[k] for k in (
+        "keys_listed", "predicted", "failed", "reused", "scored", "batches", "elapsed_seconds")}))
+    log.info("wrote %s and s3://%s/%s; removed %d work objects under %s", cfg.output_uri, cfg.output_bucket,
+             cfg.summary_key, removed, work.uri)
+    limit = allowed_errors(cfg.max_errors, len(images))
+    if counts.failed > limit:
+        log.error("%d images failed, more than --max-errors %s allows (%d); see the error lines in %s",
+                  counts.failed, cfg.max_errors, limit, cfg.output_uri)
+        return EXIT_TOO_MANY_ERRORS
+    return 0
+
+
+def durable_status(work: durable.WorkPrefix | None) -> str:
+    """``N of M batches are durable under URI`` for the messages of a run that did not finish."""
+    if work is None:
+        return ""
+    try:
+        runs = work.runs()
+    except Exception as exc:  # noqa: BLE001 - S3 unreachable: say so instead of hiding the first error
+        return f"could not read {work.uri} ({first_line(exc)})"
+    if not runs:
+        return f"nothing was durable yet under {work.uri}"
+    last = runs[-1]
+    return (f"{len(last.done)} of {last.batches} batches of this run are durable under {work.uri}"
+            + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
+
+
+# ----------------------------------------------------------------------------
 # Listing
 
 
@@ -211,98 +303,6 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
         sink.abort()
         raise
     return counts
-
-
-# ----------------------------------------------------------------------------
-# The run
-
-
-def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
-    """List, plan, check the model, score on Spark, assemble; return the exit code."""
-    started = time.time()
-    seconds: dict[str, float] = {}
-    client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
-    cfg = prepare_handler(cfg, client)
-    images = list_images(client, cfg)
-    cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
-    seconds["listing"] = time.time() - started
-    # Load the model here first: a bad checkpoint, shape or labels file fails
-    # now, with its cause, instead of in every task after the cluster spun up.
-    check_started = time.time()
-    classifier = load_model_on_driver(cfg)
-    summary_model = classifier.model_summary()
-    if isinstance(classifier, Classifier) and cfg.top_k > classifier.num_classes:
-        raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
-    cfg, precision = prepare_precision(cfg, client, images, classifier)
-    fingerprint = job_fingerprint(cfg, classifier)
-    if cfg.dry_run:
-        return dry_run(cfg, images, classifier, client, fingerprint)
-    del classifier  # checked: the driver needs the model no more
-    seconds["model_check"] = time.time() - check_started
-    plan_started = time.time()
-    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
-    try:
-        plan = plan_output(cfg, client, work, images, fingerprint)
-    except Completed:
-        log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
-                 cfg.output_bucket, cfg.summary_key)
-        return 0
-    batches = plan.todo.num_batches(cfg.batch_size)
-    log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
-             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
-    stats = StatsFold()
-    try:
-        if batches:
-            application, _ = yarn_attempt()
-            run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
-            seconds["plan"] = time.time() - plan_started
-            spark_started = time.time()
-            stats = run_spark(cfg, run, work.plan_key(run), spark_conf)
-            seconds["spark"] = time.time() - spark_started
-        else:
-            seconds["plan"] = time.time() - plan_started
-        assembly_started, assembly_cpu = time.time(), time.process_time()
-        counts = assemble_output(cfg, client, work, images)
-        seconds["assembly"] = time.time() - assembly_started
-        # The driver's own CPU in the assembly (merging, checking, compressing); the rest is waiting for S3.
-        seconds["assembly_cpu"] = time.process_time() - assembly_cpu
-    except (JobError, Interrupted) as exc:
-        exc.work = work  # main() says what is durable and how to resume
-        raise
-    log.info("assembled %s from %d parts in %.1f s", cfg.output_uri, counts.parts_read, seconds["assembly"])
-    elapsed = time.time() - started
-    summary = summarize(cfg, len(images), batches, stats, counts, elapsed, summary_model, seconds, plan,
-                        fingerprint)
-    summary["precision"] = precision
-    utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
-    for warning in summary["threads"]["warnings"]:
-        log.warning("%s", warning)
-    removed = work.remove()
-    log.info("summary: %s", json.dumps({k: summary[k] for k in (
-        "keys_listed", "predicted", "failed", "reused", "scored", "batches", "elapsed_seconds")}))
-    log.info("wrote %s and s3://%s/%s; removed %d work objects under %s", cfg.output_uri, cfg.output_bucket,
-             cfg.summary_key, removed, work.uri)
-    limit = allowed_errors(cfg.max_errors, len(images))
-    if counts.failed > limit:
-        log.error("%d images failed, more than --max-errors %s allows (%d); see the error lines in %s",
-                  counts.failed, cfg.max_errors, limit, cfg.output_uri)
-        return EXIT_TOO_MANY_ERRORS
-    return 0
-
-
-def durable_status(work: durable.WorkPrefix | None) -> str:
-    """``N of M batches are durable under URI`` for the messages of a run that did not finish."""
-    if work is None:
-        return ""
-    try:
-        runs = work.runs()
-    except Exception as exc:  # noqa: BLE001 - S3 unreachable: say so instead of hiding the first error
-        return f"could not read {work.uri} ({first_line(exc)})"
-    if not runs:
-        return f"nothing was durable yet under {work.uri}"
-    last = runs[-1]
-    return (f"{len(last.done)} of {last.batches} batches of this run are durable under {work.uri}"
-            + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
 
 
 # ----------------------------------------------------------------------------

@@ -28,7 +28,6 @@ import hashlib
 import heapq
 import io
 import json
-import logging
 import re
 import time
 from collections import deque
@@ -45,8 +44,6 @@ import pyarrow.parquet as pq
 
 import utils
 from mxjob import listing
-
-log = logging.getLogger(__name__)
 
 #: The work prefix is the output key followed by this.
 WORK_SUFFIX = ".parts/"

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
 
-log = logging.getLogger(__name__)
 
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type's name if it has none): for one-line errors."""
@@ -28,6 +26,7 @@ def error_object(stage: str, exc: BaseException) -> dict:
 
 
 def error_line(key: str, stage: str, exc: BaseException) -> str:
+    """The JSON line of a key that failed at ``stage``: ``{"key": ..., "error": error_object(stage, exc)}``."""
     return json.dumps({"key": key, "error": error_object(stage, exc)}, ensure_ascii=False)
 
 

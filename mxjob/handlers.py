@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,6 @@ from mxjob.model import (
     Predictor,
 )
 
-log = logging.getLogger(__name__)
 
 class HandlerError(Exception):
     """A handler file that cannot serve: missing, fails to import, or defines neither handler."""

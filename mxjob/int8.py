@@ -8,7 +8,6 @@ disagree on more top-1 classes than ``--min-agreement`` allows.
 from __future__ import annotations
 
 import json
-import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,8 +18,6 @@ from mxjob.model import (
     ModelError,
     ModelSpec,
 )
-
-log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "int8")
 #: The layers oneDNN quantizes, by their op in the fp32 graph; --int8-exclude names them.

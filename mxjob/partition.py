@@ -84,102 +84,6 @@ class JobSpec:
         return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """This worker's download pool of ``threads`` threads (kept in :data:`mxjob.state.pools`)."""
-    return state.pools.get(threads, lambda: ThreadPoolExecutor(threads, thread_name_prefix="fetch"))
-
-
-def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handlers | None, key: str, size: int,
-                      io_stats: utils.IOStats):
-    """Download and decode one object (with ``handlers.input_handler`` if there is one).
-
-    Returns ``(key, array, None, times)``, or ``(key, None, (stage, error_line), times)``.
-    """
-    started = time.perf_counter()
-
-    def failed(stage, exc, times):
-        return key, None, (stage, error_line(key, stage, exc)), times
-
-    if size is not None and size > job.max_object_bytes:
-        return failed("download", utils.too_large(size, job.max_object_bytes), (0.0, 0.0))
-    try:
-        # Also checked from the GET's Content-Length: a manifest may not give sizes (size -1).
-        data = reader.read(job.bucket, key, stats=io_stats, max_bytes=job.max_object_bytes)
-    except Exception as exc:  # noqa: BLE001 - every download failure becomes this key's error line
-        return failed("download", exc, (time.perf_counter() - started, 0.0))
-    downloaded = time.perf_counter()
-    try:
-        if handlers is not None and handlers.input_handler is not None:
-            array = handlers.decode(key, data, job.preprocess.input_shape)
-        else:
-            array = decode_image(data, job.preprocess)
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's, not the batch's
-        return failed("decode", exc, (downloaded - started, time.perf_counter() - downloaded))
-    return key, array, None, (downloaded - started, time.perf_counter() - downloaded)
-
-
-def _prefetched(items: Sequence[tuple[str, int]], work, pool: ThreadPoolExecutor, window: int) -> Iterator:
-    """Results of ``work(key, size)`` in input order, with at most ``window`` in flight.
-
-    The window bounds memory (decoded images waiting for the model) while
-    downloads and decoding run ahead of the model on the pool's threads. The
-    first ``window`` items are submitted at once, on the call, not on the first
-    ``next()``: a worker's first task fetches while it loads the model.
-    """
-    pending: deque = deque()
-    it = iter(items)
-    for key, size in it:
-        pending.append(pool.submit(work, key, size))
-        if len(pending) >= window:
-            break
-    return _drain(pending, it, work, pool)
-
-
-def _drain(pending: deque, it: Iterator, work, pool: ThreadPoolExecutor) -> Iterator:
-    while pending:
-        result = pending.popleft().result()
-        nxt = next(it, None)
-        if nxt is not None:
-            pending.append(pool.submit(work, *nxt))
-        yield result
-
-
-def _task_attempt() -> int:
-    """This task's attempt number (0 the first time); 0 outside Spark."""
-    task = state.spark_task()
-    return task.attemptNumber() if task is not None else 0
-
-
-def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], top_k: int,
-                 handlers: Handlers | None = None) -> list[tuple[str, str, bool]]:
-    """One forward pass over ``arrays``; per key, ``(key, JSON line, failed)``.
-
-    The line holds the top-k ``predictions`` (``model`` is a
-    :class:`Classifier`), or the object of the user's ``output_handler``. A
-    failed forward pass fails every key of the batch; a non-finite output or
-    a failing handler fails its key only. Failures are ``predict`` error lines.
-    """
-    out = []
-    if handlers is None or handlers.output_handler is None:
-        for key, (row, exc) in zip(keys, top_k_or_errors(model, arrays, top_k)):
-            if exc is not None:
-                out.append((key, error_line(key, "predict", exc), True))
-            else:
-                line = json.dumps({"key": key, "predictions": model.prediction_entries(row)}, ensure_ascii=False)
-                out.append((key, line, False))
-        return out
-    try:
-        outputs = model.predict(np.stack(arrays))
-    except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
-        return [(key, error_line(key, "predict", exc), True) for key in keys]
-    for i, key in enumerate(keys):
-        try:
-            out.append((key, handlers.output_line(key, [o[i] for o in outputs]), False))
-        except Exception as exc:  # noqa: BLE001 - the user's code failing on one key fails that key
-            out.append((key, error_line(key, "predict", exc), True))
-    return out
-
-
 def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple]:
     """Score one partition (one batch); yields a single ``(index, lines, blob, stats)``, ``stats`` a :class:`TaskStats`.
 
@@ -295,3 +199,103 @@ def score_into(index: int, items: Iterable, job: JobSpec, stats) -> Iterator[int
     for _, _, _, task_stats in score_partition(index, items, job):
         stats.add(StatsFold().add(task_stats))
         yield task_stats.keys
+
+
+# ----------------------------------------------------------------------------
+# What the runner calls
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """This worker's download pool of ``threads`` threads (kept in :data:`mxjob.state.pools`)."""
+    return state.pools.get(threads, lambda: ThreadPoolExecutor(threads, thread_name_prefix="fetch"))
+
+
+def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handlers | None, key: str, size: int,
+                      io_stats: utils.IOStats):
+    """Download and decode one object (with ``handlers.input_handler`` if there is one).
+
+    Returns ``(key, array, None, times)``, or ``(key, None, (stage, error_line), times)``.
+    """
+    started = time.perf_counter()
+
+    def failed(stage, exc, times):
+        return key, None, (stage, error_line(key, stage, exc)), times
+
+    if size is not None and size > job.max_object_bytes:
+        return failed("download", utils.too_large(size, job.max_object_bytes), (0.0, 0.0))
+    try:
+        # Also checked from the GET's Content-Length: a manifest may not give sizes (size -1).
+        data = reader.read(job.bucket, key, stats=io_stats, max_bytes=job.max_object_bytes)
+    except Exception as exc:  # noqa: BLE001 - every download failure becomes this key's error line
+        return failed("download", exc, (time.perf_counter() - started, 0.0))
+    downloaded = time.perf_counter()
+    try:
+        if handlers is not None and handlers.input_handler is not None:
+            array = handlers.decode(key, data, job.preprocess.input_shape)
+        else:
+            array = decode_image(data, job.preprocess)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's, not the batch's
+        return failed("decode", exc, (downloaded - started, time.perf_counter() - downloaded))
+    return key, array, None, (downloaded - started, time.perf_counter() - downloaded)
+
+
+def _prefetched(items: Sequence[tuple[str, int]], work, pool: ThreadPoolExecutor, window: int) -> Iterator:
+    """Results of ``work(key, size)`` in input order, with at most ``window`` in flight.
+
+    The window bounds memory (decoded images waiting for the model) while
+    downloads and decoding run ahead of the model on the pool's threads. The
+    first ``window`` items are submitted at once, on the call, not on the first
+    ``next()``: a worker's first task fetches while it loads the model.
+    """
+    pending: deque = deque()
+    it = iter(items)
+    for key, size in it:
+        pending.append(pool.submit(work, key, size))
+        if len(pending) >= window:
+            break
+    return _drain(pending, it, work, pool)
+
+
+def _drain(pending: deque, it: Iterator, work, pool: ThreadPoolExecutor) -> Iterator:
+    while pending:
+        result = pending.popleft().result()
+        nxt = next(it, None)
+        if nxt is not None:
+            pending.append(pool.submit(work, *nxt))
+        yield result
+
+
+def _task_attempt() -> int:
+    """This task's attempt number (0 the first time); 0 outside Spark."""
+    task = state.spark_task()
+    return task.attemptNumber() if task is not None else 0
+
+
+def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], top_k: int,
+                 handlers: Handlers | None = None) -> list[tuple[str, str, bool]]:
+    """One forward pass over ``arrays``; per key, ``(key, JSON line, failed)``.
+
+    The line holds the top-k ``predictions`` (``model`` is a
+    :class:`Classifier`), or the object of the user's ``output_handler``. A
+    failed forward pass fails every key of the batch; a non-finite output or
+    a failing handler fails its key only. Failures are ``predict`` error lines.
+    """
+    out = []
+    if handlers is None or handlers.output_handler is None:
+        for key, (row, exc) in zip(keys, top_k_or_errors(model, arrays, top_k)):
+            if exc is not None:
+                out.append((key, error_line(key, "predict", exc), True))
+            else:
+                line = json.dumps({"key": key, "predictions": model.prediction_entries(row)}, ensure_ascii=False)
+                out.append((key, line, False))
+        return out
+    try:
+        outputs = model.predict(np.stack(arrays))
+    except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
+        return [(key, error_line(key, "predict", exc), True) for key in keys]
+    for i, key in enumerate(keys):
+        try:
+            out.append((key, handlers.output_line(key, [o[i] for o in outputs]), False))
+        except Exception as exc:  # noqa: BLE001 - the user's code failing on one key fails that key
+            out.append((key, error_line(key, "predict", exc), True))
+    return out

@@ -14,15 +14,12 @@ Pure functions of the bytes and a :class:`Preprocess`: no S3, no Spark, no model
 from __future__ import annotations
 
 import io
-import logging
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps
 
 from mxjob import defaults
-
-log = logging.getLogger(__name__)
 
 RESIZE_MODES = ("stretch", "short-side-crop")
 DECODE_MODES = ("draft", "exact")

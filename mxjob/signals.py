@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import signal
-
-log = logging.getLogger(__name__)
 
 
 class Interrupted(BaseException):

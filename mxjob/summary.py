@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from mxjob import durable
 from mxjob.config import JobConfig
 from mxjob.stats import StatsFold
 from mxjob.worker import memory_bytes
-
-log = logging.getLogger(__name__)
 
 
 def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts: durable.AssemblyCounts,

@@ -6,7 +6,6 @@ per-worker model cache, the same top-k and the same error objects.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -21,7 +20,6 @@ from mxjob.model import (
 )
 from mxjob.preprocess import Preprocess, decode_image
 
-log = logging.getLogger(__name__)
 
 def udf_return_type():
     """The struct :func:`model_udf` returns; ``error`` is null when the image was scored.

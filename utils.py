@@ -37,6 +37,8 @@ import botocore.exceptions
 import botocore.utils
 import urllib3.exceptions
 
+from mxjob import state
+
 log = logging.getLogger(__name__)
 
 #: S3 refuses multipart parts under 5 MiB (except the last one).
@@ -99,13 +101,6 @@ def parse_s3_uri(uri: str, *, need_key: bool = False) -> tuple[str, str]:
     return parsed.netloc, key
 
 
-#: This process's clients by their settings, each with the credentials its session resolved
-#: (which :class:`ObjectReader` signs with): kept together, so neither outlives the other.
-_clients: dict[tuple, tuple[object, object]] = {}
-_readers: dict[tuple, ObjectReader] = {}
-_clients_lock = threading.Lock()
-
-
 def s3_client(
     endpoint_url: str | None = None,
     region: str | None = None,
@@ -131,24 +126,23 @@ def cached_client(endpoint_url: str | None, region: str | None, max_attempts: in
     The two are cached together, so :class:`ObjectReader` signs with exactly
     the credentials the client uses (``None``: unsigned access).
     """
-    cache_key = (endpoint_url, region, max_attempts, max_pool_connections, read_timeout, os.getpid())
-    with _clients_lock:
-        cached = _clients.get(cache_key)
-        if cached is None:
-            config = botocore.config.Config(
-                retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
-                max_pool_connections=max_pool_connections,
-                connect_timeout=10,
-                read_timeout=read_timeout,
-            )
-            session = boto3.session.Session()
-            client = session.client(
-                "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config
-            )
-            # The session resolved these for the client and keeps them (refreshing
-            # an instance role's): ObjectReader signs its GETs with the same ones.
-            cached = _clients[cache_key] = (client, session.get_credentials())
-        return cached
+
+    def make() -> tuple:
+        config = botocore.config.Config(
+            retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
+            max_pool_connections=max_pool_connections,
+            connect_timeout=10,
+            read_timeout=read_timeout,
+        )
+        session = boto3.session.Session()
+        client = session.client("s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
+        # The session resolved these for the client and keeps them (refreshing
+        # an instance role's): ObjectReader signs its GETs with the same ones.
+        return client, session.get_credentials()
+
+    # The pid: a client made before a fork (PySpark's daemon forks its workers) is not the child's.
+    return state.s3_clients.get((endpoint_url, region, max_attempts, max_pool_connections, read_timeout,
+                                 os.getpid()), make)
 
 
 def list_objects(client, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
@@ -268,18 +262,15 @@ def s3_reader(
     """
     if kind not in S3_READERS:
         raise ValueError(f"s3 reader {kind!r}: choose one of {', '.join(S3_READERS)}")
-    cache_key = (endpoint_url, region, max_attempts, max_pool_connections, kind, os.getpid())
     client, credentials = cached_client(endpoint_url, region, max_attempts, max_pool_connections)
-    with _clients_lock:
-        reader = _readers.get(cache_key)
-        if reader is None:
-            def retry_client():
-                return s3_client(endpoint_url, region, max_attempts=max_attempts - 1,
-                                 max_pool_connections=max_pool_connections)
 
-            reader = _readers[cache_key] = ObjectReader(client, credentials, max_attempts,
-                                                        retry_client, lean=kind == "lean")
-        return reader
+    def retry_client():
+        return s3_client(endpoint_url, region, max_attempts=max_attempts - 1, max_pool_connections=max_pool_connections)
+
+    def make() -> ObjectReader:
+        return ObjectReader(client, credentials, max_attempts, retry_client, lean=kind == "lean")
+
+    return state.s3_readers.get((endpoint_url, region, max_attempts, max_pool_connections, kind, os.getpid()), make)
 
 
 #: ``Authorization`` of a SigV4 request to S3; the group is the signing region.

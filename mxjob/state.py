@@ -4,8 +4,8 @@ A module is imported once per Python worker, and with
 ``spark.python.worker.reuse=true`` (Spark's default) that worker runs every
 later task of its executor. What is kept here is paid for by a worker's first
 task and reused by the others: the bound models, the handler files, the
-download pools, the thread setting MXNet loaded with, and the counters the
-summary reports. Spark's ``pyspark.ml.model_cache`` and mlflow's
+download pools, the S3 clients and readers, the thread setting MXNet loaded
+with, and the counters the summary reports. Spark's ``pyspark.ml.model_cache`` and mlflow's
 ``spark_model_cache`` keep their models the same way, in a module of their
 own rather than in the job script, which Spark would pickle and ship instead.
 
@@ -83,9 +83,17 @@ MAX_HANDLERS = 4
 #: Download pools a worker keeps, by thread count: a job uses one size.
 MAX_POOLS = 2
 
+#: S3 clients a process keeps, by their settings (``utils.s3_client``): a job's driver and
+#: workers use three or four (images, listing, retries, the reader's pool size).
+MAX_S3_CLIENTS = 8
+#: Object readers (``utils.s3_reader``): one per client and ``--s3-reader`` choice.
+MAX_S3_READERS = 4
+
 models = ProcessCache("models", MAX_MODELS)
 handlers = ProcessCache("handlers", MAX_HANDLERS)
 pools = ProcessCache("download pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))
+s3_clients = ProcessCache("S3 clients", MAX_S3_CLIENTS)
+s3_readers = ProcessCache("S3 readers", MAX_S3_READERS)
 
 
 @dataclass

@@ -323,7 +323,7 @@ class ObjectReader:
         self._retry_client = retry_client
         self._http = getattr(getattr(client, "_endpoint", None), "http_session", None)
         self._learned: dict[str, tuple[str, str, str | None]] = {}
-        self._botocore_only: set[str] = set()
+        self._fallback_logged: set[str] = set()
         self._lock = threading.Lock()
         self._sent = threading.local()
         if self.enabled:
@@ -337,7 +337,7 @@ class ObjectReader:
     def enabled(self) -> bool:
         """False when turned off (``lean=False``), without credentials to sign with (unsigned access) or
         without botocore's HTTP session."""
-        return self.lean and self.credentials is not None and self._http is not None
+        return self.lean and self.unavailable() is None
 
     def unavailable(self) -> str | None:
         """Why the lean path cannot serve this client (``None``: it can, or it was turned off)."""
@@ -361,10 +361,11 @@ class ObjectReader:
         scope = _SIGV4_SCOPE.match(_text(request.headers.get("Authorization")))
         url = request.url
         if scope is None or "?" in url or not url.endswith(quoted):
-            # Not a plain SigV4 GET: this bucket stays on botocore; said once per bucket.
-            if bucket not in self._botocore_only:
-                self._botocore_only.add(bucket)
-                log.info("s3://%s: GETs stay on botocore (its request is not a plain SigV4 GET of the key)", bucket)
+            # Not a plain SigV4 GET of the key: the bucket stays on botocore until one is. Said once per bucket.
+            if bucket not in self._fallback_logged:
+                self._fallback_logged.add(bucket)
+                log.info("s3://%s/%s: botocore's request is not a plain SigV4 GET of the key; this bucket's GETs "
+                         "stay on botocore until one is", bucket, key)
             return
         with self._lock:
             self._learned[bucket] = (url[: len(url) - len(quoted)], scope.group(1),

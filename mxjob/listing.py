@@ -43,13 +43,13 @@ from botocore.compat import unquote_str
 
 log = logging.getLogger(__name__)
 
-#: Arrow type of the key column: 64-bit offsets, so fifty million keys of 60
-#: bytes (3 GB of text) still fit one column.
 #: Keys the job scores unless --suffixes says otherwise: the image formats Pillow decodes.
 DEFAULT_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp")
 #: ListObjectsV2 calls in flight (``--list-concurrency``): enough to hide S3's per-page latency, few
 #: enough to stay far below its request rate per prefix.
 LIST_CONCURRENCY = 16
+#: Arrow type of the key column: 64-bit offsets, so fifty million keys of 60
+#: bytes (3 GB of text) still fit one column.
 KEY_TYPE = pa.large_string()
 #: The size of an object whose size the manifest did not give.
 UNKNOWN_SIZE = -1

@@ -197,7 +197,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
 def score_into(index: int, items: Iterable, job: JobSpec, stats) -> Iterator[int]:
     """:func:`score_partition`, with its stats added to the accumulator ``stats``; yields the keys it scored."""
     for _, _, _, task_stats in score_partition(index, items, job):
-        stats.add(StatsFold().add(task_stats))
+        stats.add(StatsFold.of_task(task_stats))
         yield task_stats.keys
 
 

@@ -77,44 +77,34 @@ class StatsFold:
             fold.add(s)
         return fold
 
-    def add(self, s: TaskStats) -> StatsFold:
-        """Fold in one task's stats."""
-        self.tasks += 1
-        self.keys += s.keys
-        for k in self.errors:
-            self.errors[k] += s.errors[k]
-        for k in self.s3_retries:
-            self.s3_retries[k] += s.s3_retries[k]
-        self.retried += s.attempt > 0
-        self.first_start = min(filter(None, (self.first_start, s.started)))
-        self.last_end = max(filter(None, (self.last_end, s.ended)))
-        e = self.executors.setdefault(s.executor, {"batches": 0, "images": 0, **dict.fromkeys(self.STAGES, 0.0)})
-        e["batches"] += 1
-        e["images"] += s.keys
-        for k in self.STAGES:
-            e[k] += s.seconds.get(k, 0.0)
-        w = self.workers.setdefault(f"{s.executor}/{s.worker_pid}", {"batches": 0, "model_loads": 0})
-        w["batches"] += 1
-        w["model_loads"] = max(w["model_loads"], s.model_loads)
-        n = s.worker_task
-        rss, max_rss = s.memory.get("rss"), s.memory.get("max_rss")
-        if n >= w.get("last_task", 0):
-            w["last_task"], w["threads"], w["last_rss"] = n, s.threads, rss
-        if n <= w.get("first", (n + 1,))[0]:
-            w["first"] = (n, s.started, s.ended, s.keys)
-        w["task_seconds"] = w.get("task_seconds", 0.0) + s.ended - s.started
-        w["last_end"] = max(w.get("last_end", s.ended), s.ended)
+    @classmethod
+    def of_task(cls, s: TaskStats) -> StatsFold:
+        """The fold of one task's stats: what an executor adds to the accumulator when the task ends."""
+        fold = cls()
+        fold.tasks, fold.keys, fold.retried = 1, s.keys, int(s.attempt > 0)
+        fold.errors = {k: s.errors[k] for k in fold.errors}
+        fold.s3_retries = {k: s.s3_retries[k] for k in fold.s3_retries}
+        fold.first_start, fold.last_end = s.started, s.ended
+        fold.executors[s.executor] = {"batches": 1, "images": s.keys,
+                                      **{k: s.seconds.get(k, 0.0) for k in cls.STAGES}}
+        n, rss, max_rss = s.worker_task, s.memory.get("rss"), s.memory.get("max_rss")
+        worker = {"batches": 1, "model_loads": s.model_loads, "last_task": n, "threads": s.threads,
+                  "last_rss": rss, "first": (n, s.started, s.ended, s.keys), "task_seconds": s.ended - s.started,
+                  "last_end": s.ended, "rss_after": {}}
         if max_rss:
-            w["max_rss"] = max(w.get("max_rss", 0), max_rss)
+            worker["max_rss"] = max_rss
         # Resident memory after the worker's 1st, 2nd, 5th, 10th, 20th, ... task: flat once warm, or it leaks.
         if rss is not None and str(n).strip("0") in ("1", "2", "5"):
-            w.setdefault("rss_after", {})[n] = rss
+            worker["rss_after"][n] = rss
+        fold.workers[f"{s.executor}/{s.worker_pid}"] = worker
         if s.threads is not None and s.host.get("cores") is not None:
-            h = self.hosts.setdefault(s.executor.rsplit("/", 1)[0],
-                                      {"cores": s.host["cores"], "planned": 0, "executors": {}})
-            h["planned"] = max(h["planned"], s.host.get("workers") or 0)
-            h["executors"][s.executor] = max(h["executors"].get(s.executor, 0), s.threads)
-        return self
+            fold.hosts[s.executor.rsplit("/", 1)[0]] = {"cores": s.host["cores"], "planned": s.host.get("workers") or 0,
+                                                        "executors": {s.executor: s.threads}}
+        return fold
+
+    def add(self, s: TaskStats) -> StatsFold:
+        """Fold in one task's stats (:meth:`merge` of :meth:`of_task`: one way to combine, for tasks and folds)."""
+        return self.merge(StatsFold.of_task(s))
 
     def merge(self, other: StatsFold) -> StatsFold:
         """Fold in another fold (an executor's, when its task ends)."""
@@ -136,19 +126,18 @@ class StatsFold:
             if w is None:
                 self.workers[name] = {k: dict(v) if isinstance(v, dict) else v for k, v in o.items()}
                 continue
+            # Every worker entry comes from of_task, so it has every key but max_rss.
             w["batches"] += o["batches"]
             w["model_loads"] = max(w["model_loads"], o["model_loads"])
-            if "last_task" not in o:
-                continue
-            if o["last_task"] >= w.get("last_task", 0):
+            if o["last_task"] >= w["last_task"]:
                 w["last_task"], w["threads"], w["last_rss"] = o["last_task"], o["threads"], o["last_rss"]
-            if "first" not in w or o["first"][0] < w["first"][0]:
+            if o["first"][0] < w["first"][0]:
                 w["first"] = o["first"]
-            w["task_seconds"] = w.get("task_seconds", 0.0) + o["task_seconds"]
-            w["last_end"] = max(w.get("last_end", o["last_end"]), o["last_end"])
+            w["task_seconds"] += o["task_seconds"]
+            w["last_end"] = max(w["last_end"], o["last_end"])
             if "max_rss" in o:
                 w["max_rss"] = max(w.get("max_rss", 0), o["max_rss"])
-            w.setdefault("rss_after", {}).update(o.get("rss_after", {}))
+            w["rss_after"].update(o["rss_after"])
         for name, o in other.hosts.items():
             h = self.hosts.setdefault(name, {"cores": o["cores"], "planned": 0, "executors": {}})
             h["planned"] = max(h["planned"], o["planned"])
@@ -159,11 +148,8 @@ class StatsFold:
     def worker_summary(self, name: str) -> dict:
         """One Python worker as the job's summary shows it."""
         w = self.workers[name]
-        out = {"batches": w["batches"], "model_loads": w["model_loads"]}
-        if "last_task" not in w:
-            return out
+        out = {"batches": w["batches"], "model_loads": w["model_loads"], "threads": w["threads"]}
         _, started, ended, keys = w["first"]
-        out["threads"] = w["threads"]
         # The first task includes loading the model: steady state starts after it.
         out["first_task"] = {"started": started, "ended": ended, "images": keys}
         # In tasks, and idle between them (Spark handing over the next task).
@@ -171,8 +157,8 @@ class StatsFold:
         out["idle_between_tasks_seconds"] = round(w["last_end"] - started - w["task_seconds"], 3)
         if "max_rss" in w:
             out["max_rss_bytes"] = w["max_rss"]
-        after = {str(k): v for k, v in sorted(w.get("rss_after", {}).items())}
-        if w.get("last_rss") is not None:
+        after = {str(k): v for k, v in sorted(w["rss_after"].items())}
+        if w["last_rss"] is not None:
             after["last"] = w["last_rss"]
         out["rss_bytes_after_task"] = after
         return out

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 import utils
 from mxjob import listing
+from mxjob.partition import part_key
 
 #: The work prefix is the output key followed by this.
 WORK_SUFFIX = ".parts/"
@@ -60,15 +61,6 @@ _PART = re.compile(r"part-(\d{8})\.jsonl\.gz$")
 #: read without parsing the rest of the line.
 _KEY_START = '{"key": "'
 _ERROR_AFTER_KEY = ', "error": {"stage": '
-
-
-def part_key(parts_prefix: str, index: int) -> str:
-    """The S3 key of batch ``index``'s lines under a run's ``parts_prefix``.
-
-    A batch always writes the same key, so a retried or speculative task
-    replaces the object (S3 PUTs are atomic) instead of adding a second copy.
-    """
-    return f"{parts_prefix}part-{index:08d}.jsonl.gz"
 
 
 class ResumeError(Exception):

@@ -26,7 +26,6 @@ import numpy as np
 import utils
 from mxjob import defaults, listing, state
 from mxjob.device import task_context
-from mxjob.durable import part_key
 from mxjob.errors import error_line, first_line
 from mxjob.handlers import Handlers, get_handlers, model_class
 from mxjob.model import (
@@ -82,6 +81,15 @@ class JobSpec:
     def forward_batch(self) -> int:
         """The module's bound batch: ``micro_batch_size``, never more than ``batch_size``."""
         return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
+
+
+def part_key(parts_prefix: str, index: int) -> str:
+    """The S3 key of batch ``index``'s lines under a run's ``parts_prefix``.
+
+    A batch always writes the same key, so a retried or speculative task
+    replaces the object (S3 PUTs are atomic) instead of adding a second copy.
+    """
+    return f"{parts_prefix}part-{index:08d}.jsonl.gz"
 
 
 def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple]:

@@ -29,7 +29,7 @@ import utils
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import S3Proxy
-from mxjob import durable, listing
+from mxjob import durable, listing, partition
 from tests.conftest import ROOT, bucket_with_model, encode, spark_submit
 from tests.test_decode import png_declaring
 
@@ -139,7 +139,7 @@ def test_a_task_reads_its_keys_and_sizes_from_the_runs_plan_and_writes_its_part(
     job = job_spec(moto_endpoint, demo_dir, output_bucket=BUCKET, parts_prefix=run.prefix,
                    plan_key=work.plan_key(run))
     [(index, count, blob, stats)] = mxinfer.score_partition(1, [run.spans[1]], job)
-    part = bucket.get_object(Bucket=BUCKET, Key=durable.part_key(run.prefix, 1))["Body"].read()
+    part = bucket.get_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 1))["Body"].read()
     rows = [json.loads(line) for line in gzip.decompress(part).decode().splitlines()]
     assert (index, count, blob, stats.keys) == (1, 2, None, 2)
     assert [row["key"] for row in rows] == ["plan/c.png", "plan/d.png"]

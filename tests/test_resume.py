@@ -28,7 +28,7 @@ import infer_main
 import utils
 from demo import make_demo
 from demo.s3proxy import S3Proxy
-from mxjob import driver, durable, errors, listing, signals
+from mxjob import driver, durable, errors, listing, partition, signals
 from mxjob.config import JobConfig, merge_settings, resolve
 from tests.conftest import bucket_with_model, make_s3_client, spark_submit, start_spark_submit
 
@@ -44,7 +44,7 @@ def write_run(work: durable.WorkPrefix, number: int, keys: list[str], batch: int
     run = work.start_run(number, keys, batch, None)
     for index in done:
         body = "".join(line(k, number) + "\n" for k in keys[index * batch:(index + 1) * batch])
-        work.client.put_object(Bucket=work.bucket, Key=durable.part_key(run.prefix, index),
+        work.client.put_object(Bucket=work.bucket, Key=partition.part_key(run.prefix, index),
                                Body=gzip.compress(body.encode()))
 
 
@@ -186,7 +186,7 @@ def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, mon
     keys = ["a", "b", "c", "d"]
     work.write_job({"top_k": 2}, "s3://resume-bucket/yarn/out.jsonl")
     run = work.start_run(1, keys, 2, "application_1700000000000_0007")
-    s3.put_object(Bucket=BUCKET, Key=durable.part_key(run.prefix, 0), Body=gzip.compress(b""))
+    s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 0), Body=gzip.compress(b""))
     images = listing.Listing.build(BUCKET, keys, [1] * len(keys))
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0007_02_000001")
     plan = driver.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})

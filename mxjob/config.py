@@ -92,6 +92,11 @@ class JobConfig:
     int8_model: ModelSpec | None = None
 
     @property
+    def handler_path(self) -> str | None:
+        """The handler file the driver loads and ships: its local copy once made, else --handler as given."""
+        return self.handler_file or self.handler
+
+    @property
     def input_uri(self) -> str:
         if self.input_manifest:
             return self.input_manifest
@@ -111,7 +116,7 @@ class JobConfig:
             batch_size=self.batch_size, top_k=self.top_k, endpoint_url=self.endpoint_url,
             region=self.region, io_threads=self.io_threads, max_in_flight=self.max_in_flight,
             max_object_bytes=self.max_object_bytes, s3_max_attempts=self.s3_max_attempts,
-            s3_reader=self.s3_reader, handler=self.handler_file or self.handler,
+            s3_reader=self.s3_reader, handler=self.handler_path,
             micro_batch_size=self.micro_batch_size, threads=self.threads, precision=self.precision,
         )
 

@@ -197,7 +197,7 @@ def line_settings(cfg: JobConfig) -> dict:
 def job_fingerprint(cfg: JobConfig, classifier: Predictor) -> dict:
     """:func:`durable.fingerprint` of this run: settings, model files, labels and handler by content."""
     labels = getattr(classifier, "labels", None)
-    handler = cfg.handler_file or cfg.handler
+    handler = cfg.handler_path
     files = {
         "model_symbol": cfg.model.read(cfg.model.symbol_uri),
         "model_params": cfg.model.read(cfg.model.params_uri),
@@ -289,7 +289,7 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
     except Exception as exc:
         raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
                        "s3:PutObject on the output key") from exc
-    with_result = bool(cfg.handler) and get_handlers(cfg.handler_file or cfg.handler).output_handler
+    with_result = bool(cfg.handler) and get_handlers(cfg.handler_path).output_handler
     sink = (durable.ParquetSink(writer, with_result=bool(with_result)) if cfg.output_format == "parquet"
             else durable.JsonLinesSink(writer))
     try:
@@ -362,7 +362,7 @@ def sample_keys(images: list, count: int) -> tuple[list, list]:
 
 def sample_arrays(cfg: JobConfig, client, items: list) -> np.ndarray:
     """Download and decode ``items`` as the executors do; images that fail are left out (they fail in the job too)."""
-    handlers = get_handlers(cfg.handler_file or cfg.handler)
+    handlers = get_handlers(cfg.handler_path)
 
     def one(item):
         key, _ = item
@@ -446,7 +446,7 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
 
 def load_model_on_driver(cfg: JobConfig) -> Predictor:
     """The model, loaded on the driver's CPU (the driver need not have a GPU) to check it."""
-    kind = model_class(get_handlers(cfg.handler_file or cfg.handler))
+    kind = model_class(get_handlers(cfg.handler_path))
     try:
         # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory.
         return kind(cfg.model, cfg.preprocess.input_shape, cfg.job_spec().forward_batch, context="cpu")

@@ -33,7 +33,7 @@ CHW -> ``(x - mean) / std`` on 0-255 values.
 from mxjob.device import choose_context, task_context
 from mxjob.errors import first_line
 from mxjob.handlers import HandlerError, Handlers, load_handlers
-from mxjob.int8 import PRECISIONS, agreement, quantize_int8
+from mxjob.int8 import agreement, quantize_int8
 from mxjob.model import (
     Classifier,
     ImageClassifier,
@@ -47,7 +47,8 @@ from mxjob.model import (
     top_classes,
 )
 from mxjob.partition import JobSpec, score_partition
-from mxjob.preprocess import DECODE_MODES, RESIZE_MODES, ImageTooLargeError, Preprocess, decode_image, draft_size
+from mxjob.preprocess import ImageTooLargeError, Preprocess, decode_image, draft_size
+from mxjob.settings import DECODE_MODES, PRECISIONS, RESIZE_MODES
 from mxjob.udf import model_udf, score_images, udf_return_type
 
 __all__ = [

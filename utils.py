@@ -101,10 +101,14 @@ def parse_s3_uri(uri: str, *, need_key: bool = False) -> tuple[str, str]:
     return parsed.netloc, key
 
 
+#: Attempts per S3 request, the first included, unless ``--s3-max-attempts`` says otherwise.
+S3_MAX_ATTEMPTS = 5
+
+
 def s3_client(
     endpoint_url: str | None = None,
     region: str | None = None,
-    max_attempts: int = 5,
+    max_attempts: int = S3_MAX_ATTEMPTS,
     max_pool_connections: int = 32,
     read_timeout: float = 60.0,
 ):

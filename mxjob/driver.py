@@ -22,13 +22,13 @@ import tempfile
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 import click
 import numpy as np
 
 import utils
-from mxjob import durable, listing, manifest
+from mxjob import durable, listing, manifest, settings
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
@@ -57,54 +57,86 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
     seconds["listing"] = time.time() - started
-    # Load the model here first: a bad checkpoint, shape or labels file fails
-    # now, with its cause, instead of in every task after the cluster spun up.
     check_started = time.time()
-    classifier = load_model_on_driver(cfg)
-    summary_model = classifier.model_summary()
-    if isinstance(classifier, Classifier) and cfg.top_k > classifier.num_classes:
-        raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
-    cfg, precision = prepare_precision(cfg, client, images, classifier)
-    fingerprint = job_fingerprint(cfg, classifier)
+    cfg, checked = check_on_driver(cfg, client, images)
     if cfg.dry_run:
-        return dry_run(cfg, images, classifier, client, fingerprint)
-    del classifier  # checked: the driver needs the model no more
+        return dry_run(cfg, images, checked.classifier, client, checked.fingerprint)
+    checked.classifier = None  # checked: the driver needs the model no more
     seconds["model_check"] = time.time() - check_started
     plan_started = time.time()
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
-        plan = plan_output(cfg, client, work, images, fingerprint)
+        plan = plan_output(cfg, client, work, images, checked.fingerprint)
     except Completed:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
         return 0
+    try:
+        stats, counts = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds, plan_started)
+    except (JobError, Interrupted) as exc:
+        exc.work = work  # main() says what is durable and how to resume
+        raise
+    summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
+                        time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
+    summary["precision"] = checked.precision
+    return finish_run(cfg, client, work, summary, counts, len(images))
+
+
+@dataclass
+class DriverCheck:
+    """What the driver's checks found: the model loaded here, its summary, the precision report, the fingerprint."""
+
+    classifier: Predictor | None
+    model_summary: dict
+    precision: dict
+    fingerprint: dict
+
+
+def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[JobConfig, DriverCheck]:
+    """Load the model, check --top-k against it, quantize for int8, and take the run's fingerprint.
+
+    On the driver first: a bad checkpoint, shape or labels file fails now,
+    with its cause, instead of in every task after the cluster spun up.
+    """
+    classifier = load_model_on_driver(cfg)
+    if isinstance(classifier, Classifier) and cfg.top_k > classifier.num_classes:
+        raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
+    cfg, precision = prepare_precision(cfg, client, images, classifier)
+    return cfg, DriverCheck(classifier, classifier.model_summary(), precision, job_fingerprint(cfg, classifier))
+
+
+def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
+                       plan: durable.Plan, spark_conf: dict | None, seconds: dict,
+                       plan_started: float) -> tuple[StatsFold, durable.AssemblyCounts]:
+    """Run the plan's batches on Spark (if any are left), then merge every durable line into the output.
+
+    Adds the ``plan``, ``spark``, ``assembly`` and ``assembly_cpu`` seconds to ``seconds``.
+    """
     batches = plan.todo.num_batches(cfg.batch_size)
     log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
              f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
     stats = StatsFold()
-    try:
-        if batches:
-            application, _ = yarn_attempt()
-            run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
-            seconds["plan"] = time.time() - plan_started
-            spark_started = time.time()
-            stats = run_spark(cfg, run, work.plan_key(run), spark_conf)
-            seconds["spark"] = time.time() - spark_started
-        else:
-            seconds["plan"] = time.time() - plan_started
-        assembly_started, assembly_cpu = time.time(), time.process_time()
-        counts = assemble_output(cfg, client, work, images)
-        seconds["assembly"] = time.time() - assembly_started
-        # The driver's own CPU in the assembly (merging, checking, compressing); the rest is waiting for S3.
-        seconds["assembly_cpu"] = time.process_time() - assembly_cpu
-    except (JobError, Interrupted) as exc:
-        exc.work = work  # main() says what is durable and how to resume
-        raise
+    if batches:
+        application, _ = yarn_attempt()
+        run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
+        seconds["plan"] = time.time() - plan_started
+        spark_started = time.time()
+        stats = run_spark(cfg, run, work.plan_key(run), spark_conf)
+        seconds["spark"] = time.time() - spark_started
+    else:
+        seconds["plan"] = time.time() - plan_started
+    assembly_started, assembly_cpu = time.time(), time.process_time()
+    counts = assemble_output(cfg, client, work, images)
+    seconds["assembly"] = time.time() - assembly_started
+    # The driver's own CPU in the assembly (merging, checking, compressing); the rest is waiting for S3.
+    seconds["assembly_cpu"] = time.process_time() - assembly_cpu
     log.info("assembled %s from %d parts in %.1f s", cfg.output_uri, counts.parts_read, seconds["assembly"])
-    elapsed = time.time() - started
-    summary = summarize(cfg, len(images), batches, stats, counts, elapsed, summary_model, seconds, plan,
-                        fingerprint)
-    summary["precision"] = precision
+    return stats, counts
+
+
+def finish_run(cfg: JobConfig, client, work: durable.WorkPrefix, summary: dict, counts: durable.AssemblyCounts,
+               keys: int) -> int:
+    """Write the summary, remove the work prefix, and return the exit code (3: more errors than --max-errors)."""
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
     for warning in summary["threads"]["warnings"]:
         log.warning("%s", warning)
@@ -113,7 +145,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
         "keys_listed", "predicted", "failed", "reused", "scored", "batches", "elapsed_seconds")}))
     log.info("wrote %s and s3://%s/%s; removed %d work objects under %s", cfg.output_uri, cfg.output_bucket,
              cfg.summary_key, removed, work.uri)
-    limit = allowed_errors(cfg.max_errors, len(images))
+    limit = allowed_errors(cfg.max_errors, keys)
     if counts.failed > limit:
         log.error("%d images failed, more than --max-errors %s allows (%d); see the error lines in %s",
                   counts.failed, cfg.max_errors, limit, cfg.output_uri)
@@ -186,12 +218,25 @@ def yarn_attempt() -> tuple[str | None, int]:
 
 
 def line_settings(cfg: JobConfig) -> dict:
-    """Every setting that changes what a line says about an image (the fingerprint's settings)."""
-    settings = {"data_name": cfg.model.data_name, "preprocess": asdict(cfg.preprocess), "top_k": cfg.top_k,
-                "max_object_bytes": cfg.max_object_bytes, "precision": cfg.precision}
-    if cfg.precision == "int8":
-        settings.update(calibration_images=cfg.calibration_images, int8_exclude=cfg.int8_exclude)
-    return settings
+    """Every setting that changes what a line says about an image: those the table marks ``fingerprint``.
+
+    The recipe's settings are one entry, ``preprocess``.
+    """
+    values = {s.name: setting_value(cfg, s) for s in settings.SETTINGS if s.to != "resolve"}
+    out: dict = {}
+    for s in settings.SETTINGS:
+        if s.in_fingerprint(values):
+            if s.to == "preprocess":
+                out["preprocess"] = asdict(cfg.preprocess)
+            else:
+                out[s.name] = values[s.name]
+    return out
+
+
+def setting_value(cfg: JobConfig, setting: settings.Setting):
+    """The value of a ``driver``, ``executor``, ``model`` or ``preprocess`` setting in this run."""
+    holder = {"model": cfg.model, "preprocess": cfg.preprocess}.get(setting.to, cfg)
+    return getattr(holder, setting.name)
 
 
 def job_fingerprint(cfg: JobConfig, classifier: Predictor) -> dict:
@@ -219,25 +264,12 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
     a resume of a finished output. A fresh run records its fingerprint, and
     ``--overwrite`` removes the earlier progress, unless ``dry``.
     """
-    try:
-        output_exists = any(utils.object_exists(client, cfg.output_bucket, key)
-                            for key in (cfg.output_key, cfg.summary_key))
-        work_exists = work.exists()
-    except Exception as exc:
-        raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
-                       "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the output bucket") from exc
-    resume = cfg.resume
-    app, attempt = yarn_attempt()
+    output_exists, work_exists = existing_output(cfg, client, work)
     if cfg.overwrite:
         if work_exists and not dry:
             log.info("--overwrite: removing %d objects of the earlier run under %s", work.remove(), work.uri)
         work_exists = False
-    elif work_exists and not resume and attempt > 1:
-        runs = work.runs()
-        if runs and runs[-1].application == app:
-            log.warning("YARN attempt %d of %s: resuming the progress the earlier attempt made durable under %s",
-                        attempt, app, work.uri)
-            resume = True
+    resume = cfg.resume or (work_exists and not cfg.overwrite and yarn_retry(work))
     if work_exists and not resume:
         runs = work.runs()
         done = sum(len(run.done) for run in runs)
@@ -248,17 +280,51 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
             raise Completed(cfg.output_uri)
         raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
     if not work_exists:
-        if resume:
-            log.info("--resume: nothing under %s yet; scoring every key", work.uri)
-        if dry:
-            return durable.Plan(runs=[], todo=images, number=1, resumed=False)
+        return fresh_plan(cfg, work, images, fingerprint, resume, dry)
+    return resume_plan(work, images, fingerprint)
+
+
+def existing_output(cfg: JobConfig, client, work: durable.WorkPrefix) -> tuple[bool, bool]:
+    """``(output exists, work prefix exists)``; an unreadable output bucket raises :class:`JobError`."""
+    try:
+        output_exists = any(utils.object_exists(client, cfg.output_bucket, key)
+                            for key in (cfg.output_key, cfg.summary_key))
+        return output_exists, work.exists()
+    except Exception as exc:
+        raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
+                       "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the output bucket") from exc
+
+
+def yarn_retry(work: durable.WorkPrefix) -> bool:
+    """Whether this driver is YARN's next attempt of the application whose progress ``work`` holds: then it resumes."""
+    app, attempt = yarn_attempt()
+    if attempt <= 1:
+        return False
+    runs = work.runs()
+    if runs and runs[-1].application == app:
+        log.warning("YARN attempt %d of %s: resuming the progress the earlier attempt made durable under %s",
+                    attempt, app, work.uri)
+        return True
+    return False
+
+
+def fresh_plan(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict, resume: bool,
+               dry: bool) -> durable.Plan:
+    """Every key to score; records the fingerprint under the work prefix (not for a dry run)."""
+    if resume:
+        log.info("--resume: nothing under %s yet; scoring every key", work.uri)
+    if not dry:
         try:
             work.write_job(fingerprint, cfg.output_uri)
         except Exception as exc:
             raise JobError(f"cannot write {work.uri}: {first_line(exc)}; the job needs s3:PutObject, "
                            "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
                            "prefix beside it") from exc
-        return durable.Plan(runs=[], todo=images, number=1, resumed=False)
+    return durable.Plan(runs=[], todo=images, number=1, resumed=False)
+
+
+def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict) -> durable.Plan:
+    """The keys without a durable line, after checking that the earlier run's fingerprint is this one's."""
     job = work.read_job()
     if job is None:
         raise JobError(f"{work.uri} has no job.json, so what made its lines is unknown; "

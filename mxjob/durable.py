@@ -45,11 +45,11 @@ import pyarrow.parquet as pq
 import utils
 from mxjob import listing
 from mxjob.partition import part_key
+from mxjob.settings import OUTPUT_FORMATS  # noqa: F401 - durable.OUTPUT_FORMATS: the formats it writes
 
 #: The work prefix is the output key followed by this.
 WORK_SUFFIX = ".parts/"
 #: The JSON Lines and Parquet output formats; ``.parquet`` keys default to the latter.
-OUTPUT_FORMATS = ("jsonl", "parquet")
 #: Rows per Parquet row group: about 5-10 MiB of top-5 predictions, small enough
 #: for the driver to hold one while it writes it, large enough for Athena scans.
 PARQUET_ROW_GROUP = 100_000

@@ -19,7 +19,6 @@ from mxjob.model import (
     ModelSpec,
 )
 
-PRECISIONS = ("fp32", "int8")
 #: The layers oneDNN quantizes, by their op in the fp32 graph; --int8-exclude names them.
 WEIGHT_OPS = ("Convolution", "FullyConnected")
 

@@ -41,13 +41,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from botocore.compat import unquote_str
 
+from mxjob import settings
+
 log = logging.getLogger(__name__)
 
 #: Keys the job scores unless --suffixes says otherwise: the image formats Pillow decodes.
-DEFAULT_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp")
-#: ListObjectsV2 calls in flight (``--list-concurrency``): enough to hide S3's per-page latency, few
-#: enough to stay far below its request rate per prefix.
-LIST_CONCURRENCY = 16
+DEFAULT_SUFFIXES = settings.DEFAULT.suffixes
+#: ListObjectsV2 calls in flight (``--list-concurrency``).
+LIST_CONCURRENCY = settings.DEFAULT.list_concurrency
 #: Arrow type of the key column: 64-bit offsets, so fifty million keys of 60
 #: bytes (3 GB of text) still fit one column.
 KEY_TYPE = pa.large_string()

@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 import utils
-from mxjob import defaults, state
+from mxjob import settings, state
 from mxjob.device import mx_context
 from mxjob.errors import first_line
 from mxjob.preprocess import Preprocess, decode_image
@@ -91,10 +91,12 @@ class ModelSpec:
     symbol_uri: str
     params_uri: str
     labels_uri: str | None = None
-    data_name: str = "data"
-    context: str = "cpu"
+    data_name: str = settings.DEFAULT.data_name
+    context: str = settings.DEFAULT.context
     endpoint_url: str | None = None
     region: str | None = None
+    #: Attempts per S3 read of the model's files (``--s3-max-attempts``).
+    s3_max_attempts: int = settings.DEFAULT.s3_max_attempts
 
     @classmethod
     def from_prefix(cls, prefix: str, epoch: int = 0, **kwargs) -> ModelSpec:
@@ -110,7 +112,8 @@ class ModelSpec:
             from pyspark import SparkFiles
 
             uri = SparkFiles.get(os.path.basename(uri))
-        client = utils.s3_client(self.endpoint_url, self.region) if utils.is_s3_uri(uri) else None
+        client = (utils.s3_client(self.endpoint_url, self.region, max_attempts=self.s3_max_attempts)
+                  if utils.is_s3_uri(uri) else None)
         return utils.read_uri(uri, client)
 
     def shipped_files(self) -> list[str]:
@@ -146,7 +149,7 @@ class Predictor:
     (3, 1000)
     """
 
-    def __init__(self, model, input_shape=defaults.INPUT_SHAPE, batch_size: int = defaults.BATCH_SIZE,
+    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
                  context: str | None = None):
         import mxnet as mx
 
@@ -309,7 +312,7 @@ class Classifier(Predictor):
     ``synset.txt`` beside the symbol file if it exists.
     """
 
-    def __init__(self, model, input_shape=defaults.INPUT_SHAPE, batch_size: int = defaults.BATCH_SIZE,
+    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
                  context: str | None = None):
         super().__init__(model, input_shape, batch_size, context)
         self.num_classes = int(np.prod(self.output_shapes[0]))
@@ -345,7 +348,8 @@ class Classifier(Predictor):
         scores = self.predict(array)[0].reshape(array.shape[0], -1).astype(np.float64)
         return scores if self.output_is_probability else softmax(scores)
 
-    def classify(self, array: np.ndarray, top_k: int = defaults.TOP_K) -> list[list[tuple[int, str | None, float]]]:
+    def classify(self, array: np.ndarray,
+                 top_k: int = settings.DEFAULT.top_k) -> list[list[tuple[int, str | None, float]]]:
         """Per row, ``(class_id, label, probability)`` for the ``top_k`` classes, highest first."""
         return [self.labelled(row) for row in top_classes(self.probabilities(array), top_k)]
 
@@ -372,7 +376,7 @@ class Classifier(Predictor):
 class ImageClassifier(Classifier):
     """A :class:`Classifier` that takes encoded images, decoded exactly as the job does."""
 
-    def __init__(self, model, input_shape=defaults.INPUT_SHAPE, batch_size: int = defaults.BATCH_SIZE,
+    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
                  context: str | None = None, preprocess: Preprocess | None = None):
         super().__init__(model, input_shape, batch_size, context)
         self.preprocess = preprocess or Preprocess(input_shape=self.input_shape)
@@ -392,7 +396,7 @@ class ImageClassifier(Classifier):
             arrays.append(decode_image(bytes(image), self.preprocess))
         return np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
 
-    def classify_images(self, images: Sequence, top_k: int = defaults.TOP_K):
+    def classify_images(self, images: Sequence, top_k: int = settings.DEFAULT.top_k):
         """Classify encoded bytes, file paths or PIL images."""
         return self.classify(self.to_array(images), top_k)
 

@@ -20,11 +20,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
 import utils
-from mxjob import defaults, listing, state
+from mxjob import listing, settings, state
 from mxjob.device import task_context
 from mxjob.errors import error_line, first_line
 from mxjob.handlers import Handlers, get_handlers, model_class
@@ -42,45 +43,51 @@ from mxjob.worker import ThreadPlan, configure_threads, freeze_long_lived, host_
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
-class JobSpec:
-    """Everything an executor needs, as plain values (pickled once per task)."""
+class _JobSpecBase:
+    """Everything an executor needs, as plain values (pickled once per task).
+
+    Besides the fields below, one field per executor setting
+    (:data:`mxjob.settings.SETTINGS` with ``to="executor"``: ``batch_size``,
+    ``top_k``, ``io_threads``, ``s3_max_attempts``, ...), each with the job's
+    default, so that an executor option is declared once, in the table.
+
+    Parameters
+    ----------
+    model : ModelSpec
+        The checkpoint; with ``precision="int8"``, the job's quantized one.
+    preprocess : Preprocess
+        The decoding recipe.
+    bucket : str
+        The bucket the batch's keys are in.
+    handler : str, optional
+        The driver's local copy of the --handler file; executors load the copy
+        shipped with ``SparkContext.addFile`` under the same name.
+    thread_plan : ThreadPlan, optional
+        Where the workers run, from the driver (``mxjob.cluster.thread_plan``); ``None`` outside a Spark job.
+    output_bucket, parts_prefix : str, optional
+        Where each batch's lines become durable: ``s3://output_bucket/parts_prefix``
+        (see :func:`part_key`). ``None``: the lines travel back to the driver instead.
+    plan_key : str, optional
+        The run's plan in ``output_bucket`` (``listing.write_plan``): when set, a
+        partition holds one ``(offset, length)`` span and the task reads its keys from there.
+    """
 
     model: ModelSpec
     preprocess: Preprocess
     bucket: str
-    batch_size: int = defaults.BATCH_SIZE
-    top_k: int = defaults.TOP_K
-    endpoint_url: str | None = None
-    region: str | None = None
-    io_threads: int = 16
-    max_in_flight: int = 128
-    max_object_bytes: int = 50 * 1024 * 1024
-    s3_max_attempts: int = 5
-    #: ``lean`` or ``botocore``: how executors GET objects (:func:`utils.s3_reader`).
-    s3_reader: str = "lean"
-    #: The driver's local copy of the --handler file; executors load the copy
-    #: shipped with ``SparkContext.addFile`` under the same name.
     handler: str | None = None
-    #: Images per forward pass (the module's bound batch); ``None``: ``batch_size``.
-    micro_batch_size: int | None = None
-    #: MXNet/OpenMP threads per Python worker; ``None``: see :func:`worker_threads`.
-    threads: int | None = None
-    #: Where the workers run, from the driver (``mxjob.cluster.thread_plan``); ``None`` outside a Spark job.
     thread_plan: ThreadPlan | None = None
-    #: ``fp32`` or ``int8``; with ``int8``, ``model`` is the job's quantized checkpoint.
-    precision: str = "fp32"
-    #: Where each batch's lines become durable: ``s3://output_bucket/parts_prefix``
-    #: (see :func:`part_key`). ``None``: the lines travel back to the driver instead.
     output_bucket: str | None = None
     parts_prefix: str | None = None
-    #: The run's plan in ``output_bucket`` (``listing.write_plan``): when set, a
-    #: partition holds one ``(offset, length)`` span and the task reads its keys from there.
     plan_key: str | None = None
 
     @property
     def forward_batch(self) -> int:
         """The module's bound batch: ``micro_batch_size``, never more than ``batch_size``."""
         return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
+
+
+JobSpec = settings.make_settings_dataclass("JobSpec", _JobSpecBase, settings.going_to("executor"), __name__)
 
 
 def part_key(parts_prefix: str, index: int) -> str:
@@ -93,113 +100,157 @@ def part_key(parts_prefix: str, index: int) -> str:
 
 
 def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple]:
-    """Score one partition (one batch); yields a single ``(index, lines, blob, stats)``, ``stats`` a :class:`TaskStats`.
+    """Score one partition (one batch); yields a single ``(index, count, blob, stats)``.
 
-    ``items`` are ``(key, size)`` pairs; ``None`` marks a padding slot, which
-    downloads nothing and yields nothing. With ``job.plan_key``, ``items`` is
-    one ``(offset, length)`` span of the run's plan instead, and the batch's
-    keys come from one ranged GET of it (the driver never ships the keys). The partition's JSON lines, sorted by
-    key, are written to S3 as one gzip object of JSON Lines (:func:`part_key`)
-    when ``job.parts_prefix`` is set, and ``blob`` is ``None``; otherwise
-    ``blob`` is the lines joined by newlines and zlib-compressed, for the caller.
+    ``count`` is the number of lines the batch made (one per key), ``stats`` a
+    :class:`TaskStats`. ``items`` are ``(key, size)`` pairs; ``None`` marks a
+    padding slot, which downloads nothing and yields nothing. With
+    ``job.plan_key``, ``items`` is one ``(offset, length)`` span of the run's
+    plan instead, and the batch's keys come from one ranged GET of it (the
+    driver never ships the keys). The partition's JSON lines, sorted by key,
+    are written to S3 as one gzip object of JSON Lines (:func:`part_key`) when
+    ``job.parts_prefix`` is set, and ``blob`` is ``None``; otherwise ``blob``
+    is the lines joined by newlines and zlib-compressed, for the caller.
+
+    The steps, each a function below: configure the worker, read the batch's
+    keys, start fetching, load the model, score as images arrive, write the
+    lines, and report.
     """
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
     threads = configure_threads(worker_threads(job.threads, job.thread_plan))
     handlers = get_handlers(job.handler)
-    kind = model_class(handlers)
     reader = utils.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
                              max_pool_connections=max(10, job.io_threads + 2), kind=job.s3_reader)
     io_stats = utils.IOStats()
-    if job.plan_key is not None:
-        [(offset, length)] = list(items)
-        plan = utils.read_object(reader.client, job.output_bucket, job.plan_key, stats=io_stats,
-                                 byte_range=(offset, length))
-        real = listing.read_plan_batch(plan)
-    else:
-        real = [item for item in items if item is not None]
-    lines: list[tuple[str, str]] = []
-    timing = {"download": 0.0, "decode": 0.0, "forward": 0.0, "wait": 0.0}
-    errors = {"download": 0, "decode": 0, "predict": 0}
-
-    def work(key, size):
-        return _fetch_and_decode(reader, job, handlers, key, size, io_stats)
-
+    keys = batch_keys(items, job, reader, io_stats)
     # Downloading and decoding start now, so a worker's first task fetches while MXNet
     # loads and the model comes in; later tasks find the model in this worker's cache.
-    results = _prefetched(real, work, _pool(job.io_threads), max(job.max_in_flight, 1))
+    results = _prefetched(keys, partial(_fetch_and_decode, reader, job, handlers, io_stats=io_stats),
+                          _pool(job.io_threads), max(job.max_in_flight, 1))
+    scoring = Scoring(load_model(job, index, model_class(handlers)), job.top_k, handlers)
+    for result in results:
+        scoring.add(result)
+    scoring.finish()
+    write_started = time.perf_counter()
+    blob = write_lines(job, index, reader.client, scoring.sorted_lines())
+    scoring.timing["write"] = time.perf_counter() - write_started
+    stats = TaskStats(
+        partition=index, executor=f"{socket.gethostname()}/{os.getppid()}", worker_pid=os.getpid(),
+        attempt=_task_attempt(), keys=len(keys), errors=scoring.errors,
+        seconds={**{k: round(v, 4) for k, v in scoring.timing.items()},
+                 "task": round(time.perf_counter() - started, 4), "cpu": round(time.process_time() - started_cpu, 4)},
+        s3_retries={"request": io_stats.request_retries, "body": io_stats.body_retries},
+        model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads,
+        host=host_share(job.thread_plan), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
+    )
+    _task_done()
+    log.info("partition %d: %d keys, %d errors in %.2fs", index, len(keys), sum(scoring.errors.values()),
+             stats.seconds["task"])
+    yield index, len(scoring.lines), blob, stats
+
+
+def batch_keys(items: Iterable, job: JobSpec, reader: utils.ObjectReader, io_stats: utils.IOStats) -> list:
+    """The batch's ``(key, size)`` pairs: read from the run's plan (``job.plan_key``), else ``items`` less padding."""
+    if job.plan_key is None:
+        return [item for item in items if item is not None]
+    [(offset, length)] = list(items)
+    plan = utils.read_object(reader.client, job.output_bucket, job.plan_key, stats=io_stats,
+                             byte_range=(offset, length))
+    return listing.read_plan_batch(plan)
+
+
+def load_model(job: JobSpec, index: int, kind: type) -> Predictor:
+    """This worker's model for the task's device, bound at the micro-batch; a failure raises :class:`ModelError`.
+
+    Bound at the micro-batch: the first forward pass starts as soon as that
+    many images are decoded, while the pool fetches the rest of the batch.
+    """
     try:
         # The cache keys on the device, so each GPU of a worker gets its own module.
         spec = replace(job.model, context=task_context(job.model.context, index))
-        # Bound at the micro-batch: the first forward pass starts as soon as that
-        # many images are decoded, while the pool fetches the rest of the batch.
-        classifier = get_model(spec, job.preprocess.input_shape, job.forward_batch, kind)
+        return get_model(spec, job.preprocess.input_shape, job.forward_batch, kind)
     except Exception as exc:
         # Same message on every attempt, so the driver's error names the cause
         # (weights unreachable from the executors, corrupt, ...), not a stack.
         raise ModelError(f"executor {socket.gethostname()} cannot load the model {job.model.params_uri}: "
                          f"{type(exc).__name__}: {first_line(exc)}") from exc
 
-    batch_keys: list[str] = []
-    batch_arrays: list[np.ndarray] = []
 
-    def flush():
-        forward_started = time.perf_counter()
-        for key, line, failed in output_lines(classifier, batch_keys, batch_arrays, job.top_k, handlers):
-            lines.append((key, line))
-            errors["predict"] += failed
-        timing["forward"] += time.perf_counter() - forward_started
-        batch_keys.clear()
-        batch_arrays.clear()
+class Scoring:
+    """One batch's lines as its images arrive: decoded images are scored a micro-batch at a time.
 
-    while True:
-        wait_started = time.perf_counter()
-        result = next(results, None)
-        timing["wait"] += time.perf_counter() - wait_started
-        if result is None:
-            break
+    :meth:`add` takes each result of :func:`_fetch_and_decode` in key order:
+    a failed download or decode becomes its error line at once; a decoded
+    image waits for a full micro-batch (the model's bound batch), which then
+    goes through one forward pass. :meth:`finish` scores the last, short one.
+    ``timing`` sums each stage's seconds (download and decode over the pool's
+    threads; forward and wait on this one), ``errors`` counts error lines by stage.
+    """
+
+    def __init__(self, model: Predictor, top_k: int, handlers: Handlers | None):
+        self.model, self.top_k, self.handlers = model, top_k, handlers
+        self.lines: list[tuple[str, str]] = []
+        self.timing = {"download": 0.0, "decode": 0.0, "forward": 0.0, "wait": 0.0}
+        self.errors = {"download": 0, "decode": 0, "predict": 0}
+        self._keys: list[str] = []
+        self._arrays: list[np.ndarray] = []
+        self._waiting_since = time.perf_counter()
+
+    def add(self, result: tuple) -> None:
+        """One image's ``(key, array, failure, (download_s, decode_s))``."""
+        self.timing["wait"] += time.perf_counter() - self._waiting_since
         key, array, failure, (download_s, decode_s) = result
-        timing["download"] += download_s
-        timing["decode"] += decode_s
+        self.timing["download"] += download_s
+        self.timing["decode"] += decode_s
         if failure is not None:
             stage, line = failure
-            lines.append((key, line))
-            errors[stage] += 1
-            continue
-        batch_keys.append(key)
-        batch_arrays.append(array)
-        if len(batch_keys) == classifier.batch_size:
-            flush()
-    if batch_keys:
-        flush()
-    lines.sort()
-    text = "\n".join(line for _, line in lines).encode("utf-8")
-    write_started = time.perf_counter()
-    if job.parts_prefix is not None:
-        # Durable before Spark hears the task is done: a dead driver loses nothing
-        # this task scored. gzip level 1: ~5x smaller for a fraction of a ms.
-        reader.client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index),
-                                 Body=gzip.compress(text + b"\n" if text else text, compresslevel=1),
-                                 ContentType="application/gzip")
-        blob = None
-    else:
-        blob = zlib.compress(text, 1)
-    timing["write"] = time.perf_counter() - write_started
-    stats = TaskStats(
-        partition=index, executor=f"{socket.gethostname()}/{os.getppid()}", worker_pid=os.getpid(),
-        attempt=_task_attempt(), keys=len(real), errors=errors,
-        seconds={**{k: round(v, 4) for k, v in timing.items()}, "task": round(time.perf_counter() - started, 4),
-                 "cpu": round(time.process_time() - started_cpu, 4)},
-        s3_retries={"request": io_stats.request_retries, "body": io_stats.body_retries},
-        model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads,
-        host=host_share(job.thread_plan), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
-    )
+            self.lines.append((key, line))
+            self.errors[stage] += 1
+        else:
+            self._keys.append(key)
+            self._arrays.append(array)
+            if len(self._keys) == self.model.batch_size:
+                self._forward()
+        self._waiting_since = time.perf_counter()
+
+    def finish(self) -> None:
+        """Score the images still waiting (the last micro-batch)."""
+        self.timing["wait"] += time.perf_counter() - self._waiting_since
+        if self._keys:
+            self._forward()
+
+    def sorted_lines(self) -> list[str]:
+        """The batch's lines, sorted by key."""
+        return [line for _, line in sorted(self.lines)]
+
+    def _forward(self) -> None:
+        started = time.perf_counter()
+        for key, line, failed in output_lines(self.model, self._keys, self._arrays, self.top_k, self.handlers):
+            self.lines.append((key, line))
+            self.errors["predict"] += failed
+        self.timing["forward"] += time.perf_counter() - started
+        self._keys, self._arrays = [], []
+
+
+def write_lines(job: JobSpec, index: int, client, lines: list[str]) -> bytes | None:
+    """Make the batch's lines durable under ``job.parts_prefix`` (returns ``None``), or return them compressed."""
+    text = "\n".join(lines).encode("utf-8")
+    if job.parts_prefix is None:
+        return zlib.compress(text, 1)
+    # Durable before Spark hears the task is done: a dead driver loses nothing
+    # this task scored. gzip level 1: ~5x smaller for a fraction of a ms.
+    client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index),
+                      Body=gzip.compress(text + b"\n" if text else text, compresslevel=1),
+                      ContentType="application/gzip")
+    return None
+
+
+def _task_done() -> None:
+    """Count the task; after a worker's first Spark task, its long-lived objects leave the GC's young generations."""
     state.counters.tasks_run += 1
     if state.counters.tasks_run == 1 and state.spark_task() is not None:
         freeze_long_lived()
-    log.info("partition %d: %d keys, %d errors in %.2fs", index, len(real), sum(errors.values()),
-             stats.seconds["task"])
-    yield index, len(lines), blob, stats
 
 
 def score_into(index: int, items: Iterable, job: JobSpec, stats) -> Iterator[int]:
@@ -219,7 +270,7 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 
 def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handlers | None, key: str, size: int,
-                      io_stats: utils.IOStats):
+                      *, io_stats: utils.IOStats):
     """Download and decode one object (with ``handlers.input_handler`` if there is one).
 
     Returns ``(key, array, None, times)``, or ``(key, None, (stage, error_line), times)``.

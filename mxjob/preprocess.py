@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from mxjob import defaults
+from mxjob import settings
+from mxjob.settings import DECODE_MODES, RESIZE_MODES
 
-RESIZE_MODES = ("stretch", "short-side-crop")
-DECODE_MODES = ("draft", "exact")
 ORIENTATION_TAG = 0x0112  # EXIF
 
 
@@ -48,12 +47,13 @@ class Preprocess:
         resized as usual. ``"exact"``: always decode every pixel.
     """
 
-    input_shape: tuple = defaults.INPUT_SHAPE
-    mean: tuple = (0.0,)
-    std: tuple = (1.0,)
-    resize: str = "stretch"
-    max_image_pixels: int = defaults.MAX_IMAGE_PIXELS
-    decode: str = "draft"
+    # The job's defaults (mxjob.settings), so the library decodes as the job does.
+    input_shape: tuple = settings.DEFAULT.input_shape
+    mean: tuple = settings.DEFAULT.mean
+    std: tuple = settings.DEFAULT.std
+    resize: str = settings.DEFAULT.resize
+    max_image_pixels: int = settings.DEFAULT.max_image_pixels
+    decode: str = settings.DEFAULT.decode
 
     def __post_init__(self):
         channels = self.input_shape[0]

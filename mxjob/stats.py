@@ -122,28 +122,32 @@ class StatsFold:
             for k, v in o.items():
                 e[k] += v
         for name, o in other.workers.items():
-            w = self.workers.get(name)
-            if w is None:
-                self.workers[name] = {k: dict(v) if isinstance(v, dict) else v for k, v in o.items()}
-                continue
-            # Every worker entry comes from of_task, so it has every key but max_rss.
-            w["batches"] += o["batches"]
-            w["model_loads"] = max(w["model_loads"], o["model_loads"])
-            if o["last_task"] >= w["last_task"]:
-                w["last_task"], w["threads"], w["last_rss"] = o["last_task"], o["threads"], o["last_rss"]
-            if o["first"][0] < w["first"][0]:
-                w["first"] = o["first"]
-            w["task_seconds"] += o["task_seconds"]
-            w["last_end"] = max(w["last_end"], o["last_end"])
-            if "max_rss" in o:
-                w["max_rss"] = max(w.get("max_rss", 0), o["max_rss"])
-            w["rss_after"].update(o["rss_after"])
+            self._merge_worker(name, o)
         for name, o in other.hosts.items():
             h = self.hosts.setdefault(name, {"cores": o["cores"], "planned": 0, "executors": {}})
             h["planned"] = max(h["planned"], o["planned"])
             for executor, threads in o["executors"].items():
                 h["executors"][executor] = max(h["executors"].get(executor, 0), threads)
         return self
+
+    def _merge_worker(self, name: str, o: dict) -> None:
+        """Fold one Python worker's entry of another fold into this fold's entry for it."""
+        w = self.workers.get(name)
+        if w is None:
+            self.workers[name] = {k: dict(v) if isinstance(v, dict) else v for k, v in o.items()}
+            return
+        # Every worker entry comes from of_task, so it has every key but max_rss.
+        w["batches"] += o["batches"]
+        w["model_loads"] = max(w["model_loads"], o["model_loads"])
+        if o["last_task"] >= w["last_task"]:
+            w["last_task"], w["threads"], w["last_rss"] = o["last_task"], o["threads"], o["last_rss"]
+        if o["first"][0] < w["first"][0]:
+            w["first"] = o["first"]
+        w["task_seconds"] += o["task_seconds"]
+        w["last_end"] = max(w["last_end"], o["last_end"])
+        if "max_rss" in o:
+            w["max_rss"] = max(w.get("max_rss", 0), o["max_rss"])
+        w["rss_after"].update(o["rss_after"])
 
     def worker_summary(self, name: str) -> dict:
         """One Python worker as the job's summary shows it."""

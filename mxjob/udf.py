@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from mxjob import defaults
+from mxjob import settings
 from mxjob.device import parse_context, task_context
 from mxjob.errors import error_object
 from mxjob.model import (
@@ -42,14 +42,15 @@ class UdfSpec:
 
     model: ModelSpec
     preprocess: Preprocess
-    batch_size: int = defaults.BATCH_SIZE
-    top_k: int = defaults.TOP_K
+    batch_size: int = settings.DEFAULT.batch_size
+    top_k: int = settings.DEFAULT.top_k
 
 
-def model_udf(model, input_shape=defaults.INPUT_SHAPE, batch_size: int = defaults.BATCH_SIZE,
-              top_k: int = defaults.TOP_K, *, mean=Preprocess.mean, std=Preprocess.std,
-              resize: str = Preprocess.resize, max_image_pixels: int = defaults.MAX_IMAGE_PIXELS,
-              context: str | None = None, epoch: int = 0, labels: str | None = None, data_name: str = "data",
+def model_udf(model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
+              top_k: int = settings.DEFAULT.top_k, *, mean=Preprocess.mean, std=Preprocess.std,
+              resize: str = Preprocess.resize, max_image_pixels: int = settings.DEFAULT.max_image_pixels,
+              context: str | None = None, epoch: int = settings.DEFAULT.epoch, labels: str | None = None,
+              data_name: str = settings.DEFAULT.data_name,
               endpoint_url: str | None = None, region: str | None = None):
     """A Spark UDF from a column of encoded images to their top-k predictions.
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, listing
+from mxjob import cluster, config, listing, settings
 from tests.conftest import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -208,9 +208,9 @@ BOUNDED = sorted(name for name, param in config.PARAMS.items()
 
 def test_every_numeric_option_has_a_range():
     numeric = [name for name, param in config.PARAMS.items()
-               if isinstance(param.type, (click.types._NumberParamTypeBase, config.NumberList))]
+               if isinstance(param.type, (click.types._NumberParamTypeBase, settings.NumberList))]
     unbounded = [name for name in numeric if name not in BOUNDED and not isinstance(
-        config.PARAMS[name].type, config.NumberList)]
+        config.PARAMS[name].type, settings.NumberList)]
     assert numeric and unbounded == []
 
 

@@ -281,13 +281,19 @@ def allowed_errors(max_errors: str, keys: int) -> int:
     return math.floor(number * keys / 100) if percent else int(number)
 
 
-def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = None) -> dict:
+def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = None,
+              max_attempts: int | None = None) -> dict:
     """Read a YAML config from a path or any URI :func:`utils.read_uri` takes (s3:// in cluster mode).
 
-    Returns the raw mapping; :func:`merge_settings` converts each value.
+    An s3:// file is read with the command line's ``--endpoint-url``,
+    ``--region`` and ``--s3-max-attempts`` (``max_attempts`` ``None``:
+    :data:`utils.S3_MAX_ATTEMPTS`). Returns the raw mapping;
+    :func:`merge_settings` converts each value.
     """
     try:
-        client = utils.s3_client(endpoint_url, region) if utils.is_s3_uri(uri) else None
+        client = (utils.s3_client(endpoint_url, region, max_attempts=utils.S3_MAX_ATTEMPTS if max_attempts is None
+                                  else max_attempts)
+                  if utils.is_s3_uri(uri) else None)
         text = utils.read_uri(uri, client).decode("utf-8")
     except (OSError, utils.S3UriError) as exc:
         raise click.UsageError(f"cannot read --config {uri}: {exc}") from None
@@ -418,6 +424,7 @@ def resolve(settings: Settings) -> JobConfig:
         # "" means no labels at all; None means synset.txt beside the model if it exists.
         "labels_uri": s["labels"] if s["labels"] is not None else s["label_url"], "data_name": s["data_name"],
         "context": s["context"], "endpoint_url": s["endpoint_url"], "region": s["region"],
+        "s3_max_attempts": s["s3_max_attempts"],
     }
     if s["model"]:
         model = ModelSpec.from_prefix(s["model"], s["epoch"], **model_kwargs)
@@ -523,7 +530,7 @@ OPTIONS: list[click.Option] = [
     click.Option(["--max-in-flight"], type=_count(), default=_JOB["max_in_flight"], help="Images downloaded or decoded ahead of the model, per executor."),
     click.Option(["--micro-batch-size"], type=_count(), default=16, help="Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first ones while the rest download."),
     click.Option(["--threads"], type=_count(), show_default="spark.executorEnv.OMP_NUM_THREADS if set, else the host's cores divided among its executors", help="MXNet/OpenMP threads per executor."),
-    click.Option(["--s3-max-attempts"], type=_count(), default=_JOB["s3_max_attempts"], help="Attempts per S3 request (botocore standard retries)."),
+    click.Option(["--s3-max-attempts"], type=_count(), default=utils.S3_MAX_ATTEMPTS, help="Attempts per S3 request (botocore standard retries)."),
     click.Option(["--s3-reader"], type=click.Choice(utils.S3_READERS), default=_JOB["s3_reader"], help="How images are read: lean signs and sends most GETs itself (about 1.3 ms less CPU each); botocore uses get_object for every one."),
     click.Option(["--app-name"], default="mxnet-batch-inference", help="Spark application name."),
     click.Option(["--log-level"], type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case_sensitive=False), default="INFO", help="Driver log level."),

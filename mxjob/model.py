@@ -95,6 +95,8 @@ class ModelSpec:
     context: str = "cpu"
     endpoint_url: str | None = None
     region: str | None = None
+    #: Attempts per S3 read of the checkpoint and labels (the job's ``--s3-max-attempts``).
+    s3_max_attempts: int = utils.S3_MAX_ATTEMPTS
 
     @classmethod
     def from_prefix(cls, prefix: str, epoch: int = 0, **kwargs) -> ModelSpec:
@@ -106,11 +108,17 @@ class ModelSpec:
     shipped: bool = False
 
     def read(self, uri: str) -> bytes:
+        """The bytes of one of the model's files (``uri`` as :func:`utils.read_uri` takes it).
+
+        An ``s3://`` file is read with ``endpoint_url``, ``region`` and
+        ``s3_max_attempts``; a shipped file from the task's local copy.
+        """
         if self.shipped and state.spark_task() is not None:
             from pyspark import SparkFiles
 
             uri = SparkFiles.get(os.path.basename(uri))
-        client = utils.s3_client(self.endpoint_url, self.region) if utils.is_s3_uri(uri) else None
+        client = (utils.s3_client(self.endpoint_url, self.region, max_attempts=self.s3_max_attempts)
+                  if utils.is_s3_uri(uri) else None)
         return utils.read_uri(uri, client)
 
     def shipped_files(self) -> list[str]:

@@ -55,7 +55,7 @@ class JobSpec:
     io_threads: int = 16
     max_in_flight: int = 128
     max_object_bytes: int = 50 * 1024 * 1024
-    s3_max_attempts: int = 5
+    s3_max_attempts: int = utils.S3_MAX_ATTEMPTS
     #: ``lean`` or ``botocore``: how executors GET objects (:func:`utils.s3_reader`).
     s3_reader: str = "lean"
     #: The driver's local copy of the --handler file; executors load the copy

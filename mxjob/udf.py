@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+import utils
 from mxjob import defaults
 from mxjob.device import parse_context, task_context
 from mxjob.errors import error_object
@@ -50,7 +51,8 @@ def model_udf(model, input_shape=defaults.INPUT_SHAPE, batch_size: int = default
               top_k: int = defaults.TOP_K, *, mean=Preprocess.mean, std=Preprocess.std,
               resize: str = Preprocess.resize, max_image_pixels: int = defaults.MAX_IMAGE_PIXELS,
               context: str | None = None, epoch: int = 0, labels: str | None = None, data_name: str = "data",
-              endpoint_url: str | None = None, region: str | None = None):
+              endpoint_url: str | None = None, region: str | None = None,
+              s3_max_attempts: int = utils.S3_MAX_ATTEMPTS):
     """A Spark UDF from a column of encoded images to their top-k predictions.
 
     The model is loaded on the executors, once per Python worker, through
@@ -83,7 +85,7 @@ def model_udf(model, input_shape=defaults.INPUT_SHAPE, batch_size: int = default
     context : str, optional
         ``cpu``, ``gpu`` (the GPU Spark assigned to the task, else partition
         modulo visible GPUs) or ``gpu:N``. Default: the ``ModelSpec``'s, cpu.
-    epoch, labels, data_name, endpoint_url, region
+    epoch, labels, data_name, endpoint_url, region, s3_max_attempts
         As :meth:`ModelSpec.from_prefix` when ``model`` is a prefix.
 
     Returns
@@ -111,7 +113,8 @@ def model_udf(model, input_shape=defaults.INPUT_SHAPE, batch_size: int = default
         spec = model if context is None else replace(model, context=context)
     else:
         spec = ModelSpec.from_prefix(str(model), epoch, labels_uri=labels, data_name=data_name,
-                                     context=context or "cpu", endpoint_url=endpoint_url, region=region)
+                                     context=context or "cpu", endpoint_url=endpoint_url, region=region,
+                                     s3_max_attempts=s3_max_attempts)
     parse_context(spec.context)  # a malformed context fails here, not on the executors
     if int(batch_size) < 1 or int(top_k) < 1:
         raise ValueError(f"batch_size and top_k must be at least 1, got {batch_size} and {top_k}")

@@ -103,7 +103,8 @@ def main(config_uri, **values):
     ctx = click.get_current_context()
     given = {k: v for k, v in values.items()
              if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
-    yaml_settings = load_yaml(config_uri, given.get("endpoint_url"), given.get("region")) if config_uri else {}
+    yaml_settings = (load_yaml(config_uri, given.get("endpoint_url"), given.get("region"), given.get("s3_max_attempts"))
+                     if config_uri else {})
     cfg = resolve(merge_settings(given, yaml_settings, config_uri or "--config"))
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -7,7 +7,10 @@ failure becomes an error line or fails the job. Credentials always come from
 boto3's default chain (the instance role on EMR); nothing here accepts keys.
 Executors read images through :class:`ObjectReader` (:func:`s3_reader`),
 which costs less CPU per GET than botocore's ``get_object`` and hands every
-answer but a plain one back to botocore.
+answer but a plain one back to botocore; it does so only under
+``--s3-reader lean``, on a client of its own. Every client's retries,
+connection pool and timeouts come from the ``S3_*`` constants below
+(:func:`client_config`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,17 @@ log = logging.getLogger(__name__)
 
 #: S3 refuses multipart parts under 5 MiB (except the last one).
 MIN_PART_BYTES = 5 * 1024 * 1024
+
+# Every S3 client of the job is configured from these: the driver's, the
+# listing's, the executors' readers, the model's and the --config read.
+#: Attempts per S3 request, the first included (botocore ``standard`` retries); ``--s3-max-attempts``' default.
+S3_MAX_ATTEMPTS = 5
+#: HTTP connections a client keeps per host: more than a worker's download threads.
+S3_POOL_CONNECTIONS = 32
+#: Seconds to open a connection: a healthy endpoint answers in milliseconds, so ten is a dead host.
+S3_CONNECT_TIMEOUT = 10
+#: Seconds to wait for the next bytes of an answer: a large page or object under load, not a hung socket.
+S3_READ_TIMEOUT = 60.0
 
 # Errors raised while *reading a response body*. botocore retries a request
 # that fails before the body starts, but not a body cut off in the middle,
@@ -101,16 +115,12 @@ def parse_s3_uri(uri: str, *, need_key: bool = False) -> tuple[str, str]:
     return parsed.netloc, key
 
 
-#: Attempts per S3 request, the first included, unless ``--s3-max-attempts`` says otherwise.
-S3_MAX_ATTEMPTS = 5
-
-
 def s3_client(
     endpoint_url: str | None = None,
     region: str | None = None,
     max_attempts: int = S3_MAX_ATTEMPTS,
-    max_pool_connections: int = 32,
-    read_timeout: float = 60.0,
+    max_pool_connections: int = S3_POOL_CONNECTIONS,
+    read_timeout: float = S3_READ_TIMEOUT,
 ):
     """Return this process's S3 client for these settings, creating it once.
 
@@ -118,26 +128,37 @@ def s3_client(
     every download thread of a Python worker; creating one per task would cost
     a credential look-up each time. Retries use botocore's ``standard`` mode
     (exponential backoff with jitter on throttling, 5xx and connection errors)
-    with a bounded number of attempts.
+    with a bounded number of attempts. The client carries only botocore's own
+    event hooks: :func:`s3_reader` builds its client apart, so the hook its
+    lean path registers never rides on a client handed out here.
     """
     return cached_client(endpoint_url, region, max_attempts, max_pool_connections, read_timeout)[0]
 
 
+def client_config(max_attempts: int = S3_MAX_ATTEMPTS, max_pool_connections: int = S3_POOL_CONNECTIONS,
+                  read_timeout: float = S3_READ_TIMEOUT) -> botocore.config.Config:
+    """The botocore settings of every S3 client of the job: retries, connection pool, timeouts."""
+    return botocore.config.Config(
+        retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
+        max_pool_connections=max_pool_connections,
+        connect_timeout=S3_CONNECT_TIMEOUT,
+        read_timeout=read_timeout,
+    )
+
+
 def cached_client(endpoint_url: str | None, region: str | None, max_attempts: int, max_pool_connections: int,
-                  read_timeout: float = 60.0) -> tuple:
+                  read_timeout: float = S3_READ_TIMEOUT, purpose: str = "plain") -> tuple:
     """``(client, credentials)``: :func:`s3_client`'s client, with the credentials its session resolved for it.
 
     The two are cached together, so :class:`ObjectReader` signs with exactly
-    the credentials the client uses (``None``: unsigned access).
+    the credentials the client uses (``None``: unsigned access). ``purpose``
+    is part of the cache key: a client that gets hooks of ours (``"lean
+    reader"``, see :func:`s3_reader`) is never the ``"plain"`` one that
+    :func:`s3_client` hands out for anything else.
     """
 
     def make() -> tuple:
-        config = botocore.config.Config(
-            retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
-            max_pool_connections=max_pool_connections,
-            connect_timeout=10,
-            read_timeout=read_timeout,
-        )
+        config = client_config(max_attempts, max_pool_connections, read_timeout)
         session = boto3.session.Session()
         client = session.client("s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
         # The session resolved these for the client and keeps them (refreshing
@@ -145,7 +166,7 @@ def cached_client(endpoint_url: str | None, region: str | None, max_attempts: in
         return client, session.get_credentials()
 
     # The pid: a client made before a fork (PySpark's daemon forks its workers) is not the child's.
-    return state.s3_clients.get((endpoint_url, region, max_attempts, max_pool_connections, read_timeout,
+    return state.s3_clients.get((endpoint_url, region, max_attempts, max_pool_connections, read_timeout, purpose,
                                  os.getpid()), make)
 
 
@@ -254,25 +275,32 @@ S3_READERS = ("lean", "botocore")
 def s3_reader(
     endpoint_url: str | None = None,
     region: str | None = None,
-    max_attempts: int = 5,
-    max_pool_connections: int = 32,
+    max_attempts: int = S3_MAX_ATTEMPTS,
+    max_pool_connections: int = S3_POOL_CONNECTIONS,
     kind: str = "lean",
 ) -> ObjectReader:
     """Return this process's :class:`ObjectReader` for these settings, creating it once.
 
-    ``kind="botocore"`` turns the lean path off: every GET is botocore's own
-    ``get_object`` (about 1.3 ms more CPU each), for an endpoint or a
-    credential provider the lean path does not serve as you need.
+    ``kind="lean"`` reads through a client of the reader's own (cached apart
+    from :func:`s3_client`'s, see :func:`cached_client`), since its lean path
+    registers a ``before-send`` hook on it. ``kind="botocore"`` turns the lean
+    path off: every GET is botocore's own ``get_object`` (about 1.3 ms more
+    CPU each) on :func:`s3_client`'s plain client, no hook of ours anywhere,
+    for an endpoint or a credential provider the lean path does not serve as
+    you need.
     """
     if kind not in S3_READERS:
         raise ValueError(f"s3 reader {kind!r}: choose one of {', '.join(S3_READERS)}")
-    client, credentials = cached_client(endpoint_url, region, max_attempts, max_pool_connections)
+    lean = kind == "lean"
+    client, credentials = cached_client(endpoint_url, region, max_attempts, max_pool_connections,
+                                        purpose="lean reader" if lean else "plain")
 
     def retry_client():
+        # A plain client: the lean path's failures go to botocore, not back through the hook.
         return s3_client(endpoint_url, region, max_attempts=max_attempts - 1, max_pool_connections=max_pool_connections)
 
     def make() -> ObjectReader:
-        return ObjectReader(client, credentials, max_attempts, retry_client, lean=kind == "lean")
+        return ObjectReader(client, credentials, max_attempts, retry_client, lean=lean)
 
     return state.s3_readers.get((endpoint_url, region, max_attempts, max_pool_connections, kind, os.getpid()), make)
 
@@ -319,6 +347,10 @@ class ObjectReader:
     (throttling, a 5xx, a redirect, a broken connection, a short body) goes to
     botocore, through :func:`read_object`, with the attempts that are left, so
     retries, their bound and the errors are botocore's on both paths.
+
+    With ``lean``, the reader registers a ``before-send.s3.GetObject`` hook on
+    ``client``, so ``client`` must be the reader's own: :func:`s3_reader`
+    gives it one that :func:`s3_client` never hands out.
     """
 
     def __init__(self, client, credentials, max_attempts: int, retry_client, lean: bool = True):

@@ -107,13 +107,18 @@ def allowed_errors(max_errors: str, keys: int) -> int:
     return math.floor(number * keys / 100) if percent else int(number)
 
 
-def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = None) -> dict:
+def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = None,
+              max_attempts: int | None = None) -> dict:
     """Read a YAML config from a path or any URI :func:`utils.read_uri` takes (s3:// in cluster mode).
 
-    Returns the raw mapping; :func:`merge_settings` converts each value.
+    An s3:// file is read with the command line's ``--endpoint-url``,
+    ``--region`` and ``--s3-max-attempts`` (``max_attempts`` ``None``:
+    :data:`utils.S3_MAX_ATTEMPTS`). Returns the raw mapping;
+    :func:`merge_settings` converts each value.
     """
     try:
-        client = utils.s3_client(endpoint_url, region) if utils.is_s3_uri(uri) else None
+        attempts = utils.S3_MAX_ATTEMPTS if max_attempts is None else max_attempts
+        client = utils.s3_client(endpoint_url, region, max_attempts=attempts) if utils.is_s3_uri(uri) else None
         text = utils.read_uri(uri, client).decode("utf-8")
     except (OSError, utils.S3UriError) as exc:
         raise click.UsageError(f"cannot read --config {uri}: {exc}") from None

@@ -176,8 +176,9 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
     """Every image key of the input with its size, sorted, limited: a compact :class:`listing.Listing`.
 
     The keys under the input prefix, listed with ``--list-concurrency`` calls
-    in flight, or those ``--input-manifest`` names (``client`` reads it). The
-    listing's ``bucket`` is the one to read the images from.
+    in flight (on a client of ``--s3-reader``'s kind), or those
+    ``--input-manifest`` names (``client`` reads it). The listing's
+    ``bucket`` is the one to read the images from.
     """
     if cfg.input_manifest:
         try:
@@ -188,9 +189,10 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
         except OSError as exc:  # unreadable file, full disk for the downloaded copy
             raise JobError(f"cannot read --input-manifest {cfg.input_manifest}: {exc}") from exc
     try:
-        # Its own client: one whose parser skips the dates, with a connection per list call in flight.
+        # Its own client, with a connection per list call in flight; under --s3-reader lean, one
+        # whose parser skips the dates (listing.list_client).
         lister = listing.list_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
-                                     max_pool_connections=max(10, cfg.list_concurrency))
+                                     max_pool_connections=max(10, cfg.list_concurrency), kind=cfg.s3_reader)
         keys, sizes = listing.list_prefix(lister, cfg.input_bucket, cfg.input_prefix, cfg.list_concurrency)
         images = listing.Listing.build(cfg.input_bucket, keys, sizes, suffixes=cfg.suffixes, limit=cfg.limit)
     except Exception as exc:  # NoSuchBucket, AccessDenied, endpoint unreachable

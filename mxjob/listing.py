@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import string
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -34,13 +35,16 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from xml.etree import ElementTree
 
 import boto3
+import botocore
 import botocore.config
 import botocore.handlers
+import botocore.parsers
 import botocore.session
 import pyarrow as pa
 import pyarrow.compute as pc
 from botocore.compat import unquote_str
 
+import utils
 from mxjob import settings
 
 log = logging.getLogger(__name__)
@@ -303,40 +307,89 @@ def read_plan(source) -> Iterator[pa.RecordBatch]:
 # Listing a prefix: sequential or in parallel
 
 
-def list_client(endpoint_url: str | None = None, region: str | None = None, max_attempts: int = 5,
-                max_pool_connections: int = 32):
-    """An S3 client for listing whose ``ListObjectsV2`` pages cost a tenth of the CPU.
+def list_client(endpoint_url: str | None = None, region: str | None = None,
+                max_attempts: int = utils.S3_MAX_ATTEMPTS, max_pool_connections: int = utils.S3_POOL_CONNECTIONS,
+                kind: str = "lean"):
+    """A new S3 client for :func:`list_prefix`, configured as :func:`utils.s3_client`'s.
 
+    ``kind`` is the job's ``--s3-reader``. ``"botocore"`` gives a plain boto3
+    client: botocore's own parser, nothing of ours hooked in. ``"lean"``
+    gives a client whose ``ListObjectsV2`` pages cost a tenth of the CPU:
     botocore turns each of a page's 1,000 objects into a dict of six parsed
-    fields (``LastModified`` through dateutil): 170 ms of the driver's CPU a
+    fields (``LastModified`` through dateutil), 170 ms of the driver's CPU a
     page on the benchmark's machine (``bench/listing.py``), so a parallel
     listing runs out of CPU (one core: the GIL) long before it runs out of S3.
     The job needs only keys and sizes, so this client reads them from the XML
     itself in a ``before-parse`` hook (a regular expression over the
     url-encoded keys; ElementTree for any other page) and gives botocore the
     page without its ``Contents``: 6 to 11 ms a page there. The keys and
-    sizes come back as ``response["KeysAndSizes"]``. Signing, retries (as
-    :func:`utils.s3_client`'s), errors and the check for a cut-off page stay
-    botocore's.
+    sizes come back as ``response["KeysAndSizes"]``. Signing, retries,
+    errors and the check for a cut-off page stay botocore's.
+
+    The lean client leans on botocore internals (:func:`lean_listing_unavailable`
+    says which). When this botocore lacks them, ``"lean"`` gives the plain
+    client instead and logs why, once per process: the listing is the same,
+    only slower.
     """
+    if kind not in utils.S3_READERS:
+        raise ValueError(f"s3 reader {kind!r}: choose one of {', '.join(utils.S3_READERS)}")
+    config = utils.client_config(max_attempts, max_pool_connections)
+    if kind == "lean":
+        reason = lean_listing_unavailable()
+        if reason is None:
+            return _lean_list_client(endpoint_url, region, config)
+        _warn_fallback(reason)
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
+
+
+def lean_listing_unavailable() -> str | None:
+    """Why this botocore cannot serve the lean listing client (``None``: it can).
+
+    The lean client moves botocore's check of 200 answers
+    (``botocore.handlers._handle_200_error``, a private name) after its own
+    ``before-parse`` hook, and sets the parser factory's defaults of its
+    session. Without either, its hook would save nothing or could not be set
+    up as tested, so the plain client is used.
+    """
+    check = getattr(botocore.handlers, "_handle_200_error", None)
+    if not callable(check):
+        return f"botocore {botocore.__version__} has no botocore.handlers._handle_200_error to run after its hook"
+    if not callable(getattr(botocore.parsers.ResponseParserFactory, "set_parser_defaults", None)):
+        return f"botocore {botocore.__version__} has no ResponseParserFactory.set_parser_defaults"
+    return None
+
+
+#: Whether this process said why the lean listing is not used (:func:`_warn_fallback`).
+_fallback_warned = False
+_fallback_lock = threading.Lock()
+
+
+def _warn_fallback(reason: str) -> None:
+    """Say once per process why ``--s3-reader lean`` lists through botocore's own parser."""
+    global _fallback_warned
+    with _fallback_lock:
+        if _fallback_warned:
+            return
+        _fallback_warned = True
+    log.warning("--s3-reader lean: the lean listing is not available (%s); listing with botocore's own "
+                "ListObjectsV2 parser instead (the same keys, at about ten times the driver's CPU a page)", reason)
+
+
+def _lean_list_client(endpoint_url: str | None, region: str | None, config: botocore.config.Config):
+    """The lean listing client (see :func:`list_client`); only once :func:`lean_listing_unavailable` said yes."""
     session = botocore.session.get_session()
     session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
-    config = botocore.config.Config(
-        retries={"mode": "standard", "total_max_attempts": max_attempts},
-        max_pool_connections=max_pool_connections, connect_timeout=10, read_timeout=60,
-    )
     client = boto3.session.Session(botocore_session=session).client(
         "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
     # botocore checks every 200 answer for an embedded error or a cut-off document by parsing all
     # of it, which costs as much as the hook. Moved after the hook (on its own event name, where
     # the order is the order of registration), it checks what the hook leaves: the page without
-    # its Contents. A private name: if botocore renames it, its check just stays first.
-    check = getattr(botocore.handlers, "_handle_200_error", None)
-    if check is not None:
-        client.meta.events.unregister("before-parse.s3.*", check)
+    # its Contents.
+    check = botocore.handlers._handle_200_error
+    client.meta.events.unregister("before-parse.s3.*", check)
     client.meta.events.register("before-parse.s3.*", _keys_and_sizes)
-    if check is not None:
-        client.meta.events.register("before-parse.s3.*", check)
+    client.meta.events.register("before-parse.s3.*", check)
     return client
 
 
@@ -349,7 +402,10 @@ _URL_ENCODED = b"<EncodingType>url</EncodingType>"
 
 
 def _keys_and_sizes(response_dict, customized_response_dict, operation_model=None, **_) -> None:
-    """``before-parse`` hook: take a page's keys and sizes out of its XML (see :func:`list_client`)."""
+    """``before-parse`` hook of the lean listing client: take a page's keys and sizes out of its XML.
+
+    See :func:`list_client`; never registered under ``--s3-reader botocore``.
+    """
     body = response_dict.get("body")
     if operation_model is not None and operation_model.name != "ListObjectsV2":
         return
@@ -464,7 +520,7 @@ def _list_page(client, bucket: str, prefix: str, span: tuple, page_size: int):
     if start_after is not None:
         kwargs["StartAfter"] = start_after
     response = client.list_objects_v2(**kwargs)
-    if "KeysAndSizes" in response:  # a list_client
+    if "KeysAndSizes" in response:  # the lean list_client
         keys, sizes = response["KeysAndSizes"]
     else:
         contents = response.get("Contents", ())

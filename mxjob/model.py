@@ -108,6 +108,11 @@ class ModelSpec:
     shipped: bool = False
 
     def read(self, uri: str) -> bytes:
+        """The bytes of one of the model's files (``uri`` as :func:`utils.read_uri` takes it).
+
+        An ``s3://`` file is read with ``endpoint_url``, ``region`` and
+        ``s3_max_attempts``; a shipped file from the task's local copy.
+        """
         if self.shipped and state.spark_task() is not None:
             from pyspark import SparkFiles
 

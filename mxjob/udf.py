@@ -51,7 +51,8 @@ def model_udf(model, input_shape=settings.DEFAULT.input_shape, batch_size: int =
               resize: str = Preprocess.resize, max_image_pixels: int = settings.DEFAULT.max_image_pixels,
               context: str | None = None, epoch: int = settings.DEFAULT.epoch, labels: str | None = None,
               data_name: str = settings.DEFAULT.data_name,
-              endpoint_url: str | None = None, region: str | None = None):
+              endpoint_url: str | None = None, region: str | None = None,
+              s3_max_attempts: int = settings.DEFAULT.s3_max_attempts):
     """A Spark UDF from a column of encoded images to their top-k predictions.
 
     The model is loaded on the executors, once per Python worker, through
@@ -84,7 +85,7 @@ def model_udf(model, input_shape=settings.DEFAULT.input_shape, batch_size: int =
     context : str, optional
         ``cpu``, ``gpu`` (the GPU Spark assigned to the task, else partition
         modulo visible GPUs) or ``gpu:N``. Default: the ``ModelSpec``'s, cpu.
-    epoch, labels, data_name, endpoint_url, region
+    epoch, labels, data_name, endpoint_url, region, s3_max_attempts
         As :meth:`ModelSpec.from_prefix` when ``model`` is a prefix.
 
     Returns
@@ -112,7 +113,8 @@ def model_udf(model, input_shape=settings.DEFAULT.input_shape, batch_size: int =
         spec = model if context is None else replace(model, context=context)
     else:
         spec = ModelSpec.from_prefix(str(model), epoch, labels_uri=labels, data_name=data_name,
-                                     context=context or "cpu", endpoint_url=endpoint_url, region=region)
+                                     context=context or "cpu", endpoint_url=endpoint_url, region=region,
+                                     s3_max_attempts=s3_max_attempts)
     parse_context(spec.context)  # a malformed context fails here, not on the executors
     if int(batch_size) < 1 or int(top_k) < 1:
         raise ValueError(f"batch_size and top_k must be at least 1, got {batch_size} and {top_k}")

@@ -77,6 +77,20 @@ def logits_run(world):
 
 
 @pytest.fixture(scope="module")
+def botocore_run(world):
+    """:func:`logits_run`'s command line under ``--s3-reader botocore``: public boto3 APIs only."""
+    result = spark_submit([
+        "--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits",
+        "--output", f"s3://{BUCKET}/out/logits-botocore.jsonl", "--endpoint-url", world["endpoint"],
+        "--input-shape", "3,32,32", "--std", "255", "--batch-size", str(BATCH), "--top-k", "3",
+        "--progress-seconds", "2", "--s3-reader", "botocore",
+    ])
+    body = world["s3"].get_object(Bucket=BUCKET, Key="out/logits-botocore.jsonl")["Body"].read()
+    _, summary = read_output(world["s3"], "out/logits-botocore.jsonl")
+    return result, body, summary
+
+
+@pytest.fixture(scope="module")
 def original_flags_run(world):
     """The article's command line, URLs changed, plus this small model's input shape and scaling."""
     model = f"s3://{BUCKET}/model/digits_softmax"
@@ -256,3 +270,16 @@ def test_dry_run_through_spark_submit_fails_once_on_an_unwritable_output(world):
     text = output(result)
     assert text.count("cannot write s3://no-such-dry-run-bucket/out.jsonl") == 1  # one error, printed once
     assert "NoSuchBucket" in text
+
+
+def test_the_botocore_reader_writes_what_the_lean_reader_writes(logits_run, botocore_run, world):
+    lean_result, _, lean_summary = logits_run
+    result, body, summary = botocore_run
+    assert result.returncode == lean_result.returncode == 3, output(result)[-3000:]  # the same 3 bad objects
+    assert summary["options"]["s3_reader"] == "botocore" and lean_summary["options"]["s3_reader"] == "lean"
+    lean_body = world["s3"].get_object(Bucket=BUCKET, Key="out/logits.jsonl")["Body"].read()
+    assert body == lean_body  # byte for byte
+    counts = ("keys_listed", "predicted", "failed", "batches", "errors_by_stage")
+    assert {k: summary[k] for k in counts} == {k: lean_summary[k] for k in counts}
+    assert summary["keys_listed"] == 44
+    assert "lean listing is not available" not in output(result)  # botocore was chosen, not fallen back to

@@ -38,9 +38,10 @@ def bucket(moto_endpoint):
     return s3
 
 
-def fresh_reader(endpoint: str, max_attempts: int = 5) -> utils.ObjectReader:
-    """A reader that has learned nothing yet (the cached one may have)."""
-    client, credentials = utils.cached_client(endpoint, None, max_attempts, 32)
+def fresh_reader(endpoint: str, max_attempts: int = utils.S3_MAX_ATTEMPTS) -> utils.ObjectReader:
+    """A reader that has learned nothing yet (the cached one may have), on a client of its own as s3_reader's."""
+    client, credentials = utils.cached_client(endpoint, None, max_attempts, utils.S3_POOL_CONNECTIONS,
+                                              purpose="test reader")
     retry = lambda: utils.s3_client(endpoint, max_attempts=max_attempts - 1)  # noqa: E731
     return utils.ObjectReader(client, credentials, max_attempts, retry)
 
@@ -151,7 +152,7 @@ def test_without_credentials_every_get_is_botocores_and_the_fallback_is_logged_o
 
 
 def test_a_client_without_botocores_http_session_falls_back_with_the_reason(moto_endpoint, caplog):
-    client, credentials = utils.cached_client(moto_endpoint, None, 5, 32)
+    client, credentials = utils.cached_client(moto_endpoint, None, utils.S3_MAX_ATTEMPTS, utils.S3_POOL_CONNECTIONS)
     bare = SimpleNamespace(meta=client.meta)  # as a botocore whose client has no _endpoint.http_session
     with caplog.at_level(logging.WARNING, logger="utils"):
         reader = utils.ObjectReader(bare, credentials, 5, lambda: client)

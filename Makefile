@@ -39,7 +39,7 @@ test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration)
 lint: $(STAMP) ## ruff only
 	$(VENV)/bin/ruff check .
 
-# --- benchmark (issue 3) ---
+# --- benchmarks: docs/performance.md and docs/input.md say what they measure ---
 BENCH_ARGS ?=
 
 .PHONY: bench
@@ -58,7 +58,7 @@ bench-manifest: $(STAMP) ## A job from a manifest of 100,000 keys, half missing:
 bench-scale: $(STAMP) ## Driver time and memory, per-task overhead at 100,000 and 1,000,000 keys, fake fast scorer (long; BENCH_ARGS=--quick)
 	$(PY) -m bench.scale $(BENCH_ARGS)
 
-# --- EMR deploy (issue 5) ---
+# --- EMR deploy ---
 # docs/emr.md walks through these. S3 is the prefix the cluster reads the job
 # from; everything else comes from conf/emr.yaml (EMR_CONF).
 DIST ?= dist

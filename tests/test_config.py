@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 
 import click
@@ -373,21 +372,3 @@ def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, 
     plan = json.loads(result.stdout.splitlines()[-1])
     assert plan["output"] == "s3://cfg-bucket/dry/o.jsonl" and plan["output_writable"] is True
     assert make_s3_client(moto_endpoint).list_objects_v2(Bucket="cfg-bucket", Prefix="dry/")["KeyCount"] == 0
-
-
-def test_the_readme_options_table_shows_the_defaults_of_the_option_table():
-    section = (ROOT / "README.md").read_text().split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
-    shown = {}
-    for line in section.splitlines():
-        if line.startswith("| `--"):
-            first, default = (cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip("|"))[:2])
-            flag = re.match(r"`(--[\w-]+)", first).group(1)
-            keys = [k for k, param in config.PARAMS.items() if flag in param.opts]
-            if flag != "--config":  # the one option that is no setting
-                [key] = keys
-                shown[key] = default.strip("`")
-    with_defaults = {k for k, v in config.DEFAULTS.items() if v not in (None, "")}
-    assert with_defaults <= set(shown)
-    for key in with_defaults:
-        assert config.convert_option(key, shown[key], "README") == \
-            config.convert_option(key, config.DEFAULTS[key], "default"), key

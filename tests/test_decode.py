@@ -26,7 +26,7 @@ def gradient_rgb(width: int = 40, height: int = 30) -> Image.Image:
 
 
 def reference(data: bytes, shape=(3, 24, 32), mean=(0, 0, 0), std=(1, 1, 1), draft: bool = True) -> np.ndarray:
-    """The README's recipe (stretch), written out independently of mxinfer."""
+    """The preprocessing recipe of docs/performance.md (stretch), written out independently of mxinfer."""
     img = Image.open(io.BytesIO(data))
     if draft and img.format == "JPEG":
         turned = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)

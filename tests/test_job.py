@@ -6,7 +6,7 @@ Two real runs, each a module fixture that several tests read:
 * the softmax-head model (``SoftmaxOutput``) with the original article's flags.
 
 Their output is compared with a plain single-process reference that follows
-the README's preprocessing recipe and runs its own MXNet Module.
+the preprocessing recipe of docs/performance.md and runs its own MXNet Module.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def listed_keys(objects) -> list[str]:
 
 
 class Reference:
-    """The README recipe in one process with a plain MXNet Module: what users check our numbers against."""
+    """docs/performance.md's recipe in one process with a plain MXNet Module: what users check our numbers against."""
 
     def __init__(self, prefix, softmax_head: bool):
         sym, args, aux = mx.model.load_checkpoint(str(prefix), 0)

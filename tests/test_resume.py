@@ -1,4 +1,4 @@
-"""Durable progress and --resume (issue 10).
+"""Durable progress and --resume (docs/resume.md).
 
 Without Spark: the work prefix, the assembly's merge of runs, and the abort of
 the output upload on a real SIGTERM. Through spark-submit on local-cluster: a

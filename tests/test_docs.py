@@ -1,0 +1,149 @@
+"""README.md and docs/: links resolve, the README stays short, no page names an issue number.
+
+Pure file checks, no Spark and no network: they read the Markdown files only.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README_MAX_LINES = 250
+
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,}).*?^ {0,3}\1[ \t]*$", re.M | re.S)
+INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
+# [text](target) or [text](target "title"); not images' remote URLs (filtered below).
+LINK = re.compile(r"\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+ISSUE = re.compile(r"\bissues? #?\d+", re.I)
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """README.md and every Markdown page under docs/."""
+    return [root / "README.md", *sorted((root / "docs").glob("**/*.md"))]
+
+
+def without_fences(text: str) -> str:
+    """The text with fenced code blocks blanked out (a `# comment` there is no heading), lines kept."""
+    return FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
+def without_code(text: str) -> str:
+    """The text with fenced blocks and inline code spans blanked out (links there are not links)."""
+    return INLINE_CODE.sub("``", without_fences(text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation but - and _ dropped, spaces to -."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading keeps its text
+    text = re.sub(r"<[^>]+>", "", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a Markdown file, with GitHub's -1, -2 suffixes for repeated headings."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in HEADING.findall(without_fences(path.read_text(encoding="utf-8"))):
+        base = slug(heading)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def relative_links(path: Path) -> list[str]:
+    """The link targets of a Markdown file that point inside the repository (no scheme, no mailto)."""
+    targets = LINK.findall(without_code(path.read_text(encoding="utf-8")))
+    return [t for t in targets if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", t)]
+
+
+def broken_links(files: list[Path], root: Path = ROOT) -> list[str]:
+    """`file: target (why)` for every relative link whose file or #anchor does not exist."""
+    broken = []
+    for path in files:
+        for target in relative_links(path):
+            file_part, _, anchor = target.partition("#")
+            dest = (path.parent / file_part).resolve() if file_part else path
+            where = f"{path.relative_to(root)}: {target}"
+            if not dest.exists():
+                broken.append(f"{where} (no such file)")
+            elif anchor and dest.is_file() and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{where} (no heading with anchor #{anchor} in {dest.relative_to(root)})")
+    return broken
+
+
+def issue_mentions(files: list[Path], root: Path = ROOT) -> list[str]:
+    """`file:line: text` for every line that names an issue number."""
+    found = []
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if ISSUE.search(line):
+                found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_docs_folder_has_its_pages():
+    assert (ROOT / "docs" / "README.md").is_file()
+    assert len(doc_files()) > 2
+
+
+def test_every_relative_link_resolves_to_a_file_and_heading():
+    broken = broken_links(doc_files())
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_readme_is_short():
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/ (at most {README_MAX_LINES})"
+
+
+def test_no_page_names_an_issue_number():
+    found = issue_mentions(doc_files())
+    assert not found, "issue numbers in the docs (say what the issue asked for instead):\n" + "\n".join(found)
+
+
+def test_the_docs_index_lists_every_page():
+    index = relative_links(ROOT / "docs" / "README.md")
+    listed = {target.partition("#")[0] for target in index}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}
+    assert not pages - listed, f"docs/README.md does not list: {sorted(pages - listed)}"
+
+
+# The checks themselves: each finds what it is for, so a passing run above means something.
+
+@pytest.mark.parametrize("heading, anchor", [
+    ("Crashes, interrupts and `--resume`", "crashes-interrupts-and---resume"),
+    ("The driver and Spark at a million keys", "the-driver-and-spark-at-a-million-keys"),
+    ("INT8: faster when it agrees", "int8-faster-when-it-agrees"),
+    ("Measuring: `make bench`", "measuring-make-bench"),
+    ("snake_case and 12 MP", "snake_case-and-12-mp"),
+])
+def test_slug_follows_githubs_rules(heading, anchor):
+    assert slug(heading) == anchor
+
+
+def test_the_checks_report_broken_links_and_issue_numbers(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(
+        "# Top\n\n[ok](docs/a.md#a-page) [gone](docs/missing.md) [bad anchor](docs/a.md#nope)\n"
+        "[self](#top) [web](https://example.com/x.md) `[in code](nowhere.md)`\n"
+        "As issue 12 asked.\n", encoding="utf-8")
+    (tmp_path / "docs" / "a.md").write_text(
+        "# A page\n\n```md\n[fenced](nowhere.md)\n```\nSee Issues #3.\n[up](../README.md#top)\n", encoding="utf-8")
+    files = doc_files(tmp_path)
+    assert broken_links(files, tmp_path) == [
+        "README.md: docs/missing.md (no such file)",
+        "README.md: docs/a.md#nope (no heading with anchor #nope in docs/a.md)",
+    ]
+    assert issue_mentions(files, tmp_path) == ["README.md:5: As issue 12 asked.", "docs/a.md:6: See Issues #3."]
+
+
+def test_repeated_headings_get_numbered_anchors(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Notes\n\n## Notes\n\n```\n# not a heading\n```\n", encoding="utf-8")
+    assert anchors(page) == {"notes", "notes-1"}

@@ -1,0 +1,149 @@
+"""The settings table: everything derived from it agrees with it, and the library's defaults are the job's."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+from dataclasses import fields
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+import mxinfer
+import utils
+from mxjob import config, driver, listing, settings
+from mxjob.partition import JobSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = {"input": "s3://in/photos/", "model": "s3://m/r18", "output": "s3://out/p.jsonl"}
+
+
+def resolved(**changes) -> config.JobConfig:
+    return config.resolve(config.merge_settings({**BASE, **changes}, {}))
+
+
+def test_docs_options_page_is_generated_from_the_table():
+    assert (ROOT / "docs" / "options.md").read_text() == settings.options_markdown(), \
+        "docs/options.md differs from SETTINGS: run `make docs`"
+
+
+def test_conf_defaults_yaml_is_generated_from_the_table():
+    assert (ROOT / "conf" / "defaults.yaml").read_text() == settings.defaults_yaml(), \
+        "conf/defaults.yaml differs from SETTINGS: run `make docs`"
+
+
+def test_conf_defaults_yaml_read_as_a_config_gives_the_defaults():
+    documented = yaml.safe_load((ROOT / "conf" / "defaults.yaml").read_text())
+    assert sorted(documented) == sorted(s.name for s in settings.SETTINGS)
+    assert config.merge_settings({}, documented) == config.merge_settings({}, {})
+
+
+def test_the_options_page_names_every_flag_and_default():
+    page = settings.options_markdown()
+    for s in settings.SETTINGS:
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{s.flags[0]}`"))
+        if s.default_text() and not isinstance(s.default, bool):
+            assert f"`{s.default_text()}`" in row, s.name
+
+
+def test_every_setting_is_an_option_of_the_command_line_with_its_default():
+    for s in settings.SETTINGS:
+        param = config.PARAMS[s.name]
+        assert s.flag in param.opts
+        if s.default is None:
+            assert param.default is None, s.name
+        else:
+            assert config.convert_option(s.name, param.default, "default") == \
+                config.convert_option(s.name, s.default, "default"), s.name
+
+
+def test_job_config_has_a_field_per_driver_and_executor_setting_and_none_for_the_rest():
+    names = {f.name for f in fields(config.JobConfig)}
+    assert {s.name for s in settings.going_to("driver", "executor")} <= names
+    # resolve() makes "model" (a ModelSpec), "input_manifest" (checked) and "output_format" from their settings.
+    made_from = {s.name for s in settings.going_to("resolve", "model", "preprocess")} & names
+    assert made_from == {"model", "input_manifest", "output_format"}
+    assert {"input_bucket", "input_prefix", "output_bucket", "output_key", "output_format", "preprocess"} <= names
+
+
+def test_job_spec_has_a_field_per_executor_setting_with_the_tables_default():
+    spec_fields = {f.name: f for f in fields(JobSpec)}
+    for s in settings.going_to("executor"):
+        assert spec_fields[s.name].default == s.default, s.name
+    # "handler" on an executor is the driver's shipped copy of --handler (JobConfig.handler_path).
+    assert {s.name for s in settings.going_to("driver")} & set(spec_fields) == {"handler"}
+
+
+def test_job_spec_carries_every_executor_setting_of_the_run_and_pickles():
+    cfg = resolved(io_threads=3, s3_reader="botocore", micro_batch_size=8, top_k=2, s3_max_attempts=7)
+    spec = cfg.job_spec()
+    for s in settings.going_to("executor"):
+        assert getattr(spec, s.name) == getattr(cfg, s.name), s.name
+    assert pickle.loads(pickle.dumps(spec)) == spec  # as Spark ships it to the executors
+    assert type(spec).__module__ == "mxjob.partition" and type(spec).__qualname__ == "JobSpec"
+
+
+def test_a_new_executor_setting_needs_only_its_declaration(monkeypatch):
+    """What docs/layout.md promises: declare it, and JobConfig and JobSpec carry it to the executors."""
+    extra = settings.Setting("decode_threads", ("--decode-threads",), "executors", "Test only.", default=3,
+                             type=settings.WholeNumber(min=1), to="executor")
+    monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, extra))
+    spec_cls = settings.make_settings_dataclass("JobSpec", JobSpec.__mro__[1], settings.going_to("executor"),
+                                                "mxjob.partition")
+    cfg_cls = settings.make_settings_dataclass("JobConfig", config.JobConfig.__mro__[1],
+                                               settings.going_to("driver", "executor"), "mxjob.config",
+                                               with_defaults=False)
+    assert spec_cls.__dataclass_fields__["decode_threads"].default == 3
+    assert "decode_threads" in cfg_cls.__dataclass_fields__
+    assert extra.click_option().type.convert("5", None, None) == 5
+
+
+def test_the_library_defaults_are_the_jobs():
+    cfg = resolved()
+    assert mxinfer.Preprocess() == cfg.preprocess
+    spec = mxinfer.ModelSpec("s", "p")
+    assert (spec.data_name, spec.context, spec.s3_max_attempts) == (cfg.model.data_name, cfg.model.context,
+                                                                   cfg.s3_max_attempts)
+    for cls in (mxinfer.Predictor, mxinfer.Classifier, mxinfer.ImageClassifier):
+        signature = inspect.signature(cls.__init__)
+        assert signature.parameters["input_shape"].default == cfg.preprocess.input_shape
+        assert signature.parameters["batch_size"].default == cfg.batch_size
+    assert inspect.signature(mxinfer.Classifier.classify).parameters["top_k"].default == cfg.top_k
+    udf = inspect.signature(mxinfer.model_udf).parameters
+    for name in ("batch_size", "top_k", "max_image_pixels", "epoch", "data_name", "s3_max_attempts"):
+        assert udf[name].default == settings.BY_NAME[name].default, name
+    library_spec = mxinfer.JobSpec(model=cfg.model, preprocess=mxinfer.Preprocess(), bucket="in")
+    job_spec = cfg.job_spec()
+    for s in settings.going_to("executor"):
+        assert getattr(library_spec, s.name) == getattr(job_spec, s.name), s.name
+    assert listing.DEFAULT_SUFFIXES == cfg.suffixes and listing.LIST_CONCURRENCY == cfg.list_concurrency
+    assert utils.S3_MAX_ATTEMPTS == cfg.s3_max_attempts
+
+
+def test_the_fingerprint_holds_exactly_the_settings_the_table_marks():
+    fp32 = driver.line_settings(resolved())
+    assert set(fp32) == {"data_name", "preprocess", "top_k", "max_object_bytes", "precision"}
+    assert fp32["preprocess"] == {s.name: s.default for s in settings.going_to("preprocess")}
+    int8 = driver.line_settings(resolved(precision="int8", int8_exclude="conv0"))
+    assert set(int8) - set(fp32) == {"calibration_images", "int8_exclude"}
+    assert int8["int8_exclude"] == ("conv0",)
+    # A setting that does not change a line (io_threads) is not in it, whatever its value.
+    assert driver.line_settings(resolved(io_threads=2)) == fp32
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"to": "nowhere"}, "to must be one of"),
+    ({"section": "misc"}, "section must be one of"),
+    ({"to": "resolve", "fingerprint": True}, "cannot be in the fingerprint"),
+])
+def test_a_bad_declaration_is_refused_at_import(kwargs, match):
+    declared = {"name": "x", "flags": ("--x",), "section": "run", "help": "x", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        settings.Setting(**declared)
+
+
+def test_help_lists_every_setting_in_table_order():
+    options = [p for p in config.OPTIONS if isinstance(p, click.Option) and not p.hidden and p.name != "config_uri"]
+    assert [p.name for p in options] == [s.name for s in settings.SETTINGS]

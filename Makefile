@@ -39,6 +39,10 @@ test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration)
 lint: $(STAMP) ## ruff only
 	$(VENV)/bin/ruff check .
 
+.PHONY: docs
+docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml from the settings table (mxjob/settings.py)
+	$(PY) -m mxjob.settings .
+
 # --- benchmarks: docs/performance.md and docs/input.md say what they measure ---
 BENCH_ARGS ?=
 

@@ -214,42 +214,45 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
     manifest without sizes). ``byte_range`` is ``(offset, length)``: those
     bytes of the object only.
     """
+    stats = IOStats() if stats is None else stats
     extra = {} if byte_range is None else {"Range": f"bytes={byte_range[0]}-{byte_range[0] + byte_range[1] - 1}"}
     for attempt in range(1, attempts + 1):
         try:
             response = client.get_object(Bucket=bucket, Key=key, **extra)
         except botocore.exceptions.ClientError as exc:  # botocore's retries count even when they all failed
-            if stats is not None:
-                stats.add(request_retries=_retry_attempts(exc.response))
+            stats.add(request_retries=_retry_attempts(exc.response))
             raise
-        if stats is not None:
-            stats.add(request_retries=_retry_attempts(response))
-        body = response["Body"]
-        length = response.get("ContentLength")
-        if max_bytes is not None and length is not None and int(length) > max_bytes:
-            body.close()  # drops the connection rather than reading the body to reuse it
-            raise too_large(int(length), max_bytes)
-        try:
-            data = body.read()
-        except BODY_READ_ERRORS:
-            if attempt == attempts:
-                raise
-            if stats is not None:
-                stats.add(body_retries=1)
+        stats.add(request_retries=_retry_attempts(response))
+        data, broken = _read_body(response, max_bytes)
+        if broken is None:
+            return data
+        if attempt == attempts:
+            raise broken
+        stats.add(body_retries=1)
+        if not isinstance(broken, botocore.exceptions.IncompleteReadError):
             log.warning("s3://%s/%s: body read failed (attempt %d of %d); retrying", bucket, key, attempt, attempts)
             time.sleep(min(2.0, 0.1 * 2**attempt))
-            continue
-        finally:
-            body.close()
-        short = _short_body(data, response.get("ContentLength"))
-        if short is not None:
-            if attempt == attempts:
-                raise short
-            if stats is not None:
-                stats.add(body_retries=1)
-            continue
-        return data
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _read_body(response: dict, max_bytes: int | None) -> tuple[bytes | None, Exception | None]:
+    """``(data, None)``, or ``(None, error)`` for a body that broke or came short (the GET is worth repeating).
+
+    An object larger than ``max_bytes`` raises :class:`ObjectTooLargeError`, its body unread.
+    """
+    body = response["Body"]
+    length = response.get("ContentLength")
+    if max_bytes is not None and length is not None and int(length) > max_bytes:
+        body.close()  # drops the connection rather than reading the body to reuse it
+        raise too_large(int(length), max_bytes)
+    try:
+        data = body.read()
+    except BODY_READ_ERRORS as exc:
+        return None, exc
+    finally:
+        body.close()
+    short = _short_body(data, length)
+    return (None, short) if short is not None else (data, None)
 
 
 def _retry_attempts(response: dict) -> int:

@@ -317,6 +317,12 @@ def main(argv=None) -> int:
             child.stdin.close()
             child.wait(timeout=60)
 
+    report(args, rows, sequential, parallel)
+    return 0
+
+
+def report(args, rows: list, sequential: dict, parallel: dict) -> None:
+    """Check that both listings agree, then print the table and the ten-million-key projection."""
     assert sequential["keys"] == parallel["keys"] == args.keys, (sequential["keys"], parallel["keys"])
     assert sequential["listing"].keys.equals(parallel["listing"].keys), "parallel listing differs from sequential"
     assert sequential["listing"].sizes.equals(parallel["listing"].sizes)
@@ -343,7 +349,6 @@ def main(argv=None) -> int:
           f"{pages * 0.1 / 60:.0f} min; parallel about {max(round_trips, cpu) / 60:.1f} min, the larger of "
           f"{round_trips:.0f} s of round trips ({args.concurrency} in flight) and {cpu:.0f} s of the driver's CPU "
           f"(one core: this run's {1000 * parallel['cpu'] / parallel['keys']:.3f} ms a key)")
-    return 0
 
 
 if __name__ == "__main__":

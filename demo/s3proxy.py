@@ -104,72 +104,85 @@ class S3Proxy:
             self.counts[fault] += 1
             return fault
 
-    def _handler_class(self):
-        proxy = self
+    def _handler_class(self) -> type:
+        return type("Handler", (_ProxyHandler,), {"proxy": self})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # TCP_NODELAY: the headers and the body go out as two writes, and Nagle's
-            # algorithm would hold the body until the client's delayed ACK, adding
-            # about 40 ms to every request on top of ``latency``.
-            disable_nagle_algorithm = True
 
-            def log_message(self, *args):  # quiet: tests and benchmarks read counts instead
-                pass
+class _ProxyHandler(BaseHTTPRequestHandler):
+    """One request through the proxy: a fault drawn by ``proxy``, or S3's own answer relayed."""
 
-            def _forward(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                if proxy.latency:
-                    time.sleep(proxy.latency)
-                if proxy.deny is not None and proxy.deny(self.command, self.path):
-                    with proxy._lock:
-                        proxy.counts["denied"] += 1
-                    self._send_error(403, "AccessDenied", "Access Denied")
-                    return
-                fault = proxy._draw_fault(self.command, self.path)
-                if fault == "reset":
-                    # SO_LINGER 0 makes close() send RST: the client sees "connection reset".
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    self.close_connection = True
-                    return
-                if fault == "slowdown":
-                    self._send_error(503, "SlowDown", "Please reduce your request rate.")
-                    return
-                if fault == "internal":
-                    self._send_error(500, "InternalError", "We encountered an internal error.")
-                    return
-                upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=60)
-                try:
-                    headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                    upstream.request(self.command, self.path, body=body, headers=headers)
-                    response = upstream.getresponse()
-                    data = response.read()
-                finally:
-                    upstream.close()
-                self.send_response(response.status, response.reason)
-                for name, value in response.getheaders():
-                    if name.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
-                        self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if fault == "cut" and self.command != "HEAD" and len(data) > 1:
-                    self.wfile.write(data[: len(data) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+    proxy: S3Proxy  # set per proxy by S3Proxy._handler_class
+    protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: the headers and the body go out as two writes, and Nagle's
+    # algorithm would hold the body until the client's delayed ACK, adding
+    # about 40 ms to every request on top of ``latency``.
+    disable_nagle_algorithm = True
 
-            def _send_error(self, status: int, code: str, message: str) -> None:
-                payload = _ERROR_XML.format(code=code, message=message).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/xml")
-                self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(payload)
+    def log_message(self, *args):  # quiet: tests and benchmarks read counts instead
+        pass
 
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+    def _forward(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        if self.proxy.latency:
+            time.sleep(self.proxy.latency)
+        if self.proxy.deny is not None and self.proxy.deny(self.command, self.path):
+            with self.proxy._lock:
+                self.proxy.counts["denied"] += 1
+            self._send_error(403, "AccessDenied", "Access Denied")
+            return
+        fault = self.proxy._draw_fault(self.command, self.path)
+        if self._answer_fault(fault):
+            return
+        self._relay(body, fault)
 
-        return Handler
+    def _answer_fault(self, fault) -> bool:
+        """Answer with the fault instead of S3, if it is one that replaces the answer."""
+        if fault == "reset":
+            # SO_LINGER 0 makes close() send RST: the client sees "connection reset".
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            return True
+        if fault == "slowdown":
+            self._send_error(503, "SlowDown", "Please reduce your request rate.")
+            return True
+        if fault == "internal":
+            self._send_error(500, "InternalError", "We encountered an internal error.")
+            return True
+        return False
+
+    def _relay(self, body, fault) -> None:
+        """Send the request upstream and its answer back (cut in half for the ``cut`` fault)."""
+        upstream = http.client.HTTPConnection(self.proxy.upstream_host, self.proxy.upstream_port, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            upstream.request(self.command, self.path, body=body, headers=headers)
+            response = upstream.getresponse()
+            data = response.read()
+        finally:
+            upstream.close()
+        self.send_response(response.status, response.reason)
+        for name, value in response.getheaders():
+            if name.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if fault == "cut" and self.command != "HEAD" and len(data) > 1:
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _send_error(self, status: int, code: str, message: str) -> None:
+        payload = _ERROR_XML.format(code=code, message=message).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+

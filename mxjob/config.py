@@ -162,7 +162,8 @@ def option_flag(key: str) -> str:
 
 
 def convert_option(key: str, value, hint: str):
-    """``value`` converted by the click type of the option ``key``; a bad one raises ``BadParameter`` naming ``hint``."""
+    """``value`` converted by the click type of the option ``key``; a bad one raises ``BadParameter`` naming ``hint``.
+    """
     try:
         return PARAMS[key].type.convert(value, None, None)
     except click.BadParameter as exc:
@@ -234,7 +235,7 @@ def resolve_input(s: Settings) -> tuple[str | None, str, str | None]:
 
 
 def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str | None]:
-    """``(bucket, key)``: from --output, or the original's --output_s3_bucket (default: the input's) and --output_s3_key."""
+    """``(bucket, key)``: from --output, or --output_s3_bucket (default: the input's) and --output_s3_key."""
     name = s.name
     if s["output"] and (s["output_s3_key"] or s["output_s3_bucket"]):
         other = "output_s3_key" if s["output_s3_key"] else "output_s3_bucket"

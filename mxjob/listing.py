@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 from botocore.compat import unquote_str
 
 import utils
-from mxjob import settings
+from mxjob import settings, state
 
 log = logging.getLogger(__name__)
 
@@ -360,18 +360,15 @@ def lean_listing_unavailable() -> str | None:
     return None
 
 
-#: Whether this process said why the lean listing is not used (:func:`_warn_fallback`).
-_fallback_warned = False
 _fallback_lock = threading.Lock()
 
 
 def _warn_fallback(reason: str) -> None:
     """Say once per process why ``--s3-reader lean`` lists through botocore's own parser."""
-    global _fallback_warned
     with _fallback_lock:
-        if _fallback_warned:
+        if state.counters.listing_fallback is not None:
             return
-        _fallback_warned = True
+        state.counters.listing_fallback = reason
     log.warning("--s3-reader lean: the lean listing is not available (%s); listing with botocore's own "
                 "ListObjectsV2 parser instead (the same keys, at about ten times the driver's CPU a page)", reason)
 

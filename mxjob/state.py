@@ -108,6 +108,8 @@ class Counters:
     #: ``None`` is MXNet's own default, when it was loaded before the setting could apply.
     threads_set: bool = False
     threads: int | None = None
+    #: Why the lean listing fell back to botocore's parser, once said (``mxjob.listing``); ``None``: not said.
+    listing_fallback: str | None = None
 
 
 counters = Counters()

@@ -25,7 +25,7 @@ import infer_main
 import utils
 from demo import make_demo
 from demo.s3proxy import S3Proxy
-from mxjob import config, driver, listing
+from mxjob import config, driver, listing, state
 from mxjob.errors import JobError
 from mxjob.model import Classifier, ModelSpec
 from tests.conftest import bucket_with_model
@@ -195,7 +195,7 @@ def test_the_botocore_listing_client_is_botocores_own_and_lists_what_lean_lists(
 def test_lean_listing_without_handle_200_error_warns_once_and_lists_through_botocore(
         bucket, moto_endpoint, page_spy, monkeypatch, caplog):
     monkeypatch.delattr(botocore.handlers, "_handle_200_error")
-    monkeypatch.setattr(listing, "_fallback_warned", False)  # another test may have warned in this process
+    monkeypatch.setattr(state.counters, "listing_fallback", None)  # another test may have warned in this process
     assert "_handle_200_error" in listing.lean_listing_unavailable()
     with caplog.at_level(logging.WARNING, logger=listing.__name__):
         listed = [list_all(listing.list_client(moto_endpoint, kind="lean")) for _ in range(2)]

@@ -2,35 +2,23 @@
 
 Integration tests run the real job through ``spark-submit`` on
 ``local-cluster[2,1,1024]``; each such run is a session fixture whose output
-several tests read, so the suite starts Spark only a handful of times.
+several tests read, so the suite starts Spark only a handful of times. The
+helpers the tests call (``encode``, ``make_s3_client``, ``spark_submit``, ...)
+are in ``tests/helpers.py``: a test module never imports this file.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-import boto3
 import pytest
-from PIL import Image
+from click.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from demo import make_demo  # noqa: E402
-from demo.run_local import spark_env, spark_submit_command  # noqa: E402
-from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
-from mxjob import state  # noqa: E402
-
-
-def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
-    """``img`` encoded as ``fmt`` (Pillow's format name), with Pillow's save options."""
-    buffer = io.BytesIO()
-    img.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
+from demo import make_demo
+from demo.s3local import FAKE_AWS_ENV, moto_server
+from mxjob import state
+from tests.helpers import make_s3_client
 
 
 @pytest.fixture(autouse=True)
@@ -51,6 +39,18 @@ def fake_aws_env(monkeypatch):
         monkeypatch.setenv(name, value)
 
 
+@pytest.fixture
+def runner() -> CliRunner:
+    """Invokes a click command in-process; ``result.output`` has its stdout and stderr."""
+    return CliRunner()
+
+
+@pytest.fixture
+def stderr_runner() -> CliRunner:
+    """Like ``runner``, with stderr apart: ``result.stdout`` and ``result.stderr``."""
+    return CliRunner(mix_stderr=False)
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory):
     """A moto S3 (and EMR) server for the whole session; its endpoint URL."""
@@ -58,23 +58,23 @@ def moto_endpoint(tmp_path_factory):
         yield endpoint
 
 
-def make_s3_client(endpoint: str):
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
-
-
-def bucket_with_model(endpoint: str, bucket: str, model_dir: Path):
-    """Create ``bucket`` and upload every file of ``model_dir`` under ``model/``; return the client."""
-    s3 = make_s3_client(endpoint)
-    s3.create_bucket(Bucket=bucket)
-    for path in sorted(model_dir.iterdir()):
-        s3.upload_file(str(path), bucket, f"model/{path.name}")
-    return s3
-
-
 @pytest.fixture(scope="session")
 def s3(moto_endpoint):
     return make_s3_client(moto_endpoint)
+
+
+@pytest.fixture(scope="module")
+def moto_buckets(request, moto_endpoint):
+    """An S3 client on the session's moto server, with the test module's buckets created once per module.
+
+    The buckets are the module's ``BUCKETS``, else its ``BUCKET``; a test can
+    name others with ``@pytest.mark.parametrize("moto_buckets", [("a", "b")], indirect=True)``.
+    """
+    names = getattr(request, "param", None) or getattr(request.module, "BUCKETS", None) or (request.module.BUCKET,)
+    client = make_s3_client(moto_endpoint)
+    for name in names:
+        client.create_bucket(Bucket=name)
+    return client
 
 
 @pytest.fixture(scope="session")
@@ -95,22 +95,3 @@ def logits_prefix(demo_dir) -> Path:
 @pytest.fixture(scope="session")
 def softmax_prefix(demo_dir) -> Path:
     return demo_dir / "model" / "digits_softmax"
-
-
-def start_spark_submit(job_args: list[str], extra_env: dict | None = None) -> subprocess.Popen:
-    """Start the job through spark-submit in a session of its own, so a test can signal the whole driver.
-
-    Killing the process group is what a lost driver node, YARN's container
-    kill or a terminal's Ctrl-C does: the JVM, the Python driver and (on
-    local-cluster) the executors it started go together.
-    """
-    return subprocess.Popen(spark_submit_command(job_args), env=spark_env(extra_env), cwd=str(ROOT),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def spark_submit(job_args: list[str], timeout: int = 600, extra_env: dict | None = None,
-                 cwd: Path = ROOT, master: str | None = None) -> subprocess.CompletedProcess:
-    """Run the job through spark-submit on local-cluster (``master``, else ``make run-local``'s)."""
-    command = spark_submit_command(job_args, master) if master else spark_submit_command(job_args)
-    return subprocess.run(command, check=False, env=spark_env(extra_env), cwd=str(cwd),
-                          capture_output=True, text=True, timeout=timeout)

@@ -9,37 +9,43 @@ from pathlib import Path
 import click
 import pytest
 import yaml
-from click.testing import CliRunner
 
 import infer_main
 import mxinfer
 from mxjob import cluster, config, listing, settings
-from tests.conftest import ROOT, make_s3_client
+from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
 
 
-def resolve(*args: str, config: dict | None = None, tmp_path: Path | None = None):
-    """Run the CLI's option handling only (run_job replaced) and return the JobConfig."""
-    seen = {}
+@pytest.fixture
+def resolve(runner):
+    """``resolve(*args, config=None, tmp_path=None)``: run the CLI's option handling only (run_job replaced).
 
-    def fake_run(cfg):
-        seen["cfg"] = cfg
-        return 0
+    Returns the click result and the JobConfig the job would have run with.
+    """
 
-    argv = list(args)
-    if config is not None:
-        path = tmp_path / "job.yaml"
-        path.write_text(yaml.safe_dump(config))
-        argv += ["--config", str(path)]
-    runner = CliRunner()
-    original = infer_main.run_job
-    infer_main.run_job = fake_run
-    try:
-        result = runner.invoke(infer_main.main, argv)
-    finally:
-        infer_main.run_job = original
-    return result, seen.get("cfg")
+    def run(*args: str, config: dict | None = None, tmp_path: Path | None = None):
+        seen = {}
+
+        def fake_run(cfg):
+            seen["cfg"] = cfg
+            return 0
+
+        argv = list(args)
+        if config is not None:
+            path = tmp_path / "job.yaml"
+            path.write_text(yaml.safe_dump(config))
+            argv += ["--config", str(path)]
+        original = infer_main.run_job
+        infer_main.run_job = fake_run
+        try:
+            result = runner.invoke(infer_main.main, argv)
+        finally:
+            infer_main.run_job = original
+        return result, seen.get("cfg")
+
+    return run
 
 
 def test_conf_defaults_yaml_documents_exactly_the_defaults():
@@ -49,7 +55,7 @@ def test_conf_defaults_yaml_documents_exactly_the_defaults():
     assert config.merge_settings({}, documented) == config.merge_settings({}, {})
 
 
-def test_defaults_apply_when_nothing_overrides_them():
+def test_defaults_apply_when_nothing_overrides_them(resolve):
     result, cfg = resolve(*BASE)
     assert result.exit_code == 0, result.output
     assert cfg.batch_size == 64 and cfg.top_k == 5
@@ -61,7 +67,7 @@ def test_defaults_apply_when_nothing_overrides_them():
     assert (cfg.output_bucket, cfg.output_key) == ("out", "p.jsonl")
 
 
-def test_command_line_beats_yaml_beats_defaults(tmp_path):
+def test_command_line_beats_yaml_beats_defaults(tmp_path, resolve):
     config = {"batch_size": 16, "top_k": 3, "input_shape": [3, 32, 32], "mean": "1,2,3", "epoch": 7}
     result, cfg = resolve(*BASE, "--top-k", "2", config=config, tmp_path=tmp_path)
     assert result.exit_code == 0, result.output
@@ -72,14 +78,14 @@ def test_command_line_beats_yaml_beats_defaults(tmp_path):
     assert cfg.max_errors == "1%"  # default
 
 
-def test_yaml_alone_can_carry_every_required_option(tmp_path):
+def test_yaml_alone_can_carry_every_required_option(tmp_path, resolve):
     config = {"input": "s3://in/x/", "model": "s3://m/r", "output": "s3://o/k.jsonl", "dry_run": True}
     result, cfg = resolve(config=config, tmp_path=tmp_path)
     assert result.exit_code == 0, result.output
     assert cfg.dry_run is True and cfg.input_uri == "s3://in/x/"
 
 
-def test_the_originals_flags_map_to_the_same_job():
+def test_the_originals_flags_map_to_the_same_job(resolve):
     result, cfg = resolve(
         "--sym_url", "http://h/r-symbol.json", "--param_url", "http://h/r-0000.params",
         "--label_url", "http://h/synset.txt", "--batch", "32", "--bucket", "B", "--prefix", "cifar10/test",
@@ -115,7 +121,7 @@ def test_the_originals_flags_map_to_the_same_job():
     ([*BASE, "--handler", "boxes.txt"], "'--handler': must be a Python file ending in .py"),
     ([*BASE, "--suffixes", ","], "'--suffixes': no suffix given"),
 ])
-def test_usage_errors_exit_2_and_say_what_to_fix(args, message):
+def test_usage_errors_exit_2_and_say_what_to_fix(args, message, resolve):
     result, cfg = resolve(*args)
     assert result.exit_code == 2, result.output
     assert message in result.output
@@ -123,7 +129,7 @@ def test_usage_errors_exit_2_and_say_what_to_fix(args, message):
 
 
 @pytest.mark.parametrize("flag", ["--access_key", "--secret_key", "--access-key"])
-def test_aws_keys_on_the_command_line_are_refused_with_the_reason(flag):
+def test_aws_keys_on_the_command_line_are_refused_with_the_reason(flag, resolve):
     result, cfg = resolve(*BASE, flag, "AKIAEXAMPLE")
     assert result.exit_code == 2
     assert "instance role" in result.output and "process list" in result.output
@@ -131,31 +137,31 @@ def test_aws_keys_on_the_command_line_are_refused_with_the_reason(flag):
     assert cfg is None
 
 
-def test_aws_keys_in_the_yaml_are_refused(tmp_path):
+def test_aws_keys_in_the_yaml_are_refused(tmp_path, resolve):
     result, _ = resolve(*BASE, config={"secret_key": "x"}, tmp_path=tmp_path)
     assert result.exit_code == 2 and "instance role" in result.output
 
 
-def test_unknown_yaml_option_is_named(tmp_path):
+def test_unknown_yaml_option_is_named(tmp_path, resolve):
     result, _ = resolve(*BASE, config={"batchsize": 3}, tmp_path=tmp_path)
     assert result.exit_code == 2 and "unknown option(s): batchsize" in result.output
 
 
 @pytest.mark.parametrize("value", ["false", "no", False, "off"])
-def test_yaml_dry_run_false_in_any_spelling_runs_the_job_for_real(tmp_path, value):
+def test_yaml_dry_run_false_in_any_spelling_runs_the_job_for_real(tmp_path, value, resolve):
     result, cfg = resolve(*BASE, config={"dry_run": value}, tmp_path=tmp_path)
     assert result.exit_code == 0, result.output
     assert cfg.dry_run is False  # run_job takes the real path: no plan, Spark and the upload
 
 
 @pytest.mark.parametrize("value", ["yes", "true", True])
-def test_yaml_dry_run_true_in_any_spelling_is_a_dry_run(tmp_path, value):
+def test_yaml_dry_run_true_in_any_spelling_is_a_dry_run(tmp_path, value, resolve):
     result, cfg = resolve(*BASE, config={"dry_run": value}, tmp_path=tmp_path)
     assert result.exit_code == 0, result.output
     assert cfg.dry_run is True
 
 
-def test_no_dry_run_on_the_command_line_beats_the_yaml(tmp_path):
+def test_no_dry_run_on_the_command_line_beats_the_yaml(tmp_path, resolve):
     result, cfg = resolve(*BASE, "--no-dry-run", config={"dry_run": True}, tmp_path=tmp_path)
     assert result.exit_code == 0, result.output
     assert cfg.dry_run is False
@@ -174,27 +180,27 @@ def test_no_dry_run_on_the_command_line_beats_the_yaml(tmp_path):
     ("resize", "zoom", "'zoom' is not one of"),
     ("log_level", "LOUD", "'LOUD' is not one of"),
 ])
-def test_a_bad_yaml_value_exits_2_naming_the_key_and_the_file(tmp_path, key, value, message):
+def test_a_bad_yaml_value_exits_2_naming_the_key_and_the_file(tmp_path, key, value, message, resolve):
     result, cfg = resolve(*BASE, config={key: value}, tmp_path=tmp_path)
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{key}' in {tmp_path / 'job.yaml'}: {message}" in result.output
     assert cfg is None
 
 
-def test_a_yaml_value_the_options_check_together_is_named_as_a_yaml_key(tmp_path):
+def test_a_yaml_value_the_options_check_together_is_named_as_a_yaml_key(tmp_path, resolve):
     result, _ = resolve(*BASE, config={"mean": "1,2"}, tmp_path=tmp_path)
     assert result.exit_code == 2
     assert f"mean in {tmp_path / 'job.yaml'} needs 1 or 3 values" in result.output
 
 
-def test_yaml_whole_floats_and_numeric_text_are_taken(tmp_path):
+def test_yaml_whole_floats_and_numeric_text_are_taken(tmp_path, resolve):
     result, cfg = resolve(*BASE, config={"batch_size": 8.0, "top_k": "3", "progress_seconds": "2.5"},
                           tmp_path=tmp_path)
     assert result.exit_code == 0, result.output
     assert (cfg.batch_size, cfg.top_k, cfg.progress_seconds) == (8, 3, 2.5)
 
 
-def test_yaml_null_keeps_the_default(tmp_path):
+def test_yaml_null_keeps_the_default(tmp_path, resolve):
     result, cfg = resolve(*BASE, config={"batch_size": None}, tmp_path=tmp_path)
     assert result.exit_code == 0, result.output
     assert cfg.batch_size == config.DEFAULTS["batch_size"]
@@ -215,7 +221,7 @@ def test_every_numeric_option_has_a_range():
 
 @pytest.mark.parametrize("key", BOUNDED)
 @pytest.mark.parametrize("where", ["command line", "yaml"])
-def test_zero_or_negative_sizes_counts_and_intervals_exit_2(tmp_path, key, where):
+def test_zero_or_negative_sizes_counts_and_intervals_exit_2(tmp_path, key, where, resolve):
     too_small = config.PARAMS[key].type.min - 1
     if where == "yaml":
         result, cfg = resolve(*BASE, config={key: too_small}, tmp_path=tmp_path)
@@ -229,8 +235,8 @@ def test_zero_or_negative_sizes_counts_and_intervals_exit_2(tmp_path, key, where
     assert cfg is None
 
 
-def test_help_shows_every_default_from_the_table_and_no_help_text_types_one():
-    result = CliRunner().invoke(infer_main.main, ["--help"], terminal_width=400)
+def test_help_shows_every_default_from_the_table_and_no_help_text_types_one(runner):
+    result = runner.invoke(infer_main.main, ["--help"], terminal_width=400)
     assert result.exit_code == 0
     assert not [name for name, param in config.PARAMS.items() if "[default" in (param.help or "")]
     for name in ("batch_size", "top_k", "max_image_pixels", "io_threads", "app_name"):
@@ -246,7 +252,7 @@ def test_the_job_and_the_library_share_their_defaults():
         assert getattr(job, name) == getattr(library, name)
 
 
-def test_missing_config_file_is_a_usage_error(tmp_path):
+def test_missing_config_file_is_a_usage_error(tmp_path, resolve):
     result, _ = resolve(*BASE, "--config", str(tmp_path / "nope.yaml"))
     assert result.exit_code == 2 and "cannot read --config" in result.output
 
@@ -296,8 +302,7 @@ def small_world(moto_endpoint, logits_prefix):
             "--input-shape", "3,32,32", "--std", "255"]
 
 
-def test_dry_run_prints_the_plan_and_a_scored_image_without_spark(small_world):
-    runner = CliRunner()
+def test_dry_run_prints_the_plan_and_a_scored_image_without_spark(small_world, runner):
     result = runner.invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/imgs/",
                                              "--batch-size", "2", "--dry-run"])
     assert result.exit_code == 0, result.output
@@ -310,52 +315,52 @@ def test_dry_run_prints_the_plan_and_a_scored_image_without_spark(small_world):
     assert SparkContext._active_spark_context is None
 
 
-def test_empty_prefix_fails_with_a_clear_message(small_world):
-    result = CliRunner().invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/nothing/",
-                                                  "--output", "s3://cfg-bucket/o.jsonl"])
+def test_empty_prefix_fails_with_a_clear_message(small_world, runner):
+    result = runner.invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/nothing/",
+                                             "--output", "s3://cfg-bucket/o.jsonl"])
     assert result.exit_code == 1
     assert "no images under s3://cfg-bucket/nothing/" in result.output
 
 
-def test_missing_input_bucket_fails_before_any_work(small_world):
-    result = CliRunner().invoke(infer_main.main, [*small_world, "--input", "s3://no-such-bucket-x/p/",
-                                                  "--output", "s3://cfg-bucket/o.jsonl"])
+def test_missing_input_bucket_fails_before_any_work(small_world, runner):
+    result = runner.invoke(infer_main.main, [*small_world, "--input", "s3://no-such-bucket-x/p/",
+                                             "--output", "s3://cfg-bucket/o.jsonl"])
     assert result.exit_code == 1
     assert "cannot list s3://no-such-bucket-x/p/" in result.output and "NoSuchBucket" in result.output
 
 
-def test_top_k_over_the_number_of_classes_fails_on_the_driver(small_world):
-    result = CliRunner().invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/imgs/",
-                                                  "--output", "s3://cfg-bucket/o.jsonl", "--top-k", "11"])
+def test_top_k_over_the_number_of_classes_fails_on_the_driver(small_world, runner):
+    result = runner.invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/imgs/",
+                                             "--output", "s3://cfg-bucket/o.jsonl", "--top-k", "11"])
     assert result.exit_code == 1
     assert "--top-k 11 is larger than the model's 10 classes" in result.output
 
 
-def test_missing_model_file_fails_on_the_driver(small_world):
-    result = CliRunner().invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/imgs/",
-                                                  "--output", "s3://cfg-bucket/o.jsonl", "--epoch", "3"])
+def test_missing_model_file_fails_on_the_driver(small_world, runner):
+    result = runner.invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/imgs/",
+                                             "--output", "s3://cfg-bucket/o.jsonl", "--epoch", "3"])
     assert result.exit_code == 1
     assert "model file missing" in result.output and "digits-0003.params" in result.output
 
 
-def test_empty_labels_means_no_labels_and_absent_means_synset_beside_the_model():
+def test_empty_labels_means_no_labels_and_absent_means_synset_beside_the_model(resolve):
     _, cfg = resolve(*BASE, "--labels", "")
     assert cfg.model.labels_uri == ""
     _, cfg = resolve(*BASE)
     assert cfg.model.labels_uri is None
 
 
-def test_unwritable_output_fails_before_any_spark_work(small_world):
-    result = CliRunner().invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/imgs/",
-                                                  "--output", "s3://no-such-output-bucket/o.jsonl"])
+def test_unwritable_output_fails_before_any_spark_work(small_world, runner):
+    result = runner.invoke(infer_main.main, [*small_world, "--input", "s3://cfg-bucket/imgs/",
+                                             "--output", "s3://no-such-output-bucket/o.jsonl"])
     assert result.exit_code == 1
     assert "cannot write s3://no-such-output-bucket/o.jsonl" in result.output and "NoSuchBucket" in result.output
     from pyspark import SparkContext
     assert SparkContext._active_spark_context is None
 
 
-def test_dry_run_with_an_unwritable_output_fails_and_says_so_once(small_world, caplog):
-    result = CliRunner(mix_stderr=False).invoke(infer_main.main, [
+def test_dry_run_with_an_unwritable_output_fails_and_says_so_once(small_world, caplog, stderr_runner):
+    result = stderr_runner.invoke(infer_main.main, [
         *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://no-such-output-bucket/o.jsonl",
         "--dry-run"])
     assert result.exit_code == 1
@@ -365,8 +370,8 @@ def test_dry_run_with_an_unwritable_output_fails_and_says_so_once(small_world, c
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # not also logged as an ERROR line
 
 
-def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, moto_endpoint):
-    result = CliRunner(mix_stderr=False).invoke(infer_main.main, [
+def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, moto_endpoint, stderr_runner):
+    result = stderr_runner.invoke(infer_main.main, [
         *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://cfg-bucket/dry/o.jsonl", "--dry-run"])
     assert result.exit_code == 0, result.stderr
     plan = json.loads(result.stdout.splitlines()[-1])

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 import mxinfer
-from tests.conftest import encode
+from tests.helpers import encode
 
 PREP = mxinfer.Preprocess(input_shape=(3, 24, 32))
 
@@ -145,7 +145,7 @@ def test_bad_bytes_raise(data, error, match):
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
 def test_truncated_images_raise_rather_than_decode_half_grey(fmt):
     data = encode(gradient_rgb(200, 150), fmt)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="image file is truncated"):
         mxinfer.decode_image(data[: len(data) // 2], PREP)
 
 

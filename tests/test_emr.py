@@ -17,7 +17,6 @@ from pathlib import Path
 import boto3
 import pytest
 import yaml
-from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf" / "emr.yaml"
@@ -79,9 +78,9 @@ def test_load_config_refuses_inconsistent_settings(tmp_path, changes, message):
         emr.load_config(write_conf(tmp_path, **changes))
 
 
-def test_cli_reports_a_bad_config_and_exits_1(tmp_path):
+def test_cli_reports_a_bad_config_and_exits_1(tmp_path, runner):
     path = write_conf(tmp_path, spark={"spark.executor.instances": 5})
-    result = CliRunner().invoke(
+    result = runner.invoke(
         emr.cli, ["create-cluster", "--config", str(path), "--s3", S3, "--dry-run"]
     )
     assert result.exit_code == 1
@@ -95,14 +94,14 @@ def test_cli_reports_a_bad_config_and_exits_1(tmp_path):
         (["--s3", S3, "--cluster-id", ""], "expected an EMR cluster id"),
     ],
 )
-def test_add_step_refuses_bad_s3_prefix_and_cluster_id(args, message):
-    result = CliRunner().invoke(emr.cli, ["add-step", "--dry-run", *args])
+def test_add_step_refuses_bad_s3_prefix_and_cluster_id(args, message, runner):
+    result = runner.invoke(emr.cli, ["add-step", "--dry-run", *args])
     assert result.exit_code == 2
     assert message in result.output
 
 
-def test_dry_run_prints_the_step_without_running_it():
-    result = CliRunner().invoke(
+def test_dry_run_prints_the_step_without_running_it(runner):
+    result = runner.invoke(
         emr.cli,
         ["add-step", "--dry-run", "--aws", "/nonexistent/aws", "--s3", S3 + "/",
          "--cluster-id", "j-ABC", "--", "--top-k", "3"],

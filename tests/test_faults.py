@@ -30,7 +30,7 @@ from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import S3Proxy
 from mxjob import durable, listing, partition
-from tests.conftest import ROOT, bucket_with_model, encode, spark_submit
+from tests.helpers import ROOT, bucket_with_model, encode, spark_submit
 from tests.test_decode import png_declaring
 
 BUCKET = "fault-bucket"

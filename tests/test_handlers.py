@@ -16,14 +16,13 @@ from pathlib import Path
 import mxnet as mx
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import infer_main
 import mxinfer
 from demo import make_demo
 from mxjob import config, driver
 from mxjob.handlers import get_handlers
-from tests.conftest import bucket_with_model, make_s3_client, spark_submit
+from tests.helpers import bucket_with_model, make_s3_client, spark_submit
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -277,9 +276,9 @@ def test_output_handler_alone_gets_our_decoding_and_raw_outputs(bucket, logits_p
 # The driver's checks
 
 
-def run_cli(*args):
-    return CliRunner().invoke(infer_main.main, ["--input", "s3://no-such-bucket-h/imgs/", "--model", "s3://m/x",
-                                                "--output", "s3://no-such-bucket-h/o.jsonl", *args])
+def run_cli(runner, *args):
+    return runner.invoke(infer_main.main, ["--input", "s3://no-such-bucket-h/imgs/", "--model", "s3://m/x",
+                                           "--output", "s3://no-such-bucket-h/o.jsonl", *args])
 
 
 @pytest.mark.parametrize("text, code, message", [
@@ -287,23 +286,23 @@ def run_cli(*args):
     ("import no_such_module_here\n", 1, "--handler: {path} fails to import: ModuleNotFoundError"),
     ("x = 1\n", 1, "--handler: {path} defines neither input_handler(key, data) nor output_handler"),
 ])
-def test_a_bad_handler_stops_the_run_before_any_listing(tmp_path, moto_endpoint, text, code, message):
+def test_a_bad_handler_stops_the_run_before_any_listing(tmp_path, moto_endpoint, text, code, message, runner):
     path = tmp_path / "h.py"
     if text is not None:
         path.write_text(text)
-    result = run_cli("--handler", str(path), "--endpoint-url", moto_endpoint)
+    result = run_cli(runner, "--handler", str(path), "--endpoint-url", moto_endpoint)
     assert result.exit_code == code, result.output
     assert message.format(path=path) in result.output
     assert "cannot list" not in result.output  # it failed first
 
 
-def test_handler_must_be_a_python_file():
-    result = run_cli("--handler", "s3://b/handler.zip")
+def test_handler_must_be_a_python_file(runner):
+    result = run_cli(runner, "--handler", "s3://b/handler.zip")
     assert result.exit_code == 2 and "'--handler': must be a Python file ending in .py" in result.output
 
 
-def test_missing_s3_handler_is_named(moto_endpoint):
-    result = run_cli("--handler", "s3://no-such-bucket-h/h.py", "--endpoint-url", moto_endpoint)
+def test_missing_s3_handler_is_named(moto_endpoint, runner):
+    result = run_cli(runner, "--handler", "s3://no-such-bucket-h/h.py", "--endpoint-url", moto_endpoint)
     assert result.exit_code == 1 and "cannot read --handler s3://no-such-bucket-h/h.py" in result.output
 
 
@@ -326,8 +325,8 @@ def world(moto_endpoint, detector, boxes_handler):
     return {"s3": s3, "objects": objects, "args": args}
 
 
-def test_dry_run_with_a_handler_scores_a_sample_with_it(world):
-    result = CliRunner().invoke(infer_main.main, [*world["args"], "--dry-run"])
+def test_dry_run_with_a_handler_scores_a_sample_with_it(world, runner):
+    result = runner.invoke(infer_main.main, [*world["args"], "--dry-run"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert plan["sample"]["key"] == "imgs/0.png" and "boxes" in plan["sample"]

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import infer_main
 import mxinfer
 from demo import make_demo
 from mxjob import config, driver, errors
 from mxjob.int8 import int8_excluded, weight_layers
-from tests.conftest import make_s3_client
+from tests.helpers import bucket_with_model, make_s3_client, spark_submit
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 
@@ -113,8 +112,8 @@ def real_world(moto_endpoint, tmp_path_factory):
             "--mean", pretrained.MEAN, "--std", pretrained.STD, "--precision", "int8", "--calibration-images", "24"]
 
 
-def test_int8_below_the_minimum_agreement_refuses_with_the_figures_and_what_to_try(real_world, s3):
-    result = CliRunner().invoke(infer_main.main, real_world)
+def test_int8_below_the_minimum_agreement_refuses_with_the_figures_and_what_to_try(real_world, s3, runner):
+    result = runner.invoke(infer_main.main, real_world)
     assert result.exit_code == errors.EXIT_FAILED, result.output
     assert "int8 agrees with fp32 on only" in result.output and "24 held-out images" in result.output
     assert "under --min-agreement 0.99" in result.output
@@ -122,8 +121,8 @@ def test_int8_below_the_minimum_agreement_refuses_with_the_figures_and_what_to_t
     assert "Contents" not in s3.list_objects_v2(Bucket="int8-bucket", Prefix="out/")  # nothing was scored
 
 
-def test_int8_at_or_above_the_minimum_runs_on_the_quantized_model(real_world):
-    result = CliRunner().invoke(infer_main.main, [*real_world, "--min-agreement", "0.5", "--dry-run"])
+def test_int8_at_or_above_the_minimum_runs_on_the_quantized_model(real_world, runner):
+    result = runner.invoke(infer_main.main, [*real_world, "--min-agreement", "0.5", "--dry-run"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert len(plan["sample"]["predictions"]) == 5
@@ -131,8 +130,6 @@ def test_int8_at_or_above_the_minimum_runs_on_the_quantized_model(real_world):
 
 @pytest.mark.spark
 def test_the_executors_score_with_the_drivers_int8_checkpoint(moto_endpoint, demo_dir, tmp_path):
-    from tests.conftest import bucket_with_model, spark_submit
-
     s3 = bucket_with_model(moto_endpoint, "int8-job", demo_dir / "model")
     paths = sorted((demo_dir / "images").rglob("*.png"))[:24]
     keys = [f"imgs/{p.parent.name}/{p.name}" for p in paths]

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from demo import make_demo
-from tests.conftest import bucket_with_model, encode, spark_submit
+from tests.helpers import bucket_with_model, encode, spark_submit
 
 pytestmark = pytest.mark.spark
 

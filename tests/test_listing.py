@@ -11,7 +11,7 @@ import pytest
 
 import utils
 from mxjob import listing
-from tests.conftest import make_s3_client
+from tests.helpers import make_s3_client
 
 BUCKET = "listing-bucket"
 # Nested folders, unicode, spaces and characters the range splitter never cuts at; sizes differ per key.
@@ -24,9 +24,8 @@ KEYS = sorted(
 
 
 @pytest.fixture(scope="module")
-def bucket(moto_endpoint):
-    s3 = make_s3_client(moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
+def bucket(moto_buckets):
+    s3 = moto_buckets
     for n, key in enumerate(KEYS):
         s3.put_object(Bucket=BUCKET, Key=key, Body=b"x" * (n % 11))
     s3.put_object(Bucket=BUCKET, Key="sets/outside.jpg", Body=b"")  # shares the prefix's text, not its folder
@@ -164,12 +163,10 @@ def test_the_page_reader_decodes_keys_as_botocore_does(encoding, first, key):
     assert b"<Contents>" not in response["body"] and b"<IsTruncated>false" in response["body"]
 
 
-def test_list_concurrency_below_one_is_a_usage_error():
-    from click.testing import CliRunner
-
+def test_list_concurrency_below_one_is_a_usage_error(runner):
     import infer_main
 
-    result = CliRunner().invoke(infer_main.main, ["--input", "s3://in/p/", "--model", "s3://m/r18",
-                                                  "--output", "s3://o/p.jsonl", "--list-concurrency", "0"])
+    result = runner.invoke(infer_main.main, ["--input", "s3://in/p/", "--model", "s3://m/r18",
+                                             "--output", "s3://o/p.jsonl", "--list-concurrency", "0"])
     assert result.exit_code == 2
     assert "--list-concurrency" in result.output and "0 is not in the range x>=1" in result.output

@@ -11,25 +11,23 @@ import pyarrow as pa
 import pyarrow.orc
 import pyarrow.parquet
 import pytest
-from click.testing import CliRunner
 
 import infer_main
 from mxjob import manifest
-from tests.conftest import make_s3_client
+from tests.helpers import bucket_with_model, make_s3_client, spark_submit
 
 BUCKET = "manifest-images"
 INVENTORY = "manifest-inventory"
+BUCKETS = (BUCKET, INVENTORY)
 SUFFIXES = (".jpg", ".png")
 # (key, size): unicode, a space, a plus and a comma, which inventory CSV URL-encodes and CSV quotes.
 OBJECTS = [("photos/a b+c.jpg", 10), ("photos/café,1.png", 20), ("photos/日本.jpg", 30), ("photos/z.jpg", 40)]
 
 
 @pytest.fixture(scope="module")
-def s3(moto_endpoint):
-    client = make_s3_client(moto_endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    client.create_bucket(Bucket=INVENTORY)
-    return client
+def s3(moto_buckets):
+    """The session's client, with BUCKETS created."""
+    return moto_buckets
 
 
 def read(path, client=None, **kwargs) -> list[tuple[str, int]]:
@@ -76,7 +74,7 @@ def test_csv_manifest_malformed_lines_are_named_by_number(tmp_path):
     path = tmp_path / "bad.csv"
     path.write_text(f"{BUCKET},photos/a.jpg,1\n{BUCKET}\n{BUCKET},photos/b.jpg,12kB\n,photos/c.jpg\n"
                     f'{BUCKET},"photos/d\nwith newline.jpg",4\n{BUCKET},photos/e.jpg,5,extra\n')
-    with pytest.raises(manifest.ManifestError) as raised:
+    with pytest.raises(manifest.ManifestError, match=r"bad\.csv has 4 malformed line\(s\)") as raised:
         read(path)
     message = str(raised.value)
     assert "4 malformed line(s)" in message
@@ -218,7 +216,7 @@ def test_a_broken_inventory_manifest_is_a_clear_error(s3, tmp_path):
 # --- the command line
 
 
-def test_cli_dry_run_reads_the_bucket_and_keys_from_a_manifest(moto_endpoint, logits_prefix, tmp_path):
+def test_cli_dry_run_reads_the_bucket_and_keys_from_a_manifest(moto_endpoint, logits_prefix, tmp_path, runner):
     from demo import make_demo
 
     s3 = make_s3_client(moto_endpoint)
@@ -232,7 +230,7 @@ def test_cli_dry_run_reads_the_bucket_and_keys_from_a_manifest(moto_endpoint, lo
     path.write_text("".join(f"manifest-cli,imgs/{i}.png\n" for i in (2, 0, 1, 7)))  # imgs/7.png does not exist
     args = ["--endpoint-url", moto_endpoint, "--model", "s3://manifest-cli/model/digits", "--labels", "",
             "--input-shape", "3,32,32", "--std", "255", "--input-manifest", str(path), "--dry-run"]
-    result = CliRunner().invoke(infer_main.main, args)
+    result = runner.invoke(infer_main.main, args)
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert plan["input"] == str(path)
@@ -240,18 +238,18 @@ def test_cli_dry_run_reads_the_bucket_and_keys_from_a_manifest(moto_endpoint, lo
     assert plan["sample"]["key"] == "imgs/0.png" and len(plan["sample"]["predictions"]) == 5
 
 
-def test_cli_refuses_a_manifest_file_that_does_not_exist(tmp_path):
-    result = CliRunner().invoke(infer_main.main, ["--input-manifest", str(tmp_path / "nope.txt"), "--model",
-                                                  "s3://m/r18", "--output", "s3://out/p.jsonl"])
+def test_cli_refuses_a_manifest_file_that_does_not_exist(tmp_path, runner):
+    result = runner.invoke(infer_main.main, ["--input-manifest", str(tmp_path / "nope.txt"), "--model",
+                                             "s3://m/r18", "--output", "s3://out/p.jsonl"])
     assert result.exit_code == 2
     assert "--input-manifest" in result.output and "no such file" in result.output
 
 
-def test_cli_reports_a_multi_bucket_manifest_and_exits_1(moto_endpoint, tmp_path):
+def test_cli_reports_a_multi_bucket_manifest_and_exits_1(moto_endpoint, tmp_path, runner):
     path = tmp_path / "two.txt"
     path.write_text("s3://b-one/a.jpg\ns3://b-two/b.jpg\n")
-    result = CliRunner().invoke(infer_main.main, ["--endpoint-url", moto_endpoint, "--input-manifest", str(path),
-                                                  "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"])
+    result = runner.invoke(infer_main.main, ["--endpoint-url", moto_endpoint, "--input-manifest", str(path),
+                                             "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"])
     assert result.exit_code == 1
     assert "names keys in 2 buckets (b-one, b-two)" in result.output
 
@@ -263,7 +261,6 @@ def test_cli_reports_a_multi_bucket_manifest_and_exits_1(moto_endpoint, tmp_path
 def test_a_manifest_job_writes_one_line_per_key_predictions_or_no_such_key(moto_endpoint, demo_dir, tmp_path):
     """Real small images and missing keys, in a manifest without sizes: exactly one line per named key."""
     from demo import make_demo
-    from tests.conftest import bucket_with_model, spark_submit
 
     bucket = "manifest-job"
     s3 = bucket_with_model(moto_endpoint, bucket, demo_dir / "model")

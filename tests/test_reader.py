@@ -20,7 +20,6 @@ import utils
 from demo.s3local import free_port
 from demo.s3proxy import S3Proxy
 from mxjob import config
-from tests.conftest import make_s3_client
 
 BUCKET = "reader-bucket"
 BODIES = {f"r/{name}": bytes([i]) * (1000 + 997 * i) for i, name in enumerate(
@@ -28,9 +27,8 @@ BODIES = {f"r/{name}": bytes([i]) * (1000 + 997 * i) for i, name in enumerate(
 
 
 @pytest.fixture(scope="module")
-def bucket(moto_endpoint):
-    s3 = make_s3_client(moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
+def bucket(moto_buckets):
+    s3 = moto_buckets
     for key, body in BODIES.items():
         s3.put_object(Bucket=BUCKET, Key=key, Body=body)
     s3.put_object(Bucket=BUCKET, Key="r/archived.jpg", Body=b"cold", StorageClass="GLACIER")
@@ -81,7 +79,7 @@ def test_a_body_that_does_not_match_its_checksum_is_refused():
     header = base64.b64encode(zlib.crc32(good).to_bytes(4, "big")).decode()
     utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header}, good)
     utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header + "-3"}, b"other")  # composite: not checked
-    with pytest.raises(utils._Retry) as raised:
+    with pytest.raises(utils._Retry, match=r"Expected crc32 checksum \S+ did not match the body's") as raised:
         utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header}, b"pixelz")
     assert raised.value.body and isinstance(raised.value.cause, botocore.exceptions.FlexibleChecksumError)
 
@@ -93,10 +91,10 @@ def test_final_errors_are_botocores_own_and_not_retried(bucket, moto_endpoint, k
         reader = fresh_reader(proxy.endpoint)
         reader.read(BUCKET, "r/a.jpg")
         before = seen(proxy)
-        with pytest.raises(botocore.exceptions.ClientError) as lean:
+        with pytest.raises(botocore.exceptions.ClientError, match=rf"\({code}\) when calling the GetObject") as lean:
             reader.read(BUCKET, key)
         assert seen(proxy) == before + 1
-        with pytest.raises(botocore.exceptions.ClientError) as full:
+        with pytest.raises(botocore.exceptions.ClientError, match=rf"\({code}\) when calling the GetObject") as full:
             utils.read_object(reader.client, BUCKET, key)
     assert lean.value.response["Error"]["Code"] == code
     assert type(lean.value) is type(full.value)

@@ -21,7 +21,6 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 
 import infer_main
@@ -30,7 +29,7 @@ from demo import make_demo
 from demo.s3proxy import S3Proxy
 from mxjob import driver, durable, errors, listing, partition, signals
 from mxjob.config import JobConfig, merge_settings, resolve
-from tests.conftest import bucket_with_model, make_s3_client, spark_submit, start_spark_submit
+from tests.helpers import bucket_with_model, spark_submit, start_spark_submit
 
 BUCKET = "resume-bucket"
 
@@ -49,10 +48,9 @@ def write_run(work: durable.WorkPrefix, number: int, keys: list[str], batch: int
 
 
 @pytest.fixture(scope="module")
-def s3(moto_endpoint):
-    client = make_s3_client(moto_endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    return client
+def s3(moto_buckets):
+    """The session's client, with BUCKET created."""
+    return moto_buckets
 
 
 def open_uploads(s3) -> list:
@@ -177,7 +175,7 @@ def test_an_existing_output_is_refused_and_left_untouched_unless_overwrite(s3):
     assert plan.todo is images and work.read_job()["fingerprint"] == {"top_k": 2}
     # --resume of a finished output (no work prefix left) has nothing to do.
     work.remove()
-    with pytest.raises(driver.Completed):
+    with pytest.raises(driver.Completed, match=r"s3://resume-bucket/done/out\.jsonl"):
         driver.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
 
 
@@ -298,7 +296,8 @@ def resumed_keys(s3, output_key: str) -> int:
 
 @pytest.mark.spark
 @pytest.mark.parametrize("kill_a_worker", [False, True], ids=["driver", "worker-then-driver"])
-def test_a_driver_killed_after_a_third_resumes_to_the_uninterrupted_output(s3, world, reference, kill_a_worker):
+def test_a_driver_killed_after_a_third_resumes_to_the_uninterrupted_output(s3, world, reference, kill_a_worker,
+                                                                           runner):
     output_key = f"kill-{int(kill_a_worker)}/out.jsonl"
     batches = -(-len(world["keys"]) // BATCH)
     started = time.time()
@@ -311,7 +310,6 @@ def test_a_driver_killed_after_a_third_resumes_to_the_uninterrupted_output(s3, w
     lines_durable = resumed_keys(s3, output_key)
 
     # The progress is not silently thrown away, and a different model or top-k never mixes in.
-    runner = CliRunner()
     plain = runner.invoke(infer_main.main, job_args(world["endpoint"], output_key))
     assert plain.exit_code == 1 and "holds an earlier run's progress" in plain.output
     assert "add --resume to finish it, or --overwrite" in plain.output

@@ -19,7 +19,6 @@ import botocore.handlers
 import click
 import pytest
 import yaml
-from click.testing import CliRunner
 
 import infer_main
 import utils
@@ -28,7 +27,7 @@ from demo.s3proxy import S3Proxy
 from mxjob import config, driver, listing, state
 from mxjob.errors import JobError
 from mxjob.model import Classifier, ModelSpec
-from tests.conftest import bucket_with_model
+from tests.helpers import bucket_with_model
 
 BUCKET = "s3-settings-bucket"
 KEYS = sorted([f"list/{folder}/{i:03d}.jpg" for folder in ("a", "b", "Z") for i in range(25)]
@@ -124,18 +123,18 @@ def test_load_yaml_reads_with_the_attempts_it_is_given(moto_endpoint, config_uri
     assert proxy.counts["slowdown"] == 2
 
 
-def test_the_command_lines_s3_max_attempts_reads_the_config(moto_endpoint, config_uri, monkeypatch):
+def test_the_command_lines_s3_max_attempts_reads_the_config(moto_endpoint, config_uri, monkeypatch, runner):
     ran = []
     monkeypatch.setattr(infer_main, "run_job", lambda cfg: ran.append(cfg) or 0)
     with failing_proxy(moto_endpoint, 2, "cfg/job.yaml") as proxy:
-        result = CliRunner().invoke(infer_main.main, ["--config", config_uri, "--endpoint-url", proxy.endpoint,
+        result = runner.invoke(infer_main.main, ["--config", config_uri, "--endpoint-url", proxy.endpoint,
                                                       "--s3-max-attempts", "2"])
     assert result.exit_code == 2 and not ran, result.output
     assert f"cannot read --config {config_uri}" in result.output and "SlowDown" in result.output
     assert proxy.counts["slowdown"] == 2
 
     with failing_proxy(moto_endpoint, 2, "cfg/job.yaml") as proxy:
-        result = CliRunner().invoke(infer_main.main, ["--config", config_uri, "--endpoint-url", proxy.endpoint,
+        result = runner.invoke(infer_main.main, ["--config", config_uri, "--endpoint-url", proxy.endpoint,
                                                       "--s3-max-attempts", "3"])
     assert result.exit_code == 0, result.output
     assert proxy.counts["slowdown"] == 2

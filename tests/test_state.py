@@ -11,7 +11,7 @@ import pytest
 
 from deploy.package import build_zip, zip_members
 from mxjob import device, state
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_the_least_recently_used_entry_is_evicted_and_on_evict_sees_it():
@@ -93,8 +93,7 @@ def test_the_py_files_zip_holds_every_module_and_imports_from_itself_alone(tmp_p
     assert build_zip(tmp_path / "again.zip").read_bytes() == archive.read_bytes()  # same sources, same bytes
     # From an empty folder, with only the zip on the path: every module imports.
     modules = ["mxinfer", "utils", *[f"mxjob.{n[:-3]}" for n in package if n != "__init__.py"]]
-    code = (f"import importlib, sys; sys.path.insert(0, {str(archive)!r}); "
-            f"[importlib.import_module(m) for m in {modules}]")
+    code = f"import importlib; [importlib.import_module(m) for m in {modules}]"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                            env={"PATH": "/usr/bin:/bin"}, check=False)
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(archive)}, check=False)
     assert result.returncode == 0, result.stderr[-2000:]

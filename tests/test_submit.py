@@ -12,7 +12,7 @@ import pytest
 
 from demo.run_local import upload_demo
 from demo.submit import shell_line, uses_local_s3
-from tests.conftest import ROOT, make_s3_client
+from tests.helpers import ROOT, make_s3_client
 
 MARKER = "<!-- tests/test_submit.py runs this command as it is written here -->"
 IMAGES = 30

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.conftest import bucket_with_model, spark_submit
+from tests.helpers import bucket_with_model, spark_submit
 
 BUCKET = "threads-bucket"
 

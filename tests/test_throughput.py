@@ -62,10 +62,13 @@ def test_prefetch_starts_on_the_call_keeps_order_and_bounds_what_is_in_flight():
     started = []
     in_flight, most = [0], [0]
     lock = threading.Lock()
+    window_started = threading.Event()  # set when the fourth call starts
 
     def work(key, size):
         with lock:
             started.append(key)
+            if len(started) == 4:
+                window_started.set()
             in_flight[0] += 1
             most[0] = max(most[0], in_flight[0])
         time.sleep(0.01 * (size % 3))  # finish out of order
@@ -76,7 +79,7 @@ def test_prefetch_starts_on_the_call_keeps_order_and_bounds_what_is_in_flight():
     items = [(f"k{i:02d}", i) for i in range(20)]
     with ThreadPoolExecutor(8) as pool:
         results = partition._prefetched(items, work, pool, window=4)
-        time.sleep(0.1)
+        assert window_started.wait(timeout=30)
         assert sorted(started) == ["k00", "k01", "k02", "k03"]  # submitted before the first next()
         assert list(results) == [key for key, _ in items]
     assert most[0] <= 4

@@ -19,7 +19,7 @@ import mxinfer
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from mxjob import state, udf
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 SHAPE = make_demo.INPUT_SHAPE
 

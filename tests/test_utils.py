@@ -113,7 +113,7 @@ def test_read_object_refuses_an_object_over_max_bytes_before_reading_its_body():
 
 def test_read_object_gives_up_after_its_attempts():
     client = FlakyClient(b"x", failures=5)
-    with pytest.raises(botocore.exceptions.ResponseStreamingError):
+    with pytest.raises(botocore.exceptions.ResponseStreamingError, match="connection reset mid-body"):
         utils.read_object(client, "bkt", "k", attempts=2)
     assert client.calls == 2
 
@@ -129,9 +129,9 @@ def test_read_uri_reads_s3_paths_and_file_uris(s3_mock, tmp_path):
     assert utils.read_uri("s3://bkt/m/x.txt", s3_mock) == b"from s3"
     assert utils.read_uri(str(tmp_path / "x.txt")) == b"from disk"
     assert utils.read_uri(f"file://{tmp_path / 'x.txt'}") == b"from disk"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"s3://bkt/m/absent\.txt does not exist"):
         utils.read_uri("s3://bkt/m/absent.txt", s3_mock)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"No such file or directory: .*absent\.txt"):
         utils.read_uri(str(tmp_path / "absent.txt"))
 
 
@@ -148,9 +148,10 @@ def test_multipart_writer_streams_parts_and_the_object_appears_only_on_close(s3_
 
 
 def test_multipart_writer_aborts_on_error_leaving_no_object_and_no_parts(s3_mock):
-    with pytest.raises(RuntimeError), utils.MultipartWriter(s3_mock, "bkt", "out/p.jsonl") as writer:
-        writer.write(b"partial\n")
-        raise RuntimeError("the job failed")
+    with pytest.raises(RuntimeError, match="the job failed"):
+        with utils.MultipartWriter(s3_mock, "bkt", "out/p.jsonl") as writer:
+            writer.write(b"partial\n")
+            raise RuntimeError("the job failed")
     assert "Contents" not in s3_mock.list_objects_v2(Bucket="bkt", Prefix="out/")
     assert s3_mock.list_multipart_uploads(Bucket="bkt").get("Uploads", []) == []
 

@@ -1,0 +1,59 @@
+"""Helpers the tests import (``from tests.helpers import ...``); the fixtures are in ``conftest.py``.
+
+pytest's ``pythonpath`` setting (pyproject.toml) puts the checkout's root on
+``sys.path``, so ``tests`` imports from there, as do ``mxinfer``, ``utils``,
+``mxjob``, ``demo`` and ``deploy``.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+from pathlib import Path
+
+import boto3
+from PIL import Image
+
+from demo.run_local import spark_env, spark_submit_command
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
+    """``img`` encoded as ``fmt`` (Pillow's format name), with Pillow's save options."""
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def make_s3_client(endpoint: str):
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def bucket_with_model(endpoint: str, bucket: str, model_dir: Path):
+    """Create ``bucket`` and upload every file of ``model_dir`` under ``model/``; return the client."""
+    s3 = make_s3_client(endpoint)
+    s3.create_bucket(Bucket=bucket)
+    for path in sorted(model_dir.iterdir()):
+        s3.upload_file(str(path), bucket, f"model/{path.name}")
+    return s3
+
+
+def start_spark_submit(job_args: list[str], extra_env: dict | None = None) -> subprocess.Popen:
+    """Start the job through spark-submit in a session of its own, so a test can signal the whole driver.
+
+    Killing the process group is what a lost driver node, YARN's container
+    kill or a terminal's Ctrl-C does: the JVM, the Python driver and (on
+    local-cluster) the executors it started go together.
+    """
+    return subprocess.Popen(spark_submit_command(job_args), env=spark_env(extra_env), cwd=str(ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def spark_submit(job_args: list[str], timeout: int = 600, extra_env: dict | None = None,
+                 cwd: Path = ROOT, master: str | None = None) -> subprocess.CompletedProcess:
+    """Run the job through spark-submit on local-cluster (``master``, else ``make run-local``'s)."""
+    command = spark_submit_command(job_args, master) if master else spark_submit_command(job_args)
+    return subprocess.run(command, check=False, env=spark_env(extra_env), cwd=str(cwd),
+                          capture_output=True, text=True, timeout=timeout)

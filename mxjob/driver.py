@@ -28,7 +28,7 @@ import click
 import numpy as np
 
 import utils
-from mxjob import durable, listing, manifest, settings
+from mxjob import durable, estimate, listing, manifest, settings
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
@@ -71,6 +71,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
         return 0
+    estimate = estimate_run(cfg, images, len(plan.todo), spark_conf)
     try:
         stats, counts = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds, plan_started)
     except (JobError, Interrupted) as exc:
@@ -79,6 +80,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
                         time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
     summary["precision"] = checked.precision
+    summary["estimate"] = estimate
     return finish_run(cfg, client, work, summary, counts, len(images))
 
 
@@ -512,6 +514,38 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
     return replace(cfg, int8_model=spec), report
 
 
+def estimate_run(cfg: JobConfig, images: listing.Listing, to_score: int, spark_conf: dict | None = None) -> dict | None:
+    """The run's time (and cost) estimate (:mod:`mxjob.estimate`), logged; ``None`` with ``--estimate-images 0``.
+
+    Scores ``--estimate-images`` keys spread over the listing on the driver,
+    as an executor would, and projects the ``to_score`` keys onto
+    ``--estimate-cluster`` or the Spark configuration in force.
+    """
+    if not cfg.estimate_images or not to_score:
+        return None
+    if cfg.estimate_cluster:
+        cluster = estimate.parse_cluster(cfg.estimate_cluster)
+    else:
+        cluster = estimate.cluster_from_conf({**estimate.spark_conf_in_force(), **(spark_conf or {})})
+    items = estimate.sample_items(images, cfg.estimate_images)
+    cpu, server_cpu, load_seconds = estimate.measure(cfg.job_spec(), items, cfg.endpoint_url)
+    projected = estimate.project(cpu, to_score, cfg.batch_size, cluster, model_load_seconds=load_seconds,
+                                 node_price=cfg.node_price, sample_images=len(items), s3_server_cpu=server_cpu)
+    cost = "" if projected.cost_usd is None else f", about ${projected.cost_usd:,.2f} at ${cfg.node_price}/node-hour"
+    log.info("estimate: %d images in about %s (%.1f images/s on %d vCPUs: %s)%s; measured on %d images at %.1f ms "
+             "of CPU each", to_score, _duration(projected.wall_seconds), projected.images_per_second, cluster.vcpus,
+             cluster.source, cost, len(items), 1000 * cpu)
+    return projected.as_dict()
+
+
+def _duration(seconds: float) -> str:
+    """``3h05m``, ``12m40s`` or ``42s``."""
+    seconds = round(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
 def load_model_on_driver(cfg: JobConfig) -> Predictor:
     """The model, loaded on the driver's CPU (the driver need not have a GPU) to check it."""
     kind = model_class(get_handlers(cfg.handler_path))
@@ -550,6 +584,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
     job = cfg.job_spec()
     job = replace(job, model=replace(job.model, context="cpu"))
     [(_, _, blob, stats)] = score_partition(0, images[:1], job)
+    estimate = estimate_run(cfg, images, to_score)
     batches = math.ceil(len(images) / cfg.batch_size)
     plan = {
         "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
@@ -561,6 +596,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
         "model": classifier.model_summary(),
         "sample": json.loads(zlib.decompress(blob).decode("utf-8")),
         "sample_seconds": stats.seconds,
+        "estimate": estimate,
     }
     # Whatever was logged or printed before ends its line first, so the plan is a line of its own.
     sys.stderr.flush()

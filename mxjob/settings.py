@@ -49,7 +49,8 @@ OUTPUT_FORMATS = ("jsonl", "parquet")
 #: Where a setting goes (:attr:`Setting.to`).
 DESTINATIONS = ("driver", "executor", "model", "preprocess", "resolve")
 #: The sections of ``--help``'s reference, ``conf/defaults.yaml`` and ``docs/options.md``, in order.
-SECTIONS = ("input", "model", "output", "scoring", "preprocessing", "S3", "failures", "executors", "int8", "run")
+SECTIONS = ("input", "model", "output", "scoring", "preprocessing", "S3", "failures", "executors", "int8", "estimate",
+            "run")
 
 REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
                    "aws_session_token")
@@ -161,6 +162,21 @@ class OptionalText(click.ParamType):
 
     def convert(self, value, param, ctx):
         return str(value) or None
+
+
+class ClusterShape(click.ParamType):
+    """``NODESxVCPUS`` (``10x16``): a cluster to estimate for, checked by :func:`mxjob.estimate.parse_cluster`."""
+
+    name = "NxVCPUS"
+
+    def convert(self, value, param, ctx):
+        from mxjob.estimate import parse_cluster
+
+        try:
+            parse_cluster(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value).strip()
 
 
 class MaxErrors(click.ParamType):
@@ -450,6 +466,15 @@ SETTINGS: tuple[Setting, ...] = (
     _s("int8_exclude", "--int8-exclude", "int8",
        "int8: layers (names or shell patterns, e.g. '*conv0*') kept in fp32.", default=(), type=Names(),
        metavar="LAYER,...", fingerprint=_int8_only),
+    # --- estimate
+    _s("estimate_images", "--estimate-images", "estimate",
+       "Images the driver scores before the run (and in --dry-run) to estimate its time and cost; 0: no estimate.",
+       default=32, type=_count(0)),
+    _s("estimate_cluster", "--estimate-cluster", "estimate",
+       "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor per vCPU.",
+       type=ClusterShape(), show_default="the Spark configuration in force (executors times their cores)"),
+    _s("node_price", "--node-price", "estimate", "USD per node-hour: the estimate then gives the run's cost.",
+       type=FiniteNumber(min=0), metavar="USD"),
     # --- run
     _s("dry_run", "--dry-run/--no-dry-run", "run",
        "List, plan, load the model, score one image, check the output may be written; no Spark job. The plan is "

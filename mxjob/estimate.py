@@ -1,0 +1,248 @@
+"""How long the job will take and what it will cost: measured on a sample, projected onto a cluster.
+
+The driver scores a small, deterministic sample of the input exactly as an
+executor does (:func:`mxjob.partition.score_partition`: download, decode,
+forward) and measures the CPU seconds it took per image, with the CPU of a
+local S3 stand-in (moto on this machine) counted too, since it shares the
+cores. :func:`project` turns that into the wall time of the whole input on a
+cluster: ``--estimate-cluster NxVCPUS`` for one not yet created, else the
+Spark configuration in force (executors times their cores). With
+``--node-price`` it adds the cost.
+
+The projection assumes what the job is built for: CPU-bound executors that
+keep every vCPU busy (downloads overlap the forward pass), one partition per
+batch, waves of batches over the executors' slots, and fixed costs measured
+on this project's runs (Spark's start-up and per-task cost, in
+:data:`SPARK_START_SECONDS` and :data:`TASK_OVERHEAD_SECONDS`). The model's
+own load time is measured on the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import time
+import urllib.parse
+from dataclasses import asdict, dataclass, replace
+
+from mxjob import state
+
+log = logging.getLogger(__name__)
+
+#: Seconds from the SparkContext's start to the executors' first task, beyond the model's load:
+#: executors registering, their Python workers starting and importing MXNet. Measured on local-cluster
+#: runs of this project (4-7 s); a YARN cluster that must first allocate containers takes longer.
+SPARK_START_SECONDS = 6.0
+#: Wall seconds a Spark task costs beyond its own work: scheduling, serialising the task and its
+#: result, the Python worker's hand-over (about 0.13 s of the worker's CPU here, plus the wait).
+TASK_OVERHEAD_SECONDS = 0.2
+#: A cluster shape: ``10x16`` is ten nodes of 16 vCPUs.
+_SHAPE = re.compile(r"^\s*(\d+)\s*[x×*]\s*(\d+)\s*$")  # noqa: RUF001 - the multiplication sign as people write it
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster the estimate is for.
+
+    Parameters
+    ----------
+    nodes : int
+        Nodes that run executors (the cost counts these).
+    vcpus_per_node : int
+        vCPUs of each.
+    executors : int
+        Executors in all: the slots that run one batch each at a time (the job
+        runs one-core executors, one per vCPU, each fitting MXNet's threads to its share).
+    source : str
+        Where the shape came from, for the reader of the estimate.
+    """
+
+    nodes: int
+    vcpus_per_node: int
+    executors: int
+    source: str
+
+    @property
+    def vcpus(self) -> int:
+        return self.nodes * self.vcpus_per_node
+
+
+def parse_cluster(text: str) -> Cluster:
+    """``"10x16"`` -> ten nodes of 16 vCPUs, one executor per vCPU; ``ValueError`` otherwise."""
+    match = _SHAPE.match(str(text))
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ValueError(f"must be NODESxVCPUS with both at least 1, such as 10x16, got {text!r}")
+    nodes, vcpus = int(match.group(1)), int(match.group(2))
+    return Cluster(nodes, vcpus, nodes * vcpus, f"--estimate-cluster {nodes}x{vcpus}")
+
+
+def cluster_from_conf(conf: dict | None, host_vcpus: int | None = None) -> Cluster:
+    """The cluster a Spark configuration asks for; this host alone when it says nothing.
+
+    ``local-cluster[N,C,M]`` runs N executors of C cores on this host;
+    ``spark.executor.instances`` (or dynamic allocation's
+    ``spark.dynamicAllocation.maxExecutors``) times ``spark.executor.cores``
+    gives the slots, on nodes the size of this host (the driver runs on a
+    node of the cluster in cluster mode).
+    """
+    host_vcpus = host_vcpus or os.cpu_count() or 1
+    conf = conf or {}
+    master = conf.get("spark.master", "")
+    local = re.match(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,", master)
+    if local:
+        executors = int(local.group(1)) * int(local.group(2))
+        return Cluster(1, host_vcpus, executors, f"{master}: one host of {host_vcpus} vCPUs")
+    cores = int(conf.get("spark.executor.cores", 1) or 1)
+    dynamic = str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true"
+    instances = conf.get("spark.dynamicAllocation.maxExecutors" if dynamic else "spark.executor.instances")
+    if instances and str(instances).isdigit() and int(instances) < 10**6:
+        slots = int(instances) * cores
+        nodes = max(1, math.ceil(slots / host_vcpus))
+        return Cluster(nodes, host_vcpus, slots, f"{slots} executor cores in the Spark conf, on nodes of "
+                       f"{host_vcpus} vCPUs like the driver's")
+    return Cluster(1, host_vcpus, host_vcpus, f"no executor count in the Spark conf: this host's {host_vcpus} "
+                   "vCPUs (give --estimate-cluster NxVCPUS for a cluster)")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The projection of one run, as the dry run's plan and the summary show it."""
+
+    sample_images: int
+    cpu_seconds_per_image: float
+    #: Of which a local S3 stand-in's CPU (0 against real S3).
+    s3_server_cpu_seconds_per_image: float
+    model_load_seconds: float
+    images: int
+    batches: int
+    cluster: str
+    vcpus: int
+    executors: int
+    images_per_second: float
+    wall_seconds: float
+    cost_usd: float | None
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        for key in ("cpu_seconds_per_image", "s3_server_cpu_seconds_per_image"):
+            out[key] = round(out[key], 5)
+        for key in ("model_load_seconds", "images_per_second", "wall_seconds"):
+            out[key] = round(out[key], 2)
+        out["cost_usd"] = None if self.cost_usd is None else round(self.cost_usd, 2)
+        return out
+
+
+def project(cpu_per_image: float, images: int, batch_size: int, cluster: Cluster, *, model_load_seconds: float,
+            node_price: float | None = None, sample_images: int = 0, s3_server_cpu: float = 0.0) -> Estimate:
+    """The wall time (and cost) of scoring ``images`` in batches of ``batch_size`` on ``cluster``.
+
+    Each executor slot has ``vcpus / executors`` vCPUs for its forward
+    passes; a batch takes ``batch_size * cpu_per_image / that`` seconds plus
+    :data:`TASK_OVERHEAD_SECONDS`, and the batches run in waves over the
+    slots (the last wave may be partly idle). Before the first wave: Spark's
+    start-up and the model's load on each worker.
+    """
+    batches = math.ceil(images / batch_size) if images else 0
+    slots = max(1, cluster.executors)
+    vcpus_per_slot = max(cluster.vcpus / slots, 1e-9)
+    batch_seconds = batch_size * cpu_per_image / vcpus_per_slot + TASK_OVERHEAD_SECONDS
+    waves = math.ceil(batches / slots)
+    compute = waves * batch_seconds
+    wall = SPARK_START_SECONDS + model_load_seconds + compute if batches else 0.0
+    cost = None if node_price is None else cluster.nodes * node_price * wall / 3600
+    return Estimate(
+        sample_images=sample_images, cpu_seconds_per_image=cpu_per_image,
+        s3_server_cpu_seconds_per_image=s3_server_cpu,
+        model_load_seconds=model_load_seconds, images=images, batches=batches, cluster=cluster.source,
+        vcpus=cluster.vcpus, executors=cluster.executors,
+        images_per_second=images / compute if compute else 0.0, wall_seconds=wall, cost_usd=cost,
+    )
+
+
+def sample_items(images, count: int) -> list:
+    """``count`` keys evenly spaced over the sorted listing (the ``i * n // count``-th of ``n``)."""
+    n = min(count, len(images))
+    return [images[i * len(images) // n] for i in range(n)] if n else []
+
+
+def measure(job, items: list, endpoint_url: str | None) -> tuple[float, float, float]:
+    """``(cpu seconds per image, of which the local S3 server's, model load seconds)`` of scoring ``items``.
+
+    Runs :func:`mxjob.partition.score_partition` twice on the driver: one
+    image first (the model loads: its wall time is the load), then the
+    sample, whose process CPU time is what an executor would spend. The
+    driver's copy of the model is dropped afterwards.
+    """
+    from mxjob.partition import score_partition
+
+    job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
+    server = local_server_process(endpoint_url)
+    try:
+        load_started = time.perf_counter()
+        list(score_partition(0, items[:1], job))
+        load_seconds = time.perf_counter() - load_started
+        server_cpu = _cpu_seconds(server)
+        [(_, _, _, stats)] = score_partition(0, items, job)
+        server_cpu = _cpu_seconds(server) - server_cpu
+    finally:
+        state.models.clear()  # the executors' copy is theirs; the driver keeps none for the run
+    n = max(1, len(items))
+    return (stats.seconds["cpu"] + server_cpu) / n, server_cpu / n, load_seconds
+
+
+def local_server_process(endpoint_url: str | None):
+    """The process of an S3 endpoint on this machine (moto in ``make run-local``), or ``None``.
+
+    A local stand-in shares the cores the job runs on, so its CPU is part of
+    what an image costs here (real S3 costs the cluster none).
+    """
+    if not endpoint_url:
+        return None
+    parsed = urllib.parse.urlparse(endpoint_url)
+    if parsed.hostname not in ("127.0.0.1", "localhost", "::1") or not parsed.port:
+        return None
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == parsed.port and conn.pid:
+                return psutil.Process(conn.pid)
+    except Exception as exc:  # noqa: BLE001 - no psutil, or no permission: the estimate leaves the server out
+        log.info("estimate: the CPU of the S3 endpoint %s is left out (%s)", endpoint_url, exc)
+    return None
+
+
+def _cpu_seconds(process) -> float:
+    if process is None:
+        return 0.0
+    try:
+        times = process.cpu_times()
+        return times.user + times.system
+    except Exception:  # noqa: BLE001 - the server ended: nothing more to count
+        return 0.0
+
+
+def spark_conf_in_force() -> dict:
+    """The Spark configuration spark-submit gave this driver, read without starting a SparkContext.
+
+    Under spark-submit the configuration lives in its JVM: a Py4J gateway to
+    it (PySpark's public ``launch_gateway``, which joins the running JVM)
+    reads it and closes again, so a dry run starts no executors. Outside
+    spark-submit, or if that fails (logged), it is empty and the estimate is
+    for this host unless ``--estimate-cluster`` says otherwise.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return {}
+    try:
+        from pyspark.java_gateway import launch_gateway
+
+        gateway = launch_gateway()
+        try:
+            return {pair._1(): pair._2() for pair in gateway.jvm.org.apache.spark.SparkConf(True).getAll()}
+        finally:
+            gateway.close()
+    except Exception as exc:  # noqa: BLE001 - the estimate falls back to this host, and says so
+        log.warning("estimate: cannot read the Spark configuration (%s); estimating for this host", exc)
+        return {}

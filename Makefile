@@ -31,9 +31,16 @@ submit: $(STAMP) ## spark-submit the job on local-cluster[2,1,1024] from any she
 	$(PY) -m demo.submit $(ARGS)
 
 .PHONY: test
-test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration)
+test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration); installs chromium (report tests) as root
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium not installed and not root: the report's browser tests will be skipped" >&2; }
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+.PHONY: watch
+watch: $(STAMP) ## Print a running job's progress until it ends, exit with its code: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]
+	@[[ "$(OUTPUT)" == s3://?* ]] || { echo "set OUTPUT=s3://bucket/key (the job's --output)" >&2; exit 2; }
+	$(PY) -m mxjob.watch "$(OUTPUT)" $(if $(ENDPOINT),--endpoint-url "$(ENDPOINT)")
 
 .PHONY: lint
 lint: $(STAMP) ## ruff only

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import signal
 import threading
 import time
@@ -14,19 +13,22 @@ from mxjob import durable, signals
 from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line
 from mxjob.partition import score_into
+from mxjob.progress import Reporter
 from mxjob.stats import StatsAccumulator, StatsFold
 from mxjob.worker import ThreadPlan
 
 log = logging.getLogger(__name__)
 
 
-def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict | None = None) -> StatsFold:
+def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict | None = None,
+              on_tick=None, ticks=None) -> StatsFold:
     """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded.
 
     Each partition holds one ``(offset, length)`` span of the run's plan
     (``plan_key``): the task reads its keys from there and writes its lines
     under the run's prefix (:func:`part_key`). The keys never pass
     through Py4J, and nothing but an accumulator of stats comes back here.
+    ``on_tick`` and ``ticks`` go to the progress thread (:class:`mxjob.progress.Reporter`).
     """
     from pyspark import SparkConf, SparkContext
 
@@ -51,11 +53,13 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
     stats = sc.accumulator(StatsFold(), StatsAccumulator())
     score = functools.partial(score_into, job=job, stats=stats)
     stop = threading.Event()
-    reporter = threading.Thread(target=_report_progress, args=(stats, run.batches, run.keys, cfg.progress_seconds,
-                                                                 stop), daemon=True)
-    reporter.start()
+    reporter = Reporter(lambda: stats.value, run.batches, run.keys, cfg.progress_seconds,
+                        expected_executors(dict(sc.getConf().getAll())), on_tick, ticks)
+    threading.Thread(target=reporter.run, args=(stop,), daemon=True).start()
     try:
         rdd.mapPartitionsWithIndex(score).sum()
+        stop.set()
+        reporter.tick(final=True)  # a job shorter than the first tick still prints a line
         return stats.value
     except Exception as exc:
         raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
@@ -126,38 +130,6 @@ def plan_threads(conf: dict, hosts: list[str]) -> ThreadPlan:
         counts[host] = counts.get(host, 0) + 1
     return ThreadPlan(omp_from_user="spark.executorEnv.OMP_NUM_THREADS" in conf,
                               executors_by_host=tuple(sorted(counts.items())), tasks_per_executor=tasks)
-
-
-def _report_progress(stats, batches: int, images: int, every: float, stop: threading.Event) -> None:
-    """Log done/total batches, images/s (last interval and overall), failed images and an ETA while the job runs.
-
-    ``stats`` is the job's accumulator: Spark merges each task's stats into it as the task ends.
-    """
-    started = last_time = time.time()
-    last_keys = 0
-    while not stop.wait(every):
-        fold = stats.value
-        done, keys, failed = fold.tasks, fold.keys, sum(fold.errors.values())
-        now = time.time()
-        if not done:
-            continue
-        recent = (keys - last_keys) / (now - last_time)
-        overall = keys / (now - started)
-        # The recent rate is the steady one once the workers have loaded the model.
-        rate = recent if recent > 0 else overall
-        left = (images - keys) / rate if rate > 0 else float("nan")
-        log.info("progress: %d of %d batches done (%.0f%%), %d of %d images, %d failed; %.1f images/s in the "
-                 "last %.0f s, %.1f overall; about %s left", done, batches, 100.0 * done / batches, keys, images,
-                 failed, recent, now - last_time, overall, _duration(left))
-        last_time, last_keys = now, keys
-
-
-def _duration(seconds: float) -> str:
-    if math.isnan(seconds):
-        return "an unknown time"
-    seconds = round(seconds)
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 def spark_failure_reason(exc: BaseException) -> str:

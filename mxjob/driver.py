@@ -39,7 +39,8 @@ from mxjob.partition import score_partition
 from mxjob.preprocess import decode_image
 from mxjob.signals import Interrupted
 from mxjob.stats import StatsFold
-from mxjob.summary import summarize
+from mxjob.status import RunMonitor
+from mxjob.summary import closing_lines, summarize
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,13 @@ log = logging.getLogger(__name__)
 # The run
 
 
-def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
-    """List, plan, check the model, score on Spark, assemble; return the exit code."""
+def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str | None = None) -> int:
+    """List, plan, check the model, score on Spark, assemble; return the exit code.
+
+    From the plan on, ``OUTPUT.status.json`` and ``OUTPUT.report.html`` are
+    kept up to date beside the output (:class:`mxjob.status.RunMonitor`);
+    ``resume_command`` is the command they show to resume the run.
+    """
     started = time.time()
     seconds: dict[str, float] = {}
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
@@ -72,16 +78,25 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
                  cfg.output_bucket, cfg.summary_key)
         return 0
     estimate = estimate_run(cfg, images, len(plan.todo), spark_conf)
+    monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
+                         {"options": cfg.options(), "fingerprint": checked.fingerprint})
     try:
-        stats, counts = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds, plan_started)
+        stats, counts = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds, plan_started,
+                                           monitor)
     except (JobError, Interrupted) as exc:
         exc.work = work  # main() says what is durable and how to resume
+        monitor.ended(exc)
         raise
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
                         time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
     summary["precision"] = checked.precision
     summary["estimate"] = estimate
-    return finish_run(cfg, client, work, summary, counts, len(images))
+    summary["files"] = dict(monitor.where)
+    code = finish_run(cfg, client, work, summary, counts, len(images))
+    monitor.write("succeeded", code, summary=summary)
+    for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
+        log.info("%s", line)
+    return code
 
 
 @dataclass
@@ -109,7 +124,8 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
 
 def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
                        plan: durable.Plan, spark_conf: dict | None, seconds: dict,
-                       plan_started: float) -> tuple[StatsFold, durable.AssemblyCounts]:
+                       plan_started: float,
+                       monitor: RunMonitor | None = None) -> tuple[StatsFold, durable.AssemblyCounts]:
     """Run the plan's batches on Spark (if any are left), then merge every durable line into the output.
 
     Adds the ``plan``, ``spark``, ``assembly`` and ``assembly_cpu`` seconds to ``seconds``.
@@ -123,7 +139,8 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
         run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
         seconds["plan"] = time.time() - plan_started
         spark_started = time.time()
-        stats = run_spark(cfg, run, work.plan_key(run), spark_conf)
+        stats = run_spark(cfg, run, work.plan_key(run), spark_conf, on_tick=monitor and monitor.on_tick,
+                          ticks=monitor and monitor.ticks)
         seconds["spark"] = time.time() - spark_started
     else:
         seconds["plan"] = time.time() - plan_started

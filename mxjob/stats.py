@@ -5,6 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from mxjob.timeline import Timeline
+
+#: Example keys kept per kind of error (stage and exception type), for the report.
+ERROR_EXAMPLES = 3
+#: Kinds of error kept: a job fails in a handful of ways; past this many, the rarest are dropped.
+MAX_ERROR_KINDS = 50
+#: Top-1 labels counted: ImageNet has 1,000 classes. Past this many, the rarest half is dropped (the
+#: counts of the most frequent labels, which the report shows, are exact unless a label kept was dropped once).
+MAX_LABELS = 2000
+
 
 @dataclass
 class TaskStats:
@@ -42,6 +52,10 @@ class TaskStats:
     worker_task: int = 1
     #: The worker's ``rss`` and ``max_rss`` in bytes after the task.
     memory: dict = field(default_factory=dict)
+    #: Failed keys by ``stage/type``: ``{"count": n, "examples": [key, ...]}`` (up to :data:`ERROR_EXAMPLES`).
+    error_kinds: dict = field(default_factory=dict)
+    #: Predicted keys by their top-1 label (or class id without labels); empty with an ``output_handler``.
+    top1: dict = field(default_factory=dict)
 
 
 class StatsFold:
@@ -68,6 +82,10 @@ class StatsFold:
         self.executors: dict[str, dict] = {}
         self.workers: dict[str, dict] = {}
         self.hosts: dict[str, dict] = {}
+        #: The tasks over time, per executor (the run report's charts).
+        self.timeline = Timeline()
+        self.error_kinds: dict[str, dict] = {}
+        self.top1: dict[str, int] = {}
 
     @classmethod
     def of(cls, stats: Iterable[TaskStats]) -> StatsFold:
@@ -97,6 +115,10 @@ class StatsFold:
         if rss is not None and str(n).strip("0") in ("1", "2", "5"):
             worker["rss_after"][n] = rss
         fold.workers[f"{s.executor}/{s.worker_pid}"] = worker
+        fold.timeline.add(s.ended, s.executor, {"tasks": 1, "keys": s.keys, "errors": sum(s.errors.values()),
+                                                **s.seconds})
+        fold.error_kinds = {k: {"count": v["count"], "examples": list(v["examples"])} for k, v in s.error_kinds.items()}
+        fold.top1 = dict(s.top1)
         if s.threads is not None and s.host.get("cores") is not None:
             fold.hosts[s.executor.rsplit("/", 1)[0]] = {"cores": s.host["cores"], "planned": s.host.get("workers") or 0,
                                                         "executors": {s.executor: s.threads}}
@@ -128,7 +150,22 @@ class StatsFold:
             h["planned"] = max(h["planned"], o["planned"])
             for executor, threads in o["executors"].items():
                 h["executors"][executor] = max(h["executors"].get(executor, 0), threads)
+        self.timeline.merge(other.timeline)
+        self._merge_counts(other)
         return self
+
+    def _merge_counts(self, other: StatsFold) -> None:
+        """Fold in the other fold's error kinds and top-1 labels, each bounded."""
+        for kind, o in other.error_kinds.items():
+            e = self.error_kinds.setdefault(kind, {"count": 0, "examples": []})
+            e["count"] += o["count"]
+            e["examples"] = (e["examples"] + [k for k in o["examples"] if k not in e["examples"]])[:ERROR_EXAMPLES]
+        if len(self.error_kinds) > MAX_ERROR_KINDS:
+            self.error_kinds = dict(sorted(self.error_kinds.items(), key=lambda kv: -kv[1]["count"])[:MAX_ERROR_KINDS])
+        for label, count in other.top1.items():
+            self.top1[label] = self.top1.get(label, 0) + count
+        if len(self.top1) > MAX_LABELS:
+            self.top1 = dict(sorted(self.top1.items(), key=lambda kv: -kv[1])[:MAX_LABELS // 2])
 
     def _merge_worker(self, name: str, o: dict) -> None:
         """Fold one Python worker's entry of another fold into this fold's entry for it."""

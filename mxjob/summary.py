@@ -6,6 +6,8 @@ from typing import Any
 
 from mxjob import durable
 from mxjob.config import JobConfig
+from mxjob.errors import EXIT_TOO_MANY_ERRORS
+from mxjob.progress import duration, iso
 from mxjob.stats import StatsFold
 from mxjob.worker import memory_bytes
 
@@ -52,7 +54,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
     # (elapsed_seconds also counts listing, Spark start-up and the assembly).
     window = fold.last_end - fold.first_start if fold.first_start is not None else None
     scored = fold.keys
-    return {
+    return readable({
         "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
         "keys_listed": images, "predicted": counts.predicted, "failed": counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
@@ -78,7 +80,67 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         "fingerprint": fingerprint,
         "options": cfg.options(),
         "threads": thread_fit(fold),
-    }
+    })
+
+
+#: What each of the summary's rates measures (``rates.what``).
+RATES = {
+    "images_per_second_spark": "keys scored / seconds of the Spark job (from submitting it to its last task's end, "
+                               "with the executors' start-up and model loads): the run's throughput",
+    "images_per_second_tasks": "keys scored / seconds from the first task's start to the last task's end",
+    "images_per_second_elapsed": "keys scored / elapsed_seconds (the whole run: listing, model check, Spark, "
+                                 "assembly)",
+}
+
+
+def readable(summary: dict) -> dict:
+    """Add what a person reads beside the machine fields: ISO times by epoch ones, the rates, named.
+
+    Nothing is removed or renamed: ``images_per_second`` and ``tasks.images_per_second``
+    stay, and ``rates`` repeats them with the Spark job's rate and what each measures.
+    """
+    tasks, spark = summary["tasks"], summary["seconds"].get("spark")
+    tasks["first_start_iso"], tasks["last_end_iso"] = iso(tasks["first_start"]), iso(tasks["last_end"])
+    for worker in summary["python_workers"].values():
+        # Beside first_task, not in it: first_task keeps its machine shape.
+        first = worker["first_task"]
+        worker["first_task_iso"] = {"started": iso(first["started"]), "ended": iso(first["ended"])}
+    summary["rates"] = {
+        "images_per_second_spark": round(summary["scored"] / spark, 2) if spark else None,
+        "images_per_second_tasks": tasks["images_per_second"],
+        "images_per_second_elapsed": summary["images_per_second"], "what": RATES}
+    # download and decode run on the download threads and are summed over them, so with
+    # --io-threads 8 they can exceed "task", the task threads' wall time.
+    summary["seconds_what"] = ("seconds summed over executors; download and decode are also summed over each "
+                               "task's download threads, so they overlap the rest and can exceed task")
+    return summary
+
+
+def closing_lines(summary: dict, code: int) -> list[str]:
+    """The run's last lines, for a person: counts, errors by kind, wall time, one images/s, where things are.
+
+    Parameters
+    ----------
+    summary : dict
+        The run's summary (:func:`summarize`, with ``files``).
+    code : int
+        The exit code: 3 adds the line that says too many images failed.
+    """
+    errors = ", ".join(f"{stage} {n:,}" for stage, n in summary["errors_by_stage"].items() if n) or "none"
+    rate = summary["rates"]["images_per_second_spark"]
+    files = summary.get("files", {})
+    lines = [
+        f"run finished: {summary['keys_listed']:,} keys, {summary['predicted']:,} predicted, "
+        f"{summary['failed']:,} failed ({errors}); {summary['reused']:,} reused from an earlier run",
+        f"wall time {duration(summary['elapsed_seconds'])} (Spark job {duration(summary['seconds'].get('spark', 0))}); "
+        + (f"{rate:,.1f} images/s (keys scored / Spark job wall seconds)" if rate else "nothing scored in this run"),
+        f"output:  {summary['output']}",
+        f"report:  {files.get('report', '-')} (open in a browser)",
+        f"summary: {files.get('summary', '-')}",
+    ]
+    if code == EXIT_TOO_MANY_ERRORS:
+        lines.append(f"exit {code}: more images failed than --max-errors allows; see the error lines in the output")
+    return lines
 
 
 def thread_fit(fold: StatsFold) -> dict:

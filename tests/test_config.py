@@ -28,7 +28,7 @@ def resolve(runner):
     def run(*args: str, config: dict | None = None, tmp_path: Path | None = None):
         seen = {}
 
-        def fake_run(cfg):
+        def fake_run(cfg, **_):
             seen["cfg"] = cfg
             return 0
 

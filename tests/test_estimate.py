@@ -10,7 +10,7 @@ from mxjob import estimate
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
 
 
-@pytest.mark.parametrize(("text", "nodes", "vcpus"), [("10x16", 10, 16), (" 3 x 4 ", 3, 4), ("2×8", 2, 8),
+@pytest.mark.parametrize(("text", "nodes", "vcpus"), [("10x16", 10, 16), (" 3 x 4 ", 3, 4), ("2\u00d78", 2, 8),
                                                       ("1*2", 1, 2)])
 def test_parse_cluster_reads_nodes_by_vcpus(text, nodes, vcpus):
     cluster = estimate.parse_cluster(text)

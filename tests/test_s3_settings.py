@@ -125,7 +125,7 @@ def test_load_yaml_reads_with_the_attempts_it_is_given(moto_endpoint, config_uri
 
 def test_the_command_lines_s3_max_attempts_reads_the_config(moto_endpoint, config_uri, monkeypatch, runner):
     ran = []
-    monkeypatch.setattr(infer_main, "run_job", lambda cfg: ran.append(cfg) or 0)
+    monkeypatch.setattr(infer_main, "run_job", lambda cfg, **_: ran.append(cfg) or 0)
     with failing_proxy(moto_endpoint, 2, "cfg/job.yaml") as proxy:
         result = runner.invoke(infer_main.main, ["--config", config_uri, "--endpoint-url", proxy.endpoint,
                                                       "--s3-max-attempts", "2"])

@@ -1,0 +1,131 @@
+"""Watch a running job from anywhere: ``python -m mxjob.watch s3://bucket/predictions/photos.jsonl``.
+
+Reads ``OUTPUT.status.json`` (which the driver refreshes at least every
+minute), prints a line whenever it changes, and exits with the job's outcome
+once the driver writes its last status. Needs only ``s3:GetObject`` on the
+status file, and works with the job in cluster mode, where the driver's own log
+is a YARN container's. Exit codes:
+
+====  =====================================================================
+0     the job succeeded
+1     the job failed
+3     the job finished, but more images failed than ``--max-errors`` allows
+130   the job was interrupted by SIGINT (143: SIGTERM); 128 + the signal
+4     no status appeared within ``--wait-seconds``, or it stopped changing
+      for ``--stale-seconds`` while "running" (the driver died unannounced)
+2     usage error
+====  =====================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+import utils
+from mxjob.progress import duration
+from mxjob.status import status_key
+
+#: Exit code when the watch gives up: no status, or one that stopped changing.
+EXIT_NO_STATUS = 4
+#: The job's exit code by final state, when the status has no ``exit_code``.
+EXIT_BY_STATE = {"succeeded": 0, "failed": 1, "interrupted": 130}
+
+
+def status_location(uri: str) -> tuple[str, str]:
+    """``(bucket, key)`` of the status of the output ``uri`` (or of ``uri`` itself if it is a status file)."""
+    bucket, key = utils.parse_s3_uri(uri, need_key=True)
+    return bucket, key if key.endswith(".status.json") else status_key(key)
+
+
+def describe(status: dict) -> str:
+    """One line for a status document: state, done and total, images/s, errors, ETA."""
+    state = status["state"]
+    if "keys" not in status:
+        return f"{state}: no batch has been scored yet ({duration(status.get('elapsed_seconds'))} since the start)"
+    keys, batches = status["keys"], status["batches"]
+    rate = status.get("images_per_second")
+    eta = ("" if state != "running" else
+           f"; ETA {duration(status.get('eta_seconds'))}"
+           + (f" (at {status['predicted_end_iso']})" if status.get("eta_seconds") is not None else ""))
+    return (f"{state}: {batches['done']:,} of {batches['total']:,} batches, {keys['done']:,} of {keys['total']:,} "
+            f"images, {status.get('errors', 0):,} errors; "
+            f"{'-' if rate is None else f'{rate:,.1f}'} images/s{eta}")
+
+
+def exit_code(status: dict) -> int:
+    """The job's exit code as the status says: its ``exit_code``, else by state."""
+    code = status.get("exit_code")
+    return int(code) if code is not None else EXIT_BY_STATE[status["state"]]
+
+
+def read_status(client, bucket: str, key: str) -> dict | None:
+    """The status document, or ``None`` while it does not exist."""
+    try:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except client.exceptions.NoSuchKey:
+        return None
+    return json.loads(body)
+
+
+def final_lines(status: dict) -> list[str]:
+    """What to print once the job has ended: the outcome, the message, where the report is, how to resume."""
+    lines = [f"{describe(status)}; exit {exit_code(status)}"]
+    if status.get("message"):
+        lines.append(f"  {status['message']}")
+    lines.append(f"  report: {status.get('report')}")
+    if status.get("resume_command"):
+        lines.append(f"  resume with: {status['resume_command']}")
+    return lines
+
+
+def watch(client, bucket: str, key: str, every: float, wait_seconds: float, stale_seconds: float,
+          echo=click.echo, sleep=time.sleep) -> int:
+    """Print the status as it changes until the job ends; return the exit code (see the module's table)."""
+    started, last_change, last_updated = time.time(), time.time(), None
+    while True:
+        status = read_status(client, bucket, key)
+        now = time.time()
+        if status is None:
+            if now - started > wait_seconds:
+                echo(f"no status at s3://{bucket}/{key} after {wait_seconds:.0f} s: is the job running, and is "
+                     "this its --output?", err=True)
+                return EXIT_NO_STATUS
+        elif status["state"] != "running":
+            for line in final_lines(status):
+                echo(line)
+            return exit_code(status)
+        elif status["updated"] != last_updated:
+            echo(describe(status))
+            last_updated, last_change = status["updated"], now
+        elif now - last_change > stale_seconds:
+            echo(f"the status has not changed for {stale_seconds:.0f} s while running: the driver may have died; "
+                 f"resume with: {status.get('resume_command')}", err=True)
+            return EXIT_NO_STATUS
+        sleep(every)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.argument("output")
+@click.option("--endpoint-url", default=None, help="S3 endpoint (a moto server, say).")
+@click.option("--region", default=None, help="AWS region of the bucket.")
+@click.option("--every", default=5.0, type=click.FloatRange(min=0.1), help="Seconds between reads of the status.")
+@click.option("--wait-seconds", default=900.0, type=click.FloatRange(min=0),
+              help="Give up (exit 4) if no status appears within this long.")
+@click.option("--stale-seconds", default=300.0, type=click.FloatRange(min=1),
+              help="Give up (exit 4) if a running job's status does not change for this long.")
+def main(output, endpoint_url, region, every, wait_seconds, stale_seconds):
+    """Print the progress of the job writing OUTPUT (s3://bucket/key) until it ends; exit with its outcome."""
+    try:
+        bucket, key = status_location(output)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="OUTPUT") from exc
+    client = utils.s3_client(endpoint_url, region)
+    sys.exit(watch(client, bucket, key, every, wait_seconds, stale_seconds))
+
+
+if __name__ == "__main__":
+    main()

@@ -134,6 +134,8 @@ def main(keep_s3: bool = False) -> int:
         (kept / Path(output_key).name).write_text("\n".join(lines) + "\n")
         summary_copy = kept / f"{Path(output_key).name}.summary.json"
         summary_copy.write_text(summary_text)
+        report_copy = kept / f"{Path(output_key).name}.report.html"
+        s3.download_file(bucket, f"{output_key}.report.html", str(report_copy))
         if keep_s3:
             code = report(lines, summary, summary_copy, config, started)
             print(f"\n== the local S3 server stays at {endpoint} until Ctrl-C; rerun the job with\n   {rerun}",
@@ -166,6 +168,8 @@ def report(lines: list[str], summary: dict, summary_copy: Path, config: dict, st
                   and row["predictions"][0]["class_id"] == make_demo.true_label(row["key"]))
     accuracy = correct / len(rows)
     print(f"\n== demo accuracy (top-1 vs the digit in each key's folder): {correct}/{len(rows)} = {accuracy:.1%}")
+    report_copy = summary_copy.with_name(summary_copy.name.replace(".summary.json", ".report.html"))
+    print(f"== the run's report: open {report_copy.relative_to(ROOT)} in a browser")
     print(f"== run-local wall time: {time.time() - started:.1f}s")
     return 0 if accuracy >= 0.9 else 1
 

@@ -135,7 +135,7 @@ def closing_lines(summary: dict, code: int) -> list[str]:
         f"wall time {duration(summary['elapsed_seconds'])} (Spark job {duration(summary['seconds'].get('spark', 0))}); "
         + (f"{rate:,.1f} images/s (keys scored / Spark job wall seconds)" if rate else "nothing scored in this run"),
         f"output:  {summary['output']}",
-        f"report:  {files.get('report', '-')} (open in a browser)",
+        f"report:  {files.get('report', '-')} (copy it here and open it in a browser)",
         f"summary: {files.get('summary', '-')}",
     ]
     if code == EXIT_TOO_MANY_ERRORS:

@@ -177,7 +177,7 @@ def test_closing_lines_name_counts_errors_rate_and_locations():
     assert lines[0] == f"run finished: {summ['keys_listed']:,} keys, {summ['predicted']:,} predicted, 8 failed " \
                        "(decode 8); 0 reused from an earlier run"
     assert "images/s (keys scored / Spark job wall seconds)" in lines[1] and "wall time 1m15s" in lines[1]
-    assert lines[3] == "report:  s3://b/out.jsonl.report.html (open in a browser)"
+    assert lines[3] == "report:  s3://b/out.jsonl.report.html (copy it here and open it in a browser)"
     assert lines[-1].startswith("exit 3: more images failed than --max-errors allows")
 
 

@@ -377,3 +377,29 @@ def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, 
     plan = json.loads(result.stdout.splitlines()[-1])
     assert plan["output"] == "s3://cfg-bucket/dry/o.jsonl" and plan["output_writable"] is True
     assert make_s3_client(moto_endpoint).list_objects_v2(Bucket="cfg-bucket", Prefix="dry/")["KeyCount"] == 0
+
+
+def test_dry_run_plan_holds_the_estimate_for_the_cluster_asked(small_world, stderr_runner, caplog):
+    caplog.set_level(logging.INFO, logger="mxjob.driver")
+    result = stderr_runner.invoke(infer_main.main, [
+        *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://cfg-bucket/dry/e.jsonl", "--dry-run",
+        "--estimate-cluster", "10x16", "--node-price", "0.5", "--estimate-images", "4"])
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout.splitlines()[-1])
+    estimate = plan["estimate"]
+    assert set(estimate) == {"sample_images", "cpu_seconds_per_image", "s3_server_cpu_seconds_per_image",
+                             "model_load_seconds", "images", "batches", "cluster", "vcpus", "executors",
+                             "images_per_second", "wall_seconds", "cost_usd"}
+    assert (estimate["sample_images"], estimate["vcpus"], estimate["images"]) == (4, 160, plan["to_score"])
+    assert estimate["cpu_seconds_per_image"] > 0 and estimate["wall_seconds"] > 0
+    assert estimate["cost_usd"] == pytest.approx(10 * 0.5 * estimate["wall_seconds"] / 3600, abs=0.01)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("estimate:")]
+    assert "on 160 vCPUs: --estimate-cluster 10x16" in line and "at $0.5/node-hour" in line
+
+
+def test_estimate_images_0_turns_the_estimate_off(small_world, stderr_runner):
+    result = stderr_runner.invoke(infer_main.main, [
+        *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://cfg-bucket/dry/e.jsonl", "--dry-run",
+        "--estimate-images", "0"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["estimate"] is None

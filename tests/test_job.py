@@ -194,6 +194,16 @@ def test_sixteen_bit_image_is_predicted(logits_run):
     assert len(row["predictions"]) == 3
 
 
+def test_the_estimate_is_within_half_again_of_the_spark_jobs_time(logits_run):
+    """The driver's estimate, made before Spark started, against the Spark job's measured wall time."""
+    _, _, summary = logits_run
+    estimate = summary["estimate"]
+    assert estimate["cluster"].startswith("local-cluster[2,1,1024]")  # read from spark-submit's conf
+    assert estimate["images"] == summary["keys_listed"] and estimate["batches"] == summary["batches"]
+    ratio = estimate["wall_seconds"] / summary["seconds"]["spark"]
+    assert 1 / 1.5 <= ratio <= 1.5, (estimate, summary["seconds"])
+
+
 def test_model_is_loaded_once_per_python_worker_and_reused(logits_run):
     _, _, summary = logits_run
     workers = summary["python_workers"]

@@ -54,11 +54,33 @@ Per-task overhead, two ways (ms per batch; one task per batch):
 costs with the fake scorer (the part's gzip and PUT, the S3 client, the
 bookkeeping), so the three add up to the executor time per batch.
 
+Two opt-in rows measure instead of extrapolating:
+
+- ``--ten-million``: the job on a manifest of 10,000,000 keys, fake scorer,
+  batch ``--ten-million-batch`` (default 1,024: 9,766 tasks, about 18 minutes
+  of Spark on this 2-vCPU machine at 0.15 s a task, where batch 64 would take
+  3.5 hours). 1,024 is a real job's batch for a fast model (docs/input.md: 160
+  or more keeps the per-task overhead under 5%), and the driver's work (manifest,
+  sort, plan, assembly) depends on the keys, not the batch. It prints the
+  driver's peak RSS (Python and JVM), each driver stage, the Spark job, the
+  per-task overhead, the time from the last task's end to spark-submit's exit,
+  and checks them against the targets (:data:`TEN_MILLION_TARGETS`).
+- ``--hundred-million``: ``--dry-run`` over a manifest of 100,000,000 keys,
+  run as plain Python (no Spark job: the dry run starts none): it reads the
+  manifest, plans every batch (the plan's size, written nowhere), loads the
+  model and scores one key; it prints the plan, the peak RSS and the time.
+
+``--row-keys N`` runs either row at N keys instead, to check the bench itself
+at a small size.
+
 Usage::
 
     python -m bench.scale                          # 100,000 and 1,000,000 keys
     python -m bench.scale --quick                  # 10,000 and 20,000 keys: a smoke run
     python -m bench.scale --keys 100000,1000000,10000000
+    python -m bench.scale --ten-million            # measured, about an hour
+    python -m bench.scale --hundred-million        # the dry run's plan
+    python -m bench.scale --ten-million --hundred-million --row-keys 200000   # the rows, small
 """
 
 from __future__ import annotations
@@ -95,6 +117,12 @@ TARGET = 10_000_000
 MODEL = bench_models.RESNET20  # 3x32x32: the driver's model check loads it for real
 #: Bytes per object the manifest claims (the fake scorer never reads one).
 OBJECT_SIZE = 65_536
+TEN_MILLION = 10_000_000
+HUNDRED_MILLION = 100_000_000
+#: The ten-million-key row's targets: driver peak (Python + JVM) and manifest read + plan.
+TEN_MILLION_TARGETS = {"driver_total_mib": 1536, "read_and_plan_s": 120}
+#: The hundred-million-key dry run's targets: its peak RSS and its time.
+HUNDRED_MILLION_TARGETS = {"peak_mib": 4096, "seconds": 900}
 
 #: The table's columns after ``keys`` and ``batches``: (row field, header, decimals).
 COLUMNS = (
@@ -111,6 +139,7 @@ COLUMNS = (
     ("assembly_cpu_s", "assembly driver CPU s", 1),
     ("elapsed_s", "job elapsed s", 1),
     ("wall_s", "spark-submit wall s", 1),
+    ("last_task_to_exit_s", "last task to exit s", 1),
     ("driver_python_mib", "driver python peak MiB", 0),
     ("driver_jvm_mib", "driver JVM peak MiB", 0),
     ("driver_total_mib", "python + JVM MiB", 0),
@@ -234,15 +263,16 @@ def executors_of(master: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
+def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | None = None) -> dict:
     """Write the manifest, run the job on it, read its summary and output: one row of the table."""
+    batch_size = batch_size or args.batch_size
     manifest = work / f"manifest-{keys}.csv"
     log(f"{keys:,} keys: writing {manifest}")
     manifest_seconds = write_manifest(manifest, keys)
     output_key = f"out/scale-{keys}.jsonl"
     job_args = ["--input-manifest", str(manifest), "--model", f"s3://{BUCKET}/models/{MODEL.name}",
                 "--output", f"s3://{BUCKET}/{output_key}", "--endpoint-url", endpoint,
-                "--input-shape", MODEL.shape_arg, "--batch-size", str(args.batch_size), "--top-k", "1",
+                "--input-shape", MODEL.shape_arg, "--batch-size", str(batch_size), "--top-k", "1",
                 "--progress-seconds", "30"]
     command = spark_submit_command(job_args, args.master)
     settings = [f"spark.python.daemon.module={DAEMON_MODULE}", f"spark.executorEnv.PYTHONPATH={ROOT}",
@@ -250,8 +280,8 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
     for setting in reversed(settings):  # after "spark-submit --master M": over conf/spark-local.conf
         command[3:3] = ["--conf", setting]
     log_path = work / f"scale-{keys}.log"
-    log(f"{keys:,} keys: spark-submit on {args.master}, batch {args.batch_size} "
-        f"({math.ceil(keys / args.batch_size):,} tasks), fake scorer; log in {log_path}")
+    log(f"{keys:,} keys: spark-submit on {args.master}, batch {batch_size} "
+        f"({math.ceil(keys / batch_size):,} tasks), fake scorer; log in {log_path}")
     started = time.time()
     port = endpoint.rsplit(":", 1)[1]
     servers = [p for p in psutil.process_iter(["cmdline"])
@@ -261,7 +291,8 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
         process = subprocess.Popen(command, env=spark_env(), cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
         with Watch(process.pid, fixed=moto, every=0.5) as watch:
             code = process.wait()
-    wall = time.time() - started
+    exited = time.time()
+    wall = exited - started
     if code != 0:
         raise RuntimeError(f"the {keys:,}-key job exited {code}; see {log_path}")
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{output_key}.summary.json")["Body"].read())
@@ -278,12 +309,15 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
     seconds = summary.get("seconds") or {}
     python, jvm = watch.peak("driver python"), watch.peak("driver JVM")
     row = {
-        "keys": keys, "batches": summary.get("batches"), "manifest_write_s": manifest_seconds,
+        "keys": keys, "batch_size": batch_size, "batches": summary.get("batches"),
+        "manifest_write_s": manifest_seconds,
         "listing_s": seconds.get("listing"), "model_check_s": seconds.get("model_check"),
         "plan_s": seconds.get("plan"), "spark_s": seconds.get("spark"),
         "tasks_s": (summary.get("tasks") or {}).get("seconds"), "assembly_s": seconds.get("assembly"),
         "assembly_cpu_s": seconds.get("assembly_cpu"),
         "elapsed_s": summary.get("elapsed_seconds"), "wall_s": wall,
+        # From the last task's end to spark-submit's exit: SparkContext stop, the assembly, the summary, JVM exit.
+        "last_task_to_exit_s": exited - (summary.get("tasks") or {}).get("last_end", exited),
         "driver_python_mib": python / MIB if python else None, "driver_jvm_mib": jvm / MIB if jvm else None,
         "driver_total_mib": (python + jvm) / MIB if python and jvm else None,
         "summary_seconds_keys": sorted(seconds),
@@ -370,10 +404,88 @@ def report(rows: list[dict], args, cpu: str, started: float) -> str:
     return "\n".join(out)
 
 
+# ----------------------------------------------------------------------------
+# The opt-in rows: ten million keys measured, a hundred million planned
+
+
+def ten_million_report(row: dict) -> str:
+    """The ten-million-key row (or its ``--row-keys`` stand-in), each figure against its target."""
+    read_and_plan = (row.get("listing_s") or 0) + (row.get("plan_s") or 0)
+    targets = TEN_MILLION_TARGETS
+    lines = [f"{row['keys']:,} keys MEASURED, batch {row['batch_size']:,} ({row['batches']:,} tasks), fake scorer:",
+             f"  driver peak RSS: Python {_cell(row['driver_python_mib'], 0)} MiB + JVM "
+             f"{_cell(row['driver_jvm_mib'], 0)} MiB = {_cell(row['driver_total_mib'], 0)} MiB "
+             f"(target <= {targets['driver_total_mib']:,} MiB: "
+             f"{_verdict(row['driver_total_mib'], targets['driver_total_mib'])})",
+             f"  driver stages s: manifest read {_cell(row['listing_s'], 1)}, model check "
+             f"{_cell(row['model_check_s'], 1)}, plan {_cell(row['plan_s'], 1)}, Spark job {_cell(row['spark_s'], 1)}, "
+             f"assembly {_cell(row['assembly_s'], 1)} (driver CPU {_cell(row['assembly_cpu_s'], 1)})",
+             f"  manifest read + plan: {read_and_plan:.1f} s (target <= {targets['read_and_plan_s']} s: "
+             f"{_verdict(read_and_plan, targets['read_and_plan_s'])})",
+             f"  per-task overhead ms: {_cell(row.get('overhead_window_ms'), 1)} (window), "
+             f"{_cell(row.get('overhead_idle_ms'), 1)} (idle); in-task {_cell(row.get('in_task_ms'), 1)} ms",
+             f"  last task's end to spark-submit's exit: {_cell(row['last_task_to_exit_s'], 1)} s; "
+             f"spark-submit wall {_cell(row['wall_s'], 1)} s"]
+    if row["keys"] != TEN_MILLION:
+        lines.append(f"  (at {row['keys']:,} keys, not {TEN_MILLION:,}: the targets are for ten million)")
+    return "\n".join(lines)
+
+
+def _verdict(value: float | None, limit: float) -> str:
+    return "n/a" if value is None else "MET" if value <= limit else "MISSED"
+
+
+def dry_run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
+    """``--dry-run`` over a manifest of ``keys`` keys as plain Python: its plan, peak RSS and time."""
+    manifest = work / f"manifest-{keys}.csv"
+    if not manifest.exists():
+        log(f"{keys:,} keys: writing {manifest}")
+        write_manifest(manifest, keys)
+    command = [sys.executable, str(ROOT / "infer_main.py"), "--input-manifest", str(manifest),
+               "--model", f"s3://{BUCKET}/models/{MODEL.name}", "--output", f"s3://{BUCKET}/out/dry-{keys}.jsonl",
+               "--endpoint-url", endpoint, "--input-shape", MODEL.shape_arg,
+               "--batch-size", str(args.batch_size), "--top-k", "1", "--dry-run"]
+    log(f"{keys:,} keys: --dry-run (no Spark), batch {args.batch_size}")
+    started = time.time()
+    with open(work / f"dry-{keys}.log", "w") as errors:
+        process = subprocess.Popen(command, env=spark_env(), cwd=str(ROOT), stdout=subprocess.PIPE, stderr=errors,
+                                   text=True)
+        with Watch(process.pid, every=0.5) as watch:
+            out, _ = process.communicate()
+    seconds = time.time() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"the {keys:,}-key dry run exited {process.returncode}; see {work / f'dry-{keys}.log'}")
+    plan = json.loads(out.strip().splitlines()[-1])
+    peak = max((watch.peak(role) or 0) for role in ("driver python", "python", "other"))
+    return {"keys": keys, "seconds": seconds, "peak_mib": peak / MIB, "plan": plan}
+
+
+def hundred_million_report(row: dict) -> str:
+    """The dry run's row: what it planned, its peak RSS and time, against the targets."""
+    plan, targets = row["plan"], HUNDRED_MILLION_TARGETS
+    shown = {k: plan.get(k) for k in ("images", "to_score", "batch_size", "batches", "plan_bytes", "first_key",
+                                      "last_key", "sample_seconds")}
+    lines = [f"{row['keys']:,} keys PLANNED (--dry-run, no Spark job): {json.dumps(shown)}",
+             f"  peak RSS {row['peak_mib']:,.0f} MiB (target <= {targets['peak_mib']:,} MiB: "
+             f"{_verdict(row['peak_mib'], targets['peak_mib'])}); time {row['seconds']:.1f} s "
+             f"(target <= {targets['seconds']} s: {_verdict(row['seconds'], targets['seconds'])})"]
+    if row["keys"] != HUNDRED_MILLION:
+        lines.append(f"  (at {row['keys']:,} keys, not {HUNDRED_MILLION:,}: the targets are for a hundred million)")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Driver and per-task cost at scale, with a fake fast scorer.")
-    parser.add_argument("--keys", default="100000,1000000",
-                        help="comma-separated key counts [default: 100000,1000000; add 10000000 to measure it]")
+    parser.add_argument("--keys", default=None,
+                        help="comma-separated key counts [default: 100000,1000000, unless only the opt-in rows run]")
+    parser.add_argument("--ten-million", action="store_true",
+                        help="also run the job on 10,000,000 keys (about an hour) and check the targets")
+    parser.add_argument("--ten-million-batch", type=int, default=1024,
+                        help="--batch-size of the ten-million row [default: 1024, see the module's docstring]")
+    parser.add_argument("--hundred-million", action="store_true",
+                        help="also --dry-run over 100,000,000 keys: read, plan every batch, print the plan")
+    parser.add_argument("--row-keys", type=int, default=None,
+                        help="run the opt-in rows at this many keys instead, to check the bench at a small size")
     parser.add_argument("--quick", action="store_true", help="smoke run: 10,000 and 20,000 keys")
     parser.add_argument("--batch-size", type=int, default=64, help="the job's --batch-size (one task per batch)")
     parser.add_argument("--master", default=MASTER)
@@ -383,8 +495,10 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench-scale",
                         help="folder for the manifests, model, logs, summaries and results.json")
     args = parser.parse_args(argv)
-    counts = [10_000, 20_000] if args.quick else [int(x.replace("_", "")) for x in args.keys.split(",") if x]
-    if not counts or min(counts) < 1:
+    opt_in = args.ten_million or args.hundred_million
+    keys = args.keys if args.keys is not None else ("" if opt_in else "100000,1000000")
+    counts = [10_000, 20_000] if args.quick else [int(x.replace("_", "")) for x in keys.split(",") if x]
+    if (not counts and not opt_in) or min(counts, default=1) < 1:
         parser.error("--keys: give positive key counts")
     started = time.time()
     cpu = cpu_model()
@@ -404,8 +518,16 @@ def main(argv=None) -> int:
             s3.put_object(Bucket=BUCKET, Key=f"models/{path.name}", Body=path.read_bytes())
         for count in sorted(set(counts)):
             rows.append(run_point(s3, endpoint, count, args, work))
-    text = report(rows, args, cpu, started)
-    print("\n" + text, flush=True)
+        extra = []
+        if args.ten_million:
+            big = run_point(s3, endpoint, args.row_keys or TEN_MILLION, args, work, args.ten_million_batch)
+            extra.append(ten_million_report(big))
+            (work / "ten-million.json").write_text(json.dumps(big, indent=2))
+        if args.hundred_million:
+            extra.append(hundred_million_report(dry_run_point(s3, endpoint, args.row_keys or HUNDRED_MILLION,
+                                                              args, work)))
+    text = report(rows, args, cpu, started) if rows else ""
+    print("\n" + "\n\n".join([t for t in (text, *extra) if t]), flush=True)
     (work / "results.json").write_text(json.dumps(rows, indent=2))
     return 0
 

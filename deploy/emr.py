@@ -36,11 +36,13 @@ JOB_CONFIG_NAME = "job.yaml"
 
 @dataclass(frozen=True)
 class InstanceGroup:
-    """One EMR instance group: its EC2 type, how many, and (core only) its vCPUs."""
+    """One EMR instance group: its EC2 type, how many, (core and task) its vCPUs, and on-demand or spot."""
 
     instance_type: str
     count: int
     vcpus: int | None = None
+    #: ``ON_DEMAND`` or ``SPOT`` (EMR's ``Market``): task nodes may be spot, the core nodes should not.
+    market: str = "ON_DEMAND"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class EmrConfig:
     bootstrap: dict[str, Any]
     step: dict[str, str]
     configurations: tuple[dict[str, Any], ...]
+    #: Optional task nodes (often spot): one executor each, like a core node.
+    task: InstanceGroup | None = None
 
 
 def _emr_value(value: Any, where: str) -> str:
@@ -107,10 +111,13 @@ def check_one_executor_per_node(conf: EmrConfig) -> None:
     counts live in ``spark-defaults`` and must follow ``core`` when it changes.
     """
     props = spark_defaults(conf.configurations)
+    if conf.task is not None and conf.task.vcpus != conf.core.vcpus:
+        raise ValueError(f"task.vcpus is {conf.task.vcpus}, core.vcpus {conf.core.vcpus}: MXNet's threads are "
+                         "set once for every executor, so task nodes need the core nodes' vCPUs")
     want = {
         "spark.dynamicAllocation.enabled": "false",
         "spark.executor.cores": "1",
-        "spark.executor.instances": str(conf.core.count),
+        "spark.executor.instances": str(conf.core.count + (conf.task.count if conf.task else 0)),
         "spark.executorEnv.OMP_NUM_THREADS": str(conf.core.vcpus),
         "spark.executorEnv.MXNET_CPU_WORKER_NTHREADS": str(conf.core.vcpus),
     }
@@ -134,6 +141,8 @@ def _instance_group(raw: Any, where: str, *, needs_vcpus: bool) -> InstanceGroup
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
     group = InstanceGroup(**raw)
+    if group.market not in ("ON_DEMAND", "SPOT"):
+        raise ValueError(f"{where}.market: expected ON_DEMAND or SPOT, got {group.market!r}")
     if not isinstance(group.count, int) or group.count < 1:
         raise ValueError(f"{where}.count: expected a positive integer, got {group.count!r}")
     if needs_vcpus and (not isinstance(group.vcpus, int) or group.vcpus < 1):
@@ -166,7 +175,7 @@ def load_config(path: Path) -> EmrConfig:
     if not isinstance(raw, dict):
         raise ValueError("expected a YAML mapping")
     names = {f.name for f in fields(EmrConfig)}
-    missing = names - set(raw) - {"idle_timeout_seconds"}
+    missing = names - set(raw) - {"idle_timeout_seconds", "task"}
     unknown = set(raw) - names
     if missing or unknown:
         raise ValueError(f"missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
@@ -180,6 +189,7 @@ def load_config(path: Path) -> EmrConfig:
             "applications": tuple(raw["applications"]),
             "master": _instance_group(raw["master"], "master", needs_vcpus=False),
             "core": _instance_group(raw["core"], "core", needs_vcpus=True),
+            "task": _instance_group(raw["task"], "task", needs_vcpus=True) if raw.get("task") else None,
             "configurations": tuple(_stringify_configurations(raw["configurations"])),
         }
     )
@@ -194,6 +204,11 @@ def resolve(template: str, s3: str) -> str:
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def _market(group: InstanceGroup) -> dict[str, str]:
+    """The instance group's spot request: the CLI asks for spot by a bid, capped here at the on-demand price."""
+    return {"BidPrice": "OnDemandPrice"} if group.market == "SPOT" else {}
 
 
 def create_cluster_command(conf: EmrConfig, s3: str, aws: str = "aws") -> list[str]:
@@ -217,8 +232,11 @@ def create_cluster_command(conf: EmrConfig, s3: str, aws: str = "aws") -> list[s
         {"Name": "master", "InstanceGroupType": "MASTER",
          "InstanceType": conf.master.instance_type, "InstanceCount": conf.master.count},
         {"Name": "core", "InstanceGroupType": "CORE",
-         "InstanceType": conf.core.instance_type, "InstanceCount": conf.core.count},
+         "InstanceType": conf.core.instance_type, "InstanceCount": conf.core.count, **_market(conf.core)},
     ]
+    if conf.task is not None:
+        groups.append({"Name": "task", "InstanceGroupType": "TASK", "InstanceType": conf.task.instance_type,
+                       "InstanceCount": conf.task.count, **_market(conf.task)})
     bootstrap = {
         "Name": conf.bootstrap["name"],
         "Path": resolve(conf.bootstrap["path"], s3),

@@ -56,11 +56,15 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
     reporter = Reporter(lambda: stats.value, run.batches, run.keys, cfg.progress_seconds,
                         expected_executors(dict(sc.getConf().getAll())), on_tick, ticks)
     threading.Thread(target=reporter.run, args=(stop,), daemon=True).start()
+    group = f"mxinfer-{run.prefix}"
+    sc.setJobGroup(group, f"score {run.batches} batches")
     try:
         rdd.mapPartitionsWithIndex(score).sum()
         stop.set()
         reporter.tick(final=True)  # a job shorter than the first tick still prints a line
-        return stats.value
+        fold = stats.value
+        fold.lost_task_attempts = lost_task_attempts(sc, group)
+        return fold
     except Exception as exc:
         raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
     finally:
@@ -71,6 +75,31 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
             sc.stop()
         except Exception as exc:  # noqa: BLE001 - nothing left to stop
             log.debug("stopping Spark: %s", exc)
+
+
+def lost_task_attempts(sc, group: str, wait_seconds: float = 10.0) -> int | None:
+    """Task attempts of the job group that failed (an executor lost, a worker crashed), from Spark's status tracker.
+
+    A failed attempt never reports to the stats accumulator (Spark merges only
+    successful tasks' updates), so the driver asks Spark itself: each stage's
+    ``numFailedTasks``. Spark counts an attempt that lost a speculation race as
+    killed, not failed, so speculation adds nothing here. The tracker is fed by
+    Spark's listener bus, which may trail the job's end by a moment: this waits
+    (up to ``wait_seconds``) until the tracker has seen every job end. ``None``
+    when the tracker cannot tell.
+    """
+    try:
+        tracker = sc.statusTracker()
+        deadline = time.monotonic() + wait_seconds
+        jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
+        while any(j is None or j.status == "RUNNING" for j in jobs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
+        stages = [tracker.getStageInfo(stage) for job in jobs if job is not None for stage in job.stageIds]
+        return sum(stage.numFailedTasks for stage in stages if stage is not None)
+    except Exception as exc:  # noqa: BLE001 - a count for the summary must not fail a finished job
+        log.warning("cannot count the lost task attempts: %s", first_line(exc))
+        return None
 
 
 def expected_executors(conf: dict) -> int | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -602,13 +601,16 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
     job = replace(job, model=replace(job.model, context="cpu"))
     [(_, _, blob, stats)] = score_partition(0, images[:1], job)
     estimate = estimate_run(cfg, images, to_score)
-    batches = math.ceil(len(images) / cfg.batch_size)
+    # Plan every batch as the run would, without writing the plan anywhere: its size is what the run's
+    # executors read (a ranged GET each), and planning is the driver's last step before Spark.
+    spans = listing.write_plan(images, cfg.batch_size, lambda data: None)
+    batches = len(spans)
     plan = {
         "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
         "output_writable": bool(cfg.output_key) or None,
         # keys an earlier run made durable (--resume) are not scored again
         "images": len(images), "to_score": to_score, "batch_size": cfg.batch_size, "batches": batches,
-        "partitions": batches,
+        "partitions": batches, "plan_bytes": sum(spans[-1]) if spans else 0,
         "first_key": images[0][0], "last_key": images[-1][0],
         "model": classifier.model_summary(),
         "sample": json.loads(zlib.decompress(blob).decode("utf-8")),

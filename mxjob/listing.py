@@ -58,6 +58,8 @@ LIST_CONCURRENCY = settings.DEFAULT.list_concurrency
 KEY_TYPE = pa.large_string()
 #: The size of an object whose size the manifest did not give.
 UNKNOWN_SIZE = -1
+#: Rows of the sorted listing taken at once (a chunk of the sorted columns).
+_TAKE_ROWS = 1 << 20
 #: Keys handed out per step while iterating (bounds the Python objects alive at once).
 _ITER_CHUNK = 65_536
 #: Characters the range splitter cuts at: S3's "safe" key characters in code point order.
@@ -142,16 +144,10 @@ class Listing:
             del masks, mask
         # Arrow compares strings by their UTF-8 bytes, which is code point order: S3's and Python's.
         # A listing or an inventory comes sorted and unique: then nothing is copied.
-        if table.num_rows > 1:
-            column = table["key"]
-            if not _strictly_increasing(column):
-                table = table.sort_by([("key", "ascending"), ("size", "descending")])
-                column = table["key"]
-                repeated = pc.equal(column[1:], column[:-1])
-                if pc.any(repeated).as_py():
-                    keep = pa.concat_arrays([pa.array([True]), *pc.invert(repeated).chunks])
-                    table = table.filter(keep)
-            del column
+        if table.num_rows > 1 and not _strictly_increasing(table["key"]):
+            holder = [table]
+            del table  # the holder is the only reference: _sorted_unique lets go of each copy it replaces
+            table = _sorted_unique(holder)
         if limit is not None:
             table = table.slice(0, limit)
         pa.default_memory_pool().release_unused()  # give the freed copies back to the system
@@ -204,6 +200,32 @@ class Listing:
 
     def __repr__(self) -> str:
         return f"Listing(bucket={self.bucket!r}, keys={len(self)})"
+
+
+def _sorted_unique(holder: list) -> pa.Table:
+    """The table in ``holder`` (taken out of it) sorted by key, larger size first, then one row per key.
+
+    At most two copies of the columns are alive at once.
+
+    pyarrow's ``sort_by`` on a table of many chunks joins them before taking
+    the sorted order, so the chunks, the joined copy and the sorted one are
+    alive at once. Joined here first (the chunks go as the caller let go of
+    them), then taken a slice of :data:`_TAKE_ROWS` at a time: the peak is the
+    joined columns, the sorted ones and the order (8 bytes a key).
+    """
+    table = holder.pop().combine_chunks()
+    pa.default_memory_pool().release_unused()  # the chunks' pages, before the sorted copy is made
+    order = pc.sort_indices(table, sort_keys=[("key", "ascending"), ("size", "descending")])
+    pieces = [table.take(order.slice(start, _TAKE_ROWS)) for start in range(0, len(order), _TAKE_ROWS)]
+    del table, order
+    table = pa.concat_tables(pieces)  # the pieces become the chunks: no copy
+    del pieces
+    column = table["key"]
+    repeated = pc.equal(column[1:], column[:-1])
+    if pc.any(repeated).as_py():
+        keep = pa.concat_arrays([pa.array([True]), *pc.invert(repeated).chunks])
+        table = table.filter(keep)
+    return table
 
 
 def _strictly_increasing(column: pa.ChunkedArray) -> bool:

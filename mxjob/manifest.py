@@ -22,6 +22,7 @@ then checks ``--max-object-bytes`` against the GET's ``Content-Length``.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import logging
@@ -101,7 +102,12 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
     if None in buckets and bucket is None:
         raise ManifestError(f"--input-manifest {uri} names keys without a bucket: write them as "
                             "s3://BUCKET/KEY, or give their bucket with --input s3://BUCKET/")
-    images = Listing.build(bucket or named[0], keys, sizes, prefix=prefix, suffixes=suffixes, limit=limit)
+    # Listing.build lets go of each step's input as soon as it has its output: no name here may keep
+    # the raw columns alive beside their sorted copy (at ten million keys, half a gigabyte).
+    columns = [keys, sizes]
+    del keys, sizes
+    images = Listing.build(bucket or named[0], columns.pop(0), columns.pop(0), prefix=prefix, suffixes=suffixes,
+                           limit=limit)
     if not len(images):
         where = f" under {prefix!r}" if prefix else ""
         raise ManifestError(f"--input-manifest {uri} names no image{where} (looked for keys ending in "
@@ -135,7 +141,191 @@ def _download(client, bucket: str, key: str, path: str, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Plain text and CSV: read in Python, line by line, into Arrow chunks
+# Plain text and CSV: read by pyarrow's C++ CSV reader, block by block, into Arrow chunks.
+# A manifest the fast reader has any doubt about (a line it cannot parse, a URI it would
+# not split exactly as the Python reader does) is read again by the Python reader below,
+# which names the malformed lines or, for the rare line only it reads right, gives the keys.
+
+
+#: Bytes pyarrow parses at a time: the bound on the manifest's text held beside the keys.
+_BLOCK = 1 << 20
+#: Column delimiter for plain text, where a line is one field: a control character no key has in
+#: practice; a line with one makes the fast reader fall back, so such a key is still read right.
+_TEXT_DELIMITER = "\x1f"
+#: ``s3://BUCKET/KEY`` lines the fast reader splits itself: exactly those ``utils.parse_s3_uri``
+#: splits into this bucket and key (no ``?``, ``#`` or ``;``, which urlparse cuts off; no leading
+#: or trailing ``/`` in the key; a plain bucket name). Any other URI goes to the Python reader.
+_PLAIN_URI = r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]*)/(?P<key>[^/?#;\t\r\n](?:[^?#;\t\r\n]*[^/?#;\t\r\n])?)$"
+
+
+class _Doubt(Exception):
+    """The fast reader cannot vouch for a manifest: the Python reader reads it instead."""
+
+
+class _Chunks:
+    """Key and size chunks as the fast readers make them, one block at a time, and the buckets they name."""
+
+    def __init__(self):
+        self.keys: list[pa.Array] = []
+        self.sizes: list[pa.Array] = []
+        self.buckets: set[str | None] = set()
+
+    def add(self, keys, sizes=None) -> None:
+        keys = _plain(keys)
+        self.keys.append(keys.cast(KEY_TYPE))
+        self.sizes.append(pa.nulls(len(keys), pa.int64()) if sizes is None else _plain(sizes).cast(pa.int64()))
+
+    def result(self):
+        # The parser's blocks are freed, but Arrow's allocator keeps their pages (about 40 bytes a
+        # key in all) until asked: give them back before the listing's copies need the room.
+        pa.default_memory_pool().release_unused()
+        return (self.buckets, pa.chunked_array(self.keys, KEY_TYPE), pa.chunked_array(self.sizes, pa.int64()))
+
+
+def _plain(values):
+    """One Arrow array of a block's column (compute functions may hand back a chunked one)."""
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _read_text(uri: str, path: str):
+    try:
+        return _fast_text(path)
+    except _Doubt:
+        log.info("manifest %s: read line by line in Python (a line the fast reader does not vouch for)", uri)
+        return _scan_text(uri, path)
+
+
+def _read_csv(uri: str, path: str):
+    try:
+        return _fast_csv(path)
+    except _Doubt:
+        log.info("manifest %s: read row by row in Python (a row the fast reader does not vouch for)", uri)
+        return _scan_csv(uri, path)
+
+
+def _python_lines(path: str) -> int:
+    """How many lines the Python reader sees: one per ``\\n``, and a last one without it."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while block := handle.read(_BLOCK):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def _blocks(path: str, names: list[str], *, skip_rows: int = 0, text: bool = False) -> Iterator[pa.RecordBatch]:
+    """The manifest's rows, one block of about :data:`_BLOCK` bytes at a time, every column a string.
+
+    ``text``: one field a line, no quoting, and every line a row (blank ones
+    too), so that rows count lines. Any row pyarrow finds malformed, and any
+    byte that is not UTF-8, raises :class:`_Doubt`.
+    """
+    if os.path.getsize(path) == 0:
+        return
+    parse = (pa_csv.ParseOptions(delimiter=_TEXT_DELIMITER, quote_char=False, escape_char=False,
+                                 ignore_empty_lines=False) if text
+             else pa_csv.ParseOptions(newlines_in_values=True))  # a quoted key may hold a line break
+    try:
+        reader = pa_csv.open_csv(
+            path, read_options=pa_csv.ReadOptions(column_names=names, skip_rows=skip_rows, use_threads=False,
+                                                  block_size=_BLOCK),
+            parse_options=parse,
+            convert_options=pa_csv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                                  strings_can_be_null=False, quoted_strings_can_be_null=False))
+        yield from reader
+    except pa.ArrowInvalid as exc:
+        raise _Doubt(str(exc)) from None
+
+
+def _fast_text(path: str):
+    chunks, rows = _Chunks(), 0
+    for batch in _blocks(path, ["line"], text=True):
+        rows += batch.num_rows
+        line = batch.column(0)
+        line = line.filter(pc.invert(pc.equal(pc.utf8_trim_whitespace(line), "")))  # blank lines
+        uri = pc.match_substring(line, "://")
+        if pc.any(uri).as_py():
+            uris = line.filter(uri)
+            if not pc.all(pc.match_substring_regex(uris, _PLAIN_URI)).as_py():
+                raise _Doubt("a URI that is not plainly s3://BUCKET/KEY")
+            parts = pc.extract_regex(uris, _PLAIN_URI)
+            chunks.buckets.update(pc.unique(parts.field("bucket")).to_pylist())
+            chunks.add(parts.field("key"))
+            line = line.filter(pc.invert(uri))
+        if len(line):
+            chunks.buckets.add(None)
+            chunks.add(line)
+    # pyarrow also ends a line at a lone "\r", which the Python reader keeps in the key.
+    if rows != _python_lines(path):
+        raise _Doubt("a line break other than \\n or \\r\\n")
+    return chunks.result()
+
+
+def _csv_layout(path: str) -> tuple[bool, int]:
+    """``(header, fields)``: whether line 1 is a header, and the fields of the first data row (2 or 3).
+
+    Read with the Python reader, up to the first data row only. A manifest
+    without data rows gives ``fields`` 0.
+    """
+    with open(path, encoding="utf-8-sig", errors="strict", newline="") as handle:
+        reader = csv.reader(handle)
+        try:
+            for row in reader:
+                if not row or not any(field.strip() for field in row):
+                    continue
+                if reader.line_num == 1 and [field.strip().lower() for field in row] in _HEADERS:
+                    return True, _first_fields(reader)
+                return False, len(row)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise _Doubt(str(exc)) from None
+    return False, 0
+
+
+def _first_fields(reader) -> int:
+    """Fields of the next row with any text (0 at the end)."""
+    return next((len(row) for row in reader if row and any(field.strip() for field in row)), 0)
+
+
+def _fast_csv(path: str):
+    header, fields = _csv_layout(path)
+    if fields not in (0, 2, 3):
+        raise _Doubt(f"{fields} fields")
+    chunks = _Chunks()
+    if not fields:
+        return chunks.result()
+    names = ["bucket", "key", "size"][:fields]
+    for batch in _blocks(path, names, skip_rows=int(header)):
+        _csv_block(batch, chunks)
+    return chunks.result()
+
+
+def _csv_block(batch: pa.RecordBatch, chunks: _Chunks) -> None:
+    """Add one block's ``bucket,key[,size]`` rows to ``chunks``; a row the Python reader would refuse raises _Doubt."""
+    bucket, key = pc.utf8_trim_whitespace(batch.column(0)), batch.column(1)
+    size = pc.utf8_trim_whitespace(batch.column(2)) if batch.num_columns == 3 else None
+    blank = pc.and_(pc.equal(bucket, ""), pc.equal(pc.utf8_trim_whitespace(key), ""))
+    if size is not None:
+        blank = pc.and_(blank, pc.equal(size, ""))
+    if pc.any(blank).as_py():  # a row of blank fields is skipped, as a blank line is
+        keep = pc.invert(blank)
+        bucket, key = bucket.filter(keep), key.filter(keep)
+        size = size.filter(keep) if size is not None else None
+    if pc.any(pc.or_(pc.equal(bucket, ""), pc.equal(key, ""))).as_py():
+        raise _Doubt("an empty bucket or key")
+    if size is not None:
+        if not pc.all(pc.match_substring_regex(size, r"^[0-9]*$")).as_py():
+            raise _Doubt("a size that is not a whole number")
+        try:
+            size = pc.cast(pc.if_else(pc.equal(size, ""), pa.scalar(None, pa.string()), size), pa.int64())
+        except pa.ArrowInvalid as exc:  # more than int64 holds
+            raise _Doubt(str(exc)) from None
+    chunks.buckets.update(pc.unique(bucket).to_pylist())
+    chunks.add(key, size)
+
+
+# ----------------------------------------------------------------------------
+# Plain text and CSV, line by line in Python: names malformed lines, and reads what the
+# fast reader doubted (as the job always read them, but a byte-order mark is skipped).
 
 
 class _Columns:
@@ -188,13 +378,15 @@ def _lines(path: str, problems: _Problems) -> Iterator[tuple[int, str]]:
     """``(number, text)`` of every line, without its line ending; lines that are not UTF-8 are problems."""
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]  # a byte-order mark is no part of the first key
             try:
                 yield number, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
                 problems.add(number, "not UTF-8 text")
 
 
-def _read_text(uri: str, path: str):
+def _scan_text(uri: str, path: str):
     columns, problems = _Columns(), _Problems(uri)
     for number, line in _lines(path, problems):
         if not line.strip():
@@ -215,9 +407,9 @@ def _read_text(uri: str, path: str):
 _HEADERS = (["bucket", "key"], ["bucket", "key", "size"])
 
 
-def _read_csv(uri: str, path: str):
+def _scan_csv(uri: str, path: str):
     columns, problems = _Columns(), _Problems(uri)
-    with open(path, encoding="utf-8", errors="strict", newline="") as handle:
+    with open(path, encoding="utf-8-sig", errors="strict", newline="") as handle:
         reader = csv.reader(handle)
         try:
             for row in reader:
@@ -236,7 +428,7 @@ def _read_csv(uri: str, path: str):
                 size = None
                 if len(row) == 3 and row[2].strip():
                     text = row[2].strip()
-                    if not text.isdigit():
+                    if not (text.isascii() and text.isdigit()):
                         problems.add(number, f"size {text[:40]!r} is not a whole number of bytes")
                         continue
                     size = int(text)
@@ -295,32 +487,64 @@ def _inventory_csv(what: str, path: str, schema: str) -> pa.Table:
         invalid.append(row)
         return "skip"
 
+    tables, rows = [], 0
     try:
-        table = pa_csv.read_csv(  # a .gz name is decompressed on the fly
-            path, read_options=pa_csv.ReadOptions(column_names=names, use_threads=False),
+        # Streamed a block at a time, each block cut down to the kept rows' key, size and bucket at
+        # once: the columns the job does not need never exist for the whole file.
+        stream = pa.input_stream(path, compression="gzip" if path.endswith(".gz") else None)
+        reader = pa_csv.open_csv(
+            stream, read_options=pa_csv.ReadOptions(column_names=names, use_threads=False, block_size=_BLOCK),
             parse_options=pa_csv.ParseOptions(invalid_row_handler=remember),
             convert_options=pa_csv.ConvertOptions(include_columns=wanted,
                                                   column_types={n: pa.string() for n in wanted}))
+        for batch in reader:
+            tables.append(_inventory_block(what, pa.Table.from_batches([batch]), wanted, rows))
+            rows += batch.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
         raise ManifestError(f"{what} is not a gzipped inventory CSV: {exc}") from None
     if invalid:
         shown = "; ".join(f"line {row.number}: {row.actual_columns} fields, expected {row.expected_columns}"
                           for row in invalid[:_SHOWN])
         raise ManifestError(f"{what} has {len(invalid)} malformed line(s): {shown}")
-    # Inventory CSV URL-encodes keys (a space is "+"): decode them as S3 lists them.
-    keys = pa.array([urllib.parse.unquote_plus(k) for k in table["key"].to_pylist()], KEY_TYPE)
+    schema = pa.schema([("key", KEY_TYPE), ("size", pa.int64())] + ([("bucket", pa.string())]
+                                                                    if "bucket" in wanted else []))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _inventory_block(what: str, table: pa.Table, wanted: list[str], before: int) -> pa.Table:
+    """One block of an inventory CSV as ``key``, ``size`` (and ``bucket``): current versions, keys decoded.
+
+    ``before`` is the rows of the file before this block, to number a bad size's line.
+    """
+    current = _current_versions(table, "islatest", "isdeletemarker", text=True)
+    if current is not None:
+        table = table.filter(current)
+    keys = _unquote_plus(table["key"])
     sizes = table["size"] if "size" in wanted else None
     if sizes is not None:
         bad = pc.invert(pc.match_substring_regex(pc.fill_null(sizes, "0"), r"^\d*$"))
         if pc.any(bad).as_py():
             first = pc.index(bad, True).as_py()
-            raise ManifestError(f"{what}: line {first + 1}: Size {sizes[first].as_py()!r} is not a whole number")
+            raise ManifestError(f"{what}: line {before + first + 1}: Size {sizes[first].as_py()!r} "
+                                "is not a whole number")
         sizes = pc.cast(pc.if_else(pc.equal(sizes, ""), pa.scalar(None, pa.string()), sizes), pa.int64())
     columns = {"key": keys, "size": sizes if sizes is not None else pa.nulls(len(keys), pa.int64())}
     if "bucket" in wanted:
         columns["bucket"] = table["bucket"]
-    current = _current_versions(table, "islatest", "isdeletemarker", text=True)
-    return pa.table(columns).filter(current) if current is not None else pa.table(columns)
+    return pa.table(columns)
+
+
+def _unquote_plus(keys: pa.ChunkedArray) -> pa.Array:
+    """Inventory CSV URL-encodes keys (a space is "+"): decode them as S3 lists them.
+
+    Only keys with a ``%`` or ``+`` go through Python; the rest stay in Arrow as they are.
+    """
+    keys = _plain(keys).cast(KEY_TYPE)
+    encoded = pc.match_substring_regex(keys, "[%+]")
+    if not pc.any(encoded).as_py():
+        return keys
+    decoded = pa.array([urllib.parse.unquote_plus(k) for k in keys.filter(encoded).to_pylist()], KEY_TYPE)
+    return pc.replace_with_mask(keys, encoded, decoded)
 
 
 def _inventory_columnar(what: str, path: str, kind: str) -> pa.Table:

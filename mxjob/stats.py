@@ -77,6 +77,8 @@ class StatsFold:
         self.s3_retries = {"request": 0, "body": 0}
         #: Tasks whose result came from a retried attempt (lost worker or executor, ...).
         self.retried = 0
+        #: Task attempts that failed (lost executor or worker): set on the driver from Spark's status tracker.
+        self.lost_task_attempts: int | None = 0
         self.first_start: float | None = None
         self.last_end: float | None = None
         self.executors: dict[str, dict] = {}

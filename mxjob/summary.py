@@ -75,6 +75,8 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         "driver_max_rss_bytes": memory_bytes()["max_rss"],
         # Batches whose result came from a retried task (lost worker or executor, ...).
         "retried_batches": fold.retried,
+        # Task attempts that failed and were run again (a lost spot node's in-flight batches): Spark's count.
+        "lost_task_attempts": fold.lost_task_attempts,
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                   "labels": cfg.model.labels_uri, **model_summary},
         "fingerprint": fingerprint,

@@ -8,6 +8,7 @@ EMR API); boto3 then reads back what the CLI created.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -176,8 +177,9 @@ def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint):
     assert (ec2["Ec2SubnetId"], ec2["Ec2KeyName"], ec2["IamInstanceProfile"]) == (
         conf["subnet"], conf["key_pair"], "EMR_EC2_DefaultRole"
     )
-    spark_defaults, spark_env = cluster["Configurations"]
+    spark_defaults, yarn_site, spark_env = cluster["Configurations"]
     assert spark_defaults["Classification"] == "spark-defaults"
+    assert yarn_site["Properties"] == {"yarn.resourcemanager.nodemanager-graceful-decommission-timeout-secs": "120"}
     props = spark_defaults["Properties"]
     assert {key: props[key] for key in (
         "spark.dynamicAllocation.enabled", "spark.executor.instances", "spark.executor.cores",
@@ -227,3 +229,29 @@ def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint):
         "--config", "s3://emr-deploy-test/jobs/v1/job.yaml",
         "--top-k", "3", "--batch-size", "16",
     ]  # fmt: skip
+
+
+def test_spot_task_nodes_add_a_task_group_and_an_executor_each(tmp_path):
+    raw = yaml.safe_load(CONF.read_text())
+    raw["task"] = {"instance_type": "m5.2xlarge", "count": 3, "vcpus": 8, "market": "SPOT"}
+    path = tmp_path / "emr.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"spark\.executor\.instances is '2', want '5'"):
+        emr.load_config(path)
+    for item in raw["configurations"]:
+        if item["Classification"] == "spark-defaults":
+            item["Properties"]["spark.executor.instances"] = 5
+    path.write_text(yaml.safe_dump(raw))
+    command = emr.create_cluster_command(emr.load_config(path), "s3://b/p")
+    groups = json.loads(command[command.index("--instance-groups") + 1])
+    assert [(g["InstanceGroupType"], g["InstanceCount"], g.get("BidPrice")) for g in groups] == [
+        ("MASTER", 1, None), ("CORE", 2, None), ("TASK", 3, "OnDemandPrice")]
+
+
+def test_shipped_config_makes_a_lost_or_decommissioned_node_cheap():
+    conf = emr.load_config(CONF)
+    props = emr.spark_defaults(conf.configurations)
+    assert props["spark.decommission.enabled"] == "true"
+    assert props["spark.storage.decommission.enabled"] == "false"  # no shuffle, no cached blocks to move
+    yarn = next(c["Properties"] for c in conf.configurations if c["Classification"] == "yarn-site")
+    assert yarn["yarn.resourcemanager.nodemanager-graceful-decommission-timeout-secs"] == "120"

@@ -31,7 +31,7 @@ import utils
 from mxjob import durable, listing, manifest, settings
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
-from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
+from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.handlers import HandlerError, get_handlers, model_class
 from mxjob.int8 import agreement, int8_excluded, quantize_int8, weight_layers
 from mxjob.model import Classifier, ModelError, Predictor
@@ -275,8 +275,9 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
     if work_exists and not resume:
         runs = work.runs()
         done = sum(len(run.done) for run in runs)
-        raise JobError(f"{work.uri} holds an earlier run's progress ({done} durable batches in {len(runs)} "
-                       "run(s)); add --resume to finish it, or --overwrite to discard it and start again")
+        raise JobError(f"{work.uri} holds an earlier run's progress ({plural(done, 'durable batch', 'durable batches')}"
+                       f" in {plural(len(runs), 'run')}); add --resume to finish it, or --overwrite to discard it "
+                       "and start again")
     if output_exists and not cfg.overwrite and not (resume and work_exists):
         if resume:
             raise Completed(cfg.output_uri)
@@ -498,9 +499,9 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
               "calibration_images": len(calibration), "excluded_layers": exclude,
               "quantize_seconds": round(time.time() - started, 2)}
     log.info("int8: top-1 agreement with fp32 %.2f%% on %d held-out images, largest probability difference "
-             "%.4f (calibrated on %d images, %d layer(s) kept in fp32, %.1fs)",
+             "%.4f (calibrated on %d images, %s kept in fp32, %.1fs)",
              100 * figures["top1_agreement"], figures["images"], figures["max_probability_difference"],
-             len(calibration), len(exclude), report["quantize_seconds"])
+             len(calibration), plural(len(exclude), "layer"), report["quantize_seconds"])
     if figures["top1_agreement"] < cfg.min_agreement:
         raise JobError(
             f"int8 agrees with fp32 on only {figures['top1_agreement']:.2%} of top-1 classes "

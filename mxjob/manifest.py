@@ -92,8 +92,10 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
             buckets, keys, sizes = _read_text(uri, path)
     named = sorted(buckets - {None})
     if bucket is not None and named and named != [bucket]:
-        raise ManifestError(f"--input-manifest {uri} names keys in bucket(s) {', '.join(named[:5])}, "
-                            f"not in the input bucket {bucket}; drop --input/--bucket or fix the manifest")
+        others = [name for name in named if name != bucket]
+        raise ManifestError(f"--input-manifest {uri} names keys in {'bucket' if len(others) == 1 else 'buckets'} "
+                            f"{', '.join(others[:5])}, not in the input bucket {bucket}; drop --input/--bucket "
+                            "or fix the manifest")
     if len(named) > 1:
         raise ManifestError(f"--input-manifest {uri} names keys in {len(named)} buckets "
                             f"({', '.join(named[:5])}{', ...' if len(named) > 5 else ''}); one job reads one "

@@ -27,7 +27,7 @@ from PIL import Image
 import utils
 from mxjob import settings, state
 from mxjob.device import mx_context
-from mxjob.errors import first_line
+from mxjob.errors import first_line, plural
 from mxjob.preprocess import Preprocess, decode_image
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class Predictor:
         needed = {n: s for n, s in zip(arguments, arg_shapes) if n != spec.data_name and not n.endswith("_label")}
         missing = sorted(set(needed) - set(arg_params))
         if missing:
-            raise ModelError(f"{spec.params_uri} lacks {len(missing)} weight(s) the graph needs: "
+            raise ModelError(f"{spec.params_uri} lacks {plural(len(missing), 'weight')} the graph needs: "
                              f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
         for name, want in list(needed.items()) + list(zip(symbol.list_auxiliary_states(), aux_shapes)):
             have = (arg_params.get(name) if name in arg_params else aux_params.get(name))

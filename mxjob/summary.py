@@ -6,6 +6,7 @@ from typing import Any
 
 from mxjob import durable
 from mxjob.config import JobConfig
+from mxjob.errors import plural
 from mxjob.stats import StatsFold
 from mxjob.worker import memory_bytes
 
@@ -97,7 +98,8 @@ def thread_fit(fold: StatsFold) -> dict:
         out["hosts"][host] = {"cores": h["cores"], "executors": executors, "threads": total}
         if total != h["cores"]:
             out["warnings"].append(
-                f"host {host}: {executors} executor(s) x {max(h['executors'].values())} MXNet threads = {total} "
+                f"host {host}: {plural(executors, 'executor')} x {max(h['executors'].values())} MXNet threads = "
+                f"{total} "
                 f"on {h['cores']} cores ({'cores left idle' if total < h['cores'] else 'threads wait for cores'}); "
                 f"leave --threads and spark.executorEnv.OMP_NUM_THREADS unset to fit the node, or set them "
                 f"to cores / executors per host")

@@ -216,7 +216,7 @@ def resolve(settings: Settings) -> JobConfig:
     return JobConfig(
         **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
         output_bucket=out_bucket, output_key=out_key,
-        output_format=durable.output_format(settings["output_format"], out_key or ""),
+        output_format=resolve_output_format(settings, out_key or ""),
         model=resolve_model(settings), preprocess=resolve_preprocess(settings),
     )
 
@@ -267,6 +267,23 @@ def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str 
     if key is None and not s["dry_run"]:
         raise click.UsageError("no output: give --output s3://BUCKET/KEY (for example predictions.jsonl)")
     return bucket, key
+
+
+#: Output key endings that name a format; a key with none of them takes either.
+FORMAT_SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz", ".ndjson"), "parquet": (".parquet",)}
+
+
+def resolve_output_format(s: Settings, key: str) -> str:
+    """--output-format, else the one the key's suffix names; a format the key's suffix contradicts is refused."""
+    requested = s["output_format"]
+    named = [fmt for fmt, suffixes in FORMAT_SUFFIXES.items() if key.lower().endswith(suffixes)]
+    if requested and named and named[0] != requested:
+        suffix = next(x for x in FORMAT_SUFFIXES[named[0]] if key.lower().endswith(x))
+        wanted = FORMAT_SUFFIXES[requested][0]
+        raise click.UsageError(f"{s.name('output_format')} {requested} does not match the output key {key!r}, "
+                               f"whose {suffix} suffix says {named[0]}: end the key in {wanted}, or drop "
+                               f"--output-format (the key's suffix chooses), or give --output-format {named[0]}")
+    return durable.output_format(requested, key)
 
 
 def check_run_mode(s: Settings) -> None:

@@ -406,3 +406,24 @@ def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, 
     plan = json.loads(result.stdout.splitlines()[-1])
     assert plan["output"] == "s3://cfg-bucket/dry/o.jsonl" and plan["output_writable"] is True
     assert make_s3_client(moto_endpoint).list_objects_v2(Bucket="cfg-bucket", Prefix="dry/")["KeyCount"] == 0
+
+
+@pytest.mark.parametrize("output, fmt", [("s3://out/p.jsonl", "parquet"), ("s3://out/p.json", "parquet"),
+                                         ("s3://out/p.jsonl.gz", "parquet"), ("s3://out/p.parquet", "jsonl")])
+def test_an_output_format_the_keys_suffix_contradicts_is_refused(output, fmt, resolve):
+    result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output,
+                          "--output-format", fmt)
+    assert result.exit_code == 2 and cfg is None
+    assert f"--output-format {fmt} does not match the output key" in result.output
+    assert "drop --output-format" in result.output
+
+
+@pytest.mark.parametrize("output, fmt, want", [("s3://out/p.jsonl", None, "jsonl"), ("s3://out/p.parquet", None,
+                                                "parquet"), ("s3://out/p.PARQUET", "parquet", "parquet"),
+                                               ("s3://out/results", "parquet", "parquet"),
+                                               ("s3://out/results.txt", "jsonl", "jsonl")])
+def test_an_output_format_that_fits_the_key_or_a_key_without_a_known_suffix_is_taken(output, fmt, want, resolve):
+    result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output,
+                          *(["--output-format", fmt] if fmt else []))
+    assert result.exit_code == 0, result.output
+    assert cfg.output_format == want

@@ -321,7 +321,14 @@ class Classifier(Predictor):
                  context: str | None = None):
         super().__init__(model, input_shape, batch_size, context)
         self.num_classes = int(np.prod(self.output_shapes[0]))
+        #: The labels file read (``synset.txt`` beside the model when --labels is not given), or None.
+        self.labels_uri: str | None = None
         self.labels = self._load_labels()
+
+    def model_summary(self) -> dict:
+        """:meth:`Predictor.model_summary`, with the labels file the lines' labels came from and its count."""
+        return {**super().model_summary(), "labels": self.labels_uri if self.labels else None,
+                "labels_count": len(self.labels) if self.labels else 0}
 
     def _load_labels(self) -> list[str] | None:
         uri = self.spec.labels_uri
@@ -330,6 +337,7 @@ class Classifier(Predictor):
             uri = utils.sibling_uri(self.spec.symbol_uri, "synset.txt")
         if not uri:
             return None
+        self.labels_uri = uri
         try:
             labels = parse_labels(self.spec.read(uri).decode("utf-8"))
         except FileNotFoundError:

@@ -74,6 +74,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         "driver_max_rss_bytes": memory_bytes()["max_rss"],
         # Batches whose result came from a retried task (lost worker or executor, ...).
         "retried_batches": fold.retried,
+        # A classifier's model_summary replaces "labels" with the file it read, and adds "labels_count".
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                   "labels": cfg.model.labels_uri, **model_summary},
         "fingerprint": fingerprint,

@@ -28,7 +28,7 @@ import click
 import numpy as np
 
 import utils
-from mxjob import durable, listing, manifest, settings
+from mxjob import durable, listing, manifest, preflight, settings
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
@@ -53,6 +53,8 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     started = time.time()
     seconds: dict[str, float] = {}
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
+    # The output and the model's files first: seconds, where the listing may take hours.
+    preflight.check_before_listing(cfg, client, yarn_retry=yarn_attempt()[1] > 1)
     cfg = prepare_handler(cfg, client)
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read

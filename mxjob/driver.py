@@ -81,6 +81,8 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None) -> int:
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
                         time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
     summary["precision"] = checked.precision
+    if images.manifest is not None:  # the manifest's keys that got no line, by reason, and its repeated keys
+        summary["manifest"] = images.manifest
     return finish_run(cfg, client, work, summary, counts, len(images))
 
 

@@ -90,10 +90,12 @@ class Listing:
     (2, ('x/1.JPG', 3), [('x/2.jpg', 5)])
     """
 
-    __slots__ = ("bucket", "table")
+    __slots__ = ("bucket", "manifest", "table")
 
     def __init__(self, bucket: str, table: pa.Table):
         self.bucket, self.table = bucket, table
+        #: From ``--input-manifest``: what its filtering step kept and skipped (``manifest.keep_images``).
+        self.manifest: dict | None = None
 
     @classmethod
     def build(cls, bucket: str, keys, sizes=None, *, prefix: str = "", suffixes: Iterable[str] | None = None,
@@ -132,9 +134,7 @@ class Listing:
         if prefix:
             masks.append(pc.starts_with(table["key"], prefix))
         if suffixes is not None:
-            wanted = sorted({s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes})
-            pattern = "(" + "|".join(re.escape(s) for s in wanted) + ")$"
-            masks.append(pc.match_substring_regex(table["key"], pattern, ignore_case=True))
+            masks.append(pc.match_substring_regex(table["key"], suffix_pattern(suffixes), ignore_case=True))
         if masks:
             mask = masks[0] if len(masks) == 1 else pc.and_(*masks)
             if not pc.all(mask).as_py():  # usually every key is an image: then no copy
@@ -204,6 +204,12 @@ class Listing:
 
     def __repr__(self) -> str:
         return f"Listing(bucket={self.bucket!r}, keys={len(self)})"
+
+
+def suffix_pattern(suffixes: Iterable[str]) -> str:
+    """The regular expression of keys ending in one of ``suffixes`` (match it ignoring case); ``jpg`` is ``.jpg``."""
+    wanted = sorted({s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes})
+    return "(" + "|".join(re.escape(s) for s in wanted) + ")$"
 
 
 def _strictly_increasing(column: pa.ChunkedArray) -> bool:

@@ -33,7 +33,7 @@ from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.handlers import HandlerError, get_handlers, model_class
-from mxjob.int8 import agreement, int8_excluded, quantize_int8, weight_layers
+from mxjob.int8 import agreement, int8_excluded, quantize_int8, sample_too_small, weight_layers
 from mxjob.model import Classifier, ModelError, Predictor
 from mxjob.partition import score_partition
 from mxjob.preprocess import decode_image
@@ -475,6 +475,9 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
     if not len(calibration) or not len(held_out):
         raise JobError(f"--precision int8: none of the {len(calibration_keys) + len(held_out_keys)} sampled "
                        f"images could be read and decoded; check the input, or use --precision fp32")
+    too_small = sample_too_small(len(held_out), len(held_out_keys), cfg.calibration_images, len(images))
+    if too_small:  # before the quantization: a sample this small proves nothing
+        raise JobError(too_small)
     try:
         symbol_json = cfg.model.read(cfg.model.symbol_uri).decode("utf-8")
         exclude = int8_excluded(symbol_json, cfg.int8_exclude)
@@ -513,7 +516,8 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
             f"{figures['max_probability_difference']:.4f}), under --min-agreement {cfg.min_agreement}. "
             f"Nothing was scored. Try keeping layers in fp32 with --int8-exclude (the first and last are "
             f"{layers[0] if layers else '?'} and {layers[-1] if layers else '?'}; patterns such as '*conv*' work), "
-            f"more --calibration-images (now {cfg.calibration_images}), or --precision fp32")
+            f"more --calibration-images (this run calibrated on {len(calibration)} and held out "
+            f"{figures['images']}), or --precision fp32")
     return replace(cfg, int8_model=spec), report
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -44,7 +43,7 @@ from collections.abc import Sequence
 import click
 from click.core import ParameterSource
 
-from mxjob import config, signals
+from mxjob import config, rerun, signals
 from mxjob.config import JobConfig, load_yaml, merge_settings, resolve
 from mxjob.driver import durable_status, run_job
 from mxjob.errors import EXIT_FAILED, JobError
@@ -66,6 +65,8 @@ class _Console:
 
     def __init__(self):
         self.parent, self.fd = os.getppid(), None
+        # Read now: once the JVM is gone, its command line (the resume command's spark options) is too.
+        self.jvm_cmdline = rerun.parent_jvm_cmdline()
         try:
             with open(f"/proc/{self.parent}/cmdline", "rb") as handle:
                 if b"java" in handle.read().split(b"\0", 1)[0]:
@@ -84,12 +85,10 @@ class _Console:
         click.echo(line, err=True)
 
 
-def resume_command(argv: Sequence[str]) -> str:
-    """The command line that resumes this run: the same arguments, ``--overwrite`` dropped, ``--resume`` added."""
-    args = [a for a in argv[1:] if a != "--overwrite"]
-    if "--resume" not in args:
-        args.append("--resume")
-    return "spark-submit [the same spark options] " + shlex.join([os.path.basename(argv[0]), *args])
+def resume_command(argv: Sequence[str], jvm_cmdline: Sequence[str] | None = None) -> str:
+    """The command line that resumes this run: the same spark-submit options and arguments, ``--overwrite``
+    dropped, ``--resume`` added (:func:`mxjob.rerun.resume_command`)."""
+    return rerun.resume_command(argv, jvm_cmdline, os.getcwd())
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
@@ -122,7 +121,8 @@ def main(config_uri, **values):
             _exit_interrupted(interrupted, cfg, console)
         work = getattr(exc, "work", None)
         status = durable_status(work) if work is not None else ""
-        hint = f" ({status}; once the cause is fixed, resume with: {resume_command(sys.argv)})" if status else ""
+        hint = (f" ({status}; once the cause is fixed, resume with: {resume_command(sys.argv, console.jvm_cmdline)})"
+                if status else "")
         log.debug("failed here", exc_info=True)
         # Once, as click prints a usage error: not also as an ERROR log line
         # (under spark-submit both land in the same stream).
@@ -138,7 +138,7 @@ def _exit_interrupted(exc: Interrupted, cfg: JobConfig, console: _Console):
     """One line, not Py4J's and the JVM's stacks: what happened, what is kept, what to run; exit 128+N."""
     status = durable_status(getattr(exc, "work", None))
     console.say(f"Interrupted by {exc}: {status + '; ' if status else ''}nothing was written to "
-                f"{cfg.output_uri}. Resume with: {resume_command(sys.argv)}", parent_going=True)
+                f"{cfg.output_uri}. Resume with: {resume_command(sys.argv, console.jvm_cmdline)}", parent_going=True)
     log.debug("interrupted here", exc_info=True)
     sys.exit(128 + exc.signum)
 

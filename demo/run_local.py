@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,15 @@ def spark_env(extra: dict | None = None, fake_aws: bool = True) -> dict:
     return env
 
 
+def rerun_command(job_args: list[str]) -> str:
+    """What a user types to run the job again by hand, from any shell (see demo/submit.py).
+
+    With ``--overwrite``: the run that printed it has written the output, and
+    the job refuses to replace an output without it.
+    """
+    return f"make submit ARGS={shlex.quote(shlex.join([*job_args, '--overwrite']))}"
+
+
 def upload_demo(s3, made: dict, bucket: str, model_key: str, image_prefix: str) -> int:
     s3.create_bucket(Bucket=bucket)
     model_dir = Path(made["model_prefix"]).parent
@@ -117,8 +127,7 @@ def main(keep_s3: bool = False) -> int:
         print(f"   uploaded the model and {count} images to {config['input']}", flush=True)
 
         job_args = ["--config", "conf/demo.yaml", "--endpoint-url", endpoint]
-        # What a user types to run it again by hand, from any shell (see demo/submit.py).
-        rerun = f"make submit ARGS='{' '.join(job_args)}'"
+        rerun = rerun_command(job_args)
         print(f"== {rerun}", flush=True)
         code = subprocess.call(spark_submit_command(job_args), env=spark_env(), cwd=str(ROOT))
         if code != 0:

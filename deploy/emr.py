@@ -211,6 +211,21 @@ def _market(group: InstanceGroup) -> dict[str, str]:
     return {"BidPrice": "OnDemandPrice"} if group.market == "SPOT" else {}
 
 
+#: What conf/emr.yaml ships in place of the account's own values, and what each key wants instead.
+PLACEHOLDER = "CHANGE-ME"
+_ACCOUNT_KEYS = {
+    "subnet": "a subnet id of your VPC (subnet-0123456789abcdef0)",
+    "key_pair": "the name of an EC2 key pair in the region",
+    "log_uri": "an s3:// prefix of a bucket of yours for EMR's logs",
+}
+
+
+def placeholders(conf: EmrConfig) -> list[str]:
+    """One message per account setting that still holds the shipped placeholder, naming the key and what it wants."""
+    return [f"{key}: {getattr(conf, key)!r} (set {key} to {wanted})" for key, wanted in _ACCOUNT_KEYS.items()
+            if PLACEHOLDER.lower() in str(getattr(conf, key)).lower()]
+
+
 def create_cluster_command(conf: EmrConfig, s3: str, aws: str = "aws") -> list[str]:
     """The ``aws emr create-cluster`` command line for ``conf``.
 
@@ -383,6 +398,10 @@ def cli() -> None:
 def create_cluster(config_path: Path, s3: str, aws: str, dry_run: bool) -> None:
     """Start the cluster described by --config, bootstrapped from --s3."""
     conf = _load(config_path)
+    unset = placeholders(conf)
+    if unset:  # before any AWS call: EMR would fail minutes later, or log to someone else's bucket
+        raise click.ClickException(f"{config_path} still has {'a placeholder' if len(unset) == 1 else 'placeholders'}"
+                                   f" for your account: {'; '.join(unset)}")
     output = run(create_cluster_command(conf, s3, aws), dry_run=dry_run)
     if output and "ClusterId" in output:
         click.echo(f"next: make emr-submit CLUSTER_ID={output['ClusterId']} S3={s3}")

@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import replace
 
-from mxjob import durable, signals
+from mxjob import durable, rerun, signals
 from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line
 from mxjob.partition import score_into
@@ -42,6 +42,7 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
         # KeyboardInterrupt, with Py4J's stacks): Ctrl-C must end as SIGTERM does.
         signal.signal(signal.SIGINT, signals.raise_interrupted)
     sc.setLogLevel("WARN")
+    rerun.remember_conf(dict(sc.getConf().getAll()))  # for the resume command, if the run does not finish
     log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, run.batches)
     rdd = sc.parallelize(run.spans, run.batches)
     job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=run.prefix, plan_key=plan_key,
@@ -59,13 +60,15 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
     group = f"mxinfer-{run.prefix}"
     sc.setJobGroup(group, f"score {run.batches} batches")
     try:
-        rdd.mapPartitionsWithIndex(score).sum()
+        run_cancellable(sc, rdd.mapPartitionsWithIndex(score).sum)
         stop.set()
         reporter.tick(final=True)  # a job shorter than the first tick still prints a line
         fold = stats.value
         fold.lost_task_attempts = lost_task_attempts(sc, group)
         return fold
     except Exception as exc:
+        if jvm_shutting_down(sc, exc):  # a signal to spark-submit's JVM alone: an interruption, not a failure
+            raise signals.Interrupted(signal.SIGTERM, signals.JVM_SHUTDOWN) from exc
         raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
     finally:
         stop.set()
@@ -100,6 +103,68 @@ def lost_task_attempts(sc, group: str, wait_seconds: float = 10.0) -> int | None
     except Exception as exc:  # noqa: BLE001 - a count for the summary must not fail a finished job
         log.warning("cannot count the lost task attempts: %s", first_line(exc))
         return None
+
+
+#: Seconds between the main thread's looks at its signals while the Spark job runs.
+SIGNAL_POLL_SECONDS = 0.2
+#: Seconds to let a cancelled job's call return before going on without it.
+CANCEL_WAIT_SECONDS = 30.0
+
+
+def run_cancellable(sc, action):
+    """Run ``action`` (a Spark action) in a thread of its own; cancel every Spark job if the main thread is interrupted.
+
+    A Py4J call blocks the thread that makes it, and Python runs signal
+    handlers in the main thread only, between bytecodes: a SIGTERM to the
+    driver's Python process alone would wait for the whole job. Here the main
+    thread only waits, in short steps that each let a handler run; the
+    :class:`signals.Interrupted` it raises cancels the jobs
+    (``SparkContext.cancelAllJobs``) and goes on once the action has returned.
+    Returns the action's value, or raises its exception.
+    """
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = action()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="spark-job", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(SIGNAL_POLL_SECONDS)
+    except BaseException:  # Interrupted, KeyboardInterrupt: stop the job, then go on with the interruption
+        cancel_jobs(sc)
+        worker.join(CANCEL_WAIT_SECONDS)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def cancel_jobs(sc) -> None:
+    """Cancel every running Spark job; a JVM already gone has nothing left to cancel."""
+    try:
+        sc.cancelAllJobs()
+    except Exception as exc:  # noqa: BLE001 - the JVM may be shutting down too
+        log.debug("cancelling the Spark jobs: %s", first_line(exc))
+
+
+def jvm_shutting_down(sc, exc: BaseException) -> bool:
+    """Whether the job failed because spark-submit's JVM is shutting down, or is gone.
+
+    Its shutdown hook stops the SparkContext, so the job fails with one of
+    several reasons ("SparkContext was shut down", on local-cluster "Master
+    removed our application"): the JVM's own state says which, not the text.
+    """
+    if "SparkContext was shut down" in str(exc):
+        return True
+    try:
+        return bool(sc._jvm.org.apache.spark.util.ShutdownHookManager.inShutdown() or sc._jsc.sc().isStopped())
+    except Exception:  # noqa: BLE001 - Py4J cannot reach the JVM: it is gone
+        return True
 
 
 def expected_executors(conf: dict) -> int | None:

@@ -11,6 +11,8 @@ several of them make at once: the input, the output, the model, the recipe.
 
 from __future__ import annotations
 
+import difflib
+import io
 import math
 import os
 from dataclasses import asdict, fields
@@ -22,7 +24,7 @@ import yaml
 import utils
 from mxjob import durable
 from mxjob import settings as table
-from mxjob.errors import first_line
+from mxjob.errors import first_line, plural
 from mxjob.model import ModelSpec
 from mxjob.partition import JobSpec
 from mxjob.preprocess import Preprocess
@@ -124,8 +126,10 @@ def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = No
         raise click.UsageError(f"cannot read --config {uri}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - botocore errors: no such bucket, access denied
         raise click.UsageError(f"cannot read --config {uri}: {first_line(exc)}") from None
+    stream = io.StringIO(text)
+    stream.name = uri  # YAML's error marks name the file, not "<unicode string>"
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.safe_load(stream) or {}
     except yaml.YAMLError as exc:
         raise click.UsageError(f"--config {uri} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -136,9 +140,16 @@ def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = No
         raise click.UsageError(f"--config {uri} sets {', '.join(secrets)}. {SECRETS_MESSAGE}")
     unknown = sorted(set(data) - set(DEFAULTS))
     if unknown:
-        raise click.UsageError(f"--config {uri} has unknown option(s): {', '.join(unknown)}; "
-                               f"known options are those of --help (with _ for -)")
+        raise click.UsageError(f"--config {uri} has {plural(len(unknown), 'unknown option')}: "
+                               f"{'; '.join(map(unknown_key, unknown))}; known options are those of --help "
+                               "(with _ for -)")
     return data
+
+
+def unknown_key(key: str) -> str:
+    """``key``, with the option it is probably a misspelling of: ``batchsize (did you mean batch_size?)``."""
+    close = difflib.get_close_matches(key, list(DEFAULTS), n=2)
+    return f"{key} (did you mean {' or '.join(close)}?)" if close else key
 
 
 class Settings(dict):
@@ -205,7 +216,7 @@ def resolve(settings: Settings) -> JobConfig:
     return JobConfig(
         **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
         output_bucket=out_bucket, output_key=out_key,
-        output_format=durable.output_format(settings["output_format"], out_key or ""),
+        output_format=resolve_output_format(settings, out_key or ""),
         model=resolve_model(settings), preprocess=resolve_preprocess(settings),
     )
 
@@ -256,6 +267,23 @@ def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str 
     if key is None and not s["dry_run"]:
         raise click.UsageError("no output: give --output s3://BUCKET/KEY (for example predictions.jsonl)")
     return bucket, key
+
+
+#: Output key endings that name a format; a key with none of them takes either.
+FORMAT_SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz", ".ndjson"), "parquet": (".parquet",)}
+
+
+def resolve_output_format(s: Settings, key: str) -> str:
+    """--output-format, else the one the key's suffix names; a format the key's suffix contradicts is refused."""
+    requested = s["output_format"]
+    named = [fmt for fmt, suffixes in FORMAT_SUFFIXES.items() if key.lower().endswith(suffixes)]
+    if requested and named and named[0] != requested:
+        suffix = next(x for x in FORMAT_SUFFIXES[named[0]] if key.lower().endswith(x))
+        wanted = FORMAT_SUFFIXES[requested][0]
+        raise click.UsageError(f"{s.name('output_format')} {requested} does not match the output key {key!r}, "
+                               f"whose {suffix} suffix says {named[0]}: end the key in {wanted}, or drop "
+                               f"--output-format (the key's suffix chooses), or give --output-format {named[0]}")
+    return durable.output_format(requested, key)
 
 
 def check_run_mode(s: Settings) -> None:

@@ -27,12 +27,12 @@ import click
 import numpy as np
 
 import utils
-from mxjob import durable, estimate, listing, manifest, settings
+from mxjob import durable, estimate, listing, manifest, preflight, settings
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
-from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
+from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.handlers import HandlerError, get_handlers, model_class
-from mxjob.int8 import agreement, int8_excluded, quantize_int8, weight_layers
+from mxjob.int8 import agreement, int8_excluded, quantize_int8, sample_too_small, weight_layers
 from mxjob.model import Classifier, ModelError, Predictor
 from mxjob.partition import score_partition
 from mxjob.preprocess import decode_image
@@ -58,7 +58,9 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     started = time.time()
     seconds: dict[str, float] = {}
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
+    # The handler, the output and the model's files first: seconds, where the listing may take hours.
     cfg = prepare_handler(cfg, client)
+    preflight.check_before_listing(cfg, client, yarn_retry=yarn_attempt()[1] > 1)
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
     seconds["listing"] = time.time() - started
@@ -90,6 +92,8 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
                         time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
     summary["precision"] = checked.precision
     summary["estimate"] = estimate
+    if images.manifest is not None:  # the manifest's keys that got no line, by reason, and its repeated keys
+        summary["manifest"] = images.manifest
     summary["files"] = dict(monitor.where)
     code = finish_run(cfg, client, work, summary, counts, len(images))
     monitor.write("succeeded", code, summary=summary)
@@ -293,8 +297,9 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
     if work_exists and not resume:
         runs = work.runs()
         done = sum(len(run.done) for run in runs)
-        raise JobError(f"{work.uri} holds an earlier run's progress ({done} durable batches in {len(runs)} "
-                       "run(s)); add --resume to finish it, or --overwrite to discard it and start again")
+        raise JobError(f"{work.uri} holds an earlier run's progress ({plural(done, 'durable batch', 'durable batches')}"
+                       f" in {plural(len(runs), 'run')}); add --resume to finish it, or --overwrite to discard it "
+                       "and start again")
     if output_exists and not cfg.overwrite and not (resume and work_exists):
         if resume:
             raise Completed(cfg.output_uri)
@@ -488,6 +493,9 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
     if not len(calibration) or not len(held_out):
         raise JobError(f"--precision int8: none of the {len(calibration_keys) + len(held_out_keys)} sampled "
                        f"images could be read and decoded; check the input, or use --precision fp32")
+    too_small = sample_too_small(len(held_out), len(held_out_keys), cfg.calibration_images, len(images))
+    if too_small:  # before the quantization: a sample this small proves nothing
+        raise JobError(too_small)
     try:
         symbol_json = cfg.model.read(cfg.model.symbol_uri).decode("utf-8")
         exclude = int8_excluded(symbol_json, cfg.int8_exclude)
@@ -516,9 +524,9 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
               "calibration_images": len(calibration), "excluded_layers": exclude,
               "quantize_seconds": round(time.time() - started, 2)}
     log.info("int8: top-1 agreement with fp32 %.2f%% on %d held-out images, largest probability difference "
-             "%.4f (calibrated on %d images, %d layer(s) kept in fp32, %.1fs)",
+             "%.4f (calibrated on %d images, %s kept in fp32, %.1fs)",
              100 * figures["top1_agreement"], figures["images"], figures["max_probability_difference"],
-             len(calibration), len(exclude), report["quantize_seconds"])
+             len(calibration), plural(len(exclude), "layer"), report["quantize_seconds"])
     if figures["top1_agreement"] < cfg.min_agreement:
         raise JobError(
             f"int8 agrees with fp32 on only {figures['top1_agreement']:.2%} of top-1 classes "
@@ -526,7 +534,8 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
             f"{figures['max_probability_difference']:.4f}), under --min-agreement {cfg.min_agreement}. "
             f"Nothing was scored. Try keeping layers in fp32 with --int8-exclude (the first and last are "
             f"{layers[0] if layers else '?'} and {layers[-1] if layers else '?'}; patterns such as '*conv*' work), "
-            f"more --calibration-images (now {cfg.calibration_images}), or --precision fp32")
+            f"more --calibration-images (this run calibrated on {len(calibration)} and held out "
+            f"{figures['images']}), or --precision fp32")
     return replace(cfg, int8_model=spec), report
 
 
@@ -587,11 +596,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
     line only.
     """
     to_score = len(images)
-    if cfg.output_key:
-        try:
-            utils.check_writable(client, cfg.output_bucket, cfg.output_key)
-        except utils.OutputNotWritableError as exc:
-            raise JobError(str(exc)) from exc
+    if cfg.output_key:  # preflight.check_before_listing proved the output writable already
         work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
         try:
             to_score = len(plan_output(cfg, client, work, images, fingerprint, dry=True).todo)

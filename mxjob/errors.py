@@ -12,6 +12,11 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def plural(count: int, singular: str, plural_form: str | None = None) -> str:
+    """``1 bucket``, ``2 buckets``: the count and the word in the right number (``plural_form`` if not ``-s``)."""
+    return f"{count} {singular if count == 1 else plural_form or singular + 's'}"
+
+
 #: ``<_io.BytesIO object at 0x7f...>`` in a message (Pillow's "cannot identify image file").
 _OBJECT_ADDRESS = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
 

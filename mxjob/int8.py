@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from mxjob.errors import plural
 from mxjob.model import (
     ModelError,
     ModelSpec,
@@ -95,6 +96,31 @@ def quantize_int8(spec: ModelSpec, input_shape: tuple, calibration: np.ndarray, 
     mx.model.save_checkpoint(out_prefix, 0, qsym, qargs, qaux)
     return replace(spec, symbol_uri=f"{out_prefix}-symbol.json", params_uri=f"{out_prefix}-0000.params",
                    shipped=True)
+
+
+#: Held-out images below which the agreement is not a check at all (one image "agrees 100%"): the job refuses.
+#: With 20, one disagreement moves the figure by 5 points; a --min-agreement near 1 wants far more.
+MIN_HELD_OUT = 20
+
+
+def sample_too_small(held_out: int, sampled: int, calibration_images: int, listed: int) -> str | None:
+    """Why ``held_out`` decoded images cannot check the agreement, with what to change; ``None`` when they can.
+
+    ``sampled``: held-out keys picked (some may not decode); ``listed``: the
+    job's keys, which cap the sample at half of them.
+    """
+    if held_out >= MIN_HELD_OUT:
+        return None
+    if sampled < calibration_images:
+        cause = (f"the input has {plural(listed, 'image')}, of which half ({sampled}) were held out; int8 needs "
+                 f"at least "
+                 f"{2 * MIN_HELD_OUT} images: use --precision fp32")
+    else:
+        cause = (f"--calibration-images {calibration_images} held out {plural(sampled, 'image')}"
+                 f"{f', of which {held_out} decoded' if held_out < sampled else ''}; give --calibration-images "
+                 f"{MIN_HELD_OUT} or more, or use --precision fp32")
+    return (f"--precision int8: too few held-out images to check int8 against fp32: {held_out}, where at least "
+            f"{MIN_HELD_OUT} are needed; {cause}")
 
 
 def agreement(reference: np.ndarray, candidate: np.ndarray) -> dict:

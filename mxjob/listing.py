@@ -92,10 +92,12 @@ class Listing:
     (2, ('x/1.JPG', 3), [('x/2.jpg', 5)])
     """
 
-    __slots__ = ("bucket", "table")
+    __slots__ = ("bucket", "manifest", "table")
 
     def __init__(self, bucket: str, table: pa.Table):
         self.bucket, self.table = bucket, table
+        #: From ``--input-manifest``: what its filtering step kept and skipped (``manifest.keep_images``).
+        self.manifest: dict | None = None
 
     @classmethod
     def build(cls, bucket: str, keys, sizes=None, *, prefix: str = "", suffixes: Iterable[str] | None = None,
@@ -134,9 +136,7 @@ class Listing:
         if prefix:
             masks.append(pc.starts_with(table["key"], prefix))
         if suffixes is not None:
-            wanted = sorted({s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes})
-            pattern = "(" + "|".join(re.escape(s) for s in wanted) + ")$"
-            masks.append(pc.match_substring_regex(table["key"], pattern, ignore_case=True))
+            masks.append(pc.match_substring_regex(table["key"], suffix_pattern(suffixes), ignore_case=True))
         if masks:
             mask = masks[0] if len(masks) == 1 else pc.and_(*masks)
             if not pc.all(mask).as_py():  # usually every key is an image: then no copy
@@ -226,6 +226,12 @@ def _sorted_unique(holder: list) -> pa.Table:
         keep = pa.concat_arrays([pa.array([True]), *pc.invert(repeated).chunks])
         table = table.filter(keep)
     return table
+
+
+def suffix_pattern(suffixes: Iterable[str]) -> str:
+    """The regular expression of keys ending in one of ``suffixes`` (match it ignoring case); ``jpg`` is ``.jpg``."""
+    wanted = sorted({s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes})
+    return "(" + "|".join(re.escape(s) for s in wanted) + ")$"
 
 
 def _strictly_increasing(column: pa.ChunkedArray) -> bool:

@@ -36,8 +36,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 import utils
-from mxjob.errors import first_line
-from mxjob.listing import KEY_TYPE, Listing
+from mxjob.errors import first_line, plural
+from mxjob.listing import KEY_TYPE, Listing, suffix_pattern
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,10 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
             buckets, keys, sizes = _read_text(uri, path)
     named = sorted(buckets - {None})
     if bucket is not None and named and named != [bucket]:
-        raise ManifestError(f"--input-manifest {uri} names keys in bucket(s) {', '.join(named[:5])}, "
-                            f"not in the input bucket {bucket}; drop --input/--bucket or fix the manifest")
+        others = [name for name in named if name != bucket]
+        raise ManifestError(f"--input-manifest {uri} names keys in {'bucket' if len(others) == 1 else 'buckets'} "
+                            f"{', '.join(others[:5])}, not in the input bucket {bucket}; drop --input/--bucket "
+                            "or fix the manifest")
     if len(named) > 1:
         raise ManifestError(f"--input-manifest {uri} names keys in {len(named)} buckets "
                             f"({', '.join(named[:5])}{', ...' if len(named) > 5 else ''}); one job reads one "
@@ -102,19 +104,71 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
     if None in buckets and bucket is None:
         raise ManifestError(f"--input-manifest {uri} names keys without a bucket: write them as "
                             "s3://BUCKET/KEY, or give their bucket with --input s3://BUCKET/")
-    # Listing.build lets go of each step's input as soon as it has its output: no name here may keep
-    # the raw columns alive beside their sorted copy (at ten million keys, half a gigabyte).
+    # keep_images lets go of the raw columns as soon as it has counted what it skips: no name here may
+    # keep them alive beside their sorted copy (at ten million keys, half a gigabyte).
     columns = [keys, sizes]
     del keys, sizes
-    images = Listing.build(bucket or named[0], columns.pop(0), columns.pop(0), prefix=prefix, suffixes=suffixes,
-                           limit=limit)
+    images = keep_images(uri, bucket or named[0], columns, prefix=prefix, suffixes=suffixes, limit=limit)
     if not len(images):
         where = f" under {prefix!r}" if prefix else ""
         raise ManifestError(f"--input-manifest {uri} names no image{where} (looked for keys ending in "
-                            f"{' '.join(suffixes or ())}); check the manifest, --input and --suffixes")
+                            f"{' '.join(suffixes or ())}; {describe_skipped(images.manifest)}); check the "
+                            "manifest, --input and --suffixes")
     log.info("manifest %s: %d images in s3://%s (%s sizes)", uri, len(images), images.bucket,
              "with" if pc.min(images.sizes).as_py() >= 0 else "without all")
     return images
+
+
+def keep_images(uri: str, bucket: str, columns: list, *, prefix: str = "", suffixes: Iterable[str] | None = None,
+                limit: int | None = None) -> Listing:
+    """The filtering step: the keys under ``prefix`` with an image suffix, each once; the rest counted, never silent.
+
+    A key outside the input prefix (``outside_input``) or without one of
+    ``suffixes`` (``not_image``) gets no line: it is counted with up to
+    :data:`_SHOWN` examples in the returned listing's ``manifest`` report
+    (the run's summary), and logged as a warning. A key named more than once
+    gets one line; the repeats are counted as ``duplicates``. ``columns`` is
+    ``[keys, sizes]``, taken out of the list once counted, so the sort that
+    follows holds no third copy.
+    """
+    keys = columns[0]
+    named = len(keys)
+    inside = pc.starts_with(keys, prefix) if prefix else None
+    image = (pc.match_substring_regex(keys, suffix_pattern(suffixes), ignore_case=True)
+             if suffixes is not None else None)
+    skipped = {}
+    if inside is not None:
+        skipped["outside_input"] = _skipped(keys, pc.invert(inside), f"not under the input prefix {prefix!r}")
+    if image is not None:
+        not_image = pc.invert(image) if inside is None else pc.and_(inside, pc.invert(image))
+        skipped["not_image"] = _skipped(keys, not_image, f"not ending in {' '.join(sorted(suffixes))}")
+    skipped = {reason: entry for reason, entry in skipped.items() if entry["count"]}
+    del inside, image, keys
+    images = Listing.build(bucket, columns.pop(0), columns.pop(0), prefix=prefix, suffixes=suffixes)
+    duplicates = named - sum(entry["count"] for entry in skipped.values()) - len(images)
+    if limit is not None:
+        images = images[:limit]
+    images.manifest = {"uri": uri, "keys_named": named, "images": len(images), "duplicates": duplicates,
+                       "skipped": skipped}
+    if skipped or duplicates:
+        log.warning("manifest %s: %s", uri, describe_skipped(images.manifest))
+    return images
+
+
+def _skipped(keys: pa.ChunkedArray, mask, why: str) -> dict:
+    """``{"count", "why", "examples"}`` of the keys where ``mask`` is true."""
+    count = pc.sum(mask).as_py() or 0
+    examples = keys.filter(mask).slice(0, _SHOWN).to_pylist() if count else []
+    return {"count": count, "why": why, "examples": examples}
+
+
+def describe_skipped(report: dict) -> str:
+    """One phrase for the log and messages: how many keys got no line and why, with examples; the duplicates."""
+    parts = [f"{plural(entry['count'], 'key')} skipped, {entry['why']} ({reason}; e.g. "
+             f"{', '.join(entry['examples'][:3])})" for reason, entry in report["skipped"].items()]
+    if report["duplicates"]:
+        parts.append(f"{plural(report['duplicates'], 'repeated key')} (each key gets one line)")
+    return "; ".join(parts) or "nothing skipped"
 
 
 def _local_copy(uri: str, client, work: str) -> str:

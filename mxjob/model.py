@@ -27,7 +27,7 @@ from PIL import Image
 import utils
 from mxjob import settings, state
 from mxjob.device import mx_context
-from mxjob.errors import first_line
+from mxjob.errors import first_line, plural
 from mxjob.preprocess import Preprocess, decode_image
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class Predictor:
         needed = {n: s for n, s in zip(arguments, arg_shapes) if n != spec.data_name and not n.endswith("_label")}
         missing = sorted(set(needed) - set(arg_params))
         if missing:
-            raise ModelError(f"{spec.params_uri} lacks {len(missing)} weight(s) the graph needs: "
+            raise ModelError(f"{spec.params_uri} lacks {plural(len(missing), 'weight')} the graph needs: "
                              f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
         for name, want in list(needed.items()) + list(zip(symbol.list_auxiliary_states(), aux_shapes)):
             have = (arg_params.get(name) if name in arg_params else aux_params.get(name))
@@ -321,7 +321,14 @@ class Classifier(Predictor):
                  context: str | None = None):
         super().__init__(model, input_shape, batch_size, context)
         self.num_classes = int(np.prod(self.output_shapes[0]))
+        #: The labels file read (``synset.txt`` beside the model when --labels is not given), or None.
+        self.labels_uri: str | None = None
         self.labels = self._load_labels()
+
+    def model_summary(self) -> dict:
+        """:meth:`Predictor.model_summary`, with the labels file the lines' labels came from and its count."""
+        return {**super().model_summary(), "labels": self.labels_uri if self.labels else None,
+                "labels_count": len(self.labels) if self.labels else 0}
 
     def _load_labels(self) -> list[str] | None:
         uri = self.spec.labels_uri
@@ -330,6 +337,7 @@ class Classifier(Predictor):
             uri = utils.sibling_uri(self.spec.symbol_uri, "synset.txt")
         if not uri:
             return None
+        self.labels_uri = uri
         try:
             labels = parse_labels(self.spec.read(uri).decode("utf-8"))
         except FileNotFoundError:

@@ -394,7 +394,8 @@ SETTINGS: tuple[Setting, ...] = (
        f"Output bucket ({_ORIGINAL}).", show_default="the input bucket", to="resolve"),
     _s("output_s3_key", "--output_s3_key --output-s3-key", "output", f"Output key ({_ORIGINAL}).", to="resolve"),
     _s("output_format", "--output-format", "output", "Output as JSON Lines or Parquet.",
-       type=click.Choice(OUTPUT_FORMATS), show_default="parquet if the output key ends in .parquet, else jsonl",
+       type=click.Choice(OUTPUT_FORMATS, case_sensitive=False),
+       show_default="parquet if the output key ends in .parquet, else jsonl",
        to="resolve"),
     _s("resume", "--resume", "output",
        "Finish an interrupted run: reuse the lines it made durable under OUTPUT.parts/ and score only the keys "
@@ -415,13 +416,14 @@ SETTINGS: tuple[Setting, ...] = (
     _s("std", "--std", "preprocessing", "Divides after the mean, per channel or one for all.",
        default=(1.0,), type=NumberList(float, nonzero=True), metavar="R,G,B", to="preprocess", fingerprint=True),
     _s("resize", "--resize", "preprocessing", "stretch to H x W, or short side to H*256/224 then centre crop.",
-       default="stretch", type=click.Choice(RESIZE_MODES), to="preprocess", fingerprint=True),
+       default="stretch", type=click.Choice(RESIZE_MODES, case_sensitive=False), to="preprocess", fingerprint=True),
     _s("max_image_pixels", "--max-image-pixels", "preprocessing",
        "Larger images become error lines, undecoded (a 64 MP photo passes).", default=64_000_000, type=_count(),
        to="preprocess", fingerprint=True),
     _s("decode", "--decode", "preprocessing",
        "draft: a JPEG at least twice the model's size is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling), then "
-       "resized; exact: every pixel.", default="draft", type=click.Choice(DECODE_MODES), to="preprocess",
+       "resized; exact: every pixel.", default="draft", type=click.Choice(DECODE_MODES, case_sensitive=False),
+       to="preprocess",
        fingerprint=True),
     # --- S3
     _s("endpoint_url", "--endpoint-url", "S3", "S3-compatible endpoint (moto, MinIO); executors use it too.",
@@ -434,7 +436,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("s3_reader", "--s3-reader", "S3",
        "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
        "parser, both with botocore's internals; botocore: only boto3's public API.",
-       default="lean", type=click.Choice(utils.S3_READERS), to="executor"),
+       default="lean", type=click.Choice(utils.S3_READERS, case_sensitive=False), to="executor"),
     # --- failures
     _s("max_errors", "--max-errors", "failures",
        "Exit 3 if more images than this fail (still writing all output).", default="1%", type=MaxErrors()),
@@ -455,7 +457,8 @@ SETTINGS: tuple[Setting, ...] = (
     # --- int8
     _s("precision", "--precision", "int8",
        "int8: quantize the model once (oneDNN), calibrated on the job's own images, and run only if it agrees "
-       "with fp32 (--min-agreement).", default="fp32", type=click.Choice(PRECISIONS), to="executor",
+       "with fp32 (--min-agreement).", default="fp32", type=click.Choice(PRECISIONS, case_sensitive=False),
+       to="executor",
        fingerprint=True),
     _s("calibration_images", "--calibration-images", "int8",
        "int8: images to calibrate on, and as many held out to check agreement; evenly spaced over the sorted "

@@ -6,11 +6,19 @@ import signal
 
 
 class Interrupted(BaseException):
-    """SIGTERM or SIGINT reached the driver (a ``BaseException``, like ``KeyboardInterrupt``)."""
+    """SIGTERM or SIGINT reached the driver (a ``BaseException``, like ``KeyboardInterrupt``).
 
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+    ``what`` says how, when it was not this process's own signal (``Interrupted by ...``).
+    """
+
+    def __init__(self, signum: int, what: str | None = None):
+        super().__init__(what or signal.Signals(signum).name)
         self.signum = signum
+
+
+#: How a run ends that spark-submit's JVM stopped under it: a SIGTERM or Ctrl-C to the JVM alone runs its
+#: shutdown hook, which stops the SparkContext (``mxjob.cluster.jvm_shutting_down``). Not a failure.
+JVM_SHUTDOWN = "a shutdown of spark-submit's JVM (SIGTERM or Ctrl-C to it)"
 
 
 #: Signals this driver received: the JVM gets a terminal's Ctrl-C or YARN's SIGTERM

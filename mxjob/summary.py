@@ -6,7 +6,7 @@ from typing import Any
 
 from mxjob import durable
 from mxjob.config import JobConfig
-from mxjob.errors import EXIT_TOO_MANY_ERRORS
+from mxjob.errors import EXIT_TOO_MANY_ERRORS, plural
 from mxjob.progress import duration, iso
 from mxjob.stats import StatsFold
 from mxjob.worker import memory_bytes
@@ -77,6 +77,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         "retried_batches": fold.retried,
         # Task attempts that failed and were run again (a lost spot node's in-flight batches): Spark's count.
         "lost_task_attempts": fold.lost_task_attempts,
+        # A classifier's model_summary replaces "labels" with the file it read, and adds "labels_count".
         "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                   "labels": cfg.model.labels_uri, **model_summary},
         "fingerprint": fingerprint,
@@ -161,7 +162,8 @@ def thread_fit(fold: StatsFold) -> dict:
         out["hosts"][host] = {"cores": h["cores"], "executors": executors, "threads": total}
         if total != h["cores"]:
             out["warnings"].append(
-                f"host {host}: {executors} executor(s) x {max(h['executors'].values())} MXNet threads = {total} "
+                f"host {host}: {plural(executors, 'executor')} x {max(h['executors'].values())} MXNet threads = "
+                f"{total} "
                 f"on {h['cores']} cores ({'cores left idle' if total < h['cores'] else 'threads wait for cores'}); "
                 f"leave --threads and spark.executorEnv.OMP_NUM_THREADS unset to fit the node, or set them "
                 f"to cores / executors per host")

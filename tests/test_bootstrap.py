@@ -222,9 +222,13 @@ def test_second_run_succeeds_and_installs_nothing(bootstrapped):
     assert "install-deps: done" in second.stderr
 
 
-def test_packaged_job_and_deploy_tool_load_on_that_python(bootstrapped):
+def test_packaged_job_and_deploy_tool_load_on_that_python(bootstrapped, tmp_path):
     """The zip's modules and infer_main.py import with only what the bootstrap installed."""
     python, _, _, dist = bootstrapped
+    # conf/emr.yaml as a user fills it in: create-cluster refuses the shipped placeholders.
+    conf = tmp_path / "emr.yaml"
+    conf.write_text((ROOT / "conf" / "emr.yaml").read_text().replace("subnet-CHANGE-ME", "subnet-0123456789abcdef0")
+                    .replace("s3://CHANGE-ME-emr-logs", "s3://my-emr-logs").replace("CHANGE-ME", "my-key"))
     job = subprocess.run(
         [python, str(dist / "infer_main.py"), "--help"],
         env={**os.environ, "PYTHONPATH": str(dist / "mxinfer_job.zip")},
@@ -233,7 +237,7 @@ def test_packaged_job_and_deploy_tool_load_on_that_python(bootstrapped):
     assert job.returncode == 0, job.stderr
     assert "--config URI" in job.stdout
     deploy = subprocess.run(
-        [python, str(ROOT / "deploy" / "emr.py"), "create-cluster", "--s3", "s3://b/p",
+        [python, str(ROOT / "deploy" / "emr.py"), "create-cluster", "--s3", "s3://b/p", "--config", str(conf),
          "--aws", "aws", "--dry-run"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip

@@ -12,7 +12,7 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, listing, settings
+from mxjob import cluster, config, errors, listing, settings
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -142,9 +142,38 @@ def test_aws_keys_in_the_yaml_are_refused(tmp_path, resolve):
     assert result.exit_code == 2 and "instance role" in result.output
 
 
-def test_unknown_yaml_option_is_named(tmp_path, resolve):
+def test_unknown_yaml_option_is_named_with_the_option_it_is_close_to(tmp_path, resolve):
     result, _ = resolve(*BASE, config={"batchsize": 3}, tmp_path=tmp_path)
-    assert result.exit_code == 2 and "unknown option(s): batchsize" in result.output
+    assert result.exit_code == 2
+    assert "unknown option: batchsize (did you mean batch_size or micro_batch_size?)" in result.output
+    result, _ = resolve(*BASE, config={"batchsize": 3, "zzz": 1}, tmp_path=tmp_path)
+    assert "2 unknown options: batchsize (did you mean batch_size or micro_batch_size?); zzz;" in result.output
+
+
+def test_messages_count_in_singular_and_plural():
+    assert [errors.plural(n, "bucket") for n in (0, 1, 2)] == ["0 buckets", "1 bucket", "2 buckets"]
+    assert errors.plural(1, "batch", "batches") == "1 batch" and errors.plural(3, "batch", "batches") == "3 batches"
+
+
+def test_a_misspelled_option_on_the_command_line_gets_a_suggestion(resolve):
+    result, _ = resolve(*BASE, "--top-kk", "2")
+    assert result.exit_code == 2 and "No such option: --top-kk Did you mean --top-k?" in result.output
+
+
+def test_bad_yaml_is_reported_at_its_file_and_line(tmp_path, runner):
+    path = tmp_path / "job.yaml"
+    path.write_text("top_k: 2\nbatch_size: [8\n")
+    result = runner.invoke(infer_main.main, [*BASE, "--config", str(path)])
+    assert result.exit_code == 2 and f'in "{path}", line 2' in result.output
+    assert "<unicode string>" not in result.output
+
+
+@pytest.mark.parametrize("flag, value, want", [("--output-format", "JSONL", "jsonl"), ("--precision", "FP32", "fp32"),
+                                               ("--resize", "Short-Side-Crop", "short-side-crop")])
+def test_choices_are_taken_in_any_case_and_kept_in_lower_case(flag, value, want, resolve):
+    result, cfg = resolve(*BASE, flag, value)
+    assert result.exit_code == 0, result.output
+    assert want in (cfg.output_format, cfg.precision, cfg.preprocess.resize)
 
 
 @pytest.mark.parametrize("value", ["false", "no", False, "off"])
@@ -403,3 +432,24 @@ def test_estimate_images_0_turns_the_estimate_off(small_world, stderr_runner):
         "--estimate-images", "0"])
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1])["estimate"] is None
+
+
+@pytest.mark.parametrize("output, fmt", [("s3://out/p.jsonl", "parquet"), ("s3://out/p.json", "parquet"),
+                                         ("s3://out/p.jsonl.gz", "parquet"), ("s3://out/p.parquet", "jsonl")])
+def test_an_output_format_the_keys_suffix_contradicts_is_refused(output, fmt, resolve):
+    result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output,
+                          "--output-format", fmt)
+    assert result.exit_code == 2 and cfg is None
+    assert f"--output-format {fmt} does not match the output key" in result.output
+    assert "drop --output-format" in result.output
+
+
+@pytest.mark.parametrize("output, fmt, want", [("s3://out/p.jsonl", None, "jsonl"), ("s3://out/p.parquet", None,
+                                                "parquet"), ("s3://out/p.PARQUET", "parquet", "parquet"),
+                                               ("s3://out/results", "parquet", "parquet"),
+                                               ("s3://out/results.txt", "jsonl", "jsonl")])
+def test_an_output_format_that_fits_the_key_or_a_key_without_a_known_suffix_is_taken(output, fmt, want, resolve):
+    result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output,
+                          *(["--output-format", fmt] if fmt else []))
+    assert result.exit_code == 0, result.output
+    assert cfg.output_format == want

@@ -88,6 +88,27 @@ def test_cli_reports_a_bad_config_and_exits_1(tmp_path, runner):
     assert "spark.executor.instances is '5', want '2'" in result.output
 
 
+ACCOUNT = {"subnet": "subnet-0123456789abcdef0", "key_pair": "my-key", "log_uri": "s3://my-emr-logs/batch/"}
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
+def test_create_cluster_refuses_the_shipped_placeholders_before_calling_aws(dry_run, runner):
+    result = runner.invoke(emr.cli, ["create-cluster", "--config", str(CONF), "--s3", S3, "--aws",
+                                     "/nonexistent/aws", *dry_run])
+    assert result.exit_code == 1, result.output
+    assert "still has placeholders for your account" in result.output
+    for key, value in (("subnet", "subnet-CHANGE-ME"), ("key_pair", "CHANGE-ME"),
+                       ("log_uri", "s3://CHANGE-ME-emr-logs/mxnet-batch-inference/")):
+        assert f"{key}: {value!r} (set {key} to " in result.output
+    assert "+ " not in result.output and "not found" not in result.output  # no aws command was run
+
+
+def test_create_cluster_names_the_one_placeholder_left(tmp_path, runner):
+    path = write_conf(tmp_path, **{**ACCOUNT, "key_pair": "CHANGE-ME"})
+    result = runner.invoke(emr.cli, ["create-cluster", "--config", str(path), "--s3", S3, "--dry-run"])
+    assert result.exit_code == 1 and "still has a placeholder for your account: key_pair: 'CHANGE-ME'" in result.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -158,11 +179,12 @@ def test_make_upload_copies_dist_and_the_job_config(tmp_path, aws_env, s3):
     assert body == b"input: s3://images/in/\n"
 
 
-def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint):
-    conf = yaml.safe_load(CONF.read_text())
+def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint, tmp_path):
+    path = write_conf(tmp_path, **ACCOUNT)  # the account's own subnet, key pair and log bucket
+    conf = yaml.safe_load(path.read_text())
     client = boto3.client("emr", region_name=conf["region"], endpoint_url=moto_endpoint)
 
-    created = make("emr-cluster", f"S3={S3}", env=aws_env)
+    created = make("emr-cluster", f"S3={S3}", f"EMR_CONF={path}", env=aws_env)
     print(created.stdout)
     assert re.search(r"^\+ \S*aws emr create-cluster --region ", created.stdout, re.M)
     cluster_id = re.search(r"CLUSTER_ID=(j-[A-Z0-9]+)", created.stdout).group(1)
@@ -213,7 +235,7 @@ def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint):
     ) == [("CORE", "m5.2xlarge", 2), ("MASTER", "m5.xlarge", 1)]
 
     submitted = make(
-        "emr-submit", f"CLUSTER_ID={cluster_id}", f"S3={S3}", "ARGS=--top-k 3 --batch-size 16",
+        "emr-submit", f"CLUSTER_ID={cluster_id}", f"S3={S3}", f"EMR_CONF={path}", "ARGS=--top-k 3 --batch-size 16",
         env=aws_env,
     )  # fmt: skip
     print(submitted.stdout)

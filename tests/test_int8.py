@@ -131,22 +131,22 @@ def test_int8_at_or_above_the_minimum_runs_on_the_quantized_model(real_world, ru
 @pytest.mark.spark
 def test_the_executors_score_with_the_drivers_int8_checkpoint(moto_endpoint, demo_dir, tmp_path):
     s3 = bucket_with_model(moto_endpoint, "int8-job", demo_dir / "model")
-    paths = sorted((demo_dir / "images").rglob("*.png"))[:24]
+    paths = sorted((demo_dir / "images").rglob("*.png"))[:40]
     keys = [f"imgs/{p.parent.name}/{p.name}" for p in paths]
     for key, path in zip(keys, paths):
         s3.put_object(Bucket="int8-job", Key=key, Body=path.read_bytes())
     result = spark_submit(["--input", "s3://int8-job/imgs/", "--model", "s3://int8-job/model/digits",
                            "--output", "s3://int8-job/out/p.jsonl", "--endpoint-url", moto_endpoint,
                            "--input-shape", "3,32,32", "--std", "255", "--batch-size", "8", "--top-k", "10",
-                           "--precision", "int8", "--calibration-images", "6", "--min-agreement", "0.8"])
+                           "--precision", "int8", "--calibration-images", "20", "--min-agreement", "0.8"])
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(s3.get_object(Bucket="int8-job", Key="out/p.jsonl.summary.json")["Body"].read())
-    assert summary["precision"]["precision"] == "int8" and summary["precision"]["images"] == 6
-    assert summary["precision"]["top1_agreement"] >= 0.8 and summary["predicted"] == 24
+    assert summary["precision"]["precision"] == "int8" and summary["precision"]["images"] == 20
+    assert summary["precision"]["top1_agreement"] >= 0.8 and summary["predicted"] == 40
     # The same documented sample, quantized here, gives the job's probabilities.
     by_key = dict(zip(keys, paths))
     listing = sorted((key, path.stat().st_size) for key, path in by_key.items())
-    calibration, _ = driver.sample_keys(listing, 6)
+    calibration, _ = driver.sample_keys(listing, 20)
     arrays = np.stack([mxinfer.decode_image(by_key[k].read_bytes(), make_demo.PREPROCESS) for k, _ in calibration])
     spec = mxinfer.ModelSpec.from_prefix(str(demo_dir / "model" / "digits"), labels_uri="")
     int8 = mxinfer.Classifier(mxinfer.quantize_int8(spec, make_demo.INPUT_SHAPE, arrays, str(tmp_path / "q")),
@@ -171,4 +171,43 @@ def test_a_model_that_cannot_be_quantized_fails_with_what_to_do(monkeypatch, log
     monkeypatch.setattr(driver, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
     with pytest.raises(errors.JobError, match=r"cannot quantize the model to int8: MXNetError: unsupported "
                                                    r"operator; keep the layer .* --precision fp32"):
-        driver.prepare_precision(cfg, None, [(f"k{i}", 1) for i in range(8)], classifier)
+        driver.prepare_precision(cfg, None, [(f"k{i}", 1) for i in range(40)], classifier)
+
+
+def int8_job(monkeypatch, logits_prefix, **options):
+    """A --precision int8 config on the demo model, and its classifier; the sample decodes to digits."""
+    cfg = config.resolve(config.merge_settings(
+        {**BASE, "model": str(logits_prefix), "input_shape": "3,32,32", "precision": "int8", **options}, {}))
+    monkeypatch.setattr(driver, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
+    return cfg, mxinfer.Classifier(cfg.model, (3, 32, 32), 4)
+
+
+@pytest.mark.parametrize("images, options, message", [
+    (1, {"calibration_images": 1, "min_agreement": 1.0},
+     r"too few held-out images to check int8 against fp32: 1, where at least 20 are needed; --calibration-images "
+     r"1 held out 1 image; give --calibration-images 20 or more"),
+    (30, {}, r"too few held-out images .*: 15, where at least 20 are needed; the input has 30 images, of which "
+             r"half \(15\) were held out; int8 needs at least 40 images: use --precision fp32"),
+    (1000, {"calibration_images": 5},
+     r"too few held-out images .*: 5, where at least 20 are needed; --calibration-images 5 held out 5 images; "
+     r"give --calibration-images 20 or more, or use --precision fp32"),
+], ids=["one-image", "small-sample", "small-input"])
+def test_a_held_out_sample_under_the_minimum_is_refused_before_quantizing(monkeypatch, logits_prefix, images,
+                                                                          options, message):
+    cfg, classifier = int8_job(monkeypatch, logits_prefix, **options)
+    quantized = []
+    monkeypatch.setattr(driver, "quantize_int8", lambda *args, **kwargs: quantized.append(1))
+    with pytest.raises(errors.JobError, match=message):
+        driver.prepare_precision(cfg, None, [(f"k{i:04d}", 1) for i in range(images)], classifier)
+    assert quantized == []
+
+
+def test_the_agreement_refusal_names_the_sample_actually_used(monkeypatch, logits_prefix):
+    cfg, classifier = int8_job(monkeypatch, logits_prefix)  # --calibration-images 256, but 60 images listed
+    monkeypatch.setattr(driver, "quantize_int8", lambda spec, *args, **kwargs: spec)  # "int8" is fp32 itself
+    monkeypatch.setattr(driver, "agreement", lambda fp32, int8: {
+        "top1_agreement": 0.9, "max_probability_difference": 0.3, "images": len(fp32)})
+    with pytest.raises(errors.JobError, match=r"more --calibration-images \(this run calibrated on 30 and held "
+                                              r"out 30\), or --precision fp32") as refused:
+        driver.prepare_precision(cfg, None, [(f"k{i:03d}", 1) for i in range(60)], classifier)
+    assert "now 256" not in str(refused.value)

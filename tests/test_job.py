@@ -216,6 +216,7 @@ def test_summary_reports_counts_timing_model_and_options(logits_run):
     result, _, summary = logits_run
     assert summary["elapsed_seconds"] > 0 and summary["images_per_second"] > 0
     assert summary["model"]["head"] == "logits" and summary["model"]["num_classes"] == 10
+    assert summary["model"]["labels"] == f"s3://{BUCKET}/model/synset.txt" and summary["model"]["labels_count"] == 10
     assert summary["options"]["batch_size"] == BATCH and summary["options"]["top_k"] == 3
     assert set(summary["seconds"]) >= {"download", "decode", "forward", "wait", "write", "spark", "assembly"}
     assert '"keys_listed": 44' in output(result)  # also logged by the driver

@@ -47,6 +47,40 @@ def test_text_manifest_of_uris_and_bare_keys(tmp_path):
     assert list(images) == [("photos/a b+c.jpg", -1), ("photos/z.jpg", -1), ("photos/日本.jpg", -1)]
 
 
+def test_every_key_the_manifest_names_gets_a_line_or_is_counted_and_named_as_skipped(tmp_path, caplog):
+    path = tmp_path / "keys.txt"
+    path.write_text("\n".join(["photos/a.jpg", "photos/b.jpg", "photos/a.jpg", "", "elsewhere/c.jpg",
+                               "elsewhere/d.jpg", "photos/notes.txt", "photos/e.png", "photos/a.jpg"]) + "\n")
+    images = manifest.read_manifest(str(path), bucket=BUCKET, prefix="photos/", suffixes=SUFFIXES)
+    assert [key for key, _ in images] == ["photos/a.jpg", "photos/b.jpg", "photos/e.png"]
+    report = images.manifest
+    assert (report["keys_named"], report["images"], report["duplicates"]) == (8, 3, 2)
+    assert report["skipped"] == {
+        "outside_input": {"count": 2, "why": "not under the input prefix 'photos/'",
+                          "examples": ["elsewhere/c.jpg", "elsewhere/d.jpg"]},
+        "not_image": {"count": 1, "why": "not ending in .jpg .png", "examples": ["photos/notes.txt"]}}
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "2 keys skipped, not under the input prefix 'photos/' (outside_input; e.g. elsewhere/c.jpg" in warning
+    assert "1 key skipped, not ending in .jpg .png (not_image; e.g. photos/notes.txt)" in warning
+    assert "2 repeated keys (each key gets one line)" in warning
+
+
+def test_a_manifest_whose_keys_are_all_kept_reports_nothing_skipped(tmp_path, caplog):
+    path = tmp_path / "keys.txt"
+    path.write_text("photos/a.jpg\nphotos/b.jpg\n")
+    images = manifest.read_manifest(str(path), bucket=BUCKET, suffixes=SUFFIXES, limit=1)
+    assert images.manifest == {"uri": str(path), "keys_named": 2, "images": 1, "duplicates": 0, "skipped": {}}
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_manifest_of_no_image_says_what_it_skipped(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_text("other/a.jpg\nphotos/readme.txt\n")
+    skipped = r"1 key skipped, not under the input prefix 'photos/' \(outside_input; e\.g\. other/a\.jpg\)"
+    with pytest.raises(manifest.ManifestError, match=r"names no image under 'photos/' .*" + skipped):
+        manifest.read_manifest(str(path), bucket=BUCKET, prefix="photos/", suffixes=SUFFIXES)
+
+
 def test_text_manifest_takes_its_bucket_from_its_uris_and_input_filters_by_prefix(tmp_path):
     path = tmp_path / "keys"
     path.write_text(f"s3://{BUCKET}/photos/z.jpg\ns3://{BUCKET}/other/y.jpg\n")
@@ -88,7 +122,7 @@ def test_csv_manifest_malformed_lines_are_named_by_number(tmp_path):
 @pytest.mark.parametrize(("name", "text", "bucket", "match"), [
     ("two.csv", "b-one,photos/a.jpg\nb-two,photos/b.jpg\nb-one,photos/c.jpg\n", None,
      "names keys in 2 buckets \\(b-one, b-two\\); one job reads one bucket: split the manifest by bucket"),
-    ("one.csv", "b-one,photos/a.jpg\n", "other", r"names keys in bucket\(s\) b-one, not in the input bucket other"),
+    ("one.csv", "b-one,photos/a.jpg\n", "other", "names keys in bucket b-one, not in the input bucket other"),
     ("keys.txt", "photos/a.jpg\n", None,
      "without a bucket: write them as s3://BUCKET/KEY, or give their bucket with --input"),
 ])
@@ -246,11 +280,12 @@ def test_cli_refuses_a_manifest_file_that_does_not_exist(tmp_path, runner):
     assert "--input-manifest" in result.output and "no such file" in result.output
 
 
-def test_cli_reports_a_multi_bucket_manifest_and_exits_1(moto_endpoint, tmp_path, runner):
+def test_cli_reports_a_multi_bucket_manifest_and_exits_1(s3, moto_endpoint, tmp_path, runner, logits_prefix):
     path = tmp_path / "two.txt"
     path.write_text("s3://b-one/a.jpg\ns3://b-two/b.jpg\n")
+    # A model and an output bucket that exist: the checks made before reading the manifest pass.
     result = runner.invoke(infer_main.main, ["--endpoint-url", moto_endpoint, "--input-manifest", str(path),
-                                             "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"])
+                                             "--model", str(logits_prefix), "--output", f"s3://{BUCKET}/p.jsonl"])
     assert result.exit_code == 1
     assert "names keys in 2 buckets (b-one, b-two)" in result.output
 

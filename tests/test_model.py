@@ -154,6 +154,28 @@ def test_model_summary_describes_the_model(logits_prefix):
     assert list(summary["outputs"].values()) == [[10]]
 
 
+def test_a_classifiers_summary_names_the_labels_file_it_read_and_the_count(logits_prefix):
+    beside = mxinfer.Classifier(str(logits_prefix), SHAPE, batch_size=2)  # --labels not given: synset.txt beside
+    summary = beside.model_summary()
+    assert summary["labels"] == str(logits_prefix.parent / "synset.txt") and summary["labels_count"] == 10
+    none = mxinfer.Classifier(mxinfer.ModelSpec.from_prefix(str(logits_prefix), labels_uri=""), SHAPE, batch_size=2)
+    assert (none.model_summary()["labels"], none.model_summary()["labels_count"]) == (None, 0)
+
+
+def test_the_run_summary_names_the_labels_file_the_lines_used(logits_prefix):
+    from mxjob import config, durable, stats, summary
+
+    cfg = config.resolve(config.merge_settings({"input": "s3://b/in/", "model": str(logits_prefix),
+                                                "output": "s3://b/o.jsonl"}, {}))
+    assert cfg.model.labels_uri is None  # not given: the summary must still name the file used
+    classifier = mxinfer.Classifier(cfg.model, SHAPE, batch_size=2)
+    made = summary.summarize(cfg, 0, 0, stats.StatsFold(), durable.AssemblyCounts(), 1.0,
+                             classifier.model_summary(), {}, durable.Plan(runs=[], todo=[], number=1, resumed=False),
+                             {})
+    assert made["model"]["labels"] == str(logits_prefix.parent / "synset.txt")
+    assert made["model"]["labels_count"] == 10
+
+
 def test_get_classifier_loads_once_per_process_and_key(logits_prefix):
     spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix))
     before = state.counters.model_loads

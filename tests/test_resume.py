@@ -346,7 +346,7 @@ def test_a_signal_prints_the_resume_command_and_leaves_the_parts_and_no_upload(s
     assert len(interrupted) == 1 and interrupted[0].startswith(f"Interrupted by {sig.name}: "), output[-3000:]
     assert process.returncode != 0
     assert f"durable under s3://resume-bucket/{output_key}.parts/" in interrupted[0]
-    assert interrupted[0].endswith("--resume") and "Resume with: spark-submit" in interrupted[0]
+    assert interrupted[0].endswith("--resume'") and "Resume with: make submit ARGS='--input " in interrupted[0]
     assert "Traceback" not in output
     assert len(parts(s3, output_key)) >= len(at_signal) and open_uploads(s3) == []
     assert not utils.object_exists(s3, BUCKET, output_key)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from demo.run_local import upload_demo
+from demo.run_local import rerun_command, upload_demo
 from demo.submit import shell_line, uses_local_s3
 from tests.helpers import ROOT, make_s3_client
 
@@ -73,11 +73,20 @@ def test_the_printed_line_quotes_what_a_shell_would_split():
     assert shlex.split(line) == ["A=x y", *command]
 
 
+def test_the_rerun_commands_replace_the_output_the_first_run_wrote():
+    # make run-local has written conf/demo.yaml's output by the time it prints its rerun line.
+    printed = rerun_command(["--config", "conf/demo.yaml", "--endpoint-url", "http://127.0.0.1:5000"])
+    assert printed == "make submit ARGS='--config conf/demo.yaml --endpoint-url http://127.0.0.1:5000 --overwrite'"
+    assert "--overwrite" in shlex.split(readme_command().split("ARGS=", 1)[1])[0].split()
+
+
 @pytest.mark.spark
 def test_the_readmes_local_command_runs_from_a_fresh_shell_and_prints_a_line_that_does_too(
         demo_bucket, moto_endpoint):
     line = readme_command()
     assert line.startswith("make submit ARGS=") and "http://127.0.0.1:PORT" in line
+    # As after make run-local: the output exists, and the README's command replaces it.
+    demo_bucket.put_object(Bucket="demo-bucket", Key="predictions/digits.jsonl", Body=b"the first run's output\n")
     result = run_in_fresh_shell(line.replace("http://127.0.0.1:PORT", moto_endpoint))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     body = demo_bucket.get_object(Bucket="demo-bucket", Key="predictions/digits.jsonl")["Body"].read()

@@ -1,0 +1,87 @@
+"""The checks that need no listing, made before it: they fail in seconds, whatever the input's size.
+
+An existing output (without ``--overwrite`` or ``--resume``), an output that
+cannot be written (no such bucket, no ``s3:PutObject``) and a model file that
+is not there are each one or two requests away. Made after the listing, the
+model load and the int8 quantization, they would be reported after minutes
+or hours of a large input. :func:`check_before_listing` makes them first;
+``mxjob.driver.plan_output`` still decides between a fresh run and a resume
+once the keys are known.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+import utils
+from mxjob.config import JobConfig
+from mxjob.errors import JobError, first_line
+from mxjob.model import ModelSpec
+
+
+def check_before_listing(cfg: JobConfig, client, yarn_retry: bool = False) -> None:
+    """The output and the model's files, checked before any listing; a problem raises :class:`JobError`.
+
+    ``yarn_retry``: this driver is YARN's next attempt, which may resume what
+    the earlier attempt left (``plan_output`` decides), so an existing output
+    is not refused here.
+    """
+    if cfg.output_key:
+        check_output_writable(cfg, client)
+        if not (cfg.overwrite or cfg.resume or yarn_retry):
+            refuse_existing_output(cfg, client)
+    check_model_files(cfg.model)
+
+
+def check_output_writable(cfg: JobConfig, client) -> None:
+    """Write and delete a probe beside the output key (:func:`utils.check_writable`)."""
+    try:
+        utils.check_writable(client, cfg.output_bucket, cfg.output_key)
+    except utils.OutputNotWritableError as exc:
+        raise JobError(str(exc)) from exc
+
+
+def refuse_existing_output(cfg: JobConfig, client) -> None:
+    """An output (or its summary) that exists is refused: replacing it takes ``--overwrite``."""
+    try:
+        exists = any(utils.object_exists(client, cfg.output_bucket, key) for key in (cfg.output_key, cfg.summary_key))
+    except utils.S3_ERRORS as exc:
+        raise JobError(f"cannot read {cfg.output_uri}: {first_line(exc)}; the job needs s3:GetObject and "
+                       "s3:ListBucket on the output bucket") from exc
+    if exists:
+        raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
+
+
+def check_model_files(spec: ModelSpec) -> None:
+    """The symbol and params files (and a labels file given by ``--labels``) exist: one HEAD or stat each.
+
+    ``http(s)://`` files are left to the model's load, as are a file's contents.
+    """
+    files = [spec.symbol_uri, spec.params_uri]
+    if spec.labels_uri:  # given by --labels: it must exist (synset.txt beside the model is optional)
+        files.append(spec.labels_uri)
+    for uri in files:
+        if utils.is_s3_uri(uri):
+            exists = _s3_file_exists(spec, uri)
+        elif uri.startswith(("http://", "https://")):
+            continue
+        else:
+            exists = os.path.isfile(urllib.parse.urlparse(uri).path if uri.startswith("file://") else uri)
+        if not exists:
+            what = "labels file" if uri == spec.labels_uri else "model file"
+            raise JobError(f"{what} missing: {uri} does not exist; check --model (and --epoch) or --labels")
+
+
+def _s3_file_exists(spec: ModelSpec, uri: str) -> bool:
+    """HEAD ``uri`` with the model's S3 settings; an answer other than found or not found raises :class:`JobError`."""
+    try:
+        bucket, key = utils.parse_s3_uri(uri, need_key=True)
+    except utils.S3UriError as exc:
+        raise JobError(f"model: {exc}") from None
+    client = utils.s3_client(spec.endpoint_url, spec.region, max_attempts=spec.s3_max_attempts)
+    try:
+        return utils.object_exists(client, bucket, key)
+    except utils.S3_ERRORS as exc:  # 403: missing without s3:ListBucket, or no s3:GetObject; no such bucket
+        raise JobError(f"cannot read the model file {uri}: {first_line(exc)}; it may be missing, or the job "
+                       "lacks s3:GetObject on it (and s3:ListBucket on its bucket)") from exc

@@ -1,0 +1,79 @@
+"""The checks that need no listing refuse a run before the listing starts (mxjob/preflight.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mxjob import driver, errors, listing, manifest, preflight
+from mxjob.config import merge_settings, resolve
+from tests.helpers import bucket_with_model
+
+BUCKET = "preflight-bucket"
+
+
+@pytest.fixture(scope="module")
+def world(moto_endpoint, demo_dir):
+    s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
+    s3.put_object(Bucket=BUCKET, Key="done/out.jsonl", Body=b"yesterday's results\n")
+    return s3
+
+
+@pytest.fixture
+def listed(monkeypatch):
+    """Every call of the listing or the manifest reader: a huge input's listing that must never start."""
+    calls: list[str] = []
+
+    def huge_listing(*args, **kwargs):
+        calls.append("list_prefix")
+        raise AssertionError("listed")
+
+    def huge_manifest(*args, **kwargs):
+        calls.append("read_manifest")
+        raise AssertionError("read the manifest")
+
+    monkeypatch.setattr(listing, "list_prefix", huge_listing)
+    monkeypatch.setattr(manifest, "read_manifest", huge_manifest)
+    return calls
+
+
+def job(endpoint: str, **options) -> object:
+    values = {"input": f"s3://{BUCKET}/imgs/", "model": f"s3://{BUCKET}/model/digits",
+              "output": f"s3://{BUCKET}/new/out.jsonl", "endpoint_url": endpoint, "input_shape": "3,32,32",
+              "precision": "int8", **options}
+    return resolve(merge_settings(values, {}))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"output": f"s3://{BUCKET}/done/out.jsonl"},
+     rf"s3://{BUCKET}/done/out\.jsonl \(or its summary\) already exists; add --overwrite to replace it"),
+    ({"output": "s3://no-such-output-bucket/out.jsonl"},
+     r"cannot write s3://no-such-output-bucket/out\.jsonl: .*NoSuchBucket.*; the job needs an existing bucket"),
+    ({"model": f"s3://{BUCKET}/model/nothing"},
+     rf"model file missing: s3://{BUCKET}/model/nothing-symbol\.json does not exist"),
+    ({"epoch": 7}, rf"model file missing: s3://{BUCKET}/model/digits-0007\.params does not exist"),
+    ({"labels": f"s3://{BUCKET}/model/labels.txt"},
+     rf"labels file missing: s3://{BUCKET}/model/labels\.txt does not exist"),
+    ({"input": None, "input_manifest": "s3://preflight-bucket/keys.txt", "output": f"s3://{BUCKET}/done/out.jsonl"},
+     "already exists"),
+], ids=["existing-output", "no-output-bucket", "no-symbol", "no-params", "no-labels", "manifest-existing-output"])
+def test_a_run_the_cheap_checks_refuse_is_refused_before_any_listing(world, moto_endpoint, listed, options,
+                                                                     message):
+    with pytest.raises(errors.JobError, match=message):
+        driver.run_job(job(moto_endpoint, **options))
+    assert listed == []
+
+
+def test_overwrite_and_resume_pass_the_existing_output_check_on_to_the_listing(world, moto_endpoint, listed):
+    for flag in ("overwrite", "resume"):
+        with pytest.raises(errors.JobError, match="cannot list"):
+            driver.run_job(job(moto_endpoint, output=f"s3://{BUCKET}/done/out.jsonl", **{flag: True}))
+    assert listed == ["list_prefix", "list_prefix"]
+    assert world.get_object(Bucket=BUCKET, Key="done/out.jsonl")["Body"].read() == b"yesterday's results\n"
+
+
+def test_local_model_files_are_checked_too(tmp_path, logits_prefix):
+    spec = resolve(merge_settings({"input": "s3://b/i/", "model": str(logits_prefix), "output": "s3://b/o.jsonl"},
+                                  {})).model
+    preflight.check_model_files(spec)  # present: no error
+    with pytest.raises(errors.JobError, match=r"model file missing: .*/nothing-symbol\.json does not exist"):
+        preflight.check_model_files(type(spec).from_prefix(str(tmp_path / "nothing")))

@@ -167,8 +167,24 @@ def sample_items(images, count: int) -> list:
     return [images[i * len(images) // n] for i in range(n)] if n else []
 
 
-def measure(job, items: list, endpoint_url: str | None) -> tuple[float, float, float]:
-    """``(cpu seconds per image, of which the local S3 server's, model load seconds)`` of scoring ``items``.
+@dataclass(frozen=True)
+class SampleCost:
+    """What scoring the driver's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
+
+    ``cpu_seconds_per_image`` counts a local S3 stand-in's CPU too (of which
+    ``s3_server_cpu_seconds_per_image``; 0 against real S3); ``scored`` are
+    the sample's images that got predictions rather than error lines.
+    """
+
+    images: int
+    scored: int
+    cpu_seconds_per_image: float
+    s3_server_cpu_seconds_per_image: float
+    model_load_seconds: float
+
+
+def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
+    """The :class:`SampleCost` of scoring ``items`` on the driver, as an executor would.
 
     Runs :func:`mxjob.partition.score_partition` twice on the driver: one
     image first (the model loads: its wall time is the load), then the
@@ -189,7 +205,9 @@ def measure(job, items: list, endpoint_url: str | None) -> tuple[float, float, f
     finally:
         state.models.clear()  # the executors' copy is theirs; the driver keeps none for the run
     n = max(1, len(items))
-    return (stats.seconds["cpu"] + server_cpu) / n, server_cpu / n, load_seconds
+    return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
+                      cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
+                      s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds)
 
 
 def local_server_process(endpoint_url: str | None):

@@ -98,18 +98,20 @@ def choose_batch_size(per_image_seconds: float, task_overhead_seconds: float, ex
                          f"and {micro_batch}")
     need = math.ceil((1 - OVERHEAD_SHARE) / OVERHEAD_SHARE * task_overhead_seconds / per_image_seconds)
     batch = _round_up(max(need, 1), micro_batch)
-    why = (f"Spark's {task_overhead_seconds:g} s per task is at most {OVERHEAD_SHARE:.0%} of a task from "
-           f"{need} images of {1000 * per_image_seconds:.3g} ms")
+    overhead = (f"{OVERHEAD_SHARE:.0%} of a task for Spark's {task_overhead_seconds:g} s per task needs {need} "
+                f"images of {1000 * per_image_seconds:.4g} ms")
+    why = f"{overhead}, rounded up to a multiple of the micro-batch {micro_batch}"
+    if batch == micro_batch and need < micro_batch:
+        why = f"one micro-batch: {overhead}"
     spread = _round_down(keys // (WAVES * max(1, executors)), micro_batch)
     if batch > spread:
         batch = spread
-        why = (f"{keys} images give {WAVES} batches to each of {executors} executors at this size ({why} "
-               "would leave executors idle)")
+        why = (f"capped so that {executors} executors get {WAVES} batches each: {keys} / {WAVES * executors} "
+               f"images, a multiple of the micro-batch {micro_batch} and at least one ({overhead})")
     if batch > maximum:
         batch = _round_down(maximum, micro_batch)
-        why = f"the largest batch auto picks, {maximum} ({why})"
-    return BatchChoice(batch, settings.AUTO, f"{why}; a multiple of the micro-batch {micro_batch}",
-                       per_image_seconds, task_overhead_seconds)
+        why = f"the largest batch auto picks, {maximum} ({overhead})"
+    return BatchChoice(batch, settings.AUTO, why, per_image_seconds, task_overhead_seconds)
 
 
 def given(batch_size: int, per_image_seconds: float | None, task_overhead_seconds: float) -> BatchChoice:

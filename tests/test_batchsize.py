@@ -42,7 +42,7 @@ def test_the_batch_is_a_multiple_of_the_micro_batch_and_never_below_it(micro):
 
 def test_a_very_slow_model_gets_one_micro_batch():
     choice = choose(5.0)
-    assert choice.chosen == 16 and "of 5e+03 ms" in choice.why
+    assert choice.chosen == 16 and choice.why.startswith("one micro-batch: ") and "of 5000 ms" in choice.why
 
 
 def test_a_very_fast_model_is_capped_at_the_maximum():
@@ -53,7 +53,7 @@ def test_a_very_fast_model_is_capped_at_the_maximum():
 def test_the_batch_leaves_several_batches_for_every_executor():
     # 20,000 keys on 10 executors: at most 20,000 / (4 x 10) = 500 -> 496 a batch, not the 1,904 the overhead wants.
     choice = choose(0.002, keys=20_000, executors=10)
-    assert choice.chosen == 496 and "4 batches to each of 10 executors" in choice.why
+    assert choice.chosen == 496 and "10 executors get 4 batches each: 20000 / 40 images" in choice.why
     assert -(-20_000 // choice.chosen) >= batchsize.WAVES * 10
 
 
@@ -135,7 +135,7 @@ def test_auto_measures_once_and_the_estimate_uses_the_chosen_batch(measured, cap
     assert chosen_cfg.batch_size == sizing.choice["chosen"] == 1904 and sizing.choice["requested"] == "auto"
     assert chosen_cfg.job_spec().batch_size == 1904  # what the executors get: a number
     assert sizing.estimate["batches"] == -(-len(KEYS) // 1904)
-    assert "batch size 1904: Spark's 0.2 s per task" in caplog.text
+    assert "batch size 1904: 5% of a task for Spark's 0.2 s per task needs 1900 images of 2 ms" in caplog.text
 
 
 def test_a_given_batch_size_is_kept_and_still_measured_for_the_estimate(measured):
@@ -164,3 +164,33 @@ def test_auto_when_no_sample_image_could_be_scored_falls_back(monkeypatch):
         model_load_seconds=1.0))
     cfg, sizing = driver.size_run(resolved(estimate_cluster="1x2"), KEYS, len(KEYS))
     assert cfg.batch_size == 64 and "no sample image could be scored" in sizing.choice["why"]
+
+
+# ----------------------------------------------------------------------------
+# A real run
+
+
+@pytest.mark.spark
+def test_a_run_with_auto_says_its_batch_and_why_in_the_log_and_the_summary(moto_endpoint, demo_dir):
+    """The demo on local-cluster[2,1,1024]: 60 images for 2 executors leave room for one micro-batch a task."""
+    import json
+
+    from tests.helpers import bucket_with_model, spark_submit
+
+    bucket = "auto-batch"
+    s3 = bucket_with_model(moto_endpoint, bucket, demo_dir / "model")
+    pngs = sorted((demo_dir / "images").rglob("*.png"))[:60]
+    for path in pngs:
+        s3.put_object(Bucket=bucket, Key=f"imgs/{path.parent.name}/{path.name}", Body=path.read_bytes())
+    result = spark_submit(["--input", f"s3://{bucket}/imgs/", "--model", f"s3://{bucket}/model/digits",
+                           "--output", f"s3://{bucket}/out/auto.jsonl", "--endpoint-url", moto_endpoint,
+                           "--input-shape", "3,32,32", "--std", "255", "--estimate-images", "8"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(s3.get_object(Bucket=bucket, Key="out/auto.jsonl.summary.json")["Body"].read())
+    choice = summary["batch_size_choice"]
+    # 60 // (4 waves x 2 executors) = 7, under the micro-batch: one micro-batch of 16 a task, 4 tasks.
+    assert summary["batch_size"] == choice["chosen"] == 16 and choice["requested"] == "auto"
+    assert summary["batches"] == 4 and summary["predicted"] == 60
+    assert choice["per_image_seconds"] > 0 and choice["task_overhead_seconds"] == estimate.TASK_OVERHEAD_SECONDS
+    assert "2 executors get 4 batches each: 60 / 8 images" in choice["why"]
+    assert "batch size 16: capped so that 2 executors get 4 batches each" in result.stdout + result.stderr

@@ -120,6 +120,7 @@ def measured(monkeypatch):
                                    s3_server_cpu_seconds_per_image=0.0, model_load_seconds=1.0)
 
     monkeypatch.setattr(estimate, "measure", fake_measure)
+    monkeypatch.setattr(estimate, "TASK_OVERHEAD_SECONDS", OVERHEAD)  # the expected batches are arithmetic
     return calls
 
 

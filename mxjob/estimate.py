@@ -35,9 +35,12 @@ log = logging.getLogger(__name__)
 #: executors registering, their Python workers starting and importing MXNet. Measured on local-cluster
 #: runs of this project (4-7 s); a YARN cluster that must first allocate containers takes longer.
 SPARK_START_SECONDS = 6.0
-#: Wall seconds a Spark task costs beyond its own work: scheduling, serialising the task and its
-#: result, the Python worker's hand-over (about 0.13 s of the worker's CPU here, plus the wait).
-TASK_OVERHEAD_SECONDS = 0.2
+#: Seconds of an executor's time a Spark task costs beyond its images: scheduling, serialising the task
+#: and its result, the Python worker's hand-over, the plan's GET and the part's PUT. Measured by
+#: ``bench/task_cost.py`` (``make bench``) on local-cluster[2,1,1024] on 2 vCPUs of an AMD EPYC: 0.22-0.25 s
+#: a task, of which 60-90 ms the Python worker's CPU, about what a trivial PySpark task costs.
+#: ``--batch-size auto`` keeps it at most 5% of a task (:mod:`mxjob.batchsize`).
+TASK_OVERHEAD_SECONDS = 0.25
 #: A cluster shape: ``10x16`` is ten nodes of 16 vCPUs.
 _SHAPE = re.compile(r"^\s*(\d+)\s*[x×*]\s*(\d+)\s*$")  # noqa: RUF001 - the multiplication sign as people write it
 

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 SPARK_START_SECONDS = 6.0
 #: Seconds of an executor's time a Spark task costs beyond its images: scheduling, serialising the task
 #: and its result, the Python worker's hand-over, the plan's GET and the part's PUT. Measured by
-#: ``bench/task_cost.py`` (``make bench``) on local-cluster[2,1,1024] on 2 vCPUs of an AMD EPYC: 0.22-0.25 s
-#: a task, of which 60-90 ms the Python worker's CPU, about what a trivial PySpark task costs.
+#: ``bench/task_cost.py`` (``make bench``) on local-cluster[2,1,1024] on 2 vCPUs of an AMD EPYC shared with
+#: other work: 0.1-0.25 s a task over three runs (the top kept), of which 60-70 ms the Python worker's CPU,
+#: about what a trivial PySpark task costs.
 #: ``--batch-size auto`` keeps it at most 5% of a task (:mod:`mxjob.batchsize`).
 TASK_OVERHEAD_SECONDS = 0.25
 #: A cluster shape: ``10x16`` is ten nodes of 16 vCPUs.

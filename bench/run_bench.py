@@ -63,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import images as bench_images  # noqa: E402
 from bench import models as bench_models  # noqa: E402
+from bench import task_cost  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
 from demo.s3proxy import S3Proxy  # noqa: E402
@@ -306,6 +307,9 @@ def run(args) -> dict:
                           "--results", str(count), "--endpoint", upstream, "--bucket", BUCKET]
             probe(["results", *model_args], cores)
             results["driver_rss"][count] = probe(["driver", *model_args], cores)
+    if args.task_cost_tasks > 0:
+        log(f"Spark's per-task cost: {args.task_cost_tasks} trivial tasks and as many of ours (fake scorer)")
+        results["task_cost"] = task_cost.run(args.task_cost_tasks, work, args.master)
     results["bench_seconds"] = time.time() - started
     return results
 
@@ -431,6 +435,8 @@ def report(results: dict) -> str:
                    f"{d['parts_read']:,} parts ({d['part_bytes'] / MIB:.1f} MiB gzip) into "
                    f"{d['bytes_written'] / MIB:.1f} MiB: {d['assembly_seconds']:.1f} s "
                    f"(resume plan {d['resume_plan_seconds']:.1f} s)")
+    if "task_cost" in results:
+        out.append(task_cost.report(results["task_cost"]))
     out.append(f"bench wall time: {results['bench_seconds']:.0f} s")
     return "\n".join(out)
 
@@ -535,11 +541,13 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench",
                         help="folder for the images, models, logs and results.json")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--task-cost-tasks", type=int, default=200,
+                        help="tasks of each kind for Spark's per-task cost, trivial and ours (0: skip)")
     args = parser.parse_args(argv)
     if args.quick:
         args.images, args.models, args.limit_seconds, args.square_batches = 128, "resnet20", 1.0, 1
         args.driver_results, args.memory_tasks = "1000", 0
-        args.calibration_images, args.large_images = 16, 8
+        args.calibration_images, args.large_images, args.task_cost_tasks = 16, 8, 20
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.job_args = args.job_args.split()
     args.driver_results = [int(x) for x in str(args.driver_results).split(",") if x]

@@ -27,7 +27,7 @@ import click
 import numpy as np
 
 import utils
-from mxjob import durable, estimate, listing, manifest, preflight, settings
+from mxjob import batchsize, durable, estimate, listing, manifest, preflight, settings
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
@@ -78,7 +78,8 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
         return 0
-    estimate = estimate_run(cfg, images, len(plan.todo), spark_conf)
+    # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
+    cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf)
     monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
                          {"options": cfg.options(), "fingerprint": checked.fingerprint})
     try:
@@ -91,7 +92,8 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
                         time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
     summary["precision"] = checked.precision
-    summary["estimate"] = estimate
+    summary["batch_size_choice"] = sizing.choice
+    summary["estimate"] = sizing.estimate
     if images.manifest is not None:  # the manifest's keys that got no line, by reason, and its repeated keys
         summary["manifest"] = images.manifest
     summary["files"] = dict(monitor.where)
@@ -504,7 +506,7 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
     folder = tempfile.mkdtemp(prefix="mxinfer-int8-")
     # Kept until the driver exits: executors fetch the files from the driver while the job runs.
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    forward_batch = cfg.job_spec().forward_batch
+    forward_batch = bound_batch(cfg)
     try:
         spec = quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration,
                                      os.path.join(folder, "model-int8"), exclude, forward_batch)
@@ -539,27 +541,84 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
     return replace(cfg, int8_model=spec), report
 
 
-def estimate_run(cfg: JobConfig, images: listing.Listing, to_score: int, spark_conf: dict | None = None) -> dict | None:
-    """The run's time (and cost) estimate (:mod:`mxjob.estimate`), logged; ``None`` with ``--estimate-images 0``.
+@dataclass
+class Sizing:
+    """The batch size chosen for a run and its estimate, from one measurement of the driver's sample."""
 
-    Scores ``--estimate-images`` keys spread over the listing on the driver,
-    as an executor would, and projects the ``to_score`` keys onto
-    ``--estimate-cluster`` or the Spark configuration in force.
+    #: :meth:`batchsize.BatchChoice.as_dict`: the summary's and the dry run's ``batch_size_choice``.
+    choice: dict
+    #: :meth:`estimate.Estimate.as_dict`, or ``None`` with ``--estimate-images 0``.
+    estimate: dict | None
+
+
+def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
+             spark_conf: dict | None = None) -> tuple[JobConfig, Sizing]:
+    """Measure the sample once, choose the batch size, project the run: ``(cfg with the batch size, sizing)``.
+
+    ``--estimate-images`` keys spread over the listing are scored on the
+    driver as an executor would (:func:`estimate.measure`); that one
+    measurement gives ``--batch-size auto`` its choice
+    (:func:`batchsize.choose_batch_size`, for the ``to_score`` keys on
+    ``--estimate-cluster`` or the Spark configuration in force) and the
+    estimate its projection. The returned ``cfg`` holds the chosen number,
+    so every ``JobSpec`` built from it carries an int.
     """
-    if not cfg.estimate_images or not to_score:
-        return None
+    cost = cluster = None
+    if cfg.estimate_images and to_score:
+        cluster = run_cluster(cfg, spark_conf)
+        items = estimate.sample_items(images, cfg.estimate_images)
+        measured = replace(cfg, batch_size=bound_batch(cfg))  # a number, whatever auto will choose
+        cost = estimate.measure(measured.job_spec(), items, cfg.endpoint_url)
+    choice = choose_batch(cfg, cost, cluster, to_score)
+    log.info("batch size %d: %s", choice.chosen, choice.why)
+    cfg = replace(cfg, batch_size=choice.chosen)
+    return cfg, Sizing(choice.as_dict(), estimate_run(cfg, cost, cluster, to_score))
+
+
+def run_cluster(cfg: JobConfig, spark_conf: dict | None) -> estimate.Cluster:
+    """The cluster the run is sized for: ``--estimate-cluster``, else the Spark configuration in force."""
     if cfg.estimate_cluster:
-        cluster = estimate.parse_cluster(cfg.estimate_cluster)
-    else:
-        cluster = estimate.cluster_from_conf({**estimate.spark_conf_in_force(), **(spark_conf or {})})
-    items = estimate.sample_items(images, cfg.estimate_images)
-    cpu, server_cpu, load_seconds = estimate.measure(cfg.job_spec(), items, cfg.endpoint_url)
-    projected = estimate.project(cpu, to_score, cfg.batch_size, cluster, model_load_seconds=load_seconds,
-                                 node_price=cfg.node_price, sample_images=len(items), s3_server_cpu=server_cpu)
-    cost = "" if projected.cost_usd is None else f", about ${projected.cost_usd:,.2f} at ${cfg.node_price}/node-hour"
+        return estimate.parse_cluster(cfg.estimate_cluster)
+    return estimate.cluster_from_conf({**estimate.spark_conf_in_force(), **(spark_conf or {})})
+
+
+def choose_batch(cfg: JobConfig, cost: estimate.SampleCost | None, cluster: estimate.Cluster | None,
+                 to_score: int) -> batchsize.BatchChoice:
+    """``--batch-size`` as given, or auto's choice from the sample's cost on ``cluster``."""
+    overhead = estimate.TASK_OVERHEAD_SECONDS
+    per_image = None
+    if cost is not None and cost.scored and cost.cpu_seconds_per_image > 0:
+        # One image's wall time on one executor: its CPU over the executor's share of the node's vCPUs.
+        per_image = cost.cpu_seconds_per_image * cluster.executors / cluster.vcpus
+    if cfg.batch_size != settings.AUTO:
+        return batchsize.given(cfg.batch_size, per_image, overhead)
+    if per_image is None:
+        reason = ("--estimate-images 0 measures nothing" if not cfg.estimate_images else
+                  "nothing to score" if not to_score else "no sample image could be scored")
+        return batchsize.unmeasured(reason, overhead)
+    return batchsize.choose_batch_size(per_image, overhead, cluster.executors, to_score, cfg.micro_batch_size)
+
+
+def bound_batch(cfg: JobConfig) -> int:
+    """The forward pass's bound batch: the micro-batch, or a smaller ``--batch-size`` (auto never picks one)."""
+    return cfg.micro_batch_size if cfg.batch_size == settings.AUTO else cfg.job_spec().forward_batch
+
+
+def estimate_run(cfg: JobConfig, cost: estimate.SampleCost | None, cluster: estimate.Cluster | None,
+                 to_score: int) -> dict | None:
+    """The run's time (and cost) estimate (:mod:`mxjob.estimate`) from the sample's ``cost``, logged; or ``None``.
+
+    Projects the ``to_score`` keys, in batches of ``cfg.batch_size``, onto ``cluster``.
+    """
+    if cost is None:
+        return None
+    projected = estimate.project(cost.cpu_seconds_per_image, to_score, cfg.batch_size, cluster,
+                                 model_load_seconds=cost.model_load_seconds, node_price=cfg.node_price,
+                                 sample_images=cost.images, s3_server_cpu=cost.s3_server_cpu_seconds_per_image)
+    price = "" if projected.cost_usd is None else f", about ${projected.cost_usd:,.2f} at ${cfg.node_price}/node-hour"
     log.info("estimate: %d images in about %s (%.1f images/s on %d vCPUs: %s)%s; measured on %d images at %.1f ms "
              "of CPU each", to_score, _duration(projected.wall_seconds), projected.images_per_second, cluster.vcpus,
-             cluster.source, cost, len(items), 1000 * cpu)
+             cluster.source, price, cost.images, 1000 * cost.cpu_seconds_per_image)
     return projected.as_dict()
 
 
@@ -576,7 +635,7 @@ def load_model_on_driver(cfg: JobConfig) -> Predictor:
     kind = model_class(get_handlers(cfg.handler_path))
     try:
         # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory.
-        return kind(cfg.model, cfg.preprocess.input_shape, cfg.job_spec().forward_batch, context="cpu")
+        return kind(cfg.model, cfg.preprocess.input_shape, bound_batch(cfg), context="cpu")
     except ModelError as exc:
         raise JobError(f"model: {exc}") from exc
     except FileNotFoundError as exc:
@@ -602,10 +661,10 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
             to_score = len(plan_output(cfg, client, work, images, fingerprint, dry=True).todo)
         except Completed:
             to_score = 0
+    cfg, sizing = size_run(cfg, images, to_score)
     job = cfg.job_spec()
     job = replace(job, model=replace(job.model, context="cpu"))
     [(_, _, blob, stats)] = score_partition(0, images[:1], job)
-    estimate = estimate_run(cfg, images, to_score)
     # Plan every batch as the run would, without writing the plan anywhere: its size is what the run's
     # executors read (a ranged GET each), and planning is the driver's last step before Spark.
     spans = listing.write_plan(images, cfg.batch_size, lambda data: None)
@@ -614,13 +673,14 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
         "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
         "output_writable": bool(cfg.output_key) or None,
         # keys an earlier run made durable (--resume) are not scored again
-        "images": len(images), "to_score": to_score, "batch_size": cfg.batch_size, "batches": batches,
+        "images": len(images), "to_score": to_score, "batch_size": cfg.batch_size,
+        "batch_size_choice": sizing.choice, "batches": batches,
         "partitions": batches, "plan_bytes": sum(spans[-1]) if spans else 0,
         "first_key": images[0][0], "last_key": images[-1][0],
         "model": classifier.model_summary(),
         "sample": json.loads(zlib.decompress(blob).decode("utf-8")),
         "sample_seconds": stats.seconds,
-        "estimate": estimate,
+        "estimate": sizing.estimate,
     }
     # Whatever was logged or printed before ends its line first, so the plan is a line of its own.
     sys.stderr.flush()

@@ -35,9 +35,13 @@ log = logging.getLogger(__name__)
 #: executors registering, their Python workers starting and importing MXNet. Measured on local-cluster
 #: runs of this project (4-7 s); a YARN cluster that must first allocate containers takes longer.
 SPARK_START_SECONDS = 6.0
-#: Wall seconds a Spark task costs beyond its own work: scheduling, serialising the task and its
-#: result, the Python worker's hand-over (about 0.13 s of the worker's CPU here, plus the wait).
-TASK_OVERHEAD_SECONDS = 0.2
+#: Seconds of an executor's time a Spark task costs beyond its images: scheduling, serialising the task
+#: and its result, the Python worker's hand-over, the plan's GET and the part's PUT. Measured by
+#: ``bench/task_cost.py`` (``make bench``) on local-cluster[2,1,1024] on 2 vCPUs of an AMD EPYC shared with
+#: other work: 0.1-0.25 s a task over three runs (the top kept), of which 60-70 ms the Python worker's CPU,
+#: about what a trivial PySpark task costs.
+#: ``--batch-size auto`` keeps it at most 5% of a task (:mod:`mxjob.batchsize`).
+TASK_OVERHEAD_SECONDS = 0.25
 #: A cluster shape: ``10x16`` is ten nodes of 16 vCPUs.
 _SHAPE = re.compile(r"^\s*(\d+)\s*[x×*]\s*(\d+)\s*$")  # noqa: RUF001 - the multiplication sign as people write it
 
@@ -167,8 +171,24 @@ def sample_items(images, count: int) -> list:
     return [images[i * len(images) // n] for i in range(n)] if n else []
 
 
-def measure(job, items: list, endpoint_url: str | None) -> tuple[float, float, float]:
-    """``(cpu seconds per image, of which the local S3 server's, model load seconds)`` of scoring ``items``.
+@dataclass(frozen=True)
+class SampleCost:
+    """What scoring the driver's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
+
+    ``cpu_seconds_per_image`` counts a local S3 stand-in's CPU too (of which
+    ``s3_server_cpu_seconds_per_image``; 0 against real S3); ``scored`` are
+    the sample's images that got predictions rather than error lines.
+    """
+
+    images: int
+    scored: int
+    cpu_seconds_per_image: float
+    s3_server_cpu_seconds_per_image: float
+    model_load_seconds: float
+
+
+def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
+    """The :class:`SampleCost` of scoring ``items`` on the driver, as an executor would.
 
     Runs :func:`mxjob.partition.score_partition` twice on the driver: one
     image first (the model loads: its wall time is the load), then the
@@ -189,7 +209,9 @@ def measure(job, items: list, endpoint_url: str | None) -> tuple[float, float, f
     finally:
         state.models.clear()  # the executors' copy is theirs; the driver keeps none for the run
     n = max(1, len(items))
-    return (stats.seconds["cpu"] + server_cpu) / n, server_cpu / n, load_seconds
+    return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
+                      cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
+                      s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds)
 
 
 def local_server_process(endpoint_url: str | None):

@@ -44,6 +44,8 @@ RESIZE_MODES = ("stretch", "short-side-crop")
 DECODE_MODES = ("draft", "exact")
 #: ``--precision``.
 PRECISIONS = ("fp32", "int8")
+#: ``--batch-size auto``: the driver picks the batch from what its sample measured (``mxjob.batchsize``).
+AUTO = "auto"
 #: ``--output-format``.
 OUTPUT_FORMATS = ("jsonl", "parquet")
 #: Where a setting goes (:attr:`Setting.to`).
@@ -80,6 +82,27 @@ class WholeNumber(click.IntRange):
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             self.fail(f"{value!r} is not a whole number", param, ctx)
         return super().convert(value, param, ctx)
+
+
+class BatchSize(WholeNumber):
+    """``--batch-size``: a whole number of at least 1, or ``auto`` (the driver measures and picks one).
+
+    The command line and the YAML both take ``auto`` in any case; every other
+    value goes through :class:`WholeNumber`, and a refusal says both forms.
+    """
+
+    name = "integer"
+
+    def __init__(self):
+        super().__init__(min=1)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == AUTO:
+            return AUTO
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            self.fail(f"{exc.message.rstrip('.')}; give a whole number of at least 1, or auto", param, ctx)
 
 
 class FiniteNumber(click.FloatRange):
@@ -291,6 +314,15 @@ class Setting:
     show_default: str | None = None
     #: A ``--flag`` that takes no value (``--resume``).
     is_flag: bool = False
+    #: The library's value, when the job's default is decided at run time: ``batch_size``'s ``auto``
+    #: is a choice the driver makes, so ``Classifier``, ``model_udf`` and ``JobSpec`` take the number
+    #: the job falls back to when nothing could be measured. ``None``: the default itself.
+    fallback: Any = None
+
+    @property
+    def library_default(self) -> Any:
+        """The default the library and an executor's ``JobSpec`` use: :attr:`fallback`, else :attr:`default`."""
+        return self.default if self.fallback is None else self.fallback
 
     def __post_init__(self):
         if self.to not in DESTINATIONS:
@@ -404,8 +436,10 @@ SETTINGS: tuple[Setting, ...] = (
        "Replace an existing output, and discard an earlier run's progress under OUTPUT.parts/.", default=False,
        is_flag=True),
     # --- scoring
-    _s("batch_size", "--batch-size --batch", "scoring", "Images per batch and per partition (one Spark task).",
-       default=64, type=_count(), to="executor"),
+    _s("batch_size", "--batch-size --batch", "scoring",
+       "Images per batch and per partition (one Spark task); auto: the driver measures its sample and picks a batch "
+       "that keeps Spark's per-task cost under 5% of a task, with several batches per executor (64 when nothing "
+       "is measured).", default=AUTO, fallback=64, type=BatchSize(), metavar="N|auto", to="executor"),
     _s("top_k", "--top-k", "scoring", "Predictions per image.", default=5, type=_count(), to="executor",
        fingerprint=True),
     # --- preprocessing
@@ -493,8 +527,9 @@ SETTINGS: tuple[Setting, ...] = (
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
 
-#: Every setting's default, as the job and the library use it: ``DEFAULT.batch_size``.
-DEFAULT = types.SimpleNamespace(**{s.name: s.default for s in SETTINGS})
+#: Every setting's default as the library uses it (:attr:`Setting.library_default`): ``DEFAULT.batch_size``
+#: is 64, the job's fallback, where the job's own default is ``auto``.
+DEFAULT = types.SimpleNamespace(**{s.name: s.library_default for s in SETTINGS})
 
 
 def going_to(*destinations: str) -> tuple[Setting, ...]:
@@ -528,14 +563,15 @@ def make_settings_dataclass(name: str, base: type, settings: Iterable[Setting], 
     This is how ``JobConfig`` and ``JobSpec`` get a field for each setting
     without a declaration of their own: the table is the declaration. With
     ``with_defaults``, each field's default is the setting's (the library's
-    defaults are the job's). The class is made importable as
+    defaults are the job's, or :attr:`Setting.library_default` where the
+    job decides at run time). The class is made importable as
     ``module.name`` so that it pickles to the executors.
     """
     fields: list[tuple] = []
     for s in settings:
         metadata = {"help": s.help, "flag": s.flag}
         if with_defaults:
-            fields.append((s.name, Any, dataclasses.field(default=s.default, metadata=metadata)))
+            fields.append((s.name, Any, dataclasses.field(default=s.library_default, metadata=metadata)))
         else:
             fields.append((s.name, Any, dataclasses.field(metadata=metadata)))
     cls = dataclasses.make_dataclass(name, [*fields, *extra], bases=(base,), frozen=True,

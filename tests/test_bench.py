@@ -27,6 +27,7 @@ def test_bench_quick_prints_the_table_and_results(tmp_path):
     assert "were it free, the other processes'" in result.stdout  # the E/L ceiling line
     assert "| resnet20 int8 |" in result.stdout and "Large photos: 8 JPEGs of 8-12 MP" in result.stdout
     assert "MXNet threads per Python worker" in result.stdout
+    assert "ours / trivial:" in result.stdout and "auto's batch" in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
     int8 = results["int8"]["resnet20"]
     assert int8["L"]["images_per_second"] > 0 and int8["E"]["summary"]["precision"]["precision"] == "int8"
@@ -74,3 +75,19 @@ def test_bench_scale_extrapolation_and_task_overhead():
 
     assert list(scale.manifest_keys(2500)) == layout_keys("nested", 2500)
     assert scale.mebibytes("2g") == 2048 and scale.mebibytes("512m") == 512
+
+
+def test_task_cost_report_compares_ours_with_trivial_and_shows_autos_share():
+    from bench import task_cost
+
+    results = {"master": "local-cluster[2,1,1024]", "executors": 2,
+               "trivial": {"tasks": 10, "executor_ms_per_task": 200.0, "cpu_ms_per_task": {"python worker": 100.0}},
+               "ours": {"tasks": 10, "executor_ms_per_task": 240.0, "cpu_ms_per_task": {"python worker": 110.0},
+                        "in_task_ms_per_task": 30.0, "in_task_cpu_ms_per_task": 6.0}}
+    text = task_cost.report(results)
+    assert "| trivial | 200.0 | 100.0 |" in text and "| ours | 240.0 | 110.0 |" in text
+    assert "ours / trivial: 1.20x executor time, 1.10x Python worker CPU" in text
+    [slow] = [row for row in task_cost.auto_shares(0.24, 2) if row["ms_per_image"] == 47.0]
+    # The measured 240 ms against a batch of 47 ms images: its share is what the line prints.
+    assert slow["share"] == pytest.approx(0.24 / (slow["batch"] * 0.047 + 0.24))
+    assert f"auto's batch {slow['batch']}, where the measured per-task cost is {slow['share']:.1%}" in text

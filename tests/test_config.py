@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -12,7 +13,7 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, errors, listing, settings
+from mxjob import cluster, config, driver, errors, listing, settings
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -58,7 +59,7 @@ def test_conf_defaults_yaml_documents_exactly_the_defaults():
 def test_defaults_apply_when_nothing_overrides_them(resolve):
     result, cfg = resolve(*BASE)
     assert result.exit_code == 0, result.output
-    assert cfg.batch_size == 64 and cfg.top_k == 5
+    assert cfg.batch_size == "auto" and cfg.top_k == 5
     assert cfg.preprocess == mxinfer.Preprocess((3, 224, 224), (0.0,), (1.0,), "stretch", 64_000_000)
     assert cfg.suffixes == listing.DEFAULT_SUFFIXES
     assert cfg.model.symbol_uri == "s3://m/r18-symbol.json"
@@ -274,6 +275,8 @@ def test_help_shows_every_default_from_the_table_and_no_help_text_types_one(runn
 
 def test_the_job_and_the_library_share_their_defaults():
     cfg = config.resolve(config.merge_settings({k[2:]: v for k, v in zip(BASE[::2], BASE[1::2])}, {}))
+    # auto's choice when nothing is measured is the library's batch size.
+    cfg, _ = driver.size_run(replace(cfg, estimate_images=0), images=[], to_score=1000)
     assert cfg.preprocess == mxinfer.Preprocess()
     library = mxinfer.JobSpec(model=cfg.model, preprocess=mxinfer.Preprocess(), bucket="in")
     job = cfg.job_spec()

@@ -101,7 +101,7 @@ def test_bad_estimate_options_exit_2_before_any_work(runner, monkeypatch, args, 
 
 def test_estimate_options_reach_the_config(runner, monkeypatch):
     ran = []
-    monkeypatch.setattr(infer_main, "run_job", lambda cfg: ran.append(cfg) or 0)
+    monkeypatch.setattr(infer_main, "run_job", lambda cfg, **_: ran.append(cfg) or 0)
     result = runner.invoke(infer_main.main, [*BASE, "--estimate-cluster", "10x16", "--node-price", "0.77"])
     assert result.exit_code == 0, result.output
     [cfg] = ran

@@ -71,13 +71,15 @@ def test_job_config_has_a_field_per_driver_and_executor_setting_and_none_for_the
 def test_job_spec_has_a_field_per_executor_setting_with_the_tables_default():
     spec_fields = {f.name: f for f in fields(JobSpec)}
     for s in settings.going_to("executor"):
-        assert spec_fields[s.name].default == s.default, s.name
+        assert spec_fields[s.name].default == s.library_default, s.name
+    # The one default decided at run time: an executor always gets a number, the fallback by default.
+    assert settings.BY_NAME["batch_size"].default == "auto" and spec_fields["batch_size"].default == 64
     # "handler" on an executor is the driver's shipped copy of --handler (JobConfig.handler_path).
     assert {s.name for s in settings.going_to("driver")} & set(spec_fields) == {"handler"}
 
 
 def test_job_spec_carries_every_executor_setting_of_the_run_and_pickles():
-    cfg = resolved(io_threads=3, s3_reader="botocore", micro_batch_size=8, top_k=2, s3_max_attempts=7)
+    cfg = resolved(io_threads=3, s3_reader="botocore", micro_batch_size=8, top_k=2, s3_max_attempts=7, batch_size=128)
     spec = cfg.job_spec()
     for s in settings.going_to("executor"):
         assert getattr(spec, s.name) == getattr(cfg, s.name), s.name
@@ -101,7 +103,10 @@ def test_a_new_executor_setting_needs_only_its_declaration(monkeypatch):
 
 
 def test_the_library_defaults_are_the_jobs():
-    cfg = resolved()
+    # The job's batch size is chosen at run time (auto); the library's is the number the job chooses when
+    # it measures nothing, so compare against a run that measures nothing.
+    cfg, _ = driver.size_run(resolved(estimate_images=0), images=[], to_score=100)
+    assert resolved().batch_size == "auto" and cfg.batch_size == 64
     assert mxinfer.Preprocess() == cfg.preprocess
     spec = mxinfer.ModelSpec("s", "p")
     assert (spec.data_name, spec.context, spec.s3_max_attempts) == (cfg.model.data_name, cfg.model.context,
@@ -113,7 +118,8 @@ def test_the_library_defaults_are_the_jobs():
     assert inspect.signature(mxinfer.Classifier.classify).parameters["top_k"].default == cfg.top_k
     udf = inspect.signature(mxinfer.model_udf).parameters
     for name in ("batch_size", "top_k", "max_image_pixels", "epoch", "data_name", "s3_max_attempts"):
-        assert udf[name].default == settings.BY_NAME[name].default, name
+        assert udf[name].default == settings.BY_NAME[name].library_default, name
+    assert udf["batch_size"].default == cfg.batch_size
     library_spec = mxinfer.JobSpec(model=cfg.model, preprocess=mxinfer.Preprocess(), bucket="in")
     job_spec = cfg.job_spec()
     for s in settings.going_to("executor"):
@@ -129,8 +135,10 @@ def test_the_fingerprint_holds_exactly_the_settings_the_table_marks():
     int8 = driver.line_settings(resolved(precision="int8", int8_exclude="conv0"))
     assert set(int8) - set(fp32) == {"calibration_images", "int8_exclude"}
     assert int8["int8_exclude"] == ("conv0",)
-    # A setting that does not change a line (io_threads) is not in it, whatever its value.
+    # A setting that does not change a line (io_threads) is not in it, whatever its value; nor is the
+    # batch size, so a --resume of an auto run that chose 1904 with --batch-size 64 (or auto again) matches.
     assert driver.line_settings(resolved(io_threads=2)) == fp32
+    assert driver.line_settings(resolved(batch_size="auto")) == driver.line_settings(resolved(batch_size=1904)) == fp32
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

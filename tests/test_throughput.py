@@ -30,7 +30,7 @@ def test_the_module_is_bound_at_the_micro_batch_never_above_the_batch(batch, mic
 
 
 def test_micro_batch_and_threads_reach_the_executors_from_the_options():
-    cfg = config.resolve(config.merge_settings({**BASE, "micro_batch_size": 8, "threads": 4}, {}))
+    cfg = config.resolve(config.merge_settings({**BASE, "micro_batch_size": 8, "threads": 4, "batch_size": 64}, {}))
     spec = cfg.job_spec()
     assert (spec.micro_batch_size, spec.threads, spec.forward_batch) == (8, 4, 8)
     defaults = config.resolve(config.merge_settings(BASE, {})).job_spec()

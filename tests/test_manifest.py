@@ -389,14 +389,17 @@ BLOCK_BYTES = 16 << 20
 #: scratch: measured 125 to 260 MiB at a million keys, depending on how the allocator's pages fall.
 RESIDENT_SLACK_BYTES = 320 << 20
 
+#: The peak is the kernel's VmHWM, which a new program starts afresh; ``ru_maxrss`` would not do: Linux
+#: keeps it across exec, so the child would report the forking pytest process's own peak.
 MEMORY_PROBE = """
-import resource, sys
+import re, sys
 import psutil
 import pyarrow as pa
 from mxjob import manifest
 base = psutil.Process().memory_info().rss
 images = manifest.read_manifest(sys.argv[1], suffixes=[".jpeg"])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+with open("/proc/self/status") as status:
+    peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", status.read()).group(1)) * 1024
 print(len(images), images.nbytes, pa.default_memory_pool().max_memory(), peak - base)
 """
 

@@ -242,19 +242,21 @@ def _plain(values):
 
 
 def _read_text(uri: str, path: str):
-    try:
-        return _fast_text(path)
-    except _Doubt:
-        log.info("manifest %s: read line by line in Python (a line the fast reader does not vouch for)", uri)
-        return _scan_text(uri, path)
+    return _fast_or_scanned(uri, path, _fast_text, _scan_text, "line")
 
 
 def _read_csv(uri: str, path: str):
+    return _fast_or_scanned(uri, path, _fast_csv, _scan_csv, "row")
+
+
+def _fast_or_scanned(uri: str, path: str, fast, scan, unit: str):
+    """``fast(path)``; if it cannot vouch for every ``unit``, ``scan(uri, path)``, which names a bad one exactly."""
     try:
-        return _fast_csv(path)
+        return fast(path)
     except _Doubt:
-        log.info("manifest %s: read row by row in Python (a row the fast reader does not vouch for)", uri)
-        return _scan_csv(uri, path)
+        log.info("manifest %s: read %s by %s in Python (a %s the fast reader does not vouch for)", uri, unit, unit,
+                 unit)
+        return scan(uri, path)
 
 
 def _python_lines(path: str) -> int:

@@ -187,32 +187,33 @@ class OptionalText(click.ParamType):
         return str(value) or None
 
 
-class ClusterShape(click.ParamType):
-    """``NODESxVCPUS`` (``10x16``): a cluster to estimate for, checked by :func:`mxjob.estimate.parse_cluster`."""
+class CheckedText(click.ParamType):
+    """Text, stripped, once ``check`` accepts it; ``check`` raises ``ValueError`` saying what is wrong.
 
-    name = "NxVCPUS"
+    Parameters
+    ----------
+    name : str
+        How ``--help`` shows the value (``N|P%``).
+    check : callable
+        Called with the text; its ``ValueError`` becomes the option's error.
+    """
+
+    def __init__(self, name: str, check):
+        self.name, self.check = name, check
 
     def convert(self, value, param, ctx):
-        from mxjob.estimate import parse_cluster
-
         try:
-            parse_cluster(str(value))
+            self.check(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
         return str(value).strip()
 
 
-class MaxErrors(click.ParamType):
-    """A count (``10``) or a percentage (``1%``) of the listed keys, kept as text."""
+def _cluster_shape(text: str) -> None:
+    """``NODESxVCPUS`` (``10x16``), as :func:`mxjob.estimate.parse_cluster` reads it."""
+    from mxjob.estimate import parse_cluster  # estimate imports this module
 
-    name = "N|P%"
-
-    def convert(self, value, param, ctx):
-        try:
-            parse_max_errors(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-        return str(value).strip()
+    parse_cluster(text)
 
 
 class DeviceContext(click.ParamType):
@@ -473,7 +474,8 @@ SETTINGS: tuple[Setting, ...] = (
        default="lean", type=click.Choice(utils.S3_READERS, case_sensitive=False), to="executor"),
     # --- failures
     _s("max_errors", "--max-errors", "failures",
-       "Exit 3 if more images than this fail (still writing all output).", default="1%", type=MaxErrors()),
+       "Exit 3 if more images than this fail (still writing all output).", default="1%",
+       type=CheckedText("N|P%", parse_max_errors)),
     _s("max_object_bytes", "--max-object-bytes", "failures", "Larger objects become error lines, undownloaded.",
        default=50 * 1024 * 1024, type=_count(), to="executor", fingerprint=True),
     # --- executors
@@ -509,7 +511,8 @@ SETTINGS: tuple[Setting, ...] = (
        default=32, type=_count(0)),
     _s("estimate_cluster", "--estimate-cluster", "estimate",
        "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor per vCPU.",
-       type=ClusterShape(), show_default="the Spark configuration in force (executors times their cores)"),
+       type=CheckedText("NxVCPUS", _cluster_shape),
+       show_default="the Spark configuration in force (executors times their cores)"),
     _s("node_price", "--node-price", "estimate", "USD per node-hour: the estimate then gives the run's cost.",
        type=FiniteNumber(min=0), metavar="USD"),
     # --- run

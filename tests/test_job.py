@@ -64,14 +64,19 @@ def read_output(s3, key: str):
     return lines, summary
 
 
+def logits_args(world, output_key: str, *extra: str) -> list[str]:
+    """The logits run's command line, writing ``output_key``, with ``extra`` options."""
+    return [
+        "--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits",
+        "--output", f"s3://{BUCKET}/{output_key}", "--endpoint-url", world["endpoint"],
+        "--input-shape", "3,32,32", "--std", "255", "--batch-size", str(BATCH), "--top-k", "3",
+        "--progress-seconds", "2", *extra,
+    ]
+
+
 @pytest.fixture(scope="module")
 def logits_run(world):
-    result = spark_submit([
-        "--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits",
-        "--output", f"s3://{BUCKET}/out/logits.jsonl", "--endpoint-url", world["endpoint"],
-        "--input-shape", "3,32,32", "--std", "255", "--batch-size", str(BATCH), "--top-k", "3",
-        "--progress-seconds", "2",
-    ])
+    result = spark_submit(logits_args(world, "out/logits.jsonl"))
     lines, summary = read_output(world["s3"], "out/logits.jsonl")
     return result, lines, summary
 
@@ -79,12 +84,7 @@ def logits_run(world):
 @pytest.fixture(scope="module")
 def botocore_run(world):
     """:func:`logits_run`'s command line under ``--s3-reader botocore``: public boto3 APIs only."""
-    result = spark_submit([
-        "--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits",
-        "--output", f"s3://{BUCKET}/out/logits-botocore.jsonl", "--endpoint-url", world["endpoint"],
-        "--input-shape", "3,32,32", "--std", "255", "--batch-size", str(BATCH), "--top-k", "3",
-        "--progress-seconds", "2", "--s3-reader", "botocore",
-    ])
+    result = spark_submit(logits_args(world, "out/logits-botocore.jsonl", "--s3-reader", "botocore"))
     body = world["s3"].get_object(Bucket=BUCKET, Key="out/logits-botocore.jsonl")["Body"].read()
     _, summary = read_output(world["s3"], "out/logits-botocore.jsonl")
     return result, body, summary

@@ -58,9 +58,15 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
                         expected_executors(dict(sc.getConf().getAll())), on_tick, ticks)
     threading.Thread(target=reporter.run, args=(stop,), daemon=True).start()
     group = f"mxinfer-{run.prefix}"
-    sc.setJobGroup(group, f"score {run.batches} batches")
+
+    def score_batches():
+        # A job group is a property of the thread that starts the job (PySpark pins Python threads to
+        # JVM threads), so it is set here, in run_cancellable's thread; lost_task_attempts reads it.
+        sc.setJobGroup(group, f"score {run.batches} batches")
+        return rdd.mapPartitionsWithIndex(score).sum()
+
     try:
-        run_cancellable(sc, rdd.mapPartitionsWithIndex(score).sum)
+        run_cancellable(sc, score_batches)
         stop.set()
         reporter.tick(final=True)  # a job shorter than the first tick still prints a line
         fold = stats.value

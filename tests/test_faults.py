@@ -286,8 +286,9 @@ def run_with_a_kill(bucket, moto_endpoint, prefix: str, output_key: str, kill) -
         return False  # deny nothing: this is only a hook
 
     with S3Proxy(moto_endpoint, latency=0.15, deny=on_request) as proxy:
+        # No estimate: its sample's GETs on the driver would reach the 12th before any executor ran.
         result = spark_submit(job_args(proxy.endpoint, prefix, output_key, "--batch-size", "4",
-                                       "--io-threads", "1", "--max-in-flight", "1"))
+                                       "--io-threads", "1", "--max-in-flight", "1", "--estimate-images", "0"))
     assert fired.is_set()
     return result, keys
 
@@ -328,13 +329,15 @@ def test_weights_unreachable_from_executors_fail_fast_with_the_cause_and_leave_n
     def deny_params_after_the_drivers_read(method: str, path: str) -> bool:
         if method == "GET" and path.endswith("/model/digits-0000.params"):
             params_reads.append(path)
-            # The driver reads the params twice (the model check, the resume fingerprint); every executor is refused.
+            # The driver reads the params twice (the model check, the resume fingerprint; no estimate sample
+            # here); every executor is refused.
             return len(params_reads) > 2
         return False
 
     started = time.time()
     with S3Proxy(moto_endpoint, deny=deny_params_after_the_drivers_read) as proxy:
-        result = spark_submit(job_args(proxy.endpoint, "nomodel/", "out/nomodel.jsonl", "--batch-size", "4"))
+        result = spark_submit(job_args(proxy.endpoint, "nomodel/", "out/nomodel.jsonl", "--batch-size", "4",
+                                       "--estimate-images", "0"))
     elapsed = time.time() - started
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]

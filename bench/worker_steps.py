@@ -137,8 +137,10 @@ def recipe_steps(datas: list[bytes], prep: Preprocess, repeats: int) -> dict[str
     """CPU ms per image of each step of the recipe, each on the previous step's outputs."""
     steps: dict[str, float] = {}
     steps["open (header)"] = best_ms(_opened, datas, repeats)
-    steps["draft (DCT scale request)"] = best_ms(partial(_drafted, prep=prep), datas, repeats) - steps["open (header)"]
-    steps["JPEG decode (load)"] = best_ms(partial(_loaded, prep=prep), datas, repeats) - sum(steps.values())
+    # Differences of two best times: noise can make a tiny step come out below zero, which reads as zero.
+    steps["draft (DCT scale request)"] = max(
+        0.0, best_ms(partial(_drafted, prep=prep), datas, repeats) - steps["open (header)"])
+    steps["JPEG decode (load)"] = max(0.0, best_ms(partial(_loaded, prep=prep), datas, repeats) - sum(steps.values()))
     loaded = [_loaded(d, prep) for d in datas]
     steps["EXIF transpose"] = best_ms(partial(ImageOps.exif_transpose, in_place=True), loaded, repeats)
     steps["RGB conversion"] = best_ms(to_rgb, loaded, repeats)
@@ -165,6 +167,7 @@ def micro_batch_stack_ms(prep: Preprocess, repeats: int, micro_batch: int = 16) 
 
 def end_to_end(datas: list[bytes], prep: Preprocess, repeats: int, micro_batch: int = 16) -> dict[str, float]:
     """Decoding and batch assembly as the job did before (``decode_image`` + ``np.stack``) and now (``decode_into``)."""
+    micro_batch = min(micro_batch, len(datas))
     chunks = [datas[i: i + micro_batch] for i in range(0, len(datas) - micro_batch + 1, micro_batch)]
     out = {"decode_image + np.stack": best_ms(lambda chunk: np.stack([decode_image(d, prep) for d in chunk]),
                                               chunks, repeats) / micro_batch}

@@ -14,8 +14,8 @@ the machine moves the figures little. Each figure is the best of
   transpose, RGB conversion, resize, array, CHW transpose, float conversion
   and normalisation, batch assembly, each on the previous step's output;
 * end to end: :func:`mxjob.preprocess.decode_image` then ``np.stack`` (how
-  the job assembled micro-batches before), and ``decode_into`` rows of a
-  preallocated batch (how it does now);
+  the job assembles its micro-batches), and ``decode_into`` rows of a
+  preallocated batch (the library's option that saves the stack);
 * the Python glue of ``mxjob.partition``: the pool's futures, the result
   tuples and the timing sums per image, with the download and the decoding
   replaced by stubs (CPU of every thread of the process);
@@ -166,7 +166,7 @@ def micro_batch_stack_ms(prep: Preprocess, repeats: int, micro_batch: int = 16) 
 
 
 def end_to_end(datas: list[bytes], prep: Preprocess, repeats: int, micro_batch: int = 16) -> dict[str, float]:
-    """Decoding and batch assembly as the job did before (``decode_image`` + ``np.stack``) and now (``decode_into``)."""
+    """Decoding and batch assembly as the job does (``decode_image`` + ``np.stack``) and with ``decode_into``."""
     micro_batch = min(micro_batch, len(datas))
     chunks = [datas[i: i + micro_batch] for i in range(0, len(datas) - micro_batch + 1, micro_batch)]
     out = {"decode_image + np.stack": best_ms(lambda chunk: np.stack([decode_image(d, prep) for d in chunk]),

@@ -407,9 +407,9 @@ class ObjectReader:
     learns from the request botocore sent where the bucket's objects live
     (scheme, host and path, whatever the endpoint, addressing style or region
     redirect) and which region signs for them. Later GETs are signed with the
-    client's own credentials by botocore's SigV4 signer and sent through the
-    client's own HTTP session (its connection pool, proxies, CA bundle and
-    timeouts).
+    client's own credentials (SigV4, by :class:`_GetSigner`: the header
+    botocore's signer makes, for less CPU) and sent through the client's own
+    HTTP session (its connection pool, proxies, CA bundle and timeouts).
 
     The lean path accepts only a plain answer: a 200 whose body is whole and
     matches its CRC32, SHA-1 or SHA-256 checksum when S3 sends one. A 404, or

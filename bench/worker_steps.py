@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from unittest import mock
@@ -253,7 +254,7 @@ def large_ms(datas: list[bytes], prep: Preprocess, repeats: int) -> dict[str, fl
             img.draft("RGB", (img.width // 8, img.height // 8))
             img.load()
 
-    exact = Preprocess(**{**prep.__dict__, "decode": "exact"})
+    exact = replace(prep, decode="exact")
     return {"draft": best_ms(partial(decode_image, prep=prep), datas, repeats),
             "exact": best_ms(partial(decode_image, prep=exact), datas, repeats),
             "JPEG decoder at 1/8 (floor)": best_ms(floor, datas, repeats),

@@ -69,6 +69,10 @@ bench-manifest: $(STAMP) ## A job from a manifest of 100,000 keys, half missing:
 bench-scale: $(STAMP) ## Driver time and memory, per-task overhead at 100,000 and 1,000,000 keys, fake fast scorer (long; BENCH_ARGS=--quick)
 	$(PY) -m bench.scale $(BENCH_ARGS)
 
+.PHONY: bench-worker
+bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, step by step: GET, decode, resize, normalise, glue; 12 MP photos (about 10 s)
+	$(PY) -m bench.worker_steps $(BENCH_ARGS)
+
 # --- EMR deploy ---
 # docs/emr.md walks through these. S3 is the prefix the cluster reads the job
 # from; everything else comes from conf/emr.yaml (EMR_CONF).

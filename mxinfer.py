@@ -5,7 +5,7 @@ Shipped to the executors in ``mxinfer_job.zip`` (``--py-files``, built by
 concern per module:
 
 ===================  ==========================================================
-``mxjob.preprocess``  encoded bytes to the model's input (:func:`decode_image`)
+``mxjob.preprocess``  encoded bytes to the model's input (:func:`decode_image`, :func:`decode_into`)
 ``mxjob.model``       the checkpoint, :class:`Predictor` / :class:`Classifier` /
                       :class:`ImageClassifier`, top-k, the per-worker model cache
 ``mxjob.device``      ``cpu`` / ``gpu`` / ``gpu:N``, one grammar
@@ -47,7 +47,7 @@ from mxjob.model import (
     top_classes,
 )
 from mxjob.partition import JobSpec, score_partition
-from mxjob.preprocess import ImageTooLargeError, Preprocess, decode_image, draft_size
+from mxjob.preprocess import ImageTooLargeError, Preprocess, decode_image, decode_into, draft_size
 from mxjob.settings import DECODE_MODES, PRECISIONS, RESIZE_MODES
 from mxjob.udf import model_udf, score_images, udf_return_type
 
@@ -68,6 +68,7 @@ __all__ = [
     "agreement",
     "choose_context",
     "decode_image",
+    "decode_into",
     "draft_size",
     "first_line",
     "get_classifier",

@@ -25,15 +25,31 @@ def gradient_rgb(width: int = 40, height: int = 30) -> Image.Image:
     return Image.fromarray(rgb.astype(np.uint8))
 
 
-def reference(data: bytes, shape=(3, 24, 32), mean=(0, 0, 0), std=(1, 1, 1), draft: bool = True) -> np.ndarray:
-    """The preprocessing recipe of docs/performance.md (stretch), written out independently of mxinfer."""
+def reference(data: bytes, shape=(3, 24, 32), mean=(0, 0, 0), std=(1, 1, 1), draft: bool = True,
+              resize: str = "stretch") -> np.ndarray:
+    """The preprocessing recipe of docs/performance.md, written out independently of mxinfer."""
+    height, width = shape[1:]
+    if resize == "short-side-crop":
+        short = round(min(height, width) * 256 / 224)
+        target = (short, short)
+    else:
+        target = (width, height)
     img = Image.open(io.BytesIO(data))
     if draft and img.format == "JPEG":
         turned = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)
-        img.draft(None, (2 * shape[1], 2 * shape[2]) if turned else (2 * shape[2], 2 * shape[1]))
+        img.draft(None, (2 * target[1], 2 * target[0]) if turned else (2 * target[0], 2 * target[1]))
     img = ImageOps.exif_transpose(img)
+    if img.mode.startswith("I;16"):  # the docs: value / 257, not Pillow's clipping convert
+        img = Image.fromarray(np.clip(np.rint(np.asarray(img, np.float64) / 257), 0, 255).astype(np.uint8))
     img = img.convert("RGB")
-    img = img.resize((shape[2], shape[1]), Image.BILINEAR)
+    if resize == "short-side-crop":
+        scale = target[0] / min(img.size)
+        size = (max(width, round(img.width * scale)), max(height, round(img.height * scale)))
+        img = img.resize(size, Image.BILINEAR)
+        left, top = (size[0] - width) // 2, (size[1] - height) // 2
+        img = img.crop((left, top, left + width, top + height))
+    else:
+        img = img.resize((width, height), Image.BILINEAR)
     x = np.asarray(img, dtype=np.float32).transpose(2, 0, 1)
     return (x - np.array(mean, np.float32).reshape(3, 1, 1)) / np.array(std, np.float32).reshape(3, 1, 1)
 
@@ -240,3 +256,84 @@ def test_draft_asks_for_twice_the_upright_size_of_a_quarter_turned_jpeg():
 def test_decode_mode_is_checked():
     with pytest.raises(ValueError, match="decode must be one of draft, exact"):
         mxinfer.Preprocess(decode="fast")
+
+
+# ----------------------------------------------------------------------------
+# The job's path equals the recipe on real photos, every mode, orientation and format
+
+
+def photo_in_mode(mode: str, scale: float = 1.0) -> Image.Image:
+    """A real photo (:func:`real_photo`) in Pillow ``mode``; ``I;16`` spreads its grey over 16 bits."""
+    img = real_photo(scale)
+    if mode == "I;16":
+        return Image.fromarray(np.asarray(img.convert("L"), np.uint16) * 257)
+    if mode == "LA":
+        return Image.merge("LA", (img.convert("L"), img.convert("L").point(lambda v: 255 - v // 2)))
+    if mode == "RGBA":
+        return Image.merge("RGBA", (*img.split(), img.convert("L")))
+    return img.convert(mode)
+
+
+#: Each mode in the formats that hold it (JPEG for RGB, L and CMYK; PNG for every one but CMYK; GIF for P).
+MODE_FORMATS = [("RGB", "JPEG"), ("RGB", "PNG"), ("L", "JPEG"), ("L", "PNG"), ("CMYK", "JPEG"), ("LA", "PNG"),
+                ("P", "PNG"), ("P", "GIF"), ("RGBA", "PNG"), ("I;16", "PNG"), ("1", "PNG")]
+
+
+@pytest.mark.parametrize("resize", mxinfer.RESIZE_MODES)
+@pytest.mark.parametrize(("mode", "fmt"), MODE_FORMATS)
+def test_real_photos_of_every_mode_and_format_decode_as_the_recipe(mode, fmt, resize):
+    img = photo_in_mode(mode, 2.5)  # 1600x1068: JPEGs take the draft path (1/2 scale)
+    assert img.mode == mode
+    data = encode(img, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    prep = replace(BIG, resize=resize)
+    np.testing.assert_allclose(mxinfer.decode_image(data, prep),
+                               reference(data, prep.input_shape, prep.mean, prep.std, resize=resize), atol=1e-4)
+
+
+@pytest.mark.parametrize("resize", mxinfer.RESIZE_MODES)
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_every_exif_orientation_decodes_as_the_recipe(fmt, orientation, resize):
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    img = real_photo(2.5).resize((1600, 900))  # not square: a quarter turn changes the draft request
+    data = encode(img, fmt, exif=exif.tobytes(), **({"quality": 90} if fmt == "JPEG" else {}))
+    prep = replace(BIG, resize=resize, input_shape=(3, 224, 160))
+    out = mxinfer.decode_image(data, prep)
+    np.testing.assert_allclose(out, reference(data, prep.input_shape, prep.mean, prep.std, resize=resize),
+                               atol=1e-4)
+
+
+def test_decode_into_fills_a_batch_row_with_decode_image_s_values():
+    datas = [encode(photo_in_mode(mode), fmt) for mode, fmt in (("RGB", "JPEG"), ("P", "GIF"), ("I;16", "PNG"))]
+    batch = np.full((len(datas) + 1, *BIG.input_shape), np.nan, np.float32)
+    for row, data in zip(batch, datas):
+        assert mxinfer.decode_into(data, BIG, row) is row
+    for row, data in zip(batch, datas):
+        assert np.array_equal(row, mxinfer.decode_image(data, BIG))
+    assert np.isnan(batch[-1]).all()  # the rows it was not given stay untouched
+
+
+def test_decode_into_a_one_channel_row():
+    prep = mxinfer.Preprocess(input_shape=(1, 24, 32), mean=(127.5,), std=(255.0,), decode="exact")
+    data = encode(real_photo(), "JPEG")
+    out = mxinfer.decode_into(data, prep, np.empty((1, 24, 32), np.float32))
+    expected = (np.asarray(Image.open(io.BytesIO(data)).convert("L").resize((32, 24), Image.BILINEAR),
+                           np.float32) - np.float32(127.5)) / np.float32(255.0)
+    assert np.array_equal(out[0], expected)
+
+
+@pytest.mark.parametrize("out, match", [
+    (np.empty((3, 24, 32), np.float64), "out must be float32 of shape \\(3, 24, 32\\), got float64"),
+    (np.empty((3, 32, 24), np.float32), "got float32 \\(3, 32, 24\\)"),
+    (np.empty((1, 3, 24, 32), np.float32), "out must be float32 of shape"),
+])
+def test_decode_into_refuses_a_wrong_array(out, match):
+    with pytest.raises(ValueError, match=match):
+        mxinfer.decode_into(encode(gradient_rgb()), PREP, out)
+
+
+def test_decode_into_raises_on_bad_bytes_as_decode_image_does():
+    with pytest.raises(OSError, match="image file is truncated"):
+        data = encode(gradient_rgb(200, 150), "JPEG")
+        mxinfer.decode_into(data[: len(data) // 2], PREP, np.empty(PREP.input_shape, np.float32))

@@ -8,12 +8,17 @@ botocore's own ``get_object`` gives.
 from __future__ import annotations
 
 import base64
+import datetime
 import logging
 import zlib
 from types import SimpleNamespace
+from unittest import mock
 
+import botocore.auth
 import botocore.awsrequest
+import botocore.credentials
 import botocore.exceptions
+import botocore.utils
 import pytest
 
 import utils
@@ -200,3 +205,45 @@ def test_an_object_over_max_bytes_is_refused_from_its_content_length_on_both_pat
                 reader.read(BUCKET, "r/e.jpg", max_bytes=1500)
         assert seen(proxy) == before + 1  # refused, not retried through botocore
         assert reader.read(BUCKET, "r/e.jpg", max_bytes=len(big)) == big  # the connection pool still works
+
+
+# ----------------------------------------------------------------------------
+# The lean path's own SigV4 signer
+
+
+def botocore_signed(url: str, credentials, region: str, when) -> dict:
+    """The headers botocore's S3SigV4Auth gives the lean path's GET of ``url`` at ``when``."""
+    request = botocore.awsrequest.AWSRequest(method="GET", url=url, stream_output=True,
+                                             headers={"x-amz-checksum-mode": "ENABLED", "User-Agent": "agent/1"})
+    with mock.patch("botocore.auth.get_current_datetime", return_value=when):
+        botocore.auth.S3SigV4Auth(credentials, "s3", region).add_auth(request)
+    return dict(request.headers.items())
+
+
+@pytest.mark.parametrize("token", [None, "session/token+=="])
+@pytest.mark.parametrize(("base", "region"), [
+    ("http://127.0.0.1:5000/reader-bucket/", "us-east-1"),  # path style, a port
+    ("https://reader-bucket.s3.eu-west-3.amazonaws.com/", "eu-west-3"),  # virtual host, the default port
+    ("https://s3.eu-central-1.amazonaws.com:443/reader-bucket/", "eu-central-1"),  # the default port written out
+])
+def test_the_lean_signer_signs_as_botocore(base, region, token):
+    credentials = botocore.credentials.Credentials("AKIDEXAMPLE", "wJalr/K7MDENG+bPxRfi", token)
+    credentials = credentials.get_frozen_credentials()
+    signer = utils._GetSigner()
+    for when in (datetime.datetime(2026, 11, 23, 23, 59, 59), datetime.datetime(2026, 11, 24, 0, 0, 1)):
+        for key in ("r/a.jpg", "r/c d.jpg", "r/ü/é+%.jpg", "deep/a~b/(1)!*'.png"):
+            quoted = botocore.utils.percent_encode(key, safe="/~")
+            expected = botocore_signed(base + quoted, credentials, region, when)
+            ours = signer.headers(credentials, region, base, quoted, "agent/1", when.strftime("%Y%m%dT%H%M%SZ"))
+            assert ours == expected
+
+
+def test_the_lean_signer_keeps_the_signing_key_for_a_day_and_region():
+    credentials = botocore.credentials.Credentials("AKID", "secret").get_frozen_credentials()
+    signer = utils._GetSigner()
+    signer.headers(credentials, "us-east-1", "http://h/b/", "k", None, "20261123T000000Z")
+    key = signer._key
+    signer.headers(credentials, "us-east-1", "http://h/b/", "other", None, "20261123T235959Z")
+    assert signer._key is key
+    signer.headers(credentials, "us-east-1", "http://h/b/", "k", None, "20261124T000000Z")
+    assert signer._key[0] == ("secret", "20261124", "us-east-1") and signer._key[1] != key[1]

@@ -37,6 +37,7 @@ import pyarrow.csv as pa_csv
 
 import utils
 from mxjob.errors import first_line
+from mxjob.extsort import SPILL_BYTES, KeySorter, SpilledListing
 from mxjob.listing import KEY_TYPE, Listing
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,15 @@ class ManifestError(ValueError):
 
 
 def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: str = "",
-                  suffixes: Iterable[str] | None = None, limit: int | None = None) -> Listing:
+                  suffixes: Iterable[str] | None = None, limit: int | None = None, in_memory: bool = True,
+                  spill_bytes: int = SPILL_BYTES, spill_dir: str | None = None) -> Listing | SpilledListing:
     """The image keys a manifest names, as a :class:`listing.Listing`.
+
+    A manifest of more than ``spill_bytes`` of keys (about two million) is
+    sorted out of core (:mod:`mxjob.extsort`): read in runs that are sorted
+    and spilled to ``spill_dir``, then merged, so that the keys are never
+    held twice. ``in_memory=False`` then keeps the merged keys on disk too
+    (a :class:`extsort.SpilledListing`, for the dry run's plan).
 
     Parameters
     ----------
@@ -70,11 +78,19 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
         Keep only keys with these suffixes (case-insensitive).
     limit : int, optional
         Keep only the first ``limit`` keys, in sorted order.
+    in_memory : bool
+        Whether keys sorted out of core are loaded into memory (one copy) or
+        left in a local file.
+    spill_bytes : int
+        Arrow bytes of keys read before a run is sorted and spilled.
+    spill_dir : str, optional
+        Where runs are spilled: :func:`extsort.spill_dir` by default.
 
     Returns
     -------
-    Listing
-        Sorted, unique keys, with sizes where the manifest gives them.
+    Listing or extsort.SpilledListing
+        Sorted, unique keys, with sizes where the manifest gives them (the
+        same keys whichever way they were sorted).
 
     Raises
     ------
@@ -82,15 +98,44 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
         The manifest cannot be read, has malformed lines (named by number),
         names keys in several buckets or no bucket, or names no image.
     """
-    with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
-        path = _local_copy(uri, client, work)
-        name = uri.rsplit("/", 1)[-1].lower()
-        if name.endswith(".json"):
-            buckets, keys, sizes = _read_inventory(uri, path, client, work)
-        elif name.endswith(".csv"):
-            buckets, keys, sizes = _read_csv(uri, path)
+    sorter = KeySorter(prefix=prefix, suffixes=suffixes, spill_bytes=spill_bytes, directory=spill_dir)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
+            path = _local_copy(uri, client, work)
+            buckets = _read_keys(uri, path, client, work, sorter)
+        named = _one_bucket(uri, buckets, bucket)
+        out_of_core, read = sorter.spilled, sorter.rows
+        if out_of_core:
+            images = sorter.listing(named, limit) if in_memory else sorter.spilled_listing(named, limit)
         else:
-            buckets, keys, sizes = _read_text(uri, path)
+            # Listing.build lets go of each step's input as soon as it has its output: no name here may keep
+            # the raw columns alive beside their sorted copy (at ten million keys, half a gigabyte).
+            columns = list(sorter.columns())
+            images = Listing.build(named, columns.pop(0), columns.pop(0), prefix=prefix, suffixes=suffixes,
+                                   limit=limit)
+    finally:
+        sorter.close()
+    if not len(images):
+        where = f" under {prefix!r}" if prefix else ""
+        raise ManifestError(f"--input-manifest {uri} names no image{where} (looked for keys ending in "
+                            f"{' '.join(suffixes or ())}); check the manifest, --input and --suffixes")
+    log.info("manifest %s: %d images in s3://%s%s", uri, len(images), images.bucket,
+             f" ({read} keys read, sorted out of core)" if out_of_core else _sizes_note(images))
+    return images
+
+
+def _read_keys(uri: str, path: str, client, work: str, sorter: KeySorter) -> set:
+    """Read the manifest's keys into ``sorter`` in the reader its name calls for; the buckets it names."""
+    name = uri.rsplit("/", 1)[-1].lower()
+    if name.endswith(".json"):
+        return _read_inventory(uri, path, client, work, sorter)
+    if name.endswith(".csv"):
+        return _read_csv(uri, path, sorter)
+    return _read_text(uri, path, sorter)
+
+
+def _one_bucket(uri: str, buckets: set, bucket: str | None) -> str:
+    """The one bucket the manifest's keys are in (``bucket`` for bare keys); refuses several, or none."""
     named = sorted(buckets - {None})
     if bucket is not None and named and named != [bucket]:
         raise ManifestError(f"--input-manifest {uri} names keys in bucket(s) {', '.join(named[:5])}, "
@@ -102,19 +147,11 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
     if None in buckets and bucket is None:
         raise ManifestError(f"--input-manifest {uri} names keys without a bucket: write them as "
                             "s3://BUCKET/KEY, or give their bucket with --input s3://BUCKET/")
-    # Listing.build lets go of each step's input as soon as it has its output: no name here may keep
-    # the raw columns alive beside their sorted copy (at ten million keys, half a gigabyte).
-    columns = [keys, sizes]
-    del keys, sizes
-    images = Listing.build(bucket or named[0], columns.pop(0), columns.pop(0), prefix=prefix, suffixes=suffixes,
-                           limit=limit)
-    if not len(images):
-        where = f" under {prefix!r}" if prefix else ""
-        raise ManifestError(f"--input-manifest {uri} names no image{where} (looked for keys ending in "
-                            f"{' '.join(suffixes or ())}); check the manifest, --input and --suffixes")
-    log.info("manifest %s: %d images in s3://%s (%s sizes)", uri, len(images), images.bucket,
-             "with" if pc.min(images.sizes).as_py() >= 0 else "without all")
-    return images
+    return bucket or named[0]
+
+
+def _sizes_note(images: Listing) -> str:
+    return f" ({'with' if pc.min(images.sizes).as_py() >= 0 else 'without all'} sizes)"
 
 
 def _local_copy(uri: str, client, work: str) -> str:
@@ -163,23 +200,22 @@ class _Doubt(Exception):
 
 
 class _Chunks:
-    """Key and size chunks as the fast readers make them, one block at a time, and the buckets they name."""
+    """Hands the fast readers' key and size chunks, one block at a time, to a sorter; gathers the buckets named."""
 
-    def __init__(self):
-        self.keys: list[pa.Array] = []
-        self.sizes: list[pa.Array] = []
+    def __init__(self, sorter: KeySorter):
+        self.sorter = sorter
         self.buckets: set[str | None] = set()
 
     def add(self, keys, sizes=None) -> None:
         keys = _plain(keys)
-        self.keys.append(keys.cast(KEY_TYPE))
-        self.sizes.append(pa.nulls(len(keys), pa.int64()) if sizes is None else _plain(sizes).cast(pa.int64()))
+        self.sorter.add(keys.cast(KEY_TYPE),
+                        pa.nulls(len(keys), pa.int64()) if sizes is None else _plain(sizes).cast(pa.int64()))
 
-    def result(self):
+    def result(self) -> set:
         # The parser's blocks are freed, but Arrow's allocator keeps their pages (about 40 bytes a
         # key in all) until asked: give them back before the listing's copies need the room.
         pa.default_memory_pool().release_unused()
-        return (self.buckets, pa.chunked_array(self.keys, KEY_TYPE), pa.chunked_array(self.sizes, pa.int64()))
+        return self.buckets
 
 
 def _plain(values):
@@ -187,20 +223,22 @@ def _plain(values):
     return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
-def _read_text(uri: str, path: str):
+def _read_text(uri: str, path: str, sorter: KeySorter) -> set:
     try:
-        return _fast_text(path)
+        return _fast_text(path, sorter)
     except _Doubt:
         log.info("manifest %s: read line by line in Python (a line the fast reader does not vouch for)", uri)
-        return _scan_text(uri, path)
+        sorter.reset()  # the keys the fast reader gave so far are read again
+        return _scan_text(uri, path, sorter)
 
 
-def _read_csv(uri: str, path: str):
+def _read_csv(uri: str, path: str, sorter: KeySorter) -> set:
     try:
-        return _fast_csv(path)
+        return _fast_csv(path, sorter)
     except _Doubt:
         log.info("manifest %s: read row by row in Python (a row the fast reader does not vouch for)", uri)
-        return _scan_csv(uri, path)
+        sorter.reset()  # the keys the fast reader gave so far are read again
+        return _scan_csv(uri, path, sorter)
 
 
 def _python_lines(path: str) -> int:
@@ -237,8 +275,8 @@ def _blocks(path: str, names: list[str], *, skip_rows: int = 0, text: bool = Fal
         raise _Doubt(str(exc)) from None
 
 
-def _fast_text(path: str):
-    chunks, rows = _Chunks(), 0
+def _fast_text(path: str, sorter: KeySorter) -> set:
+    chunks, rows = _Chunks(sorter), 0
     for batch in _blocks(path, ["line"], text=True):
         rows += batch.num_rows
         line = batch.column(0)
@@ -286,11 +324,11 @@ def _first_fields(reader) -> int:
     return next((len(row) for row in reader if row and any(field.strip() for field in row)), 0)
 
 
-def _fast_csv(path: str):
+def _fast_csv(path: str, sorter: KeySorter) -> set:
     header, fields = _csv_layout(path)
     if fields not in (0, 2, 3):
         raise _Doubt(f"{fields} fields")
-    chunks = _Chunks()
+    chunks = _Chunks(sorter)
     if not fields:
         return chunks.result()
     names = ["bucket", "key", "size"][:fields]
@@ -329,13 +367,12 @@ def _csv_block(batch: pa.RecordBatch, chunks: _Chunks) -> None:
 
 
 class _Columns:
-    """Keys and sizes gathered in Python lists and moved to Arrow every :data:`_CHUNK` keys."""
+    """Keys and sizes gathered in Python lists and handed to a sorter as Arrow every :data:`_CHUNK` keys."""
 
-    def __init__(self):
+    def __init__(self, sorter: KeySorter):
+        self.sorter = sorter
         self.keys: list[str] = []
         self.sizes: list[int | None] = []
-        self.key_chunks: list[pa.Array] = []
-        self.size_chunks: list[pa.Array] = []
         self.buckets: set[str | None] = set()
 
     def add(self, bucket: str | None, key: str, size: int | None) -> None:
@@ -346,14 +383,12 @@ class _Columns:
             self.flush()
 
     def flush(self) -> None:
-        self.key_chunks.append(pa.array(self.keys, KEY_TYPE))
-        self.size_chunks.append(pa.array(self.sizes, pa.int64()))
+        self.sorter.add(pa.array(self.keys, KEY_TYPE), pa.array(self.sizes, pa.int64()))
         self.keys, self.sizes = [], []
 
-    def result(self):
+    def result(self) -> set:
         self.flush()
-        return (self.buckets, pa.chunked_array(self.key_chunks, KEY_TYPE),
-                pa.chunked_array(self.size_chunks, pa.int64()))
+        return self.buckets
 
 
 class _Problems:
@@ -386,8 +421,8 @@ def _lines(path: str, problems: _Problems) -> Iterator[tuple[int, str]]:
                 problems.add(number, "not UTF-8 text")
 
 
-def _scan_text(uri: str, path: str):
-    columns, problems = _Columns(), _Problems(uri)
+def _scan_text(uri: str, path: str, sorter: KeySorter) -> set:
+    columns, problems = _Columns(sorter), _Problems(uri)
     for number, line in _lines(path, problems):
         if not line.strip():
             continue
@@ -407,8 +442,8 @@ def _scan_text(uri: str, path: str):
 _HEADERS = (["bucket", "key"], ["bucket", "key", "size"])
 
 
-def _scan_csv(uri: str, path: str):
-    columns, problems = _Columns(), _Problems(uri)
+def _scan_csv(uri: str, path: str, sorter: KeySorter) -> set:
+    columns, problems = _Columns(sorter), _Problems(uri)
     with open(path, encoding="utf-8-sig", errors="strict", newline="") as handle:
         reader = csv.reader(handle)
         try:
@@ -443,7 +478,7 @@ def _scan_csv(uri: str, path: str):
 # S3 Inventory: manifest.json and its data files, read with pyarrow
 
 
-def _read_inventory(uri: str, path: str, client, work: str):
+def _read_inventory(uri: str, path: str, client, work: str, sorter: KeySorter) -> set:
     try:
         with open(path, encoding="utf-8") as handle:
             manifest = json.load(handle)
@@ -459,7 +494,6 @@ def _read_inventory(uri: str, path: str, client, work: str):
     if client is None and files:
         raise ManifestError(f"--input-manifest {uri}: reading its data files needs an S3 client")
     buckets: set[str | None] = {source} if source else set()
-    key_chunks, size_chunks = [], []
     for number, key in enumerate(files, 1):
         local = os.path.join(work, f"data-{number}-" + key.rsplit("/", 1)[-1])
         _download(client, destination, key, local, f"inventory data file {number} of {uri}")
@@ -470,10 +504,10 @@ def _read_inventory(uri: str, path: str, client, work: str):
             table = _inventory_columnar(what, local, kind)
         os.remove(local)  # one data file on disk at a time
         buckets.update(pc.unique(table["bucket"]).to_pylist() if "bucket" in table.column_names else ())
-        key_chunks.extend(table["key"].cast(KEY_TYPE).chunks)
-        size_chunks.extend(table["size"].chunks)
+        for batch in table.select(["key", "size"]).to_batches():
+            sorter.add(batch.column(0).cast(KEY_TYPE), batch.column(1))
     log.info("inventory %s: %d %s data files", uri, len(files), kind)
-    return buckets, pa.chunked_array(key_chunks, KEY_TYPE), pa.chunked_array(size_chunks, pa.int64())
+    return buckets
 
 
 def _inventory_csv(what: str, path: str, schema: str) -> pa.Table:

@@ -36,8 +36,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 import utils
+from mxjob import extsort
 from mxjob.errors import first_line
-from mxjob.extsort import SPILL_BYTES, KeySorter, SpilledListing
+from mxjob.extsort import KeySorter, SpilledListing
 from mxjob.listing import KEY_TYPE, Listing
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class ManifestError(ValueError):
 
 def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: str = "",
                   suffixes: Iterable[str] | None = None, limit: int | None = None, in_memory: bool = True,
-                  spill_bytes: int = SPILL_BYTES, spill_dir: str | None = None) -> Listing | SpilledListing:
+                  spill_bytes: int | None = None, spill_dir: str | None = None) -> Listing | SpilledListing:
     """The image keys a manifest names, as a :class:`listing.Listing`.
 
     A manifest of more than ``spill_bytes`` of keys (about two million) is
@@ -81,8 +82,9 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
     in_memory : bool
         Whether keys sorted out of core are loaded into memory (one copy) or
         left in a local file.
-    spill_bytes : int
-        Arrow bytes of keys read before a run is sorted and spilled.
+    spill_bytes : int, optional
+        Arrow bytes of keys read before a run is sorted and spilled:
+        :data:`extsort.SPILL_BYTES` (read when called) by default.
     spill_dir : str, optional
         Where runs are spilled: :func:`extsort.spill_dir` by default.
 
@@ -98,7 +100,8 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
         The manifest cannot be read, has malformed lines (named by number),
         names keys in several buckets or no bucket, or names no image.
     """
-    sorter = KeySorter(prefix=prefix, suffixes=suffixes, spill_bytes=spill_bytes, directory=spill_dir)
+    sorter = KeySorter(prefix=prefix, suffixes=suffixes, spill_bytes=spill_bytes or extsort.SPILL_BYTES,
+                       directory=spill_dir)
     try:
         with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
             path = _local_copy(uri, client, work)

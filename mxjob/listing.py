@@ -155,8 +155,13 @@ class Listing:
         return self.table.nbytes
 
     def tables(self) -> Iterator[pa.Table]:
-        """The keys in order as tables of ``key`` and ``size``: here one, the whole listing (see :func:`write_plan`)."""
-        yield self.table
+        """The keys in order as tables of ``key`` and ``size``, one a chunk (what :func:`write_plan` reads).
+
+        A chunk at a time: slicing a table of many chunks (a listing merged
+        from sorted runs has one per 16,384 keys) costs a step per chunk.
+        """
+        for batch in self.table.to_batches():
+            yield pa.Table.from_batches([batch])
 
     def __len__(self) -> int:
         return self.table.num_rows

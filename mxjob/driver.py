@@ -27,7 +27,7 @@ import click
 import numpy as np
 
 import utils
-from mxjob import batchsize, durable, estimate, listing, manifest, preflight, settings
+from mxjob import batchsize, durable, estimate, extsort, listing, manifest, preflight, settings
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
@@ -202,12 +202,16 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
     The keys under the input prefix, listed with ``--list-concurrency`` calls
     in flight (on a client of ``--s3-reader``'s kind), or those
     ``--input-manifest`` names (``client`` reads it). The listing's
-    ``bucket`` is the one to read the images from.
+    ``bucket`` is the one to read the images from. A manifest too large to
+    sort in memory is sorted out of core (:mod:`mxjob.extsort`); under
+    ``--dry-run`` its sorted keys then stay on local disk (an
+    :class:`extsort.SpilledListing`), since the dry run only plans them.
     """
     if cfg.input_manifest:
         try:
             return manifest.read_manifest(cfg.input_manifest, client, bucket=cfg.input_bucket,
-                                          prefix=cfg.input_prefix, suffixes=cfg.suffixes, limit=cfg.limit)
+                                          prefix=cfg.input_prefix, suffixes=cfg.suffixes, limit=cfg.limit,
+                                          in_memory=not cfg.dry_run)
         except manifest.ManifestError as exc:
             raise JobError(str(exc)) from exc
         except OSError as exc:  # unreadable file, full disk for the downloaded copy
@@ -362,6 +366,8 @@ def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: 
                        f"and one output must not mix them: {'; '.join(differ)}. Rerun with the earlier "
                        "settings, or add --overwrite (instead of --resume) to start again")
     runs = work.runs()
+    if isinstance(images, extsort.SpilledListing):
+        images = images.load()  # a dry run's resume check: which keys lack a line needs every key in memory
     todo = images.filter(durable.remaining_keys(work, runs, images))
     log.info("--resume: %d of %d keys already have a durable line (%d runs under %s); scoring %d",
              len(images) - len(todo), len(images), len(runs), work.uri, len(todo))

@@ -96,12 +96,12 @@ class Listing:
 
     def __init__(self, bucket: str, table: pa.Table):
         self.bucket, self.table = bucket, table
-        #: From ``--input-manifest``: what its filtering step kept and skipped (``manifest.keep_images``).
+        #: From ``--input-manifest``: what its filtering step kept and skipped (:class:`Skipped`).
         self.manifest: dict | None = None
 
     @classmethod
     def build(cls, bucket: str, keys, sizes=None, *, prefix: str = "", suffixes: Iterable[str] | None = None,
-              limit: int | None = None) -> Listing:
+              limit: int | None = None, skipped: Skipped | None = None) -> Listing:
         """Filter, sort, deduplicate and limit raw key and size columns.
 
         Parameters
@@ -119,6 +119,8 @@ class Listing:
             missing leading dot is added, as :func:`utils.keep_suffixes` does).
         limit : int, optional
             Keep only the first ``limit`` keys, in sorted order.
+        skipped : Skipped, optional
+            Counts the keys the filter drops, by reason (a manifest's report).
 
         Returns
         -------
@@ -132,22 +134,12 @@ class Listing:
                           if sizes is not None else pa.nulls(len(keys), pa.int64())})
         del keys, sizes
         table = table.set_column(1, "size", pc.fill_null(table["size"], UNKNOWN_SIZE))
-        masks = []
-        if prefix:
-            masks.append(pc.starts_with(table["key"], prefix))
-        if suffixes is not None:
-            masks.append(pc.match_substring_regex(table["key"], suffix_pattern(suffixes), ignore_case=True))
-        if masks:
-            mask = masks[0] if len(masks) == 1 else pc.and_(*masks)
-            if not pc.all(mask).as_py():  # usually every key is an image: then no copy
-                table = table.filter(mask)
-            del masks, mask
+        table = keep_images(table, prefix=prefix, suffixes=suffixes, skipped=skipped)
         # Arrow compares strings by their UTF-8 bytes, which is code point order: S3's and Python's.
         # A listing or an inventory comes sorted and unique: then nothing is copied.
-        if table.num_rows > 1 and not _strictly_increasing(table["key"]):
-            holder = [table]
-            del table  # the holder is the only reference: _sorted_unique lets go of each copy it replaces
-            table = _sorted_unique(holder)
+        holder = [table]
+        del table  # the holder is the only reference: sorted_unique lets go of each copy it replaces
+        table = sorted_unique(holder)
         if limit is not None:
             table = table.slice(0, limit)
         pa.default_memory_pool().release_unused()  # give the freed copies back to the system
@@ -165,6 +157,15 @@ class Listing:
     def nbytes(self) -> int:
         """Bytes of Arrow memory the columns of this listing reference."""
         return self.table.nbytes
+
+    def tables(self) -> Iterator[pa.Table]:
+        """The keys in order as tables of ``key`` and ``size``, one a chunk (what :func:`write_plan` reads).
+
+        A chunk at a time: slicing a table of many chunks (a listing merged
+        from sorted runs has one per 16,384 keys) costs a step per chunk.
+        """
+        for batch in self.table.to_batches():
+            yield pa.Table.from_batches([batch])
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -202,6 +203,93 @@ class Listing:
         return f"Listing(bucket={self.bucket!r}, keys={len(self)})"
 
 
+def suffix_pattern(suffixes: Iterable[str]) -> str:
+    """The regular expression of keys ending in one of ``suffixes`` (match it ignoring case); ``jpg`` is ``.jpg``."""
+    wanted = sorted({s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes})
+    return "(" + "|".join(re.escape(s) for s in wanted) + ")$"
+
+
+class Skipped:
+    """What a filter dropped, by reason, with a few example keys each: a manifest's keys are never dropped silently.
+
+    ``outside_input``: not under the input prefix; ``not_image``: under it,
+    but without one of the suffixes. :meth:`report` is the ``skipped`` entry
+    of the run's summary.
+    """
+
+    #: Example keys kept per reason.
+    SHOWN = 10
+
+    def __init__(self, prefix: str = "", suffixes: Iterable[str] | None = None):
+        self.why = {"outside_input": f"not under the input prefix {prefix!r}",
+                    "not_image": f"not ending in {' '.join(sorted(suffixes or ()))}"}
+        self.counts = dict.fromkeys(self.why, 0)
+        self.examples: dict[str, list] = {reason: [] for reason in self.why}
+
+    def add(self, reason: str, keys, mask) -> None:
+        """Count the keys where ``mask`` is true as skipped for ``reason``, keeping the first examples."""
+        count = pc.sum(mask).as_py() or 0
+        if not count:
+            return
+        self.counts[reason] += count
+        room = self.SHOWN - len(self.examples[reason])
+        if room > 0:
+            self.examples[reason] += keys.filter(mask).slice(0, room).to_pylist()
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def report(self) -> dict:
+        """``{reason: {"count", "why", "examples"}}`` for the reasons that skipped anything."""
+        return {reason: {"count": count, "why": self.why[reason], "examples": sorted(self.examples[reason])}
+                for reason, count in self.counts.items() if count}
+
+
+def keep_images(table: pa.Table, *, prefix: str = "", suffixes: Iterable[str] | None = None,
+                skipped: Skipped | None = None) -> pa.Table:
+    """The filtering step: the rows of ``table`` whose key starts with ``prefix`` and ends with one of ``suffixes``.
+
+    Suffixes compare case-insensitively, a missing leading dot added (as
+    :func:`utils.keep_suffixes` does); ``None`` keeps every suffix. The
+    in-memory :meth:`Listing.build` and the out-of-core sort
+    (:mod:`mxjob.extsort`) both filter here, so both keep the same keys, and
+    ``skipped`` counts what both drop.
+    """
+    keys = table["key"]
+    inside = pc.starts_with(keys, prefix) if prefix else None
+    image = pc.match_substring_regex(keys, suffix_pattern(suffixes), ignore_case=True) if suffixes is not None else None
+    if skipped is not None:
+        if inside is not None:
+            skipped.add("outside_input", keys, pc.invert(inside))
+        if image is not None:
+            skipped.add("not_image", keys, pc.invert(image) if inside is None else pc.and_(inside, pc.invert(image)))
+    masks = [m for m in (inside, image) if m is not None]
+    if not masks:
+        return table
+    mask = masks[0] if len(masks) == 1 else pc.and_(*masks)
+    if pc.all(mask).as_py():  # usually every key is an image: then no copy
+        return table
+    return table.filter(mask)
+
+
+def sorted_unique(holder: list) -> pa.Table:
+    """The table in ``holder`` (taken out of it) sorted by key in code point order, one row per key.
+
+    For a key given twice the larger size wins. A table that is already
+    strictly increasing is returned as it is (no copy); otherwise see
+    :func:`_sorted_unique` for the memory it takes. The caller passes the
+    table in a one-item list and keeps no other reference, so that each copy
+    is let go of as soon as the next exists.
+    """
+    table = holder.pop()
+    if table.num_rows > 1 and not _strictly_increasing(table["key"]):
+        holder.append(table)
+        del table
+        return _sorted_unique(holder)
+    return table
+
+
 def _sorted_unique(holder: list) -> pa.Table:
     """The table in ``holder`` (taken out of it) sorted by key, larger size first, then one row per key.
 
@@ -226,12 +314,6 @@ def _sorted_unique(holder: list) -> pa.Table:
         keep = pa.concat_arrays([pa.array([True]), *pc.invert(repeated).chunks])
         table = table.filter(keep)
     return table
-
-
-def suffix_pattern(suffixes: Iterable[str]) -> str:
-    """The regular expression of keys ending in one of ``suffixes`` (match it ignoring case); ``jpg`` is ``.jpg``."""
-    wanted = sorted({s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes})
-    return "(" + "|".join(re.escape(s) for s in wanted) + ")$"
 
 
 def _strictly_increasing(column: pa.ChunkedArray) -> bool:
@@ -285,8 +367,8 @@ def write_plan(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
 
     Parameters
     ----------
-    keys : Listing
-        The keys of the run, in batch order.
+    keys : Listing or extsort.SpilledListing
+        The keys of the run, in batch order (read through its ``tables()``).
     batch_size : int
         Keys per batch: batch ``i`` holds rows ``i * batch_size`` onwards.
     sink : callable
@@ -304,14 +386,39 @@ def write_plan(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
     out = _CountingFile(sink)
     spans = []
     options = pa.ipc.IpcWriteOptions(compression="zstd")
-    table = keys.table.cast(PLAN_SCHEMA)
     with pa.ipc.new_stream(out, PLAN_SCHEMA, options=options) as writer:
-        for start in range(0, table.num_rows, batch_size):
+        for batch in rebatch(keys.tables(), batch_size):
             before = out.tell()
-            for batch in table.slice(start, batch_size).combine_chunks().to_batches():
-                writer.write_batch(batch)
+            writer.write_batch(batch.cast(PLAN_SCHEMA))
             spans.append((before, out.tell() - before))
     return spans
+
+
+def rebatch(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.RecordBatch]:
+    """The rows of ``tables`` (in order) as record batches of exactly ``rows`` rows, the last one shorter.
+
+    Each batch's columns are copied into buffers of their own, exactly its
+    rows' bytes, whatever chunks the tables came in: the IPC writer writes a
+    sliced string column's data up to 64 bytes past the slice's end (its
+    alignment), so a slice's bytes in a plan would depend on the keys after
+    it in memory. Copied, the same rows give the same bytes, whether the
+    keys were held in memory or streamed from sorted runs on disk. Holds at
+    most one input table and one batch besides.
+    """
+    pending = None
+    for table in tables:
+        pending = table if pending is None or not pending.num_rows else pa.concat_tables([pending, table])
+        while pending.num_rows >= rows:
+            yield _compact(pending.slice(0, rows))
+            pending = pending.slice(rows)
+    if pending is not None and pending.num_rows:
+        yield _compact(pending)
+
+
+def _compact(table: pa.Table) -> pa.RecordBatch:
+    """``table``'s rows as one record batch of new, exactly sized buffers (``concat_arrays`` always copies)."""
+    return pa.RecordBatch.from_arrays([pa.concat_arrays(column.chunks) for column in table.columns],
+                                      schema=table.schema)
 
 
 def read_plan_batch(data: bytes) -> list[tuple[str, int]]:

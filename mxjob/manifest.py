@@ -36,8 +36,10 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 import utils
+from mxjob import extsort
 from mxjob.errors import first_line, plural
-from mxjob.listing import KEY_TYPE, Listing, suffix_pattern
+from mxjob.extsort import KeySorter, SpilledListing
+from mxjob.listing import KEY_TYPE, Listing, Skipped
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,15 @@ class ManifestError(ValueError):
 
 
 def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: str = "",
-                  suffixes: Iterable[str] | None = None, limit: int | None = None) -> Listing:
+                  suffixes: Iterable[str] | None = None, limit: int | None = None, in_memory: bool = True,
+                  spill_bytes: int | None = None, spill_dir: str | None = None) -> Listing | SpilledListing:
     """The image keys a manifest names, as a :class:`listing.Listing`.
+
+    A manifest of more than ``spill_bytes`` of keys (about two million) is
+    sorted out of core (:mod:`mxjob.extsort`): read in runs that are sorted
+    and spilled to ``spill_dir``, then merged, so that the keys are never
+    held twice. ``in_memory=False`` then keeps the merged keys on disk too
+    (a :class:`extsort.SpilledListing`, for the dry run's plan).
 
     Parameters
     ----------
@@ -70,11 +79,20 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
         Keep only keys with these suffixes (case-insensitive).
     limit : int, optional
         Keep only the first ``limit`` keys, in sorted order.
+    in_memory : bool
+        Whether keys sorted out of core are loaded into memory (one copy) or
+        left in a local file.
+    spill_bytes : int, optional
+        Arrow bytes of keys read before a run is sorted and spilled:
+        :data:`extsort.SPILL_BYTES` (read when called) by default.
+    spill_dir : str, optional
+        Where runs are spilled: :func:`extsort.spill_dir` by default.
 
     Returns
     -------
-    Listing
-        Sorted, unique keys, with sizes where the manifest gives them.
+    Listing or extsort.SpilledListing
+        Sorted, unique keys, with sizes where the manifest gives them (the
+        same keys whichever way they were sorted).
 
     Raises
     ------
@@ -82,15 +100,54 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
         The manifest cannot be read, has malformed lines (named by number),
         names keys in several buckets or no bucket, or names no image.
     """
-    with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
-        path = _local_copy(uri, client, work)
-        name = uri.rsplit("/", 1)[-1].lower()
-        if name.endswith(".json"):
-            buckets, keys, sizes = _read_inventory(uri, path, client, work)
-        elif name.endswith(".csv"):
-            buckets, keys, sizes = _read_csv(uri, path)
+    sorter = KeySorter(prefix=prefix, suffixes=suffixes, spill_bytes=spill_bytes or extsort.SPILL_BYTES,
+                       directory=spill_dir)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
+            path = _local_copy(uri, client, work)
+            buckets = _read_keys(uri, path, client, work, sorter)
+        named = _one_bucket(uri, buckets, bucket)
+        out_of_core, read, skipped = sorter.spilled, sorter.rows, sorter.skipped  # close() forgets them
+        if out_of_core:
+            # The merge stops at --limit, so the repeated keys past it are not counted.
+            images = sorter.listing(named, limit) if in_memory else sorter.spilled_listing(named, limit)
+            kept = None if limit is not None else len(images)
         else:
-            buckets, keys, sizes = _read_text(uri, path)
+            # Listing.build lets go of each step's input as soon as it has its output: no name here may keep
+            # the raw columns alive beside their sorted copy (at ten million keys, half a gigabyte).
+            columns = list(sorter.columns())
+            images = Listing.build(named, columns.pop(0), columns.pop(0), prefix=prefix, suffixes=suffixes,
+                                   skipped=skipped)
+            kept = len(images)
+            if limit is not None:
+                images = images[:limit]
+    finally:
+        sorter.close()
+    images.manifest = manifest_report(uri, read, len(images), kept, skipped)
+    if not len(images):
+        where = f" under {prefix!r}" if prefix else ""
+        raise ManifestError(f"--input-manifest {uri} names no image{where} (looked for keys ending in "
+                            f"{' '.join(suffixes or ())}; {describe_skipped(images.manifest)}); check the "
+                            "manifest, --input and --suffixes")
+    if images.manifest["skipped"] or images.manifest["duplicates"]:
+        log.warning("manifest %s: %s", uri, describe_skipped(images.manifest))
+    log.info("manifest %s: %d images in s3://%s%s", uri, len(images), images.bucket,
+             f" ({read} keys read, sorted out of core)" if out_of_core else _sizes_note(images))
+    return images
+
+
+def _read_keys(uri: str, path: str, client, work: str, sorter: KeySorter) -> set:
+    """Read the manifest's keys into ``sorter`` in the reader its name calls for; the buckets it names."""
+    name = uri.rsplit("/", 1)[-1].lower()
+    if name.endswith(".json"):
+        return _read_inventory(uri, path, client, work, sorter)
+    if name.endswith(".csv"):
+        return _read_csv(uri, path, sorter)
+    return _read_text(uri, path, sorter)
+
+
+def _one_bucket(uri: str, buckets: set, bucket: str | None) -> str:
+    """The one bucket the manifest's keys are in (``bucket`` for bare keys); refuses several, or none."""
     named = sorted(buckets - {None})
     if bucket is not None and named and named != [bucket]:
         others = [name for name in named if name != bucket]
@@ -104,62 +161,20 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
     if None in buckets and bucket is None:
         raise ManifestError(f"--input-manifest {uri} names keys without a bucket: write them as "
                             "s3://BUCKET/KEY, or give their bucket with --input s3://BUCKET/")
-    # keep_images lets go of the raw columns as soon as it has counted what it skips: no name here may
-    # keep them alive beside their sorted copy (at ten million keys, half a gigabyte).
-    columns = [keys, sizes]
-    del keys, sizes
-    images = keep_images(uri, bucket or named[0], columns, prefix=prefix, suffixes=suffixes, limit=limit)
-    if not len(images):
-        where = f" under {prefix!r}" if prefix else ""
-        raise ManifestError(f"--input-manifest {uri} names no image{where} (looked for keys ending in "
-                            f"{' '.join(suffixes or ())}; {describe_skipped(images.manifest)}); check the "
-                            "manifest, --input and --suffixes")
-    log.info("manifest %s: %d images in s3://%s (%s sizes)", uri, len(images), images.bucket,
-             "with" if pc.min(images.sizes).as_py() >= 0 else "without all")
-    return images
+    return bucket or named[0]
 
 
-def keep_images(uri: str, bucket: str, columns: list, *, prefix: str = "", suffixes: Iterable[str] | None = None,
-                limit: int | None = None) -> Listing:
-    """The filtering step: the keys under ``prefix`` with an image suffix, each once; the rest counted, never silent.
+def manifest_report(uri: str, named: int, images: int, kept: int | None, skipped: Skipped) -> dict:
+    """The summary's ``manifest`` entry: keys named, images scored, repeated keys, and the keys skipped by reason.
 
-    A key outside the input prefix (``outside_input``) or without one of
-    ``suffixes`` (``not_image``) gets no line: it is counted with up to
-    :data:`_SHOWN` examples in the returned listing's ``manifest`` report
-    (the run's summary), and logged as a warning. A key named more than once
-    gets one line; the repeats are counted as ``duplicates``. ``columns`` is
-    ``[keys, sizes]``, taken out of the list once counted, so the sort that
-    follows holds no third copy.
+    A key outside the input prefix (``outside_input``) or without an image
+    suffix (``not_image``) gets no line: it is counted here, with examples,
+    never dropped silently. A key named more than once gets one line; the
+    repeats are ``duplicates`` (``None`` when ``--limit`` stopped the count).
     """
-    keys = columns[0]
-    named = len(keys)
-    inside = pc.starts_with(keys, prefix) if prefix else None
-    image = (pc.match_substring_regex(keys, suffix_pattern(suffixes), ignore_case=True)
-             if suffixes is not None else None)
-    skipped = {}
-    if inside is not None:
-        skipped["outside_input"] = _skipped(keys, pc.invert(inside), f"not under the input prefix {prefix!r}")
-    if image is not None:
-        not_image = pc.invert(image) if inside is None else pc.and_(inside, pc.invert(image))
-        skipped["not_image"] = _skipped(keys, not_image, f"not ending in {' '.join(sorted(suffixes))}")
-    skipped = {reason: entry for reason, entry in skipped.items() if entry["count"]}
-    del inside, image, keys
-    images = Listing.build(bucket, columns.pop(0), columns.pop(0), prefix=prefix, suffixes=suffixes)
-    duplicates = named - sum(entry["count"] for entry in skipped.values()) - len(images)
-    if limit is not None:
-        images = images[:limit]
-    images.manifest = {"uri": uri, "keys_named": named, "images": len(images), "duplicates": duplicates,
-                       "skipped": skipped}
-    if skipped or duplicates:
-        log.warning("manifest %s: %s", uri, describe_skipped(images.manifest))
-    return images
-
-
-def _skipped(keys: pa.ChunkedArray, mask, why: str) -> dict:
-    """``{"count", "why", "examples"}`` of the keys where ``mask`` is true."""
-    count = pc.sum(mask).as_py() or 0
-    examples = keys.filter(mask).slice(0, _SHOWN).to_pylist() if count else []
-    return {"count": count, "why": why, "examples": examples}
+    duplicates = None if kept is None else named - skipped.total - kept
+    return {"uri": uri, "keys_named": named, "images": images, "duplicates": duplicates,
+            "skipped": skipped.report()}
 
 
 def describe_skipped(report: dict) -> str:
@@ -169,6 +184,10 @@ def describe_skipped(report: dict) -> str:
     if report["duplicates"]:
         parts.append(f"{plural(report['duplicates'], 'repeated key')} (each key gets one line)")
     return "; ".join(parts) or "nothing skipped"
+
+
+def _sizes_note(images: Listing) -> str:
+    return f" ({'with' if pc.min(images.sizes).as_py() >= 0 else 'without all'} sizes)"
 
 
 def _local_copy(uri: str, client, work: str) -> str:
@@ -217,23 +236,22 @@ class _Doubt(Exception):
 
 
 class _Chunks:
-    """Key and size chunks as the fast readers make them, one block at a time, and the buckets they name."""
+    """Hands the fast readers' key and size chunks, one block at a time, to a sorter; gathers the buckets named."""
 
-    def __init__(self):
-        self.keys: list[pa.Array] = []
-        self.sizes: list[pa.Array] = []
+    def __init__(self, sorter: KeySorter):
+        self.sorter = sorter
         self.buckets: set[str | None] = set()
 
     def add(self, keys, sizes=None) -> None:
         keys = _plain(keys)
-        self.keys.append(keys.cast(KEY_TYPE))
-        self.sizes.append(pa.nulls(len(keys), pa.int64()) if sizes is None else _plain(sizes).cast(pa.int64()))
+        self.sorter.add(keys.cast(KEY_TYPE),
+                        pa.nulls(len(keys), pa.int64()) if sizes is None else _plain(sizes).cast(pa.int64()))
 
-    def result(self):
+    def result(self) -> set:
         # The parser's blocks are freed, but Arrow's allocator keeps their pages (about 40 bytes a
         # key in all) until asked: give them back before the listing's copies need the room.
         pa.default_memory_pool().release_unused()
-        return (self.buckets, pa.chunked_array(self.keys, KEY_TYPE), pa.chunked_array(self.sizes, pa.int64()))
+        return self.buckets
 
 
 def _plain(values):
@@ -241,22 +259,22 @@ def _plain(values):
     return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
-def _read_text(uri: str, path: str):
-    return _fast_or_scanned(uri, path, _fast_text, _scan_text, "line")
-
-
-def _read_csv(uri: str, path: str):
-    return _fast_or_scanned(uri, path, _fast_csv, _scan_csv, "row")
-
-
-def _fast_or_scanned(uri: str, path: str, fast, scan, unit: str):
-    """``fast(path)``; if it cannot vouch for every ``unit``, ``scan(uri, path)``, which names a bad one exactly."""
+def _read_text(uri: str, path: str, sorter: KeySorter) -> set:
     try:
-        return fast(path)
+        return _fast_text(path, sorter)
     except _Doubt:
-        log.info("manifest %s: read %s by %s in Python (a %s the fast reader does not vouch for)", uri, unit, unit,
-                 unit)
-        return scan(uri, path)
+        log.info("manifest %s: read line by line in Python (a line the fast reader does not vouch for)", uri)
+        sorter.reset()  # the keys the fast reader gave so far are read again
+        return _scan_text(uri, path, sorter)
+
+
+def _read_csv(uri: str, path: str, sorter: KeySorter) -> set:
+    try:
+        return _fast_csv(path, sorter)
+    except _Doubt:
+        log.info("manifest %s: read row by row in Python (a row the fast reader does not vouch for)", uri)
+        sorter.reset()  # the keys the fast reader gave so far are read again
+        return _scan_csv(uri, path, sorter)
 
 
 def _python_lines(path: str) -> int:
@@ -293,8 +311,8 @@ def _blocks(path: str, names: list[str], *, skip_rows: int = 0, text: bool = Fal
         raise _Doubt(str(exc)) from None
 
 
-def _fast_text(path: str):
-    chunks, rows = _Chunks(), 0
+def _fast_text(path: str, sorter: KeySorter) -> set:
+    chunks, rows = _Chunks(sorter), 0
     for batch in _blocks(path, ["line"], text=True):
         rows += batch.num_rows
         line = batch.column(0)
@@ -342,11 +360,11 @@ def _first_fields(reader) -> int:
     return next((len(row) for row in reader if row and any(field.strip() for field in row)), 0)
 
 
-def _fast_csv(path: str):
+def _fast_csv(path: str, sorter: KeySorter) -> set:
     header, fields = _csv_layout(path)
     if fields not in (0, 2, 3):
         raise _Doubt(f"{fields} fields")
-    chunks = _Chunks()
+    chunks = _Chunks(sorter)
     if not fields:
         return chunks.result()
     names = ["bucket", "key", "size"][:fields]
@@ -385,13 +403,12 @@ def _csv_block(batch: pa.RecordBatch, chunks: _Chunks) -> None:
 
 
 class _Columns:
-    """Keys and sizes gathered in Python lists and moved to Arrow every :data:`_CHUNK` keys."""
+    """Keys and sizes gathered in Python lists and handed to a sorter as Arrow every :data:`_CHUNK` keys."""
 
-    def __init__(self):
+    def __init__(self, sorter: KeySorter):
+        self.sorter = sorter
         self.keys: list[str] = []
         self.sizes: list[int | None] = []
-        self.key_chunks: list[pa.Array] = []
-        self.size_chunks: list[pa.Array] = []
         self.buckets: set[str | None] = set()
 
     def add(self, bucket: str | None, key: str, size: int | None) -> None:
@@ -402,14 +419,12 @@ class _Columns:
             self.flush()
 
     def flush(self) -> None:
-        self.key_chunks.append(pa.array(self.keys, KEY_TYPE))
-        self.size_chunks.append(pa.array(self.sizes, pa.int64()))
+        self.sorter.add(pa.array(self.keys, KEY_TYPE), pa.array(self.sizes, pa.int64()))
         self.keys, self.sizes = [], []
 
-    def result(self):
+    def result(self) -> set:
         self.flush()
-        return (self.buckets, pa.chunked_array(self.key_chunks, KEY_TYPE),
-                pa.chunked_array(self.size_chunks, pa.int64()))
+        return self.buckets
 
 
 class _Problems:
@@ -442,8 +457,8 @@ def _lines(path: str, problems: _Problems) -> Iterator[tuple[int, str]]:
                 problems.add(number, "not UTF-8 text")
 
 
-def _scan_text(uri: str, path: str):
-    columns, problems = _Columns(), _Problems(uri)
+def _scan_text(uri: str, path: str, sorter: KeySorter) -> set:
+    columns, problems = _Columns(sorter), _Problems(uri)
     for number, line in _lines(path, problems):
         if not line.strip():
             continue
@@ -463,8 +478,8 @@ def _scan_text(uri: str, path: str):
 _HEADERS = (["bucket", "key"], ["bucket", "key", "size"])
 
 
-def _scan_csv(uri: str, path: str):
-    columns, problems = _Columns(), _Problems(uri)
+def _scan_csv(uri: str, path: str, sorter: KeySorter) -> set:
+    columns, problems = _Columns(sorter), _Problems(uri)
     with open(path, encoding="utf-8-sig", errors="strict", newline="") as handle:
         reader = csv.reader(handle)
         try:
@@ -499,7 +514,7 @@ def _scan_csv(uri: str, path: str):
 # S3 Inventory: manifest.json and its data files, read with pyarrow
 
 
-def _read_inventory(uri: str, path: str, client, work: str):
+def _read_inventory(uri: str, path: str, client, work: str, sorter: KeySorter) -> set:
     try:
         with open(path, encoding="utf-8") as handle:
             manifest = json.load(handle)
@@ -515,7 +530,6 @@ def _read_inventory(uri: str, path: str, client, work: str):
     if client is None and files:
         raise ManifestError(f"--input-manifest {uri}: reading its data files needs an S3 client")
     buckets: set[str | None] = {source} if source else set()
-    key_chunks, size_chunks = [], []
     for number, key in enumerate(files, 1):
         local = os.path.join(work, f"data-{number}-" + key.rsplit("/", 1)[-1])
         _download(client, destination, key, local, f"inventory data file {number} of {uri}")
@@ -526,10 +540,10 @@ def _read_inventory(uri: str, path: str, client, work: str):
             table = _inventory_columnar(what, local, kind)
         os.remove(local)  # one data file on disk at a time
         buckets.update(pc.unique(table["bucket"]).to_pylist() if "bucket" in table.column_names else ())
-        key_chunks.extend(table["key"].cast(KEY_TYPE).chunks)
-        size_chunks.extend(table["size"].chunks)
+        for batch in table.select(["key", "size"]).to_batches():
+            sorter.add(batch.column(0).cast(KEY_TYPE), batch.column(1))
     log.info("inventory %s: %d %s data files", uri, len(files), kind)
-    return buckets, pa.chunked_array(key_chunks, KEY_TYPE), pa.chunked_array(size_chunks, pa.int64())
+    return buckets
 
 
 def _inventory_csv(what: str, path: str, schema: str) -> pa.Table:

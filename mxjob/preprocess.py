@@ -95,12 +95,40 @@ def to_rgb(img: Image.Image, mode: str = "RGB") -> Image.Image:
     return img if img.mode == mode else img.convert(mode)
 
 
+@dataclass(frozen=True)
+class Geometry:
+    """Where the model's input came from in the image, for mapping boxes back (``--task detect``).
+
+    Parameters
+    ----------
+    width, height : int
+        The image's size as its EXIF orientation shows it (after ``exif_transpose``), at full resolution.
+    window : tuple of float
+        ``(left, top, right, bottom)``: the part of that image the model saw, in its pixels. The whole
+        image for ``stretch``; the centre crop for ``short-side-crop``.
+    """
+
+    width: int
+    height: int
+    window: tuple
+
+
 def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
     """Decode one encoded image to a float32 CHW array, exactly per the recipe.
 
     Raises on anything that is not a whole, readable image: a truncated file is
     an error, never a half-grey image (``ImageFile.LOAD_TRUNCATED_IMAGES`` stays
     off). Animated images give their first frame.
+    """
+    return decode_image_geometry(data, prep)[0]
+
+
+def decode_image_geometry(data: bytes, prep: Preprocess) -> tuple[np.ndarray, Geometry]:
+    """:func:`decode_image`, and the :class:`Geometry` that maps the model's input back onto the image.
+
+    The pixels are :func:`decode_image`'s. ``draft`` decoding changes the
+    scale the resize starts from, not the part of the image kept, so the
+    window is measured on the image as decoded and scaled to full resolution.
     """
     if not data:
         raise ValueError("empty object (0 bytes)")
@@ -117,15 +145,19 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
                 f"image declares {img.width}x{img.height} = {pixels} pixels, over the limit of "
                 f"{prep.max_image_pixels} (max_image_pixels)"
             )
+        # The upright full-resolution size: orientations 5-8 turn the image a quarter (as exif_transpose does).
+        full = img.size[::-1] if img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8) else img.size
         if prep.decode == "draft" and img.format in ("JPEG", "MPO"):
             img.draft(None, draft_size(img, prep))
         img.load()
         ImageOps.exif_transpose(img, in_place=True)  # in place: no copy of an upright image
         img = to_rgb(img, "RGB" if channels == 3 else "L")
+        decoded = img.size
         if prep.resize == "stretch":
             img = img.resize((width, height), Image.BILINEAR)
+            window = (0.0, 0.0, float(decoded[0]), float(decoded[1]))
         else:
-            img = _short_side_crop(img, width, height)
+            img, window = _short_side_crop(img, width, height)
         values = np.asarray(img)  # uint8: to_rgb made it RGB or L
     # CHW as uint8 first, then (x - mean) / std in float32 into one new array:
     # the same values as converting to float32 first, in half the time.
@@ -135,7 +167,27 @@ def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
     array = np.empty(values.shape, dtype=np.float32)
     np.subtract(values, mean, out=array, dtype=np.float32)
     array /= std
-    return array
+    sx, sy = full[0] / decoded[0], full[1] / decoded[1]
+    geometry = Geometry(int(full[0]), int(full[1]),
+                        (window[0] * sx, window[1] * sy, window[2] * sx, window[3] * sy))
+    return array, geometry
+
+
+def map_boxes(boxes: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Boxes ``(N, 4)`` of ``xmin, ymin, xmax, ymax`` in 0..1 of the model's input to pixels of the image.
+
+    The model saw ``geometry.window`` of the upright image (EXIF orientation
+    applied), stretched to its input; a box is mapped into that window, then
+    clipped to the image. Returns float32 ``(N, 4)``.
+    """
+    left, top, right, bottom = geometry.window
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    x = left + boxes[:, 0::2] * (right - left)
+    y = top + boxes[:, 1::2] * (bottom - top)
+    out = np.empty_like(boxes)
+    out[:, 0::2] = np.clip(x, 0, geometry.width)
+    out[:, 1::2] = np.clip(y, 0, geometry.height)
+    return out.astype(np.float32)
 
 
 def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
@@ -155,12 +207,17 @@ def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
     return 2 * width, 2 * height
 
 
-def _short_side_crop(img: Image.Image, width: int, height: int) -> Image.Image:
-    """Shorter side to ``min(H, W) * 256 / 224`` (ImageNet's usual ratio), then centre crop."""
+def _short_side_crop(img: Image.Image, width: int, height: int) -> tuple[Image.Image, tuple]:
+    """Shorter side to ``min(H, W) * 256 / 224`` (ImageNet's usual ratio), then centre crop.
+
+    Also returns the crop's window in the pixels of ``img`` as given (before the resize).
+    """
     short = round(min(width, height) * 256 / 224)
     scale = short / min(img.width, img.height)
     new_w = max(width, round(img.width * scale))
     new_h = max(height, round(img.height * scale))
+    sx, sy = img.width / new_w, img.height / new_h
     img = img.resize((new_w, new_h), Image.BILINEAR)
     left, top = (new_w - width) // 2, (new_h - height) // 2
-    return img.crop((left, top, left + width, top + height))
+    window = (left * sx, top * sy, (left + width) * sx, (top + height) * sy)
+    return img.crop((left, top, left + width, top + height)), window

@@ -7,8 +7,8 @@ a *work prefix* that belongs to the output object::
     OUTPUT.parts/job.json                        what every row depends on (the fingerprint)
     OUTPUT.parts/run-0001/run.json               one run's plan: batch size, batch count, keys, app id
     OUTPUT.parts/run-0001/plan.arrows            that run's keys in batch order, a record batch per batch
-    OUTPUT.parts/run-0001/part-00000012.arrow    batch 12's results: one record batch sorted by key
-                                                 (mxjob.results: Arrow IPC file, zstd)
+    OUTPUT.parts/run-0001/part-00000012.arrows.zst  batch 12's results: one record batch sorted by key
+                                                    (mxjob.results: an Arrow IPC stream in a zstd frame)
 
 When every listed key has a row, :func:`assemble` merges the runs' parts
 into the output object (key order, each key once, one multipart upload that
@@ -58,7 +58,7 @@ PARQUET_ROW_GROUP = 100_000
 #: A run's keys in batch order (:func:`listing.write_plan`), beside its ``run.json``.
 PLAN_NAME = "plan.arrows"
 _RUN = re.compile(r"run-(\d{4,})/(.+)$")
-_PART = re.compile(r"part-(\d{8})\.arrow$")
+_PART = re.compile(r"part-(\d{8})\.arrows\.zst$")
 #: Rows the assembly gathers before writing them out (JSON Lines); Parquet writes a row group at a time.
 WRITE_ROWS = 10_000
 
@@ -311,22 +311,28 @@ class _Selection:
         self.sink, self.counts = sink, counts
         self.schema: pa.Schema | None = None
         self.pieces: list[list] = []  # [batch, start, stop]
+        self.last: list | None = None
         self.rows = 0
 
     def keep(self, batch: pa.RecordBatch, row: int) -> None:
+        last = self.last
+        if last is not None and last[0] is batch and last[2] == row:
+            last[2] += 1  # the common case: the next row of the same part
+        else:
+            self._start(batch, row)
+        self.rows += 1
+        if self.rows >= WRITE_ROWS:
+            self.flush()
+
+    def _start(self, batch: pa.RecordBatch, row: int) -> None:
+        """A new slice, at ``row`` of ``batch``; every part must hold the same columns."""
         if self.schema is None:
             self.schema = batch.schema
         elif batch.schema is not self.schema and batch.schema != self.schema:
             raise ResumeError("the parts hold results of different shapes (task, columns or vector length); "
                               "start again with --overwrite")
-        last = self.pieces[-1] if self.pieces else None
-        if last is not None and last[0] is batch and last[2] == row:
-            last[2] += 1
-        else:
-            self.pieces.append([batch, row, row + 1])
-        self.rows += 1
-        if self.rows >= WRITE_ROWS:
-            self.flush()
+        self.last = [batch, row, row + 1]
+        self.pieces.append(self.last)
 
     def flush(self) -> None:
         if not self.pieces:
@@ -337,7 +343,7 @@ class _Selection:
             self.counts.failed += failed
             self.counts.predicted += piece.num_rows - failed
         self.sink.write(slices)
-        self.pieces, self.rows = [], 0
+        self.pieces, self.last, self.rows = [], None, 0
 
 
 def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 16,

@@ -95,7 +95,7 @@ def part_key(parts_prefix: str, index: int) -> str:
     A batch always writes the same key, so a retried or speculative task
     replaces the object (S3 PUTs are atomic) instead of adding a second copy.
     """
-    return f"{parts_prefix}part-{index:08d}.arrow"
+    return f"{parts_prefix}part-{index:08d}.arrows.zst"
 
 
 def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple]:
@@ -246,7 +246,7 @@ def write_results(job: JobSpec, index: int, client, batch: pa.RecordBatch) -> by
         return data
     # Durable before Spark hears the task is done: a dead driver loses nothing this task scored.
     client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index), Body=data,
-                      ContentType="application/vnd.apache.arrow.file")
+                      ContentType="application/vnd.apache.arrow.stream", ContentEncoding="zstd")
     return None
 
 

@@ -247,7 +247,7 @@ def test_detect_job_writes_boxes_in_pixels_of_the_upright_image(moto_endpoint, d
     result = spark_submit(["--input", "s3://detect-job/d/", "--model", "s3://detect-job/model/ssd", "--output",
                            "s3://detect-job/out/boxes.jsonl", "--endpoint-url", moto_endpoint, "--task", "detect",
                            "--input-shape", "3,64,64", "--std", "255", "--resize", "short-side-crop",
-                           "--min-score", str(min_score), "--batch-size", "2"])
+                           "--min-score", str(min_score), "--batch-size", "2", "--max-errors", "1"])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     rows = {r["key"]: r for r in map(json.loads, s3.get_object(Bucket="detect-job", Key="out/boxes.jsonl")[
         "Body"].read().decode().splitlines())}
@@ -342,3 +342,18 @@ def test_embed_job_writes_the_layers_vectors_as_json_lines_and_parquet(effnet_wo
         want = plain[key]
         np.testing.assert_allclose(np.asarray(vector, np.float32), want.astype(np.float16).astype(np.float32),
                                    rtol=2e-3, atol=2e-3 * np.abs(want).max())
+
+
+def test_a_parts_lines_are_the_json_view_of_its_own_columns_for_every_kind():
+    made = {kind: results.Results(results.schema(kind)) for kind in ("classify", "custom", "detect")}
+    made["embed"] = results.Results(results.schema("embed", dimension=2))
+    made["classify"].add("a", results.prediction_entries([(3, "tabby, \"cat\"", 0.123456789)]))
+    made["custom"].add("a", ('{"boxes": [1.5]}', None))
+    made["embed"].add("a", np.array([0.25, 1e-7], np.float32))
+    made["detect"].add("a", ([3, 4], []))
+    for kind, rows in made.items():
+        rows.fail("b", {"stage": "download", "type": "OSError", "message": "gone"})
+        part = results.read_part(results.write_part(rows.record_batch()))
+        assert results.kind_of(part.schema) == kind
+        assert part.column(results.LINE.name).to_pylist() == results.json_lines(results.model_columns(part))
+        assert [json.loads(x)["key"] for x in results.json_lines(part)] == ["a", "b"]

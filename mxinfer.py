@@ -7,7 +7,9 @@ concern per module:
 ===================  ==========================================================
 ``mxjob.preprocess``  encoded bytes to the model's input (:func:`decode_image`, :func:`decode_into`)
 ``mxjob.model``       the checkpoint, :class:`Predictor` / :class:`Classifier` /
-                      :class:`ImageClassifier`, top-k, the per-worker model cache
+                      :class:`ImageClassifier` / :class:`Embedder` / :class:`ImageEmbedder` /
+                      :class:`ObjectDetector`, top-k, the per-worker model cache
+``mxjob.results``     the result model: one Arrow record batch per batch, and its views
 ``mxjob.device``      ``cpu`` / ``gpu`` / ``gpu:N``, one grammar
 ``mxjob.int8``        oneDNN post-training quantization and the agreement check
 ``mxjob.handlers``    a user's ``input_handler`` / ``output_handler``
@@ -36,9 +38,12 @@ from mxjob.handlers import HandlerError, Handlers, load_handlers
 from mxjob.int8 import agreement, quantize_int8
 from mxjob.model import (
     Classifier,
+    Embedder,
     ImageClassifier,
+    ImageEmbedder,
     ModelError,
     ModelSpec,
+    ObjectDetector,
     Predictor,
     get_classifier,
     get_model,
@@ -47,33 +52,49 @@ from mxjob.model import (
     top_classes,
 )
 from mxjob.partition import JobSpec, score_partition
-from mxjob.preprocess import ImageTooLargeError, Preprocess, decode_image, decode_into, draft_size
-from mxjob.settings import DECODE_MODES, PRECISIONS, RESIZE_MODES
+from mxjob.preprocess import (
+    Geometry,
+    ImageTooLargeError,
+    Preprocess,
+    decode_image,
+    decode_image_geometry,
+    decode_into,
+    draft_size,
+    map_boxes,
+)
+from mxjob.settings import DECODE_MODES, PRECISIONS, RESIZE_MODES, TASKS
 from mxjob.udf import model_udf, score_images, udf_return_type
 
 __all__ = [
     "DECODE_MODES",
     "PRECISIONS",
     "RESIZE_MODES",
+    "TASKS",
     "Classifier",
+    "Embedder",
+    "Geometry",
     "HandlerError",
     "Handlers",
     "ImageClassifier",
+    "ImageEmbedder",
     "ImageTooLargeError",
     "JobSpec",
     "ModelError",
     "ModelSpec",
+    "ObjectDetector",
     "Predictor",
     "Preprocess",
     "agreement",
     "choose_context",
     "decode_image",
+    "decode_image_geometry",
     "decode_into",
     "draft_size",
     "first_line",
     "get_classifier",
     "get_model",
     "load_handlers",
+    "map_boxes",
     "model_udf",
     "parse_labels",
     "quantize_int8",

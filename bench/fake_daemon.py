@@ -15,7 +15,7 @@ around the model cost:
 - ``partition._fetch_and_decode``: no S3 GET, no decoding; every key gets one
   constant zero array of the job's input shape, instantly;
 - ``partition.get_model``: no MXNet; a stand-in that has only ``batch_size``;
-- ``partition.output_lines``: no forward pass; every key gets the line
+- ``partition.score_inputs``: no forward pass; every key gets the row
   ``{"key": KEY, "predictions": [{"class_id": 0, "probability": 1.0}]}``
   (:data:`FAKE_PREDICTIONS`, which the bench looks for in the output to prove
   the fake ran).
@@ -30,7 +30,6 @@ it runs, and accept extra arguments, so they keep working when
 
 from __future__ import annotations
 
-import json
 import threading
 
 import numpy as np
@@ -79,16 +78,17 @@ def fake_get_model(spec, input_shape, batch_size, *args, **kwargs) -> FakeModel:
         return model
 
 
-def fake_output_lines(model, keys, arrays, top_k, *args, **kwargs) -> list[tuple[str, str, bool]]:
-    """Per key ``(key, JSON line, failed)``, the line carrying :data:`FAKE_PREDICTIONS`."""
-    return [(key, json.dumps({"key": key, "predictions": FAKE_PREDICTIONS}, ensure_ascii=False), False)
-            for key in keys]
+def fake_score_inputs(model, keys, inputs, job, handlers, out) -> None:
+    """Every key's row carries :data:`FAKE_PREDICTIONS` (``partition.score_inputs`` without a forward pass)."""
+    entries = [{"label": None, **p} for p in FAKE_PREDICTIONS]
+    for key in keys:
+        out.add(key, entries)
 
 
 def patch(module=partition) -> None:
     module._fetch_and_decode = fake_fetch_and_decode
     module.get_model = fake_get_model
-    module.output_lines = fake_output_lines
+    module.score_inputs = fake_score_inputs
 
 
 if __name__ == "__main__":

@@ -162,16 +162,17 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
                  top_k: int = 5) -> dict:
     """Leave under the work prefix what a run's executors would have left for ``results`` keys.
 
-    The run's plan (``durable.WorkPrefix.start_run``) and one gzip part per
-    batch (``durable.part_key``) with the JSON lines of the real classifier's
-    top-k format (random probabilities over its classes instead of a forward
-    pass), written to S3 with a few threads. Made in a process of its own, so
-    the driver probe holds only what a driver holds.
+    The run's plan (``durable.WorkPrefix.start_run``) and one part per
+    batch (``durable.part_key``, :func:`mxjob.results.write_part`) with the
+    real classifier's top-k rows (random probabilities over its classes
+    instead of a forward pass), written to S3 with a few threads. Made in a
+    process of its own, so the driver probe holds only what a driver holds.
     """
-    import gzip
     from concurrent.futures import ThreadPoolExecutor
 
     from mxjob import durable
+    from mxjob import results as result_model
+    from mxjob.model import top_classes
 
     classifier = mxinfer.Classifier(model, shape, 1)
     images = _listing(results, bucket)
@@ -185,9 +186,10 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     def part(index: int) -> int:
         chunk = keys[index * batch: (index + 1) * batch]
         probs = np.random.RandomState(index).dirichlet(np.full(classifier.num_classes, 0.1), size=len(chunk))
-        body = "".join(json.dumps({"key": k, "predictions": p}, ensure_ascii=False) + "\n"
-                       for k, p in zip(chunk, classifier.prediction_dicts(probs, top_k)))
-        data = gzip.compress(body.encode("utf-8"), compresslevel=1)
+        rows = result_model.Results(result_model.schema("classify"))
+        for k, row in zip(chunk, top_classes(probs, top_k)):
+            rows.add(k, result_model.prediction_entries(classifier.labelled(row)))
+        data = result_model.write_part(rows.record_batch())
         client.put_object(Bucket=bucket, Key=durable.part_key(run.prefix, index), Body=data)
         return len(data)
 

@@ -432,7 +432,7 @@ def report(results: dict) -> str:
         out.append(f"Driver for {int(count):,} results (fake fast model, driver process only): peak RSS "
                    f"{_mib(d['max_rss'])} MiB ({_mib(d['max_rss_model_loaded'])} MiB before any result: imports, "
                    f"S3 client, the model check; {_mib(d['max_rss_planned'])} after the resume plan); assembly of "
-                   f"{d['parts_read']:,} parts ({d['part_bytes'] / MIB:.1f} MiB gzip) into "
+                   f"{d['parts_read']:,} parts ({d['part_bytes'] / MIB:.1f} MiB of parts) into "
                    f"{d['bytes_written'] / MIB:.1f} MiB: {d['assembly_seconds']:.1f} s "
                    f"(resume plan {d['resume_plan_seconds']:.1f} s)")
     if "task_cost" in results:

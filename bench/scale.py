@@ -12,7 +12,7 @@ Not a test: it prints measurements. For each ``--keys`` count it
 3. with a **fake fast scorer** on the executors (``bench/fake_daemon.py``,
    through ``spark.python.daemon.module``): no S3 GET, no decoding, no MXNet;
    every key gets the same top-1 line. Everything else is real: the task
-   itself, its per-batch gzip PUT of the part to S3, the driver (reading the
+   itself, its per-batch PUT of the part (mxjob.results) to S3, the driver (reading the
    manifest, loading a real small model for its model check, planning, the
    Spark job, the assembly of the output, the summary). The bench checks
    the output's first line to prove the fake ran;
@@ -51,7 +51,7 @@ Per-task overhead, two ways (ms per batch; one task per batch):
   hand-over from one task to the next without the start and end skew.
 
 ``in-task`` is ``sum of task_seconds / batches``: what ``score_partition``
-costs with the fake scorer (the part's gzip and PUT, the S3 client, the
+costs with the fake scorer (the part's encoding and PUT, the S3 client, the
 bookkeeping), so the three add up to the executor time per batch.
 
 Two opt-in rows measure instead of extrapolating:

@@ -211,7 +211,7 @@ def glue_ms(prep: Preprocess, count: int, repeats: int, threads: int = 16, windo
     with mock.patch.multiple(partition, **stubs):
         for _ in range(repeats):
             started = time.process_time()
-            scoring = partition.Scoring(_Model(), 5, None)
+            scoring = partition.Scoring(_Model(), job, None)
             for result in partition._prefetched(keys, _glue_work(reader, job), pool, window):
                 scoring.add(result)
             best = min(best, (time.process_time() - started) / count)

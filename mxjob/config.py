@@ -157,11 +157,14 @@ class Settings(dict):
 
     :meth:`name` says how the user wrote an option, so a message about a YAML
     value names its key and file, and one about a command-line value its flag.
+    ``given`` holds the settings the YAML or the command line set (the others
+    are defaults).
     """
 
-    def __init__(self, values: dict, names: dict[str, str]):
+    def __init__(self, values: dict, names: dict[str, str], given: frozenset = frozenset()):
         super().__init__(values)
         self.names = names
+        self.given = given
 
     def name(self, key: str) -> str:
         return self.names.get(key) or option_flag(key)
@@ -189,17 +192,20 @@ def merge_settings(cli: dict, yaml_settings: dict, config: str = "--config") -> 
     """
     values: dict[str, Any] = {}
     names: dict[str, str] = {}
+    given: set[str] = set()
     for key, default in DEFAULTS.items():
         values[key] = None if default is None else convert_option(key, default, f"the default of {option_flag(key)}")
     for key, value in yaml_settings.items():
         if value is not None:
             names[key] = f"{key} in {config}"
+            given.add(key)
             values[key] = convert_option(key, value, f"{key!r} in {config}")
     for key, value in cli.items():
         if value is not None:
             names.pop(key, None)
+            given.add(key)
             values[key] = convert_option(key, value, f"'{option_flag(key)}'")
-    return Settings(values, names)
+    return Settings(values, names, frozenset(given))
 
 
 def resolve(settings: Settings) -> JobConfig:
@@ -287,12 +293,21 @@ def resolve_output_format(s: Settings, key: str) -> str:
 
 
 def check_run_mode(s: Settings) -> None:
-    """The settings that exclude each other: --resume and --overwrite; int8 on a GPU."""
+    """The settings that exclude each other: --resume and --overwrite; int8 on a GPU; another task's options."""
+    check_task_options(s)
     if s["resume"] and s["overwrite"]:
         raise click.UsageError("give --resume (finish an earlier run) or --overwrite (start again), not both")
     if s["precision"] == "int8" and s["context"] != "cpu":
         raise click.UsageError(f"{s.name('precision')} int8 runs on CPUs (oneDNN); use --context cpu, or "
                                "--precision fp32 on GPUs")
+
+
+def check_task_options(s: Settings) -> None:
+    """Refuse an option of one task given with another (``--top-k`` with ``--task embed``): it would do nothing."""
+    for key, task in table.TASK_ONLY.items():
+        if key in s.given and s["task"] != task:
+            raise click.UsageError(f"{s.name(key)} applies to --task {task} only, and this run's task is "
+                                   f"{s['task']}: leave it out")
 
 
 def resolve_model(s: Settings) -> ModelSpec:

@@ -19,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 
@@ -27,13 +26,13 @@ import click
 import numpy as np
 
 import utils
-from mxjob import batchsize, durable, estimate, extsort, listing, manifest, preflight, settings
+from mxjob import batchsize, durable, estimate, extsort, listing, manifest, preflight, results, settings
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.handlers import HandlerError, get_handlers, model_class
 from mxjob.int8 import agreement, int8_excluded, quantize_int8, sample_too_small, weight_layers
-from mxjob.model import Classifier, ModelError, Predictor
+from mxjob.model import Classifier, Embedder, ModelError, Predictor
 from mxjob.partition import score_partition
 from mxjob.preprocess import decode_image
 from mxjob.signals import Interrupted
@@ -123,6 +122,8 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
     classifier = load_model_on_driver(cfg)
     if isinstance(classifier, Classifier) and cfg.top_k > classifier.num_classes:
         raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
+    if isinstance(classifier, Embedder):  # the layer found, not None: executors and the fingerprint name it
+        cfg = replace(cfg, model=replace(cfg.model, output_layer=classifier.output_layer))
     cfg, precision = prepare_precision(cfg, client, images, classifier)
     return cfg, DriverCheck(classifier, classifier.model_summary(), precision, job_fingerprint(cfg, classifier))
 
@@ -388,9 +389,8 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
     except Exception as exc:
         raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
                        "s3:PutObject on the output key") from exc
-    with_result = bool(cfg.handler) and get_handlers(cfg.handler_path).output_handler
-    sink = (durable.ParquetSink(writer, with_result=bool(with_result)) if cfg.output_format == "parquet"
-            else durable.JsonLinesSink(writer))
+    sink = (durable.ParquetSink(writer, metadata=durable.provenance(work.read_job()))
+            if cfg.output_format == "parquet" else durable.JsonLinesSink(writer))
     try:
         reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts, kind=cfg.s3_reader)
         counts = durable.assemble(work, work.runs(), images, sink, reader=reader)
@@ -638,7 +638,10 @@ def _duration(seconds: float) -> str:
 
 def load_model_on_driver(cfg: JobConfig) -> Predictor:
     """The model, loaded on the driver's CPU (the driver need not have a GPU) to check it."""
-    kind = model_class(get_handlers(cfg.handler_path))
+    try:
+        kind = model_class(get_handlers(cfg.handler_path), cfg.task)
+    except HandlerError as exc:
+        raise JobError(f"--handler: {exc}") from exc
     try:
         # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory.
         return kind(cfg.model, cfg.preprocess.input_shape, bound_batch(cfg), context="cpu")
@@ -684,7 +687,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
         "partitions": batches, "plan_bytes": sum(spans[-1]) if spans else 0,
         "first_key": images[0][0], "last_key": images[-1][0],
         "model": classifier.model_summary(),
-        "sample": json.loads(zlib.decompress(blob).decode("utf-8")),
+        "sample": results.objects(results.read_part(blob))[0],
         "sample_seconds": stats.seconds,
         "estimate": sizing.estimate,
     }

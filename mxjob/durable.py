@@ -1,21 +1,25 @@
 """Durable progress: the work prefix beside the output, ``--resume``, and the final assembly.
 
 A run never holds its results in the driver. Each executor writes its batch's
-lines to S3 as soon as it has scored them (``mxjob.partition.score_partition``), under
+results to S3 as soon as it has scored them (``mxjob.partition.score_partition``), under
 a *work prefix* that belongs to the output object::
 
-    OUTPUT.parts/job.json                        what every line depends on (the fingerprint)
+    OUTPUT.parts/job.json                        what every row depends on (the fingerprint)
     OUTPUT.parts/run-0001/run.json               one run's plan: batch size, batch count, keys, app id
     OUTPUT.parts/run-0001/plan.arrows            that run's keys in batch order, a record batch per batch
-    OUTPUT.parts/run-0001/part-00000012.jsonl.gz batch 12's lines, sorted by key
+    OUTPUT.parts/run-0001/part-00000012.arrows.zst  batch 12's results: one record batch sorted by key
+                                                    (mxjob.results: an Arrow IPC stream in a zstd frame)
 
-When every listed key has a line, :func:`assemble` merges the runs' parts
+When every listed key has a row, :func:`assemble` merges the runs' parts
 into the output object (key order, each key once, one multipart upload that
-is completed only when whole), and the work prefix is removed. A driver that
-dies before then leaves the parts; ``--resume`` plans only the keys that have
-no line yet (:func:`remaining_keys`) as a new run, and the assembly merges
-the old runs' parts with the new one's, so the output is the one an
-uninterrupted run would have written.
+is completed only when whole), and the work prefix is removed. The merge
+reads each part's ``key`` column and nothing else of a row; the output is
+written a slice of a part at a time, as JSON Lines or Parquet (views of the
+one result model, :mod:`mxjob.results`). A driver that dies before then
+leaves the parts; ``--resume`` plans only the keys that have no row yet
+(:func:`remaining_keys`) as a new run, and the assembly merges the old
+runs' parts with the new one's, so the output is the one an uninterrupted
+run would have written.
 
 This module runs on the driver only. It lists and reads S3 through the
 client it is given.
@@ -23,7 +27,6 @@ client it is given.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import heapq
 import io
@@ -34,16 +37,15 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from json.decoder import scanstring
+from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 import utils
-from mxjob import listing
+from mxjob import listing, results
 from mxjob.partition import part_key
 from mxjob.settings import OUTPUT_FORMATS  # noqa: F401 - durable.OUTPUT_FORMATS: the formats it writes
 
@@ -56,11 +58,9 @@ PARQUET_ROW_GROUP = 100_000
 #: A run's keys in batch order (:func:`listing.write_plan`), beside its ``run.json``.
 PLAN_NAME = "plan.arrows"
 _RUN = re.compile(r"run-(\d{4,})/(.+)$")
-_PART = re.compile(r"part-(\d{8})\.jsonl\.gz$")
-#: Every line starts with this (``json.dumps({"key": ...})``): the key can be
-#: read without parsing the rest of the line.
-_KEY_START = '{"key": "'
-_ERROR_AFTER_KEY = ', "error": {"stage": '
+_PART = re.compile(r"part-(\d{8})\.arrows\.zst$")
+#: Rows the assembly gathers before writing them out (JSON Lines); Parquet writes a row group at a time.
+WRITE_ROWS = 10_000
 
 
 class ResumeError(Exception):
@@ -77,12 +77,13 @@ def output_format(requested: str | None, key: str) -> str:
 def fingerprint(settings: dict, files: dict[str, bytes | None]) -> dict:
     """What every line of the output depends on: the settings as given, and files by SHA-256.
 
-    Two runs whose fingerprints are equal write the same line for the same
-    image, so their parts may be merged into one output.
+    Two runs whose fingerprints are equal write the same row for the same
+    image, so their parts may be merged into one output. ``part_format`` is
+    the parts' format (:data:`results.FORMAT`): a resume never reads parts of another.
     """
     digests = {name: (hashlib.sha256(data).hexdigest() if data is not None else None)
                for name, data in files.items()}
-    return {**{k: _plain(v) for k, v in settings.items()}, **digests}
+    return {**{k: _plain(v) for k, v in settings.items()}, **digests, "part_format": results.FORMAT}
 
 
 def _plain(value):
@@ -272,16 +273,9 @@ class AssemblyCounts:
     bytes_read: int = 0
 
 
-def line_key(line: str) -> tuple[str, int]:
-    """The key of one output line and the index just after it, without parsing the whole line."""
-    if line.startswith(_KEY_START):
-        return scanstring(line, len(_KEY_START))
-    return json.loads(line)["key"], -1
-
-
-def _run_lines(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int,
-               counts: AssemblyCounts, reader=None) -> Iterator[tuple[str, int, str]]:
-    """``(key, end_of_key, line)`` of every durable line of ``run``, in key order (batch by batch)."""
+def _run_parts(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int,
+               counts: AssemblyCounts, reader=None) -> Iterator[pa.RecordBatch]:
+    """The record batch of every durable part of ``run``, in batch order (so in key order), ``window`` read ahead."""
     def fetch(index: int) -> bytes:
         key = part_key(run.prefix, index)
         if reader is not None:
@@ -301,39 +295,88 @@ def _run_lines(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int
             pending.append(pool.submit(fetch, nxt))
         counts.parts_read += 1
         counts.bytes_read += len(data)
-        for line in gzip.decompress(data).decode("utf-8").splitlines():
-            key, end = line_key(line)
-            yield key, end, line
+        yield results.read_part(data)
+
+
+def _run_rows(parts: Iterator[pa.RecordBatch]) -> Iterator[tuple[str, int, pa.RecordBatch]]:
+    """``(key, row, batch)`` of every row of ``parts``: the key column is all the merge reads."""
+    for batch in parts:
+        yield from zip(batch.column("key").to_pylist(), range(batch.num_rows), repeat(batch))
+
+
+class _Selection:
+    """The rows the merge keeps, as slices of the parts they are in, written out ``WRITE_ROWS`` at a time."""
+
+    def __init__(self, sink, counts: AssemblyCounts):
+        self.sink, self.counts = sink, counts
+        self.schema: pa.Schema | None = None
+        self.pieces: list[list] = []  # [batch, start, stop]
+        self.last: list | None = None
+        self.rows = 0
+
+    def keep(self, batch: pa.RecordBatch, row: int) -> None:
+        last = self.last
+        if last is not None and last[0] is batch and last[2] == row:
+            last[2] += 1  # the common case: the next row of the same part
+        else:
+            self._start(batch, row)
+        self.rows += 1
+        if self.rows >= WRITE_ROWS:
+            self.flush()
+
+    def _start(self, batch: pa.RecordBatch, row: int) -> None:
+        """A new slice, at ``row`` of ``batch``; every part must hold the same columns."""
+        if self.schema is None:
+            self.schema = batch.schema
+        elif batch.schema is not self.schema and batch.schema != self.schema:
+            raise ResumeError("the parts hold results of different shapes (task, columns or vector length); "
+                              "start again with --overwrite")
+        self.last = [batch, row, row + 1]
+        self.pieces.append(self.last)
+
+    def flush(self) -> None:
+        if not self.pieces:
+            return
+        slices = [batch.slice(start, stop - start) for batch, start, stop in self.pieces]
+        for piece in slices:
+            failed = piece.num_rows - piece.column("error").null_count
+            self.counts.failed += failed
+            self.counts.predicted += piece.num_rows - failed
+        self.sink.write(slices)
+        self.pieces, self.last, self.rows = [], None, 0
 
 
 def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 16,
              reader: utils.ObjectReader | None = None) -> AssemblyCounts:
-    """Merge the runs' durable lines into ``sink`` in key order, exactly one line per key of ``keys``.
+    """Merge the runs' durable rows into ``sink`` in key order, exactly one row per key of ``keys``.
 
     ``keys`` is this job's sorted key list (a :class:`listing.Listing`, or key
     strings), read a chunk at a time. Each run's parts, read in batch
-    order, are sorted by key (its plan was), so a heap merge of the runs gives
-    every line in key order while holding only a window of parts per run.
-    A key of ``keys`` without a line raises ``ResumeError``: nothing is
-    written then (the caller aborts the sink). A key that two runs scored gets
-    the earlier run's line only (``heapq.merge`` is stable). With ``reader``
-    (a :class:`utils.ObjectReader`) the parts are read through it: one GET a
+    order, are sorted by key (its plan was), so a heap merge of the runs'
+    ``key`` columns gives every row in key order while holding only a window
+    of parts per run; the rows kept go to ``sink.write`` as slices of their
+    parts (:class:`_Selection`), never as Python objects. A key of ``keys``
+    without a row raises ``ResumeError``: nothing is written then (the
+    caller aborts the sink). A key that two runs scored gets the earlier
+    run's row only (``heapq.merge`` is stable). With ``reader`` (a
+    :class:`utils.ObjectReader`) the parts are read through it: one GET a
     batch, about half botocore's CPU each, which is most of the driver's CPU
     here at ten million keys.
     """
     counts = AssemblyCounts()
     with ThreadPoolExecutor(threads, thread_name_prefix="assemble") as pool:
         window = max(2, threads // max(1, len(runs)))
-        streams = [_run_lines(work, run, pool, window, counts, reader) for run in runs if run.done]
-        merged = heapq.merge(*streams, key=lambda item: item[0])
+        streams = [_run_rows(_run_parts(work, run, pool, window, counts, reader)) for run in runs if run.done]
+        # One run (no resume) needs no heap: its parts are in key order already.
+        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda item: item[0])
+        selection = _Selection(sink, counts)
         expected = iter_keys(keys)
         want = next(expected, None)
         position, last = 0, None
-        chunk: list[str] = []
-        for key, end, line in merged:
+        for key, row, batch in merged:
             if key == last:
                 # Two runs scored this key (a late task of an earlier run wrote its part after the
-                # resume planned): both lines come from the same fingerprint; the earlier run's is kept.
+                # resume planned): both rows come from the same fingerprint; the earlier run's is kept.
                 counts.superseded += 1
                 continue
             if want is not None and want < key:
@@ -342,20 +385,13 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
                 position += 1
                 last = key
                 want = next(expected, None)
-                is_error = line.startswith(_ERROR_AFTER_KEY, end) if end >= 0 else '"error"' in line
-                counts.failed += is_error
-                counts.predicted += not is_error
-                chunk.append(line)
-                if len(chunk) >= 10_000:
-                    sink.write_lines(chunk)
-                    chunk = []
+                selection.keep(batch, row)
             else:
                 counts.dropped += 1
         if want is not None:
             raise ResumeError(f"no line for key {want!r} under {work.uri} "
                               f"({len(keys) - position} keys without a line)")
-        if chunk:
-            sink.write_lines(chunk)
+        selection.flush()
     return counts
 
 
@@ -364,10 +400,14 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
 
 
 class JsonLinesSink:
-    """The output as JSON Lines: the parts' lines as they are."""
+    """The output as JSON Lines: each row's line (:func:`results.json_lines`)."""
 
     def __init__(self, writer: utils.MultipartWriter):
         self.writer = writer
+
+    def write(self, batches: list[pa.RecordBatch]) -> None:
+        """Rows of the result model, as their lines."""
+        self.write_lines([line for batch in batches for line in results.json_lines(batch)])
 
     def write_lines(self, lines: list[str]) -> None:
         self.writer.write("".join(line + "\n" for line in lines).encode("utf-8"))
@@ -379,67 +419,66 @@ class JsonLinesSink:
         self.writer.abort()
 
 
-#: The Parquet output's columns (Athena, Glue and Spark read it as it is).
-PREDICTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])
-ERROR = pa.struct([("stage", pa.string()), ("type", pa.string()), ("message", pa.string())])
+#: The Parquet output's error column (the result model's, :data:`results.ERROR`).
+ERROR = results.ERROR
 
 
-def parquet_schema(with_result: bool) -> pa.Schema:
-    """``key``, ``predictions``, ``error``; with an ``output_handler``, ``result`` (its JSON object) too."""
-    columns = [("key", pa.string()), ("predictions", pa.list_(PREDICTION)), ("error", ERROR)]
-    if with_result:
-        columns.append(("result", pa.string()))
-    return pa.schema(columns)
+def provenance(job: dict | None) -> dict[str, str]:
+    """The Parquet file's key-value metadata from ``job.json``: the run's fingerprint, and its task.
+
+    The fingerprint holds the model files' SHA-256, the task and its settings
+    (output layer, ...), the preprocessing recipe and the precision.
+    """
+    if not job:
+        return {}
+    fingerprint_ = job.get("fingerprint") or {}
+    return {"mxinfer.fingerprint": json.dumps(fingerprint_, sort_keys=True),
+            "mxinfer.task": str(fingerprint_.get("task", "classify"))}
 
 
 class ParquetSink:
-    """The output as Parquet, one row per key, written row group by row group."""
+    """The output as Parquet, one row per key, written row group by row group.
 
-    def __init__(self, writer: utils.MultipartWriter, with_result: bool = False):
-        self.writer, self.with_result = writer, with_result
-        self.schema = parquet_schema(with_result)
+    The schema is the parts' (:func:`results.parquet_schema`), known from
+    the first rows written; ``metadata`` (:func:`provenance`) goes to the
+    file's key-value metadata.
+    """
+
+    def __init__(self, writer: utils.MultipartWriter, metadata: dict[str, str] | None = None):
+        self.writer, self.metadata = writer, metadata
+        self.schema: pa.Schema | None = None
         self._file = _WriterFile(writer)
-        self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
-        self._pending: list[str] = []
+        self._parquet: pq.ParquetWriter | None = None
+        self._pending: list[pa.RecordBatch] = []
+        self._rows = 0
 
-    def write_lines(self, lines: list[str]) -> None:
-        self._pending.extend(lines)
-        if len(self._pending) >= PARQUET_ROW_GROUP:
+    def write(self, batches: list[pa.RecordBatch]) -> None:
+        for batch in batches:
+            if self.schema is None:
+                self.schema = results.parquet_schema(batch.schema, self.metadata)
+                self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
+            self._pending.append(results.parquet_batch(batch, self.schema))
+            self._rows += batch.num_rows
+        if self._rows >= PARQUET_ROW_GROUP:
             self._flush()
 
     def _flush(self) -> None:
         if not self._pending:
             return
-        self._parquet.write_table(lines_table(self._pending, self.schema), row_group_size=PARQUET_ROW_GROUP)
-        self._pending = []
+        table = pa.Table.from_batches(self._pending, self.schema).combine_chunks()
+        self._parquet.write_table(table, row_group_size=PARQUET_ROW_GROUP)
+        self._pending, self._rows = [], 0
 
     def close(self) -> None:
         self._flush()
+        if self._parquet is None:  # no row at all: an empty file of the classify columns
+            self.schema = results.parquet_schema(results.schema("classify"), self.metadata)
+            self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
         self._parquet.close()
         self.writer.close()
 
     def abort(self) -> None:
         self.writer.abort()
-
-
-def lines_table(lines: list[str], schema: pa.Schema) -> pa.Table:
-    """Output lines as a table of ``schema`` (Arrow's JSON reader; ``result`` rebuilt in Python)."""
-    options = pa_json.ParseOptions(explicit_schema=pa.schema([f for f in schema if f.name != "result"]),
-                                   unexpected_field_behavior="ignore")
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    table = pa_json.read_json(io.BytesIO(data), parse_options=options,
-                              read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
-    table = table.select([f.name for f in schema if f.name != "result"]).cast(
-        pa.schema([f for f in schema if f.name != "result"]))
-    if "result" in schema.names:
-        results = []
-        for line in lines:
-            obj = json.loads(line)
-            obj.pop("key", None)
-            results.append(None if "error" in obj and set(obj) == {"error"}
-                           else json.dumps(obj, ensure_ascii=False))
-        table = table.append_column("result", pa.array(results, pa.string()))
-    return table
 
 
 class _WriterFile(io.RawIOBase):

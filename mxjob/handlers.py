@@ -14,6 +14,8 @@ from mxjob import state
 from mxjob.errors import first_line
 from mxjob.model import (
     Classifier,
+    Embedder,
+    ObjectDetector,
     Predictor,
 )
 
@@ -51,11 +53,20 @@ class Handlers:
 
     def output_line(self, key: str, outputs: list[np.ndarray]) -> str:
         """The JSON line ``output_handler(key, outputs)`` makes for ``key``."""
+        text, _ = self.output_json(key, outputs)
+        return '{"key": ' + json.dumps(key, ensure_ascii=False) + (", " + text[1:] if text != "{}" else "}")
+
+    def output_json(self, key: str, outputs: list[np.ndarray]) -> tuple[str, dict]:
+        """``(JSON text, object)`` of ``output_handler(key, outputs)``, its own ``"key"`` left out.
+
+        The text is what the key's line holds after ``"key"``: numpy numbers
+        and arrays as JSON numbers and lists; NaN and infinities refused.
+        """
         obj = self.output_handler(key, outputs)
         if not isinstance(obj, dict):
             raise TypeError(f"output_handler returned {type(obj).__name__}; expected a dict")
-        obj = {"key": key, **{k: v for k, v in obj.items() if k != "key"}}
-        return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
+        obj = {k: v for k, v in obj.items() if k != "key"}
+        return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default), obj
 
 
 def _json_default(value):
@@ -108,9 +119,20 @@ def load_handlers(path: str) -> Handlers:
     return Handlers(path, **found)
 
 
-def model_class(handlers: Handlers | None) -> type:
-    """:class:`Classifier`, or :class:`Predictor` when an ``output_handler`` makes the lines (a detector, say)."""
-    return Predictor if handlers is not None and handlers.output_handler is not None else Classifier
+def model_class(handlers: Handlers | None, task: str = "classify") -> type:
+    """The model class of ``task``; :class:`Predictor` when an ``output_handler`` makes the lines.
+
+    Raises :class:`HandlerError` for a handler the task cannot use: an
+    ``output_handler`` replaces classify's top-k only, and ``detect`` maps
+    boxes through the job's own decoding, so it takes no ``input_handler``.
+    """
+    if handlers is not None and handlers.output_handler is not None:
+        if task != "classify":
+            raise HandlerError(f"an output_handler replaces --task classify's top-k; --task {task} takes none")
+        return Predictor
+    if task == "detect" and handlers is not None and handlers.input_handler is not None:
+        raise HandlerError("--task detect maps boxes back through the job's own decoding; it takes no input_handler")
+    return {"classify": Classifier, "embed": Embedder, "detect": ObjectDetector}[task]
 
 
 def get_handlers(path: str | None) -> Handlers | None:

@@ -28,7 +28,7 @@ import utils
 from mxjob import settings, state
 from mxjob.device import mx_context
 from mxjob.errors import first_line, plural
-from mxjob.preprocess import Preprocess, decode_image
+from mxjob.preprocess import Geometry, Preprocess, decode_image, decode_image_geometry, map_boxes
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ class ModelSpec:
     region: str | None = None
     #: Attempts per S3 read of the model's files (``--s3-max-attempts``).
     s3_max_attempts: int = settings.DEFAULT.s3_max_attempts
+    #: The layer an :class:`Embedder` returns (``--output-layer``); ``None``: the last FullyConnected's input.
+    output_layer: str | None = settings.DEFAULT.output_layer
 
     @classmethod
     def from_prefix(cls, prefix: str, epoch: int = 0, **kwargs) -> ModelSpec:
@@ -126,6 +128,33 @@ class ModelSpec:
         if not self.shipped:
             return []
         return [uri for uri in (self.symbol_uri, self.params_uri, self.labels_uri) if uri]
+
+
+def read_labels(spec: ModelSpec) -> tuple[list[str] | None, str | None]:
+    """``(labels, uri)`` from ``spec.labels_uri``, else ``synset.txt`` beside the symbol file if it exists.
+
+    A labels file named explicitly must exist; the implicit one is optional.
+    """
+    uri = spec.labels_uri
+    explicit = uri is not None
+    if uri is None:
+        uri = utils.sibling_uri(spec.symbol_uri, "synset.txt")
+    if not uri:
+        return None, None
+    try:
+        return parse_labels(spec.read(uri).decode("utf-8")), uri
+    except FileNotFoundError:
+        if explicit:
+            raise ModelError(f"labels file {uri} does not exist") from None
+        return None, uri
+    except Exception as exc:
+        # Without s3:ListBucket, S3 answers a missing object with AccessDenied;
+        # the implicit synset.txt is optional, so go on with class ids only.
+        if explicit or "AccessDenied" not in str(exc):
+            raise
+        log.warning("cannot read %s (%s); results carry class ids only; set --labels to "
+                    "name a labels file", uri, first_line(exc))
+        return None, uri
 
 
 def _head_op(symbol_json: str) -> str:
@@ -176,6 +205,7 @@ class Predictor:
                              f"{first_line(exc)}") from exc
         arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
         aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
+        symbol, symbol_json = self._select_output(symbol, symbol_json)
         self.head_op = _head_op(symbol_json)
         self.output_is_probability = self.head_op in SOFTMAX_OPS
         self._check(symbol, arg_params, aux_params)
@@ -192,6 +222,10 @@ class Predictor:
         self._symbol = symbol
         self._lock = threading.Lock()
         self._mx = mx
+
+    def _select_output(self, symbol, symbol_json: str) -> tuple:
+        """The graph to bind and its JSON: the whole model here; one layer's output in :class:`Embedder`."""
+        return symbol, symbol_json
 
     def _check(self, symbol, arg_params, aux_params) -> None:
         """Fail on the driver, with a useful message, before any image is read."""
@@ -331,28 +365,9 @@ class Classifier(Predictor):
                 "labels_count": len(self.labels) if self.labels else 0}
 
     def _load_labels(self) -> list[str] | None:
-        uri = self.spec.labels_uri
-        explicit = uri is not None
-        if uri is None:
-            uri = utils.sibling_uri(self.spec.symbol_uri, "synset.txt")
-        if not uri:
-            return None
-        self.labels_uri = uri
-        try:
-            labels = parse_labels(self.spec.read(uri).decode("utf-8"))
-        except FileNotFoundError:
-            if explicit:
-                raise ModelError(f"labels file {uri} does not exist") from None
-            return None
-        except Exception as exc:
-            # Without s3:ListBucket, S3 answers a missing object with AccessDenied;
-            # the implicit synset.txt is optional, so go on with class ids only.
-            if explicit or "AccessDenied" not in str(exc):
-                raise
-            log.warning("cannot read %s (%s); predictions carry class ids only; set --labels to "
-                        "name a labels file", uri, first_line(exc))
-            return None
-        if len(labels) != self.num_classes:
+        labels, uri = read_labels(self.spec)
+        self.labels_uri = uri if labels is not None else None
+        if labels is not None and len(labels) != self.num_classes:
             raise ModelError(f"labels file {uri} has {len(labels)} lines but the model has "
                              f"{self.num_classes} classes")
         return labels
@@ -392,26 +407,203 @@ class ImageClassifier(Classifier):
     def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
                  context: str | None = None, preprocess: Preprocess | None = None):
         super().__init__(model, input_shape, batch_size, context)
-        self.preprocess = preprocess or Preprocess(input_shape=self.input_shape)
-        if tuple(self.preprocess.input_shape) != self.input_shape:
-            raise ValueError("preprocess.input_shape must match input_shape")
+        self.preprocess = _preprocess_for(self, preprocess)
 
     def to_array(self, images: Sequence) -> np.ndarray:
-        arrays = []
-        for image in images:
-            if isinstance(image, Image.Image):
-                buffer = io.BytesIO()
-                image.save(buffer, format="PNG")
-                image = buffer.getvalue()
-            elif isinstance(image, (str, os.PathLike)):
-                with open(image, "rb") as handle:
-                    image = handle.read()
-            arrays.append(decode_image(bytes(image), self.preprocess))
+        """Encoded bytes, file paths or PIL images as one NCHW batch, decoded as the job decodes."""
+        arrays = [decode_image(encoded(image), self.preprocess) for image in images]
         return np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
 
     def classify_images(self, images: Sequence, top_k: int = settings.DEFAULT.top_k):
         """Classify encoded bytes, file paths or PIL images."""
         return self.classify(self.to_array(images), top_k)
+
+
+def encoded(image) -> bytes:
+    """An image given as encoded bytes, a file path or a PIL image, as encoded bytes (a PIL image as PNG)."""
+    if isinstance(image, Image.Image):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return buffer.getvalue()
+    if isinstance(image, (str, os.PathLike)):
+        with open(image, "rb") as handle:
+            return handle.read()
+    return bytes(image)
+
+
+def _preprocess_for(predictor: Predictor, preprocess: Preprocess | None) -> Preprocess:
+    """``preprocess``, or the default recipe at the predictor's input shape; it must take that shape."""
+    preprocess = preprocess or Preprocess(input_shape=predictor.input_shape)
+    if tuple(preprocess.input_shape) != predictor.input_shape:
+        raise ValueError("preprocess.input_shape must match input_shape")
+    return preprocess
+
+
+# ----------------------------------------------------------------------------
+# Embeddings: one layer's output
+
+
+def layer_names(symbol_json: str) -> list[str]:
+    """The names of the graph's operator nodes (its layers), in graph order."""
+    return [node["name"] for node in json.loads(symbol_json)["nodes"] if node["op"] != "null"]
+
+
+def default_output_layer(symbol_json: str) -> str:
+    """The data input of the graph's last FullyConnected node: the features a classifier's head reads.
+
+    ``flatten`` (or the global pooling) in a ResNet or an EfficientNet. Raises
+    :class:`ModelError` for a graph without a FullyConnected node.
+    """
+    nodes = json.loads(symbol_json)["nodes"]
+    dense = [node for node in nodes if node["op"] == "FullyConnected"]
+    if not dense:
+        raise ModelError("the model has no FullyConnected layer to take the embedding before; name a layer "
+                         f"with --output-layer (its last layers: {', '.join(layer_names(symbol_json)[-5:])})")
+    return nodes[dense[-1]["inputs"][0][0]]["name"]
+
+
+def output_layer_symbol(symbol, symbol_json: str, name: str | None):
+    """``(layer name, the symbol of its output)``; a name not in the graph raises :class:`ModelError`.
+
+    ``name`` is a node name (``flatten0``) or its output's (``flatten0_output``);
+    ``None`` is :func:`default_output_layer`. The message of an unknown name
+    lists the nearest layer names.
+    """
+    import difflib
+
+    name = name or default_output_layer(symbol_json)
+    internals = symbol.get_internals()
+    outputs = internals.list_outputs()
+    for candidate in (name, f"{name}_output"):
+        if candidate in outputs:
+            return name, internals[candidate]
+    nearest = difflib.get_close_matches(name, layer_names(symbol_json), n=5, cutoff=0.0)
+    raise ModelError(f"the model has no layer named {name!r}; the nearest are {', '.join(nearest)}")
+
+
+class Embedder(Predictor):
+    """A :class:`Predictor` that returns one layer's output, flattened to one vector per image.
+
+    The layer is ``spec.output_layer`` (``--output-layer``), by default the
+    input of the last FullyConnected layer (:func:`default_output_layer`). The
+    graph is cut there, so the layers after it never run.
+
+    Examples
+    --------
+    >>> e = Embedder("file:///models/resnet18", (3, 224, 224), batch_size=8)  # doctest: +SKIP
+    >>> e.embed(np.zeros((3, 3, 224, 224), np.float32)).shape  # doctest: +SKIP
+    (3, 512)
+    """
+
+    def _select_output(self, symbol, symbol_json: str) -> tuple:
+        self.output_layer, layer = output_layer_symbol(symbol, symbol_json, self.spec.output_layer)
+        return layer, layer.tojson()
+
+    @property
+    def dimension(self) -> int:
+        """The length of one vector."""
+        return int(np.prod(self.output_shapes[0]))
+
+    def embed(self, array: np.ndarray, normalize: bool = False, dtype: str = "float32") -> np.ndarray:
+        """The vectors of ``array`` (N, C, H, W): ``(N, D)`` of ``dtype``, L2-normalised if ``normalize``."""
+        out = self.predict(array)[0].reshape(array.shape[0], -1).astype(np.float32)
+        if normalize:
+            # A zero vector stays zero rather than becoming NaN.
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), np.finfo(np.float32).tiny)
+        return out.astype(dtype)
+
+
+class ImageEmbedder(Embedder):
+    """An :class:`Embedder` that takes encoded images, decoded exactly as the job does."""
+
+    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
+                 context: str | None = None, preprocess: Preprocess | None = None):
+        super().__init__(model, input_shape, batch_size, context)
+        self.preprocess = _preprocess_for(self, preprocess)
+
+    def embed_images(self, images: Sequence, normalize: bool = False, dtype: str = "float32") -> np.ndarray:
+        """Embed encoded bytes, file paths or PIL images: ``(N, D)``."""
+        arrays = [decode_image(encoded(image), self.preprocess) for image in images]
+        batch = np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
+        return self.embed(batch, normalize, dtype)
+
+
+# ----------------------------------------------------------------------------
+# Detection: MXNet's (batch, anchors, 6) layout
+
+
+class ObjectDetector(Predictor):
+    """A :class:`Predictor` whose output is MXNet's detection layout; boxes in the pixels of each image.
+
+    The model's first output is ``(batch, anchors, 6)``: ``class_id, score,
+    xmin, ymin, xmax, ymax``, coordinates in 0..1 of the model's input and
+    ``class_id`` -1 for suppressed rows, as ``mx.sym.contrib.MultiBoxDetection``
+    gives. Labels are optional (``synset.txt`` beside the model, or ``spec.labels_uri``).
+    :meth:`detect_images` decodes as the job does and maps each box back onto
+    the image as its EXIF orientation shows it.
+
+    Examples
+    --------
+    >>> d = ObjectDetector("file:///models/ssd", (3, 300, 300), batch_size=4)  # doctest: +SKIP
+    >>> d.detect_images(["cat.jpg"], min_score=0.5)[0]["detections"][0]  # doctest: +SKIP
+    {'class_id': 7, 'label': 'cat', 'score': 0.91, 'box': [12.0, 30.5, 410.0, 388.0]}
+    """
+
+    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
+                 context: str | None = None, preprocess: Preprocess | None = None):
+        super().__init__(model, input_shape, batch_size, context)
+        shape = self.output_shapes[0]
+        if len(shape) != 2 or shape[1] != 6:
+            name = self._symbol.list_outputs()[0]
+            raise ModelError(f"--task detect needs a model whose output is MXNet's detection layout (batch, anchors, "
+                             f"6); its output {name} has shape {(self.batch_size, *shape)}")
+        self.labels, _ = read_labels(self.spec)
+        self.preprocess = _preprocess_for(self, preprocess)
+
+    def label(self, class_id: int) -> str | None:
+        """The label of ``class_id``; ``None`` without labels or beyond them."""
+        return self.labels[class_id] if self.labels and 0 <= class_id < len(self.labels) else None
+
+    def detect(self, array: np.ndarray, geometries: Sequence[Geometry],
+               min_score: float = settings.DEFAULT.min_score,
+               max_detections: int = settings.DEFAULT.max_detections) -> list[list[tuple]]:
+        """Per row of ``array``, ``(class_id, label, score, box)`` best first, ``box`` in pixels of its image.
+
+        ``geometries`` (one per row, from :func:`decode_image_geometry`) say
+        where each input came from. Suppressed rows (class -1) and scores
+        under ``min_score`` are left out; at most ``max_detections`` remain.
+        """
+        rows = self.predict(array)[0]
+        return [self.image_detections(row, geometry, min_score, max_detections)
+                for row, geometry in zip(rows, geometries)]
+
+    def image_detections(self, row: np.ndarray, geometry: Geometry, min_score: float,
+                         max_detections: int) -> list[tuple]:
+        """One image's ``(anchors, 6)`` output as :meth:`detect` returns it."""
+        if not np.isfinite(row).all():
+            raise FloatingPointError("model output is not finite")
+        kept = row[(row[:, 0] >= 0) & (row[:, 1] >= min_score)]
+        kept = kept[np.argsort(-kept[:, 1], kind="stable")][:max_detections]
+        boxes = map_boxes(kept[:, 2:6], geometry)
+        return [(int(d[0]), self.label(int(d[0])), float(np.float32(d[1])), [float(v) for v in box])
+                for d, box in zip(kept, boxes)]
+
+    def detect_images(self, images: Sequence, min_score: float = settings.DEFAULT.min_score,
+                      max_detections: int = settings.DEFAULT.max_detections) -> list[dict]:
+        """Detect in encoded bytes, file paths or PIL images: per image ``image_size`` and ``detections``.
+
+        Each detection is a dict of ``class_id``, ``label`` (``None`` without
+        labels), ``score`` and ``box`` (``xmin, ymin, xmax, ymax`` in pixels of
+        the image as its EXIF orientation shows it), best first.
+        """
+        decoded = [decode_image_geometry(encoded(image), self.preprocess) for image in images]
+        if not decoded:
+            return []
+        found = self.detect(np.stack([a for a, _ in decoded]), [g for _, g in decoded], min_score, max_detections)
+        return [{"image_size": [g.width, g.height],
+                 "detections": [{"class_id": c, "label": label, "score": score, "box": box}
+                                for c, label, score, box in dets]}
+                for (_, g), dets in zip(decoded, found)]
 
 
 def get_classifier(spec: ModelSpec, input_shape: tuple, batch_size: int) -> Classifier:

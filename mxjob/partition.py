@@ -1,21 +1,19 @@
-"""One partition of the job: download, decode and score one batch; write its lines to S3.
+"""One partition of the job: download, decode and score one batch; write its results to S3.
 
 :func:`score_partition` is what each Spark task runs. A partition holds one
 batch: the task reads its keys from the run's plan (one ranged GET), fetches
 and decodes the images on a thread pool while the model loads or scores the
-previous micro-batch, and writes the batch's lines, sorted by key, to S3 as
-one gzip object before Spark hears the task is done (:func:`part_key`).
+previous micro-batch, and writes the batch's results, one record batch sorted
+by key (:mod:`mxjob.results`), to S3 as one Arrow IPC part before Spark hears
+the task is done (:func:`part_key`).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 import os
 import socket
 import time
-import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,11 +21,12 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
+import pyarrow as pa
 
 import utils
-from mxjob import listing, settings, state
+from mxjob import listing, results, settings, state
 from mxjob.device import task_context
-from mxjob.errors import error_line, first_line
+from mxjob.errors import error_object, first_line
 from mxjob.handlers import Handlers, get_handlers, model_class
 from mxjob.model import (
     ModelError,
@@ -36,7 +35,7 @@ from mxjob.model import (
     get_model,
     top_k_or_errors,
 )
-from mxjob.preprocess import Preprocess, decode_image
+from mxjob.preprocess import Preprocess, decode_image, decode_image_geometry
 from mxjob.stats import ERROR_EXAMPLES, StatsFold, TaskStats
 from mxjob.worker import ThreadPlan, configure_threads, freeze_long_lived, host_share, memory_bytes, worker_threads
 
@@ -65,8 +64,8 @@ class _JobSpecBase:
     thread_plan : ThreadPlan, optional
         Where the workers run, from the driver (``mxjob.cluster.thread_plan``); ``None`` outside a Spark job.
     output_bucket, parts_prefix : str, optional
-        Where each batch's lines become durable: ``s3://output_bucket/parts_prefix``
-        (see :func:`part_key`). ``None``: the lines travel back to the driver instead.
+        Where each batch's results become durable: ``s3://output_bucket/parts_prefix``
+        (see :func:`part_key`). ``None``: the part travels back to the caller instead.
     plan_key : str, optional
         The run's plan in ``output_bucket`` (``listing.write_plan``): when set, a
         partition holds one ``(offset, length)`` span and the task reads its keys from there.
@@ -91,30 +90,31 @@ JobSpec = settings.make_settings_dataclass("JobSpec", _JobSpecBase, settings.goi
 
 
 def part_key(parts_prefix: str, index: int) -> str:
-    """The S3 key of batch ``index``'s lines under a run's ``parts_prefix``.
+    """The S3 key of batch ``index``'s part under a run's ``parts_prefix``.
 
     A batch always writes the same key, so a retried or speculative task
     replaces the object (S3 PUTs are atomic) instead of adding a second copy.
     """
-    return f"{parts_prefix}part-{index:08d}.jsonl.gz"
+    return f"{parts_prefix}part-{index:08d}.arrows.zst"
 
 
 def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple]:
     """Score one partition (one batch); yields a single ``(index, count, blob, stats)``.
 
-    ``count`` is the number of lines the batch made (one per key), ``stats`` a
+    ``count`` is the number of rows the batch made (one per key), ``stats`` a
     :class:`TaskStats`. ``items`` are ``(key, size)`` pairs; ``None`` marks a
     padding slot, which downloads nothing and yields nothing. With
     ``job.plan_key``, ``items`` is one ``(offset, length)`` span of the run's
     plan instead, and the batch's keys come from one ranged GET of it (the
-    driver never ships the keys). The partition's JSON lines, sorted by key,
-    are written to S3 as one gzip object of JSON Lines (:func:`part_key`) when
-    ``job.parts_prefix`` is set, and ``blob`` is ``None``; otherwise ``blob``
-    is the lines joined by newlines and zlib-compressed, for the caller.
+    driver never ships the keys). The partition's results, one record batch
+    sorted by key (:mod:`mxjob.results`), are written to S3 as one part
+    (:func:`part_key`, :func:`results.write_part`) when ``job.parts_prefix``
+    is set, and ``blob`` is ``None``; otherwise ``blob`` is the part's bytes,
+    for the caller (:func:`results.read_part`).
 
     The steps, each a function below: configure the worker, read the batch's
     keys, start fetching, load the model, score as images arrive, write the
-    lines, and report.
+    part, and report.
     """
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
@@ -126,14 +126,15 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     keys = batch_keys(items, job, reader, io_stats)
     # Downloading and decoding start now, so a worker's first task fetches while MXNet
     # loads and the model comes in; later tasks find the model in this worker's cache.
-    results = _prefetched(keys, partial(_fetch_and_decode, reader, job, handlers, io_stats=io_stats),
+    fetched = _prefetched(keys, partial(_fetch_and_decode, reader, job, handlers, io_stats=io_stats),
                           _pool(job.io_threads), max(job.max_in_flight, 1))
-    scoring = Scoring(load_model(job, index, model_class(handlers)), job.top_k, handlers)
-    for result in results:
+    scoring = Scoring(load_model(job, index, model_class(handlers, job.task)), job, handlers)
+    for result in fetched:
         scoring.add(result)
     scoring.finish()
+    batch = scoring.results.record_batch()
     write_started = time.perf_counter()
-    blob = write_lines(job, index, reader.client, scoring.sorted_lines())
+    blob = write_results(job, index, reader.client, batch)
     scoring.timing["write"] = time.perf_counter() - write_started
     stats = TaskStats(
         partition=index, executor=f"{socket.gethostname()}/{os.getppid()}", worker_pid=os.getpid(),
@@ -143,12 +144,12 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         s3_retries={"request": io_stats.request_retries, "body": io_stats.body_retries},
         model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads,
         host=host_share(job.thread_plan), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
-        error_kinds=scoring.error_kinds, top1=scoring.top1,
+        error_kinds=results.error_kinds(batch, ERROR_EXAMPLES), top1=results.top_labels(batch),
     )
     _task_done()
     log.info("partition %d: %d keys, %d errors in %.2fs", index, len(keys), sum(scoring.errors.values()),
              stats.seconds["task"])
-    yield index, len(scoring.lines), blob, stats
+    yield index, len(scoring.results), blob, stats
 
 
 def batch_keys(items: Iterable, job: JobSpec, reader: utils.ObjectReader, io_stats: utils.IOStats) -> list:
@@ -179,42 +180,39 @@ def load_model(job: JobSpec, index: int, kind: type) -> Predictor:
 
 
 class Scoring:
-    """One batch's lines as its images arrive: decoded images are scored a micro-batch at a time.
+    """One batch's results as its images arrive: decoded images are scored a micro-batch at a time.
 
     :meth:`add` takes each result of :func:`_fetch_and_decode` in key order:
-    a failed download or decode becomes its error line at once; a decoded
+    a failed download or decode becomes its error row at once; a decoded
     image waits for a full micro-batch (the model's bound batch), which then
     goes through one forward pass. :meth:`finish` scores the last, short one.
-    ``timing`` sums each stage's seconds (download and decode over the pool's
-    threads; forward and wait on this one), ``errors`` counts error lines by stage.
+    ``results`` holds the rows (:class:`results.Results`); ``timing`` sums each
+    stage's seconds (download and decode over the pool's threads; forward and
+    wait on this one), ``errors`` counts error rows by stage.
     """
 
-    def __init__(self, model: Predictor, top_k: int, handlers: Handlers | None):
-        self.model, self.top_k, self.handlers = model, top_k, handlers
-        self.lines: list[tuple[str, str]] = []
+    def __init__(self, model: Predictor, job: JobSpec, handlers: Handlers | None):
+        self.model, self.job, self.handlers = model, job, handlers
+        self.results = results.Results(result_schema(job, model, handlers))
         self.timing = {"download": 0.0, "decode": 0.0, "forward": 0.0, "wait": 0.0}
         self.errors = {"download": 0, "decode": 0, "predict": 0}
-        #: For the run report: failed keys by ``stage/type`` with a few examples, predicted keys by top-1 label.
-        self.error_kinds: dict[str, dict] = {}
-        self.top1: dict[str, int] = {}
         self._keys: list[str] = []
-        self._arrays: list[np.ndarray] = []
+        self._inputs: list = []
         self._waiting_since = time.perf_counter()
 
     def add(self, result: tuple) -> None:
-        """One image's ``(key, array, failure, (download_s, decode_s))``."""
+        """One image's ``(key, input, failure, (download_s, decode_s))``."""
         self.timing["wait"] += time.perf_counter() - self._waiting_since
-        key, array, failure, (download_s, decode_s) = result
+        key, decoded, failure, (download_s, decode_s) = result
         self.timing["download"] += download_s
         self.timing["decode"] += decode_s
         if failure is not None:
-            stage, line = failure
-            self.lines.append((key, line))
+            stage, error = failure
+            self.results.fail(key, error)
             self.errors[stage] += 1
-            self._count_error(key, line)
         else:
             self._keys.append(key)
-            self._arrays.append(array)
+            self._inputs.append(decoded)
             if len(self._keys) == self.model.batch_size:
                 self._forward()
         self._waiting_since = time.perf_counter()
@@ -225,48 +223,32 @@ class Scoring:
         if self._keys:
             self._forward()
 
-    def sorted_lines(self) -> list[str]:
-        """The batch's lines, sorted by key."""
-        return [line for _, line in sorted(self.lines)]
-
     def _forward(self) -> None:
         started = time.perf_counter()
-        for key, line, failed in output_lines(self.model, self._keys, self._arrays, self.top_k, self.handlers):
-            self.lines.append((key, line))
-            self.errors["predict"] += failed
-            if failed:
-                self._count_error(key, line)
-            elif self.handlers is None or self.handlers.output_handler is None:
-                self._count_top1(line)
+        failed = self.results.errors
+        score_inputs(self.model, self._keys, self._inputs, self.job, self.handlers, self.results)
+        self.errors["predict"] += self.results.errors - failed
         self.timing["forward"] += time.perf_counter() - started
-        self._keys, self._arrays = [], []
+        self._keys, self._inputs = [], []
 
 
-    def _count_error(self, key: str, line: str) -> None:
-        error = json.loads(line)["error"]
-        kind = self.error_kinds.setdefault(f"{error['stage']}/{error['type']}", {"count": 0, "examples": []})
-        kind["count"] += 1
-        if len(kind["examples"]) < ERROR_EXAMPLES:
-            kind["examples"].append(key)
-
-    def _count_top1(self, line: str) -> None:
-        # Parsing the line back costs ~10 us a key, next to milliseconds of forward pass.
-        top = json.loads(line)["predictions"]
-        if top:
-            label = str(top[0].get("label", top[0]["class_id"]))
-            self.top1[label] = self.top1.get(label, 0) + 1
+def result_schema(job: JobSpec, model: Predictor, handlers: Handlers | None) -> pa.Schema:
+    """The schema of this job's results (:func:`results.schema`): its task's, or ``custom`` with an output_handler."""
+    if handlers is not None and handlers.output_handler is not None:
+        return results.schema("custom")
+    if job.task == "embed":
+        return results.schema("embed", dimension=model.dimension, dtype=job.embedding_dtype)
+    return results.schema(job.task)
 
 
-def write_lines(job: JobSpec, index: int, client, lines: list[str]) -> bytes | None:
-    """Make the batch's lines durable under ``job.parts_prefix`` (returns ``None``), or return them compressed."""
-    text = "\n".join(lines).encode("utf-8")
+def write_results(job: JobSpec, index: int, client, batch: pa.RecordBatch) -> bytes | None:
+    """Make the batch's part durable under ``job.parts_prefix`` (returns ``None``), or return the part's bytes."""
+    data = results.write_part(batch)
     if job.parts_prefix is None:
-        return zlib.compress(text, 1)
-    # Durable before Spark hears the task is done: a dead driver loses nothing
-    # this task scored. gzip level 1: ~5x smaller for a fraction of a ms.
-    client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index),
-                      Body=gzip.compress(text + b"\n" if text else text, compresslevel=1),
-                      ContentType="application/gzip")
+        return data
+    # Durable before Spark hears the task is done: a dead driver loses nothing this task scored.
+    client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index), Body=data,
+                      ContentType="application/vnd.apache.arrow.stream", ContentEncoding="zstd")
     return None
 
 
@@ -297,12 +279,13 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
                       *, io_stats: utils.IOStats):
     """Download and decode one object (with ``handlers.input_handler`` if there is one).
 
-    Returns ``(key, array, None, times)``, or ``(key, None, (stage, error_line), times)``.
+    Returns ``(key, input, None, times)``, or ``(key, None, (stage, error object), times)``. The input is
+    the array, or for ``--task detect`` ``(array, geometry)`` (:func:`decode_image_geometry`).
     """
     started = time.perf_counter()
 
     def failed(stage, exc, times):
-        return key, None, (stage, error_line(key, stage, exc)), times
+        return key, None, (stage, error_object(stage, exc)), times
 
     if size is not None and size > job.max_object_bytes:
         return failed("download", utils.too_large(size, job.max_object_bytes), (0.0, 0.0))
@@ -315,6 +298,8 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
     try:
         if handlers is not None and handlers.input_handler is not None:
             array = handlers.decode(key, data, job.preprocess.input_shape)
+        elif job.task == "detect":
+            array = decode_image_geometry(data, job.preprocess)
         else:
             array = decode_image(data, job.preprocess)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's, not the batch's
@@ -354,31 +339,83 @@ def _task_attempt() -> int:
     return task.attemptNumber() if task is not None else 0
 
 
-def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], top_k: int,
-                 handlers: Handlers | None = None) -> list[tuple[str, str, bool]]:
-    """One forward pass over ``arrays``; per key, ``(key, JSON line, failed)``.
+def score_inputs(model: Predictor, keys: list[str], inputs: list, job: JobSpec, handlers: Handlers | None,
+                 out: results.Results) -> None:
+    """One forward pass over ``inputs``; one row per key into ``out``, by the kind of ``out``.
 
-    The line holds the top-k ``predictions`` (``model`` is a
-    :class:`Classifier`), or the object of the user's ``output_handler``. A
-    failed forward pass fails every key of the batch; a non-finite output or
-    a failing handler fails its key only. Failures are ``predict`` error lines.
+    A failed forward pass fails every key of the batch; a non-finite output
+    or a failing handler fails its key only. Failures are ``predict`` errors.
     """
-    out = []
-    if handlers is None or handlers.output_handler is None:
-        for key, (row, exc) in zip(keys, top_k_or_errors(model, arrays, top_k)):
-            if exc is not None:
-                out.append((key, error_line(key, "predict", exc), True))
-            else:
-                line = json.dumps({"key": key, "predictions": model.prediction_entries(row)}, ensure_ascii=False)
-                out.append((key, line, False))
-        return out
+    _SCORERS[out.kind](model, keys, inputs, job, handlers, out)
+
+
+def _score_classify(model, keys, arrays, job, handlers, out: results.Results) -> None:
+    for key, (row, exc) in zip(keys, top_k_or_errors(model, arrays, job.top_k)):
+        if exc is not None:
+            out.fail_stage(key, "predict", exc)
+        else:
+            out.add(key, results.prediction_entries(row))
+
+
+def _forward_or_fail(forward, keys, out: results.Results):
+    """``forward()``, or ``None`` after failing every key with its exception."""
     try:
-        outputs = model.predict(np.stack(arrays))
+        return forward()
     except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
-        return [(key, error_line(key, "predict", exc), True) for key in keys]
+        for key in keys:
+            out.fail_stage(key, "predict", exc)
+        return None
+
+
+def _score_custom(model, keys, arrays, job, handlers, out: results.Results) -> None:
+    outputs = _forward_or_fail(lambda: model.predict(np.stack(arrays)), keys, out)
+    if outputs is None:
+        return
     for i, key in enumerate(keys):
         try:
-            out.append((key, handlers.output_line(key, [o[i] for o in outputs]), False))
+            text, obj = handlers.output_json(key, [o[i] for o in outputs])
+            out.add(key, results.custom_value(text, obj))
         except Exception as exc:  # noqa: BLE001 - the user's code failing on one key fails that key
-            out.append((key, error_line(key, "predict", exc), True))
-    return out
+            out.fail_stage(key, "predict", exc)
+
+
+def _score_embed(model, keys, arrays, job, handlers, out: results.Results) -> None:
+    vectors = _forward_or_fail(lambda: model.embed(np.stack(arrays), job.normalize, job.embedding_dtype), keys, out)
+    if vectors is None:
+        return
+    for key, vector, finite in zip(keys, vectors, np.isfinite(vectors).all(axis=1)):
+        if finite:
+            out.add(key, vector)
+        else:
+            out.fail_stage(key, "predict", FloatingPointError("model output is not finite"))
+
+
+def _score_detect(model, keys, inputs, job, handlers, out: results.Results) -> None:
+    rows = _forward_or_fail(lambda: model.predict(np.stack([array for array, _ in inputs]))[0], keys, out)
+    if rows is None:
+        return
+    for key, row, (_, geometry) in zip(keys, rows, inputs):
+        try:
+            found = model.image_detections(row, geometry, job.min_score, job.max_detections)
+            out.add(key, ([geometry.width, geometry.height], results.detection_entries(found)))
+        except Exception as exc:  # noqa: BLE001 - a non-finite output fails its image only
+            out.fail_stage(key, "predict", exc)
+
+
+_SCORERS = {"classify": _score_classify, "custom": _score_custom, "embed": _score_embed, "detect": _score_detect}
+
+
+def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], top_k: int,
+                 handlers: Handlers | None = None) -> list[tuple[str, str, bool]]:
+    """One classify forward pass over ``arrays``, as JSON lines: per key, ``(key, line, failed)``.
+
+    The JSON Lines view (:func:`results.json_lines`) of the rows
+    :func:`score_inputs` makes; the line holds the top-k ``predictions``, or
+    the object of the user's ``output_handler``.
+    """
+    job = JobSpec(model=model.spec, preprocess=Preprocess(input_shape=model.input_shape), bucket="", top_k=top_k)
+    out = results.Results(result_schema(job, model, handlers))
+    score_inputs(model, keys, arrays, job, handlers, out)
+    batch = out.record_batch(sort=False)
+    failed = batch.column("error").is_valid().to_pylist()
+    return list(zip(batch.column("key").to_pylist(), results.json_lines(batch), failed))

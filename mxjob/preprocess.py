@@ -96,6 +96,24 @@ def to_rgb(img: Image.Image, mode: str = "RGB") -> Image.Image:
     return img if img.mode == mode else img.convert(mode)
 
 
+@dataclass(frozen=True)
+class Geometry:
+    """Where the model's input came from in the image, for mapping boxes back (``--task detect``).
+
+    Parameters
+    ----------
+    width, height : int
+        The image's size as its EXIF orientation shows it (after ``exif_transpose``), at full resolution.
+    window : tuple of float
+        ``(left, top, right, bottom)``: the part of that image the model saw, in its pixels. The whole
+        image for ``stretch``; the centre crop for ``short-side-crop``.
+    """
+
+    width: int
+    height: int
+    window: tuple
+
+
 def decode_image(data: bytes, prep: Preprocess) -> np.ndarray:
     """Decode one encoded image to a new float32 CHW array, exactly per the recipe.
 
@@ -143,13 +161,34 @@ def decode_into(data: bytes, prep: Preprocess, out: np.ndarray) -> np.ndarray:
     >>> for row, data in zip(batch, images):                             # doctest: +SKIP
     ...     decode_into(data, prep, row)
     """
+    _decode(data, prep, out)
+    return out
+
+
+def decode_image_geometry(data: bytes, prep: Preprocess) -> tuple[np.ndarray, Geometry]:
+    """:func:`decode_image`, and the :class:`Geometry` that maps the model's input back onto the image.
+
+    The pixels are :func:`decode_image`'s. ``draft`` decoding changes the
+    scale the resize starts from, not the part of the image kept, so the
+    window is measured on the image as decoded and scaled to full resolution.
+    """
+    out = np.empty(prep.input_shape, dtype=np.float32)
+    return out, _decode(data, prep, out)
+
+
+def _decode(data: bytes, prep: Preprocess, out: np.ndarray) -> Geometry:
+    """The recipe into ``out``; the :class:`Geometry` of the window it kept."""
     if out.shape != tuple(prep.input_shape) or out.dtype != np.float32:
         raise ValueError(f"out must be float32 of shape {tuple(prep.input_shape)}, got {out.dtype} {out.shape}")
     if not data:
         raise ValueError("empty object (0 bytes)")
     with _open(data, prep) as img:
-        normalise_into(_recipe_image(img, prep), prep, out)
-    return out
+        # The upright full-resolution size: orientations 5-8 turn the image a quarter (as exif_transpose does).
+        full = img.size[::-1] if img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8) else img.size
+        resized, decoded, window = _recipe_image(img, prep)
+        normalise_into(resized, prep, out)
+    sx, sy = full[0] / decoded[0], full[1] / decoded[1]
+    return Geometry(int(full[0]), int(full[1]), (window[0] * sx, window[1] * sy, window[2] * sx, window[3] * sy))
 
 
 def _open(data: bytes, prep: Preprocess) -> Image.Image:
@@ -169,17 +208,23 @@ def _open(data: bytes, prep: Preprocess) -> Image.Image:
     return img
 
 
-def _recipe_image(img: Image.Image, prep: Preprocess) -> Image.Image:
-    """The recipe up to the resize: draft, decode, EXIF orientation, RGB (or L), resize or short-side crop."""
+def _recipe_image(img: Image.Image, prep: Preprocess) -> tuple[Image.Image, tuple, tuple]:
+    """The recipe up to the resize: draft, decode, EXIF orientation, RGB (or L), resize or short-side crop.
+
+    Returns the resized image, the size it was decoded at (upright), and the
+    window of that decoded image the model sees.
+    """
     channels, height, width = prep.input_shape
     if prep.decode == "draft" and img.format in ("JPEG", "MPO"):
         img.draft(None, draft_size(img, prep))
     img.load()
     ImageOps.exif_transpose(img, in_place=True)  # in place: no copy of an upright image
     img = to_rgb(img, "RGB" if channels == 3 else "L")
+    decoded = img.size
     if prep.resize == "stretch":
-        return img.resize((width, height), Image.BILINEAR)
-    return _short_side_crop(img, width, height)
+        return img.resize((width, height), Image.BILINEAR), decoded, (0.0, 0.0, float(decoded[0]), float(decoded[1]))
+    cropped, window = _short_side_crop(img, width, height)
+    return cropped, decoded, window
 
 
 def normalise_into(img: Image.Image, prep: Preprocess, out: np.ndarray) -> None:
@@ -214,6 +259,23 @@ def _constants(mean: tuple, std: tuple, channels: int) -> tuple[tuple, tuple]:
     return per_channel(mean), per_channel(std)
 
 
+def map_boxes(boxes: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Boxes ``(N, 4)`` of ``xmin, ymin, xmax, ymax`` in 0..1 of the model's input to pixels of the image.
+
+    The model saw ``geometry.window`` of the upright image (EXIF orientation
+    applied), stretched to its input; a box is mapped into that window, then
+    clipped to the image. Returns float32 ``(N, 4)``.
+    """
+    left, top, right, bottom = geometry.window
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    x = left + boxes[:, 0::2] * (right - left)
+    y = top + boxes[:, 1::2] * (bottom - top)
+    out = np.empty_like(boxes)
+    out[:, 0::2] = np.clip(x, 0, geometry.width)
+    out[:, 1::2] = np.clip(y, 0, geometry.height)
+    return out.astype(np.float32)
+
+
 def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
     """Twice the size the resize step needs, in the file's own orientation: ``Image.draft``'s request.
 
@@ -231,12 +293,17 @@ def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
     return 2 * width, 2 * height
 
 
-def _short_side_crop(img: Image.Image, width: int, height: int) -> Image.Image:
-    """Shorter side to ``min(H, W) * 256 / 224`` (ImageNet's usual ratio), then centre crop."""
+def _short_side_crop(img: Image.Image, width: int, height: int) -> tuple[Image.Image, tuple]:
+    """Shorter side to ``min(H, W) * 256 / 224`` (ImageNet's usual ratio), then centre crop.
+
+    Also returns the crop's window in the pixels of ``img`` as given (before the resize).
+    """
     short = round(min(width, height) * 256 / 224)
     scale = short / min(img.width, img.height)
     new_w = max(width, round(img.width * scale))
     new_h = max(height, round(img.height * scale))
+    sx, sy = img.width / new_w, img.height / new_h
     img = img.resize((new_w, new_h), Image.BILINEAR)
     left, top = (new_w - width) // 2, (new_h - height) // 2
-    return img.crop((left, top, left + width, top + height))
+    window = (left * sx, top * sy, (left + width) * sx, (top + height) * sy)
+    return img.crop((left, top, left + width, top + height)), window

@@ -48,6 +48,10 @@ PRECISIONS = ("fp32", "int8")
 AUTO = "auto"
 #: ``--output-format``.
 OUTPUT_FORMATS = ("jsonl", "parquet")
+#: ``--task``: top-k classes, a layer's output as a vector, or boxes (see ``mxjob.results``).
+TASKS = ("classify", "embed", "detect")
+#: ``--embedding-dtype``.
+EMBEDDING_DTYPES = ("float32", "float16")
 #: Where a setting goes (:attr:`Setting.to`).
 DESTINATIONS = ("driver", "executor", "model", "preprocess", "resolve")
 #: The sections of ``--help``'s reference, ``conf/defaults.yaml`` and ``docs/options.md``, in order.
@@ -271,6 +275,21 @@ def _int8_only(values: dict) -> bool:
     return values["precision"] == "int8"
 
 
+def _embed_only(values: dict) -> bool:
+    """In the fingerprint only when the task is ``embed``: other tasks' lines do not depend on it."""
+    return values["task"] == "embed"
+
+
+def _detect_only(values: dict) -> bool:
+    """In the fingerprint only when the task is ``detect``."""
+    return values["task"] == "detect"
+
+
+#: The settings that mean something for one task only: given explicitly with another task, they are refused.
+TASK_ONLY = {"top_k": "classify", "output_layer": "embed", "embedding_dtype": "embed", "normalize": "embed",
+             "min_score": "detect", "max_detections": "detect"}
+
+
 @dataclass(frozen=True)
 class Setting:
     """One option of the job: the command line's ``--flag`` and the YAML's ``name:``.
@@ -441,8 +460,23 @@ SETTINGS: tuple[Setting, ...] = (
        "Images per batch and per partition (one Spark task); auto: the driver measures its sample and picks a batch "
        "that keeps Spark's per-task cost under 5% of a task, with several batches per executor (64 when nothing "
        "is measured).", default=AUTO, fallback=64, type=BatchSize(), metavar="N|auto", to="executor"),
-    _s("top_k", "--top-k", "scoring", "Predictions per image.", default=5, type=_count(), to="executor",
+    _s("task", "--task", "scoring",
+       "classify: the top-k classes; embed: one layer's output as a vector; detect: boxes from a model whose output "
+       "is MXNet's detection layout (batch, anchors, 6).", default="classify", type=click.Choice(TASKS),
+       to="executor", fingerprint=True),
+    _s("top_k", "--top-k", "scoring", "Predictions per image (classify).", default=5, type=_count(), to="executor",
        fingerprint=True),
+    _s("output_layer", "--output-layer", "scoring",
+       "embed: the layer whose output is the vector (a name of the symbol's graph).", metavar="NAME",
+       show_default="the input of the model's last FullyConnected layer", to="model", fingerprint=_embed_only),
+    _s("embedding_dtype", "--embedding-dtype", "scoring", "embed: the vectors' element type.", default="float32",
+       type=click.Choice(EMBEDDING_DTYPES), to="executor", fingerprint=_embed_only),
+    _s("normalize", "--normalize", "scoring", "embed: scale each vector to unit length (L2).", default=False,
+       is_flag=True, to="executor", fingerprint=_embed_only),
+    _s("min_score", "--min-score", "scoring", "detect: boxes scoring less are left out.", default=0.3,
+       type=FiniteNumber(min=0, max=1), to="executor", fingerprint=_detect_only),
+    _s("max_detections", "--max-detections", "scoring", "detect: at most this many boxes per image, best first.",
+       default=100, type=_count(), to="executor", fingerprint=_detect_only),
     # --- preprocessing
     _s("input_shape", "--input-shape", "preprocessing", "Model input shape; C is 3 (RGB) or 1 (greyscale).",
        default=(3, 224, 224), type=NumberList(int, count=3), metavar="C,H,W", to="preprocess", fingerprint=True),

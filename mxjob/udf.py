@@ -1,7 +1,8 @@
 """The DataFrame function: :func:`model_udf`, a pandas UDF over a column of encoded images.
 
 It scores through the job's own code: the same :func:`decode_image`, the same
-per-worker model cache, the same top-k and the same error objects.
+per-worker model cache, the same top-k and the same result model
+(:mod:`mxjob.results`): its rows are the classify record batch less ``key``.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from mxjob import settings
+from mxjob import results, settings
 from mxjob.device import parse_context, task_context
-from mxjob.errors import error_object
 from mxjob.model import (
     Classifier,
     ModelSpec,
@@ -25,15 +25,14 @@ def udf_return_type():
     """The struct :func:`model_udf` returns; ``error`` is null when the image was scored.
 
     ``predictions array<struct<class_id:int, label:string, probability:double>>,
-    error struct<stage:string, type:string, message:string>``. Built in Python,
-    not parsed from DDL, so a UDF can be made before any SparkSession.
+    error struct<stage:string, type:string, message:string>``: the classify
+    schema of :mod:`mxjob.results` less ``key``, converted from Arrow, so a UDF
+    can be made before any SparkSession.
     """
-    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StringType, StructField, StructType
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
 
-    prediction = StructType([StructField("class_id", IntegerType()), StructField("label", StringType()),
-                             StructField("probability", DoubleType())])
-    error = StructType([StructField(name, StringType()) for name in ("stage", "type", "message")])
-    return StructType([StructField("predictions", ArrayType(prediction)), StructField("error", error)])
+    return StructType([StructField(f.name, from_arrow_type(f.type)) for f in results.udf_schema("classify")])
 
 
 @dataclass(frozen=True)
@@ -147,26 +146,28 @@ def score_images(classifier: Classifier, images: Sequence[bytes | None], preproc
     """Per image, ``(predictions, None)`` or ``(None, error)``; ``(None, None)`` for ``None``.
 
     Decodes and scores ``classifier.batch_size`` images at a time, so memory
-    stays bounded however large the Arrow batch.
+    stays bounded however large the Arrow batch. The rows are the job's
+    (:func:`results.udf_rows` of a classify record batch): probabilities with
+    the job's 6 significant digits.
     """
-    out: list[tuple[list[dict] | None, dict | None]] = [(None, None)] * len(images)
-
-    def failed(stage, exc):
-        return None, error_object(stage, exc)
-
+    out = results.Results(results.schema("classify"))
+    row_key = "{:012d}".format  # the row's position as a key that sorts as the number does
     for start in range(0, len(images), classifier.batch_size):
         arrays, where = [], []
         for i in range(start, min(start + classifier.batch_size, len(images))):
             if images[i] is None:
+                out.skip(row_key(i))
                 continue
             try:
                 arrays.append(decode_image(bytes(images[i]), preprocess))
-                where.append(i)
+                where.append(row_key(i))
             except Exception as exc:  # noqa: BLE001 - an unreadable image is that row's error
-                out[i] = failed("decode", exc)
-        if not arrays:
-            continue
-        for i, (row, exc) in zip(where, top_k_or_errors(classifier, arrays, top_k)):
-            out[i] = failed("predict", exc) if exc is not None else (
-                [{"class_id": c, "label": label, "probability": p} for c, label, p in row], None)
-    return out
+                out.fail_stage(row_key(i), "decode", exc)
+        if arrays:
+            for key, (row, exc) in zip(where, top_k_or_errors(classifier, arrays, top_k)):
+                if exc is not None:
+                    out.fail_stage(key, "predict", exc)
+                else:
+                    out.add(key, results.prediction_entries(row))
+    # Sorted by key: back in the images' order (a batch's decoding failures were added before its predictions).
+    return results.udf_rows(out.record_batch())

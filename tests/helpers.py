@@ -26,6 +26,29 @@ def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
     return buffer.getvalue()
 
 
+def part_lines(data: bytes) -> list[str]:
+    """The JSON lines of a part (``mxjob.results``): its record batch in the JSON Lines view."""
+    from mxjob import results
+
+    return results.json_lines(results.read_part(data))
+
+
+def lines_part(lines: list[str]) -> bytes:
+    """A classify part holding these JSON lines' rows (a test's stand-in for a task's part)."""
+    import json
+
+    from mxjob import results
+
+    out = results.Results(results.schema("classify"))
+    for line in lines:
+        row = json.loads(line)
+        if "error" in row:
+            out.fail(row["key"], row["error"])
+        else:
+            out.add(row["key"], [{"label": None, **p} for p in row["predictions"]])
+    return results.write_part(out.record_batch())
+
+
 def make_s3_client(endpoint: str):
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                         aws_access_key_id="testing", aws_secret_access_key="testing")

@@ -7,14 +7,12 @@ second part runs the whole job through spark-submit on local-cluster.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import signal
 import subprocess
 import threading
 import time
-import zlib
 from pathlib import Path
 
 import botocore.exceptions
@@ -30,7 +28,7 @@ from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import S3Proxy
 from mxjob import durable, listing, partition
-from tests.helpers import ROOT, bucket_with_model, encode, spark_submit
+from tests.helpers import ROOT, bucket_with_model, encode, part_lines, spark_submit
 from tests.test_decode import png_declaring
 
 BUCKET = "fault-bucket"
@@ -56,7 +54,7 @@ def job_spec(endpoint: str, demo_dir: Path, **changes) -> mxinfer.JobSpec:
 
 def run_partition(job: mxinfer.JobSpec, items) -> tuple[dict, dict]:
     [(_, count, blob, stats)] = mxinfer.score_partition(0, items, job)
-    rows = [json.loads(line) for line in zlib.decompress(blob).decode().split("\n")] if count else []
+    rows = [json.loads(line) for line in part_lines(blob)] if count else []
     return {row["key"]: row for row in rows}, stats
 
 
@@ -140,7 +138,7 @@ def test_a_task_reads_its_keys_and_sizes_from_the_runs_plan_and_writes_its_part(
                    plan_key=work.plan_key(run))
     [(index, count, blob, stats)] = mxinfer.score_partition(1, [run.spans[1]], job)
     part = bucket.get_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 1))["Body"].read()
-    rows = [json.loads(line) for line in gzip.decompress(part).decode().splitlines()]
+    rows = [json.loads(line) for line in part_lines(part)]
     assert (index, count, blob, stats.keys) == (1, 2, None, 2)
     assert [row["key"] for row in rows] == ["plan/c.png", "plan/d.png"]
     assert rows[0]["error"]["type"] == "ObjectTooLargeError" and "predictions" in rows[1]

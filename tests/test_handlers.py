@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from pathlib import Path
 
 import mxnet as mx
@@ -22,7 +21,7 @@ import mxinfer
 from demo import make_demo
 from mxjob import config, driver
 from mxjob.handlers import get_handlers
-from tests.helpers import bucket_with_model, make_s3_client, spark_submit
+from tests.helpers import bucket_with_model, make_s3_client, part_lines, spark_submit
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -204,7 +203,7 @@ def score(bucket, prefix, handler, shape=SHAPE, **preprocess) -> dict[str, dict]
                           batch_size=4, top_k=3, endpoint_url=bucket["endpoint"], io_threads=2,
                           handler=handler)
     [(_, count, blob, _stats)] = mxinfer.score_partition(0, bucket["items"], job)
-    rows = [json.loads(line) for line in zlib.decompress(blob).decode().split("\n")]
+    rows = [json.loads(line) for line in part_lines(blob)]
     assert count == len(rows) == len(bucket["items"])
     return {row["key"]: row for row in rows}
 

@@ -10,7 +10,6 @@ resume command and leaves no open upload; Parquet output equals JSON Lines.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
@@ -29,7 +28,7 @@ from demo import make_demo
 from demo.s3proxy import S3Proxy
 from mxjob import driver, durable, errors, listing, partition, signals
 from mxjob.config import JobConfig, merge_settings, resolve
-from tests.helpers import bucket_with_model, spark_submit, start_spark_submit
+from tests.helpers import bucket_with_model, lines_part, part_lines, spark_submit, start_spark_submit
 
 BUCKET = "resume-bucket"
 
@@ -42,9 +41,8 @@ def write_run(work: durable.WorkPrefix, number: int, keys: list[str], batch: int
     """A run as the driver and executors leave it: plan, then the parts of the ``done`` batches."""
     run = work.start_run(number, keys, batch, None)
     for index in done:
-        body = "".join(line(k, number) + "\n" for k in keys[index * batch:(index + 1) * batch])
-        work.client.put_object(Bucket=work.bucket, Key=partition.part_key(run.prefix, index),
-                               Body=gzip.compress(body.encode()))
+        body = lines_part([line(k, number) for k in keys[index * batch:(index + 1) * batch]])
+        work.client.put_object(Bucket=work.bucket, Key=partition.part_key(run.prefix, index), Body=body)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +182,7 @@ def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, mon
     keys = ["a", "b", "c", "d"]
     work.write_job({"top_k": 2}, "s3://resume-bucket/yarn/out.jsonl")
     run = work.start_run(1, keys, 2, "application_1700000000000_0007")
-    s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 0), Body=gzip.compress(b""))
+    s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 0), Body=lines_part([]))
     images = listing.Listing.build(BUCKET, keys, [1] * len(keys))
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0007_02_000001")
     plan = driver.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
@@ -291,7 +289,7 @@ def run_until(s3, world, output_key: str, at_least: int, sig: int, kill_a_worker
 
 
 def resumed_keys(s3, output_key: str) -> int:
-    return sum(len(gzip.decompress(read(s3, key)).splitlines()) for key in parts(s3, output_key))
+    return sum(len(part_lines(read(s3, key))) for key in parts(s3, output_key))
 
 
 @pytest.mark.spark

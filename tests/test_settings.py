@@ -130,7 +130,7 @@ def test_the_library_defaults_are_the_jobs():
 
 def test_the_fingerprint_holds_exactly_the_settings_the_table_marks():
     fp32 = driver.line_settings(resolved())
-    assert set(fp32) == {"data_name", "preprocess", "top_k", "max_object_bytes", "precision"}
+    assert set(fp32) == {"data_name", "preprocess", "top_k", "max_object_bytes", "precision", "task"}
     assert fp32["preprocess"] == {s.name: s.default for s in settings.going_to("preprocess")}
     int8 = driver.line_settings(resolved(precision="int8", int8_exclude="conv0"))
     assert set(int8) - set(fp32) == {"calibration_images", "int8_exclude"}
@@ -139,6 +139,12 @@ def test_the_fingerprint_holds_exactly_the_settings_the_table_marks():
     # batch size, so a --resume of an auto run that chose 1904 with --batch-size 64 (or auto again) matches.
     assert driver.line_settings(resolved(io_threads=2)) == fp32
     assert driver.line_settings(resolved(batch_size="auto")) == driver.line_settings(resolved(batch_size=1904)) == fp32
+    # A task's own settings are in it for that task only.
+    embed = driver.line_settings(resolved(task="embed", output_layer="flatten0", normalize=True))
+    assert set(embed) - set(fp32) == {"output_layer", "embedding_dtype", "normalize"}
+    assert (embed["task"], embed["output_layer"], embed["normalize"]) == ("embed", "flatten0", True)
+    detect = driver.line_settings(resolved(task="detect"))
+    assert set(detect) - set(fp32) == {"min_score", "max_detections"}
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

@@ -1,0 +1,407 @@
+"""The result model: one Arrow record batch per batch of images, one schema per task.
+
+A task (``mxjob.partition.score_partition``) makes its batch's results as
+one record batch (:class:`Results`), sorted by key, and makes it durable as
+one part: an Arrow IPC file with zstd buffers (:func:`write_part`). The
+driver's assembly reads the parts back (:func:`read_part`) and merges them
+by their ``key`` column; the outputs are views of the same batches:
+
+- JSON Lines: :func:`json_lines` (one line per row, the job's documented format);
+- Parquet: :func:`parquet_schema` and :func:`parquet_batch` (a few casts, no parsing);
+- the DataFrame UDF: :func:`udf_rows`, and its Spark type from :func:`schema`;
+- the library's and the dry run's Python objects: :func:`objects`.
+
+The schema (:func:`schema`) is ``key``, the task's columns, then ``error``
+(``struct<stage, type, message>``, null when the image was scored)::
+
+    classify  predictions list<struct<class_id int32, label string, probability float64>>
+    custom    predictions (always null), error, then result string: an output_handler's JSON object
+    embed     embedding fixed_size_list<float32 or float16>[D]
+    detect    image_size fixed_size_list<int32>[2],
+              detections list<struct<class_id int32, label string, score float32, box fixed_size_list<float32>[4]>>
+
+The kind and this module's format version are in the schema's metadata, so a
+part says what it holds. ``probability`` is float64 holding the job's value
+(6 significant digits, ``float(f"{p:.6g}")``): JSON Lines writes exactly that
+number, and the Parquet view casts it to float32 as it always has.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mxjob.errors import error_object
+
+#: The part format; in the fingerprint (``durable.fingerprint``), so a resume never mixes formats.
+FORMAT = "arrow-ipc-stream.zst/1"
+#: The kinds of result: the tasks, and ``custom`` (a classify run with an ``output_handler``).
+KINDS = ("classify", "custom", "embed", "detect")
+_KIND = b"mxinfer.kind"
+_FORMAT = b"mxinfer.format"
+
+KEY = pa.field("key", pa.string())
+ERROR = pa.struct([("stage", pa.string()), ("type", pa.string()), ("message", pa.string())])
+PREDICTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("probability", pa.float64())])
+#: The Parquet output's prediction: probability as float32 (Athena's ``float``).
+PARQUET_PREDICTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])
+BOX = pa.list_(pa.float32(), 4)
+DETECTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("score", pa.float32()), ("box", BOX)])
+IMAGE_SIZE = pa.list_(pa.int32(), 2)
+_DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
+
+
+def schema(kind: str, *, dimension: int | None = None, dtype: str = "float32") -> pa.Schema:
+    """The record batch schema of ``kind`` (one of :data:`KINDS`).
+
+    Parameters
+    ----------
+    kind : str
+        ``classify``, ``custom``, ``embed`` or ``detect``.
+    dimension : int, optional
+        ``embed``: the vectors' length ``D``.
+    dtype : str
+        ``embed``: ``float32`` or ``float16``.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind in ("classify", "custom"):
+        columns = [pa.field("predictions", pa.list_(PREDICTION))]
+    elif kind == "embed":
+        if not dimension or dimension < 1:
+            raise ValueError(f"an embedding needs a dimension of at least 1, got {dimension}")
+        columns = [pa.field("embedding", pa.list_(_DTYPES[dtype], int(dimension)))]
+    else:
+        columns = [pa.field("image_size", IMAGE_SIZE), pa.field("detections", pa.list_(DETECTION))]
+    fields = [KEY, *columns, pa.field("error", ERROR)]
+    if kind == "custom":
+        fields.append(pa.field("result", pa.string()))
+    return pa.schema(fields, metadata={_KIND: kind.encode(), _FORMAT: FORMAT.encode()})
+
+
+def kind_of(schema_: pa.Schema) -> str:
+    """The kind a schema of :func:`schema` holds."""
+    return (schema_.metadata or {}).get(_KIND, b"").decode() or "classify"
+
+
+# ----------------------------------------------------------------------------
+# Making a batch
+
+
+def prediction_entries(labelled: Iterable[tuple[int, str | None, float]]) -> list[dict]:
+    """Top-k ``(class_id, label, probability)`` as the ``predictions`` column's rows: the job's 6 significant digits."""
+    return [{"class_id": c, "label": label, "probability": float(f"{p:.6g}")} for c, label, p in labelled]
+
+
+def detection_entries(detections: Iterable[tuple]) -> list[dict]:
+    """``(class_id, label, score, box)`` tuples (``ObjectDetector.detect``) as the ``detections`` column's rows."""
+    return [{"class_id": c, "label": label, "score": score, "box": list(box)} for c, label, score, box in detections]
+
+
+class Results:
+    """One batch's results, key by key, then one record batch (:meth:`record_batch`).
+
+    :meth:`add` takes a scored key's value, as the kind has it: classify, the
+    :func:`prediction_entries`; embed, a vector; detect, ``(image_size,
+    detection_entries)``; custom, ``(result JSON or None, error or None)``.
+    :meth:`fail` takes a failed key's error object (``mxjob.errors.error_object``).
+    """
+
+    def __init__(self, schema_: pa.Schema):
+        self.schema = schema_
+        self.kind = kind_of(schema_)
+        self._rows: list[tuple] = []
+        self.errors = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, key: str, value) -> None:
+        if self.kind == "custom":
+            result, error = value
+            self.errors += error is not None
+            self._rows.append((key, result, error))
+        else:
+            self._rows.append((key, value, None))
+
+    def fail(self, key: str, error: dict) -> None:
+        self.errors += 1
+        self._rows.append((key, None, error))
+
+    def fail_stage(self, key: str, stage: str, exc: BaseException) -> None:
+        """:meth:`fail` with the error object of ``exc`` at ``stage``."""
+        self.fail(key, error_object(stage, exc))
+
+    def skip(self, key: str) -> None:
+        """A row with neither a value nor an error (the UDF's null image)."""
+        self._rows.append((key, None, None))
+
+    def record_batch(self, sort: bool = True) -> pa.RecordBatch:
+        """The rows as one record batch of :attr:`schema`, sorted by key unless ``sort`` is false."""
+        rows = sorted(self._rows, key=lambda row: row[0]) if sort else self._rows
+        keys = [row[0] for row in rows]
+        values = [row[1] for row in rows]
+        errors = pa.array([row[2] for row in rows], ERROR)
+        columns = [pa.array(keys, pa.string()), *_value_columns(self.schema, self.kind, values), errors]
+        if self.kind == "custom":
+            columns.append(pa.array(values, pa.string()))
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def _value_columns(schema_: pa.Schema, kind: str, values: list) -> list[pa.Array]:
+    if kind == "custom":
+        return [pa.nulls(len(values), schema_.field("predictions").type)]
+    if kind == "classify":
+        return [pa.array(values, schema_.field("predictions").type)]
+    if kind == "embed":
+        return [_vectors(values, schema_.field("embedding").type)]
+    sizes = pa.array([v[0] if v is not None else None for v in values], IMAGE_SIZE)
+    detections = pa.array([v[1] if v is not None else None for v in values], pa.list_(DETECTION))
+    return [sizes, detections]
+
+
+def _vectors(values: list, type_: pa.FixedSizeListType) -> pa.Array:
+    """Vectors (``None`` for a failed row) as one fixed-size list array, built from one numpy block."""
+    size, dtype = type_.list_size, type_.value_type.to_pandas_dtype()
+    block = np.zeros((len(values), size), dtype)
+    missing = np.zeros(len(values), bool)
+    for i, value in enumerate(values):
+        if value is None:
+            missing[i] = True
+        else:
+            block[i] = value
+    return pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), size, mask=pa.array(missing))
+
+
+# ----------------------------------------------------------------------------
+# Parts: the durable form of a batch
+
+#: A part's last column: each row's JSON line (:func:`json_lines` of the row's own columns), made by the task.
+#: The driver then writes JSON Lines by joining it, at the CPU cost of the gzip lines it replaces, where
+#: rendering a million rows itself would cost it ten times that. Nothing ever reads a value out of it.
+LINE = pa.field("json_line", pa.string())
+
+
+def write_part(batch: pa.RecordBatch) -> bytes:
+    """``batch`` and its JSON lines (:data:`LINE`) as one Arrow IPC stream in one zstd frame.
+
+    What a task PUTs under ``OUTPUT.parts/``; :func:`read_part` reads it.
+    One frame, not Arrow's per-buffer compression: a part is small (a batch),
+    and decompressing each of its twenty-odd buffers apart costs the driver
+    five times as much.
+    """
+    batch = batch.append_column(LINE, pa.array(json_lines(batch), pa.string()))
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, "zstd") as compressed, pa.ipc.new_stream(compressed, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def read_part(data: bytes) -> pa.RecordBatch:
+    """The record batch of a part (:func:`write_part`): the result model's columns, then :data:`LINE`."""
+    reader = pa.ipc.open_stream(pa.CompressedInputStream(pa.BufferReader(data), "zstd"))
+    batches = list(reader)
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches, reader.schema).combine_chunks().to_batches()[0]
+
+
+def model_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` without a part's :data:`LINE` column: the result model alone."""
+    index = batch.schema.get_field_index(LINE.name)
+    return batch if index < 0 else batch.drop_columns([LINE.name])
+
+
+# ----------------------------------------------------------------------------
+# Views: JSON Lines
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def json_lines(batch: pa.RecordBatch) -> list[str]:
+    """The JSON line of each row, in row order: ``{"key": K, ...the task's members}`` or ``{"key": K, "error": {...}}``.
+
+    Written without building each row's objects: a row's text is joined from
+    its columns' values, numbers as Python (float64) or Arrow (float32, the
+    shortest text that reads back the same float32) write them.
+    """
+    if batch.schema.get_field_index(LINE.name) >= 0:  # a part: the task wrote its lines already
+        return batch.column(LINE.name).to_pylist()
+    kind = kind_of(batch.schema)
+    keys = [_dumps(k) for k in batch.column("key").to_pylist()]
+    errors = batch.column("error")
+    bodies = _BODIES[kind](batch)
+    lines = []
+    error_rows = errors.to_pylist() if errors.null_count < len(errors) else None
+    for i, (key, body) in enumerate(zip(keys, bodies)):
+        if body is None:
+            error = error_rows[i] if error_rows is not None else None
+            body = ', "error": ' + _dumps(error) + "}" if error is not None else "}"
+        lines.append('{"key": ' + key + body)
+    return lines
+
+
+@functools.lru_cache(maxsize=65_536)  # the model's classes: their text is made once per worker
+def _prediction_head(class_id: int, label: str | None) -> str:
+    """``{"class_id": C, "label": L, "probability": `` as ``json.dumps`` writes it (no label member without one)."""
+    return f'{{"class_id": {class_id}, ' + (f'"label": {_dumps(label)}, ' if label is not None else "") + \
+        '"probability": '
+
+
+def _classify_bodies(batch: pa.RecordBatch) -> list[str | None]:
+    """``, "predictions": [...]}`` per row (``None`` for a row without predictions); no label member without labels."""
+    column = batch.column("predictions")
+    offsets = column.offsets.to_numpy()
+    start, stop = int(offsets[0]), int(offsets[-1])
+    entries = column.values.slice(start, stop - start)
+    class_ids = entries.field("class_id").to_pylist()
+    labels = entries.field("label").to_pylist()
+    probabilities = entries.field("probability").to_pylist()
+    texts = [_prediction_head(c, label) + repr(p) + "}" for c, label, p in zip(class_ids, labels, probabilities)]
+    valid = column.is_valid().to_pylist()
+    return [', "predictions": [' + ", ".join(texts[a - start:b - start]) + "]}" if ok else None
+            for ok, a, b in zip(valid, offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+def _custom_bodies(batch: pa.RecordBatch) -> list[str | None]:
+    """The output_handler's JSON object after the key, as the task wrote it (``{}`` gives ``{"key": K}``)."""
+    return [None if text is None else (", " + text[1:] if text != "{}" else "}")
+            for text in batch.column("result").to_pylist()]
+
+
+def _number_lists(array: pa.Array) -> list[str]:
+    """Each list of numbers as ``a, b, c``: Arrow's shortest text per number, joined in C++."""
+    as_list = pc.cast(array, pa.list_(array.type.value_type)) if pa.types.is_fixed_size_list(array.type) else array
+    value_type = as_list.type.value_type
+    if pa.types.is_float16(value_type):  # Arrow writes no half floats as text: the float32 of the same value
+        as_list = pc.cast(as_list, pa.list_(pa.float32()))
+    return pc.binary_join(pc.cast(as_list, pa.list_(pa.string())), ", ").to_pylist()
+
+
+def _embed_bodies(batch: pa.RecordBatch) -> list[str | None]:
+    return [None if text is None else ', "embedding": [' + text + "]}"
+            for text in _number_lists(batch.column("embedding"))]
+
+
+def _detect_bodies(batch: pa.RecordBatch) -> list[str | None]:
+    sizes = batch.column("image_size")
+    detections = batch.column("detections")
+    offsets = detections.offsets.to_numpy()
+    start, stop = int(offsets[0]), int(offsets[-1])
+    entries = detections.values.slice(start, stop - start)
+    scores = pc.cast(entries.field("score"), pa.string()).to_pylist()
+    boxes = _number_lists(entries.field("box"))
+    labels = entries.field("label").to_pylist()
+    texts = [f'{{"class_id": {c}, ' + (f'"label": {_dumps(label)}, ' if label is not None else "")
+             + f'"score": {score}, "box": [{box}]}}'
+             for c, label, score, box in zip(entries.field("class_id").to_pylist(), labels, scores, boxes)]
+    out = []
+    for size, a, b in zip(sizes.to_pylist(), offsets[:-1].tolist(), offsets[1:].tolist()):
+        out.append(None if size is None else f', "image_size": [{size[0]}, {size[1]}], "detections": ['
+                   + ", ".join(texts[a - start:b - start]) + "]}")
+    return out
+
+
+_BODIES = {"classify": _classify_bodies, "custom": _custom_bodies, "embed": _embed_bodies,
+           "detect": _detect_bodies}
+
+
+def objects(batch: pa.RecordBatch) -> list[dict]:
+    """Each row as the object its JSON line holds (:func:`json_lines`, read back): the dry run's sample."""
+    return [json.loads(line) for line in json_lines(batch)]
+
+
+# ----------------------------------------------------------------------------
+# Views: Parquet
+
+
+def parquet_schema(part_schema: pa.Schema, metadata: dict[str, str] | None = None) -> pa.Schema:
+    """The Parquet output's schema for parts of ``part_schema``: probability as float32; ``metadata`` added.
+
+    The columns are the parts' (``key``, the task's, ``error``, and
+    ``result`` for an ``output_handler``); Athena, Glue and Spark read them as
+    they are. ``metadata`` (the run's provenance) goes to the file's key-value metadata.
+    """
+    fields = [pa.field("predictions", pa.list_(PARQUET_PREDICTION)) if f.name == "predictions" else f
+              for f in part_schema if f.name != LINE.name]
+    return pa.schema(fields, metadata={k.encode(): v.encode() for k, v in (metadata or {}).items()} or None)
+
+
+def parquet_batch(batch: pa.RecordBatch, parquet_schema_: pa.Schema) -> pa.RecordBatch:
+    """A part's rows as rows of the Parquet output (:func:`parquet_schema`)."""
+    columns = [batch.column(f.name).cast(f.type) if batch.schema.field(f.name).type != f.type
+               else batch.column(f.name) for f in parquet_schema_]
+    return pa.RecordBatch.from_arrays(columns, schema=parquet_schema_)
+
+
+# ----------------------------------------------------------------------------
+# Views: the DataFrame UDF
+
+
+def udf_rows(batch: pa.RecordBatch) -> list[tuple[list[dict] | None, dict | None]]:
+    """Per row of a classify batch, ``(predictions, error)`` as :func:`mxjob.udf.model_udf` returns them."""
+    return list(zip(batch.column("predictions").to_pylist(), batch.column("error").to_pylist()))
+
+
+def udf_schema(kind: str = "classify") -> pa.Schema:
+    """The UDF's struct: the kind's columns less ``key``."""
+    full = schema(kind)
+    return pa.schema([f for f in full if f.name != "key"])
+
+
+def custom_value(text: str, obj: dict) -> tuple[str | None, dict | None]:
+    """An ``output_handler``'s object (``obj``, written as ``text`` without its key) as a ``custom`` row's value.
+
+    An ``error`` member shaped as the job's error object (stage, type, message,
+    in that order) fills the ``error`` column too; an object of nothing else
+    is that error alone, as a failed key's row.
+    """
+    error = obj.get("error")
+    fits = isinstance(error, dict) and list(error) == ["stage", "type", "message"] and all(
+        isinstance(v, str) for v in error.values())
+    if not fits:
+        return text, None
+    return (None if list(obj) == ["error"] else text), error
+
+
+def keys_of(batches: Sequence[pa.RecordBatch]) -> list[str]:
+    """The ``key`` column of ``batches``, in order."""
+    return [key for batch in batches for key in batch.column("key").to_pylist()]
+
+
+def error_kinds(batch: pa.RecordBatch, examples: int) -> dict:
+    """The batch's failed keys by ``stage/type``: ``{"count": n, "examples": [key, ...]}`` (the run report's table)."""
+    error = batch.column("error")
+    if error.null_count == len(error):
+        return {}
+    failed = pc.is_valid(error)
+    errors = error.filter(failed)
+    kinds: dict[str, dict] = {}
+    for key, stage, kind in zip(batch.column("key").filter(failed).to_pylist(), errors.field("stage").to_pylist(),
+                                errors.field("type").to_pylist()):
+        entry = kinds.setdefault(f"{stage}/{kind}", {"count": 0, "examples": []})
+        entry["count"] += 1
+        if len(entry["examples"]) < examples:
+            entry["examples"].append(key)
+    return kinds
+
+
+def top_labels(batch: pa.RecordBatch) -> dict[str, int]:
+    """How often each class came first in the batch's ``predictions`` (its label, else its id); ``{}`` without them."""
+    if "predictions" not in batch.schema.names:
+        return {}
+    predictions = batch.column("predictions")
+    predictions = predictions.filter(pc.greater(pc.list_value_length(predictions), 0))
+    counts: dict[str, int] = {}
+    if len(predictions):
+        for first in pc.list_element(predictions, 0).to_pylist():
+            label = str(first["label"] if first.get("label") is not None else first["class_id"])
+            counts[label] = counts.get(label, 0) + 1
+    return counts

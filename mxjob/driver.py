@@ -477,7 +477,9 @@ def sample_arrays(cfg: JobConfig, client, items: list) -> np.ndarray:
 def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predictor) -> tuple[JobConfig, dict]:
     """For ``--precision int8``: quantize on the driver, check agreement, return ``cfg`` with the int8 model.
 
-    The driver quantizes once (:func:`quantize_int8`), calibrated on
+    The driver quantizes once (:func:`quantize_int8`; with ``--int8-exclude
+    auto``, :func:`quantize_auto` searches for the layers to keep in fp32,
+    :func:`quantize_for_job`), calibrated on
     :func:`sample_keys`' calibration images, and scores the held-out ones in
     fp32 and int8. Below ``--min-agreement`` the job refuses (``JobError``)
     with the figures and what to try; otherwise the executors get the int8

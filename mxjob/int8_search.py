@@ -226,7 +226,7 @@ class SearchResult:
 
 
 def exclusion_steps(count: int) -> list[int]:
-    """How many of the most sensitive layers to keep in fp32 at each step: 1, 2, 3, 4, 6, 8, 11, ... < ``count``.
+    """How many of the most sensitive layers to keep in fp32 at each step: 1, 2, 3, 4, 5, 7, 9, 12, ... < ``count``.
 
     About a third more each step: a model that needs one or two layers in
     fp32 finds them in one or two trials, and a model that needs half its

@@ -26,12 +26,24 @@ import click
 import numpy as np
 
 import utils
-from mxjob import batchsize, durable, estimate, extsort, listing, manifest, preflight, results, settings
+from mxjob import (
+    batchsize,
+    durable,
+    estimate,
+    extsort,
+    int8_search,
+    listing,
+    manifest,
+    preflight,
+    results,
+    settings,
+)
 from mxjob.cluster import run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.handlers import HandlerError, get_handlers, model_class
 from mxjob.int8 import agreement, int8_excluded, quantize_int8, sample_too_small, weight_layers
+from mxjob.int8_search import quantize_auto
 from mxjob.model import Classifier, Embedder, ModelError, Predictor
 from mxjob.partition import score_partition
 from mxjob.preprocess import decode_image
@@ -482,7 +494,9 @@ def sample_arrays(cfg: JobConfig, client, items: list) -> np.ndarray:
 def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predictor) -> tuple[JobConfig, dict]:
     """For ``--precision int8``: quantize on the driver, check agreement, return ``cfg`` with the int8 model.
 
-    The driver quantizes once (:func:`quantize_int8`), calibrated on
+    The driver quantizes once (:func:`quantize_int8`; with ``--int8-exclude
+    auto``, :func:`quantize_auto` searches for the layers to keep in fp32,
+    :func:`quantize_for_job`), calibrated on
     :func:`sample_keys`' calibration images, and scores the held-out ones in
     fp32 and int8. Below ``--min-agreement`` the job refuses (``JobError``)
     with the figures and what to try; otherwise the executors get the int8
@@ -506,19 +520,15 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
         raise JobError(too_small)
     try:
         symbol_json = cfg.model.read(cfg.model.symbol_uri).decode("utf-8")
-        exclude = int8_excluded(symbol_json, cfg.int8_exclude)
+        exclude = [] if int8_search.is_auto(cfg.int8_exclude) else int8_excluded(symbol_json, cfg.int8_exclude)
     except ModelError as exc:
         raise JobError(str(exc)) from exc
     folder = tempfile.mkdtemp(prefix="mxinfer-int8-")
     # Kept until the driver exits: executors fetch the files from the driver while the job runs.
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     forward_batch = bound_batch(cfg)
-    try:
-        spec = quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration,
-                                     os.path.join(folder, "model-int8"), exclude, forward_batch)
-    except Exception as exc:  # MXNetError from the quantization pass or the calibration run
-        raise JobError(f"cannot quantize the model to int8: {first_line(exc)}; keep the layer it names "
-                       f"in fp32 with --int8-exclude, or use --precision fp32") from exc
+    spec, exclude, search = quantize_for_job(cfg, symbol_json, exclude, calibration, held_out,
+                                             os.path.join(folder, "model-int8"), classifier)
     labels_uri = ""
     if classifier.labels:
         labels_uri = os.path.join(folder, "synset.txt")
@@ -531,6 +541,9 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
     report = {"precision": "int8", **figures, "min_agreement": cfg.min_agreement,
               "calibration_images": len(calibration), "excluded_layers": exclude,
               "quantize_seconds": round(time.time() - started, 2)}
+    if search is not None:
+        report.update(granularity=search.chosen.granularity, speedup=search.timing["speedup"],
+                      search=search.as_dict())
     log.info("int8: top-1 agreement with fp32 %.2f%% on %d held-out images, largest probability difference "
              "%.4f (calibrated on %d images, %s kept in fp32, %.1fs)",
              100 * figures["top1_agreement"], figures["images"], figures["max_probability_difference"],
@@ -545,6 +558,34 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
             f"more --calibration-images (this run calibrated on {len(calibration)} and held out "
             f"{figures['images']}), or --precision fp32")
     return replace(cfg, int8_model=spec), report
+
+
+def quantize_for_job(cfg: JobConfig, symbol_json: str, exclude: list, calibration: np.ndarray,
+                     held_out: np.ndarray, out_prefix: str, classifier: Classifier):
+    """The int8 checkpoint, the layers it keeps in fp32, and ``--int8-exclude auto``'s search (else ``None``).
+
+    With ``auto``, :func:`quantize_auto` chooses the layers; a search that
+    finds nothing that agrees and is faster refuses the job here, with the
+    best it found.
+    """
+    auto = int8_search.is_auto(cfg.int8_exclude)
+    try:
+        if auto:
+            spec, search = quantize_auto(cfg.model, weight_layers(symbol_json), calibration, held_out, out_prefix,
+                                         bound_batch(cfg), cfg.min_agreement, cfg.int8_search_seconds,
+                                         classifier.output_is_probability)
+        else:
+            spec, search = quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration, out_prefix, exclude,
+                                         bound_batch(cfg)), None
+    except Exception as exc:  # MXNetError from the quantization pass or the calibration run
+        raise JobError(f"cannot quantize the model to int8: {first_line(exc)}; keep the layer it names "
+                       f"in fp32 with --int8-exclude, or use --precision fp32") from exc
+    if not auto:
+        return spec, exclude, None
+    log.info("%s", int8_search.describe(search))
+    if spec is None:
+        raise JobError(int8_search.refusal(search, cfg.min_agreement, len(held_out)))
+    return spec, search.chosen.excluded, search
 
 
 @dataclass

@@ -537,8 +537,13 @@ SETTINGS: tuple[Setting, ...] = (
        "int8: the share of held-out images whose top-1 class must match fp32's, or the job refuses to run.",
        default=0.99, type=FiniteNumber(min=0, max=1)),
     _s("int8_exclude", "--int8-exclude", "int8",
-       "int8: layers (names or shell patterns, e.g. '*conv0*') kept in fp32.", default=(), type=Names(),
-       metavar="LAYER,...", fingerprint=_int8_only),
+       "int8: layers (names or shell patterns, e.g. '*conv0*') kept in fp32; 'auto': the driver searches for the "
+       "fewest that pass --min-agreement while int8 stays faster than fp32 (--int8-search-seconds).", default=(),
+       type=Names(), metavar="LAYER,...|auto", fingerprint=_int8_only),
+    _s("int8_search_seconds", "--int8-search-seconds", "int8",
+       "int8: the time --int8-exclude auto may spend trying configurations on the driver, after its one "
+       "calibration pass; when it runs out, the job refuses with the best configuration found.", default=120.0,
+       type=FiniteNumber(min=0), metavar="SECONDS"),
     # --- estimate
     _s("estimate_images", "--estimate-images", "estimate",
        "Images the driver scores before the run (and in --dry-run) to estimate its time and cost; 0: no estimate.",

@@ -91,3 +91,24 @@ def test_task_cost_report_compares_ours_with_trivial_and_shows_autos_share():
     # The measured 240 ms against a batch of 47 ms images: its share is what the line prints.
     assert slow["share"] == pytest.approx(0.24 / (slow["batch"] * 0.047 + 0.24))
     assert f"auto's batch {slow['batch']}, where the measured per-task cost is {slow['share']:.1%}" in text
+
+
+def test_int8_search_report_names_the_cpu_the_layers_kept_the_agreement_and_the_speedup():
+    from bench import int8_search
+
+    trial = {"excluded_layers": 2, "granularity": "tensor-wise", "images": 200, "top1_agreement": 0.955,
+             "kl_divergence": 0.0138, "speedup": 1.57}
+    out = {"cpu": "AMD EPYC, 2 cores, VNNI: avx512_vnni", "threads": "2", "calibration_images": 200, "held_out": 200,
+           "layers": 50, "budget_seconds": 120.0, "min_agreement": 0.99, "passed": False,
+           "seconds_with_calibration": 226.2, "configurations_tried": 60, "seconds": 112.7,
+           "stopped": "time budget spent", "most_sensitive": [{"layer": "_blocks_0__depthwise_conv",
+                                                                "kl_divergence": 0.0111}],
+           "trials": [trial], "timing": {"fp32_ms_per_image": 18.88, "int8_ms_per_image": 14.45, "speedup": 1.31},
+           "best": {**trial, "excluded_layers": ["_blocks_0__depthwise_conv", "_blocks_1__depthwise_conv"]}}
+    lines = int8_search.report(out)
+    assert lines[0] == "CPU: AMD EPYC, 2 cores, VNNI: avx512_vnni; MXNet threads 2"
+    assert "60 configurations tried in 112.7 s" in lines[2] and "| 2 | tensor-wise | 0.955 | 0.01380 | 1.57 |" in lines
+    assert lines[-1] == ("REFUSED: 2 layers kept in fp32 (_blocks_0__depthwise_conv, _blocks_1__depthwise_conv), "
+                         "tensor-wise, top-1 agreement 0.955; final timing fp32 18.88 ms/image, int8 14.45 ms/image: "
+                         "speed-up 1.31x")
+    assert "VNNI: " in int8_search.cpu_description()

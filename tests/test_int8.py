@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,22 @@ def test_int8_at_or_above_the_minimum_runs_on_the_quantized_model(real_world, ru
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert len(plan["sample"]["predictions"]) == 5
+
+
+@pytest.mark.real_model
+def test_int8_exclude_auto_on_the_real_model_passes_faster_or_refuses_with_the_best_it_found(real_world, s3, runner):
+    # A short run for CI (24 held-out images, a 20 s budget); python -m bench.int8_search runs 200 for 120 s.
+    result = runner.invoke(infer_main.main, [*real_world, "--int8-exclude", "auto", "--int8-search-seconds", "20",
+                                             "--dry-run"])
+    if result.exit_code == 0:
+        chosen = re.search(r"chosen: layers .* top-1 agreement ([0-9.]+)% .* speed-up ([0-9.]+)x", result.output)
+        assert chosen and float(chosen[1]) >= 99 and float(chosen[2]) >= 1.05, result.output
+        return
+    assert result.exit_code == errors.EXIT_FAILED, result.output
+    assert "--int8-exclude auto found no int8 configuration" in result.output
+    assert re.search(r"The best: layers .* top-1 agreement [0-9.]+%, speed-up [0-9.]+x\. Nothing was scored",
+                     result.output), result.output
+    assert "Contents" not in s3.list_objects_v2(Bucket="int8-bucket", Prefix="out/")
 
 
 @pytest.mark.spark

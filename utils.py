@@ -281,7 +281,7 @@ def s3_reader(
     region: str | None = None,
     max_attempts: int = S3_MAX_ATTEMPTS,
     max_pool_connections: int = S3_POOL_CONNECTIONS,
-    kind: str = "lean",
+    kind: str = S3_READERS[0],
 ) -> ObjectReader:
     """Return this process's :class:`ObjectReader` for these settings, creating it once.
 

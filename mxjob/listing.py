@@ -444,7 +444,7 @@ def read_plan(source) -> Iterator[pa.RecordBatch]:
 
 def list_client(endpoint_url: str | None = None, region: str | None = None,
                 max_attempts: int = utils.S3_MAX_ATTEMPTS, max_pool_connections: int = utils.S3_POOL_CONNECTIONS,
-                kind: str = "lean"):
+                kind: str = settings.DEFAULT.s3_reader):
     """A new S3 client for :func:`list_prefix`, configured as :func:`utils.s3_client`'s.
 
     ``kind`` is the job's ``--s3-reader``. ``"botocore"`` gives a plain boto3

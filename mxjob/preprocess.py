@@ -276,6 +276,16 @@ def map_boxes(boxes: np.ndarray, geometry: Geometry) -> np.ndarray:
     return out.astype(np.float32)
 
 
+#: ``short-side-crop`` resizes the shorter side to the model's size times this, then crops the centre:
+#: ImageNet's usual evaluation ratio (256 for a 224 input).
+SHORT_SIDE_RATIO = 256 / 224
+
+
+def short_side(width: int, height: int) -> int:
+    """The shorter side ``short-side-crop`` resizes to, for a model input of ``width x height``."""
+    return round(min(width, height) * SHORT_SIDE_RATIO)
+
+
 def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
     """Twice the size the resize step needs, in the file's own orientation: ``Image.draft``'s request.
 
@@ -285,7 +295,7 @@ def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
     """
     _, height, width = prep.input_shape
     if prep.resize == "short-side-crop":
-        short = round(min(width, height) * 256 / 224)
+        short = short_side(width, height)
         width = height = short
     # EXIF orientations 5-8 turn the image a quarter: the file's width is the upright height.
     if img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8):
@@ -298,7 +308,7 @@ def _short_side_crop(img: Image.Image, width: int, height: int) -> tuple[Image.I
 
     Also returns the crop's window in the pixels of ``img`` as given (before the resize).
     """
-    short = round(min(width, height) * 256 / 224)
+    short = short_side(width, height)
     scale = short / min(img.width, img.height)
     new_w = max(width, round(img.width * scale))
     new_h = max(height, round(img.height * scale))

@@ -505,7 +505,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("s3_reader", "--s3-reader", "S3",
        "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
        "parser, both with botocore's internals; botocore: only boto3's public API.",
-       default="lean", type=click.Choice(utils.S3_READERS, case_sensitive=False), to="executor"),
+       default=utils.S3_READERS[0], type=click.Choice(utils.S3_READERS, case_sensitive=False), to="executor"),
     # --- failures
     _s("max_errors", "--max-errors", "failures",
        "Exit 3 if more images than this fail (still writing all output).", default="1%",

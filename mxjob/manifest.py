@@ -260,21 +260,22 @@ def _plain(values):
 
 
 def _read_text(uri: str, path: str, sorter: KeySorter) -> set:
-    try:
-        return _fast_text(path, sorter)
-    except _Doubt:
-        log.info("manifest %s: read line by line in Python (a line the fast reader does not vouch for)", uri)
-        sorter.reset()  # the keys the fast reader gave so far are read again
-        return _scan_text(uri, path, sorter)
+    return _fast_or_scanned(uri, path, sorter, _fast_text, _scan_text, "line")
 
 
 def _read_csv(uri: str, path: str, sorter: KeySorter) -> set:
+    return _fast_or_scanned(uri, path, sorter, _fast_csv, _scan_csv, "row")
+
+
+def _fast_or_scanned(uri: str, path: str, sorter: KeySorter, fast, scan, unit: str) -> set:
+    """``fast``; if it cannot vouch for every ``unit``, ``scan`` from the start, which names a bad one exactly."""
     try:
-        return _fast_csv(path, sorter)
+        return fast(path, sorter)
     except _Doubt:
-        log.info("manifest %s: read row by row in Python (a row the fast reader does not vouch for)", uri)
+        log.info("manifest %s: read %s by %s in Python (a %s the fast reader does not vouch for)", uri, unit, unit,
+                 unit)
         sorter.reset()  # the keys the fast reader gave so far are read again
-        return _scan_csv(uri, path, sorter)
+        return scan(uri, path, sorter)
 
 
 def _python_lines(path: str) -> int:

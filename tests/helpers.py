@@ -80,3 +80,19 @@ def spark_submit(job_args: list[str], timeout: int = 600, extra_env: dict | None
     command = spark_submit_command(job_args, master) if master else spark_submit_command(job_args)
     return subprocess.run(command, check=False, env=spark_env(extra_env), cwd=str(cwd),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def bucket_with_effnet(endpoint: str, bucket: str, model_dir: Path) -> tuple:
+    """Create ``bucket`` with the real pretrained EfficientNet-Lite0 (``bench/pretrained.py``) under ``model/effnet``.
+
+    Returns ``(client, local checkpoint prefix)``. One PUT a file: moto's
+    checksum of a multipart upload (``upload_file`` over 8 MB) fails botocore's check.
+    """
+    from bench import pretrained
+
+    prefix = pretrained.export(model_dir)
+    s3 = make_s3_client(endpoint)
+    s3.create_bucket(Bucket=bucket)
+    for suffix in ("-symbol.json", "-0000.params"):
+        s3.put_object(Bucket=bucket, Key=f"model/effnet{suffix}", Body=Path(f"{prefix}{suffix}").read_bytes())
+    return s3, prefix

@@ -14,7 +14,7 @@ import mxinfer
 from demo import make_demo
 from mxjob import config, driver, errors
 from mxjob.int8 import int8_excluded, weight_layers
-from tests.helpers import bucket_with_model, make_s3_client, spark_submit
+from tests.helpers import bucket_with_effnet, bucket_with_model, spark_submit
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 
@@ -100,12 +100,7 @@ def test_the_quantized_checkpoint_is_int8_but_for_excluded_layers_and_ships_its_
 def real_world(moto_endpoint, tmp_path_factory):
     from bench import images, pretrained
 
-    prefix = pretrained.export(tmp_path_factory.mktemp("effnet"))
-    s3 = make_s3_client(moto_endpoint)
-    s3.create_bucket(Bucket="int8-bucket")
-    for suffix in ("-symbol.json", "-0000.params"):
-        # One PUT: moto's checksum of a multipart upload (upload_file over 8 MB) fails botocore's check.
-        s3.put_object(Bucket="int8-bucket", Key=f"model/effnet{suffix}", Body=Path(f"{prefix}{suffix}").read_bytes())
+    s3, _ = bucket_with_effnet(moto_endpoint, "int8-bucket", tmp_path_factory.mktemp("effnet"))
     for i, data in enumerate(images.photo_views(48, seed=3)):
         s3.put_object(Bucket="int8-bucket", Key=f"photos/{i:03d}.jpg", Body=data)
     return ["--endpoint-url", moto_endpoint, "--model", "s3://int8-bucket/model/effnet",

@@ -24,7 +24,7 @@ import infer_main
 import mxinfer
 from mxjob import config, errors, results
 from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, map_boxes
-from tests.helpers import encode, make_s3_client, spark_submit
+from tests.helpers import bucket_with_effnet, encode, make_s3_client, spark_submit
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 DETECT_SHAPE = (3, 64, 64)
@@ -281,11 +281,7 @@ def test_detect_job_writes_boxes_in_pixels_of_the_upright_image(moto_endpoint, d
 def effnet_world(moto_endpoint, tmp_path_factory):
     from bench import images, pretrained
 
-    prefix = pretrained.export(tmp_path_factory.mktemp("effnet-embed"))
-    s3 = make_s3_client(moto_endpoint)
-    s3.create_bucket(Bucket="embed-job")
-    for suffix in ("-symbol.json", "-0000.params"):
-        s3.put_object(Bucket="embed-job", Key=f"model/effnet{suffix}", Body=Path(f"{prefix}{suffix}").read_bytes())
+    s3, prefix = bucket_with_effnet(moto_endpoint, "embed-job", tmp_path_factory.mktemp("effnet-embed"))
     photos = {f"photos/{i:02d}.jpg": data for i, data in enumerate(images.photo_views(5, seed=11))}
     for key, data in photos.items():
         s3.put_object(Bucket="embed-job", Key=key, Body=data)

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, replace
 
 import click
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 import utils
 from mxjob import (
@@ -137,7 +139,8 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
     if isinstance(classifier, Embedder):  # the layer found, not None: executors and the fingerprint name it
         cfg = replace(cfg, model=replace(cfg.model, output_layer=classifier.output_layer))
     cfg, precision = prepare_precision(cfg, client, images, classifier)
-    return cfg, DriverCheck(classifier, classifier.model_summary(), precision, job_fingerprint(cfg, classifier))
+    return cfg, DriverCheck(classifier, classifier.model_summary(), precision,
+                            job_fingerprint(cfg, classifier, carried_names(cfg, images)))
 
 
 def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
@@ -232,10 +235,14 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
     try:
         # Its own client, with a connection per list call in flight; under --s3-reader lean, one
         # whose parser skips the dates (listing.list_client).
+        # --with-object-metadata needs the ETags, which only botocore's own parser reads.
         lister = listing.list_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
-                                     max_pool_connections=max(10, cfg.list_concurrency), kind=cfg.s3_reader)
-        keys, sizes = listing.list_prefix(lister, cfg.input_bucket, cfg.input_prefix, cfg.list_concurrency)
-        images = listing.Listing.build(cfg.input_bucket, keys, sizes, suffixes=cfg.suffixes, limit=cfg.limit)
+                                     max_pool_connections=max(10, cfg.list_concurrency),
+                                     kind="botocore" if cfg.with_object_metadata else cfg.s3_reader)
+        keys, sizes, *etags = listing.list_prefix(lister, cfg.input_bucket, cfg.input_prefix, cfg.list_concurrency,
+                                                  etags=cfg.with_object_metadata)
+        images = listing.Listing.build(cfg.input_bucket, keys, sizes, suffixes=cfg.suffixes, limit=cfg.limit,
+                                       carried={"etag": etags[0]} if etags else None)
     except Exception as exc:  # NoSuchBucket, AccessDenied, endpoint unreachable
         raise JobError(f"cannot list {cfg.input_uri}: {first_line(exc)}") from exc
     if not len(images):
@@ -282,8 +289,32 @@ def setting_value(cfg: JobConfig, setting: settings.Setting):
     return getattr(holder, setting.name)
 
 
-def job_fingerprint(cfg: JobConfig, classifier: Predictor) -> dict:
-    """:func:`durable.fingerprint` of this run: settings, model files, labels and handler by content."""
+def carried_names(cfg: JobConfig, images) -> list[str]:
+    """The columns carried to every output row: the manifest's (named as in its header), then etag and size."""
+    names = [name for name in getattr(images, "carried", ()) if name != "etag"]
+    return names + (["etag", "size"] if cfg.with_object_metadata else [])
+
+
+def carried_columns(cfg: JobConfig, images: listing.Listing) -> pa.Table | None:
+    """The table :func:`durable.assemble` appends to the rows (a row per key of ``images``), or None."""
+    names = carried_names(cfg, images)
+    if not names:
+        return None
+    table = images.table
+    columns = {name: table[name] for name in names if name not in ("etag", "size")}
+    if cfg.with_object_metadata:
+        columns["etag"] = table["etag"] if "etag" in table.column_names else pa.nulls(len(table), pa.string())
+        sizes = table["size"]
+        columns["size"] = pc.if_else(pc.equal(sizes, listing.UNKNOWN_SIZE), pa.scalar(None, pa.int64()), sizes)
+    return pa.table(columns)
+
+
+def job_fingerprint(cfg: JobConfig, classifier: Predictor, carried: list[str] = ()) -> dict:
+    """:func:`durable.fingerprint` of this run: settings, model files, labels and handler by content.
+
+    ``carried`` (:func:`carried_names`) is in it when the rows carry any column, so that a resume
+    never mixes rows with and without them.
+    """
     labels = getattr(classifier, "labels", None)
     handler = cfg.handler_path
     files = {
@@ -294,7 +325,10 @@ def job_fingerprint(cfg: JobConfig, classifier: Predictor) -> dict:
         # The quantized model itself: calibrated on the job's own sample, it is part of what made the lines.
         "int8_params": cfg.int8_model.read(cfg.int8_model.params_uri) if cfg.int8_model else None,
     }
-    return durable.fingerprint(line_settings(cfg), files)
+    values = line_settings(cfg)
+    if carried:
+        values["carried"] = list(carried)
+    return durable.fingerprint(values, files)
 
 
 def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict,
@@ -405,7 +439,8 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
             if cfg.output_format == "parquet" else durable.JsonLinesSink(writer))
     try:
         reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts, kind=cfg.s3_reader)
-        counts = durable.assemble(work, work.runs(), images, sink, reader=reader)
+        counts = durable.assemble(work, work.runs(), images, sink, reader=reader,
+                                  carried=carried_columns(cfg, images))
         sink.close()
     except durable.ResumeError as exc:
         sink.abort()

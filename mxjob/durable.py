@@ -307,8 +307,10 @@ def _run_rows(parts: Iterator[pa.RecordBatch]) -> Iterator[tuple[str, int, pa.Re
 class _Selection:
     """The rows the merge keeps, as slices of the parts they are in, written out ``WRITE_ROWS`` at a time."""
 
-    def __init__(self, sink, counts: AssemblyCounts):
+    def __init__(self, sink, counts: AssemblyCounts, carried: pa.Table | None = None):
         self.sink, self.counts = sink, counts
+        #: Columns carried to every row, one row per key in key order: row ``i`` kept is key ``i``.
+        self.carried, self.written = carried, 0
         self.schema: pa.Schema | None = None
         self.pieces: list[list] = []  # [batch, start, stop]
         self.last: list | None = None
@@ -338,6 +340,14 @@ class _Selection:
         if not self.pieces:
             return
         slices = [batch.slice(start, stop - start) for batch, start, stop in self.pieces]
+        if self.carried is not None:
+            # The merge keeps exactly one row per key of the listing, in its order: the carried
+            # columns' rows for these slices are the next ones, no lookup by key needed.
+            joined = []
+            for piece in slices:
+                joined.append(results.carry(piece, self.carried.slice(self.written, piece.num_rows)))
+                self.written += piece.num_rows
+            slices = joined
         for piece in slices:
             failed = piece.num_rows - piece.column("error").null_count
             self.counts.failed += failed
@@ -347,7 +357,7 @@ class _Selection:
 
 
 def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 16,
-             reader: utils.ObjectReader | None = None) -> AssemblyCounts:
+             reader: utils.ObjectReader | None = None, carried: pa.Table | None = None) -> AssemblyCounts:
     """Merge the runs' durable rows into ``sink`` in key order, exactly one row per key of ``keys``.
 
     ``keys`` is this job's sorted key list (a :class:`listing.Listing`, or key
@@ -361,7 +371,9 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
     run's row only (``heapq.merge`` is stable). With ``reader`` (a
     :class:`utils.ObjectReader`) the parts are read through it: one GET a
     batch, about half botocore's CPU each, which is most of the driver's CPU
-    here at ten million keys.
+    here at ten million keys. ``carried`` (columns aligned with ``keys``, a
+    row per key) is appended to each row (:func:`results.carry`): the
+    manifest's carried columns, the objects' etag and size.
     """
     counts = AssemblyCounts()
     with ThreadPoolExecutor(threads, thread_name_prefix="assemble") as pool:
@@ -369,7 +381,7 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
         streams = [_run_rows(_run_parts(work, run, pool, window, counts, reader)) for run in runs if run.done]
         # One run (no resume) needs no heap: its parts are in key order already.
         merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda item: item[0])
-        selection = _Selection(sink, counts)
+        selection = _Selection(sink, counts, carried)
         expected = iter_keys(keys)
         want = next(expected, None)
         position, last = 0, None

@@ -49,6 +49,10 @@ _SCHEMA = pa.schema([("key", KEY_TYPE), ("size", pa.int64())])
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
+class CarriedTooLarge(ValueError):
+    """A manifest with carried columns that outgrew the in-memory sort (the runs hold keys and sizes only)."""
+
+
 def spill_dir() -> str:
     """Where runs are spilled: ``$MXINFER_SPILL_DIR``, else the temporary directory (``$TMPDIR``, ``/tmp``)."""
     return os.environ.get(SPILL_DIR_ENV) or tempfile.gettempdir()
@@ -79,6 +83,8 @@ class KeySorter:
         self.skipped = Skipped(prefix, self.suffixes)
         self.spill_bytes, self.directory = spill_bytes, directory
         self.rows = 0
+        #: Names of the manifest's carried columns (strings, beside each key); only the in-memory sort keeps them.
+        self.carried: list[str] = []
         self._pending: list[pa.Table] = []
         self._pending_bytes = 0
         self._runs: list[str] = []
@@ -90,27 +96,39 @@ class KeySorter:
         """Whether any run went to disk (then the keys are merged, not sorted in memory)."""
         return bool(self._runs)
 
-    def add(self, keys: pa.Array, sizes: pa.Array) -> None:
-        """Gather one chunk of keys (``large_string``) and their sizes (``int64``, null when unknown)."""
-        table = pa.table({"key": keys, "size": sizes}, schema=_SCHEMA)
+    def add(self, keys: pa.Array, sizes: pa.Array, carried: dict | None = None) -> None:
+        """Gather one chunk of keys (``large_string``) and their sizes (``int64``, null when unknown).
+
+        ``carried``: the manifest's other columns for these keys, ``{name: string array}``, the
+        same names in every chunk.
+        """
+        if carried:
+            self.carried = list(carried)
+            schema = pa.schema([*_SCHEMA, *(pa.field(name, pa.string()) for name in carried)])
+            table = pa.table({"key": keys, "size": sizes, **carried}, schema=schema)
+        else:
+            table = pa.table({"key": keys, "size": sizes}, schema=_SCHEMA)
         self._pending.append(table)
         self._pending_bytes += table.nbytes
         self.rows += table.num_rows
         if self._pending_bytes >= self.spill_bytes:
             self._spill()
 
-    def columns(self) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
-        """The gathered keys and sizes as read (nothing spilled yet), letting go of them here."""
+    def columns(self) -> tuple[pa.ChunkedArray, ...]:
+        """The gathered keys and sizes as read (nothing spilled yet), then each of :attr:`carried`; let go of here."""
         if self.spilled:
             raise RuntimeError("the keys were spilled: merge them instead")
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         keys = pa.chunked_array([c for t in pending for c in t["key"].chunks], KEY_TYPE)
         sizes = pa.chunked_array([c for t in pending for c in t["size"].chunks], pa.int64())
-        return keys, sizes
+        carried = [pa.chunked_array([c for t in pending for c in t[name].chunks], pa.string())
+                   for name in self.carried]
+        return (keys, sizes, *carried)
 
     def reset(self) -> None:
         """Forget every key gathered or spilled (a manifest read again from its start)."""
         self._pending, self._pending_bytes, self.rows = [], 0, 0
+        self.carried = []
         self.skipped = Skipped(self.prefix, self.suffixes)
         for path in self._runs:
             os.remove(path)
@@ -126,6 +144,14 @@ class KeySorter:
     def _spill(self) -> None:
         if not self._pending:
             return
+        if self.carried:
+            # The runs and their merge hold keys and sizes only: carrying columns through them is not
+            # built, and dropping the columns silently would lose what the manifest asked for.
+            raise CarriedTooLarge(
+                f"the manifest carries columns ({', '.join(self.carried)}) and is larger than the "
+                f"{self.spill_bytes >> 20} MiB sorted in memory ({self.rows} rows read so far); columns are "
+                "carried only for manifests sorted in memory: split the manifest into smaller ones, or drop "
+                "the columns beyond bucket,key,size")
         table = pa.concat_tables(self._pending)
         self._pending, self._pending_bytes = [], 0
         table = table.set_column(1, "size", pc.fill_null(table["size"], UNKNOWN_SIZE))

@@ -101,8 +101,8 @@ class Listing:
 
     @classmethod
     def build(cls, bucket: str, keys, sizes=None, *, prefix: str = "", suffixes: Iterable[str] | None = None,
-              limit: int | None = None, skipped: Skipped | None = None) -> Listing:
-        """Filter, sort, deduplicate and limit raw key and size columns.
+              limit: int | None = None, skipped: Skipped | None = None, carried: dict | None = None) -> Listing:
+        """Filter, sort, deduplicate and limit raw key and size columns (and the columns carried beside them).
 
         Parameters
         ----------
@@ -121,6 +121,9 @@ class Listing:
             Keep only the first ``limit`` keys, in sorted order.
         skipped : Skipped, optional
             Counts the keys the filter drops, by reason (a manifest's report).
+        carried : dict of str to string columns, optional
+            A manifest's columns beyond ``bucket,key,size``, aligned with
+            ``keys``: they follow their key through the sort (:attr:`carried`).
 
         Returns
         -------
@@ -131,8 +134,9 @@ class Listing:
         # Each step drops its input as soon as it has its output: at ten million keys the
         # driver's peak is a few copies of the key column, so every copy counts.
         table = pa.table({"key": _as_column(keys, KEY_TYPE), "size": _as_column(sizes, pa.int64())
-                          if sizes is not None else pa.nulls(len(keys), pa.int64())})
-        del keys, sizes
+                          if sizes is not None else pa.nulls(len(keys), pa.int64()),
+                          **{name: _as_column(column, pa.string()) for name, column in (carried or {}).items()}})
+        del keys, sizes, carried
         table = table.set_column(1, "size", pc.fill_null(table["size"], UNKNOWN_SIZE))
         table = keep_images(table, prefix=prefix, suffixes=suffixes, skipped=skipped)
         # Arrow compares strings by their UTF-8 bytes, which is code point order: S3's and Python's.
@@ -152,6 +156,11 @@ class Listing:
     @property
     def sizes(self) -> pa.ChunkedArray:
         return self.table["size"]
+
+    @property
+    def carried(self) -> list[str]:
+        """The names of the columns carried beside the keys (a CSV manifest's columns beyond ``bucket,key,size``)."""
+        return self.table.column_names[2:]
 
     @property
     def nbytes(self) -> int:
@@ -387,7 +396,8 @@ def write_plan(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
     spans = []
     options = pa.ipc.IpcWriteOptions(compression="zstd")
     with pa.ipc.new_stream(out, PLAN_SCHEMA, options=options) as writer:
-        for batch in rebatch(keys.tables(), batch_size):
+        # The plan holds keys and sizes only: carried columns stay on the driver, for the assembly.
+        for batch in rebatch((table.select(PLAN_SCHEMA.names) for table in keys.tables()), batch_size):
             before = out.tell()
             writer.write_batch(batch.cast(PLAN_SCHEMA))
             spans.append((before, out.tell() - before))
@@ -568,7 +578,7 @@ def _keys_and_sizes(response_dict, customized_response_dict, operation_model=Non
 
 
 def list_prefix(client, bucket: str, prefix: str, concurrency: int = LIST_CONCURRENCY, *, page_size: int = 1000,
-                progress_every: int = 100_000) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+                progress_every: int = 100_000, etags: bool = False) -> tuple[pa.ChunkedArray, ...]:
     """Every key under ``prefix`` and its size, with up to ``concurrency`` list calls in flight.
 
     The key range left to list starts as everything after ``prefix``. Each
@@ -594,19 +604,24 @@ def list_prefix(client, bucket: str, prefix: str, concurrency: int = LIST_CONCUR
         ``MaxKeys`` per call (S3 returns at most 1,000).
     progress_every : int
         Log a progress line each time this many more keys are listed.
+    etags : bool
+        Also return each object's ETag (without its quotes): needs a client
+        of botocore's own parser (``list_client(kind="botocore")``), since the
+        lean one reads keys and sizes only.
 
     Returns
     -------
     tuple of pyarrow.ChunkedArray
         Keys (``large_string``) and their sizes (``int64``), in pages in the
-        order they came back: :meth:`Listing.build` sorts them.
+        order they came back: :meth:`Listing.build` sorts them; then the
+        ETags (``string``) with ``etags``.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     started = time.monotonic()
     # (start_after, end): list keys > start_after and <= end; None is open.
     pending: deque = deque([(None, None)])
-    pages: list[tuple[pa.Array, pa.Array]] = []
+    pages: list[tuple] = []
     calls = listed = 0
     next_report = progress_every
     with ThreadPoolExecutor(concurrency, thread_name_prefix="list") as pool:
@@ -615,14 +630,14 @@ def list_prefix(client, bucket: str, prefix: str, concurrency: int = LIST_CONCUR
             while pending or running:
                 while pending and len(running) < concurrency:
                     span = pending.popleft()
-                    running[pool.submit(_list_page, client, bucket, prefix, span, page_size)] = span
+                    running[pool.submit(_list_page, client, bucket, prefix, span, page_size, etags)] = span
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
                     span = running.pop(future)
-                    keys, sizes, last, more = future.result()
+                    keys, sizes, tags, last, more = future.result()
                     calls += 1
                     if len(keys):
-                        pages.append((keys, sizes))
+                        pages.append((keys, sizes, tags))
                         listed += len(keys)
                     if more:
                         idle = concurrency - len(running) - len(pending)
@@ -637,12 +652,13 @@ def list_prefix(client, bucket: str, prefix: str, concurrency: int = LIST_CONCUR
             raise
     log.info("listed s3://%s/%s: %d keys in %.1fs (%d calls, up to %d at once)",
              bucket, prefix, listed, time.monotonic() - started, calls, concurrency)
-    return (pa.chunked_array([k for k, _ in pages], KEY_TYPE),
-            pa.chunked_array([s for _, s in pages], pa.int64()))
+    columns = (pa.chunked_array([page[0] for page in pages], KEY_TYPE),
+               pa.chunked_array([page[1] for page in pages], pa.int64()))
+    return (*columns, pa.chunked_array([page[2] for page in pages], pa.string())) if etags else columns
 
 
-def _list_page(client, bucket: str, prefix: str, span: tuple, page_size: int):
-    """One ``ListObjectsV2`` page of ``span``: ``(keys, sizes, last key, more to list)``."""
+def _list_page(client, bucket: str, prefix: str, span: tuple, page_size: int, etags: bool = False):
+    """One ``ListObjectsV2`` page of ``span``: ``(keys, sizes, etags or None, last key, more to list)``."""
     start_after, end = span
     if start_after is not None and end is not None:
         # Every key between two strings starts with their common prefix: asking for it keeps
@@ -652,18 +668,25 @@ def _list_page(client, bucket: str, prefix: str, span: tuple, page_size: int):
     if start_after is not None:
         kwargs["StartAfter"] = start_after
     response = client.list_objects_v2(**kwargs)
+    tags = None
     if "KeysAndSizes" in response:  # the lean list_client
+        if etags:
+            raise ValueError("the lean listing client reads no ETags: list with list_client(kind='botocore')")
         keys, sizes = response["KeysAndSizes"]
     else:
         contents = response.get("Contents", ())
         keys = [obj["Key"] for obj in contents]
         sizes = [int(obj["Size"]) for obj in contents]
+        if etags:
+            tags = [obj["ETag"].strip('"') if obj.get("ETag") is not None else None for obj in contents]
     more = bool(response.get("IsTruncated")) and bool(keys)
     if end is not None and keys and keys[-1] >= end:
         # The page reached the range's end (and maybe ran into the next range): keep this range's keys.
         cut = next((i for i, key in enumerate(keys) if key > end), len(keys))
         keys, sizes, more = keys[:cut], sizes[:cut], False
-    return (pa.array(keys, KEY_TYPE), pa.array(sizes, pa.int64()), keys[-1] if keys else None, more)
+        tags = tags[:cut] if tags is not None else None
+    return (pa.array(keys, KEY_TYPE), pa.array(sizes, pa.int64()), pa.array(tags, pa.string()) if etags else None,
+            keys[-1] if keys else None, more)
 
 
 def split_range(prefix: str, last: str, end: str | None, parts: int) -> list[tuple[str, str | None]]:

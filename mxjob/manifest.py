@@ -9,7 +9,10 @@ Driver-only, like :mod:`listing`. Three formats, told apart by the name:
   the keys. With object versions, only current versions that are not delete
   markers are kept.
 - ``*.csv``: ``bucket,key[,size]`` rows, optionally under a ``bucket,key[,size]``
-  header; a key with a comma is quoted, as CSV does.
+  header; a key with a comma is quoted, as CSV does. Under a header (a first
+  line that starts ``bucket,key``) every column after ``bucket,key[,size]`` is
+  *carried*: kept as text beside its key (:attr:`listing.Listing.carried`) and
+  written into each output row by the assembly, named as in the header.
 - anything else: plain text, one key or ``s3://bucket/key`` per line; blank lines
   are skipped, everything else on a line is the key.
 
@@ -36,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 import utils
-from mxjob import extsort
+from mxjob import extsort, results
 from mxjob.errors import first_line, plural
 from mxjob.extsort import KeySorter, SpilledListing
 from mxjob.listing import KEY_TYPE, Listing, Skipped
@@ -105,7 +108,10 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
     try:
         with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
             path = _local_copy(uri, client, work)
-            buckets = _read_keys(uri, path, client, work, sorter)
+            try:
+                buckets = _read_keys(uri, path, client, work, sorter)
+            except extsort.CarriedTooLarge as exc:
+                raise ManifestError(f"--input-manifest {uri}: {exc}") from None
         named = _one_bucket(uri, buckets, bucket)
         out_of_core, read, skipped = sorter.spilled, sorter.rows, sorter.skipped  # close() forgets them
         if out_of_core:
@@ -117,7 +123,7 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
             # the raw columns alive beside their sorted copy (at ten million keys, half a gigabyte).
             columns = list(sorter.columns())
             images = Listing.build(named, columns.pop(0), columns.pop(0), prefix=prefix, suffixes=suffixes,
-                                   skipped=skipped)
+                                   skipped=skipped, carried={name: columns.pop(0) for name in sorter.carried})
             kept = len(images)
             if limit is not None:
                 images = images[:limit]
@@ -242,10 +248,11 @@ class _Chunks:
         self.sorter = sorter
         self.buckets: set[str | None] = set()
 
-    def add(self, keys, sizes=None) -> None:
+    def add(self, keys, sizes=None, carried: dict | None = None) -> None:
         keys = _plain(keys)
         self.sorter.add(keys.cast(KEY_TYPE),
-                        pa.nulls(len(keys), pa.int64()) if sizes is None else _plain(sizes).cast(pa.int64()))
+                        pa.nulls(len(keys), pa.int64()) if sizes is None else _plain(sizes).cast(pa.int64()),
+                        carried)
 
     def result(self) -> set:
         # The parser's blocks are freed, but Arrow's allocator keeps their pages (about 40 bytes a
@@ -264,7 +271,8 @@ def _read_text(uri: str, path: str, sorter: KeySorter) -> set:
 
 
 def _read_csv(uri: str, path: str, sorter: KeySorter) -> set:
-    return _fast_or_scanned(uri, path, sorter, _fast_csv, _scan_csv, "row")
+    return _fast_or_scanned(uri, path, sorter, lambda path_, sorter_: _fast_csv(path_, sorter_, uri), _scan_csv,
+                            "row")
 
 
 def _fast_or_scanned(uri: str, path: str, sorter: KeySorter, fast, scan, unit: str) -> set:
@@ -336,8 +344,8 @@ def _fast_text(path: str, sorter: KeySorter) -> set:
     return chunks.result()
 
 
-def _csv_layout(path: str) -> tuple[bool, int]:
-    """``(header, fields)``: whether line 1 is a header, and the fields of the first data row (2 or 3).
+def _csv_layout(uri: str, path: str) -> tuple[list[str] | None, int]:
+    """``(header, fields)``: line 1's names if it is a header (:func:`_header`), and the fields of the first data row.
 
     Read with the Python reader, up to the first data row only. A manifest
     without data rows gives ``fields`` 0.
@@ -348,12 +356,13 @@ def _csv_layout(path: str) -> tuple[bool, int]:
             for row in reader:
                 if not row or not any(field.strip() for field in row):
                     continue
-                if reader.line_num == 1 and [field.strip().lower() for field in row] in _HEADERS:
-                    return True, _first_fields(reader)
-                return False, len(row)
+                header = _header(uri, row) if reader.line_num == 1 else None
+                if header is not None:
+                    return header, _first_fields(reader)
+                return None, len(row)
         except (csv.Error, UnicodeDecodeError) as exc:
             raise _Doubt(str(exc)) from None
-    return False, 0
+    return None, 0
 
 
 def _first_fields(reader) -> int:
@@ -361,30 +370,83 @@ def _first_fields(reader) -> int:
     return next((len(row) for row in reader if row and any(field.strip() for field in row)), 0)
 
 
-def _fast_csv(path: str, sorter: KeySorter) -> set:
-    header, fields = _csv_layout(path)
-    if fields not in (0, 2, 3):
-        raise _Doubt(f"{fields} fields")
+def _header(uri: str, row: list[str]) -> list[str] | None:
+    """The names of a header row (its fields, stripped), or ``None`` when ``row`` is not one.
+
+    A header is a first line whose first two fields are ``bucket`` and ``key``
+    (any case); a third ``size`` names the sizes, and every other field names a
+    column carried to the output. Carried names must be unique, not empty,
+    and none of the output's own (:data:`results.RESERVED`).
+    """
+    names = [field.strip() for field in row]
+    if [name.lower() for name in names[:2]] != ["bucket", "key"]:
+        return None
+    carried = _carried_names(names)
+    problems = []
+    if any(not name for name in carried):
+        problems.append("an empty column name")
+    repeated = sorted({name for name in carried if carried.count(name) > 1})
+    if repeated:
+        problems.append(f"{', '.join(repeated)} named more than once")
+    taken = [name for name in carried if name.lower() in results.RESERVED]
+    if taken:
+        problems.append(f"{', '.join(taken)}: the output's own {'name' if len(taken) == 1 else 'names'} "
+                        f"({', '.join(sorted(results.RESERVED))})")
+    if problems:
+        raise ManifestError(f"--input-manifest {uri}: its header row cannot name the columns carried to the output: "
+                            f"{'; '.join(problems)}; rename them in the header")
+    return names
+
+
+def _carried_names(header: list[str]) -> list[str]:
+    """The names a header gives the columns carried to the output: every one after bucket, key and size."""
+    return header[3:] if len(header) > 2 and header[2].lower() == "size" else header[2:]
+
+
+def _no_header(uri: str, fields: int) -> ManifestError:
+    return ManifestError(f"--input-manifest {uri}: its rows have {fields} fields, but only bucket,key[,size] are "
+                         "read without a header row; to carry the other columns to the output, name them in a "
+                         "first line such as bucket,key,size,product_id (or cut the rows to bucket,key,size)")
+
+
+def _fast_csv(path: str, sorter: KeySorter, uri: str | None = None) -> set:
+    uri = uri or path  # names the manifest in messages
+    header, fields = _csv_layout(uri, path)
+    carried = _carried_names(header) if header else []
     chunks = _Chunks(sorter)
+    if carried:
+        if fields not in (0, len(header)):
+            raise _Doubt(f"{fields} fields under a header of {len(header)}")
+        names = ["bucket", "key", *(["size"] if len(header) - len(carried) == 3 else []), *carried]
+    else:
+        if header is None and fields > 3:
+            raise _no_header(uri, fields)
+        if fields not in (0, 2, 3):
+            raise _Doubt(f"{fields} fields")
+        names = ["bucket", "key", "size"][:fields]
     if not fields:
         return chunks.result()
-    names = ["bucket", "key", "size"][:fields]
-    for batch in _blocks(path, names, skip_rows=int(header)):
-        _csv_block(batch, chunks)
+    for batch in _blocks(path, names, skip_rows=int(header is not None)):
+        _csv_block(batch, chunks, "size" in names, carried)
     return chunks.result()
 
 
-def _csv_block(batch: pa.RecordBatch, chunks: _Chunks) -> None:
-    """Add one block's ``bucket,key[,size]`` rows to ``chunks``; a row the Python reader would refuse raises _Doubt."""
+def _csv_block(batch: pa.RecordBatch, chunks: _Chunks, with_size: bool, carried: list[str]) -> None:
+    """Add one block's ``bucket,key[,size]`` rows and carried columns to ``chunks``.
+
+    A row the Python reader would refuse raises :class:`_Doubt`.
+    """
     bucket, key = pc.utf8_trim_whitespace(batch.column(0)), batch.column(1)
-    size = pc.utf8_trim_whitespace(batch.column(2)) if batch.num_columns == 3 else None
+    size = pc.utf8_trim_whitespace(batch.column(2)) if with_size else None
+    others = {name: batch.column(name) for name in carried}
     blank = pc.and_(pc.equal(bucket, ""), pc.equal(pc.utf8_trim_whitespace(key), ""))
-    if size is not None:
-        blank = pc.and_(blank, pc.equal(size, ""))
+    for column in ([size] if size is not None else []) + [pc.utf8_trim_whitespace(c) for c in others.values()]:
+        blank = pc.and_(blank, pc.equal(column, ""))
     if pc.any(blank).as_py():  # a row of blank fields is skipped, as a blank line is
         keep = pc.invert(blank)
         bucket, key = bucket.filter(keep), key.filter(keep)
         size = size.filter(keep) if size is not None else None
+        others = {name: column.filter(keep) for name, column in others.items()}
     if pc.any(pc.or_(pc.equal(bucket, ""), pc.equal(key, ""))).as_py():
         raise _Doubt("an empty bucket or key")
     if size is not None:
@@ -395,7 +457,7 @@ def _csv_block(batch: pa.RecordBatch, chunks: _Chunks) -> None:
         except pa.ArrowInvalid as exc:  # more than int64 holds
             raise _Doubt(str(exc)) from None
     chunks.buckets.update(pc.unique(bucket).to_pylist())
-    chunks.add(key, size)
+    chunks.add(key, size, {name: _plain(column) for name, column in others.items()} or None)
 
 
 # ----------------------------------------------------------------------------
@@ -406,22 +468,26 @@ def _csv_block(batch: pa.RecordBatch, chunks: _Chunks) -> None:
 class _Columns:
     """Keys and sizes gathered in Python lists and handed to a sorter as Arrow every :data:`_CHUNK` keys."""
 
-    def __init__(self, sorter: KeySorter):
-        self.sorter = sorter
+    def __init__(self, sorter: KeySorter, carried: list[str] = ()):
+        self.sorter, self.carried = sorter, list(carried)
         self.keys: list[str] = []
         self.sizes: list[int | None] = []
+        self.others: list[list[str]] = [[] for _ in self.carried]
         self.buckets: set[str | None] = set()
 
-    def add(self, bucket: str | None, key: str, size: int | None) -> None:
+    def add(self, bucket: str | None, key: str, size: int | None, others: list[str] = ()) -> None:
         self.buckets.add(bucket)
         self.keys.append(key)
         self.sizes.append(size)
+        for values, value in zip(self.others, others):
+            values.append(value)
         if len(self.keys) >= _CHUNK:
             self.flush()
 
     def flush(self) -> None:
-        self.sorter.add(pa.array(self.keys, KEY_TYPE), pa.array(self.sizes, pa.int64()))
-        self.keys, self.sizes = [], []
+        carried = {name: pa.array(values, pa.string()) for name, values in zip(self.carried, self.others)}
+        self.sorter.add(pa.array(self.keys, KEY_TYPE), pa.array(self.sizes, pa.int64()), carried or None)
+        self.keys, self.sizes, self.others = [], [], [[] for _ in self.carried]
 
     def result(self) -> set:
         self.flush()
@@ -476,39 +542,57 @@ def _scan_text(uri: str, path: str, sorter: KeySorter) -> set:
     return columns.result()
 
 
-_HEADERS = (["bucket", "key"], ["bucket", "key", "size"])
-
-
 def _scan_csv(uri: str, path: str, sorter: KeySorter) -> set:
-    columns, problems = _Columns(sorter), _Problems(uri)
+    try:
+        header, _ = _csv_layout(uri, path)
+    except _Doubt:  # not CSV from its first line: the rows below name the problem
+        header = None
+    carried = _carried_names(header) if header else []
+    columns, problems = _Columns(sorter, carried), _Problems(uri)
     with open(path, encoding="utf-8-sig", errors="strict", newline="") as handle:
         reader = csv.reader(handle)
         try:
             for row in reader:
                 number = reader.line_num
-                if not row or not any(field.strip() for field in row):
+                if not row or not any(field.strip() for field in row) or (number == 1 and header is not None):
                     continue
-                if number == 1 and [field.strip().lower() for field in row] in _HEADERS:
-                    continue
-                if len(row) not in (2, 3):
-                    problems.add(number, f"{len(row)} fields, expected bucket,key or bucket,key,size")
-                    continue
-                bucket, key = row[0].strip(), row[1]
-                if not bucket or not key:
-                    problems.add(number, "empty bucket or key")
-                    continue
-                size = None
-                if len(row) == 3 and row[2].strip():
-                    text = row[2].strip()
-                    if not (text.isascii() and text.isdigit()):
-                        problems.add(number, f"size {text[:40]!r} is not a whole number of bytes")
-                        continue
-                    size = int(text)
-                columns.add(bucket, key, size)
+                parsed = _csv_row(row, header if carried else None)
+                if isinstance(parsed, str):
+                    problems.add(number, parsed)
+                else:
+                    columns.add(*parsed)
         except (csv.Error, UnicodeDecodeError) as exc:
             problems.add(reader.line_num + 1, f"not CSV: {exc}")
     problems.check()
     return columns.result()
+
+
+def _csv_row(row: list[str], header: list[str] | None) -> tuple | str:
+    """``(bucket, key, size, carried values)`` of one CSV row, or what is wrong with it.
+
+    ``header``: the names when the manifest carries columns (then every row has as many fields).
+    """
+    carried = _carried_names(header) if header else []
+    if header:
+        if len(row) != len(header):
+            return f"{len(row)} fields, expected {len(header)}, as the header names"
+        with_size = len(header) - len(carried) == 3
+    elif len(row) not in (2, 3):
+        return (f"{len(row)} fields, expected bucket,key or bucket,key,size"
+                + (" (a header row bucket,key,size,NAME,... names the columns carried to the output)"
+                   if len(row) > 3 else ""))
+    else:
+        with_size = len(row) == 3
+    bucket, key = row[0].strip(), row[1]
+    if not bucket or not key:
+        return "empty bucket or key"
+    size = None
+    if with_size and row[2].strip():
+        text = row[2].strip()
+        if not (text.isascii() and text.isdigit()):
+            return f"size {text[:40]!r} is not a whole number of bytes"
+        size = int(text)
+    return bucket, key, size, row[len(row) - len(carried):] if carried else ()
 
 
 # ----------------------------------------------------------------------------

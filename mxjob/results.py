@@ -211,6 +211,55 @@ def read_part(data: bytes) -> pa.RecordBatch:
     return pa.Table.from_batches(batches, reader.schema).combine_chunks().to_batches()[0]
 
 
+#: Names a carried column cannot take: every kind's own columns, the part's line, and ``--with-object-metadata``'s.
+RESERVED = frozenset({"key", "error", "predictions", "embedding", "detections", "image_size", "result", LINE.name,
+                      "etag", "size", "bucket"})
+#: Characters ``json.dumps`` escapes in a string besides ``"`` and ``\\`` (with ``ensure_ascii=False``).
+_CONTROL = r"[\x00-\x1f]"
+
+
+def carry(batch: pa.RecordBatch, carried: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with ``carried``'s columns (its rows' own, aligned) appended after the result's.
+
+    A part's JSON line (:data:`LINE`) gets them as members after the task's,
+    ``{"key": K, "predictions": [...], "product_id": "..."}``: strings as
+    JSON strings, numbers as numbers, null as ``null``; in Arrow compute, a
+    column at a time. The Parquet view takes the columns as they are.
+    """
+    if isinstance(carried, pa.Table):
+        carried = carried.combine_chunks().to_batches()[0] if carried.num_rows else \
+            pa.RecordBatch.from_pylist([], carried.schema)
+    for name in carried.schema.names:
+        if name in batch.schema.names:
+            raise ValueError(f"a carried column's name is the result's own: {name}")
+    index = batch.schema.get_field_index(LINE.name)
+    if index >= 0:
+        lines = batch.column(index)
+        members = [pa.scalar(", " + _dumps(name) + ": ", pa.string()) for name in carried.schema.names]
+        texts = [_json_values(column) for column in carried.columns]
+        joined = pc.binary_join_element_wise(pc.utf8_slice_codeunits(lines, 0, -1),
+                                             *[piece for pair in zip(members, texts) for piece in pair],
+                                             pa.scalar("}", pa.string()), "")
+        batch = batch.set_column(index, LINE, joined)
+    for field, column in zip(carried.schema, carried.columns):
+        batch = batch.append_column(field, column)
+    return batch
+
+
+def _json_values(column: pa.Array) -> pa.Array:
+    """Each value as JSON text (``json.dumps`` with ``ensure_ascii=False``): strings quoted, numbers, ``null``."""
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        text = column.cast(pa.string())
+        if pc.any(pc.match_substring_regex(text, _CONTROL)).as_py():  # rare: json escapes them, Python does it
+            text = pa.array([None if v is None else _dumps(v)[1:-1] for v in text.to_pylist()], pa.string())
+        else:
+            text = pc.replace_substring(pc.replace_substring(text, "\\", "\\\\"), '"', '\\"')
+        text = pc.binary_join_element_wise(pa.scalar('"', pa.string()), text, pa.scalar('"', pa.string()), "")
+    else:
+        text = pc.cast(column, pa.string())
+    return pc.fill_null(text, "null")
+
+
 def model_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` without a part's :data:`LINE` column: the result model alone."""
     index = batch.schema.get_field_index(LINE.name)

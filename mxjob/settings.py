@@ -285,6 +285,11 @@ def _detect_only(values: dict) -> bool:
     return values["task"] == "detect"
 
 
+def _object_metadata_only(values: dict) -> bool:
+    """In the fingerprint only when on: the lines of a run without it are as they always were."""
+    return bool(values["with_object_metadata"])
+
+
 #: The settings that mean something for one task only: given explicitly with another task, they are refused.
 TASK_ONLY = {"top_k": "classify", "output_layer": "embed", "embedding_dtype": "embed", "normalize": "embed",
              "min_score": "detect", "max_detections": "detect"}
@@ -449,6 +454,9 @@ SETTINGS: tuple[Setting, ...] = (
        type=click.Choice(OUTPUT_FORMATS, case_sensitive=False),
        show_default="parquet if the output key ends in .parquet, else jsonl",
        to="resolve"),
+    _s("with_object_metadata", "--with-object-metadata", "output",
+       "Add each object's etag (from the listing of --input; null for keys a manifest names) and size in bytes "
+       "(null when unknown) to every output row.", default=False, is_flag=True, fingerprint=_object_metadata_only),
     _s("resume", "--resume", "output",
        "Finish an interrupted run: reuse the lines it made durable under OUTPUT.parts/ and score only the keys "
        "without one.", default=False, is_flag=True),

@@ -96,3 +96,15 @@ def bucket_with_effnet(endpoint: str, bucket: str, model_dir: Path) -> tuple:
     for suffix in ("-symbol.json", "-0000.params"):
         s3.put_object(Bucket=bucket, Key=f"model/effnet{suffix}", Body=Path(f"{prefix}{suffix}").read_bytes())
     return s3, prefix
+
+
+def bucket_with_digits(endpoint: str, bucket: str, model_dir: Path, count: int) -> tuple:
+    """:func:`bucket_with_model`, plus ``count`` held-out demo digits as ``imgs/NN.png``; ``(client, keys)``."""
+    from demo import make_demo
+
+    s3 = bucket_with_model(endpoint, bucket, model_dir)
+    (_, _), (test_x, _) = make_demo.digits_split()
+    keys = [f"imgs/{i:02d}.png" for i in range(count)]
+    for i, key in enumerate(keys):
+        s3.put_object(Bucket=bucket, Key=key, Body=make_demo.digit_png(test_x[i]))
+    return s3, keys

@@ -19,7 +19,7 @@ import pytest
 import utils
 from mxjob import driver, durable, listing, manifest, partition
 from mxjob.config import merge_settings, resolve
-from tests.helpers import bucket_with_model, lines_part, spark_submit
+from tests.helpers import bucket_with_digits, lines_part, spark_submit
 
 BUCKET = "carry-bucket"
 SUFFIXES = (".jpg",)
@@ -92,18 +92,15 @@ def test_a_carried_column_named_as_an_output_column_is_refused(tmp_path, name):
         manifest.read_manifest(str(path), suffixes=SUFFIXES)
 
 
-def test_a_repeated_carried_name_is_refused(tmp_path):
+@pytest.mark.parametrize(("text", "message"), [
+    (f"bucket,key,size,id,id\n{BUCKET},photos/a.jpg,1,x,y\n", "id named more than once"),
+    (f"{BUCKET},photos/a.jpg,1,p-1\n{BUCKET},photos/b.jpg,2,p-2\n",
+     r"rows have 4 fields, but only bucket,key\[,size\] are read without a header row; .* bucket,key,size,product_id"),
+], ids=["repeated-name", "four-columns-no-header"])
+def test_a_repeated_carried_name_or_extra_columns_without_a_header_are_refused(tmp_path, text, message):
     path = tmp_path / "keys.csv"
-    path.write_text(f"bucket,key,size,id,id\n{BUCKET},photos/a.jpg,1,x,y\n")
-    with pytest.raises(manifest.ManifestError, match="id named more than once"):
-        manifest.read_manifest(str(path), suffixes=SUFFIXES)
-
-
-def test_more_than_three_columns_without_a_header_are_refused(tmp_path):
-    path = tmp_path / "keys.csv"
-    path.write_text(f"{BUCKET},photos/a.jpg,1,p-1\n{BUCKET},photos/b.jpg,2,p-2\n")
-    with pytest.raises(manifest.ManifestError, match=r"rows have 4 fields, but only bucket,key\[,size\] are read "
-                                                     r"without a header row; .* bucket,key,size,product_id"):
+    path.write_text(text)
+    with pytest.raises(manifest.ManifestError, match=message):
         manifest.read_manifest(str(path), suffixes=SUFFIXES)
 
 
@@ -240,14 +237,8 @@ def test_the_fingerprint_differs_with_carried_columns_and_with_object_metadata(m
 
 @pytest.mark.spark
 def test_a_csv_manifest_job_carries_its_columns_to_every_line(moto_endpoint, demo_dir, tmp_path):
-    from demo import make_demo
-
     bucket = "carry-job"
-    s3 = bucket_with_model(moto_endpoint, bucket, demo_dir / "model")
-    (_, _), (test_x, _) = make_demo.digits_split()
-    keys = [f"imgs/{i:02d}.png" for i in range(6)]
-    for i, key in enumerate(keys):
-        s3.put_object(Bucket=bucket, Key=key, Body=make_demo.digit_png(test_x[i]))
+    s3, keys = bucket_with_digits(moto_endpoint, bucket, demo_dir / "model", 6)
     path = tmp_path / "keys.csv"
     path.write_text("bucket,key,size,product_id,shop\n"
                     + "".join(f"{bucket},{key},,p-{i},s{i % 2}\n" for i, key in reversed(list(enumerate(keys)))))

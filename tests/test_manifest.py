@@ -15,7 +15,7 @@ import pytest
 
 import infer_main
 from mxjob import manifest
-from tests.helpers import bucket_with_model, make_s3_client, spark_submit
+from tests.helpers import bucket_with_digits, make_s3_client, spark_submit
 
 BUCKET = "manifest-images"
 INVENTORY = "manifest-inventory"
@@ -296,14 +296,8 @@ def test_cli_reports_a_multi_bucket_manifest_and_exits_1(s3, moto_endpoint, tmp_
 @pytest.mark.spark
 def test_a_manifest_job_writes_one_line_per_key_predictions_or_no_such_key(moto_endpoint, demo_dir, tmp_path):
     """Real small images and missing keys, in a manifest without sizes: exactly one line per named key."""
-    from demo import make_demo
-
     bucket = "manifest-job"
-    s3 = bucket_with_model(moto_endpoint, bucket, demo_dir / "model")
-    (_, _), (test_x, _) = make_demo.digits_split()
-    real = [f"imgs/{i:02d}.png" for i in range(12)]
-    for i, key in enumerate(real):
-        s3.put_object(Bucket=bucket, Key=key, Body=make_demo.digit_png(test_x[i]))
+    s3, real = bucket_with_digits(moto_endpoint, bucket, demo_dir / "model", 12)
     missing = [f"imgs/missing-{i}.png" for i in range(8)]
     path = tmp_path / "keys.txt"
     path.write_text("".join(f"s3://{bucket}/{key}\n" for key in [*missing, *real]))

@@ -631,6 +631,8 @@ class Sizing:
     choice: dict
     #: :meth:`estimate.Estimate.as_dict`, or ``None`` with ``--estimate-images 0``.
     estimate: dict | None
+    #: The sample's first image (the first key of the listing), scored: ``(part, stats)``; ``None`` unmeasured.
+    first: tuple | None = None
 
 
 def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
@@ -654,7 +656,8 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
     choice = choose_batch(cfg, cost, cluster, to_score)
     log.info("batch size %d: %s", choice.chosen, choice.why)
     cfg = replace(cfg, batch_size=choice.chosen)
-    return cfg, Sizing(choice.as_dict(), estimate_run(cfg, cost, cluster, to_score))
+    return cfg, Sizing(choice.as_dict(), estimate_run(cfg, cost, cluster, to_score),
+                       cost.first if cost is not None else None)
 
 
 def run_cluster(cfg: JobConfig, spark_conf: dict | None) -> estimate.Cluster:
@@ -747,9 +750,12 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
         except Completed:
             to_score = 0
     cfg, sizing = size_run(cfg, images, to_score)
-    job = cfg.job_spec()
-    job = replace(job, model=replace(job.model, context="cpu"))
-    [(_, _, blob, stats)] = score_partition(0, images[:1], job)
+    if sizing.first is not None:  # the sample starts at the listing's first key: already scored
+        blob, stats = sizing.first
+    else:
+        job = cfg.job_spec()
+        job = replace(job, model=replace(job.model, context="cpu"))
+        [(_, _, blob, stats)] = score_partition(0, images[:1], job)
     # Plan every batch as the run would, without writing the plan anywhere: its size is what the run's
     # executors read (a ranged GET each), and planning is the driver's last step before Spark.
     spans = listing.write_plan(images, cfg.batch_size, lambda data: None)

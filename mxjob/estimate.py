@@ -185,6 +185,9 @@ class SampleCost:
     cpu_seconds_per_image: float
     s3_server_cpu_seconds_per_image: float
     model_load_seconds: float
+    #: The first image's ``(part, stats)`` from :func:`score_partition` (the model's load included):
+    #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
+    first: tuple | None = None
 
 
 def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
@@ -201,7 +204,7 @@ def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     server = local_server_process(endpoint_url)
     try:
         load_started = time.perf_counter()
-        list(score_partition(0, items[:1], job))
+        [(_, _, first_part, first_stats)] = score_partition(0, items[:1], job)
         load_seconds = time.perf_counter() - load_started
         server_cpu = _cpu_seconds(server)
         [(_, _, _, stats)] = score_partition(0, items, job)
@@ -211,7 +214,8 @@ def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     n = max(1, len(items))
     return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
                       cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
-                      s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds)
+                      s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
+                      first=(first_part, first_stats))
 
 
 def local_server_process(endpoint_url: str | None):

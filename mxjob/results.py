@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -418,11 +418,6 @@ def custom_value(text: str, obj: dict) -> tuple[str | None, dict | None]:
     if not fits:
         return text, None
     return (None if list(obj) == ["error"] else text), error
-
-
-def keys_of(batches: Sequence[pa.RecordBatch]) -> list[str]:
-    """The ``key`` column of ``batches``, in order."""
-    return [key for batch in batches for key in batch.column("key").to_pylist()]
 
 
 def error_kinds(batch: pa.RecordBatch, examples: int) -> dict:

@@ -33,7 +33,8 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
     model_summary : dict
         :meth:`Predictor.model_summary` of the checked model.
     seconds : dict
-        The driver's own stages: ``listing``, ``model_check``, ``plan``, ``spark``, ``assembly``, ``assembly_cpu``.
+        The driver's own stages: ``listing``, ``model_check``, ``plan``, ``spark``, ``assembly`` (from the Spark
+        job's end to the output's) and ``assembly_cpu``.
     plan : durable.Plan
         The earlier runs reused and the keys scored.
     fingerprint : dict

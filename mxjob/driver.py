@@ -41,7 +41,7 @@ from mxjob import (
     settings,
 )
 from mxjob.assembly import Assembly
-from mxjob.cluster import run_spark
+from mxjob.cluster import SparkStop, run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.handlers import HandlerError, get_handlers, model_class
@@ -97,12 +97,14 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
                          {"options": cfg.options(), "fingerprint": checked.fingerprint})
     try:
-        stats, counts = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds, plan_started,
-                                           monitor)
+        stats, counts, spark_stop = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds,
+                                                       plan_started, monitor)
     except (JobError, Interrupted) as exc:
         exc.work = work  # main() says what is durable and how to resume
         monitor.ended(exc)
         raise
+    if stats.last_end is not None:  # the output is whole now: how long after the last task's end
+        seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
                         time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
     summary["precision"] = checked.precision
@@ -115,6 +117,10 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     monitor.write("succeeded", code, summary=summary)
     for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
         log.info("%s", line)
+    if spark_stop is not None:
+        stopped = spark_stop.wait()
+        log.info("Spark stopped in %s (the executors were released while the output was finished)",
+                 f"{stopped:.1f} s" if stopped is not None else "more than 2 minutes; exiting without it")
     return code
 
 
@@ -147,18 +153,20 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
 def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
                        plan: durable.Plan, spark_conf: dict | None, seconds: dict,
                        plan_started: float,
-                       monitor: RunMonitor | None = None) -> tuple[StatsFold, durable.AssemblyCounts]:
+                       monitor: RunMonitor | None = None) -> tuple[StatsFold, durable.AssemblyCounts, SparkStop | None]:
     """Run the plan's batches on Spark (if any are left) and merge every durable line into the output.
 
     The merge follows the run while Spark scores it (``--assembly during``,
     :class:`mxjob.assembly.Assembly`), or starts when the job has ended.
     Adds the ``plan``, ``spark``, ``assembly`` (from the job's end to the
-    output's) and ``assembly_cpu`` seconds to ``seconds``.
+    output's) and ``assembly_cpu`` seconds to ``seconds``. Returns the
+    stats, the assembly's counts, and the SparkContext's stop (``None``
+    without a Spark job), still running: the caller waits for it last.
     """
     batches = plan.todo.num_batches(cfg.batch_size)
     log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
              f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
-    stats = StatsFold()
+    stats, spark_stop = StatsFold(), None
 
     def merge(runs, live):
         return assemble_output(cfg, client, work, images, runs, live)
@@ -171,8 +179,8 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
         assembly.start()
         spark_started = time.time()
         try:
-            stats = run_spark(cfg, run, work.plan_key(run), spark_conf, on_tick=monitor and monitor.on_tick,
-                              ticks=monitor and monitor.ticks)
+            stats, spark_stop = run_spark(cfg, run, work.plan_key(run), spark_conf,
+                                          on_tick=monitor and monitor.on_tick, ticks=monitor and monitor.ticks)
         except BaseException:
             assembly.cancel()
             raise
@@ -187,7 +195,7 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
     seconds["assembly_cpu"] = assembly.cpu_seconds
     log.info("assembled %s from %d parts%s; %.1f s after the Spark job", cfg.output_uri, counts.parts_read,
              " as the batches became durable" if assembly.live is not None else "", seconds["assembly"])
-    return stats, counts
+    return stats, counts, spark_stop
 
 
 def finish_run(cfg: JobConfig, client, work: durable.WorkPrefix, summary: dict, counts: durable.AssemblyCounts,

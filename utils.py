@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from xml.etree import ElementTree
 
@@ -171,13 +171,14 @@ def cached_client(endpoint_url: str | None, region: str | None, max_attempts: in
                                  os.getpid()), make)
 
 
-def list_objects(client, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
-    """Yield ``(key, size)`` for every object under ``prefix``, page by page.
+def list_objects(client, bucket: str, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
+    """Yield ``(key, size)`` for every object under ``prefix``, page by page (after ``start_after``, if given).
 
     An empty prefix yields nothing (a page without ``Contents`` is normal).
     """
     paginator = client.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+    extra = {"StartAfter": start_after} if start_after else {}
+    for page in paginator.paginate(Bucket=bucket, Prefix=prefix, **extra):
         for obj in page.get("Contents", ()):
             yield obj["Key"], int(obj["Size"])
 
@@ -596,6 +597,22 @@ def sibling_uri(uri: str, name: str) -> str:
     """The URI of ``name`` in the same folder as ``uri`` (for ``synset.txt``)."""
     head, _, _ = uri.rpartition("/")
     return f"{head}/{name}" if head else name
+
+
+def abort_uploads(client, bucket: str, prefix: str, mine: Callable[[str], bool]) -> int:
+    """Abort the incomplete multipart uploads under ``prefix`` whose key ``mine`` accepts; return how many.
+
+    A driver killed (SIGKILL, a lost node) while it wrote the output leaves
+    its upload open: never visible, but S3 bills its parts until it is
+    aborted. The run that resumes or overwrites that output aborts it.
+    """
+    aborted = 0
+    for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
+        for upload in page.get("Uploads", ()):
+            if mine(upload["Key"]):
+                client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted += 1
+    return aborted
 
 
 class MultipartWriter:

@@ -249,6 +249,10 @@ def manifest_keys(count: int) -> Iterator[str]:
         yield f"{LISTING_PREFIX}{folder}/{folder}_{i % 1000}.JPEG"
 
 
+#: The manifests this run of the bench has written (a row at the same key count reuses its manifest).
+WRITTEN: set = set()
+
+
 def write_manifest(path: Path, count: int) -> float:
     """A ``bucket,key,size`` CSV of ``count`` keys (with the header); the seconds it took."""
     started = time.perf_counter()
@@ -258,28 +262,39 @@ def write_manifest(path: Path, count: int) -> float:
     return time.perf_counter() - started
 
 
+def spark_stop_seconds(log_text: str) -> float | None:
+    """The driver's "Spark stopped in X s" (the SparkContext's stop, which overlaps the assembly's tail)."""
+    match = re.search(r"Spark stopped in ([\d.]+) s", log_text)
+    return float(match.group(1)) if match else None
+
+
 def executors_of(master: str) -> int | None:
     match = re.fullmatch(r"local-cluster\[(\d+),.*\]", master)
     return int(match.group(1)) if match else None
 
 
-def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | None = None) -> dict:
+def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | None = None,
+              assembly: str = "during") -> dict:
     """Write the manifest, run the job on it, read its summary and output: one row of the table."""
     batch_size = batch_size or args.batch_size
     manifest = work / f"manifest-{keys}.csv"
-    log(f"{keys:,} keys: writing {manifest}")
-    manifest_seconds = write_manifest(manifest, keys)
-    output_key = f"out/scale-{keys}.jsonl"
+    if manifest in WRITTEN:
+        manifest_seconds = None  # written for an earlier row of this run
+    else:
+        log(f"{keys:,} keys: writing {manifest}")
+        manifest_seconds = write_manifest(manifest, keys)
+        WRITTEN.add(manifest)
+    output_key = f"out/scale-{keys}-{assembly}.jsonl"
     job_args = ["--input-manifest", str(manifest), "--model", f"s3://{BUCKET}/models/{MODEL.name}",
                 "--output", f"s3://{BUCKET}/{output_key}", "--endpoint-url", endpoint,
                 "--input-shape", MODEL.shape_arg, "--batch-size", str(batch_size), "--top-k", "1",
-                "--progress-seconds", "30"]
+                "--progress-seconds", "30", "--assembly", assembly]
     command = spark_submit_command(job_args, args.master)
     settings = [f"spark.python.daemon.module={DAEMON_MODULE}", f"spark.executorEnv.PYTHONPATH={ROOT}",
                 *args.spark_conf]
     for setting in reversed(settings):  # after "spark-submit --master M": over conf/spark-local.conf
         command[3:3] = ["--conf", setting]
-    log_path = work / f"scale-{keys}.log"
+    log_path = work / f"scale-{keys}-{assembly}.log"
     log(f"{keys:,} keys: spark-submit on {args.master}, batch {batch_size} "
         f"({math.ceil(keys / batch_size):,} tasks), fake scorer; log in {log_path}")
     started = time.time()
@@ -296,7 +311,7 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | 
     if code != 0:
         raise RuntimeError(f"the {keys:,}-key job exited {code}; see {log_path}")
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{output_key}.summary.json")["Body"].read())
-    (work / f"scale-{keys}.summary.json").write_text(json.dumps(summary, indent=2))
+    (work / f"scale-{keys}-{assembly}.summary.json").write_text(json.dumps(summary, indent=2))
     first = s3.get_object(Bucket=BUCKET, Key=output_key, Range="bytes=0-1023")["Body"].read()
     first_line = json.loads(first.split(b"\n", 1)[0])
     if first_line.get("predictions") != FAKE_PREDICTIONS:
@@ -309,12 +324,15 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | 
     seconds = summary.get("seconds") or {}
     python, jvm = watch.peak("driver python"), watch.peak("driver JVM")
     row = {
-        "keys": keys, "batch_size": batch_size, "batches": summary.get("batches"),
+        "keys": keys, "batch_size": batch_size, "batches": summary.get("batches"), "assembly": assembly,
         "manifest_write_s": manifest_seconds,
         "listing_s": seconds.get("listing"), "model_check_s": seconds.get("model_check"),
         "plan_s": seconds.get("plan"), "spark_s": seconds.get("spark"),
         "tasks_s": (summary.get("tasks") or {}).get("seconds"), "assembly_s": seconds.get("assembly"),
         "assembly_cpu_s": seconds.get("assembly_cpu"),
+        # From the last task's end to the output's (and the summary's) completion, as the driver clocks it.
+        "output_after_last_task_s": seconds.get("output_after_last_task"),
+        "spark_stop_s": spark_stop_seconds(log_path.read_text(errors="replace")),
         "elapsed_s": summary.get("elapsed_seconds"), "wall_s": wall,
         # From the last task's end to spark-submit's exit: SparkContext stop, the assembly, the summary, JVM exit.
         "last_task_to_exit_s": exited - (summary.get("tasks") or {}).get("last_end", exited),
@@ -431,6 +449,38 @@ def ten_million_report(row: dict) -> str:
     return "\n".join(lines)
 
 
+#: The assembly's tail with ``--assembly during``, at most this share of the assembly after the job.
+TAIL_TARGET = 0.10
+
+
+def tail_report(rows: list[dict]) -> str:
+    """``--tail-keys``: the same job with the assembly after the Spark job and during it, in one bench run.
+
+    The target: with the merge following the run, the time from the last
+    task's end to spark-submit's exit is at most :data:`TAIL_TARGET` of the
+    assembly's time when it runs after the job (``seconds.assembly`` of the
+    ``after`` row: what every job paid before).
+    """
+    after = next((r for r in rows if r["assembly"] == "after"), None)
+    base = after.get("assembly_s") if after else None
+    lines = [f"assembly tail at {rows[0]['keys']:,} keys (batch {rows[0]['batch_size']:,}, "
+             f"{rows[0]['batches']:,} tasks), fake scorer, one bench run:",
+             "| output | --assembly | assembly after the Spark job s | its driver CPU s | last task's end to the "
+             "output s | Spark's stop s (meanwhile) | last task's end to exit s "
+             "| last task to exit / assembly after the job |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        share = row["last_task_to_exit_s"] / base if base and row["last_task_to_exit_s"] is not None else None
+        verdict = "" if row is after or share is None else \
+            f" (target <= {TAIL_TARGET:.0%}: {_verdict(share, TAIL_TARGET)})"
+        lines.append(f"| {row.get('output', 'single object')} | {row['assembly']} | {_cell(row['assembly_s'], 2)} | "
+                     f"{_cell(row['assembly_cpu_s'], 2)} | {_cell(row.get('output_after_last_task_s'), 2)} | "
+                     f"{_cell(row.get('spark_stop_s'), 1)} | "
+                     f"{_cell(row['last_task_to_exit_s'], 1)} | "
+                     + ("-" if row is after else f"{share:.1%}{verdict}" if share is not None else "n/a") + " |")
+    return "\n".join(lines)
+
+
 def _verdict(value: float | None, limit: float) -> str:
     return "n/a" if value is None else "MET" if value <= limit else "MISSED"
 
@@ -482,6 +532,9 @@ def main(argv=None) -> int:
                         help="also run the job on 10,000,000 keys (about an hour) and check the targets")
     parser.add_argument("--ten-million-batch", type=int, default=1024,
                         help="--batch-size of the ten-million row [default: 1024, see the module's docstring]")
+    parser.add_argument("--tail-keys", type=int, default=None, metavar="N",
+                        help="also run N keys (say 1000000) with --assembly after, then during: the assembly's "
+                             "tail after the last task, against the assembly after the job")
     parser.add_argument("--hundred-million", action="store_true",
                         help="also --dry-run over 100,000,000 keys: read, plan every batch, print the plan")
     parser.add_argument("--row-keys", type=int, default=None,
@@ -495,7 +548,7 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench-scale",
                         help="folder for the manifests, model, logs, summaries and results.json")
     args = parser.parse_args(argv)
-    opt_in = args.ten_million or args.hundred_million
+    opt_in = args.ten_million or args.hundred_million or args.tail_keys
     keys = args.keys if args.keys is not None else ("" if opt_in else "100000,1000000")
     counts = [10_000, 20_000] if args.quick else [int(x.replace("_", "")) for x in keys.split(",") if x]
     if (not counts and not opt_in) or min(counts, default=1) < 1:
@@ -523,6 +576,11 @@ def main(argv=None) -> int:
             big = run_point(s3, endpoint, args.row_keys or TEN_MILLION, args, work, args.ten_million_batch)
             extra.append(ten_million_report(big))
             (work / "ten-million.json").write_text(json.dumps(big, indent=2))
+        if args.tail_keys:
+            tails = [run_point(s3, endpoint, args.tail_keys, args, work, args.ten_million_batch, assembly=mode)
+                     for mode in ("after", "during")]
+            extra.append(tail_report(tails))
+            (work / "tail.json").write_text(json.dumps(tails, indent=2))
         if args.hundred_million:
             extra.append(hundred_million_report(dry_run_point(s3, endpoint, args.row_keys or HUNDRED_MILLION,
                                                               args, work)))

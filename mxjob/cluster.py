@@ -20,15 +20,52 @@ from mxjob.worker import ThreadPlan
 log = logging.getLogger(__name__)
 
 
+class SparkStop:
+    """The SparkContext stopping in a thread of its own: the driver's last steps need not wait for it.
+
+    Stopping releases the executors (YARN containers, local-cluster's
+    processes) and takes about a second; the assembly's tail, the summary
+    and the clean-up run meanwhile, and :meth:`wait` joins it before the
+    driver exits.
+    """
+
+    def __init__(self, sc):
+        #: Seconds the stop took, once it has.
+        self.seconds: float | None = None
+        self._thread = threading.Thread(target=self._stop, args=(sc,), name="spark-stop", daemon=True)
+        self._thread.start()
+
+    def _stop(self, sc) -> None:
+        started = time.monotonic()
+        stop_context(sc)
+        self.seconds = time.monotonic() - started
+
+    def wait(self, timeout: float = 120.0) -> float | None:
+        """Wait for the stop (up to ``timeout``); return its seconds, ``None`` if it has not ended."""
+        self._thread.join(timeout)
+        return self.seconds
+
+
+def stop_context(sc) -> None:
+    """Stop the SparkContext; after a signal the JVM may be gone already."""
+    try:
+        sc.stop()
+    except Exception as exc:  # noqa: BLE001 - nothing left to stop
+        log.debug("stopping Spark: %s", exc)
+
+
 def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict | None = None,
-              on_tick=None, ticks=None) -> StatsFold:
-    """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded.
+              on_tick=None, ticks=None) -> tuple[StatsFold, SparkStop]:
+    """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded, and the stop.
 
     Each partition holds one ``(offset, length)`` span of the run's plan
     (``plan_key``): the task reads its keys from there and writes its lines
     under the run's prefix (:func:`part_key`). The keys never pass
     through Py4J, and nothing but an accumulator of stats comes back here.
     ``on_tick`` and ``ticks`` go to the progress thread (:class:`mxjob.progress.Reporter`).
+    After a job that succeeded, the SparkContext stops in the background
+    (:class:`SparkStop`, for the caller to wait on); after one that failed,
+    before this returns.
     """
     from pyspark import SparkConf, SparkContext
 
@@ -71,19 +108,18 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
         reporter.tick(final=True)  # a job shorter than the first tick still prints a line
         fold = stats.value
         fold.lost_task_attempts = lost_task_attempts(sc, group)
-        return fold
-    except Exception as exc:
-        if jvm_shutting_down(sc, exc):  # a signal to spark-submit's JVM alone: an interruption, not a failure
-            raise signals.Interrupted(signal.SIGTERM, signals.JVM_SHUTDOWN) from exc
-        raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
-    finally:
+    except BaseException as exc:
         stop.set()
-        # Release the executors before the assembly rather than letting the
-        # JVM's shutdown race them. After a signal the JVM may be gone already.
-        try:
-            sc.stop()
-        except Exception as exc:  # noqa: BLE001 - nothing left to stop
-            log.debug("stopping Spark: %s", exc)
+        # Asked before the stop below, which would make every failure look like the JVM's shutdown.
+        shutting_down = isinstance(exc, Exception) and jvm_shutting_down(sc, exc)
+        # Release the executors now rather than letting the JVM's shutdown race them.
+        stop_context(sc)
+        if shutting_down:  # a signal to spark-submit's JVM alone: an interruption, not a failure
+            raise signals.Interrupted(signal.SIGTERM, signals.JVM_SHUTDOWN) from exc
+        if isinstance(exc, Exception):
+            raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
+        raise
+    return fold, SparkStop(sc)
 
 
 def lost_task_attempts(sc, group: str, wait_seconds: float = 10.0) -> int | None:

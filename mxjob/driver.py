@@ -40,7 +40,8 @@ from mxjob import (
     results,
     settings,
 )
-from mxjob.cluster import run_spark
+from mxjob.assembly import Assembly
+from mxjob.cluster import SparkStop, run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.handlers import HandlerError, get_handlers, model_class
@@ -96,12 +97,14 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
                          {"options": cfg.options(), "fingerprint": checked.fingerprint})
     try:
-        stats, counts = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds, plan_started,
-                                           monitor)
+        stats, counts, spark_stop = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds,
+                                                       plan_started, monitor)
     except (JobError, Interrupted) as exc:
         exc.work = work  # main() says what is durable and how to resume
         monitor.ended(exc)
         raise
+    if stats.last_end is not None:  # the output is whole now: how long after the last task's end
+        seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
                         time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
     summary["precision"] = checked.precision
@@ -114,6 +117,10 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     monitor.write("succeeded", code, summary=summary)
     for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
         log.info("%s", line)
+    if spark_stop is not None:
+        stopped = spark_stop.wait()
+        log.info("Spark stopped in %s (the executors were released while the output was finished)",
+                 f"{stopped:.1f} s" if stopped is not None else "more than 2 minutes; exiting without it")
     return code
 
 
@@ -146,32 +153,49 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
 def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
                        plan: durable.Plan, spark_conf: dict | None, seconds: dict,
                        plan_started: float,
-                       monitor: RunMonitor | None = None) -> tuple[StatsFold, durable.AssemblyCounts]:
-    """Run the plan's batches on Spark (if any are left), then merge every durable line into the output.
+                       monitor: RunMonitor | None = None) -> tuple[StatsFold, durable.AssemblyCounts, SparkStop | None]:
+    """Run the plan's batches on Spark (if any are left) and merge every durable line into the output.
 
-    Adds the ``plan``, ``spark``, ``assembly`` and ``assembly_cpu`` seconds to ``seconds``.
+    The merge follows the run while Spark scores it (``--assembly during``,
+    :class:`mxjob.assembly.Assembly`), or starts when the job has ended.
+    Adds the ``plan``, ``spark``, ``assembly`` (from the job's end to the
+    output's) and ``assembly_cpu`` seconds to ``seconds``. Returns the
+    stats, the assembly's counts, and the SparkContext's stop (``None``
+    without a Spark job), still running: the caller waits for it last.
     """
     batches = plan.todo.num_batches(cfg.batch_size)
     log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
              f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
-    stats = StatsFold()
+    stats, spark_stop = StatsFold(), None
+
+    def merge(runs, live):
+        return assemble_output(cfg, client, work, images, runs, live)
+
     if batches:
         application, _ = yarn_attempt()
         run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
         seconds["plan"] = time.time() - plan_started
+        assembly = Assembly(merge, work, [*plan.runs, run], during=cfg.assembly == "during")
+        assembly.start()
         spark_started = time.time()
-        stats = run_spark(cfg, run, work.plan_key(run), spark_conf, on_tick=monitor and monitor.on_tick,
-                          ticks=monitor and monitor.ticks)
+        try:
+            stats, spark_stop = run_spark(cfg, run, work.plan_key(run), spark_conf,
+                                          on_tick=monitor and monitor.on_tick, ticks=monitor and monitor.ticks)
+        except BaseException:
+            assembly.cancel()
+            raise
         seconds["spark"] = time.time() - spark_started
     else:
         seconds["plan"] = time.time() - plan_started
-    assembly_started, assembly_cpu = time.time(), time.process_time()
-    counts = assemble_output(cfg, client, work, images)
-    seconds["assembly"] = time.time() - assembly_started
-    # The driver's own CPU in the assembly (merging, checking, compressing); the rest is waiting for S3.
-    seconds["assembly_cpu"] = time.process_time() - assembly_cpu
-    log.info("assembled %s from %d parts in %.1f s", cfg.output_uri, counts.parts_read, seconds["assembly"])
-    return stats, counts
+        assembly = Assembly(merge, work, plan.runs, during=False)
+    tail_started = time.time()
+    counts = assembly.finish()
+    seconds["assembly"] = time.time() - tail_started
+    # The driver's own CPU in the merge (reading, checking, compressing); the rest is waiting for S3.
+    seconds["assembly_cpu"] = assembly.cpu_seconds
+    log.info("assembled %s from %d parts%s; %.1f s after the Spark job", cfg.output_uri, counts.parts_read,
+             " as the batches became durable" if assembly.live is not None else "", seconds["assembly"])
+    return stats, counts, spark_stop
 
 
 def finish_run(cfg: JobConfig, client, work: durable.WorkPrefix, summary: dict, counts: durable.AssemblyCounts,
@@ -357,9 +381,14 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
         if resume:
             raise Completed(cfg.output_uri)
         raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
-    if not work_exists:
-        return fresh_plan(cfg, work, images, fingerprint, resume, dry)
-    return resume_plan(work, images, fingerprint)
+    plan = resume_plan(work, images, fingerprint) if work_exists else fresh_plan(cfg, work, images, fingerprint,
+                                                                                 resume, dry)
+    if not dry and (cfg.overwrite or work_exists):
+        aborted = work.abort_uploads()
+        if aborted:
+            log.info("aborted %s an earlier driver left open (never visible; S3 bills their parts until then)",
+                     plural(aborted, "incomplete upload"))
+    return plan
 
 
 def existing_output(cfg: JobConfig, client, work: durable.WorkPrefix) -> tuple[bool, bool]:
@@ -425,9 +454,13 @@ class Completed(Exception):
     """``--resume`` of an output that an earlier run already completed: nothing to do."""
 
 
-def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
-                    images: listing.Listing) -> durable.AssemblyCounts:
-    """Merge every durable line into the output object (one multipart upload, completed only when whole)."""
+def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
+                    runs: list | None = None, live: durable.LiveRun | None = None) -> durable.AssemblyCounts:
+    """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output.
+
+    One multipart upload, completed only when whole. With ``live``, the merge
+    follows that run's batches as Spark makes them durable (:func:`durable.assemble`).
+    """
     try:
         writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key,
                                        content_type="application/vnd.apache.parquet"
@@ -439,8 +472,8 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix,
             if cfg.output_format == "parquet" else durable.JsonLinesSink(writer))
     try:
         reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts, kind=cfg.s3_reader)
-        counts = durable.assemble(work, work.runs(), images, sink, reader=reader,
-                                  carried=carried_columns(cfg, images))
+        counts = durable.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
+                                  carried=carried_columns(cfg, images), live=live)
         sink.close()
     except durable.ResumeError as exc:
         sink.abort()

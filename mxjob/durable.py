@@ -10,9 +10,10 @@ a *work prefix* that belongs to the output object::
     OUTPUT.parts/run-0001/part-00000012.arrows.zst  batch 12's results: one record batch sorted by key
                                                     (mxjob.results: an Arrow IPC stream in a zstd frame)
 
-When every listed key has a row, :func:`assemble` merges the runs' parts
-into the output object (key order, each key once, one multipart upload that
-is completed only when whole), and the work prefix is removed. The merge
+:func:`assemble` merges the runs' parts into the output object (key order,
+each key once, one multipart upload that is completed only when whole),
+while Spark scores the batches (:class:`LiveRun`, :mod:`mxjob.assembly`) or
+after; once every listed key has its row, the work prefix is removed. The merge
 reads each part's ``key`` column and nothing else of a row; the output is
 written a slice of a part at a time, as JSON Lines or Parquet (views of the
 one result model, :mod:`mxjob.results`). A driver that dies before then
@@ -32,6 +33,7 @@ import heapq
 import io
 import json
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -137,7 +139,7 @@ class WorkPrefix:
     """The work prefix of one output object: what earlier runs made durable, and the next run's plan."""
 
     def __init__(self, client, bucket: str, output_key: str):
-        self.client, self.bucket = client, bucket
+        self.client, self.bucket, self.output_key = client, bucket, output_key
         self.prefix = output_key + WORK_SUFFIX
 
     @property
@@ -224,6 +226,11 @@ class WorkPrefix:
         return Run(number=number, prefix=prefix, batch_size=batch_size, batches=len(spans), keys=len(keys),
                    application=application, spans=tuple(spans))
 
+    def abort_uploads(self) -> int:
+        """Abort the uploads an earlier driver left open (the output's, a plan's); return how many."""
+        return utils.abort_uploads(self.client, self.bucket, self.output_key,
+                                   lambda key: key == self.output_key or key.startswith(self.prefix))
+
     def remove(self) -> int:
         """Delete everything under the work prefix; return how many objects were deleted."""
         keys = [key for key, _ in self._objects(self.prefix)]
@@ -273,9 +280,89 @@ class AssemblyCounts:
     bytes_read: int = 0
 
 
+class AssemblyCancelled(Exception):
+    """The Spark job failed or was interrupted: the assembly that followed it stops, and writes nothing."""
+
+
+class LiveRun:
+    """Which batches of the run Spark is scoring are durable, for the assembly that follows the run.
+
+    The assembly merges batch ``i``'s part as soon as its task has written it:
+    the run's parts are listed from the first one the assembly still lacks
+    (``StartAfter``), at most every ``poll_seconds``, so a listing returns
+    only the parts written since, and those that finished ahead of it. The
+    driver calls :meth:`finish` once the Spark job has succeeded (every batch
+    is durable then) and :meth:`cancel` if it failed or was interrupted. One
+    thread (the assembly's) asks; any thread may finish or cancel.
+    """
+
+    def __init__(self, work: WorkPrefix, run: Run, poll_seconds: float = 1.0):
+        self.work, self.run, self.poll_seconds = work, run, poll_seconds
+        self.done: set[int] = set()
+        #: Listings made, for the summary.
+        self.listings = 0
+        self._finished = self._cancelled = False
+        self._wake = threading.Event()
+        self._listed = float("-inf")
+
+    def finish(self) -> None:
+        """The Spark job succeeded: every batch is durable, so a part still missing is an error, not a wait."""
+        self._finished = True
+        self._wake.set()
+
+    def cancel(self) -> None:
+        """The Spark job failed or was interrupted: the assembly raises :class:`AssemblyCancelled`."""
+        self._cancelled = True
+        self._wake.set()
+
+    def ready(self, index: int, wait: bool = False) -> bool:
+        """Whether batch ``index``'s part is durable; with ``wait``, wait until it is (or raise).
+
+        Without ``wait`` it lists again only if the last listing is
+        ``poll_seconds`` old. Raises :class:`AssemblyCancelled` after
+        :meth:`cancel`, and :class:`ResumeError` if the job finished without
+        the part.
+        """
+        if self._cancelled:  # checked before every part, so that a cancel stops a merge that has all it needs
+            raise AssemblyCancelled(f"the assembly of {self.run.prefix} stopped: the Spark job did not finish")
+        if index in self.done:
+            return True
+        if not wait:
+            if time.monotonic() - self._listed >= self.poll_seconds:
+                self._list(index)
+            return index in self.done
+        while True:
+            finished = self._finished  # read before the listing: a part listed after it was set is not missed
+            self._list(index)
+            if index in self.done:
+                return True
+            if finished:
+                raise ResumeError(f"the Spark job finished, but batch {index} has no part under "
+                                  f"s3://{self.work.bucket}/{self.run.prefix}")
+            self._wake.wait(self.poll_seconds)
+            self._wake.clear()
+            if self._cancelled:
+                raise AssemblyCancelled(f"the assembly of {self.run.prefix} stopped: the Spark job did not finish")
+
+    def _list(self, frontier: int) -> None:
+        """Add the parts listed from batch ``frontier`` on (every earlier one is known durable)."""
+        after = part_key(self.run.prefix, frontier - 1) if frontier else None
+        for key, _ in utils.list_objects(self.work.client, self.work.bucket, self.run.prefix + "part-", after):
+            match = _PART.search(key)
+            if match:
+                self.done.add(int(match.group(1)))
+        self._listed = time.monotonic()
+        self.listings += 1
+
+
 def _run_parts(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int,
-               counts: AssemblyCounts, reader=None) -> Iterator[pa.RecordBatch]:
-    """The record batch of every durable part of ``run``, in batch order (so in key order), ``window`` read ahead."""
+               counts: AssemblyCounts, reader=None, live: LiveRun | None = None) -> Iterator[pa.RecordBatch]:
+    """The record batch of every durable part of ``run``, in batch order (so in key order), ``window`` read ahead.
+
+    With ``live`` (the run Spark is scoring now), every batch of the run, each
+    as soon as it is durable: the window fills with the parts already
+    written, and the stream waits only when it has nothing else to give.
+    """
     def fetch(index: int) -> bytes:
         key = part_key(run.prefix, index)
         if reader is not None:
@@ -283,16 +370,14 @@ def _run_parts(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int
         return utils.read_object(work.client, work.bucket, key)
 
     pending: deque = deque()
-    indices = iter(sorted(run.done))
-    for index in indices:
-        pending.append(pool.submit(fetch, index))
-        if len(pending) >= window:
-            break
-    while pending:
+    indices = iter(range(run.batches) if live is not None else sorted(run.done))
+    upcoming = next(indices, None)
+    while upcoming is not None or pending:
+        while upcoming is not None and len(pending) < window and (
+                live is None or live.ready(upcoming, wait=not pending)):
+            pending.append(pool.submit(fetch, upcoming))
+            upcoming = next(indices, None)
         data = pending.popleft().result()
-        nxt = next(indices, None)
-        if nxt is not None:
-            pending.append(pool.submit(fetch, nxt))
         counts.parts_read += 1
         counts.bytes_read += len(data)
         yield results.read_part(data)
@@ -357,7 +442,8 @@ class _Selection:
 
 
 def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 16,
-             reader: utils.ObjectReader | None = None, carried: pa.Table | None = None) -> AssemblyCounts:
+             reader: utils.ObjectReader | None = None, carried: pa.Table | None = None,
+             live: LiveRun | None = None) -> AssemblyCounts:
     """Merge the runs' durable rows into ``sink`` in key order, exactly one row per key of ``keys``.
 
     ``keys`` is this job's sorted key list (a :class:`listing.Listing`, or key
@@ -374,11 +460,21 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
     here at ten million keys. ``carried`` (columns aligned with ``keys``, a
     row per key) is appended to each row (:func:`results.carry`): the
     manifest's carried columns, the objects' etag and size.
+
+    With ``live`` (a :class:`LiveRun` of one of ``runs``), that run is the one
+    Spark is scoring: the merge follows it as its batches become durable,
+    so the sink receives rows while the job runs, and what is left when the
+    job ends is the tail.
     """
     counts = AssemblyCounts()
     with ThreadPoolExecutor(threads, thread_name_prefix="assemble") as pool:
         window = max(2, threads // max(1, len(runs)))
-        streams = [_run_rows(_run_parts(work, run, pool, window, counts, reader)) for run in runs if run.done]
+
+        def follow(run: Run) -> LiveRun | None:
+            return live if live is not None and run.number == live.run.number else None
+
+        streams = [_run_rows(_run_parts(work, run, pool, window, counts, reader, follow(run)))
+                   for run in runs if run.done or follow(run)]
         # One run (no resume) needs no heap: its parts are in key order already.
         merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda item: item[0])
         selection = _Selection(sink, counts, carried)

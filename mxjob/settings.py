@@ -48,6 +48,8 @@ PRECISIONS = ("fp32", "int8")
 AUTO = "auto"
 #: ``--output-format``.
 OUTPUT_FORMATS = ("jsonl", "parquet")
+#: ``--assembly``: when the driver merges the batches' results into the output.
+ASSEMBLY_MODES = ("during", "after")
 #: ``--task``: top-k classes, a layer's output as a vector, or boxes (see ``mxjob.results``).
 TASKS = ("classify", "embed", "detect")
 #: ``--embedding-dtype``.
@@ -457,6 +459,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("with_object_metadata", "--with-object-metadata", "output",
        "Add each object's etag (from the listing of --input; null for keys a manifest names) and size in bytes "
        "(null when unknown) to every output row.", default=False, is_flag=True, fingerprint=_object_metadata_only),
+    _s("assembly", "--assembly", "output",
+       "When the driver merges the batches' results into the output: during the Spark job, following the batches "
+       "as they become durable, so that little is left to do when the last task ends; or after it (the driver's CPU "
+       "stays free while the job runs).", default="during", type=click.Choice(ASSEMBLY_MODES, case_sensitive=False)),
     _s("resume", "--resume", "output",
        "Finish an interrupted run: reuse the lines it made durable under OUTPUT.parts/ and score only the keys "
        "without one.", default=False, is_flag=True),

@@ -328,6 +328,8 @@ def test_a_driver_killed_after_a_third_resumes_to_the_uninterrupted_output(s3, w
     assert summary["scored"] + summary["reused"] == len(world["keys"]) == summary["keys_listed"]
     assert summary["resumed"] is True and summary["runs"] == 2
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{output_key}.parts/")["KeyCount"] == 0
+    # The killed driver's open upload of the output (its merge followed the run) was aborted by the resume.
+    assert not [u for u in open_uploads(s3) if u["Key"].startswith(output_key)]
     print(f"\nkill/resume ({'worker, then ' if kill_a_worker else ''}driver): {batches} batches, "
           f"{len(at_kill)} durable when the kill was sent, {len(durable_after_kill)} after; "
           f"reused {summary['reused']}, scored {summary['scored']}; first run {first_seconds:.1f} s (0.1 s S3 "

@@ -391,11 +391,25 @@ def parquet_schema(part_schema: pa.Schema, metadata: dict[str, str] | None = Non
 
     The columns are the parts' (``key``, the task's, ``error``, and
     ``result`` for an ``output_handler``); Athena, Glue and Spark read them as
-    they are. ``metadata`` (the run's provenance) goes to the file's key-value metadata.
+    they are. Fixed-size lists (``embedding``, ``image_size``, ``box``) are
+    written as plain lists, which Parquet stores the same way: pyarrow up to
+    at least 20 cannot read a fixed-size list back from Parquet once one row
+    is null (an error row), so a file of one failed image would be unreadable
+    to pyarrow and pandas. ``metadata`` (the run's provenance) goes to the
+    file's key-value metadata.
     """
-    fields = [pa.field("predictions", pa.list_(PARQUET_PREDICTION)) if f.name == "predictions" else f
-              for f in part_schema if f.name != LINE.name]
+    fields = [pa.field("predictions", pa.list_(PARQUET_PREDICTION)) if f.name == "predictions"
+              else f.with_type(_variable_lists(f.type)) for f in part_schema if f.name != LINE.name]
     return pa.schema(fields, metadata={k.encode(): v.encode() for k, v in (metadata or {}).items()} or None)
+
+
+def _variable_lists(type_: pa.DataType) -> pa.DataType:
+    """``type_`` with every fixed-size list, at any depth, a plain list of the same values."""
+    if pa.types.is_fixed_size_list(type_) or pa.types.is_list(type_):
+        return pa.list_(_variable_lists(type_.value_type))
+    if pa.types.is_struct(type_):
+        return pa.struct([field.with_type(_variable_lists(field.type)) for field in type_])
+    return type_
 
 
 def parquet_batch(batch: pa.RecordBatch, parquet_schema_: pa.Schema) -> pa.RecordBatch:

@@ -8,6 +8,7 @@ by their ``key`` column; the outputs are views of the same batches:
 
 - JSON Lines: :func:`json_lines` (one line per row, the job's documented format);
 - Parquet: :func:`parquet_schema` and :func:`parquet_batch` (a few casts, no parsing);
+- Athena: :func:`athena_ddl`, the ``CREATE EXTERNAL TABLE`` that reads the Parquet output;
 - the DataFrame UDF: :func:`udf_rows`, and its Spark type from :func:`schema`;
 - the library's and the dry run's Python objects: :func:`objects`.
 
@@ -23,7 +24,8 @@ The schema (:func:`schema`) is ``key``, the task's columns, then ``error``
 The kind and this module's format version are in the schema's metadata, so a
 part says what it holds. ``probability`` is float64 holding the job's value
 (6 significant digits, ``float(f"{p:.6g}")``): JSON Lines writes exactly that
-number, and the Parquet view casts it to float32 as it always has.
+number, and the Parquet view casts it to float32 as it always has; it also
+writes fixed-size lists as plain lists (:func:`parquet_schema` says why).
 """
 
 from __future__ import annotations

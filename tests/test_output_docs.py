@@ -255,6 +255,15 @@ def test_the_pages_pyarrow_blocks_read_a_dataset_folder_as_written(dataset):
                 [pytest.approx(x["box"]) for d in per_image.values() for x in d]
 
 
+def test_the_pages_ddl_block_prints_the_statement_of_a_part_file(dataset, monkeypatch, capsys):
+    root, made = dataset
+    [code] = code_blocks(ROOT / output_docs.PAGE, "runs this block in a folder of the job's Parquet")
+    monkeypatch.chdir(root / "classes")
+    exec(compile(code, "docs/output.md (athena_ddl)", "exec"), {})
+    schema = results.parquet_schema(made["classes"].schema)
+    assert capsys.readouterr().out == results.athena_ddl(schema, "photo_classes", "s3://my-bucket/classes/") + "\n"
+
+
 # ----------------------------------------------------------------------------
 # docs/library.md: Embedder and ObjectDetector, run as written
 

@@ -25,7 +25,7 @@ from mxjob import results
 
 #: The page the parts go into, relative to the checkout.
 PAGE = os.path.join("docs", "output.md")
-#: An example vector length: EfficientNet-Lite0's ``flatten0``, the default ``--output-layer`` of that model.
+#: The vector length the embed parts are made with; any gives the same Parquet columns (a vector is a plain list).
 EXAMPLE_DIMENSION = 1280
 
 

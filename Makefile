@@ -47,8 +47,9 @@ lint: $(STAMP) ## ruff only
 	$(VENV)/bin/ruff check .
 
 .PHONY: docs
-docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml from the settings table (mxjob/settings.py)
+docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/settings.py), and docs/output.md's Parquet columns and Athena tables (mxjob/output_docs.py)
 	$(PY) -m mxjob.settings .
+	$(PY) -m mxjob.output_docs .
 
 # --- benchmarks: docs/performance.md and docs/input.md say what they measure ---
 BENCH_ARGS ?=

@@ -8,6 +8,7 @@ by their ``key`` column; the outputs are views of the same batches:
 
 - JSON Lines: :func:`json_lines` (one line per row, the job's documented format);
 - Parquet: :func:`parquet_schema` and :func:`parquet_batch` (a few casts, no parsing);
+- Athena: :func:`athena_ddl`, the ``CREATE EXTERNAL TABLE`` that reads the Parquet output;
 - the DataFrame UDF: :func:`udf_rows`, and its Spark type from :func:`schema`;
 - the library's and the dry run's Python objects: :func:`objects`.
 
@@ -23,7 +24,8 @@ The schema (:func:`schema`) is ``key``, the task's columns, then ``error``
 The kind and this module's format version are in the schema's metadata, so a
 part says what it holds. ``probability`` is float64 holding the job's value
 (6 significant digits, ``float(f"{p:.6g}")``): JSON Lines writes exactly that
-number, and the Parquet view casts it to float32 as it always has.
+number, and the Parquet view casts it to float32 as it always has; it also
+writes fixed-size lists as plain lists (:func:`parquet_schema` says why).
 """
 
 from __future__ import annotations
@@ -54,6 +56,21 @@ BOX = pa.list_(pa.float32(), 4)
 DETECTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("score", pa.float32()), ("box", BOX)])
 IMAGE_SIZE = pa.list_(pa.int32(), 2)
 _DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
+#: What each column of :func:`schema` holds, for a reader of the output (``docs/output.md`` is made from it).
+MEANINGS = {
+    "key": "the image's key in the input bucket; rows are sorted by it",
+    "predictions": "the top `--top-k` classes, highest probability first (ties: lower class id first); "
+                   "`label` is null without labels; null for an error row",
+    "embedding": "the layer's output as one vector of D numbers (unit length with `--normalize`); "
+                 "null for an error row",
+    "image_size": "`[W, H]` of the image as its EXIF orientation shows it; null for an error row",
+    "detections": "boxes scoring at least `--min-score`, best first, at most `--max-detections`; "
+                  "`box` is `[xmin, ymin, xmax, ymax]` in pixels of that upright image; `label` is null "
+                  "without labels; null for an error row",
+    "error": "why the image has no result: `stage` (`download`, `decode` or `predict`), the exception's `type` "
+             "and `message`; null for a scored row",
+    "result": "the `output_handler`'s JSON object (with a `--handler` that has one)",
+}
 
 
 def schema(kind: str, *, dimension: int | None = None, dtype: str = "float32") -> pa.Schema:
@@ -376,11 +393,25 @@ def parquet_schema(part_schema: pa.Schema, metadata: dict[str, str] | None = Non
 
     The columns are the parts' (``key``, the task's, ``error``, and
     ``result`` for an ``output_handler``); Athena, Glue and Spark read them as
-    they are. ``metadata`` (the run's provenance) goes to the file's key-value metadata.
+    they are. Fixed-size lists (``embedding``, ``image_size``, ``box``) are
+    written as plain lists, which Parquet stores the same way: pyarrow up to
+    at least 20 cannot read a fixed-size list back from Parquet once one row
+    is null (an error row), so a file of one failed image would be unreadable
+    to pyarrow and pandas. ``metadata`` (the run's provenance) goes to the
+    file's key-value metadata.
     """
-    fields = [pa.field("predictions", pa.list_(PARQUET_PREDICTION)) if f.name == "predictions" else f
-              for f in part_schema if f.name != LINE.name]
+    fields = [pa.field("predictions", pa.list_(PARQUET_PREDICTION)) if f.name == "predictions"
+              else f.with_type(_variable_lists(f.type)) for f in part_schema if f.name != LINE.name]
     return pa.schema(fields, metadata={k.encode(): v.encode() for k, v in (metadata or {}).items()} or None)
+
+
+def _variable_lists(type_: pa.DataType) -> pa.DataType:
+    """``type_`` with every fixed-size list, at any depth, a plain list of the same values."""
+    if pa.types.is_fixed_size_list(type_) or pa.types.is_list(type_):
+        return pa.list_(_variable_lists(type_.value_type))
+    if pa.types.is_struct(type_):
+        return pa.struct([field.with_type(_variable_lists(field.type)) for field in type_])
+    return type_
 
 
 def parquet_batch(batch: pa.RecordBatch, parquet_schema_: pa.Schema) -> pa.RecordBatch:
@@ -449,3 +480,106 @@ def top_labels(batch: pa.RecordBatch) -> dict[str, int]:
             label = str(first["label"] if first.get("label") is not None else first["class_id"])
             counts[label] = counts.get(label, 0) + 1
     return counts
+
+
+# ----------------------------------------------------------------------------
+# Views: an Athena table over the Parquet output
+
+#: Athena's DDL keywords (its "reserved keywords to escape in DDL statements"): a name among them needs backticks.
+ATHENA_RESERVED = frozenset("""
+    all alter and array as authorization between bigint binary boolean both by case cashe cast char column conf
+    constraint commit create cross cube current current_date current_timestamp cursor database date dayofweek
+    decimal delete describe distinct div double drop else end exchange exists extended external extract false fetch
+    float floor following for foreign from full function grant group grouping having if import in inner insert int
+    integer intersect interval into is join lateral left less like local macro map more none not null numeric of on
+    only or order out outer over partialscan partition percent preceding precision preserve primary procedure range
+    reads reduce regexp references revoke right rlike rollback rollup row rows select set smallint start table
+    tablesample then time timestamp to transform trigger true truncate unbounded union uniquejoin update user using
+    utc_timestamp values varchar views when where window with
+""".split())
+#: Arrow's scalar types as Athena's (Hive DDL) column types.
+_ATHENA_SCALARS = {pa.string(): "string", pa.large_string(): "string", pa.int8(): "tinyint", pa.int16(): "smallint",
+                   pa.int32(): "int", pa.int64(): "bigint", pa.float32(): "float", pa.float64(): "double",
+                   pa.bool_(): "boolean", pa.binary(): "binary", pa.large_binary(): "binary"}
+#: Why a half-float column gets no table: pyarrow writes it as Parquet's FLOAT16 logical type
+#: (2-byte FIXED_LEN_BYTE_ARRAY), which Athena's Trino engine refuses and Spark 3.5's Parquet reader cannot open.
+_FLOAT16_REFUSAL = ("float16 is written as Parquet's FLOAT16 logical type, which Athena (and Spark 3.5) cannot "
+                    "read: leave --embedding-dtype at float32 for a table")
+
+
+def athena_type(type_: pa.DataType, column: str) -> str:
+    """The Athena (Hive DDL) type of an Arrow type as the job writes it to Parquet.
+
+    Lists of any kind (``list``, ``large_list``, ``fixed_size_list``) are
+    ``array<...>``; structs ``struct<name:type,...>``. A type Athena cannot
+    read, or that has no mapping here, raises ``ValueError`` naming ``column``.
+    """
+    if type_ in _ATHENA_SCALARS:
+        return _ATHENA_SCALARS[type_]
+    if pa.types.is_float16(type_):
+        raise ValueError(f"column {column}: {_FLOAT16_REFUSAL}")
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return f"array<{athena_type(type_.value_type, column)}>"
+    if pa.types.is_struct(type_):
+        members = [f"{athena_name(field.name)}:{athena_type(field.type, f'{column}.{field.name}')}"
+                   for field in type_]
+        return f"struct<{','.join(members)}>"
+    raise ValueError(f"column {column}: Arrow type {type_} has no Athena type here")
+
+
+def athena_name(name: str) -> str:
+    """``name`` as an Athena DDL identifier: in backticks when it is a DDL keyword or not letters, digits and ``_``."""
+    if "`" in name or not name:
+        raise ValueError(f"{name!r} cannot be an Athena name (empty, or holds a backtick)")
+    plain = name.isascii() and name[0].isalpha() and all(c.isalnum() or c == "_" for c in name)
+    return name if plain and name.lower() not in ATHENA_RESERVED else f"`{name}`"
+
+
+def athena_ddl(schema_: pa.Schema, table: str, location: str) -> str:
+    """The ``CREATE EXTERNAL TABLE`` statement that lets Athena read Parquet files of ``schema_``.
+
+    Parameters
+    ----------
+    schema_ : pyarrow.Schema
+        The Parquet output's schema: :func:`parquet_schema`, or ``pq.read_schema`` of an output file.
+    table : str
+        The table, ``name`` or ``database.name``.
+    location : str
+        The S3 folder that holds the Parquet files and nothing else Athena would read:
+        ``s3://bucket/prefix/``, with its trailing slash.
+
+    Returns
+    -------
+    str
+        One statement: every column in the schema's order, each with its Athena type,
+        ``STORED AS PARQUET`` and ``LOCATION``. No compression property: it is for
+        writing, and each Parquet column chunk names its own codec.
+
+    Raises
+    ------
+    ValueError
+        A column of a type Athena cannot read (``float16``) or that has no mapping,
+        two names Athena would take as one (it lower-cases them), or a location
+        that is not an S3 folder.
+
+    Examples
+    --------
+    >>> print(athena_ddl(pa.schema([("key", pa.string())]), "photos", "s3://b/p/"))
+    CREATE EXTERNAL TABLE photos (
+      key string
+    )
+    STORED AS PARQUET
+    LOCATION 's3://b/p/';
+    """
+    if not (location.startswith("s3://") and location.endswith("/") and len(location) > len("s3://") + 1) \
+            or "'" in location:
+        raise ValueError(f"LOCATION must be an S3 folder, s3://bucket/prefix/ with a trailing slash: {location!r}")
+    seen: dict[str, str] = {}
+    for name in schema_.names:
+        if name.lower() in seen:
+            raise ValueError(f"columns {seen[name.lower()]} and {name}: Athena lower-cases names, so they clash")
+        seen[name.lower()] = name
+    columns = [f"  {athena_name(field.name)} {athena_type(field.type, field.name)}" for field in schema_]
+    name = ".".join(athena_name(part) for part in table.split("."))
+    return (f"CREATE EXTERNAL TABLE {name} (\n" + ",\n".join(columns) + "\n)\nSTORED AS PARQUET\n"
+            f"LOCATION '{location}';")

@@ -141,6 +141,9 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
     with its cause, instead of in every task after the cluster spun up.
     """
     classifier = load_model_on_driver(cfg)
+    readers = float16_readers(cfg)
+    if readers:
+        log.warning("%s", readers)
     if isinstance(classifier, Classifier) and cfg.top_k > classifier.num_classes:
         raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
     if isinstance(classifier, Embedder):  # the layer found, not None: executors and the fingerprint name it
@@ -148,6 +151,18 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
     cfg, precision = prepare_precision(cfg, client, images, classifier)
     return cfg, DriverCheck(classifier, classifier.model_summary(), precision,
                             job_fingerprint(cfg, classifier, carried_names(cfg, images)))
+
+
+def float16_readers(cfg: JobConfig) -> str | None:
+    """The warning for float16 embeddings in Parquet, which not every reader the output is for can read; else None.
+
+    pyarrow writes them as Parquet's FLOAT16 type: pyarrow and pandas read it,
+    Spark 3.5 fails on the file's footer and Trino (Athena) refuses the type.
+    """
+    if cfg.task != "embed" or cfg.embedding_dtype != "float16" or cfg.output_format != "parquet":
+        return None
+    return ("--embedding-dtype float16 in Parquet: pyarrow and pandas read it, but Spark 3.5 and Athena cannot "
+            "read Parquet's FLOAT16 type; use --embedding-dtype float32 (twice the bytes) for them")
 
 
 def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,

@@ -23,7 +23,7 @@ from PIL import Image, ImageOps
 
 import infer_main
 import mxinfer
-from mxjob import config, errors, results
+from mxjob import config, driver, errors, results
 from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, map_boxes
 from tests.helpers import bucket_with_effnet, encode, make_s3_client, spark_submit
 
@@ -166,6 +166,16 @@ def test_top_k_with_embed_is_refused_and_so_is_another_tasks_option():
     with pytest.raises(infer_main.click.UsageError, match="min_score in --config applies to --task detect"):
         config.resolve(config.merge_settings({**BASE, "task": "embed"}, {"min_score": 0.5}))
     assert config.resolve(config.merge_settings({**BASE, "task": "embed"}, {})).task == "embed"
+
+
+@pytest.mark.parametrize("dtype, output, warned", [("float16", "o.parquet", True), ("float32", "o.parquet", False),
+                                                    ("float16", "o.jsonl", False)])
+def test_float16_embeddings_in_parquet_warn_that_spark_and_athena_cannot_read_them(dtype, output, warned):
+    cfg = config.resolve(config.merge_settings(
+        {**BASE, "task": "embed", "embedding_dtype": dtype, "output": f"s3://b/{output}"}, {}))
+    message = driver.float16_readers(cfg)
+    assert (message is not None) == warned
+    assert not warned or "Spark 3.5 and Athena cannot read Parquet's FLOAT16" in message
 
 
 def test_an_unknown_output_layer_names_the_nearest_layers(logits_prefix):

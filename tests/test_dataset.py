@@ -160,10 +160,10 @@ def test_the_key_digest_ignores_chunking_and_sees_every_key():
                                                pa.array(keys[7:], listing.KEY_TYPE)]),
                       "size": pa.array([1] * len(keys), pa.int64())})
     chunked = listing.Listing("b", table)
-    sliced = listing.Listing("b", pa.table({"key": pa.array(["x"] + keys, listing.KEY_TYPE).slice(1),
+    sliced = listing.Listing("b", pa.table({"key": pa.array(["x", *keys], listing.KEY_TYPE).slice(1),
                                             "size": pa.array([1] * len(keys), pa.int64())}))
     assert dataset.keys_digest(chunked) == one == dataset.keys_digest(sliced)
-    assert dataset.keys_digest(keys[:-1] + ["é/ü.jpeg"]) != one
+    assert dataset.keys_digest([*keys[:-1], "é/ü.jpeg"]) != one
     assert dataset.keys_digest(["ab", "c"]) != dataset.keys_digest(["a", "bc"])
 
 

@@ -29,6 +29,7 @@ from mxjob.model import ModelSpec
 from mxjob.partition import JobSpec
 from mxjob.preprocess import Preprocess
 from mxjob.settings import REFUSED_SECRETS, SECRETS_MESSAGE, parse_max_errors
+from mxjob.sidecar import is_dataset, side_key
 
 #: ``infer_main.main``'s parameters: ``--config``, one option per setting, the refused key options.
 OPTIONS: list[click.Option] = table.click_options()
@@ -72,7 +73,13 @@ class _JobConfigBase:
 
     @property
     def summary_key(self) -> str:
-        return f"{self.output_key}.summary.json"
+        """``KEY.summary.json`` beside one output object, ``PREFIX/_summary.json`` in a dataset."""
+        return side_key(self.output_key, "summary.json")
+
+    @property
+    def dataset(self) -> bool:
+        """Whether the output is a Parquet dataset (``--output s3://B/PREFIX/``), not one object."""
+        return is_dataset(self.output_key)
 
     def job_spec(self) -> JobSpec:
         """What the executors need: every executor setting, the model (int8 once quantized) and the recipe."""
@@ -261,9 +268,12 @@ def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str 
     bucket = key = None
     if s["output"]:
         try:
-            bucket, key = utils.parse_s3_uri(s["output"], need_key=True)
+            bucket, key = utils.parse_s3_uri(s["output"])
         except utils.S3UriError as exc:
             raise click.UsageError(f"{name('output')}: {exc}") from None
+        if not key.strip("/"):
+            raise click.UsageError(f"{name('output')}: {s['output']!r} names no object and no prefix; expected "
+                                   "s3://BUCKET/KEY (one object) or s3://BUCKET/PREFIX/ (a Parquet dataset)")
     elif s["output_s3_key"]:
         bucket, key = s["output_s3_bucket"] or in_bucket, s["output_s3_key"].lstrip("/")
         if bucket is None:
@@ -282,6 +292,12 @@ FORMAT_SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz", ".ndjson"), "parque
 def resolve_output_format(s: Settings, key: str) -> str:
     """--output-format, else the one the key's suffix names; a format the key's suffix contradicts is refused."""
     requested = s["output_format"]
+    if is_dataset(key):
+        if requested and requested != "parquet":
+            raise click.UsageError(f"{s.name('output_format')} {requested}: an output ending in '/' ({key!r}) is a "
+                                   "Parquet dataset, a folder of Parquet files; for JSON Lines give one object "
+                                   "(--output s3://BUCKET/predictions.jsonl), or drop --output-format")
+        return "parquet"
     named = [fmt for fmt, suffixes in FORMAT_SUFFIXES.items() if key.lower().endswith(suffixes)]
     if requested and named and named[0] != requested:
         suffix = next(x for x in FORMAT_SUFFIXES[named[0]] if key.lower().endswith(x))

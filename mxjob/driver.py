@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import utils
 from mxjob import (
     batchsize,
+    dataset,
     durable,
     estimate,
     extsort,
@@ -87,7 +88,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     plan_started = time.time()
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
-        plan = plan_output(cfg, client, work, images, checked.fingerprint)
+        plan = plan_output(cfg, client, work, images, checked.fingerprint, auto_rows=checked.auto_rows)
     except Completed:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
@@ -113,6 +114,8 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     if images.manifest is not None:  # the manifest's keys that got no line, by reason, and its repeated keys
         summary["manifest"] = images.manifest
     summary["files"] = dict(monitor.where)
+    if counts.dataset is not None:
+        summary["dataset"] = {**counts.dataset, "rows_per_file_why": plan.dataset.why}
     code = finish_run(cfg, client, work, summary, counts, len(images))
     monitor.write("succeeded", code, summary=summary)
     for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
@@ -132,6 +135,8 @@ class DriverCheck:
     model_summary: dict
     precision: dict
     fingerprint: dict
+    #: ``--rows-per-file auto``'s ``(rows, why)`` for this model and key list (used by a dataset output only).
+    auto_rows: tuple = (0, "")
 
 
 def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[JobConfig, DriverCheck]:
@@ -149,8 +154,20 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
     if isinstance(classifier, Embedder):  # the layer found, not None: executors and the fingerprint name it
         cfg = replace(cfg, model=replace(cfg.model, output_layer=classifier.output_layer))
     cfg, precision = prepare_precision(cfg, client, images, classifier)
-    return cfg, DriverCheck(classifier, classifier.model_summary(), precision,
-                            job_fingerprint(cfg, classifier, carried_names(cfg, images)))
+    summary = classifier.model_summary()
+    fingerprint = job_fingerprint(cfg, classifier, carried_names(cfg, images))
+    return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows_per_file(cfg, images, summary))
+
+
+def auto_rows_per_file(cfg: JobConfig, images, model_summary: dict) -> tuple[int, str]:
+    """``--rows-per-file auto`` for this run (:func:`dataset.auto_rows_per_file`): the keys' mean length, the task."""
+    keys = getattr(images, "keys", None)
+    count = len(images)
+    key_bytes = (pc.sum(pc.binary_length(keys)).as_py() or 0) / count if keys is not None and count else 64.0
+    outputs = list((model_summary.get("outputs") or {}).values())
+    values = int(np.prod(outputs[0])) if outputs else None
+    itemsize = 2 if cfg.embedding_dtype == "float16" else 4
+    return dataset.auto_rows_per_file(cfg.task, key_bytes, cfg.top_k, values, itemsize)
 
 
 def float16_readers(cfg: JobConfig) -> str | None:
@@ -184,7 +201,7 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
     stats, spark_stop = StatsFold(), None
 
     def merge(runs, live):
-        return assemble_output(cfg, client, work, images, runs, live)
+        return assemble_output(cfg, client, work, images, runs, live, plan.dataset)
 
     if batches:
         application, _ = yarn_attempt()
@@ -371,14 +388,15 @@ def job_fingerprint(cfg: JobConfig, classifier: Predictor, carried: list[str] = 
 
 
 def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict,
-                dry: bool = False) -> durable.Plan:
+                dry: bool = False, auto_rows: tuple = (0, "")) -> durable.Plan:
     """Decide between a fresh run and a resume; refuse what would overwrite or mix results.
 
     Raises :class:`JobError` with what to do: the output exists (``--overwrite``),
     an earlier run's progress exists (``--resume`` or ``--overwrite``), or the
     earlier run's fingerprint differs from this one's; :class:`Completed` for
     a resume of a finished output. A fresh run records its fingerprint, and
-    ``--overwrite`` removes the earlier progress, unless ``dry``.
+    ``--overwrite`` removes the earlier progress (and a dataset's files), unless ``dry``.
+    A dataset output's plan (:func:`plan_dataset`) is the plan's ``dataset``.
     """
     output_exists, work_exists = existing_output(cfg, client, work)
     if cfg.overwrite:
@@ -396,22 +414,33 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
         if resume:
             raise Completed(cfg.output_uri)
         raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
-    plan = resume_plan(work, images, fingerprint) if work_exists else fresh_plan(cfg, work, images, fingerprint,
-                                                                                 resume, dry)
+    if cfg.dataset and cfg.overwrite and not dry:
+        clear_dataset(cfg, client)
+    if work_exists:
+        plan = resume_plan(work, images, fingerprint)
+        if cfg.dataset:
+            plan.dataset = plan_dataset(cfg, client, work, images, auto_rows, dry)
+    else:
+        new = dataset.fresh_plan(cfg.rows_per_file, auto_rows, images) if cfg.dataset else None
+        plan = fresh_plan(cfg, work, images, fingerprint, resume, dry, new)
+        plan.dataset = new
     if not dry and (cfg.overwrite or work_exists):
-        aborted = work.abort_uploads()
-        if aborted:
-            log.info("aborted %s an earlier driver left open (never visible; S3 bills their parts until then)",
-                     plural(aborted, "incomplete upload"))
+        abort_left_uploads(work)
     return plan
+
+
+def abort_left_uploads(work: durable.WorkPrefix) -> None:
+    """Abort the uploads a killed driver left open beside the output (never visible; S3 bills their parts)."""
+    aborted = work.abort_uploads()
+    if aborted:
+        log.info("aborted %s an earlier driver left open (never visible; S3 bills their parts until then)",
+                 plural(aborted, "incomplete upload"))
 
 
 def existing_output(cfg: JobConfig, client, work: durable.WorkPrefix) -> tuple[bool, bool]:
     """``(output exists, work prefix exists)``; an unreadable output bucket raises :class:`JobError`."""
     try:
-        output_exists = any(utils.object_exists(client, cfg.output_bucket, key)
-                            for key in (cfg.output_key, cfg.summary_key))
-        return output_exists, work.exists()
+        return preflight.output_exists(cfg, client), work.exists()
     except Exception as exc:
         raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
                        "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the output bucket") from exc
@@ -431,13 +460,13 @@ def yarn_retry(work: durable.WorkPrefix) -> bool:
 
 
 def fresh_plan(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict, resume: bool,
-               dry: bool) -> durable.Plan:
-    """Every key to score; records the fingerprint under the work prefix (not for a dry run)."""
+               dry: bool, new_dataset: dataset.DatasetPlan | None = None) -> durable.Plan:
+    """Every key to score; records the fingerprint (and a dataset's plan) under the work prefix (not for a dry run)."""
     if resume:
         log.info("--resume: nothing under %s yet; scoring every key", work.uri)
     if not dry:
         try:
-            work.write_job(fingerprint, cfg.output_uri)
+            work.write_job(fingerprint, cfg.output_uri, new_dataset.record() if new_dataset is not None else None)
         except Exception as exc:
             raise JobError(f"cannot write {work.uri}: {first_line(exc)}; the job needs s3:PutObject, "
                            "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
@@ -465,17 +494,51 @@ def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: 
     return durable.Plan(runs=runs, todo=todo, number=max((run.number for run in runs), default=0) + 1, resumed=True)
 
 
+def clear_dataset(cfg: JobConfig, client) -> None:
+    """``--overwrite`` of a dataset: its files, ``_SUCCESS`` and summary go before any new file appears."""
+    found = preflight.dataset_contents(cfg, client)
+    removed = dataset.delete(client, cfg.output_bucket, [key for key, _ in found.files.values()] + found.own)
+    if removed:
+        log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"),
+                 cfg.output_uri)
+
+
+def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, auto_rows: tuple,
+                 dry: bool) -> dataset.DatasetPlan:
+    """A resumed dataset's plan: the first run's rows per file; its files kept, or deleted if the keys changed."""
+    found = preflight.dataset_contents(cfg, client)
+    job = work.read_job() or {}
+    plan = dataset.resume_plan(job.get("dataset"), cfg.rows_per_file, auto_rows, images, found)
+    stale = [key for index, (key, _) in found.files.items() if index not in plan.keep]
+    if plan.keep:
+        log.info("--resume: keeping the %s an earlier run completed under %s (same keys)",
+                 plural(len(plan.keep), "dataset file"), cfg.output_uri)
+    if stale and not dry:
+        # The key list changed since: those files' rows would not be this run's. Gone before any new file appears.
+        dataset.delete(client, cfg.output_bucket, stale)
+        log.info("--resume: the input's keys changed since the earlier run; deleted its %s under %s, to be "
+                 "written again", plural(len(stale), "dataset file"), cfg.output_uri)
+    return plan
+
+
 class Completed(Exception):
     """``--resume`` of an output that an earlier run already completed: nothing to do."""
 
 
 def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
-                    runs: list | None = None, live: durable.LiveRun | None = None) -> durable.AssemblyCounts:
+                    runs: list | None = None, live: durable.LiveRun | None = None,
+                    dataset_plan: dataset.DatasetPlan | None = None) -> durable.AssemblyCounts:
     """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output.
 
-    One multipart upload, completed only when whole. With ``live``, the merge
-    follows that run's batches as Spark makes them durable (:func:`durable.assemble`).
+    One multipart upload, completed only when whole; for a dataset, files of
+    ``dataset_plan.rows_per_file`` rows, each completed when whole
+    (:class:`dataset.DatasetSink`). With ``live``, the merge follows that
+    run's batches as Spark makes them durable (:func:`durable.assemble`).
     """
+    if cfg.dataset:
+        return _assemble(cfg, work, images, runs, live, dataset.DatasetSink(
+            client, cfg.output_bucket, cfg.output_key, dataset_plan.rows_per_file,
+            durable.provenance(work.read_job()), dataset_plan.keep))
     try:
         writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key,
                                        content_type="application/vnd.apache.parquet"
@@ -485,6 +548,12 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
                        "s3:PutObject on the output key") from exc
     sink = (durable.ParquetSink(writer, metadata=durable.provenance(work.read_job()))
             if cfg.output_format == "parquet" else durable.JsonLinesSink(writer))
+    return _assemble(cfg, work, images, runs, live, sink)
+
+
+def _assemble(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing, runs: list | None,
+              live: durable.LiveRun | None, sink) -> durable.AssemblyCounts:
+    """Merge into ``sink``, then close it; on any failure abort it (nothing partial appears)."""
     try:
         reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts, kind=cfg.s3_reader)
         counts = durable.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
@@ -496,6 +565,8 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
     except BaseException:
         sink.abort()
         raise
+    if isinstance(sink, dataset.DatasetSink):
+        counts.dataset = dataset.summary_of(sink)
     return counts
 
 
@@ -790,13 +861,15 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
     and MXNet's own messages share that stream, so a script reads the last
     line only.
     """
-    to_score = len(images)
+    to_score, dataset_plan = len(images), None
     if cfg.output_key:  # preflight.check_before_listing proved the output writable already
         work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+        auto_rows = auto_rows_per_file(cfg, images, classifier.model_summary()) if cfg.dataset else (0, "")
         try:
-            to_score = len(plan_output(cfg, client, work, images, fingerprint, dry=True).todo)
+            planned = plan_output(cfg, client, work, images, fingerprint, dry=True, auto_rows=auto_rows)
+            to_score, dataset_plan = len(planned.todo), planned.dataset
         except Completed:
-            to_score = 0
+            to_score, dataset_plan = 0, None
     cfg, sizing = size_run(cfg, images, to_score)
     if sizing.first is not None:  # the sample starts at the listing's first key: already scored
         blob, stats = sizing.first
@@ -821,6 +894,10 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
         "sample_seconds": stats.seconds,
         "estimate": sizing.estimate,
     }
+    if dataset_plan is not None:
+        plan["dataset"] = {"rows_per_file": dataset_plan.rows_per_file, "why": dataset_plan.why,
+                           "files": -(-len(images) // dataset_plan.rows_per_file),
+                           "files_kept": len(dataset_plan.keep)}
     # Whatever was logged or printed before ends its line first, so the plan is a line of its own.
     sys.stderr.flush()
     click.echo(json.dumps(plan, ensure_ascii=False))

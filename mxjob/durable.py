@@ -50,13 +50,15 @@ import utils
 from mxjob import listing, results
 from mxjob.partition import part_key
 from mxjob.settings import OUTPUT_FORMATS  # noqa: F401 - durable.OUTPUT_FORMATS: the formats it writes
+from mxjob.sidecar import side_key
 
-#: The work prefix is the output key followed by this.
-WORK_SUFFIX = ".parts/"
 #: The JSON Lines and Parquet output formats; ``.parquet`` keys default to the latter.
 #: Rows per Parquet row group: about 5-10 MiB of top-5 predictions, small enough
 #: for the driver to hold one while it writes it, large enough for Athena scans.
 PARQUET_ROW_GROUP = 100_000
+#: ... and at most this many bytes of Arrow data held for one: 100,000 rows of 1,280-value float32
+#: embeddings would be 500 MiB of the driver's memory.
+PARQUET_ROW_GROUP_BYTES = 64 * 2**20
 #: A run's keys in batch order (:func:`listing.write_plan`), beside its ``run.json``.
 PLAN_NAME = "plan.arrows"
 _RUN = re.compile(r"run-(\d{4,})/(.+)$")
@@ -133,6 +135,8 @@ class Plan:
     todo: listing.Listing
     number: int
     resumed: bool
+    #: For a dataset output: its :class:`mxjob.dataset.DatasetPlan`.
+    dataset: object = None
 
 
 class WorkPrefix:
@@ -140,7 +144,7 @@ class WorkPrefix:
 
     def __init__(self, client, bucket: str, output_key: str):
         self.client, self.bucket, self.output_key = client, bucket, output_key
-        self.prefix = output_key + WORK_SUFFIX
+        self.prefix = side_key(output_key, "parts/")
 
     @property
     def uri(self) -> str:
@@ -161,8 +165,11 @@ class WorkPrefix:
         except self.client.exceptions.NoSuchKey:
             return None
 
-    def write_job(self, fingerprint_: dict, output_uri: str) -> None:
+    def write_job(self, fingerprint_: dict, output_uri: str, dataset: dict | None = None) -> None:
+        """Record the fingerprint (and a dataset output's rows per file and key list digest) for resumes."""
         body = {"output": output_uri, "created": time.time(), "fingerprint": fingerprint_}
+        if dataset is not None:
+            body["dataset"] = dataset
         utils.put_text(self.client, self.bucket, self.prefix + "job.json", json.dumps(body, indent=2) + "\n")
 
     def runs(self) -> list[Run]:
@@ -278,6 +285,8 @@ class AssemblyCounts:
     superseded: int = 0
     parts_read: int = 0
     bytes_read: int = 0
+    #: A dataset output's files (:func:`mxjob.dataset.summary_of`), for the summary.
+    dataset: dict | None = None
 
 
 class AssemblyCancelled(Exception):
@@ -558,16 +567,18 @@ class ParquetSink:
         self._file = _WriterFile(writer)
         self._parquet: pq.ParquetWriter | None = None
         self._pending: list[pa.RecordBatch] = []
-        self._rows = 0
+        self._rows = self._bytes = 0
 
     def write(self, batches: list[pa.RecordBatch]) -> None:
         for batch in batches:
             if self.schema is None:
                 self.schema = results.parquet_schema(batch.schema, self.metadata)
                 self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
-            self._pending.append(results.parquet_batch(batch, self.schema))
-            self._rows += batch.num_rows
-        if self._rows >= PARQUET_ROW_GROUP:
+            converted = results.parquet_batch(batch, self.schema)
+            self._pending.append(converted)
+            self._rows += converted.num_rows
+            self._bytes += converted.nbytes
+        if self._rows >= PARQUET_ROW_GROUP or self._bytes >= PARQUET_ROW_GROUP_BYTES:
             self._flush()
 
     def _flush(self) -> None:
@@ -575,7 +586,7 @@ class ParquetSink:
             return
         table = pa.Table.from_batches(self._pending, self.schema).combine_chunks()
         self._parquet.write_table(table, row_group_size=PARQUET_ROW_GROUP)
-        self._pending, self._rows = [], 0
+        self._pending, self._rows, self._bytes = [], 0, 0
 
     def close(self) -> None:
         self._flush()

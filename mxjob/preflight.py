@@ -15,6 +15,7 @@ import os
 import urllib.parse
 
 import utils
+from mxjob import dataset
 from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line
 from mxjob.model import ModelSpec
@@ -29,6 +30,8 @@ def check_before_listing(cfg: JobConfig, client, yarn_retry: bool = False) -> No
     """
     if cfg.output_key:
         check_output_writable(cfg, client)
+        if cfg.dataset:  # objects the job did not write are refused whatever the flags
+            dataset.refuse_foreign(dataset_contents(cfg, client), cfg.output_uri)
         if not (cfg.overwrite or cfg.resume or yarn_retry):
             refuse_existing_output(cfg, client)
     check_model_files(cfg.model)
@@ -42,10 +45,26 @@ def check_output_writable(cfg: JobConfig, client) -> None:
         raise JobError(str(exc)) from exc
 
 
+def dataset_contents(cfg: JobConfig, client) -> dataset.Contents:
+    """What is under a dataset output's prefix (:func:`dataset.contents`); unreadable raises :class:`JobError`."""
+    try:
+        return dataset.contents(client, cfg.output_bucket, cfg.output_key)
+    except utils.S3_ERRORS as exc:
+        raise JobError(f"cannot list {cfg.output_uri}: {first_line(exc)}; the job needs s3:ListBucket and "
+                       "s3:GetObject on the output bucket") from exc
+
+
+def output_exists(cfg: JobConfig, client) -> bool:
+    """Whether the output is there: the object or its summary; for a dataset, its files, ``_SUCCESS`` or summary."""
+    if cfg.dataset:
+        return dataset_contents(cfg, client).output_exists
+    return any(utils.object_exists(client, cfg.output_bucket, key) for key in (cfg.output_key, cfg.summary_key))
+
+
 def refuse_existing_output(cfg: JobConfig, client) -> None:
     """An output (or its summary) that exists is refused: replacing it takes ``--overwrite``."""
     try:
-        exists = any(utils.object_exists(client, cfg.output_bucket, key) for key in (cfg.output_key, cfg.summary_key))
+        exists = output_exists(cfg, client)
     except utils.S3_ERRORS as exc:
         raise JobError(f"cannot read {cfg.output_uri}: {first_line(exc)}; the job needs s3:GetObject and "
                        "s3:ListBucket on the output bucket") from exc

@@ -447,7 +447,9 @@ SETTINGS: tuple[Setting, ...] = (
        "Python file (path or s3://) defining input_handler(key, data) and/or output_handler(key, outputs).",
        metavar="URI", type=HandlerFile()),
     # --- output
-    _s("output", "--output", "output", "Output object; the summary goes to KEY.summary.json.",
+    _s("output", "--output", "output",
+       "Output object (the summary goes to KEY.summary.json), or with a trailing slash a Parquet dataset: files "
+       "PREFIX/part-NNNNN.parquet that appear as the job runs, PREFIX/_SUCCESS and PREFIX/_summary.json at its end.",
        metavar="s3://BUCKET/KEY", to="resolve"),
     _s("output_s3_bucket", "--output_s3_bucket --output-s3-bucket", "output",
        f"Output bucket ({_ORIGINAL}).", show_default="the input bucket", to="resolve"),
@@ -459,6 +461,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("with_object_metadata", "--with-object-metadata", "output",
        "Add each object's etag (from the listing of --input; null for keys a manifest names) and size in bytes "
        "(null when unknown) to every output row.", default=False, is_flag=True, fingerprint=_object_metadata_only),
+    _s("rows_per_file", "--rows-per-file", "output",
+       "Rows in each file of a dataset output (--output s3://BUCKET/PREFIX/); auto: files of about 128 MiB, from the "
+       "size of a row (the keys, --top-k, the vector's length). A resume keeps the first run's number.",
+       default=AUTO, type=BatchSize(), metavar="N|auto", to="driver"),
     _s("assembly", "--assembly", "output",
        "When the driver merges the batches' results into the output: during the Spark job, following the batches "
        "as they become durable, so that little is left to do when the last task ends; or after it (the driver's CPU "

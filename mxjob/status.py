@@ -17,6 +17,7 @@ import time
 from mxjob import report
 from mxjob.errors import EXIT_FAILED, first_line
 from mxjob.progress import Progress, Tick, Ticks, iso
+from mxjob.sidecar import side_key
 from mxjob.stats import StatsFold
 
 log = logging.getLogger(__name__)
@@ -27,12 +28,12 @@ STATES = ("running", "succeeded", "failed", "interrupted")
 
 def status_key(output_key: str) -> str:
     """The status object's key beside ``output_key``."""
-    return f"{output_key}.status.json"
+    return side_key(output_key, "status.json")
 
 
 def report_key(output_key: str) -> str:
     """The report's key beside ``output_key``."""
-    return f"{output_key}.report.html"
+    return side_key(output_key, "report.html")
 
 
 def status_document(state: str, p: Progress | None, tick: Tick | None, started: float, where: dict,
@@ -100,8 +101,10 @@ class RunMonitor:
     def __init__(self, client, bucket: str, output_key: str, started: float, resume: str | None, context: dict):
         self.client, self.bucket, self.output_key = client, bucket, output_key
         self.started, self.resume, self.context = started, resume, context
-        self.where = {"output": f"s3://{bucket}/{output_key}", "summary": f"s3://{bucket}/{output_key}.summary.json",
-                      "report": f"s3://{bucket}/{report_key(output_key)}", "status": f"s3://{bucket}/{status_key(output_key)}"}
+        self.where = {"output": f"s3://{bucket}/{output_key}",
+                      "summary": f"s3://{bucket}/{side_key(output_key, 'summary.json')}",
+                      "report": f"s3://{bucket}/{report_key(output_key)}",
+                      "status": f"s3://{bucket}/{status_key(output_key)}"}
         self.ticks = Ticks()
         self.latest: tuple = (StatsFold(), None, None)
         self._warned = False

@@ -27,6 +27,7 @@ import click
 
 import utils
 from mxjob.progress import duration
+from mxjob.sidecar import output_of
 from mxjob.status import status_key
 
 #: Exit code when the watch gives up: no status, or one that stopped changing.
@@ -37,8 +38,10 @@ EXIT_BY_STATE = {"succeeded": 0, "failed": 1, "interrupted": 130}
 
 def status_location(uri: str) -> tuple[str, str]:
     """``(bucket, key)`` of the status of the output ``uri`` (or of ``uri`` itself if it is a status file)."""
-    bucket, key = utils.parse_s3_uri(uri, need_key=True)
-    return bucket, key if key.endswith(".status.json") else status_key(key)
+    bucket, key = utils.parse_s3_uri(uri)
+    if not key.strip("/"):
+        raise utils.S3UriError(f"{uri!r} names no output; expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/")
+    return bucket, status_key(output_of(key))
 
 
 def describe(status: dict) -> str:

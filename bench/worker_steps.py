@@ -41,9 +41,9 @@ import argparse
 import contextlib
 import cProfile
 import io
-import pstats
 import json
 import os
+import pstats
 import subprocess
 import sys
 import time
@@ -281,7 +281,7 @@ class FreeForward(Classifier):
     checks and padding, the softmax, the top-k and the labels.
     """
 
-    def __init__(self, input_shape: tuple, batch_size: int, classes: int = 1000, seed: int = 0):  # noqa: D107
+    def __init__(self, input_shape: tuple, batch_size: int, classes: int = 1000, seed: int = 0):
         self.spec = FREE_MODEL
         self.input_shape, self.batch_size = tuple(input_shape), batch_size
         self.output_shapes, self.num_classes = [(classes,)], classes
@@ -297,8 +297,8 @@ class FreeForward(Classifier):
 
 def task_job(prep: Preprocess, endpoint: str, keys: list[str], **options) -> partition.JobSpec:
     """The job's settings for one batch of ``keys`` from the local server, its part written back there."""
-    return partition.JobSpec(model=FREE_MODEL, preprocess=prep, bucket=BUCKET, endpoint_url=endpoint, batch_size=len(keys),
-                             output_bucket=BUCKET, parts_prefix="parts/", **options)
+    return partition.JobSpec(model=FREE_MODEL, preprocess=prep, bucket=BUCKET, endpoint_url=endpoint,
+                             batch_size=len(keys), output_bucket=BUCKET, parts_prefix="parts/", **options)
 
 
 def run_task(job: partition.JobSpec, keys: list[str], model: Classifier) -> tuple:

@@ -33,8 +33,11 @@ def part_lines(data: bytes) -> list[str]:
     return results.json_lines(results.read_part(data))
 
 
-def lines_part(lines: list[str]) -> bytes:
-    """A classify part holding these JSON lines' rows (a test's stand-in for a task's part)."""
+def lines_part(lines: list[str], rendered: bool = True) -> bytes:
+    """A classify part holding these JSON lines' rows (a test's stand-in for a task's part).
+
+    ``rendered=False``: the part a Parquet job's task writes, its lines left null.
+    """
     import json
 
     from mxjob import results
@@ -46,7 +49,7 @@ def lines_part(lines: list[str]) -> bytes:
             out.fail(row["key"], row["error"])
         else:
             out.add(row["key"], [{"label": None, **p} for p in row["predictions"]])
-    return results.write_part(out.record_batch())
+    return results.write_part(out.record_batch(), lines=rendered)
 
 
 def make_s3_client(endpoint: str):

@@ -30,6 +30,20 @@ def test_top_classes_orders_by_probability_and_breaks_ties_by_class_id():
     assert len(mxinfer.top_classes(probs, 10)[0]) == 5
 
 
+def test_top_classes_are_the_first_k_of_a_stable_sort_of_every_row_ties_and_all():
+    rng = np.random.RandomState(0)
+    for trial in range(200):
+        classes, k = int(rng.choice([1, 2, 7, 1000])), int(rng.randint(0, 9))
+        probs = rng.rand(int(rng.randint(1, 17)), classes)
+        if trial % 2:  # many ties, across the k-th value too
+            probs = np.round(probs, 1)
+        if trial % 7 == 0:
+            probs[:] = 0.25
+        order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+        assert mxinfer.top_classes(probs, k) == [[(int(c), float(row[c])) for c in idx]
+                                                 for row, idx in zip(probs, order)], (trial, classes, k)
+
+
 def test_softmax_rows_sum_to_one_and_survive_large_logits():
     out = mxinfer.softmax(np.array([[1000.0, 1001.0, 999.0], [0.0, 0.0, 0.0]]))
     np.testing.assert_allclose(out.sum(axis=1), 1.0)

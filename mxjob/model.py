@@ -398,21 +398,6 @@ class Classifier(Predictor):
         """A row of :func:`top_classes` with each class's label (``None`` without labels)."""
         return [(c, self.labels[c] if self.labels else None, p) for c, p in row]
 
-    def prediction_dicts(self, probabilities: np.ndarray, k: int) -> list[list[dict]]:
-        """Rows of top-k as the job's JSON objects."""
-        return [self.prediction_entries(self.labelled(row)) for row in top_classes(probabilities, k)]
-
-    def prediction_entries(self, labelled: list[tuple[int, str | None, float]]) -> list[dict]:
-        """One row of :meth:`classify` as the job writes it: no label without labels, 6 significant digits."""
-        entries = []
-        for class_id, label, prob in labelled:
-            entry = {"class_id": class_id}
-            if self.labels:
-                entry["label"] = label
-            entry["probability"] = float(f"{prob:.6g}")
-            entries.append(entry)
-        return entries
-
 
 class ImageClassifier(Classifier):
     """A :class:`Classifier` that takes encoded images, decoded exactly as the job does."""

@@ -407,19 +407,3 @@ def _score_detect(model, keys, inputs, job, handlers, out: results.Results) -> N
 
 
 _SCORERS = {"classify": _score_classify, "custom": _score_custom, "embed": _score_embed, "detect": _score_detect}
-
-
-def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], top_k: int,
-                 handlers: Handlers | None = None) -> list[tuple[str, str, bool]]:
-    """One classify forward pass over ``arrays``, as JSON lines: per key, ``(key, line, failed)``.
-
-    The JSON Lines view (:func:`results.json_lines`) of the rows
-    :func:`score_inputs` makes; the line holds the top-k ``predictions``, or
-    the object of the user's ``output_handler``.
-    """
-    job = JobSpec(model=model.spec, preprocess=Preprocess(input_shape=model.input_shape), bucket="", top_k=top_k)
-    out = results.Results(result_schema(job, model, handlers))
-    score_inputs(model, keys, arrays, job, handlers, out)
-    batch = out.record_batch(sort=False)
-    failed = batch.column("error").is_valid().to_pylist()
-    return list(zip(batch.column("key").to_pylist(), results.json_lines(batch), failed))

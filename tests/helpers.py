@@ -52,6 +52,18 @@ def lines_part(lines: list[str], rendered: bool = True) -> bytes:
     return results.write_part(out.record_batch(), lines=rendered)
 
 
+def scored_lines(model, keys: list[str], inputs: list, handlers=None, **job) -> list[str]:
+    """The JSON lines a task writes for ``keys`` scored together, in their order: one forward pass of ``model``
+    (``partition.score_inputs``, with ``handlers`` if given), then the part's JSON Lines view."""
+    from mxjob import partition, results
+    from mxjob.preprocess import Preprocess
+
+    spec = partition.JobSpec(model=getattr(model, "spec", None), preprocess=Preprocess(), bucket="", **job)
+    out = results.Results(partition.result_schema(spec, model, handlers))
+    partition.score_inputs(model, keys, inputs, spec, handlers, out)
+    return results.json_lines(out.record_batch(sort=False))
+
+
 def make_s3_client(endpoint: str):
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                         aws_access_key_id="testing", aws_secret_access_key="testing")

@@ -28,7 +28,7 @@ import utils
 from mxjob import settings, state
 from mxjob.device import mx_context
 from mxjob.errors import first_line, plural
-from mxjob.preprocess import Geometry, Preprocess, decode_image, decode_image_geometry, map_boxes
+from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, decode_into, map_boxes
 
 log = logging.getLogger(__name__)
 
@@ -409,8 +409,7 @@ class ImageClassifier(Classifier):
 
     def to_array(self, images: Sequence) -> np.ndarray:
         """Encoded bytes, file paths or PIL images as one NCHW batch, decoded as the job decodes."""
-        arrays = [decode_image(encoded(image), self.preprocess) for image in images]
-        return np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
+        return _images_array(images, self.preprocess)
 
     def classify_images(self, images: Sequence, top_k: int = settings.DEFAULT.top_k):
         """Classify encoded bytes, file paths or PIL images."""
@@ -427,6 +426,15 @@ def encoded(image) -> bytes:
         with open(image, "rb") as handle:
             return handle.read()
     return bytes(image)
+
+
+def _images_array(images: Sequence, preprocess: Preprocess) -> np.ndarray:
+    """Encoded bytes, file paths or PIL images (:func:`encoded`) as one float32 NCHW batch, decoded as the job
+    decodes (:func:`decode_into`, each into its row); ``(0, C, H, W)`` for none."""
+    batch = np.empty((len(images), *preprocess.input_shape), np.float32)
+    for row, image in zip(batch, images):
+        decode_into(encoded(image), preprocess, row)
+    return batch
 
 
 def _preprocess_for(predictor: Predictor, preprocess: Preprocess | None) -> Preprocess:
@@ -521,9 +529,7 @@ class ImageEmbedder(Embedder):
 
     def embed_images(self, images: Sequence, normalize: bool = False, dtype: str = "float32") -> np.ndarray:
         """Embed encoded bytes, file paths or PIL images: ``(N, D)``."""
-        arrays = [decode_image(encoded(image), self.preprocess) for image in images]
-        batch = np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
-        return self.embed(batch, normalize, dtype)
+        return self.embed(_images_array(images, self.preprocess), normalize, dtype)
 
 
 # ----------------------------------------------------------------------------

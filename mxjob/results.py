@@ -328,10 +328,15 @@ def _leading(schema_: pa.Schema, count: int) -> pa.Schema:
 
 
 @functools.lru_cache(maxsize=65_536)  # the model's classes: their text is made once per worker
+def _entry_head(class_id: int, label: str | None) -> str:
+    """``{"class_id": C, "label": L, `` as ``json.dumps`` writes it (no label member without one)."""
+    return f'{{"class_id": {class_id}, ' + (f'"label": {_dumps(label)}, ' if label is not None else "")
+
+
+@functools.lru_cache(maxsize=65_536)
 def _prediction_head(class_id: int, label: str | None) -> str:
-    """``{"class_id": C, "label": L, "probability": `` as ``json.dumps`` writes it (no label member without one)."""
-    return f'{{"class_id": {class_id}, ' + (f'"label": {_dumps(label)}, ' if label is not None else "") + \
-        '"probability": '
+    """``{"class_id": C, "label": L, "probability": ``: a prediction's text up to its probability."""
+    return _entry_head(class_id, label) + '"probability": '
 
 
 def _classify_bodies(batch: pa.RecordBatch) -> list[str | None]:
@@ -378,8 +383,7 @@ def _detect_bodies(batch: pa.RecordBatch) -> list[str | None]:
     scores = pc.cast(entries.field("score"), pa.string()).to_pylist()
     boxes = _number_lists(entries.field("box"))
     labels = entries.field("label").to_pylist()
-    texts = [f'{{"class_id": {c}, ' + (f'"label": {_dumps(label)}, ' if label is not None else "")
-             + f'"score": {score}, "box": [{box}]}}'
+    texts = [_entry_head(c, label) + f'"score": {score}, "box": [{box}]}}'
              for c, label, score, box in zip(entries.field("class_id").to_pylist(), labels, scores, boxes)]
     out = []
     for size, a, b in zip(sizes.to_pylist(), offsets[:-1].tolist(), offsets[1:].tolist()):

@@ -338,7 +338,7 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     rows = scored().results
     out["record batch (sorted)"] = best_ms(lambda _: rows.record_batch(), [None], repeats) / len(keys)
     batch = rows.record_batch()
-    if job_renders_lines(job):
+    if job.json_lines:
         out["JSON lines"] = best_ms(lambda _: results.json_lines(batch), [None], repeats) / len(keys)
     blob = partition.write_results(replace(job, parts_prefix=None), 0, None, batch)
     # Less the lines it renders (measured above), where it renders them: a difference, never below zero.
@@ -350,11 +350,6 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     out["the rest: pool, threads, bookkeeping"] = max(0.0, out["task (score_partition)"] - sum(
         ms for step, ms in out.items() if step != "task (score_partition)"))
     return out
-
-
-def job_renders_lines(job: partition.JobSpec) -> bool:
-    """Whether the task writes each row's JSON line into its part (always, before ``JobSpec.json_lines``)."""
-    return getattr(job, "json_lines", True)
 
 
 def task_profile(prep: Preprocess, endpoint: str, keys: list[str], top: int = 25, **options) -> str:
@@ -425,8 +420,6 @@ def measure(images: int, large: int, repeats: int, s3: bool = True, steps: bool 
 
 def task_variants() -> dict[str, dict]:
     """The task's settings measured: as the job runs for each output format (the lines rendered or not)."""
-    if "json_lines" not in partition.JobSpec.__dataclass_fields__:  # before parts could leave their lines out
-        return {"task": {}}
     return {"JSON Lines output": {"json_lines": True}, "Parquet output": {"json_lines": False}}
 
 

@@ -314,14 +314,16 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     ``"task (score_partition)"`` is the whole; the steps after it are each
     run alone on the same batch (the GET on the calling thread); ``"the rest"``
     is the whole less the steps: the pool and its threads, the task's
-    bookkeeping (stats, error kinds, timings), reading the settings.
+    bookkeeping (stats, error kinds, timings), and what the GETs and the
+    decoding cost more interleaved on the pool's threads than each in a
+    tight loop of its own (caches).
     """
     job = task_job(prep, endpoint, keys, **options)
     model = FreeForward(prep.input_shape, job.forward_batch)
     run_task(job, keys, model)  # the first task: the reader learns the bucket, the pool starts
     out = {"task (score_partition)": best_ms(lambda _: run_task(job, keys, model), [None], repeats,
                                              time.process_time) / len(keys)}
-    reader = partition.utils.s3_reader(endpoint)
+    reader = utils.s3_reader(endpoint)
     datas = [reader.read(BUCKET, key) for key in keys]
     out["GET (lean reader, client)"] = best_ms(partial(reader.read, BUCKET), keys, repeats)
     out["decode + preprocess"] = best_ms(partial(decode_image, prep=prep), datas, repeats)
@@ -353,11 +355,15 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
 
 
 def task_profile(prep: Preprocess, endpoint: str, keys: list[str], top: int = 25, **options) -> str:
-    """cProfile's ``top`` functions by own time in one task (after a first one), as text."""
+    """cProfile's ``top`` functions by own CPU time of the calling thread in one task (after a first one), as text.
+
+    The pool's threads (GETs, decoding) are not profiled: the calling thread
+    is the task's own Python (scoring, rows, the part, the PUT, the stats).
+    """
     job = task_job(prep, endpoint, keys, **options)
     model = FreeForward(prep.input_shape, job.forward_batch)
     run_task(job, keys, model)
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.thread_time)
     profiler.runcall(run_task, job, keys, model)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)

@@ -479,7 +479,8 @@ def top_labels(batch: pa.RecordBatch) -> dict[str, int]:
     predictions = predictions.filter(pc.greater(pc.list_value_length(predictions), 0))
     counts: dict[str, int] = {}
     if len(predictions):
-        for first in pc.list_element(predictions, 0).to_pylist():
-            label = str(first["label"] if first.get("label") is not None else first["class_id"])
-            counts[label] = counts.get(label, 0) + 1
+        first = pc.list_element(predictions, 0)  # one struct array: its fields as columns, no dict per row
+        for label, class_id in zip(first.field("label").to_pylist(), first.field("class_id").to_pylist()):
+            name = str(label if label is not None else class_id)
+            counts[name] = counts.get(name, 0) + 1
     return counts

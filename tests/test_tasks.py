@@ -355,6 +355,17 @@ def test_a_parts_lines_are_the_json_view_of_its_own_columns_for_every_kind():
         assert [json.loads(x)["key"] for x in results.json_lines(part)] == ["a", "b"]
 
 
+def test_top_labels_count_each_rows_first_class_by_label_else_id():
+    rows = results.Results(results.schema("classify"))
+    rows.add("a", results.prediction_entries([(3, "cat", 0.9), (1, "dog", 0.1)]))
+    rows.add("b", results.prediction_entries([(3, "cat", 0.6)]))
+    rows.add("c", results.prediction_entries([(7, None, 0.5)]))
+    rows.add("d", [])
+    rows.fail("e", {"stage": "decode", "type": "OSError", "message": "bad"})
+    assert results.top_labels(rows.record_batch()) == {"cat": 2, "7": 1}
+    assert results.top_labels(results.Results(results.schema("embed", dimension=2)).record_batch()) == {}
+
+
 def test_a_part_without_lines_has_the_same_schema_and_renders_the_same_lines():
     made = {kind: results.Results(results.schema(kind)) for kind in ("classify", "custom", "detect")}
     made["embed"] = results.Results(results.schema("embed", dimension=2, dtype="float16"))

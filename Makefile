@@ -75,7 +75,7 @@ bench-scale: $(STAMP) ## Driver time and memory, per-task overhead at 100,000 an
 	$(PY) -m bench.scale $(BENCH_ARGS)
 
 .PHONY: bench-worker
-bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, step by step: GET, decode, resize, normalise, glue; 12 MP photos (about 10 s)
+bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, step by step: GET, decode, resize, normalise, glue, the whole task in process; 12 MP photos (about 15 s; BENCH_ARGS=--task-only)
 	$(PY) -m bench.worker_steps $(BENCH_ARGS)
 
 # --- EMR deploy ---

@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from xml.etree import ElementTree
 
@@ -181,12 +181,6 @@ def list_objects(client, bucket: str, prefix: str, start_after: str | None = Non
     for page in paginator.paginate(Bucket=bucket, Prefix=prefix, **extra):
         for obj in page.get("Contents", ()):
             yield obj["Key"], int(obj["Size"])
-
-
-def keep_suffixes(objects: Iterable[tuple[str, int]], suffixes: Iterable[str]) -> list[tuple[str, int]]:
-    """Keep objects whose key ends with one of ``suffixes`` (case-insensitive)."""
-    wanted = tuple(s.lower() if s.startswith(".") else "." + s.lower() for s in suffixes)
-    return [(key, size) for key, size in objects if key.lower().endswith(wanted)]
 
 
 @dataclass

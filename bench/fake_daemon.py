@@ -45,7 +45,7 @@ _lock = threading.Lock()
 
 
 class FakeModel:
-    """What ``score_partition`` asks of its model besides ``output_lines``: the bound batch size."""
+    """What ``score_partition`` asks of its model besides ``score_inputs`` (patched): the bound batch size."""
 
     def __init__(self, batch_size: int):
         self.batch_size = int(batch_size)

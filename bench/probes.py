@@ -46,6 +46,7 @@ import mxinfer  # noqa: E402
 import utils  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
 from mxjob import config, worker  # noqa: E402
+from mxjob import results as result_model  # noqa: E402
 from mxjob.driver import assemble_output, load_model_on_driver  # noqa: E402
 from mxjob.stats import StatsFold  # noqa: E402
 from mxjob.summary import summarize  # noqa: E402
@@ -101,8 +102,8 @@ def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, key
         t1 = time.perf_counter()
         arrays = np.stack([mxinfer.decode_image(d, prep) for d in data])
         t2 = time.perf_counter()
-        lines = [json.dumps({"key": k, "predictions": p})
-                 for k, p in zip(chunk, classifier.prediction_dicts(classifier.probabilities(arrays), 5))]
+        lines = [json.dumps({"key": k, "predictions": result_model.prediction_entries(row)})
+                 for k, row in zip(chunk, classifier.classify(arrays, 5))]
         t3 = time.perf_counter()
         assert len(lines) == len(chunk)
         phases["download"] += t1 - t0
@@ -171,7 +172,6 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     from concurrent.futures import ThreadPoolExecutor
 
     from mxjob import durable
-    from mxjob import results as result_model
     from mxjob.model import top_classes
 
     classifier = mxinfer.Classifier(model, shape, 1)

@@ -411,6 +411,7 @@ def report(results: dict) -> str:
         out.append(f"    the worker's own work beyond L's forward pass: {worker - l_cost:.1f} ms;"
                    f" were it free, the other processes' {others:.1f} ms would still cap E/L at "
                    f"{1000 * cores / (l_cost + others) / row['L']['images_per_second']:.2f}")
+        out.append(f"      {beyond_forward(row['E'], l_cost)}")
     out.extend(report_int8(results))
     out.extend(report_large(results))
     out.append("MXNet threads per Python worker (the job's default; --threads and OMP_NUM_THREADS unset):")
@@ -478,7 +479,30 @@ def report_int8(results: dict) -> list[str]:
                          f"{total:.1f} ms = {fp32_total / total:.2f}; were the worker's own work free, the other "
                          f"processes' {others:.1f} ms would still cap E_int8/L_int8 at "
                          f"{l_int8 / (l_int8 + others):.2f}")
+        cpu_lines.append(f"    the worker's own work beyond L_int8's forward pass: "
+                         f"{cpu.get('python worker', 0.0) - l_int8:.1f} ms: {beyond_forward(row['E'], l_int8)}")
     return [*out, "", "CPU per image in E with int8, by process (ms):", *cpu_lines, ""]
+
+
+def beyond_forward(e: dict, l_cost: float) -> str:
+    """The worker's CPU per image beyond L's forward pass (``l_cost`` ms), split at its tasks' edges.
+
+    In its tasks: the CPU ``score_partition`` measures (``seconds.cpu`` of the
+    summary: every thread, the first tasks' MXNet import and model load
+    included) less the forward pass. Outside them: the rest of the worker's
+    CPU, Spark's hand-over of each task (about 60 ms a task; a batch of 64
+    divides it by 64 only) and the worker's own start. ``python -m
+    bench.worker_steps`` breaks the in-task part down step by step.
+    """
+    summary = e["summary"]
+    images, tasks = summary["keys_listed"], summary.get("batches") or 0
+    worker = e["cpu_ms_per_image"].get("python worker", 0.0)
+    in_tasks = 1000 * (summary["seconds"].get("cpu") or 0.0) / images
+    outside = worker - in_tasks
+    per_task = f", {outside * images / tasks:.0f} ms each" if tasks else ""
+    return (f"in its tasks {in_tasks - l_cost:.1f} ms (downloads, decoding, results, parts; the first tasks' "
+            f"MXNet import and model load), outside them {outside:.1f} ms (Spark's hand-over of {tasks} "
+            f"tasks{per_task}; the workers' start)")
 
 
 def report_large(results: dict) -> list[str]:

@@ -19,6 +19,14 @@ the machine moves the figures little. Each figure is the best of
 * the Python glue of ``mxjob.partition``: the pool's futures, the result
   tuples and the timing sums per image, with the download and the decoding
   replaced by stubs (CPU of every thread of the process);
+* the whole task, in process: :func:`mxjob.partition.score_partition` over
+  one batch of the photos served by the local moto server, with the model
+  replaced by a classifier whose forward pass costs nothing (ImageNet's 1,000
+  classes, labelled, precomputed logits): CPU of every thread per image, and
+  each of its steps measured alone on the same batch (GET, decode, top-k and
+  result rows, the record batch, the JSON lines, the part's Arrow IPC + zstd,
+  the PUT); what is left is the pool, the threads and the task's bookkeeping.
+  ``--profile`` prints cProfile's top functions of one such task;
 * large photos: decode CPU per photo with DCT scaling (``draft``), without
   (``exact``), and the JPEG decoder's floor: entropy decoding at 1/8 scale
   (``img.draft("RGB", (w // 8, h // 8))`` then ``load()``), which no scaling avoids.
@@ -30,9 +38,12 @@ VNNI (int8 convolutions on oneDNN), and with ``--json`` one JSON line too.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
 import io
 import json
 import os
+import pstats
 import subprocess
 import sys
 import time
@@ -51,7 +62,8 @@ sys.path.insert(0, str(ROOT))
 import utils  # noqa: E402
 from bench import images as bench_images  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
-from mxjob import partition, preprocess  # noqa: E402
+from mxjob import partition, preprocess, results  # noqa: E402
+from mxjob.model import Classifier, ModelSpec  # noqa: E402
 from mxjob.preprocess import Preprocess, decode_image, draft_size, to_rgb  # noqa: E402
 
 BUCKET = "bench-worker-steps"
@@ -226,21 +238,136 @@ def _glue_work(reader, job):
 
 def get_ms(datas: list[bytes], repeats: int) -> dict[str, float]:
     """Client CPU ms per GET, lean reader and botocore, against a local moto server (started and stopped here)."""
+    with _served(datas) as (endpoint, keys):
+        return _get_ms(endpoint, keys, repeats)
+
+
+@contextlib.contextmanager
+def _served(datas: list[bytes]):
+    """A local moto server holding ``datas`` in :data:`BUCKET`: yields its endpoint and the keys."""
     from demo.s3local import FAKE_AWS_ENV, moto_server
 
     os.environ.update({k: os.environ.get(k, v) for k, v in FAKE_AWS_ENV.items()})
     keys = [f"photos/img{i:06d}.jpg" for i in range(len(datas))]
-    out = {}
     with moto_server() as endpoint:
         client = utils.s3_client(endpoint)
         client.create_bucket(Bucket=BUCKET)
         for key, data in zip(keys, datas):
             client.put_object(Bucket=BUCKET, Key=key, Body=data)
-        for kind in utils.S3_READERS:
-            reader = utils.s3_reader(endpoint, kind=kind)
-            reader.read(BUCKET, keys[0])  # the lean reader learns the bucket's address from botocore's first GET
-            out[kind] = best_ms(partial(reader.read, BUCKET), keys, repeats)
+        yield endpoint, keys
+
+
+def _get_ms(endpoint: str, keys: list[str], repeats: int) -> dict[str, float]:
+    out = {}
+    for kind in utils.S3_READERS:
+        reader = utils.s3_reader(endpoint, kind=kind)
+        reader.read(BUCKET, keys[0])  # the lean reader learns the bucket's address from botocore's first GET
+        out[kind] = best_ms(partial(reader.read, BUCKET), keys, repeats)
     return out
+
+
+# ----------------------------------------------------------------------------
+# The whole task, in process, with a forward pass that costs nothing
+
+
+#: What :class:`FreeForward` claims to be loaded from; nothing is read.
+FREE_MODEL = ModelSpec("s3://bench/free-symbol.json", "s3://bench/free-0000.params")
+
+
+class FreeForward(Classifier):
+    """A :class:`Classifier` of ``classes`` labelled classes whose forward pass returns precomputed logits.
+
+    Everything around the forward pass is the real classifier's: ``predict``'s
+    checks and padding, the softmax, the top-k and the labels.
+    """
+
+    def __init__(self, input_shape: tuple, batch_size: int, classes: int = 1000, seed: int = 0):
+        self.spec = FREE_MODEL
+        self.input_shape, self.batch_size = tuple(input_shape), batch_size
+        self.output_shapes, self.num_classes = [(classes,)], classes
+        self.output_is_probability, self.head_op = False, "FullyConnected"
+        self.labels = [f"class {c}, a label of about this length" for c in range(classes)]
+        self._logits = np.random.RandomState(seed).standard_normal((4, batch_size, classes)).astype(np.float32)
+        self._passes = 0
+
+    def _forward(self, batch: np.ndarray) -> list[np.ndarray]:
+        self._passes += 1
+        return [self._logits[self._passes % len(self._logits)]]
+
+
+def task_job(prep: Preprocess, endpoint: str, keys: list[str], **options) -> partition.JobSpec:
+    """The job's settings for one batch of ``keys`` from the local server, its part written back there."""
+    return partition.JobSpec(model=FREE_MODEL, preprocess=prep, bucket=BUCKET, endpoint_url=endpoint,
+                             batch_size=len(keys), output_bucket=BUCKET, parts_prefix="parts/", **options)
+
+
+def run_task(job: partition.JobSpec, keys: list[str], model: Classifier) -> tuple:
+    """One :func:`partition.score_partition` of ``keys`` with ``model``: its ``(index, count, blob, stats)``."""
+    with mock.patch.object(partition, "load_model", lambda *_: model):
+        [out] = partition.score_partition(0, [(key, None) for key in keys], job)
+    return out
+
+
+def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **options) -> dict[str, float]:
+    """CPU ms per image of the whole task (every thread), and of each of its steps measured alone.
+
+    ``"task (score_partition)"`` is the whole; the steps after it are each
+    run alone on the same batch (the GET on the calling thread); ``"the rest"``
+    is the whole less the steps: the pool and its threads, the task's
+    bookkeeping (stats, error kinds, timings), and what the GETs and the
+    decoding cost more interleaved on the pool's threads than each in a
+    tight loop of its own (caches).
+    """
+    job = task_job(prep, endpoint, keys, **options)
+    model = FreeForward(prep.input_shape, job.forward_batch)
+    run_task(job, keys, model)  # the first task: the reader learns the bucket, the pool starts
+    out = {"task (score_partition)": best_ms(lambda _: run_task(job, keys, model), [None], repeats,
+                                             time.process_time) / len(keys)}
+    reader = utils.s3_reader(endpoint)
+    datas = [reader.read(BUCKET, key) for key in keys]
+    out["GET (lean reader, client)"] = best_ms(partial(reader.read, BUCKET), keys, repeats)
+    out["decode + preprocess"] = best_ms(partial(decode_image, prep=prep), datas, repeats)
+    decoded = [(key, decode_image(data, prep), None, (0.0, 0.0)) for key, data in zip(keys, datas)]
+
+    def scored(_=None):
+        scoring = partition.Scoring(model, job, None)
+        for item in decoded:
+            scoring.add(item)
+        scoring.finish()
+        return scoring
+
+    out["stack, top-k and result rows (free forward)"] = best_ms(scored, [None], repeats) / len(keys)
+    rows = scored().results
+    out["record batch (sorted)"] = best_ms(lambda _: rows.record_batch(), [None], repeats) / len(keys)
+    batch = rows.record_batch()
+    if job.json_lines:
+        out["JSON lines"] = best_ms(lambda _: results.json_lines(batch), [None], repeats) / len(keys)
+    blob = partition.write_results(replace(job, parts_prefix=None), 0, None, batch)
+    # Less the lines it renders (measured above), where it renders them: a difference, never below zero.
+    out["part: Arrow IPC + zstd"] = max(0.0, best_ms(
+        lambda _: partition.write_results(replace(job, parts_prefix=None), 0, None, batch), [None], repeats
+    ) / len(keys) - out.get("JSON lines", 0.0))
+    out["PUT of the part (client)"] = best_ms(
+        lambda _: reader.client.put_object(Bucket=BUCKET, Key="parts/probe", Body=blob), [None], repeats) / len(keys)
+    out["the rest: pool, threads, bookkeeping"] = max(0.0, out["task (score_partition)"] - sum(
+        ms for step, ms in out.items() if step != "task (score_partition)"))
+    return out
+
+
+def task_profile(prep: Preprocess, endpoint: str, keys: list[str], top: int = 25, **options) -> str:
+    """cProfile's ``top`` functions by own CPU time of the calling thread in one task (after a first one), as text.
+
+    The pool's threads (GETs, decoding) are not profiled: the calling thread
+    is the task's own Python (scoring, rows, the part, the PUT, the stats).
+    """
+    job = task_job(prep, endpoint, keys, **options)
+    model = FreeForward(prep.input_shape, job.forward_batch)
+    run_task(job, keys, model)
+    profiler = cProfile.Profile(time.thread_time)
+    profiler.runcall(run_task, job, keys, model)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
 
 
 # ----------------------------------------------------------------------------
@@ -264,20 +391,42 @@ def large_ms(datas: list[bytes], prep: Preprocess, repeats: int) -> dict[str, fl
 # ----------------------------------------------------------------------------
 
 
-def measure(images: int, large: int, repeats: int, s3: bool = True) -> dict:
-    """Every figure of the table, as a dict."""
-    prep = Preprocess(input_shape=(3, 224, 224), mean=tuple(float(x) for x in MEAN.split(",")),
+def bench_preprocess() -> Preprocess:
+    """``make bench``'s recipe: 3x224x224 with its mean and std."""
+    return Preprocess(input_shape=(3, 224, 224), mean=tuple(float(x) for x in MEAN.split(",")),
                       std=tuple(float(x) for x in STD.split(",")))
-    datas = photos(images)
+
+
+def measure(images: int, large: int, repeats: int, s3: bool = True, steps: bool = True,
+            task_batch: int = 64) -> dict:
+    """Every figure of the table, as a dict; ``steps=False`` leaves out the recipe's steps and the glue.
+
+    With ``s3``, the GETs and the whole task (:func:`task_ms`, batches of
+    ``task_batch`` of the photos; 0 leaves it out) against a local moto server.
+    """
+    prep = bench_preprocess()
+    datas = photos(max(images, task_batch if s3 else 0))
     name, vnni = cpu_model()
-    out: dict = {"cpu": name, "avx512_vnni": vnni, "images": images, "repeats": repeats,
-                 "steps": recipe_steps(datas, prep, repeats), "end_to_end": end_to_end(datas, prep, repeats),
-                 "glue": glue_ms(prep, max(images, 256), repeats)}
+    out: dict = {"cpu": name, "avx512_vnni": vnni, "images": images, "repeats": repeats}
+    if steps:
+        out.update({"steps": recipe_steps(datas[:images], prep, repeats),
+                    "end_to_end": end_to_end(datas[:images], prep, repeats),
+                    "glue": glue_ms(prep, max(images, 256), repeats)})
     if s3:
-        out["get"] = get_ms(datas, repeats)
+        with _served(datas) as (endpoint, keys):
+            out["get"] = _get_ms(endpoint, keys[:images], repeats)
+            if task_batch:
+                out["task_batch"] = task_batch
+                out["task"] = {label: task_ms(prep, endpoint, keys[:task_batch], repeats, **options)
+                               for label, options in task_variants().items()}
     if large:
         out["large"] = large_ms(large_photos(large), prep, max(2, repeats // 2))
     return out
+
+
+def task_variants() -> dict[str, dict]:
+    """The task's settings measured: as the job runs for each output format (the lines rendered or not)."""
+    return {"JSON Lines output": {"json_lines": True}, "Parquet output": {"json_lines": False}}
 
 
 def table(result: dict) -> str:
@@ -285,13 +434,15 @@ def table(result: dict) -> str:
     lines = [f"CPU: {result['cpu']}; AVX-512 VNNI: {'yes' if result['avx512_vnni'] else 'no'}; "
              f"{result['images']} JPEGs of about 500x375 (q90) to 3x224x224, best of {result['repeats']}",
              "| step | ms CPU per image |", "|---|---|"]
-    lines += [f"| {step} | {ms:.3f} |" for step, ms in result["steps"].items()]
-    lines += [f"| end to end: {step} | {ms:.3f} |" for step, ms in result["end_to_end"].items()]
-    lines.append(f"| Python glue: pool, futures, tuples, timing sums (all threads) | {result['glue']:.3f} |")
-    best = min(result["end_to_end"].values())
-    lines.append(f"| **total: decode + preprocess + assembly + glue** | **{best + result['glue']:.3f}** |")
+    if "steps" in result:
+        lines += [f"| {step} | {ms:.3f} |" for step, ms in result["steps"].items()]
+        lines += [f"| end to end: {step} | {ms:.3f} |" for step, ms in result["end_to_end"].items()]
+        lines.append(f"| Python glue: pool, futures, tuples, timing sums (all threads) | {result['glue']:.3f} |")
+        best = min(result["end_to_end"].values())
+        lines.append(f"| **total: decode + preprocess + assembly + glue** | **{best + result['glue']:.3f}** |")
     for kind, ms in result.get("get", {}).items():
         lines.append(f"| S3 GET, client CPU ({kind} reader, local moto) | {ms:.3f} |")
+    lines += task_table(result)
     large = result.get("large")
     if large:
         lines += ["", "8-12 MP JPEGs (q90) to 3x224x224: decode CPU per photo",
@@ -300,15 +451,42 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def task_table(result: dict) -> list[str]:
+    """The whole task's rows of :func:`table`: per variant, the task and its steps, ms of CPU per image."""
+    tasks = result.get("task")
+    if not tasks:
+        return []
+    variants = list(tasks)
+    lines = ["", f"The whole task in process (score_partition, a batch of {result['task_batch']}, free forward pass, "
+                 "local moto), ms of CPU per image",
+             "| step | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    steps = list(dict.fromkeys(step for figures in tasks.values() for step in figures))
+    for step in steps:
+        cells = [f"{tasks[v][step]:.3f}" if step in tasks[v] else "-" for v in variants]
+        if step == "task (score_partition)":
+            cells = [f"**{c}**" for c in cells]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=64, help="500x375 photos (default 64)")
     parser.add_argument("--large", type=int, default=3, help="8-12 MP photos (default 3; 0: none)")
     parser.add_argument("--repeats", type=int, default=5, help="passes per step; the best is printed (default 5)")
     parser.add_argument("--no-s3", action="store_true", help="leave out the GET (no moto server)")
+    parser.add_argument("--task-batch", type=int, default=64,
+                        help="images in the whole task's batch (default 64, as make bench; 0: leave the task out)")
+    parser.add_argument("--task-only", action="store_true",
+                        help="only the GET and the whole task (no recipe steps, no large photos)")
+    parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions of one task")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args(argv)
-    result = measure(args.images, args.large, args.repeats, s3=not args.no_s3)
+    if args.profile:
+        with _served(photos(args.task_batch or 64)) as (endpoint, keys):
+            print(task_profile(bench_preprocess(), endpoint, keys))
+    result = measure(args.images, 0 if args.task_only else args.large, args.repeats, s3=not args.no_s3,
+                     steps=not args.task_only, task_batch=args.task_batch)
     print(table(result))
     if args.json:
         print(json.dumps(result))

@@ -84,7 +84,8 @@ class _JobConfigBase:
     def job_spec(self) -> JobSpec:
         """What the executors need: every executor setting, the model (int8 once quantized) and the recipe."""
         return JobSpec(model=self.int8_model or self.model, preprocess=self.preprocess, bucket=self.input_bucket,
-                       handler=self.handler_path, **{s.name: getattr(self, s.name) for s in table.going_to("executor")})
+                       handler=self.handler_path, json_lines=self.output_format == "jsonl",
+                       **{s.name: getattr(self, s.name) for s in table.going_to("executor")})
 
     def options(self) -> dict:
         """The settings as plain JSON values, for the summary."""

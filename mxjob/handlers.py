@@ -51,11 +51,6 @@ class Handlers:
                              f"{tuple(input_shape)} (C, H, W)")
         return np.ascontiguousarray(array, dtype=np.float32)
 
-    def output_line(self, key: str, outputs: list[np.ndarray]) -> str:
-        """The JSON line ``output_handler(key, outputs)`` makes for ``key``."""
-        text, _ = self.output_json(key, outputs)
-        return '{"key": ' + json.dumps(key, ensure_ascii=False) + (", " + text[1:] if text != "{}" else "}")
-
     def output_json(self, key: str, outputs: list[np.ndarray]) -> tuple[str, dict]:
         """``(JSON text, object)`` of ``output_handler(key, outputs)``, its own ``"key"`` left out.
 

@@ -116,7 +116,7 @@ class Listing:
             Keep only keys that start with it.
         suffixes : iterable of str, optional
             Keep only keys ending with one of these, case-insensitive (a
-            missing leading dot is added, as :func:`utils.keep_suffixes` does).
+            missing leading dot is added; :func:`keep_images`).
         limit : int, optional
             Keep only the first ``limit`` keys, in sorted order.
         skipped : Skipped, optional
@@ -259,8 +259,8 @@ def keep_images(table: pa.Table, *, prefix: str = "", suffixes: Iterable[str] | 
                 skipped: Skipped | None = None) -> pa.Table:
     """The filtering step: the rows of ``table`` whose key starts with ``prefix`` and ends with one of ``suffixes``.
 
-    Suffixes compare case-insensitively, a missing leading dot added (as
-    :func:`utils.keep_suffixes` does); ``None`` keeps every suffix. The
+    Suffixes compare case-insensitively with the end of the key, a missing
+    leading dot added; ``None`` keeps every suffix. The
     in-memory :meth:`Listing.build` and the out-of-core sort
     (:mod:`mxjob.extsort`) both filter here, so both keep the same keys, and
     ``skipped`` counts what both drop.

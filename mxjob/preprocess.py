@@ -173,22 +173,30 @@ def decode_image_geometry(data: bytes, prep: Preprocess) -> tuple[np.ndarray, Ge
     window is measured on the image as decoded and scaled to full resolution.
     """
     out = np.empty(prep.input_shape, dtype=np.float32)
-    return out, _decode(data, prep, out)
+    return out, _decode(data, prep, out, geometry=True)
 
 
-def _decode(data: bytes, prep: Preprocess, out: np.ndarray) -> Geometry:
-    """The recipe into ``out``; the :class:`Geometry` of the window it kept."""
+def _decode(data: bytes, prep: Preprocess, out: np.ndarray, geometry: bool = False) -> Geometry | None:
+    """The recipe into ``out``; with ``geometry``, the :class:`Geometry` of the window it kept (else ``None``)."""
     if out.shape != tuple(prep.input_shape) or out.dtype != np.float32:
         raise ValueError(f"out must be float32 of shape {tuple(prep.input_shape)}, got {out.dtype} {out.shape}")
     if not data:
         raise ValueError("empty object (0 bytes)")
     with _open(data, prep) as img:
-        # The upright full-resolution size: orientations 5-8 turn the image a quarter (as exif_transpose does).
-        full = img.size[::-1] if img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8) else img.size
-        resized, decoded, window = _recipe_image(img, prep)
+        turned = _quarter_turned(img)
+        full = img.size[::-1] if turned else img.size  # the upright full-resolution size
+        resized, decoded, window = _recipe_image(img, prep, turned)
         normalise_into(resized, prep, out)
+    if not geometry:
+        return None
     sx, sy = full[0] / decoded[0], full[1] / decoded[1]
     return Geometry(int(full[0]), int(full[1]), (window[0] * sx, window[1] * sy, window[2] * sx, window[3] * sy))
+
+
+def _quarter_turned(img: Image.Image) -> bool:
+    """Whether the image's EXIF orientation (5-8) turns it a quarter, as ``exif_transpose`` will: the file's
+    width is then the upright height."""
+    return img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8)
 
 
 def _open(data: bytes, prep: Preprocess) -> Image.Image:
@@ -208,15 +216,16 @@ def _open(data: bytes, prep: Preprocess) -> Image.Image:
     return img
 
 
-def _recipe_image(img: Image.Image, prep: Preprocess) -> tuple[Image.Image, tuple, tuple]:
+def _recipe_image(img: Image.Image, prep: Preprocess, turned: bool) -> tuple[Image.Image, tuple, tuple]:
     """The recipe up to the resize: draft, decode, EXIF orientation, RGB (or L), resize or short-side crop.
 
-    Returns the resized image, the size it was decoded at (upright), and the
-    window of that decoded image the model sees.
+    ``turned`` is :func:`_quarter_turned` of ``img``. Returns the resized
+    image, the size it was decoded at (upright), and the window of that
+    decoded image the model sees.
     """
     channels, height, width = prep.input_shape
     if prep.decode == "draft" and img.format in ("JPEG", "MPO"):
-        img.draft(None, draft_size(img, prep))
+        img.draft(None, _draft_request(prep, turned))
     img.load()
     ImageOps.exif_transpose(img, in_place=True)  # in place: no copy of an upright image
     img = to_rgb(img, "RGB" if channels == 3 else "L")
@@ -293,12 +302,15 @@ def draft_size(img: Image.Image, prep: Preprocess) -> tuple[int, int]:
     still at least this size in both directions, so the resize that follows
     always shrinks by 2x or more, as it would from the full image.
     """
+    return _draft_request(prep, _quarter_turned(img))
+
+
+def _draft_request(prep: Preprocess, turned: bool) -> tuple[int, int]:
+    """:func:`draft_size` for an image that EXIF turns a quarter (``turned``) or not."""
     _, height, width = prep.input_shape
     if prep.resize == "short-side-crop":
-        short = short_side(width, height)
-        width = height = short
-    # EXIF orientations 5-8 turn the image a quarter: the file's width is the upright height.
-    if img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8):
+        width = height = short_side(width, height)
+    if turned:  # the file's width is the upright height
         width, height = height, width
     return 2 * width, 2 * height
 

@@ -198,21 +198,34 @@ def _vectors(values: list, type_: pa.FixedSizeListType) -> pa.Array:
 # ----------------------------------------------------------------------------
 # Parts: the durable form of a batch
 
-#: A part's last column: each row's JSON line (:func:`json_lines` of the row's own columns), made by the task.
-#: The driver then writes JSON Lines by joining it, at the CPU cost of the gzip lines it replaces, where
-#: rendering a million rows itself would cost it ten times that. Nothing ever reads a value out of it.
+#: A part's column after the result model's: each row's JSON line (:func:`json_lines` of the row's own columns),
+#: made by the task when the output is JSON Lines. The driver then writes JSON Lines by joining it, at the CPU
+#: cost of the gzip lines it replaces, where rendering a million rows itself would cost it ten times that. For
+#: Parquet the task leaves it null (:func:`write_part`): the same schema, so a resume may mix both kinds of
+#: part, and :func:`json_lines` renders a null line from the typed columns. Nothing ever reads a value out of it.
 LINE = pa.field("json_line", pa.string())
 
 
-def write_part(batch: pa.RecordBatch) -> bytes:
+def write_part(batch: pa.RecordBatch, lines: bool = True) -> bytes:
     """``batch`` and its JSON lines (:data:`LINE`) as one Arrow IPC stream in one zstd frame.
 
     What a task PUTs under ``OUTPUT.parts/``; :func:`read_part` reads it.
     One frame, not Arrow's per-buffer compression: a part is small (a batch),
     and decompressing each of its twenty-odd buffers apart costs the driver
     five times as much.
+
+    Parameters
+    ----------
+    batch : pyarrow.RecordBatch
+        The batch's results (:meth:`Results.record_batch`).
+    lines : bool
+        Render each row's JSON line into :data:`LINE` (the output is JSON
+        Lines); false leaves the column null (Parquet, which never reads it):
+        :func:`json_lines` renders the same text from the typed columns
+        should a JSON Lines output ever take the part.
     """
-    batch = batch.append_column(LINE, pa.array(json_lines(batch), pa.string()))
+    text = pa.array(json_lines(batch), pa.string()) if lines else pa.nulls(batch.num_rows, pa.string())
+    batch = batch.append_column(LINE, text)
     sink = pa.BufferOutputStream()
     with pa.CompressedOutputStream(sink, "zstd") as compressed, pa.ipc.new_stream(compressed, batch.schema) as writer:
         writer.write_batch(batch)
@@ -250,17 +263,22 @@ def carry(batch: pa.RecordBatch, carried: pa.Table | pa.RecordBatch) -> pa.Recor
         if name in batch.schema.names:
             raise ValueError(f"a carried column's name is the result's own: {name}")
     index = batch.schema.get_field_index(LINE.name)
-    if index >= 0:
-        lines = batch.column(index)
-        members = [pa.scalar(", " + _dumps(name) + ": ", pa.string()) for name in carried.schema.names]
-        texts = [_json_values(column) for column in carried.columns]
-        joined = pc.binary_join_element_wise(pc.utf8_slice_codeunits(lines, 0, -1),
-                                             *[piece for pair in zip(members, texts) for piece in pair],
-                                             pa.scalar("}", pa.string()), "")
-        batch = batch.set_column(index, LINE, joined)
+    if index >= 0:  # a null line stays null: json_lines renders it, the carried members with it
+        batch = batch.set_column(index, LINE, _with_members(batch.column(index), carried))
     for field, column in zip(carried.schema, carried.columns):
         batch = batch.append_column(field, column)
     return batch
+
+
+def _with_members(lines: pa.Array, carried: pa.RecordBatch) -> pa.Array:
+    """Each line with ``carried``'s row appended as members before its closing brace (a null line stays null)."""
+    if not carried.num_columns:
+        return lines
+    members = [pa.scalar(", " + _dumps(name) + ": ", pa.string()) for name in carried.schema.names]
+    texts = [_json_values(column) for column in carried.columns]
+    return pc.binary_join_element_wise(pc.utf8_slice_codeunits(lines, 0, -1),
+                                       *[piece for pair in zip(members, texts) for piece in pair],
+                                       pa.scalar("}", pa.string()), "")
 
 
 def _json_values(column: pa.Array) -> pa.Array:
@@ -298,8 +316,15 @@ def json_lines(batch: pa.RecordBatch) -> list[str]:
     its columns' values, numbers as Python (float64) or Arrow (float32, the
     shortest text that reads back the same float32) write them.
     """
-    if batch.schema.get_field_index(LINE.name) >= 0:  # a part: the task wrote its lines already
-        return batch.column(LINE.name).to_pylist()
+    index = batch.schema.get_field_index(LINE.name)
+    if index >= 0:  # a part's rows
+        if batch.column(index).null_count == 0:  # the task wrote their lines already
+            return batch.column(index).to_pylist()
+        # A part written without lines (write_part): the lines from the model's columns, then the carried ones.
+        model = pa.RecordBatch.from_arrays(batch.columns[:index], schema=_leading(batch.schema, index))
+        carried = pa.RecordBatch.from_arrays(batch.columns[index + 1:],
+                                             schema=pa.schema(list(batch.schema)[index + 1:]))
+        return _with_members(pa.array(json_lines(model), pa.string()), carried).to_pylist()
     kind = kind_of(batch.schema)
     keys = [_dumps(k) for k in batch.column("key").to_pylist()]
     errors = batch.column("error")
@@ -314,11 +339,21 @@ def json_lines(batch: pa.RecordBatch) -> list[str]:
     return lines
 
 
+def _leading(schema_: pa.Schema, count: int) -> pa.Schema:
+    """The first ``count`` fields of ``schema_``, with its metadata (the kind)."""
+    return pa.schema(list(schema_)[:count], metadata=schema_.metadata)
+
+
 @functools.lru_cache(maxsize=65_536)  # the model's classes: their text is made once per worker
+def _entry_head(class_id: int, label: str | None) -> str:
+    """``{"class_id": C, "label": L, `` as ``json.dumps`` writes it (no label member without one)."""
+    return f'{{"class_id": {class_id}, ' + (f'"label": {_dumps(label)}, ' if label is not None else "")
+
+
+@functools.lru_cache(maxsize=65_536)
 def _prediction_head(class_id: int, label: str | None) -> str:
-    """``{"class_id": C, "label": L, "probability": `` as ``json.dumps`` writes it (no label member without one)."""
-    return f'{{"class_id": {class_id}, ' + (f'"label": {_dumps(label)}, ' if label is not None else "") + \
-        '"probability": '
+    """``{"class_id": C, "label": L, "probability": ``: a prediction's text up to its probability."""
+    return _entry_head(class_id, label) + '"probability": '
 
 
 def _classify_bodies(batch: pa.RecordBatch) -> list[str | None]:
@@ -365,8 +400,7 @@ def _detect_bodies(batch: pa.RecordBatch) -> list[str | None]:
     scores = pc.cast(entries.field("score"), pa.string()).to_pylist()
     boxes = _number_lists(entries.field("box"))
     labels = entries.field("label").to_pylist()
-    texts = [f'{{"class_id": {c}, ' + (f'"label": {_dumps(label)}, ' if label is not None else "")
-             + f'"score": {score}, "box": [{box}]}}'
+    texts = [_entry_head(c, label) + f'"score": {score}, "box": [{box}]}}'
              for c, label, score, box in zip(entries.field("class_id").to_pylist(), labels, scores, boxes)]
     out = []
     for size, a, b in zip(sizes.to_pylist(), offsets[:-1].tolist(), offsets[1:].tolist()):
@@ -476,9 +510,10 @@ def top_labels(batch: pa.RecordBatch) -> dict[str, int]:
     predictions = predictions.filter(pc.greater(pc.list_value_length(predictions), 0))
     counts: dict[str, int] = {}
     if len(predictions):
-        for first in pc.list_element(predictions, 0).to_pylist():
-            label = str(first["label"] if first.get("label") is not None else first["class_id"])
-            counts[label] = counts.get(label, 0) + 1
+        first = pc.list_element(predictions, 0)  # one struct array: its fields as columns, no dict per row
+        for label, class_id in zip(first.field("label").to_pylist(), first.field("class_id").to_pylist()):
+            name = str(label if label is not None else class_id)
+            counts[name] = counts.get(name, 0) + 1
     return counts
 
 

@@ -33,8 +33,11 @@ def part_lines(data: bytes) -> list[str]:
     return results.json_lines(results.read_part(data))
 
 
-def lines_part(lines: list[str]) -> bytes:
-    """A classify part holding these JSON lines' rows (a test's stand-in for a task's part)."""
+def lines_part(lines: list[str], rendered: bool = True) -> bytes:
+    """A classify part holding these JSON lines' rows (a test's stand-in for a task's part).
+
+    ``rendered=False``: the part a Parquet job's task writes, its lines left null.
+    """
     import json
 
     from mxjob import results
@@ -46,7 +49,19 @@ def lines_part(lines: list[str]) -> bytes:
             out.fail(row["key"], row["error"])
         else:
             out.add(row["key"], [{"label": None, **p} for p in row["predictions"]])
-    return results.write_part(out.record_batch())
+    return results.write_part(out.record_batch(), lines=rendered)
+
+
+def scored_lines(model, keys: list[str], inputs: list, handlers=None, **job) -> list[str]:
+    """The JSON lines a task writes for ``keys`` scored together, in their order: one forward pass of ``model``
+    (``partition.score_inputs``, with ``handlers`` if given), then the part's JSON Lines view."""
+    from mxjob import partition, results
+    from mxjob.preprocess import Preprocess
+
+    spec = partition.JobSpec(model=getattr(model, "spec", None), preprocess=Preprocess(), bucket="", **job)
+    out = results.Results(partition.result_schema(spec, model, handlers))
+    partition.score_inputs(model, keys, inputs, spec, handlers, out)
+    return results.json_lines(out.record_batch(sort=False))
 
 
 def make_s3_client(endpoint: str):

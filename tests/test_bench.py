@@ -112,3 +112,13 @@ def test_int8_search_report_names_the_cpu_the_layers_kept_the_agreement_and_the_
                          "tensor-wise, top-1 agreement 0.955; final timing fp32 18.88 ms/image, int8 14.45 ms/image: "
                          "speed-up 1.31x")
     assert "VNNI: " in int8_search.cpu_description()
+
+
+def test_beyond_forward_splits_the_workers_cpu_at_its_tasks_edges():
+    from bench import run_bench
+
+    e = {"cpu_ms_per_image": {"python worker": 22.0, "executor JVM": 0.3},
+         "summary": {"keys_listed": 640, "batches": 10, "seconds": {"cpu": 640 * 0.0195}}}
+    line = run_bench.beyond_forward(e, 17.0)
+    assert line.startswith("in its tasks 2.5 ms") and "outside them 2.5 ms" in line
+    assert "hand-over of 10 tasks, 160 ms each" in line

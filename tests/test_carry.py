@@ -122,8 +122,11 @@ def test_carried_columns_in_a_manifest_sorted_out_of_core_are_refused_not_droppe
 # --- the assembly
 
 
-def carried_run(s3, output_key: str) -> tuple[durable.WorkPrefix, list[str]]:
-    """A finished run of fake parts (two batches) for ROWS' keys, as executors leave it."""
+def carried_run(s3, output_key: str, rendered=(True, True)) -> tuple[durable.WorkPrefix, list[str]]:
+    """A finished run of fake parts (two batches) for ROWS' keys, as executors leave it.
+
+    ``rendered``: per part, whether its task wrote its lines (a JSON Lines job's) or left them null (Parquet's).
+    """
     work = durable.WorkPrefix(s3, BUCKET, output_key)
     keys = sorted(key for key, *_ in ROWS)
     run = work.start_run(1, keys, 2, None)
@@ -132,7 +135,8 @@ def carried_run(s3, output_key: str) -> tuple[durable.WorkPrefix, list[str]]:
                  if k != "photos/b.jpg" else
                  json.dumps({"key": k, "error": {"stage": "decode", "type": "OSError", "message": "broken"}})
                  for k in keys[index * 2:(index + 1) * 2]]
-        s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, index), Body=lines_part(lines))
+        s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, index),
+                      Body=lines_part(lines, rendered=rendered[index]))
     return work, keys
 
 
@@ -171,6 +175,15 @@ def test_carried_columns_follow_every_json_line_after_the_tasks_members(s3, imag
         '"shop": "shop\\\\c"}',
     ]
     assert [json.loads(line)["product_id"] for line in text.splitlines()] == ["p-1", "p-2", 'p-"3"']
+
+
+@pytest.mark.parametrize("rendered", [(False, False), (True, False)], ids=["no part", "one part of two"])
+def test_parts_without_lines_give_the_same_json_lines_bytes_with_their_carried_columns(s3, images, rendered):
+    # A Parquet job's parts hold no lines; a resume that writes JSON Lines renders them from the typed columns.
+    work, _ = carried_run(s3, "with/out.jsonl")
+    want = assembled(s3, work, images, config(), "jsonl", "with/out.jsonl")
+    work, _ = carried_run(s3, "without/out.jsonl", rendered)
+    assert assembled(s3, work, images, config(), "jsonl", "without/out.jsonl") == want
 
 
 def test_carried_columns_are_string_columns_of_every_parquet_row(s3, images):

@@ -28,7 +28,7 @@ from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import S3Proxy
 from mxjob import durable, listing, partition
-from tests.helpers import ROOT, bucket_with_model, encode, part_lines, spark_submit
+from tests.helpers import ROOT, bucket_with_model, encode, part_lines, scored_lines, spark_submit
 from tests.test_decode import png_declaring
 
 BUCKET = "fault-bucket"
@@ -121,8 +121,9 @@ def test_every_bad_object_is_one_error_line_and_its_batch_mates_are_unharmed(buc
     # The good images share batches with the bad ones yet get what they get alone.
     classifier = mxinfer.get_classifier(job.model, make_demo.INPUT_SHAPE, job.batch_size)
     for key in ("cases/good-1.jpg", "cases/good-2.png", "cases/anim.gif", "cases/grey16.png", "cases/cmyk.jpg"):
-        alone = mxinfer.decode_image(objects[key], make_demo.PREPROCESS)[np.newaxis]
-        assert rows[key]["predictions"] == classifier.prediction_dicts(classifier.probabilities(alone), 3)[0], key
+        alone = mxinfer.decode_image(objects[key], make_demo.PREPROCESS)
+        [line] = scored_lines(classifier, [key], [alone], top_k=3)
+        assert rows[key] == json.loads(line), key
 
 
 def test_a_task_reads_its_keys_and_sizes_from_the_runs_plan_and_writes_its_part(bucket, demo_dir, moto_endpoint):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import mxnet as mx
 import numpy as np
@@ -21,7 +22,7 @@ import mxinfer
 from demo import make_demo
 from mxjob import config, driver
 from mxjob.handlers import get_handlers
-from tests.helpers import bucket_with_model, make_s3_client, part_lines, spark_submit
+from tests.helpers import bucket_with_model, make_s3_client, part_lines, scored_lines, spark_submit
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -163,7 +164,7 @@ def test_input_handler_output_is_converted_to_float32_and_its_shape_checked(tmp_
         handlers.decode("text", b"", SHAPE)
 
 
-def test_output_line_keeps_the_real_key_and_writes_numpy_values(tmp_path):
+def test_an_output_handlers_line_keeps_the_real_key_and_writes_numpy_values(tmp_path):
     handlers = mxinfer.load_handlers(write(tmp_path / "h.py", (
         "import numpy as np\n"
         "def output_handler(key, outputs):\n"
@@ -172,14 +173,15 @@ def test_output_line_keeps_the_real_key_and_writes_numpy_values(tmp_path):
         "    if key == 'list':\n"
         "        return [1]\n"
         "    return {'key': 'other', 'first': outputs[0][:2], 'tenth': np.float32(0.1), 'n': np.int64(3)}\n")))
-    line = handlers.output_line("a/b.png", [np.array([1.5, 2.0, 3.0], np.float32)])
+    model = SimpleNamespace(predict=lambda batch: [np.array([[1.5, 2.0, 3.0]] * len(batch), np.float32)])
+    lines = scored_lines(model, ["a/b.png", "nan", "list"], [np.zeros(SHAPE, np.float32)] * 3, handlers)
     # float32 written with its own 7 digits: 0.1, not 0.10000000149011612
-    assert json.loads(line) == {"key": "a/b.png", "first": [1.5, 2.0], "tenth": 0.1, "n": 3}
-    assert line.startswith('{"key": "a/b.png"')
-    with pytest.raises(ValueError, match="Out of range float"):  # NaN would not be valid JSON
-        handlers.output_line("nan", [])
-    with pytest.raises(TypeError, match="returned list; expected a dict"):
-        handlers.output_line("list", [])
+    assert json.loads(lines[0]) == {"key": "a/b.png", "first": [1.5, 2.0], "tenth": 0.1, "n": 3}
+    assert lines[0].startswith('{"key": "a/b.png"')
+    errors = [json.loads(line)["error"] for line in lines[1:]]
+    assert errors[0]["type"] == "ValueError" and "Out of range float" in errors[0]["message"]  # NaN: not JSON
+    assert errors[1] == {"stage": "predict", "type": "TypeError",
+                         "message": "output_handler returned list; expected a dict"}
 
 
 # ----------------------------------------------------------------------------
@@ -212,11 +214,8 @@ def expected_boxes(detector, handler_path, objects, keys) -> dict[str, dict]:
     """The handler run in this process on a plain Predictor: what every executor must write."""
     handlers = mxinfer.load_handlers(str(handler_path))
     predictor = mxinfer.Predictor(str(detector), SHAPE, batch_size=1)
-    out = {}
-    for key in keys:
-        outputs = predictor.predict(handlers.decode(key, objects[key], SHAPE)[np.newaxis])
-        out[key] = json.loads(handlers.output_line(key, [o[0] for o in outputs]))
-    return out
+    return {key: json.loads(scored_lines(predictor, [key], [handlers.decode(key, objects[key], SHAPE)], handlers)[0])
+            for key in keys}
 
 
 def assert_same_boxes(got: dict, want: dict) -> None:

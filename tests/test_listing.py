@@ -50,6 +50,12 @@ def test_build_sorts_deduplicates_filters_suffixes_and_limits():
         ("p/B.jpg", 7), ("p/b.JPG", 3)]
 
 
+def test_suffixes_are_case_insensitive_and_exact_on_the_end_of_the_key():
+    keys = ["a.JPG", "b.jpeg", "c.png.txt", "d.Tiff", "e", "f.webp", "gjpg"]
+    kept = listing.Listing.build("bkt", keys, suffixes=[".jpg", "jpeg", ".tiff", ".webp"])
+    assert [key for key, _ in kept] == ["a.JPG", "b.jpeg", "d.Tiff", "f.webp"]
+
+
 def test_build_orders_keys_as_s3_and_python_do():
     keys = ["a/😀", "a/z", "a/é", "a/Z", "a/日", "a/\u00ff", "a/ ", "a/~"]
     images = listing.Listing.build("bkt", keys)

@@ -362,17 +362,20 @@ def test_the_fast_reader_reads_what_the_python_reader_reads(tmp_path, kind, text
     assert fast[1], "every tricky manifest names images"
 
 
-@pytest.mark.parametrize(("kind", "text"), [
-    ("csv", "b,photos/a.jpg\nb,photos/b.jpg,12\n"),  # two and three fields in one manifest
-    ("csv", "b,photos/a.jpg,1\nb,photos/b.jpg,²\n"),  # a digit that is not ASCII (the Python reader refuses it)
-    ("txt", "s3://b/photos/a.jpg?v=1\nS3://b/photos/b.jpg\ns3://b//photos/c.jpg\n"),  # URIs urlparse cuts or changes
-    ("txt", "photos/a\rb.jpg\n"),  # a carriage return inside a key
-    ("txt", "photos/a\x1fb.jpg\n"),  # the fast reader's field separator inside a key
+@pytest.mark.parametrize(("kind", "text", "doubt"), [
+    # two and three fields in one manifest
+    ("csv", "b,photos/a.jpg\nb,photos/b.jpg,12\n", "Expected 2 columns, got 3"),
+    # a digit that is not ASCII (the Python reader refuses it)
+    ("csv", "b,photos/a.jpg,1\nb,photos/b.jpg,²\n", "a size that is not a whole number"),
+    # URIs urlparse cuts or changes
+    ("txt", "s3://b/photos/a.jpg?v=1\nS3://b/photos/b.jpg\ns3://b//photos/c.jpg\n", "not plainly s3://BUCKET/KEY"),
+    ("txt", "photos/a\rb.jpg\n", "a line break other than"),  # a carriage return inside a key
+    ("txt", "photos/a\x1fb.jpg\n", "Expected 1 columns, got 2"),  # the fast reader's field separator inside a key
 ])
-def test_what_the_fast_reader_doubts_is_read_by_the_python_reader(tmp_path, kind, text):
+def test_what_the_fast_reader_doubts_is_read_by_the_python_reader(tmp_path, kind, text, doubt):
     path = tmp_path / f"keys.{kind}"
     path.write_bytes(text.encode())
-    with pytest.raises(manifest._Doubt):
+    with pytest.raises(manifest._Doubt, match=re.escape(doubt)):
         gathered(manifest._fast_csv if kind == "csv" else manifest._fast_text, str(path))
     try:
         expected = python_reader(kind, path)[1]

@@ -13,7 +13,8 @@ from PIL import Image
 
 import mxinfer
 from demo import make_demo
-from mxjob import partition, state
+from mxjob import state
+from tests.helpers import scored_lines
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -28,6 +29,20 @@ def test_top_classes_orders_by_probability_and_breaks_ties_by_class_id():
     probs = np.array([[0.1, 0.3, 0.3, 0.2, 0.1]])
     assert mxinfer.top_classes(probs, 3) == [[(1, 0.3), (2, 0.3), (3, 0.2)]]
     assert len(mxinfer.top_classes(probs, 10)[0]) == 5
+
+
+def test_top_classes_are_the_first_k_of_a_stable_sort_of_every_row_ties_and_all():
+    rng = np.random.RandomState(0)
+    for trial in range(200):
+        classes, k = int(rng.choice([1, 2, 7, 1000])), int(rng.randint(0, 9))
+        probs = rng.rand(int(rng.randint(1, 17)), classes)
+        if trial % 2:  # many ties, across the k-th value too
+            probs = np.round(probs, 1)
+        if trial % 7 == 0:
+            probs[:] = 0.25
+        order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+        assert mxinfer.top_classes(probs, k) == [[(int(c), float(row[c])) for c in idx]
+                                                 for row, idx in zip(probs, order)], (trial, classes, k)
 
 
 def test_softmax_rows_sum_to_one_and_survive_large_logits():
@@ -89,8 +104,9 @@ def test_without_synset_predictions_have_class_ids_only(tmp_path, logits_prefix)
         shutil.copy(f"{logits_prefix}{suffix}", tmp_path / f"m{suffix}")
     clf = mxinfer.Classifier(str(tmp_path / "m"), SHAPE, batch_size=2)
     assert clf.labels is None
-    [entries] = clf.prediction_dicts(clf.probabilities(digit_batch(1)), 2)
-    assert set(entries[0]) == {"class_id", "probability"}
+    [line] = scored_lines(clf, ["k"], list(digit_batch(1)), top_k=2)
+    entries = json.loads(line)["predictions"]
+    assert len(entries) == 2 and all(set(entry) == {"class_id", "probability"} for entry in entries)
 
 
 def test_image_classifier_takes_bytes_paths_and_pil_images(tmp_path, logits_prefix):
@@ -216,15 +232,18 @@ def test_non_finite_scores_fail_their_row_and_a_failed_forward_fails_the_batch(t
     clf = mxinfer.Classifier(linear_model(tmp_path / "linear", shape), shape, batch_size=4)
     good = np.random.RandomState(1).rand(2, *shape).astype(np.float32)
     nan = np.full(shape, np.nan, np.float32)
-    lines = partition.output_lines(clf, ["a", "b", "c"], [good[0], nan, good[1]], top_k=2)
-    assert [(key, failed) for key, _, failed in lines] == [("a", False), ("b", True), ("c", False)]
-    assert json.loads(lines[1][1]) == {"key": "b", "error": {"stage": "predict", "type": "FloatingPointError",
-                                                             "message": "model output is not finite"}}
-    assert json.loads(lines[2][1])["predictions"] == clf.prediction_dicts(clf.probabilities(good[1:]), 2)[0]
+    rows = [json.loads(line) for line in scored_lines(clf, ["a", "b", "c"], [good[0], nan, good[1]], top_k=2)]
+    assert [(row["key"], "error" in row) for row in rows] == [("a", False), ("b", True), ("c", False)]
+    assert rows[1] == {"key": "b", "error": {"stage": "predict", "type": "FloatingPointError",
+                                             "message": "model output is not finite"}}
+    # The good images get what they get alone.
+    [alone] = scored_lines(clf, ["c"], [good[1]], top_k=2)
+    assert rows[2] == json.loads(alone) and len(rows[2]["predictions"]) == 2
     # Arrays the model cannot take fail every key of the forward pass, with the reason.
-    wrong = partition.output_lines(clf, ["a", "b"], [np.zeros((3, 8, 8), np.float32)] * 2, top_k=2)
-    assert [failed for *_, failed in wrong] == [True, True]
-    assert "expected shape" in json.loads(wrong[0][1])["error"]["message"]
+    wrong = [json.loads(line) for line in scored_lines(clf, ["a", "b"], [np.zeros((3, 8, 8), np.float32)] * 2,
+                                                       top_k=2)]
+    assert ["error" in row for row in wrong] == [True, True]
+    assert "expected shape" in wrong[0]["error"]["message"]
 
 
 @pytest.mark.parametrize("wrong", [(1, *SHAPE[1:]), (SHAPE[0], SHAPE[1] - 4, SHAPE[2] - 4)])

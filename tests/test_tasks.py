@@ -367,3 +367,31 @@ def test_a_parts_lines_are_the_json_view_of_its_own_columns_for_every_kind():
         assert results.kind_of(part.schema) == kind
         assert part.column(results.LINE.name).to_pylist() == results.json_lines(results.model_columns(part))
         assert [json.loads(x)["key"] for x in results.json_lines(part)] == ["a", "b"]
+
+
+def test_top_labels_count_each_rows_first_class_by_label_else_id():
+    rows = results.Results(results.schema("classify"))
+    rows.add("a", results.prediction_entries([(3, "cat", 0.9), (1, "dog", 0.1)]))
+    rows.add("b", results.prediction_entries([(3, "cat", 0.6)]))
+    rows.add("c", results.prediction_entries([(7, None, 0.5)]))
+    rows.add("d", [])
+    rows.fail("e", {"stage": "decode", "type": "OSError", "message": "bad"})
+    assert results.top_labels(rows.record_batch()) == {"cat": 2, "7": 1}
+    assert results.top_labels(results.Results(results.schema("embed", dimension=2)).record_batch()) == {}
+
+
+def test_a_part_without_lines_has_the_same_schema_and_renders_the_same_lines():
+    made = {kind: results.Results(results.schema(kind)) for kind in ("classify", "custom", "detect")}
+    made["embed"] = results.Results(results.schema("embed", dimension=2, dtype="float16"))
+    made["classify"].add("a", results.prediction_entries([(3, "tabby, \"cat\"", 0.123456789), (1, None, 0.5)]))
+    made["custom"].add("a", ('{"boxes": [1.5], "note": "é"}', None))
+    made["embed"].add("a", np.array([0.25, 1e-7], np.float32))
+    made["detect"].add("a", ([3, 4], results.detection_entries([(2, "dog", 0.5, [0.5, 1.0, 2.0, 3.25])])))
+    for kind, rows in made.items():
+        rows.fail("b", {"stage": "download", "type": "OSError", "message": "gone\nfor good"})
+        with_lines = results.read_part(results.write_part(rows.record_batch()))
+        without = results.read_part(results.write_part(rows.record_batch(), lines=False))
+        assert without.schema == with_lines.schema, kind
+        assert without.column(results.LINE.name).null_count == without.num_rows == 2, kind
+        assert results.json_lines(without) == results.json_lines(with_lines), kind
+        assert results.json_lines(without.slice(1)) == results.json_lines(with_lines)[1:], kind

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import mxinfer
-from mxjob import cluster, config, durable, listing, partition, state, worker
+from mxjob import cluster, config, durable, listing, partition, results, state, worker
 from mxjob.stats import StatsAccumulator, StatsFold, TaskStats
 from mxjob.summary import summarize, thread_fit
 
@@ -35,6 +35,21 @@ def test_micro_batch_and_threads_reach_the_executors_from_the_options():
     assert (spec.micro_batch_size, spec.threads, spec.forward_batch) == (8, 4, 8)
     defaults = config.resolve(config.merge_settings(BASE, {})).job_spec()
     assert (defaults.micro_batch_size, defaults.threads, defaults.io_threads) == (16, None, 16)
+
+
+@pytest.mark.parametrize(("output", "fmt", "rendered"), [
+    ("s3://o/k.jsonl", None, True), ("s3://o/k.parquet", None, False), ("s3://o/k", "parquet", False),
+    ("s3://o/k", "jsonl", True)])
+def test_tasks_render_json_lines_into_their_parts_only_for_a_json_lines_output(output, fmt, rendered):
+    options = {**BASE, "output": output, **({"output_format": fmt} if fmt else {})}
+    job = config.resolve(config.merge_settings(options, {})).job_spec()
+    assert job.json_lines is rendered
+    rows = results.Results(results.schema("classify"))
+    rows.add("a", results.prediction_entries([(1, "one", 0.5)]))
+    part = results.read_part(partition.write_results(job, 0, None, rows.record_batch()))
+    assert part.column(results.LINE.name).null_count == (0 if rendered else 1)
+    assert results.json_lines(part) == ['{"key": "a", "predictions": [{"class_id": 1, "label": "one", '
+                                        '"probability": 0.5}]}']
 
 
 def test_threads_option_beats_the_environment_which_beats_task_cpus_which_beats_cpu_count(monkeypatch):

@@ -48,12 +48,6 @@ def test_listing_an_empty_prefix_yields_nothing(s3_mock):
     assert list(utils.list_objects(s3_mock, "bkt", "nothing-here/")) == []
 
 
-def test_keep_suffixes_is_case_insensitive_and_exact_on_the_end():
-    objects = [("a.JPG", 1), ("b.jpeg", 1), ("c.png.txt", 1), ("d.Tiff", 1), ("e", 1), ("f.webp", 1)]
-    kept = utils.keep_suffixes(objects, [".jpg", "jpeg", ".tiff", ".webp"])
-    assert [k for k, _ in kept] == ["a.JPG", "b.jpeg", "d.Tiff", "f.webp"]
-
-
 class FlakyBody:
     def __init__(self, data: bytes, fail: bool):
         self.data, self.fail = data, fail

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from bench import worker_steps
 
 
@@ -32,3 +34,24 @@ def test_the_figures_are_positive_cpu_milliseconds():
 def test_the_get_is_measured_for_both_readers():
     result = worker_steps.get_ms(worker_steps.photos(2), repeats=1)
     assert set(result) == {"lean", "botocore"} and all(ms > 0 for ms in result.values())
+
+
+def test_the_whole_task_is_measured_per_output_format_and_its_steps_add_up():
+    result = worker_steps.measure(images=2, large=0, repeats=1, steps=False, task_batch=4)
+    tasks = result["task"]
+    assert set(tasks) == {"JSON Lines output", "Parquet output"}
+    for figures in tasks.values():
+        steps = [ms for step, ms in figures.items() if step != "task (score_partition)"]
+        assert all(math.isfinite(ms) and ms >= 0 for ms in steps)
+        assert figures["decode + preprocess"] > 0 and figures["GET (lean reader, client)"] > 0
+        # "the rest" is what the steps leave of the whole: never more than the whole.
+        assert sum(steps) >= figures["task (score_partition)"] - 1e-9
+    text = worker_steps.table(result)
+    assert "| step | JSON Lines output | Parquet output |" in text and "| JSON lines |" in text
+
+
+def test_the_free_forward_classifier_scores_like_a_classifier_of_its_classes():
+    model = worker_steps.FreeForward((3, 8, 8), batch_size=4, classes=10)
+    rows = model.classify(np.zeros((6, 3, 8, 8), np.float32), top_k=3)
+    assert len(rows) == 6 and all(len(row) == 3 for row in rows)
+    assert all(label == f"class {c}, a label of about this length" for row in rows for c, label, _ in row)

@@ -72,3 +72,64 @@ def export(model: BenchModel, out_dir: str | Path, seed: int = 0) -> Path:
     net(mx.nd.zeros((1, *model.input_shape)))
     net.export(str(prefix), epoch=0)
     return prefix
+
+
+#: The detector's classes (VOC's 20) and anchors per cell: an SSD-style head on ResNet-18's last feature map.
+DETECTOR_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+                    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
+                    "tvmonitor")
+DETECTOR = BenchModel("resnet18-ssd", (3, 224, 224), len(DETECTOR_CLASSES),
+                      "ResNet-18 features + SSD-style head (MultiBoxPrior, MultiBoxDetection)")
+_ANCHOR_SIZES, _ANCHOR_RATIOS = (0.2, 0.5, 0.8), (1, 2)
+
+
+def export_detector(out_dir: str | Path, seed: int = 0) -> Path:
+    """``resnet18-ssd``: ResNet-18's features (the zoo's, without its pooling and classifier) with an SSD head.
+
+    The head is a class and a box convolution over the 7x7x512 feature map,
+    ``MultiBoxPrior`` anchors (4 per cell) and ``MultiBoxDetection``: the
+    output layout ``(batch, anchors, 6)`` the job's ``--task detect`` reads.
+    The forward pass is ResNet-18's plus the head, so its cost is comparable
+    to the classifier's. Random weights, fixed seed; ``synset.txt`` holds the 20 labels.
+    """
+    prefix = Path(out_dir) / "detector" / DETECTOR.name  # a folder of its own: its synset.txt is its alone
+    files = [prefix.with_name(f"{DETECTOR.name}{suffix}") for suffix in ("-symbol.json", "-0000.params")]
+    if all(f.exists() for f in files):
+        return prefix
+    import mxnet as mx
+    import numpy as np
+    from mxnet.gluon.model_zoo import vision
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(seed)
+    net = vision.resnet18_v1(classes=1000)
+    net.initialize(mx.init.Xavier())
+    features = net.features[:-1]  # up to stage 4: 512 x 7 x 7 at 224 x 224
+    features.hybridize()
+    features(mx.nd.zeros((1, *DETECTOR.input_shape)))
+    body = features(mx.sym.var("data"))
+    per_cell = len(_ANCHOR_SIZES) + len(_ANCHOR_RATIOS) - 1
+    classes = len(DETECTOR_CLASSES) + 1  # and the background
+    anchors = mx.sym.contrib.MultiBoxPrior(body, sizes=_ANCHOR_SIZES, ratios=_ANCHOR_RATIOS, name="ssd_anchors")
+    cls = mx.sym.Convolution(body, num_filter=per_cell * classes, kernel=(3, 3), pad=(1, 1), name="ssd_cls")
+    cls = mx.sym.transpose(mx.sym.reshape(mx.sym.transpose(cls, axes=(0, 2, 3, 1)), shape=(0, -1, classes)),
+                           axes=(0, 2, 1))
+    loc = mx.sym.Convolution(body, num_filter=per_cell * 4, kernel=(3, 3), pad=(1, 1), name="ssd_loc")
+    loc = mx.sym.flatten(mx.sym.transpose(loc, axes=(0, 2, 3, 1)))
+    detections = mx.sym.contrib.MultiBoxDetection(mx.sym.softmax(cls, axis=1), loc, anchors, nms_threshold=0.45,
+                                                  name="ssd_detection")
+    trained = {name: param.data() for name, param in features.collect_params().items()}
+    aux_names = set(detections.list_auxiliary_states())
+    shapes, _, _ = detections.infer_shape(data=(1, *DETECTOR.input_shape))
+    rng = np.random.RandomState(seed)
+    params = {}
+    for name, shape in zip(detections.list_arguments(), shapes):
+        if name == "data":
+            continue
+        params[f"arg:{name}"] = trained.get(name, mx.nd.array(rng.randn(*shape) * 0.05))
+    for name in aux_names:
+        params[f"aux:{name}"] = trained[name]
+    detections.save(str(files[0]))
+    mx.nd.save(str(files[1]), params)
+    prefix.with_name("synset.txt").write_text("\n".join(DETECTOR_CLASSES) + "\n")
+    return prefix

@@ -64,7 +64,7 @@ def limit(model: str, shape: tuple, batch: int, images: list[str], seconds: floa
     The rate is the best of windows of at least a second each, so that a
     moment of other load on the machine does not lower the limit E is held to.
     """
-    classifier = mxinfer.Classifier(model, shape, batch)
+    classifier = mxinfer.Predictor(model, shape, batch)  # the forward pass alone, whatever the model's head
     prep = _preprocess(shape)
     arrays = np.stack([mxinfer.decode_image(Path(p).read_bytes(), prep) for p in images])
     batches = [arrays[i: i + batch] for i in range(0, len(arrays) - batch + 1, batch)] or [arrays[:batch]]

@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 from bench import images as bench_images  # noqa: E402
 from bench import models as bench_models  # noqa: E402
 from bench import task_cost  # noqa: E402
+from bench import tasks as bench_tasks  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
 from demo.s3proxy import S3Proxy  # noqa: E402
@@ -185,10 +186,14 @@ def probe(args: list[str], threads: int) -> dict:
 
 def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, batch: int, work: Path,
            master: str, extra: list[str], moto: psutil.Process, spark_conf: list[str] = (),
-           prefix: str = "photos/") -> dict:
-    """Run the job once on ``local-cluster``; its summary plus what was measured around it."""
-    key = f"out/{tag}.jsonl"
-    job_args = ["--input", f"s3://{BUCKET}/{prefix}", "--model", f"s3://{BUCKET}/models/{model.name}",
+           prefix: str = "photos/", suffix: str = ".jsonl", model_key: str | None = None) -> dict:
+    """Run the job once on ``local-cluster``; its summary plus what was measured around it.
+
+    The output is ``out/TAG`` + ``suffix`` (its size is ``output_bytes``); the
+    model is ``models/NAME`` unless ``model_key`` says otherwise.
+    """
+    key = f"out/{tag}{suffix}"
+    job_args = ["--input", f"s3://{BUCKET}/{prefix}", "--model", f"s3://{BUCKET}/{model_key or 'models/' + model.name}",
                 "--output", f"s3://{BUCKET}/{key}", "--endpoint-url", proxy_endpoint,
                 "--input-shape", model.shape_arg, "--mean", bench_models.MEAN, "--std", bench_models.STD,
                 "--batch-size", str(batch), "--progress-seconds", "30", *extra]
@@ -218,6 +223,7 @@ def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, ba
     cpu = watch.cpu_between(tasks["first_start"], tasks["last_end"])
     return {
         "tag": tag, "wall_seconds": wall, "summary": summary,
+        "output_bytes": s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"],
         "E": tasks["images_per_second"],
         "E_steady": steady_images / steady_window if steady_window > 0 and steady_images > 0 else None,
         "worker_peak_rss": [w.get("max_rss_bytes") for w in workers],
@@ -286,6 +292,8 @@ def run(args) -> dict:
             log(f"{model.name}:   {row['E']['E']:.1f} images/s, steady {row['E']['E_steady'] or 0:.1f}, "
                 f"wall {row['E']['wall_seconds']:.1f}s")
             results["models"][model.name] = row
+        if args.tasks:
+            results["tasks"] = bench_tasks.run(args, s3, proxy, moto, submit, probe, results["models"], paths, work)
         if args.int8:
             results["int8"] = {}
             for model in chosen:
@@ -412,6 +420,8 @@ def report(results: dict) -> str:
                    f" were it free, the other processes' {others:.1f} ms would still cap E/L at "
                    f"{1000 * cores / (l_cost + others) / row['L']['images_per_second']:.2f}")
         out.append(f"      {beyond_forward(row['E'], l_cost)}")
+    if "tasks" in results:
+        out.extend(bench_tasks.report(results["tasks"], results["models"]["resnet18"]["L"]["images_per_second"]))
     out.extend(report_int8(results))
     out.extend(report_large(results))
     out.append("MXNet threads per Python worker (the job's default; --threads and OMP_NUM_THREADS unset):")
@@ -565,6 +575,9 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench",
                         help="folder for the images, models, logs and results.json")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--tasks", default="", metavar="embed,detect",
+                        help="also run --task embed (float32, float16; Parquet and JSON Lines) and detect (an SSD "
+                             "head on ResNet-18) beside classify, on ResNet-18 (bench/tasks.py)")
     parser.add_argument("--task-cost-tasks", type=int, default=200,
                         help="tasks of each kind for Spark's per-task cost, trivial and ours (0: skip)")
     args = parser.parse_args(argv)

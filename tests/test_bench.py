@@ -122,3 +122,27 @@ def test_beyond_forward_splits_the_workers_cpu_at_its_tasks_edges():
     line = run_bench.beyond_forward(e, 17.0)
     assert line.startswith("in its tasks 2.5 ms") and "outside them 2.5 ms" in line
     assert "hand-over of 10 tasks, 160 ms each" in line
+
+
+def test_task_rows_give_bytes_per_image_and_hold_embed_to_classify():
+    from bench import tasks as bench_tasks
+
+    def e_run(rate: float, size: int, task: str, outputs: dict) -> dict:
+        return {"E": rate, "E_steady": rate * 1.5, "output_bytes": size,
+                "summary": {"options": {"task": task}, "model": {"outputs": outputs}}}
+
+    images = 400
+    rows = {"classify jsonl": bench_tasks.row_figures(e_run(50.0, 120_000, "classify", {"fc": [1000]}), images),
+            "classify parquet": bench_tasks.row_figures(e_run(52.0, 40_000, "classify", {"fc": [1000]}), images),
+            "embed float32 parquet": bench_tasks.row_figures(e_run(49.6, 900_000, "embed", {"flatten": [512]}),
+                                                             images),
+            "embed float16 parquet": bench_tasks.row_figures(e_run(49.0, 500_000, "embed", {"flatten": [512]}),
+                                                             images)}
+    assert rows["embed float32 parquet"]["bytes_per_image"] == 2250.0
+    assert rows["embed float32 parquet"]["values"] == 512 and rows["classify parquet"]["values"] is None
+    assert bench_tasks.verdict("embed float32 parquet", 49.6, 52.0).endswith("(PASS: at least 0.95)")  # 0.954
+    assert "FAIL" in bench_tasks.verdict("embed float16 parquet", 49.0, 52.0)  # 0.942
+    assert bench_tasks.verdict("detect parquet", 26.0, 52.0) == "0.50"
+    table = "\n".join(bench_tasks.report(rows, 100.0))
+    assert "| embed float32 parquet | 49.6 | 74.4 | 0.95 (PASS" in table
+    assert "| 1,250 |" in table  # float16: 500,000 bytes / 400 images

@@ -86,6 +86,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -99,11 +100,13 @@ from pathlib import Path
 
 import boto3
 import psutil
+import pyarrow.parquet as pq
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import utils  # noqa: E402
 from bench import models as bench_models  # noqa: E402
 from bench.fake_daemon import FAKE_PREDICTIONS  # noqa: E402
 from bench.listing import PREFIX as LISTING_PREFIX  # noqa: E402
@@ -262,6 +265,18 @@ def write_manifest(path: Path, count: int) -> float:
     return time.perf_counter() - started
 
 
+def first_row(s3, output_key: str, dataset: bool) -> dict:
+    """The output's first row: the JSON Lines object's first line, or the dataset's first file's first row."""
+    if not dataset:
+        first = s3.get_object(Bucket=BUCKET, Key=output_key, Range="bytes=0-1023")["Body"].read()
+        return json.loads(first.split(b"\n", 1)[0])
+    body = s3.get_object(Bucket=BUCKET, Key=f"{output_key}part-00000.parquet")["Body"].read()
+    row = pq.read_table(io.BytesIO(body)).slice(0, 1).to_pylist()[0]
+    # Parquet has the label column (null without labels) and float32 probabilities: as the JSON line has them.
+    row["predictions"] = [{k: v for k, v in p.items() if v is not None} for p in row["predictions"] or []]
+    return row
+
+
 def spark_stop_seconds(log_text: str) -> float | None:
     """The driver's "Spark stopped in X s" (the SparkContext's stop, which overlaps the assembly's tail)."""
     match = re.search(r"Spark stopped in ([\d.]+) s", log_text)
@@ -274,8 +289,11 @@ def executors_of(master: str) -> int | None:
 
 
 def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | None = None,
-              assembly: str = "during") -> dict:
-    """Write the manifest, run the job on it, read its summary and output: one row of the table."""
+              assembly: str = "during", dataset: bool = False) -> dict:
+    """Write the manifest, run the job on it, read its summary and output: one row of the table.
+
+    ``dataset``: the output is a Parquet dataset (``out/scale-N-dataset/``), not one JSON Lines object.
+    """
     batch_size = batch_size or args.batch_size
     manifest = work / f"manifest-{keys}.csv"
     if manifest in WRITTEN:
@@ -284,7 +302,9 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | 
         log(f"{keys:,} keys: writing {manifest}")
         manifest_seconds = write_manifest(manifest, keys)
         WRITTEN.add(manifest)
-    output_key = f"out/scale-{keys}-{assembly}.jsonl"
+    label = "dataset" if dataset else assembly
+    output_key = f"out/scale-{keys}-dataset/" if dataset else f"out/scale-{keys}-{assembly}.jsonl"
+    summary_key = f"{output_key}_summary.json" if dataset else f"{output_key}.summary.json"
     job_args = ["--input-manifest", str(manifest), "--model", f"s3://{BUCKET}/models/{MODEL.name}",
                 "--output", f"s3://{BUCKET}/{output_key}", "--endpoint-url", endpoint,
                 "--input-shape", MODEL.shape_arg, "--batch-size", str(batch_size), "--top-k", "1",
@@ -294,7 +314,7 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | 
                 *args.spark_conf]
     for setting in reversed(settings):  # after "spark-submit --master M": over conf/spark-local.conf
         command[3:3] = ["--conf", setting]
-    log_path = work / f"scale-{keys}-{assembly}.log"
+    log_path = work / f"scale-{keys}-{label}.log"
     log(f"{keys:,} keys: spark-submit on {args.master}, batch {batch_size} "
         f"({math.ceil(keys / batch_size):,} tasks), fake scorer; log in {log_path}")
     started = time.time()
@@ -310,21 +330,23 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | 
     wall = exited - started
     if code != 0:
         raise RuntimeError(f"the {keys:,}-key job exited {code}; see {log_path}")
-    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{output_key}.summary.json")["Body"].read())
-    (work / f"scale-{keys}-{assembly}.summary.json").write_text(json.dumps(summary, indent=2))
-    first = s3.get_object(Bucket=BUCKET, Key=output_key, Range="bytes=0-1023")["Body"].read()
-    first_line = json.loads(first.split(b"\n", 1)[0])
+    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key)["Body"].read())
+    (work / f"scale-{keys}-{label}.summary.json").write_text(json.dumps(summary, indent=2))
+    first_line = first_row(s3, output_key, dataset)
     if first_line.get("predictions") != FAKE_PREDICTIONS:
         raise RuntimeError(f"the output's first line is not the fake scorer's: {first_line}; was "
                            f"spark.python.daemon.module={DAEMON_MODULE} used? see {log_path}")
     if summary.get("keys_listed") != keys or summary.get("predicted") != keys:
         raise RuntimeError(f"the job listed {summary.get('keys_listed')} keys and predicted "
                            f"{summary.get('predicted')}, not {keys}; see {log_path}")
-    s3.delete_object(Bucket=BUCKET, Key=output_key)  # moto keeps objects in memory
+    # moto keeps objects in memory
+    for key in ([k for k, _ in utils.list_objects(s3, BUCKET, output_key)] if dataset else [output_key]):
+        s3.delete_object(Bucket=BUCKET, Key=key)
     seconds = summary.get("seconds") or {}
     python, jvm = watch.peak("driver python"), watch.peak("driver JVM")
     row = {
         "keys": keys, "batch_size": batch_size, "batches": summary.get("batches"), "assembly": assembly,
+        "output": "dataset" if dataset else "single object",
         "manifest_write_s": manifest_seconds,
         "listing_s": seconds.get("listing"), "model_check_s": seconds.get("model_check"),
         "plan_s": seconds.get("plan"), "spark_s": seconds.get("spark"),
@@ -467,16 +489,20 @@ def tail_report(rows: list[dict]) -> str:
              f"{rows[0]['batches']:,} tasks), fake scorer, one bench run:",
              "| output | --assembly | assembly after the Spark job s | its driver CPU s | last task's end to the "
              "output s | Spark's stop s (meanwhile) | last task's end to exit s "
-             "| last task to exit / assembly after the job |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| last task to the output / assembly after the job | last task to exit / assembly after the job |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         share = row["last_task_to_exit_s"] / base if base and row["last_task_to_exit_s"] is not None else None
+        ready = row.get("output_after_last_task_s")
+        ready_share = ready / base if base and ready is not None else None
         verdict = "" if row is after or share is None else \
             f" (target <= {TAIL_TARGET:.0%}: {_verdict(share, TAIL_TARGET)})"
-        lines.append(f"| {row.get('output', 'single object')} | {row['assembly']} | {_cell(row['assembly_s'], 2)} | "
+        lines.append(f"| {row['output']} | {row['assembly']} | {_cell(row['assembly_s'], 2)} | "
                      f"{_cell(row['assembly_cpu_s'], 2)} | {_cell(row.get('output_after_last_task_s'), 2)} | "
                      f"{_cell(row.get('spark_stop_s'), 1)} | "
                      f"{_cell(row['last_task_to_exit_s'], 1)} | "
+                     + ("-" if row is after or ready_share is None else
+                        f"{ready_share:.1%} ({_verdict(ready_share, TAIL_TARGET)})") + " | "
                      + ("-" if row is after else f"{share:.1%}{verdict}" if share is not None else "n/a") + " |")
     return "\n".join(lines)
 
@@ -579,6 +605,7 @@ def main(argv=None) -> int:
         if args.tail_keys:
             tails = [run_point(s3, endpoint, args.tail_keys, args, work, args.ten_million_batch, assembly=mode)
                      for mode in ("after", "during")]
+            tails.append(run_point(s3, endpoint, args.tail_keys, args, work, args.ten_million_batch, dataset=True))
             extra.append(tail_report(tails))
             (work / "tail.json").write_text(json.dumps(tails, indent=2))
         if args.hundred_million:

@@ -146,3 +146,20 @@ def test_task_rows_give_bytes_per_image_and_hold_embed_to_classify():
     table = "\n".join(bench_tasks.report(rows, 100.0))
     assert "| embed float32 parquet | 49.6 | 74.4 | 0.95 (PASS" in table
     assert "| 1,250 |" in table  # float16: 500,000 bytes / 400 images
+
+
+def test_the_tail_report_holds_the_tail_to_a_tenth_of_the_assembly_after_the_job():
+    from bench import scale
+
+    def row(assembly: str, output: str, assembly_s: float, ready: float, exit_s: float) -> dict:
+        return {"keys": 1000, "batch_size": 10, "batches": 100, "assembly": assembly, "output": output,
+                "assembly_s": assembly_s, "assembly_cpu_s": 1.0, "output_after_last_task_s": ready,
+                "spark_stop_s": 1.0, "last_task_to_exit_s": exit_s}
+
+    text = scale.tail_report([row("after", "single object", 8.0, 8.2, 9.5),
+                              row("during", "single object", 0.3, 0.4, 1.6),
+                              row("during", "dataset", 0.9, 1.0, 2.0)])
+    lines = text.splitlines()
+    assert lines[3].endswith("| - | - |")  # the row every other is held to
+    assert "| 5.0% (MET) | 20.0% (target <= 10%: MISSED) |" in lines[4]  # 0.4 / 8.0 and 1.6 / 8.0
+    assert "| 12.5% (MISSED) | 25.0% (target <= 10%: MISSED) |" in lines[5]

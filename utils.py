@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: S3 refuses multipart parts under 5 MiB (except the last one).
 MIN_PART_BYTES = 5 * 1024 * 1024
+#: S3's largest part.
+MAX_PART_BYTES = 5 * 1024 ** 3
 
 # Every S3 client of the job is configured from these: the driver's, the
 # listing's, the executors' readers, the model's and the --config read.
@@ -624,6 +626,10 @@ class MultipartWriter:
     ...     out.write(b'{"key": "a.jpg"}\\n')
     """
 
+    #: The part size doubles after every this many parts: S3 takes at most 10,000 parts in an upload, and
+    #: parts of 5 MiB would stop an object at 50 GB (a hundred million embeddings as JSON Lines are more).
+    PARTS_PER_SIZE = 1000
+
     def __init__(self, client, bucket: str, key: str, part_bytes: int = 8 * MIN_PART_BYTES // 5,
                  content_type: str = "application/x-ndjson"):
         if part_bytes < MIN_PART_BYTES:
@@ -649,6 +655,8 @@ class MultipartWriter:
             Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=data
         )
         self._parts.append({"ETag": response["ETag"], "PartNumber": number})
+        if number % self.PARTS_PER_SIZE == 0:
+            self.part_bytes = min(2 * self.part_bytes, MAX_PART_BYTES)
 
     def close(self) -> None:
         """Upload what is buffered and complete the upload: the object appears now."""

@@ -540,7 +540,8 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
             client, cfg.output_bucket, cfg.output_key, dataset_plan.rows_per_file,
             durable.provenance(work.read_job()), dataset_plan.keep))
     try:
-        writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key,
+        # Parts of S3's smallest size: the last one, uploaded after the last batch, is the assembly's tail.
+        writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key, part_bytes=utils.MIN_PART_BYTES,
                                        content_type="application/vnd.apache.parquet"
                                        if cfg.output_format == "parquet" else "application/x-ndjson")
     except Exception as exc:

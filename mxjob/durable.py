@@ -305,7 +305,7 @@ class LiveRun:
     thread (the assembly's) asks; any thread may finish or cancel.
     """
 
-    def __init__(self, work: WorkPrefix, run: Run, poll_seconds: float = 1.0):
+    def __init__(self, work: WorkPrefix, run: Run, poll_seconds: float = 0.5):
         self.work, self.run, self.poll_seconds = work, run, poll_seconds
         self.done: set[int] = set()
         #: Listings made, for the summary.

@@ -141,6 +141,20 @@ def test_multipart_writer_streams_parts_and_the_object_appears_only_on_close(s3_
     assert body == chunk * 11
 
 
+def test_multipart_writer_doubles_its_part_size_so_ten_thousand_parts_hold_any_object(s3_mock, monkeypatch):
+    monkeypatch.setattr(utils.MultipartWriter, "PARTS_PER_SIZE", 2)  # S3 takes 10,000 parts; here every 2 double
+    writer = utils.MultipartWriter(s3_mock, "bkt", "out/grow.jsonl", part_bytes=utils.MIN_PART_BYTES)
+    chunk = b"y" * (1024 * 1024)
+    for _ in range(31):
+        writer.write(chunk)
+    sizes = [s3_mock.list_parts(Bucket="bkt", Key="out/grow.jsonl", UploadId=writer.upload_id)["Parts"][i]["Size"]
+             for i in range(len(writer._parts))]
+    mib = 1024 * 1024
+    assert sizes == [5 * mib, 5 * mib, 10 * mib, 10 * mib]  # 30 MiB in 4 parts, 1 MiB buffered
+    writer.close()
+    assert s3_mock.get_object(Bucket="bkt", Key="out/grow.jsonl")["Body"].read() == chunk * 31
+
+
 def test_multipart_writer_aborts_on_error_leaving_no_object_and_no_parts(s3_mock):
     with pytest.raises(RuntimeError, match="the job failed"):
         with utils.MultipartWriter(s3_mock, "bkt", "out/p.jsonl") as writer:

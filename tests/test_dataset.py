@@ -25,12 +25,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import utils
-from demo import make_demo
 from demo.s3proxy import S3Proxy
 from mxjob import config, dataset, durable, preflight, results
 from mxjob.errors import JobError
 from mxjob.sidecar import is_dataset, output_of, side_key
-from tests.helpers import bucket_with_model, spark_submit, start_spark_submit
+from tests.helpers import bucket_with_digits, spark_submit, start_spark_submit
 
 BUCKET = "dataset-bucket"
 BASE = {"input": "s3://in/p/", "model": "s3://m/r"}
@@ -222,13 +221,10 @@ ROWS_PER_FILE = 16
 
 
 @pytest.fixture(scope="module")
-def world(s3, moto_endpoint, demo_dir):
-    bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
-    (_, _), (test_x, _) = make_demo.digits_split()
-    for i in range(IMAGES):
-        s3.put_object(Bucket=BUCKET, Key=f"imgs/{i:03d}.png", Body=make_demo.digit_png(test_x[i]))
+def world(moto_endpoint, demo_dir):
+    s3, keys = bucket_with_digits(moto_endpoint, BUCKET, demo_dir / "model", IMAGES)
     s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=b"not a png")
-    return {"endpoint": moto_endpoint, "keys": sorted([f"imgs/{i:03d}.png" for i in range(IMAGES)] + ["imgs/bad.png"])}
+    return {"endpoint": moto_endpoint, "keys": sorted([*keys, "imgs/bad.png"])}
 
 
 def job_args(endpoint: str, output: str, *extra: str) -> list[str]:

@@ -203,3 +203,45 @@ def test_an_upload_a_killed_driver_left_open_is_aborted_and_no_other(s3):
     assert work.abort_uploads() == 2
     left = [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=BUCKET, Prefix="open/").get("Uploads", [])]
     assert left == [other] and not set(mine) & set(left)
+
+
+def test_a_single_runs_parts_are_kept_whole_without_a_merge_row_by_row(s3, monkeypatch):
+    keys = [f"p{i:03d}" for i in range(30)]
+    work = durable.WorkPrefix(s3, BUCKET, "whole/out.jsonl")
+    run = work.start_run(1, keys, 7, None)
+    for index in range(run.batches):
+        write_part(work, run, keys, index)
+
+    def no_rows(parts):
+        raise AssertionError("merged row by row")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(durable, "_run_rows", no_rows)
+        counts, text = assemble_after(s3, work, keys, "whole/out.jsonl")
+    assert [json.loads(x)["key"] for x in text.splitlines()] == keys
+    assert (counts.predicted, counts.dropped, counts.parts_read) == (30, 0, 5)
+
+
+def test_a_part_that_is_not_the_listings_next_keys_goes_row_by_row_from_there(s3):
+    scored = [f"q{i:02d}" for i in range(12)]
+    work = durable.WorkPrefix(s3, BUCKET, "rows/out.jsonl")
+    run = work.start_run(1, scored, 4, None)
+    for index in range(run.batches):
+        write_part(work, run, scored, index)
+    listed = [k for k in scored if k != "q06"]  # q06 is no longer listed: its line is dropped
+    counts, text = assemble_after(s3, work, listed, "rows/out.jsonl")
+    assert [json.loads(x)["key"] for x in text.splitlines()] == listed
+    assert (counts.predicted, counts.dropped) == (11, 1)
+    with pytest.raises(durable.ResumeError, match=r"no line for key 'q99' .*\(1 keys without a line\)"):
+        assemble_after(s3, work, [*scored, "q99"], "rows/missing.jsonl")
+
+
+def assemble_after(s3, work, keys, out_key):
+    sink = durable.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, out_key))
+    try:
+        counts = durable.assemble(work, work.runs(), keys, sink)
+        sink.close()
+    except BaseException:
+        sink.abort()
+        raise
+    return counts, read(s3, out_key)

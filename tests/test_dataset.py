@@ -288,3 +288,14 @@ def test_a_dataset_read_while_running_after_a_kill_and_after_resume(s3, world):
     one = pq.read_table(io.BytesIO(s3.get_object(Bucket=BUCKET, Key="one.parquet")["Body"].read()))
     assert final.select(one.column_names).to_pylist() == one.to_pylist()
     assert final.filter(pa.compute.is_valid(final.column("error"))).column("key").to_pylist() == ["imgs/bad.png"]
+
+
+def test_watch_finds_the_status_of_an_object_and_of_a_dataset():
+    from mxjob import watch
+
+    assert watch.status_location("s3://b/out/p.jsonl") == ("b", "out/p.jsonl.status.json")
+    assert watch.status_location("s3://b/out/p.jsonl.status.json") == ("b", "out/p.jsonl.status.json")
+    assert watch.status_location("s3://b/classes/") == ("b", "classes/_status.json")
+    assert watch.status_location("s3://b/classes/_status.json") == ("b", "classes/_status.json")
+    with pytest.raises(utils.S3UriError, match="names no output"):
+        watch.status_location("s3://b/")

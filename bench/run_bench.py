@@ -375,7 +375,8 @@ def _mib(value) -> str:
 def report(results: dict) -> str:
     out = []
     machine = results["machine"]
-    out.append(f"{machine.get('cpu', 'CPU not recorded')}; {machine['cores']} cores, {machine['memory_gib']} GiB; "
+    # cpu_description() names the cores too; results.json files from before it was recorded do not.
+    out.append(f"{machine.get('cpu') or str(machine['cores']) + ' cores'}, {machine['memory_gib']} GiB; "
                f"{results['images']} images "
                f"({results['image_bytes'] / results['images'] / 1000:.0f} kB average), "
                f"S3 latency {results['latency_ms']:.0f} ms per request; batch {results['batch']}")

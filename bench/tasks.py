@@ -122,8 +122,8 @@ def forward_cost(detect_l: float | None, classify_l: float | None) -> str:
         return "detect's L: not measured"
     more = 1000 / detect_l - 1000 / classify_l
     return (f"detect's forward pass (its own L, {detect_l:.1f} images/s) runs at {detect_l / classify_l:.2f}x "
-            f"classify's L ({classify_l:.1f}): the SSD head and MultiBoxDetection cost {more:+.1f} ms per image "
-            f"on every core")
+            f"classify's L ({classify_l:.1f}): the SSD head and MultiBoxDetection cost {more:+.2f} ms per image "
+            f"(forward passes on every core)")
 
 
 def report(tasks: dict, classify_l: float | None, cpu: str) -> list[str]:

@@ -156,7 +156,7 @@ def test_task_rows_give_bytes_per_image_and_hold_embed_to_classify():
     assert "| embed float16 parquet | 49.0 | - | 0.94 (FAIL: at least 0.95) | 100.0 | 512 | 1,250 |" in table
     assert "| detect parquet | 26.0 | - | 0.50 | 80.0 |  | 368 |" in table
     # 1000/80 - 1000/100 = 2.5 ms more per image than the classifier's forward pass.
-    assert "runs at 0.80x classify's L (100.0): the SSD head and MultiBoxDetection cost +2.5 ms" in table
+    assert "runs at 0.80x classify's L (100.0): the SSD head and MultiBoxDetection cost +2.50 ms per image" in table
 
 
 def test_tasks_names_are_checked_and_choose_their_rows():

@@ -55,7 +55,7 @@ docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/setti
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: $(STAMP) ## Throughput (L, S, E) and memory on this machine, printed as a table (about 4 min; BENCH_ARGS=--quick; --tasks embed,detect adds the three tasks side by side)
+bench: $(STAMP) ## Throughput (L, S, E) and memory on this machine, printed as a table (about 4 min; BENCH_ARGS=--quick; BENCH_ARGS='--tasks embed,detect': embed and detect rows beside classify on the first --models model, five more spark-submit runs)
 	$(PY) -m bench.run_bench $(BENCH_ARGS)
 
 .PHONY: bench-int8

@@ -74,53 +74,71 @@ def export(model: BenchModel, out_dir: str | Path, seed: int = 0) -> Path:
     return prefix
 
 
-#: The detector's classes (VOC's 20) and anchors per cell: an SSD-style head on ResNet-18's last feature map.
+#: The detectors' classes (VOC's 20) and anchors per cell: an SSD-style head on a backbone's last feature map.
 DETECTOR_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
                     "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
                     "tvmonitor")
-DETECTOR = BenchModel("resnet18-ssd", (3, 224, 224), len(DETECTOR_CLASSES),
-                      "ResNet-18 features + SSD-style head (MultiBoxPrior, MultiBoxDetection)")
 _ANCHOR_SIZES, _ANCHOR_RATIOS = (0.2, 0.5, 0.8), (1, 2)
+#: Anchors per cell of the feature map: one per size with the first ratio, one per further ratio.
+ANCHORS_PER_CELL = len(_ANCHOR_SIZES) + len(_ANCHOR_RATIOS) - 1
 
 
-def export_detector(out_dir: str | Path, seed: int = 0) -> Path:
-    """``resnet18-ssd``: ResNet-18's features (the zoo's, without its pooling and classifier) with an SSD head.
+def detector_for(backbone: BenchModel) -> BenchModel:
+    """The detector :func:`export_detector` makes on ``backbone``: ``NAME-ssd``, the same input shape, 20 classes."""
+    return BenchModel(f"{backbone.name}-ssd", backbone.input_shape, len(DETECTOR_CLASSES),
+                      f"{backbone.description} features + SSD-style head (MultiBoxPrior, MultiBoxDetection)")
 
-    The head is a class and a box convolution over the 7x7x512 feature map,
-    ``MultiBoxPrior`` anchors (4 per cell) and ``MultiBoxDetection``: the
-    output layout ``(batch, anchors, 6)`` the job's ``--task detect`` reads.
-    The forward pass is ResNet-18's plus the head, so its cost is comparable
-    to the classifier's. Random weights, fixed seed; ``synset.txt`` holds the 20 labels.
+
+DETECTOR = detector_for(RESNET18)
+
+
+def _features(backbone: BenchModel):
+    """``backbone``'s network up to its last feature map: without its pooling and classifier."""
+    from mxnet.gluon.model_zoo import vision
+
+    if backbone is RESNET18:
+        return vision.resnet18_v1(classes=backbone.classes).features[:-1]  # stage 4: 512 x 7 x 7 at 224 x 224
+    return cifar_resnet20(backbone.classes)[:-3]  # stage 3: 64 x 8 x 8 at 32 x 32
+
+
+def export_detector(out_dir: str | Path, backbone: BenchModel = RESNET18, seed: int = 0) -> Path:
+    """``NAME-ssd``: ``backbone``'s features (its network without pooling and classifier) with an SSD head.
+
+    The head is a class and a box convolution over the last feature map
+    (ResNet-18's 7x7x512: 196 anchors; ResNet-20's 8x8x64: 256),
+    ``MultiBoxPrior`` anchors (:data:`ANCHORS_PER_CELL` per cell) and
+    ``MultiBoxDetection``: the output layout ``(batch, anchors, 6)`` the job's
+    ``--task detect`` reads. The forward pass is the backbone's plus the head,
+    so its cost is comparable to the classifier's. Random weights, fixed seed;
+    ``synset.txt`` beside it holds the 20 labels. Reused if already written.
     """
-    prefix = Path(out_dir) / "detector" / DETECTOR.name  # a folder of its own: its synset.txt is its alone
-    files = [prefix.with_name(f"{DETECTOR.name}{suffix}") for suffix in ("-symbol.json", "-0000.params")]
+    detector = detector_for(backbone)
+    prefix = Path(out_dir) / "detector" / detector.name  # a folder of its own: its synset.txt is its alone
+    files = [prefix.with_name(f"{detector.name}{suffix}") for suffix in ("-symbol.json", "-0000.params")]
     if all(f.exists() for f in files):
         return prefix
     import mxnet as mx
     import numpy as np
-    from mxnet.gluon.model_zoo import vision
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
-    net = vision.resnet18_v1(classes=1000)
-    net.initialize(mx.init.Xavier())
-    features = net.features[:-1]  # up to stage 4: 512 x 7 x 7 at 224 x 224
+    features = _features(backbone)
+    features.initialize(mx.init.Xavier())
     features.hybridize()
-    features(mx.nd.zeros((1, *DETECTOR.input_shape)))
+    features(mx.nd.zeros((1, *detector.input_shape)))
     body = features(mx.sym.var("data"))
-    per_cell = len(_ANCHOR_SIZES) + len(_ANCHOR_RATIOS) - 1
     classes = len(DETECTOR_CLASSES) + 1  # and the background
     anchors = mx.sym.contrib.MultiBoxPrior(body, sizes=_ANCHOR_SIZES, ratios=_ANCHOR_RATIOS, name="ssd_anchors")
-    cls = mx.sym.Convolution(body, num_filter=per_cell * classes, kernel=(3, 3), pad=(1, 1), name="ssd_cls")
+    cls = mx.sym.Convolution(body, num_filter=ANCHORS_PER_CELL * classes, kernel=(3, 3), pad=(1, 1), name="ssd_cls")
     cls = mx.sym.transpose(mx.sym.reshape(mx.sym.transpose(cls, axes=(0, 2, 3, 1)), shape=(0, -1, classes)),
                            axes=(0, 2, 1))
-    loc = mx.sym.Convolution(body, num_filter=per_cell * 4, kernel=(3, 3), pad=(1, 1), name="ssd_loc")
+    loc = mx.sym.Convolution(body, num_filter=ANCHORS_PER_CELL * 4, kernel=(3, 3), pad=(1, 1), name="ssd_loc")
     loc = mx.sym.flatten(mx.sym.transpose(loc, axes=(0, 2, 3, 1)))
     detections = mx.sym.contrib.MultiBoxDetection(mx.sym.softmax(cls, axis=1), loc, anchors, nms_threshold=0.45,
                                                   name="ssd_detection")
     trained = {name: param.data() for name, param in features.collect_params().items()}
     aux_names = set(detections.list_auxiliary_states())
-    shapes, _, _ = detections.infer_shape(data=(1, *DETECTOR.input_shape))
+    shapes, _, _ = detections.infer_shape(data=(1, *detector.input_shape))
     rng = np.random.RandomState(seed)
     params = {}
     for name, shape in zip(detections.list_arguments(), shapes):

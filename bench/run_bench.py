@@ -62,8 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import images as bench_images  # noqa: E402
+from bench import int8_search, task_cost  # noqa: E402
 from bench import models as bench_models  # noqa: E402
-from bench import task_cost  # noqa: E402
 from bench import tasks as bench_tasks  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
@@ -263,7 +263,8 @@ def run(args) -> dict:
     extra = [bench_models.RESNET20] if args.memory_tasks > 0 and bench_models.RESNET20 not in chosen else []
     needed = [*chosen, *extra]
     prefixes = {m.name: bench_models.export(m, work / "models") for m in needed}
-    results: dict = {"machine": {"cores": cores, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+    results: dict = {"machine": {"cores": cores, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+                                 "cpu": int8_search.cpu_description()},
                      "images": len(paths), "image_bytes": sum(p.stat().st_size for p in paths),
                      "latency_ms": args.latency * 1000, "batch": args.batch, "models": {}}
     with moto_server(work / "moto.log") as upstream, S3Proxy(upstream, latency=args.latency) as proxy:
@@ -374,7 +375,9 @@ def _mib(value) -> str:
 def report(results: dict) -> str:
     out = []
     machine = results["machine"]
-    out.append(f"{machine['cores']} cores, {machine['memory_gib']} GiB; {results['images']} images "
+    # cpu_description() names the cores too; results.json files from before it was recorded do not.
+    out.append(f"{machine.get('cpu') or str(machine['cores']) + ' cores'}, {machine['memory_gib']} GiB; "
+               f"{results['images']} images "
                f"({results['image_bytes'] / results['images'] / 1000:.0f} kB average), "
                f"S3 latency {results['latency_ms']:.0f} ms per request; batch {results['batch']}")
     out.append("")
@@ -421,7 +424,9 @@ def report(results: dict) -> str:
                    f"{1000 * cores / (l_cost + others) / row['L']['images_per_second']:.2f}")
         out.append(f"      {beyond_forward(row['E'], l_cost)}")
     if "tasks" in results:
-        out.extend(bench_tasks.report(results["tasks"], results["models"]["resnet18"]["L"]["images_per_second"]))
+        tasks = results["tasks"]
+        out.extend(bench_tasks.report(tasks, results["models"][tasks["model"]]["L"]["images_per_second"],
+                                      machine.get("cpu", "an unnamed CPU")))
     out.extend(report_int8(results))
     out.extend(report_large(results))
     out.append("MXNet threads per Python worker (the job's default; --threads and OMP_NUM_THREADS unset):")
@@ -576,8 +581,9 @@ def main(argv=None) -> int:
                         help="folder for the images, models, logs and results.json")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--tasks", default="", metavar="embed,detect",
-                        help="also run --task embed (float32, float16; Parquet and JSON Lines) and detect (an SSD "
-                             "head on ResNet-18) beside classify, on ResNet-18 (bench/tasks.py)")
+                        help="also run --task embed (float32, float16; Parquet and JSON Lines) and/or detect (an "
+                             "SSD head on the same backbone) beside classify, on the first of --models "
+                             "(bench/tasks.py)")
     parser.add_argument("--task-cost-tasks", type=int, default=200,
                         help="tasks of each kind for Spark's per-task cost, trivial and ours (0: skip)")
     args = parser.parse_args(argv)
@@ -586,6 +592,10 @@ def main(argv=None) -> int:
         args.driver_results, args.memory_tasks = "1000", 0
         args.calibration_images, args.large_images, args.task_cost_tasks = 24, 8, 20  # 20 held out: int8's floor
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    try:
+        args.tasks = bench_tasks.parse_tasks(args.tasks)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.job_args = args.job_args.split()
     args.driver_results = [int(x) for x in str(args.driver_results).split(",") if x]
     results = run(args)

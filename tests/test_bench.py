@@ -124,28 +124,113 @@ def test_beyond_forward_splits_the_workers_cpu_at_its_tasks_edges():
     assert "hand-over of 10 tasks, 160 ms each" in line
 
 
+def e_run(rate: float, size: int, task: str, outputs: dict, steady: float | None = None) -> dict:
+    """What ``run_bench.submit`` returns, as much of it as the task rows read."""
+    return {"E": rate, "E_steady": steady, "output_bytes": size,
+            "summary": {"options": {"task": task}, "model": {"outputs": outputs}}}
+
+
 def test_task_rows_give_bytes_per_image_and_hold_embed_to_classify():
     from bench import tasks as bench_tasks
 
-    def e_run(rate: float, size: int, task: str, outputs: dict) -> dict:
-        return {"E": rate, "E_steady": rate * 1.5, "output_bytes": size,
-                "summary": {"options": {"task": task}, "model": {"outputs": outputs}}}
-
     images = 400
-    rows = {"classify jsonl": bench_tasks.row_figures(e_run(50.0, 120_000, "classify", {"fc": [1000]}), images),
-            "classify parquet": bench_tasks.row_figures(e_run(52.0, 40_000, "classify", {"fc": [1000]}), images),
-            "embed float32 parquet": bench_tasks.row_figures(e_run(49.6, 900_000, "embed", {"flatten": [512]}),
+    rows = {"classify jsonl": bench_tasks.row_figures(e_run(50.0, 120_000, "classify", {"fc": [1000]}, 75.0), images),
+            "classify parquet": bench_tasks.row_figures(e_run(52.0, 40_000, "classify", {"fc": [1000]}, 78.0), images),
+            "embed float32 parquet": bench_tasks.row_figures(e_run(49.6, 900_000, "embed", {"flatten": [512]}, 74.4),
                                                              images),
             "embed float16 parquet": bench_tasks.row_figures(e_run(49.0, 500_000, "embed", {"flatten": [512]}),
-                                                             images)}
+                                                             images),
+            "detect parquet": {**bench_tasks.row_figures(e_run(26.0, 147_200, "detect", {"det": [196, 6]}), images),
+                               "L": 80.0}}
     assert rows["embed float32 parquet"]["bytes_per_image"] == 2250.0
     assert rows["embed float32 parquet"]["values"] == 512 and rows["classify parquet"]["values"] is None
+    assert rows["detect parquet"]["values"] is None  # 196 x 6 is no vector
     assert bench_tasks.verdict("embed float32 parquet", 49.6, 52.0).endswith("(PASS: at least 0.95)")  # 0.954
     assert "FAIL" in bench_tasks.verdict("embed float16 parquet", 49.0, 52.0)  # 0.942
     assert bench_tasks.verdict("detect parquet", 26.0, 52.0) == "0.50"
-    table = "\n".join(bench_tasks.report(rows, 100.0))
-    assert "| embed float32 parquet | 49.6 | 74.4 | 0.95 (PASS" in table
-    assert "| 1,250 |" in table  # float16: 500,000 bytes / 400 images
+    tasks = {"model": "resnet18", "description": "ResNet-18", "images": images, "rows": rows}
+    table = "\n".join(bench_tasks.report(tasks, 100.0, "Some CPU @ 2.0GHz"))
+    assert "Tasks on ResNet-18, the same 400 images, on Some CPU @ 2.0GHz" in table
+    assert "| classify jsonl | 50.0 | 75.0 | - | 100.0 |  | 300 |" in table  # 120,000 bytes / 400 images
+    assert "| embed float32 parquet | 49.6 | 74.4 | 0.95 (PASS: at least 0.95) | 100.0 | 512 | 2,250 |" in table
+    assert "| embed float16 parquet | 49.0 | - | 0.94 (FAIL: at least 0.95) | 100.0 | 512 | 1,250 |" in table
+    assert "| detect parquet | 26.0 | - | 0.50 | 80.0 |  | 368 |" in table
+    # 1000/80 - 1000/100 = 2.5 ms more per image than the classifier's forward pass.
+    assert "runs at 0.80x classify's L (100.0): the SSD head and MultiBoxDetection cost +2.50 ms per image" in table
+
+
+def test_tasks_names_are_checked_and_choose_their_rows():
+    from bench import tasks as bench_tasks
+
+    assert bench_tasks.parse_tasks(" detect, embed,detect ") == ("detect", "embed")
+    assert bench_tasks.parse_tasks("") == ()
+    with pytest.raises(ValueError, match=r"--tasks takes embed, detect \(comma-separated\), not classify, emb$"):
+        bench_tasks.parse_tasks("embed,classify,emb")
+    names = [row[0] for row in bench_tasks.rows_for(("embed",))]
+    assert names == ["classify parquet", "embed float32 parquet", "embed float16 parquet", "embed float32 jsonl"]
+    assert [row[0] for row in bench_tasks.rows_for(("detect",))] == ["classify parquet", "detect parquet"]
+    assert bench_tasks.rows_for(()) == []
+    with pytest.raises(SystemExit):  # argparse's error, before any image is made
+        from bench import run_bench
+
+        run_bench.main(["--tasks", "segment", "--work", "/nonexistent"])
+
+
+class FakeS3:
+    def __init__(self):
+        self.objects = {}
+
+    def put_object(self, Bucket, Key, Body):  # boto3's argument names
+        self.objects[Key] = Body
+
+
+def test_task_rows_run_each_task_on_the_first_model_without_spark(tmp_path):
+    """``bench.tasks.run`` with stand-ins for spark-submit and the L probe: which jobs, which model, which figures."""
+    from argparse import Namespace
+
+    from bench import tasks as bench_tasks
+
+    submitted, probed = [], []
+
+    def submit(s3, endpoint, model, tag, batch, work, master, extra, moto, spark_conf, suffix=".jsonl",
+               model_key=None):
+        submitted.append((tag, model.name, extra, suffix, model_key))
+        task = extra[extra.index("--task") + 1]
+        outputs = {"embed": {"flatten": [64]}, "detect": {"det": [256, 6]}}.get(task, {"fc": [10]})
+        size = 1000 * len(submitted)  # each object's size differs: a row reading another's size shows
+        return e_run(100.0 + len(submitted), size, task, outputs, 120.0)
+
+    def probe(args, threads):
+        probed.append(args)
+        return {"images_per_second": 90.0}
+
+    args = Namespace(models=["resnet20", "resnet18"], tasks=("embed", "detect"), batch=4, master="M",
+                     job_args=["--x"], spark_conf=[], limit_seconds=1.0)
+    paths = [tmp_path / f"img{i}.jpg" for i in range(10)]
+    s3 = FakeS3()
+    classify = {"resnet20": {"E": e_run(100.0, 500, "classify", {"fc": [10]}, 120.0)}}
+    result = bench_tasks.run(args, s3, Namespace(endpoint="http://proxy"), None, submit, probe, classify, paths,
+                             tmp_path)
+    assert {model for _, model, _, _, _ in submitted} == {"resnet20"}
+    assert [(tag, suffix) for tag, _, _, suffix, _ in submitted] == [
+        ("T-classify-parquet", ".parquet"), ("T-embed-float32-parquet", ".parquet"),
+        ("T-embed-float16-parquet", ".parquet"), ("T-embed-float32-jsonl", ".jsonl"), ("T-detect-parquet", ".parquet")]
+    assert submitted[2][2] == ["--x", "--task", "embed", "--embedding-dtype", "float16"]
+    assert submitted[4][4] == "models/detector/resnet20-ssd" and submitted[0][4] is None
+    assert sorted(s3.objects) == ["models/detector/resnet20-ssd-0000.params",
+                                  "models/detector/resnet20-ssd-symbol.json", "models/detector/synset.txt"]
+    assert probed[0][:3] == ["limit", "--model", str(tmp_path / "models" / "detector" / "resnet20-ssd")]
+    rows = result["rows"]
+    assert result["model"] == "resnet20" and result["images"] == 10
+    assert rows["classify jsonl"]["bytes_per_image"] == 50.0  # 500 bytes / 10 images
+    assert [rows[name]["bytes_per_image"] for name in list(rows)[1:]] == [100.0, 200.0, 300.0, 400.0, 500.0]
+    assert rows["embed float16 parquet"]["values"] == 64 and rows["detect parquet"]["L"] == 90.0
+
+    args.tasks = ("embed",)
+    submitted.clear()
+    rows = bench_tasks.run(args, FakeS3(), Namespace(endpoint="e"), None, submit, probe, classify, paths,
+                           tmp_path)["rows"]
+    assert "detect parquet" not in rows and len(submitted) == 4 and len(probed) == 1
 
 
 def test_the_tail_report_holds_the_tail_to_a_tenth_of_the_assembly_after_the_job():

@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from xml.etree import ElementTree
 
@@ -593,6 +593,21 @@ def sibling_uri(uri: str, name: str) -> str:
     """The URI of ``name`` in the same folder as ``uri`` (for ``synset.txt``)."""
     head, _, _ = uri.rpartition("/")
     return f"{head}/{name}" if head else name
+
+
+def delete_objects(client, bucket: str, keys: Iterable[str]) -> int:
+    """Delete ``keys`` in DeleteObjects calls of 1,000 (S3's most a call); return how many.
+
+    A key S3 could not delete raises ``OSError`` naming it.
+    """
+    keys = list(keys)
+    for start in range(0, len(keys), 1000):
+        chunk = keys[start:start + 1000]
+        response = client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+        if response.get("Errors"):
+            error = response["Errors"][0]
+            raise OSError(f"cannot delete s3://{bucket}/{error['Key']}: {error.get('Message')}")
+    return len(keys)
 
 
 def abort_uploads(client, bucket: str, prefix: str, mine: Callable[[str], bool]) -> int:

@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -155,18 +154,6 @@ def refuse_foreign(found: Contents, uri: str) -> None:
                        f"{'it' if len(found.foreign) == 1 else 'them'} away")
 
 
-def delete(client, bucket: str, keys: Iterable[str]) -> int:
-    """Delete ``keys`` (1,000 a call); return how many."""
-    keys = list(keys)
-    for start in range(0, len(keys), 1000):
-        chunk = keys[start:start + 1000]
-        response = client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
-        if response.get("Errors"):
-            error = response["Errors"][0]
-            raise OSError(f"cannot delete s3://{bucket}/{error['Key']}: {error.get('Message')}")
-    return len(keys)
-
-
 class DatasetSink:
     """The assembly's rows, in key order, cut into files of ``rows_per_file`` rows under ``prefix``.
 
@@ -197,14 +184,18 @@ class DatasetSink:
 
     def _add(self, piece: pa.RecordBatch) -> None:
         if self._index not in self.keep:
-            if self._file is None:
-                writer = utils.MultipartWriter(self.client, self.bucket, file_key(self.prefix, self._index),
-                                               content_type="application/vnd.apache.parquet")
-                self._file = durable.ParquetSink(writer, self.metadata)
-            self._file.write([piece])
+            self._open_file().write([piece])
         self._rows += piece.num_rows
         if self._rows == self.rows_per_file:
             self._end_file()
+
+    def _open_file(self) -> durable.ParquetSink:
+        """The file being written: a Parquet sink over a multipart upload, opened at its first row."""
+        if self._file is None:
+            writer = utils.MultipartWriter(self.client, self.bucket, file_key(self.prefix, self._index),
+                                           content_type="application/vnd.apache.parquet")
+            self._file = durable.ParquetSink(writer, self.metadata)
+        return self._file
 
     def _end_file(self) -> None:
         if self._index in self.keep:
@@ -220,14 +211,12 @@ class DatasetSink:
     def close(self) -> None:
         """End the last file, then write ``_SUCCESS``: every file's key, rows and bytes."""
         if self._rows or not self.files:
-            if self._file is None and self._index not in self.keep:  # no row at all: one empty file
-                writer = utils.MultipartWriter(self.client, self.bucket, file_key(self.prefix, self._index),
-                                               content_type="application/vnd.apache.parquet")
-                self._file = durable.ParquetSink(writer, self.metadata)
+            if self._index not in self.keep:  # no row at all: one empty file
+                self._open_file()
             self._end_file()
         stale = [key for index, (key, _) in self.keep.items() if index >= self._index]
         if stale:  # cannot happen over the same key list; kept out of the dataset if it does
-            delete(self.client, self.bucket, stale)
+            utils.delete_objects(self.client, self.bucket, stale)
         body = {"files": [{k: f[k] for k in ("key", "rows", "bytes")} for f in self.files],
                 "rows": sum(f["rows"] for f in self.files), "rows_per_file": self.rows_per_file}
         utils.put_text(self.client, self.bucket, side_key(self.prefix, "SUCCESS"), json.dumps(body, indent=1) + "\n")

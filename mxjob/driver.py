@@ -497,7 +497,7 @@ def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: 
 def clear_dataset(cfg: JobConfig, client) -> None:
     """``--overwrite`` of a dataset: its files, ``_SUCCESS`` and summary go before any new file appears."""
     found = preflight.dataset_contents(cfg, client)
-    removed = dataset.delete(client, cfg.output_bucket, [key for key, _ in found.files.values()] + found.own)
+    removed = utils.delete_objects(client, cfg.output_bucket, [key for key, _ in found.files.values()] + found.own)
     if removed:
         log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"),
                  cfg.output_uri)
@@ -515,7 +515,7 @@ def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, auto_
                  plural(len(plan.keep), "dataset file"), cfg.output_uri)
     if stale and not dry:
         # The key list changed since: those files' rows would not be this run's. Gone before any new file appears.
-        dataset.delete(client, cfg.output_bucket, stale)
+        utils.delete_objects(client, cfg.output_bucket, stale)
         log.info("--resume: the input's keys changed since the earlier run; deleted its %s under %s, to be "
                  "written again", plural(len(stale), "dataset file"), cfg.output_uri)
     return plan

@@ -241,15 +241,7 @@ class WorkPrefix:
 
     def remove(self) -> int:
         """Delete everything under the work prefix; return how many objects were deleted."""
-        keys = [key for key, _ in self._objects(self.prefix)]
-        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1,000 keys a call
-            chunk = keys[start:start + 1000]
-            response = self.client.delete_objects(
-                Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
-            if response.get("Errors"):
-                error = response["Errors"][0]
-                raise OSError(f"cannot delete s3://{self.bucket}/{error['Key']}: {error.get('Message')}")
-        return len(keys)
+        return utils.delete_objects(self.client, self.bucket, [key for key, _ in self._objects(self.prefix)])
 
 
 def remaining_keys(work: WorkPrefix, runs: Sequence[Run], keys) -> pa.Array:

@@ -30,10 +30,11 @@ def check_before_listing(cfg: JobConfig, client, yarn_retry: bool = False) -> No
     """
     if cfg.output_key:
         check_output_writable(cfg, client)
-        if cfg.dataset:  # objects the job did not write are refused whatever the flags
-            dataset.refuse_foreign(dataset_contents(cfg, client), cfg.output_uri)
+        found = dataset_contents(cfg, client) if cfg.dataset else None  # one listing for both checks
+        if found is not None:  # objects the job did not write are refused whatever the flags
+            dataset.refuse_foreign(found, cfg.output_uri)
         if not (cfg.overwrite or cfg.resume or yarn_retry):
-            refuse_existing_output(cfg, client)
+            refuse_existing_output(cfg, client, found)
     check_model_files(cfg.model)
 
 
@@ -61,10 +62,13 @@ def output_exists(cfg: JobConfig, client) -> bool:
     return any(utils.object_exists(client, cfg.output_bucket, key) for key in (cfg.output_key, cfg.summary_key))
 
 
-def refuse_existing_output(cfg: JobConfig, client) -> None:
-    """An output (or its summary) that exists is refused: replacing it takes ``--overwrite``."""
+def refuse_existing_output(cfg: JobConfig, client, found: dataset.Contents | None = None) -> None:
+    """An output (or its summary) that exists is refused: replacing it takes ``--overwrite``.
+
+    ``found``: a dataset prefix's contents, when the caller has listed them already.
+    """
     try:
-        exists = output_exists(cfg, client)
+        exists = found.output_exists if found is not None else output_exists(cfg, client)
     except utils.S3_ERRORS as exc:
         raise JobError(f"cannot read {cfg.output_uri}: {first_line(exc)}; the job needs s3:GetObject and "
                        "s3:ListBucket on the output bucket") from exc

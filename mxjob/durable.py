@@ -301,7 +301,7 @@ class LiveRun:
     def __init__(self, work: WorkPrefix, run: Run, poll_seconds: float = 0.5):
         self.work, self.run, self.poll_seconds = work, run, poll_seconds
         self.done: set[int] = set()
-        #: Listings made, for the summary.
+        #: Listings made (a merge that followed the run listed more than once).
         self.listings = 0
         self._finished = self._cancelled = False
         self._wake = threading.Event()
@@ -325,8 +325,7 @@ class LiveRun:
         :meth:`cancel`, and :class:`ResumeError` if the job finished without
         the part.
         """
-        if self._cancelled:  # checked before every part, so that a cancel stops a merge that has all it needs
-            raise AssemblyCancelled(f"the assembly of {self.run.prefix} stopped: the Spark job did not finish")
+        self._stop_if_cancelled()  # before every part, so that a cancel stops a merge that has all it needs
         if index in self.done:
             return True
         if not wait:
@@ -343,8 +342,11 @@ class LiveRun:
                                   f"s3://{self.work.bucket}/{self.run.prefix}")
             self._wake.wait(self.poll_seconds)
             self._wake.clear()
-            if self._cancelled:
-                raise AssemblyCancelled(f"the assembly of {self.run.prefix} stopped: the Spark job did not finish")
+            self._stop_if_cancelled()
+
+    def _stop_if_cancelled(self) -> None:
+        if self._cancelled:
+            raise AssemblyCancelled(f"the assembly of {self.run.prefix} stopped: the Spark job did not finish")
 
     def _list(self, frontier: int) -> None:
         """Add the parts listed from batch ``frontier`` on (every earlier one is known durable)."""

@@ -398,7 +398,7 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
     ``--overwrite`` removes the earlier progress (and a dataset's files), unless ``dry``.
     A dataset output's plan (:func:`plan_dataset`) is the plan's ``dataset``.
     """
-    output_exists, work_exists = existing_output(cfg, client, work)
+    output_exists, work_exists, found = existing_output(cfg, client, work)
     if cfg.overwrite:
         if work_exists and not dry:
             log.info("--overwrite: removing %d objects of the earlier run under %s", work.remove(), work.uri)
@@ -414,12 +414,12 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
         if resume:
             raise Completed(cfg.output_uri)
         raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
-    if cfg.dataset and cfg.overwrite and not dry:
-        clear_dataset(cfg, client)
+    if found is not None and cfg.overwrite and not dry:
+        clear_dataset(cfg, client, found)
     if work_exists:
         plan = resume_plan(work, images, fingerprint)
-        if cfg.dataset:
-            plan.dataset = plan_dataset(cfg, client, work, images, auto_rows, dry)
+        if found is not None:
+            plan.dataset = plan_dataset(cfg, client, work, images, auto_rows, dry, found)
     else:
         new = dataset.fresh_plan(cfg.rows_per_file, auto_rows, images) if cfg.dataset else None
         plan = fresh_plan(cfg, work, images, fingerprint, resume, dry, new)
@@ -437,10 +437,18 @@ def abort_left_uploads(work: durable.WorkPrefix) -> None:
                  plural(aborted, "incomplete upload"))
 
 
-def existing_output(cfg: JobConfig, client, work: durable.WorkPrefix) -> tuple[bool, bool]:
-    """``(output exists, work prefix exists)``; an unreadable output bucket raises :class:`JobError`."""
+def existing_output(cfg: JobConfig, client,
+                    work: durable.WorkPrefix) -> tuple[bool, bool, dataset.Contents | None]:
+    """``(output exists, work prefix exists, a dataset prefix's contents or None)``.
+
+    A dataset's prefix is listed once here, for the plan's every look at it. An
+    unreadable output bucket raises :class:`JobError`.
+    """
     try:
-        return preflight.output_exists(cfg, client), work.exists()
+        if cfg.dataset:
+            found = preflight.dataset_contents(cfg, client)
+            return found.output_exists, work.exists(), found
+        return preflight.output_exists(cfg, client), work.exists(), None
     except Exception as exc:
         raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
                        "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the output bucket") from exc
@@ -494,19 +502,18 @@ def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: 
     return durable.Plan(runs=runs, todo=todo, number=max((run.number for run in runs), default=0) + 1, resumed=True)
 
 
-def clear_dataset(cfg: JobConfig, client) -> None:
-    """``--overwrite`` of a dataset: its files, ``_SUCCESS`` and summary go before any new file appears."""
-    found = preflight.dataset_contents(cfg, client)
+def clear_dataset(cfg: JobConfig, client, found: dataset.Contents) -> None:
+    """``--overwrite`` of a dataset: its files, ``_SUCCESS`` and summary (``found``) go before any new file appears."""
     removed = utils.delete_objects(client, cfg.output_bucket, [key for key, _ in found.files.values()] + found.own)
     if removed:
         log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"),
                  cfg.output_uri)
 
 
-def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, auto_rows: tuple,
-                 dry: bool) -> dataset.DatasetPlan:
-    """A resumed dataset's plan: the first run's rows per file; its files kept, or deleted if the keys changed."""
-    found = preflight.dataset_contents(cfg, client)
+def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, auto_rows: tuple, dry: bool,
+                 found: dataset.Contents) -> dataset.DatasetPlan:
+    """A resumed dataset's plan: the first run's rows per file; its files (``found``) kept, or deleted if the keys
+    changed."""
     job = work.read_job() or {}
     plan = dataset.resume_plan(job.get("dataset"), cfg.rows_per_file, auto_rows, images, found)
     stale = [key for index, (key, _) in found.files.items() if index not in plan.keep]

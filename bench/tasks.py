@@ -19,6 +19,7 @@ the forward pass is known, the vector length and the output's bytes per image
 
 from __future__ import annotations
 
+import math
 import os
 
 from bench import models as bench_models
@@ -63,12 +64,9 @@ def row_figures(e: dict, images: int) -> dict:
     """What a row prints from its E run: images/s, output bytes per image, the vector length (embed only)."""
     model = e["summary"].get("model") or {}
     outputs = list((model.get("outputs") or {}).values())
-    length = 1
-    for axis in outputs[0] if outputs else ():
-        length *= axis
     embed = e["summary"].get("options", {}).get("task") == "embed"
     return {"E": e["E"], "E_steady": e["E_steady"], "bytes_per_image": e["output_bytes"] / images,
-            "values": length if outputs and embed else None}
+            "values": math.prod(outputs[0]) if outputs and embed else None}
 
 
 def verdict(name: str, e: float, against: float | None) -> str:

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import utils
-from mxjob import durable, listing
+from mxjob import durable
 from mxjob.errors import JobError, plural
 from mxjob.sidecar import NAMES, side_key
 
@@ -95,9 +95,7 @@ def keys_digest(keys) -> str:
     digest only if they are the same keys in the same order.
     """
     lengths_digest, data_digest = hashlib.sha256(), hashlib.sha256()  # two streams: chunking cannot shift them
-    column = keys.keys if isinstance(keys, listing.Listing) else pa.chunked_array(
-        [pa.array(list(keys), listing.KEY_TYPE)])
-    for chunk in column.chunks:
+    for chunk in durable.key_column(keys).chunks:
         if not len(chunk):
             continue
         lengths = pc.binary_length(chunk).cast(pa.int64())

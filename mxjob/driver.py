@@ -156,7 +156,9 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
     cfg, precision = prepare_precision(cfg, client, images, classifier)
     summary = classifier.model_summary()
     fingerprint = job_fingerprint(cfg, classifier, carried_names(cfg, images))
-    return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows_per_file(cfg, images, summary))
+    # Only a dataset cuts files: the keys' mean length costs a pass over every key.
+    auto_rows = auto_rows_per_file(cfg, images, summary) if cfg.dataset else (0, "")
+    return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows)
 
 
 def auto_rows_per_file(cfg: JobConfig, images, model_summary: dict) -> tuple[int, str]:

@@ -82,7 +82,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     check_started = time.time()
     cfg, checked = check_on_driver(cfg, client, images)
     if cfg.dry_run:
-        return dry_run(cfg, images, checked.classifier, client, checked.fingerprint)
+        return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, checked.auto_rows)
     checked.classifier = None  # checked: the driver needs the model no more
     seconds["model_check"] = time.time() - check_started
     plan_started = time.time()
@@ -861,7 +861,8 @@ def load_model_on_driver(cfg: JobConfig) -> Predictor:
         raise JobError(f"cannot load the model ({cfg.model.symbol_uri}): {first_line(exc)}") from exc
 
 
-def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, fingerprint: dict) -> int:
+def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, fingerprint: dict,
+            auto_rows: tuple = (0, "")) -> int:
     """Make every check the real run makes before Spark, score one image on the driver's CPU, print the plan.
 
     Starts no Spark job and leaves nothing behind. The checks: the output may
@@ -869,12 +870,11 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
     run's progress, a resume with other settings). The plan is one JSON object
     on the last line of standard output: under spark-submit the driver's log
     and MXNet's own messages share that stream, so a script reads the last
-    line only.
+    line only. ``auto_rows`` is the driver check's ``--rows-per-file auto`` (a dataset output).
     """
     to_score, dataset_plan = len(images), None
     if cfg.output_key:  # preflight.check_before_listing proved the output writable already
         work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
-        auto_rows = auto_rows_per_file(cfg, images, classifier.model_summary()) if cfg.dataset else (0, "")
         try:
             planned = plan_output(cfg, client, work, images, fingerprint, dry=True, auto_rows=auto_rows)
             to_score, dataset_plan = len(planned.todo), planned.dataset

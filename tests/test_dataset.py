@@ -299,3 +299,21 @@ def test_watch_finds_the_status_of_an_object_and_of_a_dataset():
     assert watch.status_location("s3://b/classes/_status.json") == ("b", "classes/_status.json")
     with pytest.raises(utils.S3UriError, match="names no output"):
         watch.status_location("s3://b/")
+
+
+def test_a_dry_run_of_a_dataset_says_its_rows_per_file_and_files(world, stderr_runner):
+    import infer_main
+
+    result = stderr_runner.invoke(infer_main.main, [*job_args(world["endpoint"], "dry/"), "--dry-run"])
+    assert result.exit_code == 0, result.stderr[-2000:]
+    plan = json.loads(result.stdout.strip().splitlines()[-1])
+    assert plan["dataset"] == {"rows_per_file": ROWS_PER_FILE, "why": "--rows-per-file",
+                               "files": -(-len(world["keys"]) // ROWS_PER_FILE), "files_kept": 0}
+    auto = stderr_runner.invoke(infer_main.main, [*job_args(world["endpoint"], "dry/"), "--dry-run",
+                                                  "--rows-per-file", "auto"])
+    assert auto.exit_code == 0, auto.stderr[-2000:]
+    # auto: from these keys' mean length and --top-k 2, as the driver's check measured them
+    mean_key = sum(len(k.encode()) for k in world["keys"]) / len(world["keys"])
+    expected, why = dataset.auto_rows_per_file("classify", mean_key, 2, None, 4)
+    assert json.loads(auto.stdout.strip().splitlines()[-1])["dataset"] == {
+        "rows_per_file": expected, "why": why, "files": 1, "files_kept": 0}

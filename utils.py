@@ -200,7 +200,8 @@ class IOStats:
 
 
 def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats | None = None,
-                max_bytes: int | None = None, byte_range: tuple[int, int] | None = None) -> bytes:
+                max_bytes: int | None = None, byte_range: tuple[int, int] | None = None,
+                seen: dict | None = None) -> bytes:
     """Download one object into memory, retrying a body read cut off midway.
 
     botocore retries failed requests by itself (see :func:`s3_client`); a
@@ -210,7 +211,8 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
     With ``max_bytes``, an object whose ``Content-Length`` is larger raises
     :class:`ObjectTooLargeError` before its body is read (for keys from a
     manifest without sizes). ``byte_range`` is ``(offset, length)``: those
-    bytes of the object only.
+    bytes of the object only. ``seen``, a dict, gets the object's ``"etag"``
+    (quotes stripped; ``None`` if S3 sent none) from the GET that returned it.
     """
     stats = IOStats() if stats is None else stats
     extra = {} if byte_range is None else {"Range": f"bytes={byte_range[0]}-{byte_range[0] + byte_range[1] - 1}"}
@@ -223,6 +225,8 @@ def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats
         stats.add(request_retries=_retry_attempts(response))
         data, broken = _read_body(response, max_bytes)
         if broken is None:
+            if seen is not None:
+                seen["etag"] = _etag(response.get("ETag"))
             return data
         if attempt == attempts:
             raise broken
@@ -251,6 +255,11 @@ def _read_body(response: dict, max_bytes: int | None) -> tuple[bytes | None, Exc
         body.close()
     short = _short_body(data, length)
     return (None, short) if short is not None else (data, None)
+
+
+def _etag(value) -> str | None:
+    """An ETag header's value without its quotes, as a listing's ``ETag`` after ``strip('"')``."""
+    return value.strip('"') if value else None
 
 
 def _retry_attempts(response: dict) -> int:
@@ -476,25 +485,27 @@ class ObjectReader:
             self._learned[bucket] = (url[: len(url) - len(quoted)], scope.group(1),
                                      _text(request.headers.get("User-Agent")) or None)
 
-    def read(self, bucket: str, key: str, stats: IOStats | None = None, max_bytes: int | None = None) -> bytes:
-        """The object's bytes; raises what :func:`read_object` raises (``max_bytes`` as there)."""
+    def read(self, bucket: str, key: str, stats: IOStats | None = None, max_bytes: int | None = None,
+             seen: dict | None = None) -> bytes:
+        """The object's bytes; raises what :func:`read_object` raises (``max_bytes`` and ``seen`` as there)."""
         learned = self._learned.get(bucket) if self.enabled else None
         if learned is None:
-            data = read_object(self.client, bucket, key, stats=stats, max_bytes=max_bytes)
+            data = read_object(self.client, bucket, key, stats=stats, max_bytes=max_bytes, seen=seen)
             if self.enabled:
                 self._learn(bucket, key)
             return data
         try:
-            return self._get(learned, key, max_bytes)
+            return self._get(learned, key, max_bytes, seen)
         except _Retry as retry:
             if self.max_attempts <= 1:
                 raise retry.cause from None
             if stats is not None:
                 stats.add(body_retries=int(retry.body), request_retries=int(not retry.body))
             log.debug("s3://%s/%s: lean GET failed (%s); retrying through botocore", bucket, key, retry.cause)
-            return read_object(self._retry_client(), bucket, key, stats=stats, max_bytes=max_bytes)
+            return read_object(self._retry_client(), bucket, key, stats=stats, max_bytes=max_bytes, seen=seen)
 
-    def _get(self, learned: tuple[str, str, str | None], key: str, max_bytes: int | None = None) -> bytes:
+    def _get(self, learned: tuple[str, str, str | None], key: str, max_bytes: int | None = None,
+             seen: dict | None = None) -> bytes:
         base, region, user_agent = learned
         quoted = botocore.utils.percent_encode(key, safe="/~")
         headers = self._signer.headers(self.credentials.get_frozen_credentials(), region, base, quoted, user_agent)
@@ -516,6 +527,8 @@ class ObjectReader:
         if short is not None:
             raise _Retry(short, body=True)
         self._check_checksum(response.headers, data)
+        if seen is not None:
+            seen["etag"] = _etag(response.headers.get("ETag"))
         return data
 
     def _error(self, response) -> Exception:

@@ -436,15 +436,14 @@ class _Selection:
     def flush(self) -> None:
         if not self.pieces:
             return
-        slices = [batch.slice(start, stop - start) for batch, start, stop in self.pieces]
-        if self.carried is not None:
+        slices = []
+        for batch, start, stop in self.pieces:
+            piece = batch.slice(start, stop - start)
             # The merge keeps exactly one row per key of the listing, in its order: the carried
             # columns' rows for these slices are the next ones, no lookup by key needed.
-            joined = []
-            for piece in slices:
-                joined.append(results.carry(piece, self.carried.slice(self.written, piece.num_rows)))
-                self.written += piece.num_rows
-            slices = joined
+            carried = None if self.carried is None else self.carried.slice(self.written, piece.num_rows)
+            slices.append(results.carry(piece, carried))  # also takes a part's OBJECT_METADATA out
+            self.written += piece.num_rows
         for piece in slices:
             failed = piece.num_rows - piece.column("error").null_count
             self.counts.failed += failed

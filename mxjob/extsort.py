@@ -49,10 +49,6 @@ _SCHEMA = pa.schema([("key", KEY_TYPE), ("size", pa.int64())])
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
-class CarriedTooLarge(ValueError):
-    """A manifest with carried columns that outgrew the in-memory sort (the runs hold keys and sizes only)."""
-
-
 def spill_dir() -> str:
     """Where runs are spilled: ``$MXINFER_SPILL_DIR``, else the temporary directory (``$TMPDIR``, ``/tmp``)."""
     return os.environ.get(SPILL_DIR_ENV) or tempfile.gettempdir()
@@ -83,7 +79,8 @@ class KeySorter:
         self.skipped = Skipped(prefix, self.suffixes)
         self.spill_bytes, self.directory = spill_bytes, directory
         self.rows = 0
-        #: Names of the manifest's carried columns (strings, beside each key); only the in-memory sort keeps them.
+        #: Names of the manifest's carried columns (strings, beside each key): they follow their keys through
+        #: the runs and the merge, as through the in-memory sort.
         self.carried: list[str] = []
         self._pending: list[pa.Table] = []
         self._pending_bytes = 0
@@ -144,14 +141,6 @@ class KeySorter:
     def _spill(self) -> None:
         if not self._pending:
             return
-        if self.carried:
-            # The runs and their merge hold keys and sizes only: carrying columns through them is not
-            # built, and dropping the columns silently would lose what the manifest asked for.
-            raise CarriedTooLarge(
-                f"the manifest carries columns ({', '.join(self.carried)}) and is larger than the "
-                f"{self.spill_bytes >> 20} MiB sorted in memory ({self.rows} rows read so far); columns are "
-                "carried only for manifests sorted in memory: split the manifest into smaller ones, or drop "
-                "the columns beyond bucket,key,size")
         table = pa.concat_tables(self._pending)
         self._pending, self._pending_bytes = [], 0
         table = table.set_column(1, "size", pc.fill_null(table["size"], UNKNOWN_SIZE))
@@ -160,7 +149,8 @@ class KeySorter:
         del table  # sorted_unique lets go of each copy it replaces
         table = sorted_unique(holder)
         path = os.path.join(self._runs_folder(), f"run-{len(self._runs):05d}.arrows")
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, _SCHEMA, options=_OPTIONS) as writer:
+        # The carried columns, if any, are in the run beside their keys: the merge keeps each key's row whole.
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema, options=_OPTIONS) as writer:
             writer.write_table(table, max_chunksize=MERGE_ROWS)
         self._runs.append(path)
         log.debug("spilled run %d: %d keys to %s", len(self._runs), table.num_rows, path)
@@ -186,16 +176,26 @@ class KeySorter:
             tables = list(self.merge(limit))
         finally:
             self.close()
-        table = pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
+        table = pa.concat_tables(tables) if tables else self._schema().empty_table()
         del tables
         pa.default_memory_pool().release_unused()
         return Listing(bucket, table)
 
+    def _schema(self) -> pa.Schema:
+        return pa.schema([*_SCHEMA, *(pa.field(name, pa.string()) for name in self.carried)])
+
     def spilled_listing(self, bucket: str, limit: int | None = None) -> SpilledListing:
-        """The merged keys in one more local file, read a batch at a time (the runs are removed)."""
+        """The merged keys in one more local file, read a batch at a time (the runs are removed).
+
+        The file holds keys and sizes only: the dry run that reads it plans, and never joins the
+        carried columns; their names stay on the listing (:attr:`SpilledListing.carried`).
+        """
+        carried = list(self.carried)
         try:
             folder = self._runs_folder()
-            spilled = SpilledListing.write(bucket, os.path.join(folder, "sorted.arrow"), self.merge(limit), folder)
+            tables = (table.select(["key", "size"]) for table in self.merge(limit))
+            spilled = SpilledListing.write(bucket, os.path.join(folder, "sorted.arrow"), tables, folder)
+            spilled.carried = carried
         except BaseException:
             self.close()
             raise
@@ -303,6 +303,8 @@ class SpilledListing:
 
     def __init__(self, bucket: str, path: str, rows: int, folder: str | None = None):
         self.bucket, self.path, self.rows = bucket, path, rows
+        #: The names of the manifest's carried columns (their values are not in the file).
+        self.carried: list[str] = []
         # The folder goes with the listing, or at the latest when the driver exits.
         self._cleanup = folder and weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
         self._file = pa.OSFile(path)

@@ -108,10 +108,7 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
     try:
         with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
             path = _local_copy(uri, client, work)
-            try:
-                buckets = _read_keys(uri, path, client, work, sorter)
-            except extsort.CarriedTooLarge as exc:
-                raise ManifestError(f"--input-manifest {uri}: {exc}") from None
+            buckets = _read_keys(uri, path, client, work, sorter)
         named = _one_bucket(uri, buckets, bucket)
         out_of_core, read, skipped = sorter.spilled, sorter.rows, sorter.skipped  # close() forgets them
         if out_of_core:

@@ -128,9 +128,11 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
                              max_pool_connections=max(10, job.io_threads + 2), kind=job.s3_reader)
     io_stats = utils.IOStats()
     keys = batch_keys(items, job, reader, io_stats)
+    # --with-object-metadata: each object's ETag and length as its GET read them, {key: (etag, size)}.
+    seen: dict | None = {} if job.with_object_metadata else None
     # Downloading and decoding start now, so a worker's first task fetches while MXNet
     # loads and the model comes in; later tasks find the model in this worker's cache.
-    fetched = _prefetched(keys, partial(_fetch_and_decode, reader, job, handlers, io_stats=io_stats),
+    fetched = _prefetched(keys, partial(_fetch_and_decode, reader, job, handlers, io_stats=io_stats, seen=seen),
                           _pool(job.io_threads), max(job.max_in_flight, 1))
     scoring = Scoring(load_model(job, index, model_class(handlers, job.task)), job, handlers)
     for result in fetched:
@@ -138,7 +140,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     scoring.finish()
     batch = scoring.results.record_batch()
     write_started = time.perf_counter()
-    blob = write_results(job, index, reader.client, batch)
+    blob = write_results(job, index, reader.client, batch, seen)
     scoring.timing["write"] = time.perf_counter() - write_started
     stats = TaskStats(
         partition=index, executor=f"{socket.gethostname()}/{os.getppid()}", worker_pid=os.getpid(),
@@ -245,9 +247,14 @@ def result_schema(job: JobSpec, model: Predictor, handlers: Handlers | None) -> 
     return results.schema(job.task)
 
 
-def write_results(job: JobSpec, index: int, client, batch: pa.RecordBatch) -> bytes | None:
-    """Make the batch's part durable under ``job.parts_prefix`` (returns ``None``), or return the part's bytes."""
-    data = results.write_part(batch, lines=job.json_lines)
+def write_results(job: JobSpec, index: int, client, batch: pa.RecordBatch, seen: dict | None = None) -> bytes | None:
+    """Make the batch's part durable under ``job.parts_prefix`` (returns ``None``), or return the part's bytes.
+
+    ``seen``: the objects' ETags and lengths (``{key: (etag, size)}``), written into the part as
+    :data:`results.OBJECT_METADATA`.
+    """
+    metadata = None if seen is None else results.object_metadata(batch.column("key").to_pylist(), seen)
+    data = results.write_part(batch, lines=job.json_lines, metadata=metadata)
     if job.parts_prefix is None:
         return data
     # Durable before Spark hears the task is done: a dead driver loses nothing this task scored.
@@ -280,11 +287,12 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 
 def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handlers | None, key: str, size: int,
-                      *, io_stats: utils.IOStats):
+                      *, io_stats: utils.IOStats, seen: dict | None = None):
     """Download and decode one object (with ``handlers.input_handler`` if there is one).
 
     Returns ``(key, input, None, times)``, or ``(key, None, (stage, error object), times)``. The input is
     the array, or for ``--task detect`` ``(array, geometry)`` (:func:`decode_image_geometry`).
+    ``seen``, a dict, gets ``seen[key] = (etag, length)`` of a downloaded object.
     """
     started = time.perf_counter()
 
@@ -295,9 +303,12 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
         return failed("download", utils.too_large(size, job.max_object_bytes), (0.0, 0.0))
     try:
         # Also checked from the GET's Content-Length: a manifest may not give sizes (size -1).
-        data = reader.read(job.bucket, key, stats=io_stats, max_bytes=job.max_object_bytes)
+        headers = None if seen is None else {}
+        data = reader.read(job.bucket, key, stats=io_stats, max_bytes=job.max_object_bytes, seen=headers)
     except Exception as exc:  # noqa: BLE001 - every download failure becomes this key's error line
         return failed("download", exc, (time.perf_counter() - started, 0.0))
+    if seen is not None:
+        seen[key] = (headers.get("etag"), len(data))  # one key per thread: a dict's item assignment is atomic
     downloaded = time.perf_counter()
     try:
         if handlers is not None and handlers.input_handler is not None:

@@ -292,6 +292,11 @@ def _object_metadata_only(values: dict) -> bool:
     return bool(values["with_object_metadata"])
 
 
+#: What the options table's Resume column says of a setting in the fingerprint under a condition.
+_FINGERPRINT_WHEN = {_int8_only: "int8 only", _embed_only: "embed only", _detect_only: "detect only",
+                     _object_metadata_only: "when on"}
+
+
 #: The settings that mean something for one task only: given explicitly with another task, they are refused.
 TASK_ONLY = {"top_k": "classify", "output_layer": "embed", "embedding_dtype": "embed", "normalize": "embed",
              "min_score": "detect", "max_detections": "detect"}
@@ -459,8 +464,9 @@ SETTINGS: tuple[Setting, ...] = (
        show_default="parquet if the output key ends in .parquet, else jsonl",
        to="resolve"),
     _s("with_object_metadata", "--with-object-metadata", "output",
-       "Add each object's etag (from the listing of --input; null for keys a manifest names) and size in bytes "
-       "(null when unknown) to every output row.", default=False, is_flag=True, fingerprint=_object_metadata_only),
+       "Add each object's etag and size in bytes to every output row, as the GET that scored it read them (for an "
+       "image whose download failed: the listing's, or null where a manifest names none).",
+       default=False, is_flag=True, fingerprint=_object_metadata_only, to="executor"),
     _s("rows_per_file", "--rows-per-file", "output",
        "Rows in each file of a dataset output (--output s3://BUCKET/PREFIX/); auto: files of about 128 MiB, from the "
        "size of a row (the keys, --top-k, the vector's length). A resume keeps the first run's number.",
@@ -704,7 +710,7 @@ def options_markdown() -> str:
             default_cell = f"`{shown}`" if shown else (s.show_default or ("empty" if shown == "" else "unset"))
             if s.default == ():
                 default_cell = "none"
-            resume = "yes" if s.fingerprint is True else ("int8 only" if callable(s.fingerprint) else "")
+            resume = "yes" if s.fingerprint is True else (_FINGERPRINT_WHEN[s.fingerprint] if s.fingerprint else "")
             goes = {"resolve": "driver"}.get(s.to, s.to)
             out.append(f"| {flags} | {_cell(default_cell)} | {goes} | {resume} | {_cell(s.help)} |")
     return "\n".join(out) + "\n"

@@ -33,10 +33,11 @@ def part_lines(data: bytes) -> list[str]:
     return results.json_lines(results.read_part(data))
 
 
-def lines_part(lines: list[str], rendered: bool = True) -> bytes:
+def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None) -> bytes:
     """A classify part holding these JSON lines' rows (a test's stand-in for a task's part).
 
-    ``rendered=False``: the part a Parquet job's task writes, its lines left null.
+    ``rendered=False``: the part a Parquet job's task writes, its lines left null. ``seen``
+    (``{key: (etag, size)}``): the part carries the objects' metadata, as under --with-object-metadata.
     """
     import json
 
@@ -49,7 +50,9 @@ def lines_part(lines: list[str], rendered: bool = True) -> bytes:
             out.fail(row["key"], row["error"])
         else:
             out.add(row["key"], [{"label": None, **p} for p in row["predictions"]])
-    return results.write_part(out.record_batch(), lines=rendered)
+    batch = out.record_batch()
+    metadata = None if seen is None else results.object_metadata(batch.column("key").to_pylist(), seen)
+    return results.write_part(batch, lines=rendered, metadata=metadata)
 
 
 def scored_lines(model, keys: list[str], inputs: list, handlers=None, **job) -> list[str]:

@@ -2,9 +2,10 @@
 
 Without Spark: the manifest readers keep the columns beside their keys, the
 refusals (a name the output already has, more than three columns without a
-header, a manifest too large to sort in memory), the assembly appends them to
-JSON Lines and Parquet rows from fake parts, the listing's ETags, and the
-fingerprint. Through spark-submit: one manifest job with the demo model.
+header), a manifest sorted out of core, the assembly appends them to
+JSON Lines and Parquet rows from fake parts, the ETags and sizes the tasks'
+GETs read (carried in their parts) and the listing's, and the fingerprint.
+Through spark-submit: one manifest job with the demo model.
 """
 
 from __future__ import annotations
@@ -111,19 +112,38 @@ def test_a_row_with_another_count_of_fields_than_the_header_is_named(tmp_path):
         manifest.read_manifest(str(path), suffixes=SUFFIXES)
 
 
-def test_carried_columns_in_a_manifest_sorted_out_of_core_are_refused_not_dropped(tmp_path):
+def test_carried_columns_follow_their_keys_through_a_sort_out_of_core(tmp_path, caplog):
+    # Shuffled, with repeated keys (the larger size wins, its columns with it) and keys the filter drops.
+    import random
+
+    rows = [(f"photos/{i:05d}.jpg", i, f"p-{i}", f"s{i % 3}") for i in range(3000)]
+    rows += [(f"photos/{i:05d}.jpg", i + 100_000, f"again-{i}", "") for i in range(0, 3000, 7)]
+    rows += [(f"photos/{i:05d}.txt", i, f"t-{i}", "x") for i in range(50)]
+    random.Random(5).shuffle(rows)
     path = tmp_path / "keys.csv"
-    path.write_text(HEADER + "".join(f"{BUCKET},photos/{i:05d}.jpg,{i},p-{i},s\n" for i in range(3000)))
-    with pytest.raises(manifest.ManifestError, match=r"carries columns \(product_id, shop\) and is larger than .* "
-                                                     r"split the manifest"):
-        manifest.read_manifest(str(path), suffixes=SUFFIXES, spill_bytes=4096)
+    path.write_text(csv_text(rows))
+    in_memory = manifest.read_manifest(str(path), suffixes=SUFFIXES)
+    with caplog.at_level("INFO", logger="mxjob.manifest"):
+        spilled = manifest.read_manifest(str(path), suffixes=SUFFIXES, spill_bytes=4096)
+    assert "sorted out of core" in caplog.text
+    assert spilled.carried == in_memory.carried == ["product_id", "shop"]
+    assert spilled.table.combine_chunks().equals(in_memory.table.combine_chunks())
+    assert carried_rows(spilled)[7] == ("photos/00007.jpg", 100_007, "again-7", "")
+    assert len(spilled) == 3000
+    # The dry run's listing on disk keeps the names (for the plan) and not the values.
+    planned = manifest.read_manifest(str(path), suffixes=SUFFIXES, spill_bytes=4096, in_memory=False)
+    assert planned.carried == ["product_id", "shop"] and len(planned) == 3000
+    assert planned.load().table.column_names == ["key", "size"]
 
 
 # --- the assembly
 
 
-def carried_run(s3, output_key: str, rendered=(True, True)) -> tuple[durable.WorkPrefix, list[str]]:
+def carried_run(s3, output_key: str, rendered=(True, True), seen: dict | None = None,
+                ) -> tuple[durable.WorkPrefix, list[str]]:
     """A finished run of fake parts (two batches) for ROWS' keys, as executors leave it.
+
+    ``seen``: the objects' ``(etag, size)`` by key, carried in the parts as --with-object-metadata's tasks do.
 
     ``rendered``: per part, whether its task wrote its lines (a JSON Lines job's) or left them null (Parquet's).
     """
@@ -136,7 +156,7 @@ def carried_run(s3, output_key: str, rendered=(True, True)) -> tuple[durable.Wor
                  json.dumps({"key": k, "error": {"stage": "decode", "type": "OSError", "message": "broken"}})
                  for k in keys[index * 2:(index + 1) * 2]]
         s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, index),
-                      Body=lines_part(lines, rendered=rendered[index]))
+                      Body=lines_part(lines, rendered=rendered[index], seen=seen))
     return work, keys
 
 
@@ -205,6 +225,37 @@ def test_with_object_metadata_adds_etag_and_size(s3, images):
     assert [(row["etag"], row["size"]) for row in rows] == [(None, 10), (None, 20), (None, 30)]
 
 
+# What the tasks' GETs read; photos/b.jpg's download failed (no GET to tell), so the manifest's size stays.
+GOT = {"photos/a.jpg": ("etag-a", 11), "photos/c.jpg": ("etag-c", 33)}
+
+
+@pytest.mark.parametrize("rendered", [(True, True), (False, True)], ids=["lines", "a part without lines"])
+def test_the_etag_and_size_the_tasks_gets_read_reach_every_json_line(s3, images, rendered):
+    work, _ = carried_run(s3, "got/out.jsonl", rendered, seen=GOT)
+    cfg = config("--with-object-metadata")
+    rows = [json.loads(line) for line in assembled(s3, work, images, cfg, "jsonl", "got/out.jsonl").splitlines()]
+    assert [list(row)[-4:] for row in rows] == [["product_id", "shop", "etag", "size"]] * 3
+    assert [(row["key"], row["etag"], row["size"]) for row in rows] == [
+        ("photos/a.jpg", "etag-a", 11), ("photos/b.jpg", None, 20), ("photos/c.jpg", "etag-c", 33)]
+
+
+def test_the_etag_and_size_the_tasks_gets_read_reach_every_parquet_row(s3, images):
+    work, _ = carried_run(s3, "got/out.parquet", seen=GOT)
+    cfg = config("--with-object-metadata")
+    table = pq.read_table(io.BytesIO(assembled(s3, work, images, cfg, "parquet", "got/out.parquet")))
+    assert table.column_names == ["key", "predictions", "error", "product_id", "shop", "etag", "size"]
+    assert table.schema.field("etag").type == pa.string() and table.schema.field("size").type == pa.int64()
+    assert table["etag"].to_pylist() == ["etag-a", None, "etag-c"]
+    assert table["size"].to_pylist() == [11, 20, 33]
+
+
+def test_a_parts_object_metadata_never_reaches_an_output_that_did_not_ask_for_it(s3):
+    work, keys = carried_run(s3, "plain/out.parquet", seen=GOT)
+    plain = listing.Listing.build(BUCKET, keys, [10, 20, 30])
+    table = pq.read_table(io.BytesIO(assembled(s3, work, plain, config(), "parquet", "plain/out.parquet")))
+    assert table.column_names == ["key", "predictions", "error"]
+
+
 def test_a_listed_prefix_gives_each_objects_etag(s3):
     bodies = {"list/a.jpg": b"a", "list/b.jpg": b"bb", "list/notes.txt": b"x"}
     for key, body in bodies.items():
@@ -265,4 +316,7 @@ def test_a_csv_manifest_job_carries_its_columns_to_every_line(moto_endpoint, dem
     assert [row["key"] for row in rows] == keys
     assert [(row["product_id"], row["shop"]) for row in rows] == [(f"p-{i}", f"s{i % 2}") for i in range(6)]
     assert all(list(row)[:2] == ["key", "predictions"] and len(row["predictions"]) == 1 for row in rows)
-    assert all(row["etag"] is None and row["size"] is None for row in rows)  # neither named by this manifest
+    # Named by neither the manifest nor a listing: the GETs that scored the images told them.
+    heads = [s3.head_object(Bucket=bucket, Key=key) for key in keys]
+    assert [(row["etag"], row["size"]) for row in rows] == [
+        (head["ETag"].strip('"'), head["ContentLength"]) for head in heads]

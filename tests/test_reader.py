@@ -247,3 +247,14 @@ def test_the_lean_signer_keeps_the_signing_key_for_a_day_and_region():
     assert signer._key is key
     signer.headers(credentials, "us-east-1", "http://h/b/", "k", None, "20261124T000000Z")
     assert signer._key[0] == ("secret", "20261124", "us-east-1") and signer._key[1] != key[1]
+
+
+@pytest.mark.parametrize("kind", ["lean", "botocore"])
+def test_both_paths_tell_the_etag_of_the_object_they_read(bucket, moto_endpoint, kind):
+    reader = fresh_reader(moto_endpoint) if kind == "lean" else utils.s3_reader(moto_endpoint, kind="botocore")
+    reader.read(BUCKET, "r/a.jpg")  # the lean reader learns the bucket on botocore's GET
+    for key in ("r/b.jpg", "r/c d.jpg"):
+        told: dict = {}
+        assert reader.read(BUCKET, key, seen=told) == BODIES[key]
+        assert told == {"etag": bucket.head_object(Bucket=BUCKET, Key=key)["ETag"].strip('"')}
+    assert reader.enabled == (kind == "lean")  # the second GET went the path named

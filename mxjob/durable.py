@@ -292,20 +292,30 @@ class LiveRun:
     The assembly merges batch ``i``'s part as soon as its task has written it:
     the run's parts are listed from the first one the assembly still lacks
     (``StartAfter``), at most every ``poll_seconds``, so a listing returns
-    only the parts written since, and those that finished ahead of it. The
+    only the parts written since, and those that finished ahead of it. Once
+    the merge waits for one of the run's last batches (:meth:`tail_batches`),
+    it lists every ``tail_poll_seconds`` instead: the last part is merged
+    soon after it is written, at the cost of a few more small listings. The
     driver calls :meth:`finish` once the Spark job has succeeded (every batch
     is durable then) and :meth:`cancel` if it failed or was interrupted. One
     thread (the assembly's) asks; any thread may finish or cancel.
     """
 
-    def __init__(self, work: WorkPrefix, run: Run, poll_seconds: float = 0.5):
-        self.work, self.run, self.poll_seconds = work, run, poll_seconds
+    def __init__(self, work: WorkPrefix, run: Run, poll_seconds: float = 0.5, tail_poll_seconds: float = 0.05):
+        self.work, self.run = work, run
+        self.poll_seconds, self.tail_poll_seconds = poll_seconds, tail_poll_seconds
         self.done: set[int] = set()
         #: Listings made (a merge that followed the run listed more than once).
         self.listings = 0
         self._finished = self._cancelled = False
         self._wake = threading.Event()
         self._listed = float("-inf")
+
+    @property
+    def tail_batches(self) -> int:
+        """The run's last batches, which the merge waits for polling every ``tail_poll_seconds``: 1% of them, at
+        least 8 (about the last wave of tasks on a cluster of up to a hundred cores per 10,000 batches)."""
+        return max(8, self.run.batches // 100)
 
     def finish(self) -> None:
         """The Spark job succeeded: every batch is durable, so a part still missing is an error, not a wait."""
@@ -340,7 +350,8 @@ class LiveRun:
             if finished:
                 raise ResumeError(f"the Spark job finished, but batch {index} has no part under "
                                   f"s3://{self.work.bucket}/{self.run.prefix}")
-            self._wake.wait(self.poll_seconds)
+            tail = index >= self.run.batches - self.tail_batches
+            self._wake.wait(self.tail_poll_seconds if tail else self.poll_seconds)
             self._wake.clear()
             self._stop_if_cancelled()
 

@@ -10,6 +10,7 @@ to a merge after the job when the live one fails for another reason.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -184,7 +185,7 @@ def test_finish_before_the_last_part_is_listed_still_waits_for_nothing_more(s3):
     work = durable.WorkPrefix(s3, BUCKET, "wake/out.jsonl")
     run = work.start_run(1, keys, 2, None)
     assembly = Assembly(merge_into(s3, work, keys, "wake/out.jsonl", []), work, [run], during=True)
-    assembly.live.poll_seconds = 30.0
+    assembly.live.poll_seconds = assembly.live.tail_poll_seconds = 30.0
     assembly.start()
     write_part(work, run, keys, 0)
     write_part(work, run, keys, 1)
@@ -193,6 +194,29 @@ def test_finish_before_the_last_part_is_listed_still_waits_for_nothing_more(s3):
     assembly.finish()
     assert time.monotonic() - started < 5.0
     assert [json.loads(x)["key"] for x in read(s3, "wake/out.jsonl").splitlines()] == keys
+
+
+def test_the_merge_lists_often_only_while_it_waits_for_one_of_the_last_batches(s3):
+    keys = [f"t{i:02d}" for i in range(40)]
+    work = durable.WorkPrefix(s3, BUCKET, "tail/out.jsonl")
+    run = work.start_run(1, keys, 2, None)  # 20 batches: the last 8 are the tail
+    live = durable.LiveRun(work, run, poll_seconds=30.0, tail_poll_seconds=0.05)
+    assert live.tail_batches == 8
+
+    def waiting_for(index: int) -> threading.Thread:
+        thread = threading.Thread(target=live.ready, args=(index,), kwargs={"wait": True}, daemon=True)
+        thread.start()
+        time.sleep(0.3)  # it listed once, found nothing, and sleeps its poll
+        write_part(work, run, keys, index)
+        thread.join(timeout=3.0)
+        return thread
+
+    assert not waiting_for(15).is_alive()  # a tail batch: seen at its next listing, 0.05 s later
+    early = waiting_for(3)
+    assert early.is_alive()  # an early batch: the merge sleeps out its 30 s poll, whatever is written
+    live.finish()  # the job's end wakes it at once
+    early.join(timeout=3.0)
+    assert not early.is_alive() and {3, 15} <= live.done
 
 
 def test_an_upload_a_killed_driver_left_open_is_aborted_and_no_other(s3):

@@ -227,8 +227,12 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
     seconds["assembly"] = time.time() - tail_started
     # The driver's own CPU in the merge (reading, checking, compressing); the rest is waiting for S3.
     seconds["assembly_cpu"] = assembly.cpu_seconds
-    log.info("assembled %s from %d parts%s; %.1f s after the Spark job", cfg.output_uri, counts.parts_read,
-             " as the batches became durable" if assembly.live is not None else "", seconds["assembly"])
+    live = assembly.live
+    log.info("assembled %s from %d parts%s; %.2f s after the Spark job, of which %.2f s closing the output",
+             cfg.output_uri, counts.parts_read,
+             f" as the batches became durable ({live.left_at_finish} of the run's {live.run.batches} were left to "
+             "read when the Spark job ended)" if live is not None and live.left_at_finish is not None else "",
+             seconds["assembly"], counts.close_seconds)
     return stats, counts, spark_stop
 
 
@@ -568,7 +572,9 @@ def _assemble(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing,
         reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts, kind=cfg.s3_reader)
         counts = durable.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
                                   carried=carried_columns(cfg, images), live=live)
+        closing = time.monotonic()
         sink.close()
+        counts.close_seconds = time.monotonic() - closing
     except durable.ResumeError as exc:
         sink.abort()
         raise JobError(str(exc)) from exc

@@ -280,6 +280,8 @@ class AssemblyCounts:
     bytes_read: int = 0
     #: A dataset output's files (:func:`mxjob.dataset.summary_of`), for the summary.
     dataset: dict | None = None
+    #: Seconds the sink's close took: the last upload's end (last part, CompleteMultipartUpload).
+    close_seconds: float = 0.0
 
 
 class AssemblyCancelled(Exception):
@@ -307,6 +309,8 @@ class LiveRun:
         self.done: set[int] = set()
         #: Listings made (a merge that followed the run listed more than once).
         self.listings = 0
+        #: Parts of the run the merge has read; at :meth:`finish`, those it had yet to read (the tail's work).
+        self.merged, self.left_at_finish = 0, None
         self._finished = self._cancelled = False
         self._wake = threading.Event()
         self._listed = float("-inf")
@@ -319,6 +323,7 @@ class LiveRun:
 
     def finish(self) -> None:
         """The Spark job succeeded: every batch is durable, so a part still missing is an error, not a wait."""
+        self.left_at_finish = self.run.batches - self.merged
         self._finished = True
         self._wake.set()
 
@@ -394,6 +399,8 @@ def _run_parts(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int
             upcoming = next(indices, None)
         data = pending.popleft().result()
         counts.parts_read += 1
+        if live is not None:
+            live.merged += 1
         counts.bytes_read += len(data)
         yield results.read_part(data)
 

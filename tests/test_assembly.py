@@ -101,6 +101,7 @@ def test_the_assembly_follows_the_run_and_writes_what_an_assembly_after_it_write
     assert read(s3, "after/out.jsonl") == live_text
     assert [json.loads(x)["key"] for x in live_text.splitlines()] == keys
     assert assembly.live.listings >= 2
+    assert 0 <= assembly.live.left_at_finish < 10 and assembly.live.merged == 10  # what the tail had left to read
 
 
 def test_a_resume_follows_the_new_run_and_merges_the_earlier_ones(s3):

@@ -352,6 +352,7 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | 
         "plan_s": seconds.get("plan"), "spark_s": seconds.get("spark"),
         "tasks_s": (summary.get("tasks") or {}).get("seconds"), "assembly_s": seconds.get("assembly"),
         "assembly_cpu_s": seconds.get("assembly_cpu"),
+        "output_close_s": seconds.get("output_close"),
         # From the last task's end to the output's (and the summary's) completion, as the driver clocks it.
         "output_after_last_task_s": seconds.get("output_after_last_task"),
         "spark_stop_s": spark_stop_seconds(log_path.read_text(errors="replace")),
@@ -487,10 +488,11 @@ def tail_report(rows: list[dict]) -> str:
     base = after.get("assembly_s") if after else None
     lines = [f"assembly tail at {rows[0]['keys']:,} keys (batch {rows[0]['batch_size']:,}, "
              f"{rows[0]['batches']:,} tasks), fake scorer, one bench run:",
-             "| output | --assembly | assembly after the Spark job s | its driver CPU s | last task's end to the "
-             "output s | Spark's stop s (meanwhile) | last task's end to exit s "
+             "| output | --assembly | assembly after the Spark job s | of which closing the output s "
+             "| its driver CPU s | last task's end to the output s | Spark's stop s (meanwhile) "
+             "| last task's end to exit s "
              "| last task to the output / assembly after the job | last task to exit / assembly after the job |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         share = row["last_task_to_exit_s"] / base if base and row["last_task_to_exit_s"] is not None else None
         ready = row.get("output_after_last_task_s")
@@ -498,6 +500,7 @@ def tail_report(rows: list[dict]) -> str:
         verdict = "" if row is after or share is None else \
             f" (target <= {TAIL_TARGET:.0%}: {_verdict(share, TAIL_TARGET)})"
         lines.append(f"| {row['output']} | {row['assembly']} | {_cell(row['assembly_s'], 2)} | "
+                     f"{_cell(row.get('output_close_s'), 2)} | "
                      f"{_cell(row['assembly_cpu_s'], 2)} | {_cell(row.get('output_after_last_task_s'), 2)} | "
                      f"{_cell(row.get('spark_stop_s'), 1)} | "
                      f"{_cell(row['last_task_to_exit_s'], 1)} | "

@@ -227,6 +227,8 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
     seconds["assembly"] = time.time() - tail_started
     # The driver's own CPU in the merge (reading, checking, compressing); the rest is waiting for S3.
     seconds["assembly_cpu"] = assembly.cpu_seconds
+    # Closing the output (its last upload): a part of the assembly's time that no merge can shorten.
+    seconds["output_close"] = counts.close_seconds
     live = assembly.live
     log.info("assembled %s from %d parts%s; %.2f s after the Spark job, of which %.2f s closing the output",
              cfg.output_uri, counts.parts_read,

@@ -34,8 +34,9 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         :meth:`Predictor.model_summary` of the checked model.
     seconds : dict
         The driver's own stages: ``listing``, ``model_check``, ``plan``, ``spark``, ``assembly`` (from the Spark
-        job's end to the output's), ``assembly_cpu`` and ``output_after_last_task`` (from the last task's end
-        to the output's, whole).
+        job's end to the output's), ``assembly_cpu``, ``output_close`` (the output's last upload: a single
+        object's last part and CompleteMultipartUpload, a dataset's last file) and ``output_after_last_task``
+        (from the last task's end to the output's, whole).
     plan : durable.Plan
         The earlier runs reused and the keys scored.
     fingerprint : dict

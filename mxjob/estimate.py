@@ -12,9 +12,10 @@ Spark configuration in force (executors times their cores). With
 The projection assumes what the job is built for: CPU-bound executors that
 keep every vCPU busy (downloads overlap the forward pass), one partition per
 batch, waves of batches over the executors' slots, and fixed costs measured
-on this project's runs (Spark's start-up and per-task cost, in
-:data:`SPARK_START_SECONDS` and :data:`TASK_OVERHEAD_SECONDS`). The model's
-own load time is measured on the driver.
+on this project's runs (Spark's per-task cost, :data:`TASK_OVERHEAD_SECONDS`),
+and a start-up made of what this host measures: its JVMs' start
+(:func:`jvm_start_seconds`, times :data:`SPARK_START_JVMS`), MXNet's import
+and the model's load, both timed on the driver (:func:`start_seconds`).
 """
 
 from __future__ import annotations
@@ -31,10 +32,17 @@ from mxjob import state
 
 log = logging.getLogger(__name__)
 
-#: Seconds from the SparkContext's start to the executors' first task, beyond the model's load:
-#: executors registering, their Python workers starting and importing MXNet. Measured on local-cluster
-#: runs of this project (4-7 s); a YARN cluster that must first allocate containers takes longer.
-SPARK_START_SECONDS = 6.0
+#: Spark's start-up beyond the Python workers' import of MXNet, in units of this host's JVM start
+#: (:func:`jvm_start_seconds`): the SparkContext's own start, then the executors' JVMs starting (at once, on
+#: the host's vCPUs under local-cluster) and registering before their first task. Measured on
+#: local-cluster[2,1,1024] runs of this project on 2 vCPUs of an AMD EPYC: 12.5 s from the SparkContext's
+#: creation to the first task at a 2.65 s JVM start (no VNNI, 2026-11-25), 4-7 s on a faster one. A YARN
+#: cluster that must first allocate containers takes longer.
+SPARK_START_JVMS = 4.5
+#: This host's JVM start when it cannot be measured (the driver's parent is not spark-submit's JVM).
+DEFAULT_JVM_START_SECONDS = 1.5
+#: MXNet's import in a Python worker when the driver did not time its own (``mxjob.worker.import_mxnet``).
+DEFAULT_MXNET_IMPORT_SECONDS = 1.5
 #: Seconds of an executor's time a Spark task costs beyond its images: scheduling, serialising the task
 #: and its result, the Python worker's hand-over, the plan's GET and the part's PUT. Measured by
 #: ``bench/task_cost.py`` (``make bench``) on local-cluster[2,1,1024] on 2 vCPUs of an AMD EPYC shared with
@@ -119,6 +127,8 @@ class Estimate:
     #: Of which a local S3 stand-in's CPU (0 against real S3).
     s3_server_cpu_seconds_per_image: float
     model_load_seconds: float
+    #: Seconds before the first wave of batches: Spark's start, MXNet's import, the model's load.
+    start_seconds: float
     images: int
     batches: int
     cluster: str
@@ -132,21 +142,23 @@ class Estimate:
         out = asdict(self)
         for key in ("cpu_seconds_per_image", "s3_server_cpu_seconds_per_image"):
             out[key] = round(out[key], 5)
-        for key in ("model_load_seconds", "images_per_second", "wall_seconds"):
+        for key in ("model_load_seconds", "start_seconds", "images_per_second", "wall_seconds"):
             out[key] = round(out[key], 2)
         out["cost_usd"] = None if self.cost_usd is None else round(self.cost_usd, 2)
         return out
 
 
 def project(cpu_per_image: float, images: int, batch_size: int, cluster: Cluster, *, model_load_seconds: float,
-            node_price: float | None = None, sample_images: int = 0, s3_server_cpu: float = 0.0) -> Estimate:
+            start_seconds: float, node_price: float | None = None, sample_images: int = 0,
+            s3_server_cpu: float = 0.0) -> Estimate:
     """The wall time (and cost) of scoring ``images`` in batches of ``batch_size`` on ``cluster``.
 
     Each executor slot has ``vcpus / executors`` vCPUs for its forward
     passes; a batch takes ``batch_size * cpu_per_image / that`` seconds plus
     :data:`TASK_OVERHEAD_SECONDS`, and the batches run in waves over the
-    slots (the last wave may be partly idle). Before the first wave: Spark's
-    start-up and the model's load on each worker.
+    slots (the last wave may be partly idle). Before the first wave:
+    ``start_seconds`` (:func:`start_seconds`: Spark's start-up, MXNet's
+    import and the model's load on each worker).
     """
     batches = math.ceil(images / batch_size) if images else 0
     slots = max(1, cluster.executors)
@@ -154,15 +166,50 @@ def project(cpu_per_image: float, images: int, batch_size: int, cluster: Cluster
     batch_seconds = batch_size * cpu_per_image / vcpus_per_slot + TASK_OVERHEAD_SECONDS
     waves = math.ceil(batches / slots)
     compute = waves * batch_seconds
-    wall = SPARK_START_SECONDS + model_load_seconds + compute if batches else 0.0
+    wall = start_seconds + compute if batches else 0.0
     cost = None if node_price is None else cluster.nodes * node_price * wall / 3600
     return Estimate(
         sample_images=sample_images, cpu_seconds_per_image=cpu_per_image,
         s3_server_cpu_seconds_per_image=s3_server_cpu,
-        model_load_seconds=model_load_seconds, images=images, batches=batches, cluster=cluster.source,
+        model_load_seconds=model_load_seconds, start_seconds=start_seconds if batches else 0.0, images=images,
+        batches=batches, cluster=cluster.source,
         vcpus=cluster.vcpus, executors=cluster.executors,
         images_per_second=images / compute if compute else 0.0, wall_seconds=wall, cost_usd=cost,
     )
+
+
+def jvm_start_seconds() -> float | None:
+    """How long this host took to start the JVM that started this Python process; ``None`` if it was not one.
+
+    Under spark-submit (client mode, or YARN's ApplicationMaster in cluster
+    mode) the driver's parent is the JVM that launched it: the seconds
+    between their creations are one JVM's start on this host, which is what
+    Spark's executors pay too. A notebook or a plain ``python`` starts no JVM first.
+    """
+    try:
+        import psutil
+
+        me = psutil.Process()
+        parent = me.parent()
+        if parent is None or "java" not in parent.name().lower():
+            return None
+        return max(0.0, me.create_time() - parent.create_time())
+    except Exception as exc:  # noqa: BLE001 - no psutil or no permission: the default stands in
+        log.info("estimate: cannot time this host's JVM start (%s)", exc)
+        return None
+
+
+def start_seconds(model_load_seconds: float, jvm_seconds: float | None = None,
+                  mxnet_import_seconds: float | None = None) -> float:
+    """Seconds from the SparkContext's creation to the executors' first batch scored.
+
+    :data:`SPARK_START_JVMS` of this host's JVM starts, then each Python
+    worker's import of MXNet and its load of the model (the workers start at
+    once, one per executor core). Unmeasured parts take their defaults.
+    """
+    jvm = DEFAULT_JVM_START_SECONDS if jvm_seconds is None else jvm_seconds
+    mxnet = DEFAULT_MXNET_IMPORT_SECONDS if mxnet_import_seconds is None else mxnet_import_seconds
+    return SPARK_START_JVMS * jvm + mxnet + model_load_seconds
 
 
 def sample_items(images, count: int) -> list:

@@ -108,6 +108,8 @@ class Counters:
     #: ``None`` is MXNet's own default, when it was loaded before the setting could apply.
     threads_set: bool = False
     threads: int | None = None
+    #: Seconds the first ``import mxnet`` took in this process (``mxjob.worker.import_mxnet``); ``None``: not timed.
+    mxnet_import_seconds: float | None = None
     #: Why the lean listing fell back to botocore's parser, once said (``mxjob.listing``); ``None``: not said.
     listing_fallback: str | None = None
 

@@ -420,8 +420,8 @@ def test_dry_run_plan_holds_the_estimate_for_the_cluster_asked(small_world, stde
     plan = json.loads(result.stdout.splitlines()[-1])
     estimate = plan["estimate"]
     assert set(estimate) == {"sample_images", "cpu_seconds_per_image", "s3_server_cpu_seconds_per_image",
-                             "model_load_seconds", "images", "batches", "cluster", "vcpus", "executors",
-                             "images_per_second", "wall_seconds", "cost_usd"}
+                             "model_load_seconds", "start_seconds", "images", "batches", "cluster", "vcpus",
+                             "executors", "images_per_second", "wall_seconds", "cost_usd"}
     assert (estimate["sample_images"], estimate["vcpus"], estimate["images"]) == (4, 160, plan["to_score"])
     assert estimate["cpu_seconds_per_image"] > 0 and estimate["wall_seconds"] > 0
     assert estimate["cost_usd"] == pytest.approx(10 * 0.5 * estimate["wall_seconds"] / 3600, abs=0.01)

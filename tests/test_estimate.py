@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import infer_main
 from mxjob import estimate
+from tests.helpers import ROOT
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
 
@@ -45,12 +49,12 @@ def test_cluster_without_a_count_is_this_host_and_says_so():
 
 def project(images=5120, batch=64, cluster="1x4", cpu=0.05, price=None):
     return estimate.project(cpu, images, batch, estimate.parse_cluster(cluster), model_load_seconds=2.0,
-                            node_price=price)
+                            start_seconds=9.0, node_price=price)
 
 
 def test_projection_scales_with_images_and_vcpus():
     base, double, wider = project(), project(images=10240), project(cluster="2x4")
-    fixed = estimate.SPARK_START_SECONDS + 2.0
+    fixed = 9.0
     assert double.wall_seconds - fixed == pytest.approx(2 * (base.wall_seconds - fixed))
     assert wider.wall_seconds - fixed == pytest.approx((base.wall_seconds - fixed) / 2)
     # 80 batches of 64 on 4 slots: 20 waves of 64 * 0.05 s plus a task's overhead.
@@ -72,6 +76,30 @@ def test_cost_is_nodes_times_price_times_hours_and_none_without_a_price():
 def test_nothing_to_score_takes_no_time():
     nothing = project(images=0)
     assert (nothing.batches, nothing.wall_seconds, nothing.images_per_second) == (0, 0.0, 0.0)
+
+
+def test_start_up_is_the_hosts_jvm_starts_mxnets_import_and_the_models_load():
+    assert estimate.start_seconds(0.5, jvm_seconds=2.0, mxnet_import_seconds=3.0) == pytest.approx(
+        estimate.SPARK_START_JVMS * 2.0 + 3.0 + 0.5)
+    # A slower host's JVM start makes a longer start-up; unmeasured parts take the defaults.
+    assert estimate.start_seconds(0.5, jvm_seconds=3.0, mxnet_import_seconds=3.0) > estimate.start_seconds(
+        0.5, jvm_seconds=2.0, mxnet_import_seconds=3.0)
+    assert estimate.start_seconds(0.5) == pytest.approx(
+        estimate.SPARK_START_JVMS * estimate.DEFAULT_JVM_START_SECONDS + estimate.DEFAULT_MXNET_IMPORT_SECONDS + 0.5)
+    assert project().start_seconds == 9.0 and project(images=0).start_seconds == 0.0
+
+
+def test_jvm_start_is_the_gap_after_a_java_parents_start_and_none_under_another_parent(tmp_path):
+    script = "from mxjob import estimate; print(estimate.jvm_start_seconds())"
+    # A parent named java that takes 0.6 s to start its Python child, as spark-submit's JVM does.
+    java = tmp_path / "java"
+    java.write_text(f'#!/bin/sh\nsleep 0.6\n"{sys.executable}" -c "{script}"\n')
+    java.chmod(0o755)
+    under_java = subprocess.run([str(java)], capture_output=True, text=True, cwd=str(ROOT), check=True)
+    assert 0.55 <= float(under_java.stdout) < 5, under_java.stdout  # start times count in clock ticks
+    under_python = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT),
+                                  check=True)
+    assert under_python.stdout.strip() == "None"
 
 
 def test_sample_items_are_evenly_spaced_and_deterministic():

@@ -154,14 +154,17 @@ def test_a_run_that_loses_executors_finishes_with_one_line_per_key(world, killed
     print(f"\n{killed} of 3 executors killed: {summary['lost_task_attempts']} task attempts lost, "
           f"{summary['retried_batches']} batches from a retried task, {len(summary['executors'])} executors ran "
           f"batches; spark-submit {seconds:.1f} s, Spark job {summary['seconds']['spark']:.1f} s")
+    # Each batch's stats are counted once, on the executor whose attempt succeeded: a lost attempt's never.
+    # (Whether local-cluster's replacement executors get a batch depends on how fast this host starts a JVM,
+    # so the count of executors is printed above, not asserted.)
+    assert sum(executor["batches"] for executor in summary["executors"].values()) == IMAGES // BATCH
+    assert sum(executor["images"] for executor in summary["executors"].values()) == IMAGES
     if not killed:  # the run the others are compared with: nothing lost, nothing retried
         assert (summary["lost_task_attempts"], summary["retried_batches"]) == (0, 0)
         return
     # Each killed executor had one task in flight (one core each), unless it was between tasks.
     assert 1 <= summary["lost_task_attempts"] <= killed
     assert summary["retried_batches"] >= 1
-    # The replacement executors ran batches too: more executors reported than local-cluster keeps at once.
-    assert len(summary["executors"]) > 3 - killed
 
 
 #: The standalone cluster's workers: one core each, on loopback addresses of their own (see ``two_hosts``).

@@ -512,12 +512,32 @@ def beyond_forward(e: dict, l_cost: float) -> str:
     summary = e["summary"]
     images, tasks = summary["keys_listed"], summary.get("batches") or 0
     worker = e["cpu_ms_per_image"].get("python worker", 0.0)
-    in_tasks = 1000 * (summary["seconds"].get("cpu") or 0.0) / images
+    task_cpu = summary["seconds"].get("cpu") or 0.0
+    in_tasks = 1000 * task_cpu / images
     outside = worker - in_tasks
     per_task = f", {outside * images / tasks:.0f} ms each" if tasks else ""
     return (f"in its tasks {in_tasks - l_cost:.1f} ms (downloads, decoding, results, parts; the first tasks' "
-            f"MXNet import and model load), outside them {outside:.1f} ms (Spark's hand-over of {tasks} "
-            f"tasks{per_task}; the workers' start)")
+            f"MXNet import and model load{steady_in_tasks(summary, task_cpu, l_cost)}), outside them {outside:.1f} ms "
+            f"(Spark's hand-over of {tasks} tasks{per_task}; the workers' start)")
+
+
+def steady_in_tasks(summary: dict, task_cpu: float, l_cost: float) -> str:
+    """``"; after each worker's first task X ms"``: the in-task CPU per image beyond ``l_cost`` once warm.
+
+    Each worker's first task pays its MXNet import and model load once,
+    which a run of millions of images never notices; the tasks after it are
+    what each further image costs. Empty when the summary has no first
+    tasks' CPU (older summaries) or no images after them.
+    """
+    firsts = [w["first_task"] for w in summary.get("python_workers", {}).values()]
+    if not firsts or any(f.get("cpu") is None for f in firsts):
+        return ""
+    images = summary["keys_listed"] - sum(f["images"] for f in firsts)
+    if images <= 0:
+        return ""
+    steady = 1000 * (task_cpu - sum(f["cpu"] for f in firsts)) / images
+    first_cpu = ", ".join(f"{f['cpu']:.1f}" for f in firsts)
+    return f"; after each worker's first task ({first_cpu} s of CPU) {steady - l_cost:.1f} ms"
 
 
 def report_large(results: dict) -> list[str]:

@@ -104,9 +104,9 @@ def progress_of(fold, now: float, batches: int, keys: int, executors: int | None
     firsts: dict[str, tuple] = {}
     for name, w in fold.workers.items():
         executor = name.rsplit("/", 1)[0]
-        n, _, ended, first_keys = w["first"]
-        if n == 1 and (executor not in firsts or ended < firsts[executor][0]):
-            firsts[executor] = (ended, first_keys)
+        first = w["first"]
+        if first.number == 1 and (executor not in firsts or first.ended < firsts[executor][0]):
+            firsts[executor] = (first.ended, first.keys)
     return Progress(now=now, batches_done=fold.tasks, batches_total=batches, keys_done=fold.keys, keys_total=keys,
                     failed=sum(fold.errors.values()), first_start=fold.first_start,
                     warm_ends=tuple(e for e, _ in firsts.values()), warm_keys=sum(k for _, k in firsts.values()),

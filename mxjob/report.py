@@ -73,7 +73,7 @@ def executor_time(fold: StatsFold) -> dict:
     for name, w in fold.workers.items():
         executor = name.rsplit("/", 1)[0]
         start, end = windows.get(executor, (math.inf, -math.inf))
-        windows[executor] = [min(start, w["first"][1]), max(end, w["last_end"])]
+        windows[executor] = [min(start, w["first"].started), max(end, w["last_end"])]
     out = {}
     for name, e in sorted(fold.executors.items()):
         start, end = windows.get(name, (0.0, e["task"]))

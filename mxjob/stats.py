@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mxjob.timeline import Timeline
 
@@ -14,6 +15,18 @@ MAX_ERROR_KINDS = 50
 #: Top-1 labels counted: ImageNet has 1,000 classes. Past this many, the rarest half is dropped (the
 #: counts of the most frequent labels, which the report shows, are exact unless a label kept was dropped once).
 MAX_LABELS = 2000
+
+
+class FirstTask(NamedTuple):
+    """A Python worker's first task (its lowest task number), which pays the worker's MXNet import and model load."""
+
+    #: The task's number in its worker (1 for a worker's first).
+    number: int
+    started: float
+    ended: float
+    keys: int
+    #: The task's CPU seconds, every thread; ``None`` when not measured.
+    cpu: float | None
 
 
 @dataclass
@@ -109,7 +122,8 @@ class StatsFold:
                                       **{k: s.seconds.get(k, 0.0) for k in cls.STAGES}}
         n, rss, max_rss = s.worker_task, s.memory.get("rss"), s.memory.get("max_rss")
         worker = {"batches": 1, "model_loads": s.model_loads, "last_task": n, "threads": s.threads,
-                  "last_rss": rss, "first": (n, s.started, s.ended, s.keys), "task_seconds": s.ended - s.started,
+                  "last_rss": rss, "first": FirstTask(n, s.started, s.ended, s.keys, s.seconds.get("cpu")),
+                  "task_seconds": s.ended - s.started,
                   "last_end": s.ended, "rss_after": {}}
         if max_rss:
             worker["max_rss"] = max_rss
@@ -180,7 +194,7 @@ class StatsFold:
         w["model_loads"] = max(w["model_loads"], o["model_loads"])
         if o["last_task"] >= w["last_task"]:
             w["last_task"], w["threads"], w["last_rss"] = o["last_task"], o["threads"], o["last_rss"]
-        if o["first"][0] < w["first"][0]:
+        if o["first"].number < w["first"].number:
             w["first"] = o["first"]
         w["task_seconds"] += o["task_seconds"]
         w["last_end"] = max(w["last_end"], o["last_end"])
@@ -192,12 +206,12 @@ class StatsFold:
         """One Python worker as the job's summary shows it."""
         w = self.workers[name]
         out = {"batches": w["batches"], "model_loads": w["model_loads"], "threads": w["threads"]}
-        _, started, ended, keys = w["first"]
-        # The first task includes loading the model: steady state starts after it.
-        out["first_task"] = {"started": started, "ended": ended, "images": keys}
+        first = w["first"]
+        # The first task includes importing MXNet and loading the model: steady state starts after it.
+        out["first_task"] = {"started": first.started, "ended": first.ended, "images": first.keys, "cpu": first.cpu}
         # In tasks, and idle between them (Spark handing over the next task).
         out["task_seconds"] = round(w["task_seconds"], 3)
-        out["idle_between_tasks_seconds"] = round(w["last_end"] - started - w["task_seconds"], 3)
+        out["idle_between_tasks_seconds"] = round(w["last_end"] - first.started - w["task_seconds"], 3)
         if "max_rss" in w:
             out["max_rss_bytes"] = w["max_rss"]
         after = {str(k): v for k, v in sorted(w["rss_after"].items())}

@@ -122,6 +122,20 @@ def test_beyond_forward_splits_the_workers_cpu_at_its_tasks_edges():
     line = run_bench.beyond_forward(e, 17.0)
     assert line.startswith("in its tasks 2.5 ms") and "outside them 2.5 ms" in line
     assert "hand-over of 10 tasks, 160 ms each" in line
+    assert "after each worker's first task" not in line  # no first tasks' CPU in this summary
+
+
+def test_beyond_forward_gives_the_in_task_cost_after_each_workers_first_task():
+    from bench import run_bench
+
+    # Two workers whose first tasks (64 images each) took 3.0 and 2.5 s of CPU: MXNet's import, the model's load.
+    # The other 512 images took 640 * 0.0195 - 5.5 = 6.98 s: 13.63 ms each, 13.63 - 12.0 = 1.6 beyond the forward.
+    workers = {"a": {"first_task": {"images": 64, "cpu": 3.0}}, "b": {"first_task": {"images": 64, "cpu": 2.5}}}
+    e = {"cpu_ms_per_image": {"python worker": 22.0},
+         "summary": {"keys_listed": 640, "batches": 10, "seconds": {"cpu": 640 * 0.0195}, "python_workers": workers}}
+    line = run_bench.beyond_forward(e, 12.0)
+    assert line.startswith("in its tasks 7.5 ms")
+    assert "after each worker's first task (3.0, 2.5 s of CPU) 1.6 ms" in line
 
 
 def e_run(rate: float, size: int, task: str, outputs: dict, steady: float | None = None) -> dict:

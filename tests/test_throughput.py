@@ -121,7 +121,7 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
     assert summary["tasks"]["images_per_second"] == pytest.approx(12800 / window, rel=1e-3)
     [worker] = summary["python_workers"].values()
-    assert worker["first_task"] == {"started": 1000.0, "ended": 1001.0, "images": 64}
+    assert worker["first_task"] == {"started": 1000.0, "ended": 1001.0, "images": 64, "cpu": 1.5}
     assert worker["threads"] == 2 and worker["max_rss_bytes"] == 705
     assert worker["task_seconds"] == pytest.approx(200.0)
     assert worker["idle_between_tasks_seconds"] == pytest.approx(199 * 0.1, abs=1e-2)

@@ -422,7 +422,8 @@ def report(results: dict) -> str:
         out.append(f"    the worker's own work beyond L's forward pass: {worker - l_cost:.1f} ms;"
                    f" were it free, the other processes' {others:.1f} ms would still cap E/L at "
                    f"{1000 * cores / (l_cost + others) / row['L']['images_per_second']:.2f}")
-        out.append(f"      {beyond_forward(row['E'], l_cost)}")
+        lines = (beyond_forward(row["E"], l_cost), cpu_split(row["E"]["summary"], l_cost))
+        out.extend(f"      {line}" for line in lines if line)
     if "tasks" in results:
         tasks = results["tasks"]
         out.extend(bench_tasks.report(tasks, results["models"][tasks["model"]]["L"]["images_per_second"],
@@ -496,6 +497,9 @@ def report_int8(results: dict) -> list[str]:
                          f"{l_int8 / (l_int8 + others):.2f}")
         cpu_lines.append(f"    the worker's own work beyond L_int8's forward pass: "
                          f"{cpu.get('python worker', 0.0) - l_int8:.1f} ms: {beyond_forward(row['E'], l_int8)}")
+        split = cpu_split(row["E"]["summary"], l_int8)
+        if split:
+            cpu_lines.append(f"      {split}")
     return [*out, "", "CPU per image in E with int8, by process (ms):", *cpu_lines, ""]
 
 
@@ -538,6 +542,38 @@ def steady_in_tasks(summary: dict, task_cpu: float, l_cost: float) -> str:
     steady = 1000 * (task_cpu - sum(f["cpu"] for f in firsts)) / images
     first_cpu = ", ".join(f"{f['cpu']:.1f}" for f in firsts)
     return f"; after each worker's first task ({first_cpu} s of CPU) {steady - l_cost:.1f} ms"
+
+
+def cpu_split(summary: dict, l_cost: float) -> str:
+    """The in-task CPU per image by thread, after each worker's first task: where "beyond the forward pass" goes.
+
+    The summary's ``seconds`` split the workers' in-task CPU (``cpu``) into
+    their download threads' GETs (``download_cpu``) and decoding
+    (``decode_cpu``), the task's own thread (``task_thread_cpu``: the model's
+    Python side, results, the part) and the rest, MXNet's threads: the
+    forward pass as the job runs it, against L's ``l_cost`` ms. Each worker's
+    first task (its MXNet import and model load) is left out when the
+    summary splits it too. Empty for summaries without the split.
+    """
+    seconds = summary["seconds"]
+    parts = ("download_cpu", "decode_cpu", "task_thread_cpu")
+    if any(k not in seconds for k in parts) or not seconds.get("cpu"):
+        return ""
+    firsts = [w["first_task"] for w in summary.get("python_workers", {}).values()]
+    warm = bool(firsts) and all(all(k in f for k in parts) for f in firsts)
+    images = summary["keys_listed"] - (sum(f["images"] for f in firsts) if warm else 0)
+    if images <= 0:
+        return ""
+
+    def per_image(key: str) -> float:
+        return 1000 * (seconds[key] - (sum(f[key] for f in firsts) if warm else 0.0)) / images
+
+    get, decode, thread = (per_image(k) for k in parts)
+    mxnet = per_image("cpu") - get - decode - thread
+    when = "after each worker's first task" if warm else "all tasks"
+    return (f"in its tasks by thread ({when}), per image: GETs {get:.1f} ms, decoding {decode:.1f}, the task's "
+            f"own thread {thread:.1f} (the model's Python side, results, parts), MXNet's threads {mxnet:.1f} "
+            f"(the forward pass in the job; L's costs {l_cost:.1f}, {mxnet - l_cost:+.1f})")
 
 
 def report_large(results: dict) -> list[str]:

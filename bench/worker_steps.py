@@ -327,7 +327,8 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     datas = [reader.read(BUCKET, key) for key in keys]
     out["GET (lean reader, client)"] = best_ms(partial(reader.read, BUCKET), keys, repeats)
     out["decode + preprocess"] = best_ms(partial(decode_image, prep=prep), datas, repeats)
-    decoded = [(key, decode_image(data, prep), None, (0.0, 0.0)) for key, data in zip(keys, datas)]
+    untimed = partition.FetchTimes(0.0, 0.0, 0.0, 0.0)
+    decoded = [(key, decode_image(data, prep), None, untimed) for key, data in zip(keys, datas)]
 
     def scored(_=None):
         scoring = partition.Scoring(model, job, None)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -121,6 +122,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     part, and report.
     """
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
+    started_thread_cpu = time.thread_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
     threads = configure_threads(worker_threads(job.threads, job.thread_plan))
     handlers = get_handlers(job.handler)
@@ -146,7 +148,8 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         partition=index, executor=f"{socket.gethostname()}/{os.getppid()}", worker_pid=os.getpid(),
         attempt=_task_attempt(), keys=len(keys), errors=scoring.errors,
         seconds={**{k: round(v, 4) for k, v in scoring.timing.items()},
-                 "task": round(time.perf_counter() - started, 4), "cpu": round(time.process_time() - started_cpu, 4)},
+                 "task": round(time.perf_counter() - started, 4), "cpu": round(time.process_time() - started_cpu, 4),
+                 "task_thread_cpu": round(time.thread_time() - started_thread_cpu, 4)},
         s3_retries={"request": io_stats.request_retries, "body": io_stats.body_retries},
         model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads,
         host=host_share(job.thread_plan), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
@@ -200,18 +203,21 @@ class Scoring:
     def __init__(self, model: Predictor, job: JobSpec, handlers: Handlers | None):
         self.model, self.job, self.handlers = model, job, handlers
         self.results = results.Results(result_schema(job, model, handlers))
-        self.timing = {"download": 0.0, "decode": 0.0, "forward": 0.0, "wait": 0.0}
+        self.timing = {"download": 0.0, "decode": 0.0, "forward": 0.0, "wait": 0.0,
+                       "download_cpu": 0.0, "decode_cpu": 0.0}
         self.errors = {"download": 0, "decode": 0, "predict": 0}
         self._keys: list[str] = []
         self._inputs: list = []
         self._waiting_since = time.perf_counter()
 
     def add(self, result: tuple) -> None:
-        """One image's ``(key, input, failure, (download_s, decode_s))``."""
+        """One image's ``(key, input, failure, times)``, ``times`` a :class:`FetchTimes`."""
         self.timing["wait"] += time.perf_counter() - self._waiting_since
-        key, decoded, failure, (download_s, decode_s) = result
-        self.timing["download"] += download_s
-        self.timing["decode"] += decode_s
+        key, decoded, failure, times = result
+        self.timing["download"] += times.download
+        self.timing["decode"] += times.decode
+        self.timing["download_cpu"] += times.download_cpu
+        self.timing["decode_cpu"] += times.decode_cpu
         if failure is not None:
             stage, error = failure
             self.results.fail(key, error)
@@ -290,26 +296,28 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
                       *, io_stats: utils.IOStats, seen: dict | None = None):
     """Download and decode one object (with ``handlers.input_handler`` if there is one).
 
-    Returns ``(key, input, None, times)``, or ``(key, None, (stage, error object), times)``. The input is
+    Returns ``(key, input, None, times)``, or ``(key, None, (stage, error object), times)``, ``times`` a
+    :class:`FetchTimes` (this thread's CPU included: the in-job split of a worker's CPU). The input is
     the array, or for ``--task detect`` ``(array, geometry)`` (:func:`decode_image_geometry`).
     ``seen``, a dict, gets ``seen[key] = (etag, length)`` of a downloaded object.
     """
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
 
     def failed(stage, exc, times):
         return key, None, (stage, error_object(stage, exc)), times
 
     if size is not None and size > job.max_object_bytes:
-        return failed("download", utils.too_large(size, job.max_object_bytes), (0.0, 0.0))
+        return failed("download", utils.too_large(size, job.max_object_bytes), FetchTimes(0.0, 0.0, 0.0, 0.0))
     try:
         # Also checked from the GET's Content-Length: a manifest may not give sizes (size -1).
         headers = None if seen is None else {}
         data = reader.read(job.bucket, key, stats=io_stats, max_bytes=job.max_object_bytes, seen=headers)
     except Exception as exc:  # noqa: BLE001 - every download failure becomes this key's error line
-        return failed("download", exc, (time.perf_counter() - started, 0.0))
+        return failed("download", exc, FetchTimes(time.perf_counter() - started, 0.0,
+                                                  time.thread_time() - started_cpu, 0.0))
     if seen is not None:
         seen[key] = (headers.get("etag"), len(data))  # one key per thread: a dict's item assignment is atomic
-    downloaded = time.perf_counter()
+    downloaded, downloaded_cpu = time.perf_counter(), time.thread_time()
     try:
         if handlers is not None and handlers.input_handler is not None:
             array = handlers.decode(key, data, job.preprocess.input_shape)
@@ -318,8 +326,23 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
         else:
             array = decode_image(data, job.preprocess)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's, not the batch's
-        return failed("decode", exc, (downloaded - started, time.perf_counter() - downloaded))
-    return key, array, None, (downloaded - started, time.perf_counter() - downloaded)
+        return failed("decode", exc, _times(started, downloaded, started_cpu, downloaded_cpu))
+    return key, array, None, _times(started, downloaded, started_cpu, downloaded_cpu)
+
+
+class FetchTimes(NamedTuple):
+    """One image's seconds in :func:`_fetch_and_decode`: wall clock and its thread's CPU, download and decoding."""
+
+    download: float
+    decode: float
+    download_cpu: float
+    decode_cpu: float
+
+
+def _times(started: float, downloaded: float, started_cpu: float, downloaded_cpu: float) -> FetchTimes:
+    """The :class:`FetchTimes` of an image downloaded at ``downloaded`` (``downloaded_cpu``) and decoded until now."""
+    return FetchTimes(downloaded - started, time.perf_counter() - downloaded,
+                      downloaded_cpu - started_cpu, time.thread_time() - downloaded_cpu)
 
 
 def _prefetched(items: Sequence[tuple[str, int]], work, pool: ThreadPoolExecutor, window: int) -> Iterator:

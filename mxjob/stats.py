@@ -27,6 +27,8 @@ class FirstTask(NamedTuple):
     keys: int
     #: The task's CPU seconds, every thread; ``None`` when not measured.
     cpu: float | None
+    #: Of ``cpu``: the :data:`StatsFold.CPU_PARTS` (download and decode threads, the task's own thread), or ``None``.
+    cpu_parts: tuple | None = None
 
 
 @dataclass
@@ -81,7 +83,10 @@ class StatsFold:
     task's update once, also when the task was retried.
     """
 
-    STAGES = ("download", "decode", "forward", "wait", "write", "task", "cpu")
+    #: Of a task's ``cpu``, the CPU seconds of its download threads' GETs, of their decoding, and of the task's
+    #: own thread (the model's load and Python side, results, the part); the rest is MXNet's threads: the forward.
+    CPU_PARTS = ("download_cpu", "decode_cpu", "task_thread_cpu")
+    STAGES = ("download", "decode", "forward", "wait", "write", "task", "cpu", *CPU_PARTS)
 
     def __init__(self):
         self.tasks = 0
@@ -121,8 +126,9 @@ class StatsFold:
         fold.executors[s.executor] = {"batches": 1, "images": s.keys,
                                       **{k: s.seconds.get(k, 0.0) for k in cls.STAGES}}
         n, rss, max_rss = s.worker_task, s.memory.get("rss"), s.memory.get("max_rss")
+        first = FirstTask(n, s.started, s.ended, s.keys, s.seconds.get("cpu"), cpu_parts(s.seconds))
         worker = {"batches": 1, "model_loads": s.model_loads, "last_task": n, "threads": s.threads,
-                  "last_rss": rss, "first": FirstTask(n, s.started, s.ended, s.keys, s.seconds.get("cpu")),
+                  "last_rss": rss, "first": first,
                   "task_seconds": s.ended - s.started,
                   "last_end": s.ended, "rss_after": {}}
         if max_rss:
@@ -209,6 +215,8 @@ class StatsFold:
         first = w["first"]
         # The first task includes importing MXNet and loading the model: steady state starts after it.
         out["first_task"] = {"started": first.started, "ended": first.ended, "images": first.keys, "cpu": first.cpu}
+        if first.cpu_parts is not None:
+            out["first_task"].update(zip(self.CPU_PARTS, first.cpu_parts))
         # In tasks, and idle between them (Spark handing over the next task).
         out["task_seconds"] = round(w["task_seconds"], 3)
         out["idle_between_tasks_seconds"] = round(w["last_end"] - first.started - w["task_seconds"], 3)
@@ -219,6 +227,13 @@ class StatsFold:
             after["last"] = w["last_rss"]
         out["rss_bytes_after_task"] = after
         return out
+
+
+def cpu_parts(seconds: dict) -> tuple | None:
+    """A task's :data:`StatsFold.CPU_PARTS` from its ``seconds``, or ``None`` if it did not measure them."""
+    if not all(k in seconds for k in StatsFold.CPU_PARTS):
+        return None
+    return tuple(seconds[k] for k in StatsFold.CPU_PARTS)
 
 
 try:  # executors and the driver have pyspark; the library's other users may not

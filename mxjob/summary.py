@@ -118,7 +118,11 @@ def readable(summary: dict) -> dict:
     # download and decode run on the download threads and are summed over them, so with
     # --io-threads 8 they can exceed "task", the task threads' wall time.
     summary["seconds_what"] = ("seconds summed over executors; download and decode are also summed over each "
-                               "task's download threads, so they overlap the rest and can exceed task")
+                               "task's download threads, so they overlap the rest and can exceed task; cpu is "
+                               "the Python workers' CPU in tasks, every thread: download_cpu and decode_cpu "
+                               "its download threads', task_thread_cpu the task's own thread's (the model's "
+                               "load and Python side, results, the part), the rest MXNet's threads (the forward "
+                               "passes)")
     return summary
 
 

@@ -138,6 +138,22 @@ def test_beyond_forward_gives_the_in_task_cost_after_each_workers_first_task():
     assert "after each worker's first task (3.0, 2.5 s of CPU) 1.6 ms" in line
 
 
+def test_cpu_split_gives_each_threads_cpu_per_image_after_the_first_tasks_and_the_forward_against_l():
+    from bench import run_bench
+
+    # 640 images; the two first tasks (64 images each) are left out: 512 images after them.
+    first = {"images": 64, "cpu": 3.0, "download_cpu": 0.1, "decode_cpu": 0.2, "task_thread_cpu": 2.0}
+    workers = {"a": {"first_task": first}, "b": {"first_task": dict(first, cpu=2.5)}}
+    seconds = {"cpu": 5.5 + 512 * 0.020, "download_cpu": 0.2 + 512 * 0.001, "decode_cpu": 0.4 + 512 * 0.002,
+               "task_thread_cpu": 4.0 + 512 * 0.0005}
+    line = run_bench.cpu_split({"keys_listed": 640, "seconds": seconds, "python_workers": workers}, 15.0)
+    assert "(after each worker's first task)" in line
+    assert "GETs 1.0 ms, decoding 2.0, the task's own thread 0.5" in line
+    assert "MXNet's threads 16.5 (the forward pass in the job; L's costs 15.0, +1.5)" in line
+    # A summary from before the split: nothing to say.
+    assert run_bench.cpu_split({"keys_listed": 640, "seconds": {"cpu": 12.0}}, 15.0) == ""
+
+
 def e_run(rate: float, size: int, task: str, outputs: dict, steady: float | None = None) -> dict:
     """What ``run_bench.submit`` returns, as much of it as the task rows read."""
     return {"E": rate, "E_steady": steady, "output_bytes": size,

@@ -126,6 +126,20 @@ def test_every_bad_object_is_one_error_line_and_its_batch_mates_are_unharmed(buc
         assert rows[key] == json.loads(line), key
 
 
+def test_a_task_splits_its_cpu_into_gets_decoding_its_own_thread_and_the_rest(bucket, demo_dir, moto_endpoint):
+    keys = [f"cpu/{i}.jpg" for i in range(12)]
+    for i, key in enumerate(keys):
+        bucket.put_object(Bucket=BUCKET, Key=key, Body=encode(digit(i).resize((400, 300)), "JPEG", quality=90))
+    _, stats = run_partition(job_spec(moto_endpoint, demo_dir), [(key, -1) for key in keys])
+    seconds = stats.seconds
+    parts = [seconds[k] for k in ("download_cpu", "decode_cpu", "task_thread_cpu")]
+    assert all(part > 0 for part in parts), seconds
+    # Thread CPU of the pool's threads and of the task's own: parts of the process's CPU in the task, not more.
+    assert sum(parts) <= seconds["cpu"] + 0.002, seconds
+    # The download threads' wall clock holds their CPU.
+    assert seconds["download_cpu"] <= seconds["download"] + 0.002 and seconds["decode_cpu"] <= seconds["decode"] + 0.002
+
+
 def test_a_task_reads_its_keys_and_sizes_from_the_runs_plan_and_writes_its_part(bucket, demo_dir, moto_endpoint):
     keys = [f"plan/{name}.png" for name in ("a", "b", "c", "d", "é")]
     for i, key in enumerate(keys):

@@ -103,7 +103,8 @@ def test_prefetch_starts_on_the_call_keeps_order_and_bounds_what_is_in_flight():
 def task_stats(worker: str, n: int, started: float, rss: int, keys: int = 64) -> TaskStats:
     return TaskStats(partition=n, executor="host/1", worker_pid=worker, attempt=0, keys=keys,
                      errors={"download": 0, "decode": 0, "predict": 0},
-                     seconds={"download": 1.0, "decode": 0.5, "forward": 2.0, "wait": 0.1, "task": 1.0, "cpu": 1.5},
+                     seconds={"download": 1.0, "decode": 0.5, "forward": 2.0, "wait": 0.1, "task": 1.0, "cpu": 1.5,
+                              "download_cpu": 0.1 * n, "decode_cpu": 0.3, "task_thread_cpu": 0.2},
                      s3_retries={"request": 0, "body": 0}, model_loads=1, started=started,
                      ended=started + 1.0, threads=2, worker_task=n, memory={"rss": rss, "max_rss": rss + 5})
 
@@ -121,13 +122,17 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
     assert summary["tasks"]["images_per_second"] == pytest.approx(12800 / window, rel=1e-3)
     [worker] = summary["python_workers"].values()
-    assert worker["first_task"] == {"started": 1000.0, "ended": 1001.0, "images": 64, "cpu": 1.5}
+    # The first task's CPU and its split (its own download_cpu is 0.1 x its number, 1).
+    assert worker["first_task"] == {"started": 1000.0, "ended": 1001.0, "images": 64, "cpu": 1.5,
+                                    "download_cpu": 0.1, "decode_cpu": 0.3, "task_thread_cpu": 0.2}
     assert worker["threads"] == 2 and worker["max_rss_bytes"] == 705
     assert worker["task_seconds"] == pytest.approx(200.0)
     assert worker["idle_between_tasks_seconds"] == pytest.approx(199 * 0.1, abs=1e-2)
     assert worker["rss_bytes_after_task"] == {"1": 501, "2": 502, "5": 505, "10": 510, "20": 520, "50": 550,
                                               "100": 600, "200": 700, "last": 700}
     assert summary["seconds"]["cpu"] == pytest.approx(300.0)
+    assert summary["seconds"]["download_cpu"] == pytest.approx(0.1 * 200 * 201 / 2)
+    assert summary["seconds"]["task_thread_cpu"] == pytest.approx(40.0)
     assert summary["driver_max_rss_bytes"] > 0
     assert summary["scored"] == 12800 and summary["reused"] == 0 and summary["seconds"]["assembly"] == 0.5
 

@@ -80,6 +80,26 @@ def test_predict_pads_and_splits_yet_each_row_equals_its_result_alone(logits_pre
     assert predictor.predict(np.zeros((0, *SHAPE), np.float32))[0].shape == (0, 10)
 
 
+def test_predict_reads_the_callers_array_in_place_leaves_it_writeable_and_sees_each_new_content(logits_prefix):
+    predictor = mxinfer.Predictor(str(logits_prefix), SHAPE, batch_size=4)
+    first, second = digit_batch(4, seed=1), digit_batch(4, seed=2)
+    # A reference through MXNet's own copy of the input.
+    module = predictor._module
+    expected = []
+    for batch in (first, second):
+        module.forward(mx.io.DataBatch([mx.nd.array(batch)]), is_train=False)
+        expected.append(module.get_outputs()[0].asnumpy())
+    buffer = first.copy()
+    np.testing.assert_array_equal(predictor.predict(buffer)[0], expected[0])
+    assert buffer.flags.writeable  # DLPack's wrapping marks only a view read-only
+    buffer[:] = second  # the same memory, new images: the next forward pass reads them, not a stale copy
+    np.testing.assert_array_equal(predictor.predict(buffer)[0], expected[1])
+    # An array that cannot be wrapped in place (not C-contiguous) is copied: the same result.
+    strided = np.asfortranarray(second)
+    assert not strided.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(predictor.predict(strided)[0], expected[1])
+
+
 @pytest.mark.parametrize("array, match", [
     (np.zeros((3, 32, 32), np.float32), "4-d NCHW"),
     (np.zeros((2, 3, 28, 28), np.float32), r"expected shape \(N, 3, 32, 32\)"),

@@ -154,6 +154,13 @@ def test_cpu_split_gives_each_threads_cpu_per_image_after_the_first_tasks_and_th
     assert run_bench.cpu_split({"keys_listed": 640, "seconds": {"cpu": 12.0}}, 15.0) == ""
 
 
+def test_e_with_the_stand_ins_cpu_handed_back_scales_by_the_share_it_took():
+    from bench import run_bench
+
+    assert run_bench.stand_in_back({"E": 36.0, "stand_in_cpu_share": 0.1}) == pytest.approx(40.0)
+    assert run_bench.stand_in_back({"E": 36.0, "stand_in_cpu_share": None}) == 36.0
+
+
 def e_run(rate: float, size: int, task: str, outputs: dict, steady: float | None = None) -> dict:
     """What ``run_bench.submit`` returns, as much of it as the task rows read."""
     return {"E": rate, "E_steady": steady, "output_bytes": size,

@@ -392,7 +392,8 @@ def report(results: dict) -> str:
         steady = e["E_steady"] or 0.0
         out.append(
             f"| {name} {'x'.join(map(str, row['input_shape']))} | {lim:.1f} | {sq:.1f} | {e['E']:.1f} | {steady:.1f} "
-            f"| {e['E'] / lim:.2f} | {steady / lim:.2f} | {stand_in_back(e) / lim:.2f} "
+            f"| {e['E'] / lim:.2f} | {steady / lim:.2f} "
+            f"| {stand_in_back(e) / lim:.2f} ({stand_in_back(e, steady) / lim:.2f} steady) "
             f"| {e['E'] / sq:.2f} | {steady / sq:.2f} "
             f"| {e['wall_seconds']:.1f} "
             f"| {' / '.join(_mib(v) for v in e['worker_peak_rss'])} "
@@ -506,15 +507,16 @@ def report_int8(results: dict) -> list[str]:
     return [*out, "", "CPU per image in E with int8, by process (ms):", *cpu_lines, ""]
 
 
-def stand_in_back(e: dict) -> float:
-    """E with the S3 stand-in's CPU handed back: ``E / (1 - share)``, share its part of the cores while tasks ran.
+def stand_in_back(e: dict, rate: float | None = None) -> float:
+    """E (or ``rate``, e.g. E steady) with the S3 stand-in's CPU handed back: ``E / (1 - share)``.
 
-    moto and the latency proxy run on the same cores as the job here; on EMR
-    S3 is not on the node. The job is CPU-bound on these cores, so the cores'
-    time the stand-in took would have scored images at the job's own rate.
+    ``share`` is the stand-in's part of the cores while the tasks ran. moto
+    and the latency proxy run on the same cores as the job here; on EMR S3 is
+    not on the node. The job is CPU-bound on these cores, so the cores' time
+    the stand-in took would have scored images at the job's own rate.
     """
     share = e.get("stand_in_cpu_share") or 0.0
-    return e["E"] / (1.0 - min(share, 0.99))
+    return (e["E"] if rate is None else rate) / (1.0 - min(share, 0.99))
 
 
 def beyond_forward(e: dict, l_cost: float) -> str:

@@ -159,6 +159,7 @@ def test_e_with_the_stand_ins_cpu_handed_back_scales_by_the_share_it_took():
 
     assert run_bench.stand_in_back({"E": 36.0, "stand_in_cpu_share": 0.1}) == pytest.approx(40.0)
     assert run_bench.stand_in_back({"E": 36.0, "stand_in_cpu_share": None}) == 36.0
+    assert run_bench.stand_in_back({"E": 36.0, "stand_in_cpu_share": 0.25}, 39.0) == pytest.approx(52.0)
 
 
 def e_run(rate: float, size: int, task: str, outputs: dict, steady: float | None = None) -> dict:

@@ -65,7 +65,7 @@ def _array(shape) -> np.ndarray:
 
 def fake_fetch_and_decode(reader, job, handlers, key, size, *args, **kwargs):
     """``(key, array, None, times)`` as the real one returns, without a GET."""
-    return key, _array(job.preprocess.input_shape), None, partition.FetchTimes(0.0, 0.0, 0.0, 0.0)
+    return key, _array(job.preprocess.input_shape), None, partition.FetchTimes()
 
 
 def fake_get_model(spec, input_shape, batch_size, *args, **kwargs) -> FakeModel:

@@ -69,6 +69,7 @@ from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
 from demo.s3proxy import S3Proxy  # noqa: E402
 from mxjob import worker  # noqa: E402
+from mxjob.stats import StatsFold  # noqa: E402
 
 BUCKET = "bench"
 MIB = 1024 * 1024
@@ -532,64 +533,58 @@ def beyond_forward(e: dict, l_cost: float) -> str:
     summary = e["summary"]
     images, tasks = summary["keys_listed"], summary.get("batches") or 0
     worker = e["cpu_ms_per_image"].get("python worker", 0.0)
-    task_cpu = summary["seconds"].get("cpu") or 0.0
-    in_tasks = 1000 * task_cpu / images
+    in_tasks = 1000 * (summary["seconds"].get("cpu") or 0.0) / images
     outside = worker - in_tasks
     per_task = f", {outside * images / tasks:.0f} ms each" if tasks else ""
     return (f"in its tasks {in_tasks - l_cost:.1f} ms (downloads, decoding, results, parts; the first tasks' "
-            f"MXNet import and model load{steady_in_tasks(summary, task_cpu, l_cost)}), outside them {outside:.1f} ms "
+            f"MXNet import and model load{steady_in_tasks(summary, l_cost)}), outside them {outside:.1f} ms "
             f"(Spark's hand-over of {tasks} tasks{per_task}; the workers' start)")
 
 
-def steady_in_tasks(summary: dict, task_cpu: float, l_cost: float) -> str:
-    """``"; after each worker's first task X ms"``: the in-task CPU per image beyond ``l_cost`` once warm.
+def after_first_tasks(summary: dict, keys: tuple[str, ...]) -> dict[str, float] | None:
+    """CPU ms per image of each of the summary's ``seconds[key]`` over the tasks after each worker's first.
 
     Each worker's first task pays its MXNet import and model load once,
     which a run of millions of images never notices; the tasks after it are
-    what each further image costs. Empty when the summary has no first
-    tasks' CPU (older summaries) or no images after them.
+    what each further image costs. ``None`` when a first task lacks one of
+    ``keys`` (older summaries) or no images come after the first tasks.
     """
     firsts = [w["first_task"] for w in summary.get("python_workers", {}).values()]
-    if not firsts or any(f.get("cpu") is None for f in firsts):
-        return ""
+    if not firsts or any(summary["seconds"].get(key) is None or f.get(key) is None for f in firsts for key in keys):
+        return None
     images = summary["keys_listed"] - sum(f["images"] for f in firsts)
     if images <= 0:
+        return None
+    return {key: 1000 * (summary["seconds"][key] - sum(f[key] for f in firsts)) / images for key in keys}
+
+
+def steady_in_tasks(summary: dict, l_cost: float) -> str:
+    """``"; after each worker's first task X ms"``: the in-task CPU per image beyond ``l_cost`` once warm."""
+    warm = after_first_tasks(summary, ("cpu",))
+    if warm is None:
         return ""
-    steady = 1000 * (task_cpu - sum(f["cpu"] for f in firsts)) / images
-    first_cpu = ", ".join(f"{f['cpu']:.1f}" for f in firsts)
-    return f"; after each worker's first task ({first_cpu} s of CPU) {steady - l_cost:.1f} ms"
+    first_cpu = ", ".join(f"{w['first_task']['cpu']:.1f}" for w in summary["python_workers"].values())
+    return f"; after each worker's first task ({first_cpu} s of CPU) {warm['cpu'] - l_cost:.1f} ms"
 
 
 def cpu_split(summary: dict, l_cost: float) -> str:
     """The in-task CPU per image by thread, after each worker's first task: where "beyond the forward pass" goes.
 
     The summary's ``seconds`` split the workers' in-task CPU (``cpu``) into
-    their download threads' GETs (``download_cpu``) and decoding
-    (``decode_cpu``), the task's own thread (``task_thread_cpu``: the model's
-    Python side, results, the part) and the rest, MXNet's threads: the
-    forward pass as the job runs it, against L's ``l_cost`` ms. Each worker's
-    first task (its MXNet import and model load) is left out when the
-    summary splits it too. Empty for summaries without the split.
+    :data:`mxjob.stats.StatsFold.CPU_PARTS`: their download threads' GETs
+    (``download_cpu``) and decoding (``decode_cpu``), the task's own thread
+    (``task_thread_cpu``: the model's Python side, results, the part) and the
+    rest, MXNet's threads: the forward pass as the job runs it, against L's
+    ``l_cost`` ms. Empty for summaries without the split.
     """
-    seconds = summary["seconds"]
-    parts = ("download_cpu", "decode_cpu", "task_thread_cpu")
-    if any(k not in seconds for k in parts) or not seconds.get("cpu"):
+    warm = after_first_tasks(summary, ("cpu", *StatsFold.CPU_PARTS))
+    if warm is None:
         return ""
-    firsts = [w["first_task"] for w in summary.get("python_workers", {}).values()]
-    warm = bool(firsts) and all(all(k in f for k in parts) for f in firsts)
-    images = summary["keys_listed"] - (sum(f["images"] for f in firsts) if warm else 0)
-    if images <= 0:
-        return ""
-
-    def per_image(key: str) -> float:
-        return 1000 * (seconds[key] - (sum(f[key] for f in firsts) if warm else 0.0)) / images
-
-    get, decode, thread = (per_image(k) for k in parts)
-    mxnet = per_image("cpu") - get - decode - thread
-    when = "after each worker's first task" if warm else "all tasks"
-    return (f"in its tasks by thread ({when}), per image: GETs {get:.1f} ms, decoding {decode:.1f}, the task's "
-            f"own thread {thread:.1f} (the model's Python side, results, parts), MXNet's threads {mxnet:.1f} "
-            f"(the forward pass in the job; L's costs {l_cost:.1f}, {mxnet - l_cost:+.1f})")
+    get, decode, thread = (warm[key] for key in StatsFold.CPU_PARTS)
+    mxnet = warm["cpu"] - get - decode - thread
+    return (f"in its tasks by thread (after each worker's first task), per image: GETs {get:.1f} ms, decoding "
+            f"{decode:.1f}, the task's own thread {thread:.1f} (the model's Python side, results, parts), MXNet's "
+            f"threads {mxnet:.1f} (the forward pass in the job; L's costs {l_cost:.1f}, {mxnet - l_cost:+.1f})")
 
 
 def report_large(results: dict) -> list[str]:

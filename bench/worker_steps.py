@@ -327,8 +327,7 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     datas = [reader.read(BUCKET, key) for key in keys]
     out["GET (lean reader, client)"] = best_ms(partial(reader.read, BUCKET), keys, repeats)
     out["decode + preprocess"] = best_ms(partial(decode_image, prep=prep), datas, repeats)
-    untimed = partition.FetchTimes(0.0, 0.0, 0.0, 0.0)
-    decoded = [(key, decode_image(data, prep), None, untimed) for key, data in zip(keys, datas)]
+    decoded = [(key, decode_image(data, prep), None, partition.FetchTimes()) for key, data in zip(keys, datas)]
 
     def scored(_=None):
         scoring = partition.Scoring(model, job, None)

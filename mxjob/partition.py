@@ -203,8 +203,7 @@ class Scoring:
     def __init__(self, model: Predictor, job: JobSpec, handlers: Handlers | None):
         self.model, self.job, self.handlers = model, job, handlers
         self.results = results.Results(result_schema(job, model, handlers))
-        self.timing = {"download": 0.0, "decode": 0.0, "forward": 0.0, "wait": 0.0,
-                       "download_cpu": 0.0, "decode_cpu": 0.0}
+        self.timing = dict.fromkeys(("forward", "wait", *FetchTimes._fields), 0.0)
         self.errors = {"download": 0, "decode": 0, "predict": 0}
         self._keys: list[str] = []
         self._inputs: list = []
@@ -214,10 +213,8 @@ class Scoring:
         """One image's ``(key, input, failure, times)``, ``times`` a :class:`FetchTimes`."""
         self.timing["wait"] += time.perf_counter() - self._waiting_since
         key, decoded, failure, times = result
-        self.timing["download"] += times.download
-        self.timing["decode"] += times.decode
-        self.timing["download_cpu"] += times.download_cpu
-        self.timing["decode_cpu"] += times.decode_cpu
+        for name, seconds in zip(times._fields, times):
+            self.timing[name] += seconds
         if failure is not None:
             stage, error = failure
             self.results.fail(key, error)
@@ -307,7 +304,7 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
         return key, None, (stage, error_object(stage, exc)), times
 
     if size is not None and size > job.max_object_bytes:
-        return failed("download", utils.too_large(size, job.max_object_bytes), FetchTimes(0.0, 0.0, 0.0, 0.0))
+        return failed("download", utils.too_large(size, job.max_object_bytes), FetchTimes())
     try:
         # Also checked from the GET's Content-Length: a manifest may not give sizes (size -1).
         headers = None if seen is None else {}
@@ -331,12 +328,15 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
 
 
 class FetchTimes(NamedTuple):
-    """One image's seconds in :func:`_fetch_and_decode`: wall clock and its thread's CPU, download and decoding."""
+    """One image's seconds in :func:`_fetch_and_decode`: wall clock and its thread's CPU, download and decoding.
 
-    download: float
-    decode: float
-    download_cpu: float
-    decode_cpu: float
+    Each field is also the name of the :class:`Scoring` timing it adds to.
+    """
+
+    download: float = 0.0
+    decode: float = 0.0
+    download_cpu: float = 0.0
+    decode_cpu: float = 0.0
 
 
 def _times(started: float, downloaded: float, started_cpu: float, downloaded_cpu: float) -> FetchTimes:

@@ -46,7 +46,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -62,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import images as bench_images  # noqa: E402
-from bench import int8_search, task_cost  # noqa: E402
+from bench import int8_search, task_cost, worker_steps  # noqa: E402
 from bench import models as bench_models  # noqa: E402
 from bench import tasks as bench_tasks  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
@@ -252,6 +254,95 @@ def upload(s3, paths: list[Path], prefixes: dict) -> None:
         list(pool.map(lambda p: s3.put_object(Bucket=BUCKET, Key=f"photos/{p.name}", Body=p.read_bytes()), paths))
 
 
+#: A process that keeps a share of one core busy in bursts, as the S3 stand-in does (moto spends about 5 ms
+#: of CPU on each GET): ``python -c BURNER BURST_SECONDS DUTY``.
+BURNER = """
+import sys, time
+burst, duty = float(sys.argv[1]), float(sys.argv[2])
+rest = burst * (1 - duty) / duty
+while True:
+    started = time.perf_counter()
+    while time.perf_counter() - started < burst:
+        pass
+    time.sleep(rest)
+"""
+
+
+def load_plan(share: float, cores: int) -> tuple[int, float]:
+    """Processes and each one's duty cycle that keep ``share`` of ``cores`` busy: ``(n, duty)``, ``n * duty``
+    core-equivalents, no process above one core."""
+    wanted = max(0.0, share) * cores
+    n = max(1, math.ceil(wanted))
+    return n, min(1.0, wanted / n)
+
+
+@contextlib.contextmanager
+def cpu_load(share: float, cores: int, burst: float = 0.005):
+    """Keep ``share`` of the cores busy in ``burst``-second bursts while the block runs (:data:`BURNER`)."""
+    n, duty = load_plan(share, cores)
+    burners = [subprocess.Popen([sys.executable, "-c", BURNER, str(burst), str(duty)]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+def loaded_limit(args, prefix: str, shape_arg: str, paths: list[Path], e: dict) -> dict | None:
+    """L beside a load of the S3 stand-in's share of the cores in ``e``, when ``e``'s workers ran MXNet on more
+    than one thread (else ``None``).
+
+    A forward pass on several OpenMP threads waits at each barrier for a
+    thread that another process preempted, so the stand-in costs such a
+    worker more than its share of the cores: ``E / (1 - share)`` hands back
+    too little. This L, run beside a load of that share in 5 ms bursts (about
+    what moto spends on a GET), is the limit such an E is held to with the
+    stand-in where it is. A worker on one thread has no barrier to wait at.
+    """
+    threads = max((w.get("threads") or 1 for w in e["summary"]["python_workers"].values()), default=1)
+    share = e.get("stand_in_cpu_share") or 0.0
+    if threads <= 1 or share <= 0:
+        return None
+    cores = os.cpu_count() or 1
+    log(f"  L beside a load of the stand-in's {100 * share:.0f}% of the cores (the workers ran {threads} threads)")
+    with cpu_load(share, cores):
+        out = probe(["limit", "--model", prefix, "--shape", shape_arg, "--batch", str(args.batch),
+                     "--seconds", str(args.limit_seconds), *map(str, paths[: 2 * args.batch])], cores)
+    return {**out, "share": share, "threads": threads}
+
+
+def recipe_floor(model: bench_models.BenchModel, paths: list[Path]) -> dict:
+    """:func:`bench.worker_steps.recipe_floor` of ``paths`` for ``model``'s input, in this process, logged."""
+    log(f"{model.name}: the recipe's own CPU per image (decode_image on {len(paths)} of the images)")
+    return worker_steps.recipe_floor([p.read_bytes() for p in paths], worker_steps.bench_preprocess(model.input_shape))
+
+
+def run_model(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: str, paths: list[Path]) -> dict:
+    """One model's row: the recipe's floor, L, S, E (and L beside the stand-in's load when E's workers ran
+    several threads)."""
+    cores = os.cpu_count() or 1
+    keys = [f"photos/{p.name}" for p in paths]
+    row: dict = {"description": model.description, "input_shape": model.input_shape,
+                 "floor": recipe_floor(model, paths[:200])}
+    log(f"{model.name}: L (forward only, {cores} threads, batch {args.batch})")
+    row["L"] = probe(["limit", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
+                      "--seconds", str(args.limit_seconds),
+                      *map(str, paths[: 2 * args.batch])], cores)
+    log(f"{model.name}:   {row['L']['images_per_second']:.1f} images/s; "
+        f"S (square wave, {args.square_batches} batches)")
+    row["S"] = probe(["square", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
+                      "--endpoint", proxy.endpoint, "--bucket", BUCKET, "--batches", str(args.square_batches),
+                      *keys[: args.square_batches * args.batch]], cores)
+    log(f"{model.name}:   {row['S']['images_per_second']:.1f} images/s; E (spark-submit, {args.master})")
+    row["E"] = submit(s3, proxy.endpoint, model, f"E-{model.name}", args.batch, args.work, args.master,
+                      args.job_args, moto, args.spark_conf)
+    log(f"{model.name}:   {row['E']['E']:.1f} images/s, steady {row['E']['E_steady'] or 0:.1f}, "
+        f"wall {row['E']['wall_seconds']:.1f}s")
+    row["L_loaded"] = loaded_limit(args, prefix, model.shape_arg, paths, row["E"])
+    return row
+
+
 def run(args) -> dict:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -275,25 +366,8 @@ def run(args) -> dict:
         log(f"uploading {len(paths)} images and {len(prefixes)} models to moto at {upstream}; "
             f"the job reads through the proxy at {proxy.endpoint} (+{args.latency * 1000:.0f} ms per request)")
         upload(s3, paths, prefixes)
-        keys = [f"photos/{p.name}" for p in paths]
         for model in chosen:
-            prefix = str(prefixes[model.name])
-            row: dict = {"description": model.description, "input_shape": model.input_shape}
-            log(f"{model.name}: L (forward only, {cores} threads, batch {args.batch})")
-            row["L"] = probe(["limit", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
-                              "--seconds", str(args.limit_seconds),
-                              *map(str, paths[: 2 * args.batch])], cores)
-            log(f"{model.name}:   {row['L']['images_per_second']:.1f} images/s; "
-                f"S (square wave, {args.square_batches} batches)")
-            row["S"] = probe(["square", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
-                              "--endpoint", proxy.endpoint, "--bucket", BUCKET, "--batches", str(args.square_batches),
-                              *keys[: args.square_batches * args.batch]], cores)
-            log(f"{model.name}:   {row['S']['images_per_second']:.1f} images/s; E (spark-submit, {args.master})")
-            row["E"] = submit(s3, proxy.endpoint, model, f"E-{model.name}", args.batch, work, args.master,
-                              args.job_args, moto, args.spark_conf)
-            log(f"{model.name}:   {row['E']['E']:.1f} images/s, steady {row['E']['E_steady'] or 0:.1f}, "
-                f"wall {row['E']['wall_seconds']:.1f}s")
-            results["models"][model.name] = row
+            results["models"][model.name] = run_model(args, s3, proxy, moto, model, str(prefixes[model.name]), paths)
         if args.tasks:
             results["tasks"] = bench_tasks.run(args, s3, proxy, moto, submit, probe, results["models"], paths, work)
         if args.int8:
@@ -338,7 +412,8 @@ def run_int8(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Path
                [*args.job_args, "--precision", "int8", "--min-agreement", "0",
                 "--calibration-images", str(args.calibration_images)], moto, args.spark_conf)
     log(f"{model.name} int8:   {e['E']:.1f} images/s, agreement {e['summary']['precision']['top1_agreement']}")
-    return {"quantize": quantized, "L": lim, "E": e}
+    return {"quantize": quantized, "L": lim, "E": e,
+            "L_loaded": loaded_limit(args, quantized["prefix"], model.shape_arg, paths, e)}
 
 
 def run_large(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Path) -> dict:
@@ -426,7 +501,9 @@ def report(results: dict) -> str:
         out.append(f"    the worker's own work beyond L's forward pass: {worker - l_cost:.1f} ms;"
                    f" were it free, the other processes' {others:.1f} ms would still cap E/L at "
                    f"{1000 * cores / (l_cost + others) / row['L']['images_per_second']:.2f}")
-        lines = (beyond_forward(row["E"], l_cost), cpu_split(row["E"]["summary"], l_cost))
+        lines = (beyond_forward(row["E"], l_cost), cpu_split(row["E"]["summary"], l_cost),
+                 floor_line(row.get("floor"), row["E"], row["L"], cores),
+                 loaded_line(row.get("L_loaded"), row["E"], row["L"]))
         out.extend(f"      {line}" for line in lines if line)
     if "tasks" in results:
         tasks = results["tasks"]
@@ -475,15 +552,18 @@ def results_threads(summary: dict) -> str:
 def report_int8(results: dict) -> list[str]:
     if not results.get("int8"):
         return []
-    out = ["| model int8 | L img/s | E img/s | E/L | E/L, stand-in's CPU back | E_int8/E_fp32 | L_int8/L_fp32 "
-           "| top-1 agreement (random weights) | max prob diff | quantize s (driver) |", "|" + "---|" * 10]
+    out = ["| model int8 | L img/s | E img/s | E steady | E/L | E/L steady | E/L, stand-in's CPU back "
+           "| E_int8/E_fp32 | L_int8/L_fp32 | top-1 agreement (random weights) | max prob diff "
+           "| quantize s (driver) |", "|" + "---|" * 12]
     cores = results["machine"]["cores"]
     cpu_lines = []
     for name, row in results["int8"].items():
         fp32 = results["models"][name]
         lim, e = row["L"]["images_per_second"], row["E"]["E"]
         precision = row["E"]["summary"]["precision"]
-        out.append(f"| {name} int8 | {lim:.1f} | {e:.1f} | {e / lim:.2f} | {stand_in_back(row['E']) / lim:.2f} "
+        steady = row["E"].get("E_steady") or 0.0
+        out.append(f"| {name} int8 | {lim:.1f} | {e:.1f} | {steady:.1f} | {e / lim:.2f} | {steady / lim:.2f} "
+                   f"| {stand_in_back(row['E']) / lim:.2f} ({stand_in_back(row['E'], steady) / lim:.2f} steady) "
                    f"| {e / fp32['E']['E']:.2f} "
                    f"| {lim / fp32['L']['images_per_second']:.2f} | {precision['top1_agreement']:.3f} "
                    f"| {precision['max_probability_difference']:.3f} | {precision['quantize_seconds']:.1f} |")
@@ -502,9 +582,10 @@ def report_int8(results: dict) -> list[str]:
                          f"{l_int8 / (l_int8 + others):.2f}")
         cpu_lines.append(f"    the worker's own work beyond L_int8's forward pass: "
                          f"{cpu.get('python worker', 0.0) - l_int8:.1f} ms: {beyond_forward(row['E'], l_int8)}")
-        split = cpu_split(row["E"]["summary"], l_int8)
-        if split:
-            cpu_lines.append(f"      {split}")
+        for line in (cpu_split(row["E"]["summary"], l_int8), floor_line(fp32.get("floor"), row["E"], row["L"], cores),
+                     loaded_line(row.get("L_loaded"), row["E"], row["L"])):
+            if line:
+                cpu_lines.append(f"      {line}")
     return [*out, "", "CPU per image in E with int8, by process (ms):", *cpu_lines, ""]
 
 
@@ -585,6 +666,51 @@ def cpu_split(summary: dict, l_cost: float) -> str:
     return (f"in its tasks by thread (after each worker's first task), per image: GETs {get:.1f} ms, decoding "
             f"{decode:.1f}, the task's own thread {thread:.1f} (the model's Python side, results, parts), MXNet's "
             f"threads {mxnet:.1f} (the forward pass in the job; L's costs {l_cost:.1f}, {mxnet - l_cost:+.1f})")
+
+
+#: The worker's own CPU per 500x375 JPEG beyond the forward pass that #22 asks for, in ms.
+TARGET_BEYOND_FORWARD_MS = 3.0
+
+
+def floor_line(floor: dict | None, e: dict, lim: dict, cores: int) -> str:
+    """The recipe's and the GETs' CPU per image on this CPU (the floor), against the target and as a ceiling on E/L.
+
+    ``floor`` is :func:`bench.worker_steps.recipe_floor` on the bench's
+    images; the GETs are the job's own (``download_cpu`` after each worker's
+    first task). Per JPEG (the target's unit), the floor is held against
+    :data:`TARGET_BEYOND_FORWARD_MS`. The ceiling is E/L with the stand-in's
+    CPU handed back were the worker's own work only the floor of this set's
+    images: the cores divided by L's forward pass, that floor and the other
+    processes but the stand-in (the JVMs), against L's rate. Empty without a
+    floor (results from before it).
+    """
+    if not floor:
+        return ""
+    warm = after_first_tasks(e["summary"], ("download_cpu",))
+    get = warm["download_cpu"] if warm else 0.0
+    jpeg = floor.get("jpeg") or floor
+    per_jpeg = jpeg["recipe_ms"] + get
+    others = sum(ms for role, ms in e["cpu_ms_per_image"].items()
+                 if role != "python worker" and not role.startswith("S3 stand-in"))
+    ceiling = 1000 * cores / (lim["cpu_ms_per_image"] + floor["recipe_ms"] + get + others) / lim["images_per_second"]
+    verdict = "over" if per_jpeg > TARGET_BEYOND_FORWARD_MS else "within"
+    return (f"the floor on this CPU: a JPEG of this set costs the recipe alone {jpeg['recipe_ms']:.1f} ms (of which "
+            f"the decoder and the resize, fixed by the recipe, {jpeg['decoder_and_resize_ms']:.1f}; make bench-worker "
+            f"times each step) and the job's GET {get:.1f}: {per_jpeg:.1f} ms, {verdict} the "
+            f"{TARGET_BEYOND_FORWARD_MS:g} ms the worker may spend beyond the forward pass; a worker at the floor of "
+            f"this set's images ({floor['recipe_ms']:.1f} + {get:.1f} ms), beside the JVMs' {others:.1f} ms, would cap "
+            f"E/L with the stand-in's CPU back at {ceiling:.2f}")
+
+
+def loaded_line(loaded: dict | None, e: dict, lim: dict) -> str:
+    """L beside the stand-in's load against L, and E against it (:func:`loaded_limit`); empty without one."""
+    if not loaded:
+        return ""
+    rate, quiet = loaded["images_per_second"], lim["images_per_second"]
+    return (f"beside a load of the stand-in's {100 * loaded['share']:.0f}% of the cores (5 ms bursts), L on "
+            f"{loaded['threads']} threads as E's workers ran: {rate:.1f} images/s, {100 * (1 - rate / quiet):.0f}% "
+            f"below L's {quiet:.1f} where the share alone would take {100 * loaded['share']:.0f}%; E/L beside the "
+            f"same load {e['E'] / rate:.2f} ({(e.get('E_steady') or 0.0) / rate:.2f} steady)")
 
 
 def report_large(results: dict) -> list[str]:

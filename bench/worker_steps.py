@@ -172,6 +172,30 @@ def recipe_steps(datas: list[bytes], prep: Preprocess, repeats: int) -> dict[str
     return steps
 
 
+def recipe_floor(datas: list[bytes], prep: Preprocess, repeats: int = 3) -> dict:
+    """What the recipe alone costs per image on this CPU: the floor under the worker's own work.
+
+    For every image of ``datas`` and for its JPEGs alone (the unit of #22's
+    target): ``recipe_ms``, :func:`mxjob.preprocess.decode_image` whole (best
+    of ``repeats`` passes, CPU of the calling thread), and of it
+    ``decoder_and_resize_ms``, the decoder's ``load()`` (libjpeg-turbo; zlib
+    for a PNG) and Pillow's BILINEAR resize: the two steps the recipe fixes
+    bit for bit, which no code of ours around them can make cheaper. ``make
+    bench`` adds the job's own GETs and holds the sum against the 3 ms a
+    500x375 JPEG may cost beyond the forward pass.
+    """
+    def costs(items: list[bytes]) -> dict:
+        opened = best_ms(_opened, items, repeats)
+        loaded = best_ms(partial(_loaded, prep=prep), items, repeats)
+        images = [to_rgb(ImageOps.exif_transpose(_loaded(d, prep))) for d in items]
+        return {"images": len(items), "recipe_ms": best_ms(partial(decode_image, prep=prep), items, repeats),
+                "decoder_and_resize_ms": max(0.0, loaded - opened) + best_ms(partial(_resized, prep=prep), images,
+                                                                             repeats)}
+
+    jpegs = [d for d in datas if d[:3] == b"\xff\xd8\xff"]
+    return {**costs(datas), "jpeg": costs(jpegs) if jpegs else None}
+
+
 def micro_batch_stack_ms(prep: Preprocess, repeats: int, micro_batch: int = 16) -> float:
     """``np.stack`` of a micro-batch of fresh decoded images, per image (the copy ``decode_into`` avoids)."""
     arrays = [np.random.RandomState(i).rand(*prep.input_shape).astype(np.float32) for i in range(micro_batch)]
@@ -391,9 +415,9 @@ def large_ms(datas: list[bytes], prep: Preprocess, repeats: int) -> dict[str, fl
 # ----------------------------------------------------------------------------
 
 
-def bench_preprocess() -> Preprocess:
-    """``make bench``'s recipe: 3x224x224 with its mean and std."""
-    return Preprocess(input_shape=(3, 224, 224), mean=tuple(float(x) for x in MEAN.split(",")),
+def bench_preprocess(input_shape: tuple = (3, 224, 224)) -> Preprocess:
+    """``make bench``'s recipe: its mean and std, for ``input_shape`` (3x224x224 unless given)."""
+    return Preprocess(input_shape=tuple(input_shape), mean=tuple(float(x) for x in MEAN.split(",")),
                       std=tuple(float(x) for x in STD.split(",")))
 
 

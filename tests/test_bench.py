@@ -288,3 +288,112 @@ def test_the_tail_report_holds_the_tail_to_a_tenth_of_the_assembly_after_the_job
     assert lines[3].startswith("| single object | after | 8.00 | 0.25 | 1.00 |")  # the close beside the assembly
     assert "| 5.0% (MET) | 20.0% (target <= 10%: MISSED) |" in lines[4]  # 0.4 / 8.0 and 1.6 / 8.0
     assert "| 12.5% (MISSED) | 25.0% (target <= 10%: MISSED) |" in lines[5]
+
+
+def test_the_models_limit_takes_its_cpu_cost_from_the_window_its_rate_comes_from(tmp_path, monkeypatch):
+    import numpy as np
+    from PIL import Image
+
+    from bench import probes
+
+    # A fake clock: 2 passes of 8 images a second, first 6 s with a load beside them (0.5 s a pass, 0.9 s
+    # of CPU: 112.5 ms an image), then 4 s quiet (0.25 s a pass, 0.45 s of CPU: 56.25 ms an image).
+    clock = {"wall": 0.0, "cpu": 0.0, "passes": 0}
+
+    class Predictor:
+        def __init__(self, *args):
+            pass
+
+        def predict(self, batch):
+            clock["passes"] += 1
+            busy = clock["passes"] <= 2 + 12  # the two warm-up passes, then 12 loaded ones
+            clock["wall"] += 0.5 if busy else 0.25
+            clock["cpu"] += 0.9 if busy else 0.45
+            return [np.zeros((len(batch), 10), np.float32)]
+
+    monkeypatch.setattr(probes.mxinfer, "Predictor", Predictor)
+    monkeypatch.setattr(probes.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(probes.time, "process_time", lambda: clock["cpu"])
+    paths = []
+    for i in range(8):
+        paths.append(tmp_path / f"{i}.png")
+        Image.new("RGB", (8, 8), (i, i, i)).save(paths[-1])
+    out = probes.limit("model", (3, 8, 8), 8, [str(p) for p in paths], seconds=10.0)
+    assert out["images_per_second"] == pytest.approx(32.0)  # a quiet window: 4 passes of 8 in a second
+    assert out["cpu_ms_per_image"] == pytest.approx(56.25)  # that window's CPU, not the run's mean
+    assert out["mean_cpu_ms_per_image"] > 80.0
+
+
+def test_the_floor_line_holds_the_recipe_and_the_get_per_jpeg_against_3_ms_and_caps_e_over_l():
+    from bench import run_bench
+
+    # 640 images, two first tasks of 64 left out: the GETs cost 0.8 ms an image after them.
+    first = {"images": 64, "cpu": 3.0, "download_cpu": 0.1}
+    summary = {"keys_listed": 640, "seconds": {"cpu": 20.0, "download_cpu": 0.2 + 512 * 0.0008},
+               "python_workers": {"a": {"first_task": first}, "b": {"first_task": first}}}
+    e = {"summary": summary, "cpu_ms_per_image": {"python worker": 50.0, "S3 stand-in: moto": 4.0,
+                                                  "S3 stand-in: proxy": 1.5, "driver JVM": 0.3, "executor JVM": 0.2}}
+    floor = {"images": 200, "recipe_ms": 2.7, "decoder_and_resize_ms": 2.5,
+             "jpeg": {"images": 180, "recipe_ms": 2.4, "decoder_and_resize_ms": 2.2}}
+    # L: 40 ms of CPU an image at 50 images/s on 2 cores; at the floor 40 + 2.7 + 0.8 + 0.5 = 44 ms -> 45.45/s.
+    line = run_bench.floor_line(floor, e, {"cpu_ms_per_image": 40.0, "images_per_second": 50.0}, 2)
+    assert "a JPEG of this set costs the recipe alone 2.4 ms (of which the decoder and the resize" in line
+    assert "the job's GET 0.8: 3.2 ms, over the 3 ms" in line
+    assert "(2.7 + 0.8 ms), beside the JVMs' 0.5 ms, would cap E/L with the stand-in's CPU back at 0.91" in line
+    cheap = dict(floor, jpeg=dict(floor["jpeg"], recipe_ms=1.5))
+    assert "2.3 ms, within the 3 ms" in run_bench.floor_line(cheap, e, {"cpu_ms_per_image": 40.0,
+                                                                          "images_per_second": 50.0}, 2)
+    assert run_bench.floor_line(None, e, {"cpu_ms_per_image": 40.0, "images_per_second": 50.0}, 2) == ""
+
+
+def test_the_recipes_floor_is_measured_on_every_image_and_on_the_jpegs_alone():
+    import io
+
+    from PIL import Image
+
+    from bench import worker_steps
+
+    datas = []
+    for i, fmt in enumerate(("JPEG", "JPEG", "PNG")):
+        buffer = io.BytesIO()
+        Image.new("RGB", (120, 90), (40 * i, 80, 120)).save(buffer, format=fmt)
+        datas.append(buffer.getvalue())
+    floor = worker_steps.recipe_floor(datas, worker_steps.bench_preprocess((3, 32, 32)), repeats=1)
+    assert floor["images"] == 3 and floor["jpeg"]["images"] == 2
+    for costs in (floor, floor["jpeg"]):
+        assert 0 < costs["decoder_and_resize_ms"] and 0 < costs["recipe_ms"]
+    assert worker_steps.recipe_floor(datas[2:], worker_steps.bench_preprocess((3, 32, 32)), repeats=1)["jpeg"] is None
+
+
+def test_the_stand_ins_load_is_spread_over_processes_of_at_most_one_core_each():
+    from bench import run_bench
+
+    assert run_bench.load_plan(0.1, 2) == (1, pytest.approx(0.2))
+    assert run_bench.load_plan(0.75, 2) == (2, pytest.approx(0.75))
+    assert run_bench.load_plan(0.0, 2) == (1, 0.0)
+
+
+def test_l_beside_the_stand_ins_load_is_measured_only_for_workers_on_several_threads(monkeypatch):
+    import argparse
+
+    from bench import run_bench
+
+    probes = []
+    monkeypatch.setattr(run_bench, "probe", lambda args, cores: probes.append(args) or {"images_per_second": 80.0})
+    monkeypatch.setattr(run_bench, "cpu_load", lambda share, cores: __import__("contextlib").nullcontext())
+    args = argparse.Namespace(batch=64, limit_seconds=15.0)
+
+    def e(threads, share=0.12):
+        return {"E": 50.0, "E_steady": 52.0, "stand_in_cpu_share": share,
+                "summary": {"python_workers": {"a": {"threads": threads}, "b": {"threads": threads}}}}
+
+    assert run_bench.loaded_limit(args, "m", "3,224,224", [], e(1)) is None
+    assert run_bench.loaded_limit(args, "m", "3,224,224", [], e(2, share=None)) is None
+    assert probes == []
+    loaded = run_bench.loaded_limit(args, "m", "3,224,224", [], e(2))
+    assert probes[0][:3] == ["limit", "--model", "m"] and loaded == {"images_per_second": 80.0, "share": 0.12,
+                                                                      "threads": 2}
+    line = run_bench.loaded_line(loaded, e(2), {"images_per_second": 100.0})
+    assert "stand-in's 12% of the cores" in line and "L on 2 threads as E's workers ran: 80.0 images/s, 20% below" in line
+    assert "E/L beside the same load 0.62 (0.65 steady)" in line
+    assert run_bench.loaded_line(None, e(2), {"images_per_second": 100.0}) == ""

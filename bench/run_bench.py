@@ -681,7 +681,7 @@ def floor_line(floor: dict | None, e: dict, lim: dict, cores: int) -> str:
     :data:`TARGET_BEYOND_FORWARD_MS`. The ceiling is E/L with the stand-in's
     CPU handed back were the worker's own work only the floor of this set's
     images: the cores divided by L's forward pass, that floor and the other
-    processes but the stand-in (the JVMs), against L's rate. Empty without a
+    processes but the stand-in (the JVMs, the driver), against L's rate. Empty without a
     floor (results from before it).
     """
     if not floor:
@@ -698,8 +698,8 @@ def floor_line(floor: dict | None, e: dict, lim: dict, cores: int) -> str:
             f"the decoder and the resize, fixed by the recipe, {jpeg['decoder_and_resize_ms']:.1f}; make bench-worker "
             f"times each step) and the job's GET {get:.1f}: {per_jpeg:.1f} ms, {verdict} the "
             f"{TARGET_BEYOND_FORWARD_MS:g} ms the worker may spend beyond the forward pass; a worker at the floor of "
-            f"this set's images ({floor['recipe_ms']:.1f} + {get:.1f} ms), beside the JVMs' {others:.1f} ms, would cap "
-            f"E/L with the stand-in's CPU back at {ceiling:.2f}")
+            f"this set's images ({floor['recipe_ms']:.1f} + {get:.1f} ms), beside the Spark processes' "
+            f"{others:.1f} ms (JVMs, the driver), would cap E/L with the stand-in's CPU back at {ceiling:.2f}")
 
 
 def loaded_line(loaded: dict | None, e: dict, lim: dict) -> str:

@@ -339,7 +339,8 @@ def test_the_floor_line_holds_the_recipe_and_the_get_per_jpeg_against_3_ms_and_c
     line = run_bench.floor_line(floor, e, {"cpu_ms_per_image": 40.0, "images_per_second": 50.0}, 2)
     assert "a JPEG of this set costs the recipe alone 2.4 ms (of which the decoder and the resize" in line
     assert "the job's GET 0.8: 3.2 ms, over the 3 ms" in line
-    assert "(2.7 + 0.8 ms), beside the JVMs' 0.5 ms, would cap E/L with the stand-in's CPU back at 0.91" in line
+    assert ("(2.7 + 0.8 ms), beside the Spark processes' 0.5 ms (JVMs, the driver), would cap E/L with the "
+            "stand-in's CPU back at 0.91") in line
     cheap = dict(floor, jpeg=dict(floor["jpeg"], recipe_ms=1.5))
     assert "2.3 ms, within the 3 ms" in run_bench.floor_line(cheap, e, {"cpu_ms_per_image": 40.0,
                                                                           "images_per_second": 50.0}, 2)
@@ -394,6 +395,7 @@ def test_l_beside_the_stand_ins_load_is_measured_only_for_workers_on_several_thr
     assert probes[0][:3] == ["limit", "--model", "m"] and loaded == {"images_per_second": 80.0, "share": 0.12,
                                                                       "threads": 2}
     line = run_bench.loaded_line(loaded, e(2), {"images_per_second": 100.0})
-    assert "stand-in's 12% of the cores" in line and "L on 2 threads as E's workers ran: 80.0 images/s, 20% below" in line
+    assert "stand-in's 12% of the cores" in line
+    assert "L on 2 threads as E's workers ran: 80.0 images/s, 20% below" in line
     assert "E/L beside the same load 0.62 (0.65 steady)" in line
     assert run_bench.loaded_line(None, e(2), {"images_per_second": 100.0}) == ""

@@ -289,6 +289,13 @@ def cpu_load(share: float, cores: int, burst: float = 0.005):
             burner.wait()
 
 
+def limit_probe(args, prefix: str, shape_arg: str, paths: list[Path]) -> dict:
+    """L of the checkpoint at ``prefix``: ``bench.probes limit`` at the bench's batch on its first two batches'
+    images, with every core."""
+    return probe(["limit", "--model", prefix, "--shape", shape_arg, "--batch", str(args.batch),
+                  "--seconds", str(args.limit_seconds), *map(str, paths[: 2 * args.batch])], os.cpu_count() or 1)
+
+
 def loaded_limit(args, prefix: str, shape_arg: str, paths: list[Path], e: dict) -> dict | None:
     """L beside a load of the S3 stand-in's share of the cores in ``e``, when ``e``'s workers ran MXNet on more
     than one thread (else ``None``).
@@ -307,8 +314,7 @@ def loaded_limit(args, prefix: str, shape_arg: str, paths: list[Path], e: dict) 
     cores = os.cpu_count() or 1
     log(f"  L beside a load of the stand-in's {100 * share:.0f}% of the cores (the workers ran {threads} threads)")
     with cpu_load(share, cores):
-        out = probe(["limit", "--model", prefix, "--shape", shape_arg, "--batch", str(args.batch),
-                     "--seconds", str(args.limit_seconds), *map(str, paths[: 2 * args.batch])], cores)
+        out = limit_probe(args, prefix, shape_arg, paths)
     return {**out, "share": share, "threads": threads}
 
 
@@ -326,9 +332,7 @@ def run_model(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: str
     row: dict = {"description": model.description, "input_shape": model.input_shape,
                  "floor": recipe_floor(model, paths[:200])}
     log(f"{model.name}: L (forward only, {cores} threads, batch {args.batch})")
-    row["L"] = probe(["limit", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
-                      "--seconds", str(args.limit_seconds),
-                      *map(str, paths[: 2 * args.batch])], cores)
+    row["L"] = limit_probe(args, prefix, model.shape_arg, paths)
     log(f"{model.name}:   {row['L']['images_per_second']:.1f} images/s; "
         f"S (square wave, {args.square_batches} batches)")
     row["S"] = probe(["square", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
@@ -404,8 +408,7 @@ def run_int8(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Path
     log(f"{model.name} int8: quantize on {args.calibration_images} images, then L")
     quantized = probe(["quantize", "--model", str(prefix), "--shape", model.shape_arg,
                        *map(str, paths[: args.calibration_images])], cores)
-    lim = probe(["limit", "--model", quantized["prefix"], "--shape", model.shape_arg, "--batch", str(args.batch),
-                 "--seconds", str(args.limit_seconds), *map(str, paths[: 2 * args.batch])], cores)
+    lim = limit_probe(args, quantized["prefix"], model.shape_arg, paths)
     log(f"{model.name} int8:   {lim['images_per_second']:.1f} images/s; E (spark-submit, {args.master})")
     # Random weights: agreement is reported, not required (--min-agreement 0).
     e = submit(s3, proxy.endpoint, model, f"E-{model.name}-int8", args.batch, args.work, args.master,

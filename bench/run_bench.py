@@ -7,7 +7,10 @@ Not a test: it prints measurements. In one run it
    and the two checkpoints (``bench/models.py``: ResNet-18 at 3x224x224 and a
    ResNet-20 at 3x32x32, random weights);
 2. serves them from a moto S3 server behind ``demo/s3proxy.py``, which adds a
-   per-request latency (20 ms by default, about S3's first-byte latency);
+   per-request latency (20 ms by default, about S3's first-byte latency) and
+   answers the images' GETs from its memory with moto's own answers, captured
+   once after the upload (``--moto-gets`` sends them to moto instead, which
+   spends about 5 ms of the same cores on each: S3 spends none of the node's);
 3. measures, per model, with the same checkpoint and batch size:
 
    - **L**, the model's limit: forward passes on pre-decoded arrays in one
@@ -242,6 +245,18 @@ def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, ba
 # The whole benchmark
 
 
+#: The header's words for who answered the images' GETs (results.json files from before it was recorded: moto).
+IMAGE_GETS = {"moto": ", image GETs answered by moto", "memory": ", image GETs answered from the proxy's memory"}
+
+
+def keep_in_memory(args, proxy, s3, keys: list[str]) -> None:
+    """Have the proxy answer ``keys``' GETs from its memory, unless ``--moto-gets``."""
+    if not args.moto_gets:
+        held = proxy.keep_in_memory(s3, BUCKET, keys)
+        log(f"  the proxy answers their {len(keys)} GETs from its memory ({held / 2**20:.0f} MiB, moto's answers; "
+            "--moto-gets sends them to moto)")
+
+
 def upload(s3, paths: list[Path], prefixes: dict) -> None:
     s3.create_bucket(Bucket=BUCKET)
     for prefix in prefixes.values():
@@ -362,7 +377,8 @@ def run(args) -> dict:
     results: dict = {"machine": {"cores": cores, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
                                  "cpu": int8_search.cpu_description()},
                      "images": len(paths), "image_bytes": sum(p.stat().st_size for p in paths),
-                     "latency_ms": args.latency * 1000, "batch": args.batch, "models": {}}
+                     "latency_ms": args.latency * 1000, "image_gets": "moto" if args.moto_gets else "memory",
+                     "batch": args.batch, "models": {}}
     with moto_server(work / "moto.log") as upstream, S3Proxy(upstream, latency=args.latency) as proxy:
         moto = next(p for p in psutil.Process().children() if "moto" in " ".join(p.cmdline()))
         s3 = boto3.client("s3", endpoint_url=upstream, region_name="us-east-1",
@@ -370,6 +386,7 @@ def run(args) -> dict:
         log(f"uploading {len(paths)} images and {len(prefixes)} models to moto at {upstream}; "
             f"the job reads through the proxy at {proxy.endpoint} (+{args.latency * 1000:.0f} ms per request)")
         upload(s3, paths, prefixes)
+        keep_in_memory(args, proxy, s3, [f"photos/{p.name}" for p in paths])
         for model in chosen:
             results["models"][model.name] = run_model(args, s3, proxy, moto, model, str(prefixes[model.name]), paths)
         if args.tasks:
@@ -426,6 +443,7 @@ def run_large(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Pat
     large = bench_images.make_large_images(args.work / f"large-{args.large_images}", args.large_images)
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda p: s3.put_object(Bucket=BUCKET, Key=f"large/{p.name}", Body=p.read_bytes()), large))
+    keep_in_memory(args, proxy, s3, [f"large/{p.name}" for p in large])
     decode = probe(["decode", "--model", str(prefix), "--shape", model.shape_arg, *map(str, large[:8])], cores)
     log(f"large photos: decode {decode['draft_cpu_ms_per_image']:.1f} ms (draft), "
         f"{decode['exact_cpu_ms_per_image']:.1f} ms (exact); S and E with {model.name}")
@@ -458,7 +476,8 @@ def report(results: dict) -> str:
     out.append(f"{machine.get('cpu') or str(machine['cores']) + ' cores'}, {machine['memory_gib']} GiB; "
                f"{results['images']} images "
                f"({results['image_bytes'] / results['images'] / 1000:.0f} kB average), "
-               f"S3 latency {results['latency_ms']:.0f} ms per request; batch {results['batch']}")
+               f"S3 latency {results['latency_ms']:.0f} ms per request{IMAGE_GETS[results.get('image_gets', 'moto')]}; "
+               f"batch {results['batch']}")
     out.append("")
     header = ("| model | L img/s | S img/s | E img/s | E steady | E/L | E/L steady | E/L, stand-in's CPU back "
               "| E/S | E/S steady | E wall s | worker peak RSS MiB | driver peak RSS MiB (python + JVM) "
@@ -760,6 +779,9 @@ def main(argv=None) -> int:
     parser.add_argument("--images", type=int, default=3600, help="images in the set")
     parser.add_argument("--batch", type=int, default=64, help="batch size (partition) of L, S and E")
     parser.add_argument("--latency", type=float, default=0.02, help="seconds added to each S3 request")
+    parser.add_argument("--moto-gets", action="store_true",
+                        help="send the images' GETs to moto (about 5 ms of CPU each on the same cores) instead of "
+                             "answering them from the proxy's memory")
     parser.add_argument("--models", default="resnet18,resnet20", help="comma-separated: resnet18, resnet20")
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",

@@ -12,6 +12,11 @@ Usage::
         client = boto3.client("s3", endpoint_url=proxy.endpoint)
         ...
         proxy.counts  # {"requests": ..., "slowdown": ..., "reset": ...}
+
+``proxy.keep_in_memory(bucket, keys)`` answers later plain GETs of those
+objects from the proxy's memory, with moto's own answer (headers and body)
+captured once: moto then spends no CPU on them (the benchmark's image GETs;
+S3 spends none of the node's either).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 FAULTS = ("slowdown", "internal", "reset", "cut")
+
+#: Upstream headers the proxy does not pass on: its own connection's, and the length it sets itself.
+_NOT_RELAYED = ("transfer-encoding", "connection", "content-length", "server", "date")
 
 _ERROR_XML = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
               "<Message>{message}</Message><RequestId>proxy</RequestId></Error>")
@@ -66,6 +74,7 @@ class S3Proxy:
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self.counts: Counter = Counter()
+        self._memory: dict[str, tuple[list, bytes]] = {}  # request path -> moto's headers and body
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -84,6 +93,34 @@ class S3Proxy:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def keep_in_memory(self, client, bucket: str, keys) -> int:
+        """Answer later GETs of ``keys`` in ``bucket`` from memory; the bytes now held.
+
+        ``client``, a boto3 S3 client on upstream, fetches each object once,
+        now, with checksum mode on (the answer then carries the checksum
+        headers botocore may check); its headers and body are replayed to every
+        later GET of the same path that asks for the whole object (no
+        ``Range``, no query but ``x-id=GetObject``). Latency, faults and
+        denials apply as before; everything else still goes to upstream. The
+        objects must not change afterwards: the copy is not refreshed.
+        """
+        held = 0
+        for key in keys:
+            response = client.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+            body = response["Body"].read()
+            headers = [(name, value) for name, value in response["ResponseMetadata"]["HTTPHeaders"].items()
+                       if name.lower() not in _NOT_RELAYED]
+            self._memory[f"/{bucket}/{urllib.parse.quote(key, safe='/~')}"] = (headers, body)
+            held += len(body)
+        return held
+
+    def _held(self, method: str, path: str, headers) -> tuple[list, bytes] | None:
+        """The answer kept in memory for this request, if it is a whole-object GET of a kept path."""
+        if method != "GET" or not self._memory or "Range" in headers:
+            return None
+        path, _, query = path.partition("?")
+        return self._memory.get(path) if query in ("", "x-id=GetObject") else None
 
     def _draw_fault(self, method: str, path: str) -> str | None:
         with self._lock:
@@ -152,7 +189,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         return False
 
     def _relay(self, body, fault) -> None:
-        """Send the request upstream and its answer back (cut in half for the ``cut`` fault)."""
+        """Send the request upstream (or take the answer kept in memory) and the answer back.
+
+        The answer is cut in half for the ``cut`` fault.
+        """
+        held = self.proxy._held(self.command, self.path, self.headers)
+        if held is not None:
+            self._answer(200, "OK", *held, fault)
+            return
         upstream = http.client.HTTPConnection(self.proxy.upstream_host, self.proxy.upstream_port, timeout=60)
         try:
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
@@ -161,10 +205,13 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             data = response.read()
         finally:
             upstream.close()
-        self.send_response(response.status, response.reason)
-        for name, value in response.getheaders():
-            if name.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
-                self.send_header(name, value)
+        relayed = [(name, value) for name, value in response.getheaders() if name.lower() not in _NOT_RELAYED]
+        self._answer(response.status, response.reason, relayed, data, fault)
+
+    def _answer(self, status: int, reason: str, headers: list, data: bytes, fault) -> None:
+        self.send_response(status, reason)
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if fault == "cut" and self.command != "HEAD" and len(data) > 1:

@@ -258,3 +258,26 @@ def test_both_paths_tell_the_etag_of_the_object_they_read(bucket, moto_endpoint,
         assert reader.read(BUCKET, key, seen=told) == BODIES[key]
         assert told == {"etag": bucket.head_object(Bucket=BUCKET, Key=key)["ETag"].strip('"')}
     assert reader.enabled == (kind == "lean")  # the second GET went the path named
+
+
+@pytest.mark.parametrize("kind", ["lean", "botocore"])
+def test_the_proxy_answers_kept_objects_from_memory_as_moto_did(bucket, moto_endpoint, kind):
+    # The benchmark's stand-in: the image GETs cost moto nothing. The objects are deleted
+    # upstream once kept, so only the proxy's memory can answer their whole-object GETs.
+    kept = {"held/a.jpg": b"\xff\xd8kept" * 300, "held/ü é+%.jpg": b"second" * 50}
+    for key, body in kept.items():
+        bucket.put_object(Bucket=BUCKET, Key=key, Body=body, ChecksumAlgorithm="CRC32")
+    etags = {key: bucket.head_object(Bucket=BUCKET, Key=key)["ETag"].strip('"') for key in kept}
+    with S3Proxy(moto_endpoint) as proxy:
+        assert proxy.keep_in_memory(bucket, BUCKET, kept) == sum(map(len, kept.values()))
+        for key in kept:
+            bucket.delete_object(Bucket=BUCKET, Key=key)
+        reader = fresh_reader(proxy.endpoint) if kind == "lean" else utils.s3_reader(proxy.endpoint, kind="botocore")
+        for key, body in kept.items():
+            told: dict = {}
+            assert reader.read(BUCKET, key, seen=told) == body
+            assert told == {"etag": etags[key]}
+        assert reader.enabled == (kind == "lean")
+        # A ranged GET is not the whole object: it goes to moto, which no longer has it.
+        with pytest.raises(botocore.exceptions.ClientError, match="NoSuchKey"):
+            utils.read_object(reader.client, BUCKET, "held/a.jpg", byte_range=(0, 10))

@@ -312,8 +312,8 @@ def limit_probe(args, prefix: str, shape_arg: str, paths: list[Path]) -> dict:
 
 
 def loaded_limit(args, prefix: str, shape_arg: str, paths: list[Path], e: dict) -> dict | None:
-    """L beside a load of the S3 stand-in's share of the cores in ``e``, when ``e``'s workers ran MXNet on more
-    than one thread (else ``None``).
+    """L beside a load of the S3 stand-in's share of the cores in ``e``, when ``e``'s workers ran each forward pass
+    on more than one thread (else ``None``).
 
     A forward pass on several OpenMP threads waits at each barrier for a
     thread that another process preempted, so the stand-in costs such a
@@ -322,7 +322,8 @@ def loaded_limit(args, prefix: str, shape_arg: str, paths: list[Path], e: dict) 
     what moto spends on a GET), is the limit such an E is held to with the
     stand-in where it is. A worker on one thread has no barrier to wait at.
     """
-    threads = max((w.get("threads") or 1 for w in e["summary"]["python_workers"].values()), default=1)
+    threads = max(((w.get("threads") or 1) // (w.get("lanes") or 1) for w in e["summary"]["python_workers"].values()),
+                  default=1)
     share = e.get("stand_in_cpu_share") or 0.0
     if threads <= 1 or share <= 0:
         return None
@@ -562,8 +563,9 @@ def report(results: dict) -> str:
 
 
 def results_threads(summary: dict) -> str:
-    """Each worker's threads, and the summary's warning if threads x executors do not fill the cores."""
-    threads = ", ".join(str(w.get("threads")) for w in summary["python_workers"].values())
+    """Each worker's threads (and forward lanes), and the summary's warning if threads x executors miss the cores."""
+    threads = ", ".join(str(w.get("threads")) + (f" in {w['lanes']} lanes" if (w.get("lanes") or 1) > 1 else "")
+                        for w in summary["python_workers"].values())
     hosts = summary.get("threads", {}).get("hosts", {})
     fit = "; ".join(f"{h['executors']} executor(s) x threads = {h['threads']} on {h['cores']} cores"
                     for h in hosts.values())

@@ -247,7 +247,7 @@ def glue_ms(prep: Preprocess, count: int, repeats: int, threads: int = 16, windo
     with mock.patch.multiple(partition, **stubs):
         for _ in range(repeats):
             started = time.process_time()
-            scoring = partition.Scoring(_Model(), job, None)
+            scoring = partition.Scoring([_Model()], job, None)
             for result in partition._prefetched(keys, _glue_work(reader, job), pool, window):
                 scoring.add(result)
             best = min(best, (time.process_time() - started) / count)
@@ -354,7 +354,7 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     decoded = [(key, decode_image(data, prep), None, partition.FetchTimes()) for key, data in zip(keys, datas)]
 
     def scored(_=None):
-        scoring = partition.Scoring(model, job, None)
+        scoring = partition.Scoring([model], job, None)
         for item in decoded:
             scoring.add(item)
         scoring.finish()

@@ -642,19 +642,28 @@ def get_classifier(spec: ModelSpec, input_shape: tuple, batch_size: int) -> Clas
     return get_model(spec, input_shape, batch_size, Classifier)
 
 
-def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type = Classifier) -> Predictor:
-    """:func:`get_classifier` for any of the classes: ``Predictor`` serves models that are no classifiers."""
+def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type = Classifier,
+              lane: int = 0) -> Predictor:
+    """:func:`get_classifier` for any of the classes: ``Predictor`` serves models that are no classifiers.
+
+    ``lane`` > 0 is another copy of the same model, bound apart, for a forward pass at the same time as
+    lane 0's (``--forward-lanes``).
+    """
 
     def load() -> Predictor:
         started = time.perf_counter()
         model = kind(spec, input_shape, batch_size)
+        if lane:  # a copy for another lane: the model is loaded once
+            log.info("bound lane %d's copy of model %s in %.2fs", lane, spec.symbol_uri,
+                     time.perf_counter() - started)
+            return model
         state.counters.model_loads += 1
         log.info("loaded model %s (%s, batch %d) in %.2fs; loads in this worker: %d",
                  spec.symbol_uri, model.model_summary()["head"], batch_size,
                  time.perf_counter() - started, state.counters.model_loads)
         return model
 
-    return state.models.get((kind, spec, tuple(input_shape), int(batch_size)), load)
+    return state.models.get((kind, spec, tuple(input_shape), int(batch_size), int(lane)), load)
 
 
 def top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: int) -> list[tuple]:

@@ -38,7 +38,15 @@ from mxjob.model import (
 )
 from mxjob.preprocess import Preprocess, decode_image, decode_image_geometry
 from mxjob.stats import ERROR_EXAMPLES, StatsFold, TaskStats
-from mxjob.worker import ThreadPlan, configure_threads, freeze_long_lived, host_share, memory_bytes, worker_threads
+from mxjob.worker import (
+    ThreadPlan,
+    configure_threads,
+    freeze_long_lived,
+    host_share,
+    memory_bytes,
+    worker_lanes,
+    worker_threads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +132,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
     started_thread_cpu = time.thread_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
-    threads = configure_threads(worker_threads(job.threads, job.thread_plan))
+    threads, lanes = configure_threads(*_threads_and_lanes(job))
     handlers = get_handlers(job.handler)
     reader = utils.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
                              max_pool_connections=max(10, job.io_threads + 2), kind=job.s3_reader)
@@ -136,7 +144,8 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     # loads and the model comes in; later tasks find the model in this worker's cache.
     fetched = _prefetched(keys, partial(_fetch_and_decode, reader, job, handlers, io_stats=io_stats, seen=seen),
                           _pool(job.io_threads), max(job.max_in_flight, 1))
-    scoring = Scoring(load_model(job, index, model_class(handlers, job.task)), job, handlers)
+    kind = model_class(handlers, job.task)
+    scoring = Scoring([load_model(job, index, kind, lane) for lane in range(lanes)], job, handlers)
     for result in fetched:
         scoring.add(result)
     scoring.finish()
@@ -151,7 +160,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
                  "task": round(time.perf_counter() - started, 4), "cpu": round(time.process_time() - started_cpu, 4),
                  "task_thread_cpu": round(time.thread_time() - started_thread_cpu, 4)},
         s3_retries={"request": io_stats.request_retries, "body": io_stats.body_retries},
-        model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads,
+        model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads, lanes=lanes,
         host=host_share(job.thread_plan), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
         error_kinds=results.error_kinds(batch, ERROR_EXAMPLES), top1=results.top_labels(batch),
     )
@@ -171,16 +180,24 @@ def batch_keys(items: Iterable, job: JobSpec, reader: utils.ObjectReader, io_sta
     return listing.read_plan_batch(plan)
 
 
-def load_model(job: JobSpec, index: int, kind: type) -> Predictor:
+def _threads_and_lanes(job: JobSpec) -> tuple[int, int]:
+    """This worker's MXNet threads in all and its forward lanes (``--threads``, ``--forward-lanes``)."""
+    threads = worker_threads(job.threads, job.thread_plan)
+    gpu = str(job.model.context).startswith("gpu")
+    return threads, worker_lanes(job.forward_lanes, threads, gpu=gpu, handlers=job.handler is not None)
+
+
+def load_model(job: JobSpec, index: int, kind: type, lane: int = 0) -> Predictor:
     """This worker's model for the task's device, bound at the micro-batch; a failure raises :class:`ModelError`.
 
     Bound at the micro-batch: the first forward pass starts as soon as that
     many images are decoded, while the pool fetches the rest of the batch.
+    ``lane`` > 0: another bound copy, for forward passes at the same time.
     """
     try:
         # The cache keys on the device, so each GPU of a worker gets its own module.
         spec = replace(job.model, context=task_context(job.model.context, index))
-        return get_model(spec, job.preprocess.input_shape, job.forward_batch, kind)
+        return get_model(spec, job.preprocess.input_shape, job.forward_batch, kind, lane=lane)
     except Exception as exc:
         # Same message on every attempt, so the driver's error names the cause
         # (weights unreachable from the executors, corrupt, ...), not a stack.
@@ -195,19 +212,27 @@ class Scoring:
     a failed download or decode becomes its error row at once; a decoded
     image waits for a full micro-batch (the model's bound batch), which then
     goes through one forward pass. :meth:`finish` scores the last, short one.
-    ``results`` holds the rows (:class:`results.Results`); ``timing`` sums each
-    stage's seconds (download and decode over the pool's threads; forward and
-    wait on this one), ``errors`` counts error rows by stage.
+    With several ``models`` (forward lanes, bound copies of one model), each
+    micro-batch goes to the next lane on a thread of its own, so that up to
+    that many forward passes run at once; a lane's rows join ``results``
+    when it is done. ``results`` holds the rows (:class:`results.Results`);
+    ``timing`` sums each stage's seconds (download and decode over the pool's
+    threads; forward over the lanes, and wait on this thread), ``errors``
+    counts error rows by stage.
     """
 
-    def __init__(self, model: Predictor, job: JobSpec, handlers: Handlers | None):
-        self.model, self.job, self.handlers = model, job, handlers
-        self.results = results.Results(result_schema(job, model, handlers))
+    def __init__(self, models: list[Predictor], job: JobSpec, handlers: Handlers | None):
+        self.models, self.job, self.handlers = list(models), job, handlers
+        self.model = self.models[0]
+        self.results = results.Results(result_schema(job, self.model, handlers))
         self.timing = dict.fromkeys(("forward", "wait", *FetchTimes._fields), 0.0)
         self.errors = {"download": 0, "decode": 0, "predict": 0}
         self._keys: list[str] = []
         self._inputs: list = []
         self._waiting_since = time.perf_counter()
+        self._lanes = _lane_pool(len(self.models)) if len(self.models) > 1 else None
+        self._running: deque = deque()  # (future, its Results), oldest first; at most one per lane
+        self._passes = 0
 
     def add(self, result: tuple) -> None:
         """One image's ``(key, input, failure, times)``, ``times`` a :class:`FetchTimes`."""
@@ -227,18 +252,41 @@ class Scoring:
         self._waiting_since = time.perf_counter()
 
     def finish(self) -> None:
-        """Score the images still waiting (the last micro-batch)."""
+        """Score the images still waiting (the last micro-batch), and wait for every lane."""
         self.timing["wait"] += time.perf_counter() - self._waiting_since
         if self._keys:
             self._forward()
+        while self._running:
+            self._collect()
 
     def _forward(self) -> None:
-        started = time.perf_counter()
-        failed = self.results.errors
-        score_inputs(self.model, self._keys, self._inputs, self.job, self.handlers, self.results)
-        self.errors["predict"] += self.results.errors - failed
-        self.timing["forward"] += time.perf_counter() - started
-        self._keys, self._inputs = [], []
+        model = self.models[self._passes % len(self.models)]
+        self._passes += 1
+        keys, inputs, self._keys, self._inputs = self._keys, self._inputs, [], []
+        if self._lanes is None:
+            self._add(self._score(model, keys, inputs, self.results))
+            return
+        out = results.Results(self.results.schema)
+        self._running.append((self._lanes.submit(self._score, model, keys, inputs, out), out))
+        # The next pass goes to the oldest running one's lane: wait for it once every lane is busy.
+        while len(self._running) >= len(self.models):
+            self._collect()
+
+    def _score(self, model, keys, inputs, out: results.Results) -> tuple[float, int]:
+        """Score one micro-batch into ``out``: its seconds and its failed keys."""
+        started, failed = time.perf_counter(), out.errors
+        score_inputs(model, keys, inputs, self.job, self.handlers, out)
+        return time.perf_counter() - started, out.errors - failed
+
+    def _collect(self) -> None:
+        future, out = self._running.popleft()
+        self._add(future.result())
+        self.results.extend(out)
+
+    def _add(self, scored: tuple[float, int]) -> None:
+        seconds, failed = scored
+        self.timing["forward"] += seconds
+        self.errors["predict"] += failed
 
 
 def result_schema(job: JobSpec, model: Predictor, handlers: Handlers | None) -> pa.Schema:
@@ -282,6 +330,11 @@ def score_into(index: int, items: Iterable, job: JobSpec, stats) -> Iterator[int
 
 # ----------------------------------------------------------------------------
 # What the runner calls
+
+
+def _lane_pool(lanes: int) -> ThreadPoolExecutor:
+    """This worker's pool of ``lanes`` threads, one per forward lane (kept in :data:`mxjob.state.lane_pools`)."""
+    return state.lane_pools.get(lanes, lambda: ThreadPoolExecutor(lanes, thread_name_prefix="lane"))
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:

@@ -154,6 +154,11 @@ class Results:
         """:meth:`fail` with the error object of ``exc`` at ``stage``."""
         self.fail(key, error_object(stage, exc))
 
+    def extend(self, other: Results) -> None:
+        """Add ``other``'s rows (of the same schema) and errors: one micro-batch scored apart, on a forward lane."""
+        self._rows.extend(other._rows)
+        self.errors += other.errors
+
     def skip(self, key: str) -> None:
         """A row with neither a value nor an error (the UDF's null image)."""
         self._rows.append((key, None, None))

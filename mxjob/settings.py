@@ -550,6 +550,12 @@ SETTINGS: tuple[Setting, ...] = (
        "ones while the rest download.", default=16, type=_count(), to="executor"),
     _s("threads", "--threads", "executors", "MXNet/OpenMP threads per executor.", type=_count(), to="executor",
        show_default="spark.executorEnv.OMP_NUM_THREADS if set, else the host's cores divided among its executors"),
+    _s("forward_lanes", "--forward-lanes", "executors",
+       "Forward passes an executor runs at once, each on its own copy of the model with --threads / lanes "
+       "MXNet threads: a pass on several threads stalls whenever one of them is preempted, independent passes "
+       "do not. Each lane adds a copy of the model and its activations to the executor's memory.",
+       type=_count(), to="executor",
+       show_default="the largest divisor of the threads up to 4; 1 on a GPU or with --handler"),
     # --- int8
     _s("precision", "--precision", "int8",
        "int8: quantize the model once (oneDNN), calibrated on the job's own images, and run only if it agrees "

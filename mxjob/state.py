@@ -75,9 +75,10 @@ class ProcessCache:
 #: Bound modules a worker keeps. An executor serves one job, which needs one
 #: module per device its worker uses: ``--context gpu`` spreads a worker's
 #: tasks over the GPUs it sees, and nodes have up to 4 (8 on the largest, which
-#: then reload at most once per task). On the CPU a job needs one; a notebook
-#: that changes the batch size or the checkpoint keeps its last ones.
-MAX_MODELS = 4
+#: then reload at most once per task). On the CPU a job needs one per forward
+#: lane (``--forward-lanes``, 4 at most by default); a notebook that changes the
+#: batch size or the checkpoint keeps its last ones.
+MAX_MODELS = 8
 #: Handler files a worker keeps imported: a job has one (``--handler``).
 MAX_HANDLERS = 4
 #: Download pools a worker keeps, by thread count: a job uses one size.
@@ -92,6 +93,8 @@ MAX_S3_READERS = 4
 models = ProcessCache("models", MAX_MODELS)
 handlers = ProcessCache("handlers", MAX_HANDLERS)
 pools = ProcessCache("download pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))
+#: Forward-lane pools a worker keeps, by lane count (``mxjob.partition``): a job uses one.
+lane_pools = ProcessCache("forward-lane pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))
 s3_clients = ProcessCache("S3 clients", MAX_S3_CLIENTS)
 s3_readers = ProcessCache("S3 readers", MAX_S3_READERS)
 
@@ -108,6 +111,8 @@ class Counters:
     #: ``None`` is MXNet's own default, when it was loaded before the setting could apply.
     threads_set: bool = False
     threads: int | None = None
+    #: Forward passes the worker runs at once (``mxjob.worker.worker_lanes``), each on ``threads // lanes``.
+    lanes: int = 1
     #: Seconds the first ``import mxnet`` took in this process (``mxjob.worker.import_mxnet``); ``None``: not timed.
     mxnet_import_seconds: float | None = None
     #: Why the lean listing fell back to botocore's parser, once said (``mxjob.listing``); ``None``: not said.

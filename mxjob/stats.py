@@ -59,8 +59,10 @@ class TaskStats:
     #: Wall-clock start and end (``time.time()``).
     started: float
     ended: float
-    #: MXNet/OpenMP threads in force in the worker (``None``: MXNet's default).
+    #: MXNet/OpenMP threads in force in the worker, over all its lanes (``None``: MXNet's default).
     threads: int | None = None
+    #: Forward passes the worker ran at once (``--forward-lanes``), each on ``threads // lanes`` threads.
+    lanes: int = 1
     #: This host's ``cores`` and the Python ``workers`` the driver's plan put on it.
     host: dict = field(default_factory=dict)
     #: 1 for the worker's first task, 2 for its second, ...
@@ -127,7 +129,7 @@ class StatsFold:
                                       **{k: s.seconds.get(k, 0.0) for k in cls.STAGES}}
         n, rss, max_rss = s.worker_task, s.memory.get("rss"), s.memory.get("max_rss")
         first = FirstTask(n, s.started, s.ended, s.keys, s.seconds.get("cpu"), cpu_parts(s.seconds))
-        worker = {"batches": 1, "model_loads": s.model_loads, "last_task": n, "threads": s.threads,
+        worker = {"batches": 1, "model_loads": s.model_loads, "last_task": n, "threads": s.threads, "lanes": s.lanes,
                   "last_rss": rss, "first": first,
                   "task_seconds": s.ended - s.started,
                   "last_end": s.ended, "rss_after": {}}
@@ -200,6 +202,7 @@ class StatsFold:
         w["model_loads"] = max(w["model_loads"], o["model_loads"])
         if o["last_task"] >= w["last_task"]:
             w["last_task"], w["threads"], w["last_rss"] = o["last_task"], o["threads"], o["last_rss"]
+            w["lanes"] = o.get("lanes", 1)
         if o["first"].number < w["first"].number:
             w["first"] = o["first"]
         w["task_seconds"] += o["task_seconds"]
@@ -211,7 +214,8 @@ class StatsFold:
     def worker_summary(self, name: str) -> dict:
         """One Python worker as the job's summary shows it."""
         w = self.workers[name]
-        out = {"batches": w["batches"], "model_loads": w["model_loads"], "threads": w["threads"]}
+        out = {"batches": w["batches"], "model_loads": w["model_loads"], "threads": w["threads"],
+               "lanes": w.get("lanes", 1)}
         first = w["first"]
         # The first task includes importing MXNet and loading the model: steady state starts after it.
         out["first_task"] = {"started": first.started, "ended": first.ended, "images": first.keys, "cpu": first.cpu}

@@ -99,42 +99,73 @@ def worker_threads(requested: int | None = None, plan: ThreadPlan | None = None)
     return cpus if cpus > 1 else (os.cpu_count() or 1)
 
 
-def thread_env(threads: int) -> dict[str, str]:
-    """The environment that gives MXNet's forward pass ``threads`` cores, and no more.
+#: ``--forward-lanes auto``'s most lanes: each holds its own bound copy of the model (weights and activations;
+#: ResNet-18 at a micro-batch of 16 about 300 MB more peak RSS per lane in ``make bench``).
+MAX_AUTO_LANES = 4
 
-    ``OMP_NUM_THREADS`` sizes OpenMP (and oneDNN's convolutions); without it
-    MXNet uses half the cores (ResNet-18 on 2 cores: 60 images/s by default,
-    117 with 2 threads). ``MXNET_CPU_WORKER_NTHREADS`` (operators run at once)
-    stays as the executor's environment sets it, else 1: one operator at a
-    time with every thread, which is what a chain of convolutions needs.
+
+def worker_lanes(requested: int | None, threads: int, *, gpu: bool = False, handlers: bool = False) -> int:
+    """How many forward passes this Python worker runs at once (``--forward-lanes``) on its ``threads``.
+
+    Each lane has its own bound copy of the model and ``threads // lanes``
+    MXNet threads. One forward pass on several OpenMP threads waits at every
+    barrier for the slowest of them, so whenever another thread of the
+    worker (a download, a decode), a JVM or the OS preempts one, its partners
+    spin: on a 2-vCPU AMD EPYC the job's one-executor shape spent 6-8 ms of
+    MXNet's CPU per image more than the forward pass alone, and 0.2 ms with
+    two lanes of one thread (``make bench``, docs/performance.md). ``requested``
+    if given (at most ``threads`` and :data:`mxjob.state.MAX_MODELS`); else 1 on a GPU (one device, one stream)
+    or with a handler module (its code would run on several threads at once);
+    else the largest divisor of ``threads`` up to :data:`MAX_AUTO_LANES`.
     """
-    return {"OMP_NUM_THREADS": str(threads),
-            "MXNET_CPU_WORKER_NTHREADS": os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")}
+    if requested:
+        return max(1, min(int(requested), threads, state.MAX_MODELS))
+    if gpu or handlers:
+        return 1
+    return max(n for n in range(1, min(threads, MAX_AUTO_LANES) + 1) if threads % n == 0)
 
 
-def configure_threads(threads: int) -> int | None:
-    """Apply :func:`thread_env` in this process if MXNet is not loaded yet; return the threads in force.
+def thread_env(threads: int, lanes: int = 1) -> dict[str, str]:
+    """The environment that gives MXNet's forward passes ``threads`` cores in ``lanes`` lanes, and no more.
+
+    ``OMP_NUM_THREADS`` sizes OpenMP (and oneDNN's convolutions) for one
+    forward pass: ``threads // lanes``; without it MXNet uses half the cores
+    (ResNet-18 on 2 cores: 60 images/s by default, 117 with 2 threads).
+    ``MXNET_CPU_WORKER_NTHREADS`` (operators run at once) is ``lanes``, or
+    the executor's environment's value if larger: one operator of each lane's
+    chain of convolutions at a time, with that lane's threads.
+    """
+    per_lane = max(1, threads // max(1, lanes))
+    workers = max(int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1") or 1), lanes)
+    return {"OMP_NUM_THREADS": str(per_lane), "MXNET_CPU_WORKER_NTHREADS": str(workers)}
+
+
+def configure_threads(threads: int, lanes: int = 1) -> tuple[int | None, int]:
+    """Apply :func:`thread_env` in this process if MXNet is not loaded yet; the threads and lanes in force.
 
     libmxnet and its OpenMP runtime read these variables once, when they load,
     so this must run before the first ``import mxnet`` of the Python worker
     (``score_partition`` calls it first thing). Once MXNet is loaded the
-    earlier setting stays, and is what this returns (``None``: MXNet's default).
+    earlier setting stays, and is what this returns: the threads of one
+    forward pass times the lanes (``None``: MXNet's default), and one lane
+    unless the setting that loaded it had more.
     """
     if state.counters.threads_set:
-        return state.counters.threads
+        return state.counters.threads, state.counters.lanes
     if "mxnet" in sys.modules:
         env = os.environ.get("OMP_NUM_THREADS", "")
-        in_force = int(env) if env.isdigit() else None
+        in_force, lanes = (int(env) if env.isdigit() else None), 1
         # In an executor this is a mistake worth a warning; in a notebook or a
         # --dry-run on the driver, MXNet is there first by design.
         if in_force != threads and state.spark_task() is not None:
             log.warning("MXNet was loaded before the threads setting (%d) could apply; it keeps %s", threads,
                         f"OMP_NUM_THREADS={env}" if env else "its default")
     else:
-        os.environ.update(thread_env(threads))
-        in_force = threads
-    state.counters.threads_set, state.counters.threads = True, in_force
-    return in_force
+        env = thread_env(threads, lanes)
+        os.environ.update(env)
+        in_force = int(env["OMP_NUM_THREADS"]) * lanes
+    state.counters.threads_set, state.counters.threads, state.counters.lanes = True, in_force, lanes
+    return in_force, lanes
 
 
 def import_mxnet() -> float | None:

@@ -162,7 +162,7 @@ def test_the_job_runs_each_task_on_the_gpu_chosen_for_it(monkeypatch, resources,
     monkeypatch.setattr(mx.context, "num_gpus", lambda: visible)
     chosen = []
 
-    def fake_get_model(spec, input_shape, batch_size, kind):
+    def fake_get_model(spec, input_shape, batch_size, kind, lane=0):
         chosen.append(spec.context)
         raise Loaded
 

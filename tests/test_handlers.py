@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +24,7 @@ import mxinfer
 from demo import make_demo
 from mxjob import config, driver
 from mxjob.handlers import get_handlers
-from tests.helpers import bucket_with_model, make_s3_client, part_lines, scored_lines, spark_submit
+from tests.helpers import ROOT, bucket_with_model, make_s3_client, part_lines, scored_lines, spark_submit
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -32,6 +34,8 @@ SHAPE = make_demo.INPUT_SHAPE
 BOXES_HANDLER = '''
 import io
 import os
+import subprocess
+import sys
 import sys
 
 import numpy as np
@@ -361,3 +365,36 @@ def test_detector_job_writes_boxes_from_the_shipped_handler(boxes_run, world, de
     assert summary["predicted"] == 6 and summary["failed"] == 3
     assert summary["options"]["handler"] == f"s3://{BUCKET}/code/boxes.py"
     assert summary["model"]["head_op"] == "_contrib_MultiBoxDetection"
+
+
+LANES_SCRIPT = """
+import json, sys
+import mxinfer
+from tests.helpers import part_lines
+endpoint, prefix, items = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+job = mxinfer.JobSpec(model=mxinfer.ModelSpec.from_prefix(prefix), preprocess=mxinfer.Preprocess({shape}),
+                      bucket="handler-unit", batch_size=8, micro_batch_size=2, top_k=3, endpoint_url=endpoint,
+                      io_threads=2, threads=2, forward_lanes=2)
+[(_, count, blob, stats)] = mxinfer.score_partition(0, [tuple(i) for i in items], job)
+print(json.dumps({{"rows": [json.loads(line) for line in part_lines(blob)], "threads": stats.threads,
+                  "lanes": stats.lanes}}))
+"""
+
+
+def test_two_forward_lanes_in_a_fresh_worker_score_as_one_does(bucket, logits_prefix):
+    # A fresh process: MXNet reads its thread settings when it loads, and this one has loaded it already.
+    want = score(bucket, logits_prefix, None)
+    done = subprocess.run([sys.executable, "-c", LANES_SCRIPT.format(shape=tuple(SHAPE)), bucket["endpoint"],
+                           str(logits_prefix), json.dumps(bucket["items"])],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (got["threads"], got["lanes"]) == (2, 2)
+    rows = {row["key"]: row for row in got["rows"]}
+    assert sorted(rows) == sorted(want)
+    for key, row in want.items():
+        if "predictions" in row:
+            assert [p["class_id"] for p in rows[key]["predictions"]] == [p["class_id"] for p in row["predictions"]]
+            np.testing.assert_allclose([p["probability"] for p in rows[key]["predictions"]],
+                                       [p["probability"] for p in row["predictions"]], atol=1e-5)
+        else:
+            assert rows[key]["error"] == row["error"]

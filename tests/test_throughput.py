@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import mxinfer
@@ -243,3 +244,64 @@ def test_thread_plan_gives_up_on_a_broken_executor_list_and_workers_fall_back():
     sc = FakeSparkContext({"spark.master": "yarn"}, [[]])
     sc._jsc = SimpleNamespace(sc=lambda: (_ for _ in ()).throw(RuntimeError("no such method")))
     assert cluster.thread_plan(sc, wait_seconds=0.1) is None
+
+
+@pytest.mark.parametrize(("threads", "lanes"), [(1, 1), (2, 2), (3, 3), (4, 4), (6, 3), (8, 4), (16, 4), (7, 1)])
+def test_auto_lanes_are_the_largest_divisor_of_the_threads_up_to_four(threads, lanes):
+    assert worker.worker_lanes(None, threads) == lanes
+    assert threads % lanes == 0
+
+
+def test_lanes_stay_one_on_a_gpu_or_with_a_handler_and_an_explicit_count_is_capped_by_the_threads():
+    assert worker.worker_lanes(None, 8, gpu=True) == 1
+    assert worker.worker_lanes(None, 8, handlers=True) == 1
+    assert worker.worker_lanes(2, 8, handlers=True) == 2  # asked for: the user vouches for the handler
+    assert worker.worker_lanes(6, 4) == 4
+    assert worker.worker_lanes(64, 64) == state.MAX_MODELS
+
+
+def test_thread_env_gives_each_lane_its_share_of_the_threads(monkeypatch):
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
+    assert worker.thread_env(8, 4) == {"OMP_NUM_THREADS": "2", "MXNET_CPU_WORKER_NTHREADS": "4"}
+    assert worker.thread_env(2, 2) == {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "2"}
+    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "6")
+    assert worker.thread_env(8, 4)["MXNET_CPU_WORKER_NTHREADS"] == "6"
+
+
+class BarrierEmbedder:
+    """A fake model for ``--task embed`` whose forward pass waits until ``barrier``'s other party is in one too."""
+
+    def __init__(self, barrier: threading.Barrier, batch_size: int = 2, fail_first: str | None = None):
+        self.barrier, self.batch_size, self.dimension, self.fail_first = barrier, batch_size, 3, fail_first
+        self.threads: list[str] = []
+
+    def embed(self, batch, normalize, dtype):
+        self.threads.append(threading.current_thread().name)
+        self.barrier.wait()  # raises BrokenBarrierError after its timeout if no other pass runs at once
+        if self.fail_first is not None and batch[0, 0, 0, 0] == 0:
+            raise RuntimeError(self.fail_first)
+        return batch.reshape(len(batch), -1)[:, :3].astype(np.float32)
+
+
+def test_scoring_runs_a_pass_on_every_lane_at_once_and_keeps_every_row():
+    barrier = threading.Barrier(2, timeout=10)
+    lanes = [BarrierEmbedder(barrier, fail_first="lane broke"), BarrierEmbedder(barrier)]
+    job = mxinfer.JobSpec(model=mxinfer.ModelSpec.from_prefix("s3://m/r"), preprocess=mxinfer.Preprocess((3, 2, 2)),
+                          bucket="b", task="embed")
+    scoring = partition.Scoring(lanes, job, None)
+    keys = [f"k{i:02d}" for i in range(8)]
+    for i, key in enumerate(keys):
+        scoring.add((key, np.full((3, 2, 2), i, np.float32), None, partition.FetchTimes()))
+    scoring.add(("k99", None, ("decode", {"stage": "decode", "type": "ValueError", "message": "bad"}),
+                 partition.FetchTimes()))
+    scoring.finish()
+    batch = scoring.results.record_batch()
+    assert batch.column("key").to_pylist() == [*keys, "k99"]
+    # Four passes of two: two on each lane, each pair at once (the barrier lets none through alone).
+    assert [len(m.threads) for m in lanes] == [2, 2]
+    assert all(name.startswith("lane") for m in lanes for name in m.threads)
+    errors = batch.column("error").to_pylist()
+    # The first lane's first pass (k00, k01, whose inputs start with 0) failed: its keys only.
+    assert [e and e["message"] for e in errors] == ["lane broke", "lane broke", *[None] * 6, "bad"]
+    assert scoring.errors == {"download": 0, "decode": 1, "predict": 2}
+    assert scoring.timing["forward"] > 0

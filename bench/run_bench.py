@@ -680,16 +680,21 @@ def cpu_split(summary: dict, l_cost: float) -> str:
     (``download_cpu``) and decoding (``decode_cpu``), the task's own thread
     (``task_thread_cpu``: the model's Python side, results, the part) and the
     rest, MXNet's threads: the forward pass as the job runs it, against L's
-    ``l_cost`` ms. Empty for summaries without the split.
+    ``l_cost`` ms (with forward lanes, the lanes' threads and the model's
+    Python side with them). Empty for summaries without the split.
     """
     warm = after_first_tasks(summary, ("cpu", *StatsFold.CPU_PARTS))
     if warm is None:
         return ""
     get, decode, thread = (warm[key] for key in StatsFold.CPU_PARTS)
     mxnet = warm["cpu"] - get - decode - thread
+    # With forward lanes the model's Python side runs on the lanes' threads: it counts with MXNet's.
+    lanes = max((w.get("lanes") or 1 for w in summary["python_workers"].values()), default=1)
+    own, forward = (("results, parts", f"MXNet's and the {lanes} lanes' threads") if lanes > 1
+                    else ("the model's Python side, results, parts", "MXNet's threads"))
     return (f"in its tasks by thread (after each worker's first task), per image: GETs {get:.1f} ms, decoding "
-            f"{decode:.1f}, the task's own thread {thread:.1f} (the model's Python side, results, parts), MXNet's "
-            f"threads {mxnet:.1f} (the forward pass in the job; L's costs {l_cost:.1f}, {mxnet - l_cost:+.1f})")
+            f"{decode:.1f}, the task's own thread {thread:.1f} ({own}), {forward} "
+            f"{mxnet:.1f} (the forward pass in the job; L's costs {l_cost:.1f}, {mxnet - l_cost:+.1f})")
 
 
 #: The worker's own CPU per 500x375 JPEG beyond the forward pass that #22 asks for, in ms.

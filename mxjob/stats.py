@@ -86,7 +86,8 @@ class StatsFold:
     """
 
     #: Of a task's ``cpu``, the CPU seconds of its download threads' GETs, of their decoding, and of the task's
-    #: own thread (the model's load and Python side, results, the part); the rest is MXNet's threads: the forward.
+    #: own thread (the model's load and Python side, results, the part); the rest is MXNet's threads: the forward
+    #: (with several forward lanes, the lanes' threads too, and with them the model's Python side of each pass).
     CPU_PARTS = ("download_cpu", "decode_cpu", "task_thread_cpu")
     STAGES = ("download", "decode", "forward", "wait", "write", "task", "cpu", *CPU_PARTS)
 

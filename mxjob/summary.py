@@ -122,7 +122,8 @@ def readable(summary: dict) -> dict:
                                "the Python workers' CPU in tasks, every thread: download_cpu and decode_cpu "
                                "its download threads', task_thread_cpu the task's own thread's (the model's "
                                "load and Python side, results, the part), the rest MXNet's threads (the forward "
-                               "passes)")
+                               "passes; with several forward lanes, the lanes' threads and the model's Python "
+                               "side with them)")
     return summary
 
 

@@ -150,6 +150,10 @@ def test_cpu_split_gives_each_threads_cpu_per_image_after_the_first_tasks_and_th
     assert "(after each worker's first task)" in line
     assert "GETs 1.0 ms, decoding 2.0, the task's own thread 0.5" in line
     assert "MXNet's threads 16.5 (the forward pass in the job; L's costs 15.0, +1.5)" in line
+    # Workers with two forward lanes ran the model's Python side on the lanes' threads.
+    laned = {name: dict(w, lanes=2) for name, w in workers.items()}
+    line = run_bench.cpu_split({"keys_listed": 640, "seconds": seconds, "python_workers": laned}, 15.0)
+    assert "the task's own thread 0.5 (results, parts), MXNet's and the 2 lanes' threads 16.5" in line
     # A summary from before the split: nothing to say.
     assert run_bench.cpu_split({"keys_listed": 640, "seconds": {"cpu": 12.0}}, 15.0) == ""
 
@@ -374,7 +378,7 @@ def test_the_stand_ins_load_is_spread_over_processes_of_at_most_one_core_each():
     assert run_bench.load_plan(0.0, 2) == (1, 0.0)
 
 
-def test_l_beside_the_stand_ins_load_is_measured_only_for_workers_on_several_threads(monkeypatch):
+def test_l_beside_the_stand_ins_load_is_measured_only_for_forward_passes_on_several_threads(monkeypatch):
     import argparse
 
     from bench import run_bench
@@ -384,11 +388,12 @@ def test_l_beside_the_stand_ins_load_is_measured_only_for_workers_on_several_thr
     monkeypatch.setattr(run_bench, "cpu_load", lambda share, cores: __import__("contextlib").nullcontext())
     args = argparse.Namespace(batch=64, limit_seconds=15.0)
 
-    def e(threads, share=0.12):
+    def e(threads, share=0.12, lanes=1):
         return {"E": 50.0, "E_steady": 52.0, "stand_in_cpu_share": share,
-                "summary": {"python_workers": {"a": {"threads": threads}, "b": {"threads": threads}}}}
+                "summary": {"python_workers": {w: {"threads": threads, "lanes": lanes} for w in "ab"}}}
 
     assert run_bench.loaded_limit(args, "m", "3,224,224", [], e(1)) is None
+    assert run_bench.loaded_limit(args, "m", "3,224,224", [], e(2, lanes=2)) is None  # two passes of one thread
     assert run_bench.loaded_limit(args, "m", "3,224,224", [], e(2, share=None)) is None
     assert probes == []
     loaded = run_bench.loaded_limit(args, "m", "3,224,224", [], e(2))

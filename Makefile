@@ -62,6 +62,10 @@ bench: $(STAMP) ## Throughput (L, S, E) and memory on this machine, printed as a
 bench-int8: $(STAMP) ## --int8-exclude auto on the real EfficientNet-Lite0: configurations, layers kept, agreement, speed-up, CPU (about 5 min; BENCH_ARGS=--held-out 50)
 	$(PY) -m bench.int8_search $(BENCH_ARGS)
 
+.PHONY: bench-recipes
+bench-recipes: $(STAMP) ## Faster JPEG decodes than the recipe: CPU per JPEG, input difference, EfficientNet-Lite0's agreement, CPU (about 2 min; BENCH_ARGS=--images 100)
+	$(PY) -m bench.decode_alternatives $(BENCH_ARGS)
+
 .PHONY: bench-listing
 bench-listing: $(STAMP) ## Parallel vs sequential listing of 200,000 keys on moto behind a 50 ms proxy (about 2 min; BENCH_ARGS=--layout flat)
 	$(PY) -m bench.listing $(BENCH_ARGS)

@@ -404,3 +404,42 @@ def test_l_beside_the_stand_ins_load_is_measured_only_for_forward_passes_on_seve
     assert "L on 2 threads as E's workers ran: 80.0 images/s, 20% below" in line
     assert "E/L beside the same load 0.62 (0.65 steady)" in line
     assert run_bench.loaded_line(None, e(2), {"images_per_second": 100.0}) == ""
+
+
+def test_simplejpeg_at_full_scale_then_the_recipes_resize_is_the_recipe_bit_for_bit():
+    """The claim make bench-recipes rests on: the same decoder, not a different one, is what the recipe pays for."""
+    import numpy as np
+
+    from bench import decode_alternatives, images
+    from mxjob.preprocess import decode_image
+
+    prep = decode_alternatives.lite0_preprocess()
+    full = decode_alternatives.simplejpeg_decoder(prep, scaled=False)
+    scaled = decode_alternatives.simplejpeg_decoder(prep, scaled=True)
+    datas = images.photo_views(6, seed=5)
+    assert all(np.array_equal(full(data), decode_image(data, prep)) for data in datas)
+    # DCT scaling to 5/8 (313x235 for 500x375) does move the input: what the bench weighs.
+    assert max(float(np.abs(scaled(data) - decode_image(data, prep)).max()) for data in datas) > 0.01
+
+
+def test_decode_alternatives_agreement_and_the_gate_verdict():
+    import numpy as np
+
+    from bench import decode_alternatives
+
+    reference = np.array([[9.0, 1, 2, 3, 4, 5, 0], [0, 9, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0, 9],
+                          [1, 2, 9, 3, 4, 5, 0]])
+    other = reference.copy()
+    other[0, 1] = 10.0  # a new top-1, and class 1 enters the top five
+    other[3, 6] = 8.0   # the same top-1, but class 6 enters the top five
+    got = decode_alternatives.agreement(reference, other)
+    assert got == {"top1_agreement": 0.75, "top5_set_agreement": 0.5}
+    out = {"cpu": "a CPU", "images": 4, "repeats": 1, "gate": 0.99, "rows": [
+        {"alternative": "recipe", "cpu_ms_per_jpeg": 2.5, "mean_abs_difference": 0.0, "max_abs_difference": 0.0,
+         "top1_agreement": 1.0, "top5_set_agreement": 1.0},
+        {"alternative": "simplejpeg, scaled", "cpu_ms_per_jpeg": 1.75, "mean_abs_difference": 0.05,
+         "max_abs_difference": 1.9, **got}]}
+    lines = decode_alternatives.report(out)
+    assert lines[0] == "CPU: a CPU"
+    assert "| simplejpeg, scaled | 1.75 | +0.75 | 0.0500 / 1.900 | 0.750 (below the 0.99 gate) | 0.500 |" in lines
+    assert "| recipe | 2.50 | +0.00 | 0.0000 / 0.000 | 1.000 | 1.000 |" in lines

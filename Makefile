@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: help
 help: ## List the targets
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,19 +59,19 @@ bench: $(STAMP) ## Throughput (L, S, E) and memory on this machine, printed as a
 	$(PY) -m bench.run_bench $(BENCH_ARGS)
 
 .PHONY: bench-int8
-bench-int8: $(STAMP) ## --int8-exclude auto on the real EfficientNet-Lite0: configurations, layers kept, agreement, speed-up, CPU (about 5 min; BENCH_ARGS=--held-out 50)
+bench-int8: $(STAMP) ## --int8-exclude auto on the real EfficientNet-Lite0: configurations, layers kept, agreement, speed-up, CPU (about 5 min; BENCH_ARGS='--held-out 50')
 	$(PY) -m bench.int8_search $(BENCH_ARGS)
 
 .PHONY: bench-recipes
-bench-recipes: $(STAMP) ## Faster JPEG decodes than the recipe: CPU per JPEG, input difference, EfficientNet-Lite0's agreement, CPU (about 2 min; BENCH_ARGS=--images 100)
+bench-recipes: $(STAMP) ## Faster JPEG decodes than the recipe: CPU per JPEG, input difference, EfficientNet-Lite0's agreement, CPU (about a minute; BENCH_ARGS='--images 100')
 	$(PY) -m bench.decode_alternatives $(BENCH_ARGS)
 
 .PHONY: bench-listing
-bench-listing: $(STAMP) ## Parallel vs sequential listing of 200,000 keys on moto behind a 50 ms proxy (about 2 min; BENCH_ARGS=--layout flat)
+bench-listing: $(STAMP) ## Parallel vs sequential listing of 200,000 keys on moto behind a 50 ms proxy (about 2 min; BENCH_ARGS='--layout flat')
 	$(PY) -m bench.listing $(BENCH_ARGS)
 
 .PHONY: bench-manifest
-bench-manifest: $(STAMP) ## A job from a manifest of 100,000 keys, half missing: one line per key (long; BENCH_ARGS=--keys 2000)
+bench-manifest: $(STAMP) ## A job from a manifest of 100,000 keys, half missing: one line per key (long; BENCH_ARGS='--keys 2000')
 	$(PY) -m bench.manifest_job $(BENCH_ARGS)
 
 .PHONY: bench-scale

@@ -147,3 +147,19 @@ def test_repeated_headings_get_numbered_anchors(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("# Notes\n\n## Notes\n\n```\n# not a heading\n```\n", encoding="utf-8")
     assert anchors(page) == {"notes", "notes-1"}
+
+
+def test_make_help_lists_every_documented_target():
+    """Every Makefile target with a ``## what it does`` comment is in ``make help``, digits in its name or not."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    documented = re.findall(r"^([A-Za-z0-9_.-]+):[^\n]*?## ", makefile, flags=re.MULTILINE)
+    assert "bench-int8" in documented and "test" in documented
+    listed = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout
+    names = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    assert sorted(set(documented) - names) == []

@@ -137,13 +137,15 @@ def assert_one_prediction_per_key(world, rows: list[dict], summary: dict) -> Non
     assert summary["assembly"]["lines_dropped"] == 0
 
 
-@pytest.mark.parametrize("killed", [0, 1, 2], ids=["undisturbed", "one-executor", "two-of-three"])
+# The undisturbed control (nothing lost or retried, stats counted once) is
+# tests/test_job.py's test_summary_reports_counts_timing_model_and_options: a run of its own here cost CI 37 s.
+@pytest.mark.parametrize("killed", [1, 2], ids=["one-executor", "two-of-three"])
 def test_a_run_that_loses_executors_finishes_with_one_line_per_key(world, killed):
     output_key = f"lost-{killed}/out.jsonl"
     started = time.monotonic()
     process = start(world, output_key, handler_file(world, f"slow_{killed}"))
     try:
-        victims = kill_executors_when_durable(world, process, output_key, parts=4, count=killed) if killed else []
+        victims = kill_executors_when_durable(world, process, output_key, parts=4, count=killed)
         rows, summary = finish(world, process, output_key)
     finally:
         if process.poll() is None:
@@ -159,9 +161,6 @@ def test_a_run_that_loses_executors_finishes_with_one_line_per_key(world, killed
     # so the count of executors is printed above, not asserted.)
     assert sum(executor["batches"] for executor in summary["executors"].values()) == IMAGES // BATCH
     assert sum(executor["images"] for executor in summary["executors"].values()) == IMAGES
-    if not killed:  # the run the others are compared with: nothing lost, nothing retried
-        assert (summary["lost_task_attempts"], summary["retried_batches"]) == (0, 0)
-        return
     # Each killed executor had one task in flight (one core each), unless it was between tasks.
     assert 1 <= summary["lost_task_attempts"] <= killed
     assert summary["retried_batches"] >= 1

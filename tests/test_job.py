@@ -220,6 +220,10 @@ def test_summary_reports_counts_timing_model_and_options(logits_run):
     assert summary["options"]["batch_size"] == BATCH and summary["options"]["top_k"] == 3
     assert set(summary["seconds"]) >= {"download", "decode", "forward", "wait", "write", "spark", "assembly"}
     assert '"keys_listed": 44' in output(result)  # also logged by the driver
+    # Nothing lost or retried in an undisturbed run, and each batch's stats counted once (44 keys, 6 batches of 8).
+    assert (summary["lost_task_attempts"], summary["retried_batches"]) == (0, 0)
+    assert sum(executor["batches"] for executor in summary["executors"].values()) == 6
+    assert sum(executor["images"] for executor in summary["executors"].values()) == 44
 
 
 def test_original_flags_with_a_softmax_output_head(original_flags_run, world):

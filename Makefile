@@ -30,6 +30,27 @@ run-local: $(STAMP) ## Run the job on local-cluster[2,1,1024] against a local mo
 submit: $(STAMP) ## spark-submit the job on local-cluster[2,1,1024] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'
 	$(PY) -m demo.submit $(ARGS)
 
+# --- a real YARN on this machine: docs/running.md, "On a real YARN here" ---
+.PHONY: yarn-up
+yarn-up: $(STAMP) ## Start a local YARN (a ResourceManager, two NodeManagers, real containers) in the background, or reuse it; prints the HADOOP_CONF_DIR line
+	$(PY) -m demo.yarn_local up
+
+.PHONY: yarn-down
+yarn-down: $(STAMP) ## Stop the local YARN and its containers
+	$(PY) -m demo.yarn_local down
+
+.PHONY: yarn-status
+yarn-status: $(STAMP) ## Whether the local YARN runs, its nodes and where their containers' logs are
+	$(PY) -m demo.yarn_local status
+
+.PHONY: run-yarn
+run-yarn: $(STAMP) ## The demo as an EMR step runs it: spark-submit --deploy-mode cluster on the local YARN (starts it), job config from S3; prints the app id, final state, demo accuracy, container logs
+	$(PY) -m demo.run_yarn --demo
+
+.PHONY: submit-yarn
+submit-yarn: $(STAMP) ## Rehearse your EMR step on the local YARN: ARGS='--config s3://bucket/job.yaml' (conf/emr.yaml's Spark settings, scaled)
+	$(PY) -m demo.run_yarn $(ARGS)
+
 .PHONY: test
 test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration); installs chromium (report tests) as root
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
@@ -122,9 +143,14 @@ emr-submit: $(STAMP) ## Add the cluster-mode spark-submit step: CLUSTER_ID=j-...
 # --- end EMR deploy ---
 
 .PHONY: clean
-clean: ## Remove build outputs and run-local's work folder
+clean: ## Remove build outputs and run-local's work folder (the local YARN's .yarn/ stays: make clean-yarn)
 	rm -rf dist build run .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './.venv/*' -exec rm -rf {} +
+
+.PHONY: clean-yarn
+clean-yarn: ## Stop the local YARN and remove .yarn/ (its jars, logs and state; Maven fetches the jars again)
+	@if [ -x $(PY) ]; then $(PY) -m demo.yarn_local down; fi
+	rm -rf .yarn
 
 .PHONY: clean-venv
 clean-venv: ## Remove the virtual environment

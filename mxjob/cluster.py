@@ -9,13 +9,14 @@ import threading
 import time
 from dataclasses import replace
 
-from mxjob import durable, rerun, signals
+from mxjob import container_memory, durable, rerun, signals
 from mxjob.config import JobConfig
+from mxjob.container_memory import ExecutorContainer
 from mxjob.errors import JobError, first_line
 from mxjob.partition import score_into
 from mxjob.progress import Reporter
 from mxjob.stats import StatsAccumulator, StatsFold
-from mxjob.worker import ThreadPlan
+from mxjob.worker import ThreadPlan, memory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,11 @@ class SparkStop:
     driver exits.
     """
 
-    def __init__(self, sc):
+    def __init__(self, sc, context: dict | None = None):
         #: Seconds the stop took, once it has.
         self.seconds: float | None = None
+        #: Where the job ran (:func:`context_info`), for the summary.
+        self.context = context or {}
         self._thread = threading.Thread(target=self._stop, args=(sc,), name="spark-stop", daemon=True)
         self._thread.start()
 
@@ -44,6 +47,13 @@ class SparkStop:
         """Wait for the stop (up to ``timeout``); return its seconds, ``None`` if it has not ended."""
         self._thread.join(timeout)
         return self.seconds
+
+
+def context_info(sc) -> dict:
+    """Where the job ran: Spark's master, deploy mode (``cluster``: the driver in YARN's AM container), app id."""
+    return {"version": sc.version, "master": sc.master,
+            "deploy_mode": sc.getConf().get("spark.submit.deployMode", "client"),
+            "application_id": sc.applicationId}
 
 
 def stop_context(sc) -> None:
@@ -80,7 +90,10 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
         signal.signal(signal.SIGINT, signals.raise_interrupted)
     sc.setLogLevel("WARN")
     rerun.remember_conf(dict(sc.getConf().getAll()))  # for the resume command, if the run does not finish
-    log.info("Spark %s, master %s, app %s: %d partitions", sc.version, sc.master, sc.applicationId, run.batches)
+    context = context_info(sc)
+    container = ExecutorContainer.from_conf(dict(sc.getConf().getAll()))
+    log.info("Spark %s, master %s (%s deploy mode), app %s: %d partitions", context["version"], context["master"],
+             context["deploy_mode"], context["application_id"], run.batches)
     rdd = sc.parallelize(run.spans, run.batches)
     job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=run.prefix, plan_key=plan_key,
                   thread_plan=thread_plan(sc))
@@ -110,6 +123,7 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
         fold.lost_task_attempts = lost_task_attempts(sc, group)
     except BaseException as exc:
         stop.set()
+        finished = stats.value  # the tasks that did finish: their workers' memory, for the message below
         # Asked before the stop below, which would make every failure look like the JVM's shutdown.
         shutting_down = isinstance(exc, Exception) and jvm_shutting_down(sc, exc)
         # Release the executors now rather than letting the JVM's shutdown race them.
@@ -117,9 +131,28 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
         if shutting_down:  # a signal to spark-submit's JVM alone: an interruption, not a failure
             raise signals.Interrupted(signal.SIGTERM, signals.JVM_SHUTDOWN) from exc
         if isinstance(exc, Exception):
-            raise JobError(f"the Spark job failed: {spark_failure_reason(exc)}") from exc
+            driver_peak = memory_bytes()["max_rss"]
+            raise JobError(container_memory.killed_message(str(exc), container, finished.workers,
+                                                           driver_peak / container_memory.MIB if driver_peak else None)
+                           or f"the Spark job failed: {spark_failure_reason(exc)}") from exc
         raise
-    return fold, SparkStop(sc)
+    if container is not None:
+        context["executor_container"] = container_memory.fit(container, fold.workers)
+        log_container_fit(container, context["executor_container"])
+    return fold, SparkStop(sc, context)
+
+
+def log_container_fit(container: ExecutorContainer, fit: dict) -> None:
+    """One line on the executors' memory: the container's limit and the Python workers' peak; a warning when close."""
+    peak, share = fit["python_worker_peak_rss_mib"], fit["python_worker_peak_share_of_limit"]
+    if peak is None:
+        return
+    line = (f"executor containers of {container.describe()}: the Python workers peaked at {peak:,.0f} MiB RSS "
+            f"({share:.0%} of the limit, beside the executor's JVM)")
+    if share > 0.8:
+        log.warning("%s; YARN kills a container over its limit: raise spark.executor.memoryOverhead", line)
+    else:
+        log.info("%s", line)
 
 
 def lost_task_attempts(sc, group: str, wait_seconds: float = 10.0) -> int | None:

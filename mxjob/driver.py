@@ -21,6 +21,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from typing import NoReturn
 
 import click
 import numpy as np
@@ -53,7 +54,7 @@ from mxjob.partition import score_partition
 from mxjob.preprocess import decode_image
 from mxjob.signals import Interrupted
 from mxjob.stats import StatsFold
-from mxjob.status import RunMonitor
+from mxjob.status import RunMonitor, status_key
 from mxjob.summary import closing_lines, summarize
 from mxjob.worker import import_mxnet
 
@@ -90,10 +91,10 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
         plan = plan_output(cfg, client, work, images, checked.fingerprint, auto_rows=checked.auto_rows)
-    except Completed:
+    except Completed as done:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
-        return 0
+        return done.exit_code
     # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
     cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf)
     monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
@@ -108,7 +109,8 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     if stats.last_end is not None:  # the output is whole now: how long after the last task's end
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
-                        time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint)
+                        time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint,
+                        spark=spark_summary(spark_stop))
     summary["precision"] = checked.precision
     summary["batch_size_choice"] = sizing.choice
     summary["estimate"] = sizing.estimate
@@ -126,6 +128,13 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
         log.info("Spark stopped in %s (the executors were released while the output was finished)",
                  f"{stopped:.1f} s" if stopped is not None else "more than 2 minutes; exiting without it")
     return code
+
+
+def spark_summary(spark_stop: SparkStop | None) -> dict | None:
+    """The summary's ``spark``: master, deploy mode, application id and YARN attempt; ``None`` without a Spark job."""
+    if spark_stop is None:
+        return None
+    return {**spark_stop.context, "yarn_attempt": yarn_attempt()[1] if yarn_attempt()[0] else None}
 
 
 @dataclass
@@ -420,9 +429,7 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
                        f" in {plural(len(runs), 'run')}); add --resume to finish it, or --overwrite to discard it "
                        "and start again")
     if output_exists and not cfg.overwrite and not (resume and work_exists):
-        if resume:
-            raise Completed(cfg.output_uri)
-        raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
+        refuse_existing_output(cfg, client, resume)
     if found is not None and cfg.overwrite and not dry:
         clear_dataset(cfg, client, found)
     if work_exists:
@@ -436,6 +443,16 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
     if not dry and (cfg.overwrite or work_exists):
         abort_left_uploads(work)
     return plan
+
+
+def refuse_existing_output(cfg: JobConfig, client, resume: bool) -> NoReturn:
+    """Raise for a complete output: :class:`Completed` (a resume, or YARN's retry of the run that wrote it), else
+    :class:`JobError` naming ``--overwrite``."""
+    if resume:
+        raise Completed(cfg.output_uri)
+    if (code := finished_by_this_application(cfg, client)) is not None:
+        raise Completed(cfg.output_uri, code)
+    raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
 
 
 def abort_left_uploads(work: durable.WorkPrefix) -> None:
@@ -538,7 +555,40 @@ def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, auto_
 
 
 class Completed(Exception):
-    """``--resume`` of an output that an earlier run already completed: nothing to do."""
+    """``--resume`` of an output that an earlier run already completed: nothing to do.
+
+    ``exit_code``: what this driver exits with; YARN's next attempt of an application whose
+    first attempt finished the run (and then exited non-zero) repeats that attempt's code.
+    """
+
+    def __init__(self, output_uri: str, exit_code: int = 0):
+        super().__init__(output_uri)
+        self.exit_code = exit_code
+
+
+def finished_by_this_application(cfg: JobConfig, client) -> int | None:
+    """The exit code of this YARN application's earlier attempt, if it finished the run; else ``None``.
+
+    An attempt that wrote the output and its summary and then exited non-zero
+    (3: more images failed than --max-errors allows) makes YARN start the
+    next attempt, which finds the output complete: it must end as the
+    first did, neither with "already exists" nor by scoring again.
+    """
+    app, attempt = yarn_attempt()
+    if attempt <= 1:
+        return None
+    try:
+        summary = json.loads(client.get_object(Bucket=cfg.output_bucket, Key=cfg.summary_key)["Body"].read())
+        status = json.loads(client.get_object(Bucket=cfg.output_bucket, Key=status_key(cfg.output_key))["Body"]
+                            .read())
+    except Exception as exc:  # noqa: BLE001 - no summary or status of ours: not this application's output
+        log.debug("no finished run of %s: %s", app, exc)
+        return None
+    if (summary.get("spark") or {}).get("application_id") != app or status.get("exit_code") is None:
+        return None
+    log.warning("YARN attempt %d of %s: attempt %d finished the run (exit code %d), so this attempt ends as it did",
+                attempt, app, attempt - 1, status["exit_code"])
+    return int(status["exit_code"])
 
 
 def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,

@@ -13,7 +13,8 @@ from mxjob.worker import memory_bytes
 
 
 def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts: durable.AssemblyCounts,
-              elapsed: float, model_summary: dict, seconds: dict, plan: durable.Plan, fingerprint: dict) -> dict:
+              elapsed: float, model_summary: dict, seconds: dict, plan: durable.Plan, fingerprint: dict,
+              spark: dict | None = None) -> dict:
     """The run's summary, as written to ``OUTPUT.summary.json``.
 
     Parameters
@@ -41,6 +42,9 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         The earlier runs reused and the keys scored.
     fingerprint : dict
         What every line depends on (:func:`durable.fingerprint`).
+    spark : dict, optional
+        Where the Spark job ran: ``version``, ``master``, ``deploy_mode``, ``application_id`` and
+        ``yarn_attempt`` (``None`` outside YARN); ``None`` when this run started no Spark job.
 
     Returns
     -------
@@ -76,6 +80,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
                   "seconds": round(window, 3) if window else None,
                   "images_per_second": round(scored / window, 2) if window else None},
         "driver_max_rss_bytes": memory_bytes()["max_rss"],
+        "spark": spark,
         # Batches whose result came from a retried task (lost worker or executor, ...).
         "retried_batches": fold.retried,
         # Task attempts that failed and were run again (a lost spot node's in-flight batches): Spark's count.

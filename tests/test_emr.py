@@ -201,7 +201,8 @@ def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint, tmp_path):
     )
     spark_defaults, yarn_site, spark_env = cluster["Configurations"]
     assert spark_defaults["Classification"] == "spark-defaults"
-    assert yarn_site["Properties"] == {"yarn.resourcemanager.nodemanager-graceful-decommission-timeout-secs": "120"}
+    assert yarn_site["Properties"] == {"yarn.resourcemanager.nodemanager-graceful-decommission-timeout-secs": "120",
+                                       "yarn.nodemanager.sleep-delay-before-sigkill.ms": "10000"}
     props = spark_defaults["Properties"]
     assert {key: props[key] for key in (
         "spark.dynamicAllocation.enabled", "spark.executor.instances", "spark.executor.cores",

@@ -1,12 +1,12 @@
-"""Cluster mode is real: the packaged job needs nothing but dist/ and S3.
+"""The packaged job needs nothing but dist/ and S3.
 
 In ``--deploy-mode cluster`` on EMR the driver starts on a core node, with the
-job file, the ``--py-files`` zip and the job config all fetched from S3. Spark
-cannot run a Python app in cluster mode on ``local-cluster``, so this runs the
-same packaged files in client mode, from an empty directory holding only what
-``make package`` ships, with the config given as an ``s3://`` URI and every
-other input and output in (moto) S3, and with the Spark settings of
-``conf/emr.yaml`` less its memory sizes, which fit a cluster node, not this box.
+job file, the ``--py-files`` zip and the job config all fetched from S3. This
+runs the files ``make package`` ships in client mode on ``local-cluster``, from
+an empty directory holding only them, with the config given as an ``s3://``
+URI and every other input and output in (moto) S3, and with the Spark settings
+of ``conf/emr.yaml`` less its memory sizes, which fit a cluster node, not this
+box. Cluster mode itself, on a real YARN, is ``tests/test_yarn.py``'s.
 """
 
 from __future__ import annotations

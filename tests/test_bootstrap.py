@@ -243,3 +243,44 @@ def test_packaged_job_and_deploy_tool_load_on_that_python(bootstrapped, tmp_path
     )  # fmt: skip
     assert deploy.returncode == 0, deploy.stderr
     assert deploy.stdout.startswith("+ aws emr create-cluster ")
+
+
+def shipped_imports() -> set[str]:
+    """Top-level modules that the shipped code (the job file, the zip's modules, the package) imports anywhere,
+    at module level or inside a function, less the standard library and the project's own modules."""
+    import ast
+    import sys
+
+    files = [ROOT / "infer_main.py", ROOT / "mxinfer.py", ROOT / "utils.py", *sorted((ROOT / "mxjob").glob("*.py"))]
+    found = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"mxjob", "mxinfer", "utils", "infer_main", "__future__"}
+
+
+def test_every_module_the_shipped_code_imports_is_pinned_for_the_cluster():
+    # The bootstrap installs requirements.txt on every node: a module imported only inside a function (psutil,
+    # for the estimate's JVM timing) that is pinned for development alone is missing on EMR and after pip install.
+    # A module may also come with a pinned package that requires it (botocore with boto3, urllib3 with botocore).
+    from importlib.metadata import PackageNotFoundError, packages_distributions, requires
+
+    def norm(name: str) -> str:
+        return re.split(r"[\s;<>=!~\[(]", name.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+    def requirements_of(dist: str) -> list[str]:
+        try:
+            return [req for req in requires(dist) or [] if "extra ==" not in req]
+        except PackageNotFoundError:  # a requirement for another Python (importlib-metadata on 3.9)
+            return []
+
+    installable = {norm(name) for name in pins(REQUIREMENTS)}
+    for _ in range(2):  # the pins' requirements, and theirs
+        installable |= {norm(req) for dist in list(installable) for req in requirements_of(dist)}
+    distributions = packages_distributions()
+    missing = {module: distributions.get(module) for module in shipped_imports()
+               if not {norm(d) for d in distributions.get(module, [module])} & installable}
+    assert missing == {}

@@ -163,3 +163,11 @@ def test_make_help_lists_every_documented_target():
                             check=True).stdout
     names = {line.split()[0] for line in listed.splitlines() if line.strip()}
     assert sorted(set(documented) - names) == []
+
+
+def test_the_readme_says_what_make_test_takes_and_installs():
+    # A new user runs make test first: its length, and that it runs apt-get as root, are no surprise.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = next(line for line in readme.splitlines() if line.startswith("make test "))
+    assert re.search(r"about \d+ minutes", line), line
+    assert "installs with `apt-get` when run as root" in readme and "Maven" in readme

@@ -233,6 +233,7 @@ def test_application_killed_through_yarn_is_interrupted_and_resume_finishes_it(l
     assert (report["state"], report["attempts"]) == ("KILLED", "1")
     status = status_of(world["s3"], output_key)
     assert status["state"] == "interrupted", status
+    assert 'data-value="interrupted"' in read(world["s3"], f"{output_key}.report.html").decode()
     durable = durable_parts(world["s3"], output_key)
     assert 0 < durable < batches
     assert open_uploads(world["s3"]) == []

@@ -115,6 +115,14 @@ JOB_CONFIG ?=
 ARGS ?=
 AWS ?= $(VENV)/bin/aws
 need-s3 = @[[ "$(S3)" == s3://?* ]] || { echo "set S3=s3://bucket/prefix (got '$(S3)')" >&2; exit 2; }
+# The step reads JOB_CONFIG, else S3/job.yaml, of which JOB (make upload's) is the
+# local copy: deploy/emr.py then checks it with ARGS, as the job will read them.
+job-config-args = $(if $(JOB_CONFIG),--job-config "$(JOB_CONFIG)",$(if $(JOB),--job-file "$(JOB)"))
+
+.PHONY: check-job
+check-job: $(STAMP) ## Check JOB=my-job.yaml [ARGS='--top-k 3'] as infer_main.py reads them, with no S3 or Spark (make upload runs it first)
+	@[[ -n "$(JOB)" ]] || { echo "set JOB=my-job.yaml (the job config)" >&2; exit 2; }
+	$(PY) deploy/emr.py check-job --job-file "$(JOB)" -- $(ARGS)
 
 .PHONY: package
 package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-files: mxinfer.py, utils.py, mxjob/), install-deps.sh + requirements.txt, conf/
@@ -125,7 +133,8 @@ package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-file
 	$(PYTHON) deploy/package.py "$(DIST)/mxinfer_job.zip"
 
 .PHONY: upload
-upload: package $(STAMP) ## Copy dist/ to S3=s3://bucket/prefix; JOB=my-job.yaml also goes up as S3/job.yaml
+# check-job first: a bad or missing JOB file is refused before dist/ is built or anything uploaded.
+upload: $(if $(JOB),check-job) package $(STAMP) ## Copy dist/ to S3=s3://bucket/prefix; JOB=my-job.yaml (checked first) also goes up as S3/job.yaml
 	$(need-s3)
 	$(AWS) s3 cp --recursive "$(DIST)/" "$(S3:%/=%)/"
 	$(if $(JOB),$(AWS) s3 cp "$(JOB)" "$(S3:%/=%)/job.yaml")
@@ -136,10 +145,15 @@ emr-cluster: $(STAMP) ## aws emr create-cluster from conf/emr.yaml (or EMR_CONF=
 	$(PY) deploy/emr.py create-cluster --config "$(EMR_CONF)" --s3 "$(S3)"
 
 .PHONY: emr-submit
-emr-submit: $(STAMP) ## Add the cluster-mode spark-submit step: CLUSTER_ID=j-... S3=... [JOB_CONFIG=s3://...] [ARGS='--top-k 3']
+emr-submit: $(STAMP) ## Add the cluster-mode spark-submit step, ARGS checked first: CLUSTER_ID=j-... S3=... [JOB_CONFIG=s3://...] [ARGS='--top-k 3']
 	$(need-s3)
 	$(PY) deploy/emr.py add-step --config "$(EMR_CONF)" --s3 "$(S3)" --cluster-id "$(CLUSTER_ID)" \
-		$(if $(JOB_CONFIG),--job-config "$(JOB_CONFIG)") -- $(ARGS)
+		$(job-config-args) -- $(ARGS)
+
+.PHONY: emr-run
+emr-run: $(STAMP) ## One run on a cluster of its own, terminated when the step ends: S3=... [JOB_CONFIG=s3://...] [ARGS='--top-k 3']
+	$(need-s3)
+	$(PY) deploy/emr.py run-job --config "$(EMR_CONF)" --s3 "$(S3)" $(job-config-args) -- $(ARGS)
 # --- end EMR deploy ---
 
 .PHONY: clean

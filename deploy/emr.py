@@ -5,7 +5,13 @@ copied ``dist/`` to::
 
     python deploy/emr.py create-cluster --s3 s3://bucket/prefix
     python deploy/emr.py add-step --s3 s3://bucket/prefix --cluster-id j-XXXXXXXXXXXXX \\
-        [--job-config s3://bucket/prefix/job.yaml] [-- EXTRA JOB OPTIONS]
+        [--job-config s3://bucket/prefix/job.yaml] [--job-file my-job.yaml] [-- EXTRA JOB OPTIONS]
+    python deploy/emr.py run-job --s3 s3://bucket/prefix [-- EXTRA JOB OPTIONS]    # a cluster for one run
+    python deploy/emr.py check-job --job-file my-job.yaml [-- EXTRA JOB OPTIONS]
+
+The job's options (and its config file, when it is here rather than on S3)
+are checked by ``infer_main.py``'s own parser and settings code before any
+``aws`` call, so a typo is refused here rather than in a YARN container log.
 
 Each command prints the exact ``aws emr ...`` line before running it, so it can
 be rerun or adapted by hand. The AWS CLI takes credentials from its default
@@ -21,14 +27,18 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import click
 import yaml
+from click.core import ParameterSource
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "emr.yaml"
+#: The checkout's root: conf/, and the job's own modules (infer_main.py, mxjob/).
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = ROOT / "conf" / "emr.yaml"
 ZIP_NAME = "mxinfer_job.zip"
 MAIN_NAME = "infer_main.py"
 JOB_CONFIG_NAME = "job.yaml"
@@ -226,7 +236,8 @@ def placeholders(conf: EmrConfig) -> list[str]:
             if PLACEHOLDER.lower() in str(getattr(conf, key)).lower()]
 
 
-def create_cluster_command(conf: EmrConfig, s3: str, aws: str = "aws") -> list[str]:
+def create_cluster_command(conf: EmrConfig, s3: str, aws: str = "aws", steps: Sequence[dict[str, Any]] = ()
+                           ) -> list[str]:
     """The ``aws emr create-cluster`` command line for ``conf``.
 
     Parameters
@@ -237,6 +248,9 @@ def create_cluster_command(conf: EmrConfig, s3: str, aws: str = "aws") -> list[s
         The prefix ``make upload`` copied ``dist/`` to, replacing ``{s3}``.
     aws : str
         The AWS CLI executable.
+    steps : sequence of dict
+        Steps (:func:`step_definition`) for the cluster to run once it is up;
+        with any, it terminates after the last one instead of idling.
 
     Returns
     -------
@@ -275,7 +289,9 @@ def create_cluster_command(conf: EmrConfig, s3: str, aws: str = "aws") -> list[s
         "--bootstrap-actions", _json([bootstrap]),
         "--configurations", _json(list(conf.configurations)),
     ]  # fmt: skip
-    if conf.idle_timeout_seconds:
+    if steps:  # the cluster ends with its last step, so it never idles and needs no idle timeout
+        command += ["--steps", _json(list(steps)), "--auto-terminate"]
+    elif conf.idle_timeout_seconds:
         command += ["--auto-termination-policy", f"IdleTimeout={conf.idle_timeout_seconds}"]
     return command
 
@@ -299,6 +315,22 @@ def spark_submit_args(s3: str, job_config: str, job_args: tuple[str, ...] = ()) 
     ]  # fmt: skip
 
 
+def step_definition(
+    conf: EmrConfig, s3: str, job_config: str, job_args: tuple[str, ...] = (), action_on_failure: str | None = None
+) -> dict[str, Any]:
+    """One ``command-runner.jar`` step running :func:`spark_submit_args`, as add-steps and create-cluster take it.
+
+    ``action_on_failure`` replaces ``conf.step``'s (CONTINUE, for a cluster that outlives its step).
+    """
+    return {
+        "Type": "CUSTOM_JAR",
+        "Name": conf.step["name"],
+        "ActionOnFailure": action_on_failure or conf.step["action_on_failure"],
+        "Jar": "command-runner.jar",
+        "Args": spark_submit_args(s3, job_config, job_args),
+    }
+
+
 def add_steps_command(
     conf: EmrConfig,
     cluster_id: str,
@@ -308,13 +340,7 @@ def add_steps_command(
     aws: str = "aws",
 ) -> list[str]:
     """The ``aws emr add-steps`` command line: one ``command-runner.jar`` step."""
-    step = {
-        "Type": "CUSTOM_JAR",
-        "Name": conf.step["name"],
-        "ActionOnFailure": conf.step["action_on_failure"],
-        "Jar": "command-runner.jar",
-        "Args": spark_submit_args(s3, job_config, job_args),
-    }
+    step = step_definition(conf, s3, job_config, job_args)
     return [
         aws, "emr", "add-steps",
         "--region", conf.region,
@@ -322,6 +348,78 @@ def add_steps_command(
         "--cluster-id", cluster_id,
         "--steps", _json([step]),
     ]  # fmt: skip
+
+
+def run_job_command(
+    conf: EmrConfig, s3: str, job_config: str, job_args: tuple[str, ...] = (), aws: str = "aws"
+) -> list[str]:
+    """``aws emr create-cluster`` with the job as its one step, terminating when the step ends (``make emr-run``).
+
+    The step's ActionOnFailure is TERMINATE_CLUSTER: this cluster exists for
+    the one run, so a failed step ends it at once, even with other steps
+    queued behind it meanwhile; its logs stay in ``log_uri``.
+    """
+    step = step_definition(conf, s3, job_config, job_args, action_on_failure="TERMINATE_CLUSTER")
+    return create_cluster_command(conf, s3, aws, steps=[step])
+
+
+def _job_cli() -> tuple[click.Command, Any]:
+    """``infer_main.main`` and ``mxjob.config``, imported from the checkout's root.
+
+    This file runs as a script, with ``deploy/`` on ``sys.path``, not the root
+    the job's modules live in; imported here, not at the top, because only the
+    step commands need them (they import boto3 and pyarrow: most of a second).
+    """
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import infer_main
+    from mxjob import config
+
+    return infer_main.main, config
+
+
+def check_job_args(args: Sequence[str], job_file: Path | None = None) -> str | None:
+    """Check the job's options, and its config file if it is here, as ``infer_main.py`` reads them.
+
+    The job's own click parser and :func:`mxjob.config.merge_settings` take
+    the options, so an unknown one or a bad value is refused with the job's
+    message; nothing is listed, no model is read, and Spark does not start.
+
+    Parameters
+    ----------
+    args : sequence of str
+        The options the step gives ``infer_main.py`` after ``--config``.
+    job_file : Path, optional
+        The local copy of the job config the step reads (``make upload
+        JOB=``). Then the file and the options are resolved together
+        (:func:`mxjob.config.resolve`), as the job will: a missing input,
+        model or output, or options that exclude each other, are refused too.
+        Without it (the config is on S3), the options are checked alone: their
+        names, types and ranges.
+
+    Returns
+    -------
+    str or None
+        The run's output URI, if the options or the file name it.
+
+    Raises
+    ------
+    click.UsageError
+        click's own (``NoSuchOption``, ``BadParameter``, ...): exit code 2.
+    """
+    main, config = _job_cli()
+    ctx = main.make_context("infer_main.py", list(args))
+    # Only what the step's command line gives: this machine's environment is not the cluster's.
+    given = {key: value for key, value in ctx.params.items()
+             if key != "config_uri" and ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE}
+    try:
+        if job_file is None or ctx.params["config_uri"]:  # a --config in the options is read on the cluster, not here
+            return config.merge_settings(given, {})["output"]
+        settings = config.merge_settings(given, config.load_yaml(str(job_file)), str(job_file))
+        return config.resolve(settings).output_uri
+    except click.UsageError as exc:
+        exc.ctx = exc.ctx or ctx  # shown with the job's usage line, as the job itself would show it
+        raise
 
 
 def default_aws() -> str:
@@ -368,6 +466,16 @@ def _load(path: Path) -> EmrConfig:
         raise click.ClickException(f"{path}: {exc}") from exc
 
 
+def _load_for_new_cluster(path: Path) -> EmrConfig:
+    """:func:`_load`, refusing the shipped placeholders (EMR would fail minutes later, or log to another's bucket)."""
+    conf = _load(path)
+    unset = placeholders(conf)
+    if unset:
+        raise click.ClickException(f"{path} still has {'a placeholder' if len(unset) == 1 else 'placeholders'}"
+                                   f" for your account: {'; '.join(unset)}")
+    return conf
+
+
 config_option = click.option(
     "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=DEFAULT_CONFIG, show_default=True, help="Cluster settings.",
@@ -383,6 +491,23 @@ aws_option = click.option(
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Print the aws command without running it."
 )
+job_file_option = click.option(
+    "--job-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+    help="Local copy of the job config the step reads (make upload's JOB=): checked with JOB_ARGS.",
+)  # fmt: skip
+job_args_argument = click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+
+
+def step_options(command):
+    """The options of a command that makes the job's step: its config on S3, its local copy, JOB_ARGS."""
+    for option in reversed((
+        click.option("--job-config", default=None,
+                     help=f"Job config URI for infer_main.py --config  [default: S3/{JOB_CONFIG_NAME}]"),
+        job_file_option,
+        job_args_argument,
+    )):  # fmt: skip
+        command = option(command)
+    return command
 
 
 @click.group()
@@ -397,11 +522,7 @@ def cli() -> None:
 @dry_run_option
 def create_cluster(config_path: Path, s3: str, aws: str, dry_run: bool) -> None:
     """Start the cluster described by --config, bootstrapped from --s3."""
-    conf = _load(config_path)
-    unset = placeholders(conf)
-    if unset:  # before any AWS call: EMR would fail minutes later, or log to someone else's bucket
-        raise click.ClickException(f"{config_path} still has {'a placeholder' if len(unset) == 1 else 'placeholders'}"
-                                   f" for your account: {'; '.join(unset)}")
+    conf = _load_for_new_cluster(config_path)
     output = run(create_cluster_command(conf, s3, aws), dry_run=dry_run)
     if output and "ClusterId" in output:
         click.echo(f"next: make emr-submit CLUSTER_ID={output['ClusterId']} S3={s3}")
@@ -416,11 +537,7 @@ def create_cluster(config_path: Path, s3: str, aws: str, dry_run: bool) -> None:
     "--cluster-id", required=True, callback=_cluster_id, envvar="CLUSTER_ID",
     help="From create-cluster's output, or `aws emr list-clusters --active`.",
 )  # fmt: skip
-@click.option(
-    "--job-config", default=None,
-    help=f"Job config URI for infer_main.py --config  [default: S3/{JOB_CONFIG_NAME}]",
-)  # fmt: skip
-@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+@step_options
 def add_step(
     config_path: Path,
     s3: str,
@@ -428,12 +545,52 @@ def add_step(
     dry_run: bool,
     cluster_id: str,
     job_config: str | None,
+    job_file: Path | None,
     job_args: tuple[str, ...],
 ) -> None:
-    """Add a cluster-mode spark-submit step; JOB_ARGS (after --) go to infer_main.py."""
+    """Add a cluster-mode spark-submit step; JOB_ARGS (after --) go to infer_main.py, which checks them first."""
     conf = _load(config_path)
+    check_job_args(job_args, job_file)
     job_config = job_config or f"{s3}/{JOB_CONFIG_NAME}"
     run(add_steps_command(conf, cluster_id, s3, job_config, job_args, aws), dry_run=dry_run)
+
+
+@cli.command("run-job")
+@config_option
+@s3_option
+@aws_option
+@dry_run_option
+@step_options
+def run_job(
+    config_path: Path,
+    s3: str,
+    aws: str,
+    dry_run: bool,
+    job_config: str | None,
+    job_file: Path | None,
+    job_args: tuple[str, ...],
+) -> None:
+    """Start a cluster that runs the job as its one step and terminates when it ends; JOB_ARGS as for add-step."""
+    conf = _load_for_new_cluster(config_path)
+    output = check_job_args(job_args, job_file)
+    job_config = job_config or f"{s3}/{JOB_CONFIG_NAME}"
+    created = run(run_job_command(conf, s3, job_config, job_args, aws), dry_run=dry_run)
+    if created and "ClusterId" in created:
+        cluster = f"--region {conf.region} --cluster-id {created['ClusterId']}"
+        click.echo(f"cluster {created['ClusterId']} runs the job, then terminates, whether the step succeeds or fails\n"
+                   f"watch the job: make watch OUTPUT={output or f'<the output in {job_config}>'}\n"
+                   f"the step: aws emr list-steps {cluster}\n"
+                   f"until the cluster is gone: aws emr wait cluster-terminated {cluster}")
+
+
+@cli.command("check-job")
+@job_file_option
+@job_args_argument
+def check_job(job_file: Path | None, job_args: tuple[str, ...]) -> None:
+    """Check --job-file and JOB_ARGS (after --) as infer_main.py reads them, with no S3 or Spark; exit 2 if refused."""
+    check_job_args(job_args, job_file)
+    what = " with ".join(part for part in (str(job_file or ""), shlex.join(job_args)) if part)
+    click.echo(f"{what or 'no options'}: infer_main.py accepts them")
 
 
 if __name__ == "__main__":

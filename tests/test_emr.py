@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import boto3
+import click
 import pytest
 import yaml
 
@@ -122,6 +123,94 @@ def test_add_step_refuses_bad_s3_prefix_and_cluster_id(args, message, runner):
     assert message in result.output
 
 
+#: The step commands and what each needs besides the job's options (run-job creates a cluster: no placeholders).
+STEP_COMMANDS = {"add-step": ["add-step", "--cluster-id", "j-ABC"], "run-job": ["run-job"]}
+
+
+@pytest.mark.parametrize("command", list(STEP_COMMANDS))
+@pytest.mark.parametrize(
+    ("job_args", "message"),
+    [
+        (["--top-kk", "3"], "No such option: --top-kk Did you mean --top-k?"),
+        (["--top-k", "0"], "Invalid value for '--top-k': 0 is not in the range x>=1"),
+        (["--access-key", "AKIA"], "Invalid value for '--access_key'"),
+    ],
+    ids=["unknown", "bad-value", "secret"],
+)
+def test_step_commands_refuse_a_bad_job_option_before_calling_aws(tmp_path, runner, command, job_args, message):
+    path = write_conf(tmp_path, **ACCOUNT)
+    result = runner.invoke(emr.cli, [*STEP_COMMANDS[command], "--config", str(path), "--aws", "/nonexistent/aws",
+                                     "--s3", S3, "--", *job_args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Usage: infer_main.py [OPTIONS]" in result.output  # the job's own usage, not deploy/emr.py's
+    assert "+ " not in result.output and "not found" not in result.output  # no aws command was run
+
+
+#: A job config the job accepts as it stands.
+VALID_JOB = """\
+input: s3://emr-deploy-test/photos/
+model: s3://emr-deploy-test/models/resnet-50
+output: s3://emr-deploy-test/predictions/photos.jsonl
+top_k: 3
+"""
+
+
+@pytest.mark.parametrize(
+    ("job", "job_args", "message"),
+    [
+        (VALID_JOB + "batchsize: 8\n", [], r"job\.yaml has 1 unknown option: batchsize \(did you mean batch_size"),
+        (VALID_JOB.replace("top_k: 3", "top_k: three"), [], r"Invalid value for 'top_k' in .*job\.yaml"),
+        (VALID_JOB.replace("model:", "# model:"), [], "no model: give --model PREFIX"),
+        (VALID_JOB, ["--input", "photos"], "--input: 'photos' is not an S3 URI"),
+        (VALID_JOB, ["--resume", "--overwrite"], r"give --resume \(finish an earlier run\) or --overwrite"),
+    ],
+    ids=["unknown-key", "bad-value", "no-model", "bad-option", "conflicting-options"],
+)
+def test_check_job_refuses_a_bad_job_config_with_the_jobs_own_messages(tmp_path, runner, job, job_args, message):
+    path = tmp_path / "job.yaml"
+    path.write_text(job)
+    result = runner.invoke(emr.cli, ["check-job", "--job-file", str(path), "--", *job_args])
+    assert result.exit_code == 2, result.output
+    assert re.search(message, result.output), result.output
+    assert result.output.startswith("Usage: infer_main.py [OPTIONS]")
+
+
+# --task embed on the command line: the file's classify-only top_k yields to it, as when the job reads them.
+@pytest.mark.parametrize("job_args", [[], ["--batch-size", "16"], ["--task", "embed"]])
+def test_check_job_accepts_a_valid_job_and_says_what_it_checked(tmp_path, runner, job_args):
+    path = tmp_path / "job.yaml"
+    path.write_text(VALID_JOB)
+    result = runner.invoke(emr.cli, ["check-job", "--job-file", str(path), "--", *job_args])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"{path}{' with ' if job_args else ''}{' '.join(job_args)}: infer_main.py accepts them\n"
+
+
+def test_check_job_refuses_a_missing_job_file(tmp_path, runner):
+    result = runner.invoke(emr.cli, ["check-job", "--job-file", str(tmp_path / "my-job.yaml")])
+    assert result.exit_code == 2
+    assert "my-job.yaml' does not exist" in result.output
+
+
+def test_add_step_checks_the_local_job_file_together_with_the_options(tmp_path, runner):
+    path = tmp_path / "job.yaml"
+    path.write_text(VALID_JOB.replace("output:", "# output:"))
+    base = ["add-step", "--dry-run", "--s3", S3, "--cluster-id", "j-ABC", "--job-file", str(path)]
+    refused = runner.invoke(emr.cli, base)
+    assert refused.exit_code == 2 and "no output: give --output" in refused.output
+    accepted = runner.invoke(emr.cli, [*base, "--", "--output", "s3://b/out.jsonl"])
+    assert accepted.exit_code == 0, accepted.output
+    assert re.match(r"\+ \S*aws emr add-steps ", accepted.output)
+
+
+def test_options_alone_are_checked_for_themselves_when_the_job_config_is_on_s3():
+    # input, model and output are in S3/job.yaml, which the check does not read: only the options are checked.
+    assert emr.check_job_args(["--top-k", "3", "--config", "s3://elsewhere/job.yaml"]) is None
+    assert emr.check_job_args(["--output", "s3://b/out.jsonl"]) == "s3://b/out.jsonl"
+    with pytest.raises(click.UsageError, match="No such option: --top-kk"):
+        emr.check_job_args(["--top-kk", "3"])
+
+
 def test_dry_run_prints_the_step_without_running_it(runner):
     result = runner.invoke(
         emr.cli,
@@ -147,19 +236,20 @@ def aws_env(moto_endpoint):
     return {**os.environ, "AWS_ENDPOINT_URL": moto_endpoint}
 
 
-def make(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def make(*args: str, env: dict[str, str], fails: bool = False) -> subprocess.CompletedProcess:
+    """Run a make target; it must succeed, or with ``fails`` fail."""
     result = subprocess.run(
         ["make", "--no-print-directory", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert (result.returncode != 0) == fails, result.stdout + result.stderr
     return result
 
 
 def test_make_upload_copies_dist_and_the_job_config(tmp_path, aws_env, s3):
     s3.create_bucket(Bucket=BUCKET)
     job = tmp_path / "my-job.yaml"
-    job.write_text("input: s3://images/in/\n")
+    job.write_text(VALID_JOB)
 
     make("upload", f"S3={S3}/", f"DIST={tmp_path / 'dist'}", f"JOB={job}", env=aws_env)
 
@@ -176,7 +266,29 @@ def test_make_upload_copies_dist_and_the_job_config(tmp_path, aws_env, s3):
     body = s3.get_object(Bucket=BUCKET, Key="jobs/v1/install-deps.sh")["Body"].read()
     assert body == (ROOT / "bootstrap" / "install-deps.sh").read_bytes()
     body = s3.get_object(Bucket=BUCKET, Key="jobs/v1/job.yaml")["Body"].read()
-    assert body == b"input: s3://images/in/\n"
+    assert body == VALID_JOB.encode()
+
+
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [(None, "Invalid value for '--job-file': File '{job}' does not exist"),
+     (VALID_JOB + "batchsize: 8\n", "has 1 unknown option: batchsize (did you mean batch_size")],
+    ids=["missing", "unknown-key"],
+)
+def test_make_upload_refuses_a_bad_job_file_before_building_or_uploading_anything(tmp_path, aws_env, s3, job,
+                                                                                   message):
+    s3.create_bucket(Bucket=BUCKET)
+    path = tmp_path / "my-job.yaml"
+    if job is not None:
+        path.write_text(job)
+    prefix = f"refused/{tmp_path.name}/"
+
+    result = make("upload", f"S3=s3://{BUCKET}/{prefix}", f"DIST={tmp_path / 'dist'}", f"JOB={path}", env=aws_env,
+                  fails=True)
+
+    assert message.format(job=path) in result.stderr
+    assert not (tmp_path / "dist").exists()  # refused before make package
+    assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)
 
 
 def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint, tmp_path):
@@ -252,6 +364,47 @@ def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint, tmp_path):
         "--config", "s3://emr-deploy-test/jobs/v1/job.yaml",
         "--top-k", "3", "--batch-size", "16",
     ]  # fmt: skip
+
+
+def test_make_emr_run_creates_a_cluster_that_runs_the_step_and_terminates(aws_env, moto_endpoint, tmp_path):
+    path = write_conf(tmp_path, **ACCOUNT)
+    conf = yaml.safe_load(path.read_text())
+    client = boto3.client("emr", region_name=conf["region"], endpoint_url=moto_endpoint)
+    output = "s3://emr-deploy-test/predictions/run.jsonl"
+
+    ran = make("emr-run", f"S3={S3}", f"EMR_CONF={path}", f"ARGS=--output {output} --top-k 3", env=aws_env)
+    print(ran.stdout)
+
+    command = re.search(r"^\+ \S*aws emr create-cluster --region .*$", ran.stdout, re.M).group(0)
+    assert command.endswith(" --auto-terminate")
+    assert "--auto-termination-policy" not in command  # the last step ends it, so no idle timeout is needed
+    cluster_id = re.search(r"^cluster (j-[A-Z0-9]+) ", ran.stdout, re.M).group(1)
+    assert f"make watch OUTPUT={output}" in ran.stdout
+    assert f"aws emr list-steps --region {conf['region']} --cluster-id {cluster_id}" in ran.stdout
+    cluster = client.describe_cluster(ClusterId=cluster_id)["Cluster"]
+    assert cluster["AutoTerminate"] is True
+    assert cluster["Name"] == conf["name"]
+    [step] = client.list_steps(ClusterId=cluster_id)["Steps"]
+    assert step["Name"] == conf["step"]["name"]
+    assert step["ActionOnFailure"] == "TERMINATE_CLUSTER"  # a failed step must not keep the cluster up
+    assert step["Config"]["Jar"] == "command-runner.jar"
+    assert step["Config"]["Args"][-6:] == [
+        "--config", f"{S3}/job.yaml", "--output", output, "--top-k", "3"]
+
+
+def test_emr_cluster_idles_briefly_and_run_job_ends_with_its_step():
+    conf = emr.load_config(CONF)
+    # EMR's shortest idle timeout is 60 s; an hour of idle nodes is what the timeout is there to save.
+    assert 60 <= conf.idle_timeout_seconds <= 900
+    assert f"({conf.idle_timeout_seconds // 60} minutes in `conf/emr.yaml`" in (ROOT / "docs" / "emr.md").read_text()
+    created = emr.create_cluster_command(conf, S3)
+    assert created[-2:] == ["--auto-termination-policy", f"IdleTimeout={conf.idle_timeout_seconds}"]
+    assert "--auto-terminate" not in created and "--steps" not in created
+    run_once = emr.run_job_command(conf, S3, f"{S3}/job.yaml", ("--top-k", "3"))
+    assert run_once[-1] == "--auto-terminate" and "--auto-termination-policy" not in run_once
+    [step] = json.loads(run_once[run_once.index("--steps") + 1])
+    assert step["ActionOnFailure"] == "TERMINATE_CLUSTER"
+    assert step["Args"] == emr.spark_submit_args(S3, f"{S3}/job.yaml", ("--top-k", "3"))
 
 
 def test_spot_task_nodes_add_a_task_group_and_an_executor_each(tmp_path):

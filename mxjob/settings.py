@@ -297,7 +297,8 @@ _FINGERPRINT_WHEN = {_int8_only: "int8 only", _embed_only: "embed only", _detect
                      _object_metadata_only: "when on"}
 
 
-#: The settings that mean something for one task only: given explicitly with another task, they are refused.
+#: The settings that mean something for one task only: given explicitly with another task, they are refused
+#: (a --config file's yield to a --task on the command line: ``config.yielding_to_task``).
 TASK_ONLY = {"top_k": "classify", "output_layer": "embed", "embedding_dtype": "embed", "normalize": "embed",
              "min_score": "detect", "max_detections": "detect"}
 
@@ -581,10 +582,13 @@ SETTINGS: tuple[Setting, ...] = (
        "Images the driver scores before the run (and in --dry-run) to estimate its time and cost; 0: no estimate.",
        default=32, type=_count(0)),
     _s("estimate_cluster", "--estimate-cluster", "estimate",
-       "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor per vCPU.",
+       "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor of VCPUS threads per node "
+       "(the layout conf/emr.yaml makes).",
        type=CheckedText("NxVCPUS", _cluster_shape),
-       show_default="the Spark configuration in force (executors times their cores)"),
-    _s("node_price", "--node-price", "estimate", "USD per node-hour: the estimate then gives the run's cost.",
+       show_default="the Spark configuration in force (its executors times their threads)"),
+    _s("node_price", "--node-price", "estimate",
+       "USD per node-hour, core and master nodes alike: the estimate then gives what the cluster bills, from its "
+       "start-up to its idle timeout, part by part.",
        type=FiniteNumber(min=0), metavar="USD"),
     # --- run
     _s("dry_run", "--dry-run/--no-dry-run", "run",

@@ -128,7 +128,7 @@ KEYS = [(f"k{i:06d}", 100) for i in range(100_000)]
 
 
 def test_auto_measures_once_and_the_estimate_uses_the_chosen_batch(measured, caplog):
-    cfg = resolved(batch_size="auto", estimate_cluster="1x2", micro_batch_size=16)
+    cfg = resolved(batch_size="auto", estimate_cluster="2x1", micro_batch_size=16)
     with caplog.at_level(logging.INFO, logger="mxjob.driver"):
         chosen_cfg, sizing = driver.size_run(cfg, KEYS, len(KEYS))
     [(bound, sample)] = measured  # one measurement, bound at the micro-batch, for both
@@ -140,17 +140,21 @@ def test_auto_measures_once_and_the_estimate_uses_the_chosen_batch(measured, cap
 
 
 def test_a_given_batch_size_is_kept_and_still_measured_for_the_estimate(measured):
-    cfg, sizing = driver.size_run(resolved(batch_size=128, estimate_cluster="1x2"), KEYS, len(KEYS))
+    cfg, sizing = driver.size_run(resolved(batch_size=128, estimate_cluster="2x1"), KEYS, len(KEYS))
     assert cfg.batch_size == sizing.choice["chosen"] == 128 and sizing.choice["why"] == "--batch-size 128"
     assert sizing.choice["per_image_seconds"] == pytest.approx(0.002) and len(measured) == 1
 
 
-def test_the_per_image_time_is_the_cpu_over_each_executors_share_of_the_vcpus(measured):
-    # 4 nodes of 8 vCPUs with 32 executors: one vCPU each, 2 ms an image; with --estimate-cluster the
-    # executors are one per vCPU, so the time per image on an executor is its CPU.
+def test_the_per_image_time_is_the_cpu_over_each_executors_threads(measured):
+    # 4 nodes of 8 vCPUs, one executor of 8 threads each: 2 ms of CPU an image is 0.25 ms on an executor.
     _, sizing = driver.size_run(resolved(estimate_cluster="4x8"), KEYS, len(KEYS))
+    assert sizing.choice["per_image_seconds"] == pytest.approx(0.00025)
+    # The overhead wants 19 x 0.2 s / 0.25 ms = 15,200; 100,000 / (4 waves x 4 executors) = 6250 -> 6240; at most 4096.
+    assert sizing.choice["chosen"] == 4096
+    # The same 32 vCPUs as 32 executors of one thread: 2 ms an image, 100,000 / (4 waves x 32) = 781 -> 768.
+    _, sizing = driver.size_run(resolved(estimate_cluster="32x1"), KEYS, len(KEYS))
     assert sizing.choice["per_image_seconds"] == pytest.approx(0.002)
-    assert sizing.choice["chosen"] == 768  # 100,000 / (4 waves x 32 executors) = 781 -> 768
+    assert sizing.choice["chosen"] == 768
 
 
 def test_auto_without_a_measurement_falls_back_to_the_librarys_batch(measured):

@@ -732,7 +732,30 @@ S3_ERRORS = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
 
 
 class OutputNotWritableError(Exception):
-    """The job may not write its output key; the message says which permission or bucket to fix."""
+    """The job may not write its output key; the message says which permission, bucket or endpoint to fix."""
+
+
+def unreachable(client, exc: BaseException) -> str | None:
+    """What to check when ``exc`` (or an exception it was raised from) never reached S3; else ``None``.
+
+    A connection refused, timed out, or to a host whose name does not
+    resolve is botocore's ``ConnectionError``; the bucket and the
+    permissions were never asked about, so a message naming them sends the
+    user the wrong way. Any other error is S3's answer (NoSuchBucket,
+    AccessDenied), which the caller's message explains.
+    """
+    while exc is not None and not isinstance(exc, botocore.exceptions.ConnectionError):
+        exc = exc.__cause__
+    if exc is None:
+        return None
+    return (f"the S3 endpoint {client.meta.endpoint_url} cannot be reached ({_reason(exc)}); check --endpoint-url "
+            f"(or the AWS_ENDPOINT_URL_S3 and AWS_ENDPOINT_URL variables), that the endpoint is up, and the network "
+            f"between this host and it")
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name if it has none."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def check_writable(client, bucket: str, key: str) -> None:
@@ -759,10 +782,9 @@ def check_writable(client, bucket: str, key: str) -> None:
     try:
         client.put_object(Bucket=bucket, Key=probe, Body=b"")
     except S3_ERRORS as exc:  # NoSuchBucket, AccessDenied, endpoint unreachable
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise OutputNotWritableError(
-            f"cannot write s3://{bucket}/{key}: {reason}; the job needs an existing bucket and "
-            f"s3:PutObject on the output key") from exc
+        why = unreachable(client, exc) or (f"{_reason(exc)}; the job needs an existing bucket and s3:PutObject on "
+                                           f"the output key")
+        raise OutputNotWritableError(f"cannot write s3://{bucket}/{key}: {why}") from exc
     try:
         client.delete_object(Bucket=bucket, Key=probe)
     except S3_ERRORS as exc:  # the check passed; only the clean-up failed (no s3:DeleteObject)

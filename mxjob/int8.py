@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from mxjob import int8_search
 from mxjob.errors import plural
 from mxjob.model import (
     ModelError,
@@ -121,6 +122,41 @@ def sample_too_small(held_out: int, sampled: int, calibration_images: int, liste
                  f"{MIN_HELD_OUT} or more, or use --precision fp32")
     return (f"--precision int8: too few held-out images to check int8 against fp32: {held_out}, where at least "
             f"{MIN_HELD_OUT} are needed; {cause}")
+
+
+def agreement_refusal(figures: dict, min_agreement: float, layers: Sequence[str], calibrated: int,
+                      search: int8_search.SearchResult | None = None) -> str:
+    """The ``JobError`` message when int8 agrees with fp32 on fewer top-1 classes than ``--min-agreement``.
+
+    Parameters
+    ----------
+    figures : dict
+        :func:`agreement`'s, on the held-out images.
+    min_agreement : float
+        ``--min-agreement``.
+    layers : sequence of str
+        The model's convolution and fully connected layers (:func:`weight_layers`).
+    calibrated : int
+        Images the quantization was calibrated on.
+    search : SearchResult, optional
+        ``--int8-exclude auto``'s search, when the run used it: the message
+        says what it tried. Without it, the message suggests ``auto`` first,
+        as the one suggestion that checks the agreement itself.
+    """
+    first, last = (layers[0], layers[-1]) if layers else ("?", "?")
+    by_name = f"with --int8-exclude (the first and last are {first} and {last}; patterns such as '*conv*' work)"
+    sample = (f"more --calibration-images (this run calibrated on {calibrated} and held out {figures['images']}), "
+              f"or --precision fp32")
+    if search is None:
+        advice = (f"Try --int8-exclude auto first: it searches for the layers to keep in fp32 until int8 agrees, "
+                  f"and keeps int8 only if it is faster. Or try keeping layers in fp32 yourself {by_name}, {sample}")
+    else:
+        advice = (f"--int8-exclude auto tried {int8_search.tried(search)}. Try keeping more layers in fp32 "
+                  f"{by_name}, {sample}")
+    return (f"int8 agrees with fp32 on only {figures['top1_agreement']:.2%} of top-1 classes "
+            f"({figures['images']} held-out images; largest probability difference "
+            f"{figures['max_probability_difference']:.4f}), under --min-agreement {min_agreement}. "
+            f"Nothing was scored. {advice}")
 
 
 def agreement(reference: np.ndarray, candidate: np.ndarray) -> dict:

@@ -459,10 +459,27 @@ def _layers(names: Sequence[str]) -> str:
     return f"{len(names)} in fp32 ({shown})" if names else "none in fp32"
 
 
+def duration(seconds: float) -> str:
+    """``0.04 s``, ``0.4 s``, ``7.3 s``, ``95 s``: a small model's search takes under a second, which whole seconds
+    showed as ``0s``."""
+    if seconds < 1:
+        return f"{seconds:.2g} s"
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def tried(result: SearchResult) -> str:
+    """What the search tried and kept, for a refusal after it: ``7 configurations in 0.4 s and chose layers ...``."""
+    trial = result.chosen or result.best
+    return (f"{result.configurations_tried} configurations in {duration(result.seconds)} and "
+            f"{'chose' if result.passed else 'got no further than'} layers {_layers(trial.excluded)} with "
+            f"{trial.granularity} weight scales, which agreed on {trial.agreement:.2%} of the {trial.images} "
+            f"held-out images in its search")
+
+
 def describe(result: SearchResult) -> str:
     """The driver's log line: what the search tried, kept and reached, and why it stopped."""
     best, timing = result.best, result.timing
-    return (f"int8 --int8-exclude auto: {result.configurations_tried} configurations in {result.seconds:.0f}s "
+    return (f"int8 --int8-exclude auto: {result.configurations_tried} configurations in {duration(result.seconds)} "
             f"({result.stopped}); {'chosen' if result.passed else 'best found'}: layers {_layers(best.excluded)}, "
             f"{best.granularity} weight scales, top-1 agreement {best.agreement:.2%} on {best.images} held-out "
             f"images, speed-up {timing.get('speedup', best.speedup):.2f}x (fp32 "
@@ -474,7 +491,7 @@ def refusal(result: SearchResult, min_agreement: float, held_out: int) -> str:
     best, timing = result.best, result.timing
     return (f"--int8-exclude auto found no int8 configuration that agrees with fp32 on at least {min_agreement:.2%} "
             f"of top-1 classes and is at least {MIN_SPEEDUP:g}x faster ({result.configurations_tried} tried in "
-            f"{result.seconds:.0f}s on {held_out} held-out images; {result.stopped}). The best: layers "
+            f"{duration(result.seconds)} on {held_out} held-out images; {result.stopped}). The best: layers "
             f"{_layers(best.excluded)}, {best.granularity} weight scales, top-1 agreement {best.agreement:.2%}, "
             f"speed-up {timing.get('speedup', best.speedup):.2f}x. Nothing was scored. Use --precision fp32, a "
             f"lower --min-agreement if that agreement is enough, or more --int8-search-seconds if the search ran "

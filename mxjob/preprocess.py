@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import io
+import re
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +42,10 @@ class Preprocess:
     resize : str
         ``"stretch"`` (straight to ``W x H``) or ``"short-side-crop"``.
     max_image_pixels : int
-        Images declaring more pixels are refused before any pixel is decoded.
+        Images declaring more pixels are refused before any pixel is decoded
+        (``--max-image-pixels``). Decoding raises Pillow's process-wide
+        ``PIL.Image.MAX_IMAGE_PIXELS`` to it when lower, so that Pillow's own
+        decompression-bomb check never refuses an image this limit allows.
     decode : str
         ``"draft"``: a JPEG at least twice the size the resize needs is
         decoded at 1/2, 1/4 or 1/8 scale by the JPEG decoder itself (DCT
@@ -201,19 +206,47 @@ def _quarter_turned(img: Image.Image) -> bool:
 
 def _open(data: bytes, prep: Preprocess) -> Image.Image:
     """``Image.open`` with the pixel limits checked from the header, before any pixel is decoded."""
+    _raise_pillow_limit(prep.max_image_pixels)
     try:
         img = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:  # Pillow's own limit, which also caps ours
-        raise ImageTooLargeError(f"image is over the limit of {2 * Image.MAX_IMAGE_PIXELS} pixels "
-                                 f"(Pillow's decompression bomb check): {exc}") from None
-    pixels = img.width * img.height
-    if pixels > prep.max_image_pixels:
+    # The warning is an exception only where warnings are errors (python -W error); either way the image is over
+    # Pillow's limit, which is at least ours, so the message names ours: the one the user can change.
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        found = _PILLOW_PIXELS.search(str(exc))
+        raise _too_large(prep.max_image_pixels, int(found.group(1)) if found else None) from None
+    if img.width * img.height > prep.max_image_pixels:
         img.close()
-        raise ImageTooLargeError(
-            f"image declares {img.width}x{img.height} = {pixels} pixels, over the limit of "
-            f"{prep.max_image_pixels} (max_image_pixels)"
-        )
+        raise _too_large(prep.max_image_pixels, img.width * img.height, img.size)
     return img
+
+
+#: The pixel count in Pillow's decompression-bomb message: "Image size (192000000 pixels) exceeds limit of ...".
+_PILLOW_PIXELS = re.compile(r"\((\d+) pixels\)")
+#: Held while raising Pillow's limit, so that decode threads with different limits keep the largest.
+_PILLOW_LIMIT_LOCK = threading.Lock()
+
+
+def _raise_pillow_limit(limit: int) -> None:
+    """Raise Pillow's process-wide ``Image.MAX_IMAGE_PIXELS`` to ``limit`` if it is lower; never lower or lift it.
+
+    Pillow refuses an image over twice its limit inside ``Image.open``,
+    before our own check: left at its 89,478,485 it would refuse a 180 MP
+    image that ``--max-image-pixels 200000000`` allows. At ``limit`` or
+    above, it refuses (or warns about) only images ours refuses too.
+    """
+    if Image.MAX_IMAGE_PIXELS is None or Image.MAX_IMAGE_PIXELS >= limit:
+        return
+    with _PILLOW_LIMIT_LOCK:
+        if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
+            Image.MAX_IMAGE_PIXELS = limit
+
+
+def _too_large(limit: int, pixels: int | None, size: tuple | None = None) -> ImageTooLargeError:
+    """The error for an image of ``pixels`` (``size``, when known) over ``--max-image-pixels`` ``limit``."""
+    image = "image"
+    if pixels:
+        image += f" of {size[0]:,} x {size[1]:,} = {pixels:,} pixels" if size else f" of {pixels:,} pixels"
+    return ImageTooLargeError(f"{image} is over --max-image-pixels {limit:,} (raise it to read larger images)")
 
 
 def _recipe_image(img: Image.Image, prep: Preprocess, turned: bool) -> tuple[Image.Image, tuple, tuple]:

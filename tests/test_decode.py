@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 import zlib
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ import pytest
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 import mxinfer
+from mxjob import config
 from tests.helpers import encode
 
 PREP = mxinfer.Preprocess(input_shape=(3, 24, 32))
@@ -169,10 +171,45 @@ def test_decompression_bomb_is_refused_before_decoding():
     prep = mxinfer.Preprocess(input_shape=(3, 8, 8), max_image_pixels=10_000_000)
     data = png_declaring(5000, 5000)
     assert len(data) < 100
-    with pytest.raises(mxinfer.ImageTooLargeError, match="25000000 pixels, over the limit of 10000000"):
+    with pytest.raises(mxinfer.ImageTooLargeError, match="25,000,000 pixels is over --max-image-pixels 10,000,000"):
         mxinfer.decode_image(data, prep)
-    with pytest.raises(mxinfer.ImageTooLargeError, match="over the limit"):  # 30000 x 30000: Pillow's check first
+    with pytest.raises(mxinfer.ImageTooLargeError, match="over --max-image-pixels"):  # 30000 x 30000: Pillow's check
         mxinfer.decode_image(png_declaring(30000, 30000), prep)
+
+
+def test_an_image_over_max_image_pixels_names_the_option_and_the_limit_it_was_given():
+    # The option reaches the recipe as the job passes it: --max-image-pixels -> JobConfig.preprocess.
+    prep = config.resolve(config.merge_settings(
+        {"input": "s3://in/p/", "output": "s3://o/k.jsonl", "model": "s3://m/r", "input_shape": "3,8,8",
+         "max_image_pixels": 1000}, {})).preprocess
+    with pytest.raises(mxinfer.ImageTooLargeError, match=r"^image of 40 x 30 = 1,200 pixels is over "
+                                                         r"--max-image-pixels 1,000 \(raise it to read larger"):
+        mxinfer.decode_image(encode(gradient_rgb(40, 30)), prep)
+
+
+def test_an_image_over_pillows_bomb_limit_names_the_jobs_limit_not_pillows():
+    prep = mxinfer.Preprocess(input_shape=(3, 8, 8), max_image_pixels=1000)
+    with pytest.raises(mxinfer.ImageTooLargeError) as refused:  # 192 MP: over twice Pillow's own 89 MP
+        mxinfer.decode_image(png_declaring(12000, 16000), prep)
+    assert str(refused.value).startswith("image of 192,000,000 pixels is over --max-image-pixels 1,000 ")
+    assert "178956970" not in str(refused.value) and "178,956,970" not in str(refused.value)
+
+
+def test_pillows_bomb_warning_raised_as_an_error_names_the_jobs_limit(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 1,200 pixels: Pillow warns, short of its error
+    prep = mxinfer.Preprocess(input_shape=(3, 8, 8), max_image_pixels=1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with pytest.raises(mxinfer.ImageTooLargeError, match=r"^image of 1,200 pixels is over --max-image-pixels "
+                                                             r"1,000 "):
+            mxinfer.decode_image(encode(gradient_rgb(40, 30)), prep)
+
+
+def test_pillows_own_limit_never_refuses_an_image_the_jobs_limit_allows(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)  # Pillow alone refuses 1,200 pixels (over twice 500)
+    prep = mxinfer.Preprocess(input_shape=(3, 8, 8), max_image_pixels=10_000)
+    assert mxinfer.decode_image(encode(gradient_rgb(40, 30)), prep).shape == (3, 8, 8)
+    assert Image.MAX_IMAGE_PIXELS == 10_000  # raised to the job's limit, so raising the option reads more
 
 
 def png_declaring(width: int, height: int) -> bytes:

@@ -13,7 +13,8 @@ import infer_main
 import mxinfer
 from demo import make_demo
 from mxjob import config, driver, errors
-from mxjob.int8 import int8_excluded, weight_layers
+from mxjob.int8 import agreement_refusal, int8_excluded, weight_layers
+from mxjob.int8_search import SearchResult, Trial
 from tests.helpers import bucket_with_effnet, bucket_with_model, spark_submit
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
@@ -40,6 +41,34 @@ def test_agreement_counts_top1_matches_and_the_largest_probability_difference():
     assert figures["max_probability_difference"] == pytest.approx(np.abs(reference - candidate).max())
     with pytest.raises(ValueError, match="one shape"):
         mxinfer.agreement(reference, candidate[:2])
+
+
+#: The demo's figures in the report: int8 short of --min-agreement 0.99 on 60 held-out images.
+DEMO_FIGURES = {"top1_agreement": 0.9833, "max_probability_difference": 0.2143, "images": 60}
+
+
+def test_the_agreement_refusal_suggests_int8_exclude_auto_first_when_the_run_named_its_layers():
+    message = agreement_refusal(DEMO_FIGURES, 0.99, ["conv0", "conv1", "fc"], 30)
+    assert message.startswith("int8 agrees with fp32 on only 98.33% of top-1 classes (60 held-out images; "
+                              "largest probability difference 0.2143), under --min-agreement 0.99. Nothing was "
+                              "scored. Try --int8-exclude auto first")
+    # The other ways out are still there, after it.
+    rest = message[message.index("--int8-exclude auto"):]
+    assert "with --int8-exclude (the first and last are conv0 and fc; patterns such as '*conv*' work)" in rest
+    assert rest.endswith("more --calibration-images (this run calibrated on 30 and held out 60), "
+                         "or --precision fp32")
+
+
+def test_the_agreement_refusal_after_int8_exclude_auto_says_what_the_search_tried():
+    chosen = Trial(["conv1"], "channel-wise", 60, 0.9917, 0.01, 1.4, passed=True)
+    search = SearchResult(chosen=chosen, best=chosen, configurations_tried=7, seconds=0.4, stopped="agreed")
+    message = agreement_refusal(DEMO_FIGURES, 0.99, ["conv0", "conv1", "fc"], 30, search)
+    assert "Try --int8-exclude auto" not in message  # this run used it
+    assert ("Nothing was scored. --int8-exclude auto tried 7 configurations in 0.4 s and chose layers 1 in fp32 "
+            "(conv1) with channel-wise weight scales, which agreed on 99.17% of the 60 held-out images in its "
+            "search") in message
+    assert message.endswith("more --calibration-images (this run calibrated on 30 and held out 60), "
+                            "or --precision fp32")
 
 
 def test_int8_exclude_takes_names_and_patterns_and_names_the_layers_when_nothing_matches(logits_prefix):

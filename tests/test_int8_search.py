@@ -80,8 +80,8 @@ def test_the_search_stops_at_its_budget_and_refuses_with_the_best_it_found(monke
     monkeypatch.setattr(int8_search, "MIN_SPEEDUP", 0.0)
     cfg, classifier, images = auto_job(monkeypatch, outlier_prefix, int8_search_seconds=0)
     with pytest.raises(errors.JobError, match=r"--int8-exclude auto found no int8 configuration .* \(1 tried in "
-                                              r"[0-9]+s on 40 held-out images; no time left to rank the layers\)\. The "
-                                              r"best: layers none in fp32, tensor-wise weight scales, top-1 "
+                                              r"[0-9.]+ s on 40 held-out images; no time left to rank the layers\)\. "
+                                              r"The best: layers none in fp32, tensor-wise weight scales, top-1 "
                                               r"agreement 0\.00%, speed-up [0-9.]+x\. Nothing was scored"):
         driver.prepare_precision(cfg, None, images, classifier)
 
@@ -92,6 +92,14 @@ def test_a_configuration_no_faster_than_fp32_is_refused(monkeypatch, outlier_pre
     with pytest.raises(errors.JobError, match=r"at least 1e\+06x faster .* no faster than fp32 with every layer "
                                               r"quantized\)\. The best: .* speed-up"):
         driver.prepare_precision(cfg, None, images, classifier)
+
+
+@pytest.mark.parametrize("seconds, shown", [(0.4, "0.4 s"), (0.04, "0.04 s"), (7.3, "7.3 s"), (95.4, "95 s")])
+def test_the_search_log_line_gives_a_sub_second_search_its_time_not_0s(seconds, shown):
+    trial = int8_search.Trial(["conv1"], "tensor-wise", 40, 1.0, 0.0, 1.3, passed=True)
+    result = int8_search.SearchResult(chosen=trial, best=trial, configurations_tried=7, seconds=seconds,
+                                      stopped="agreed")
+    assert f"int8 --int8-exclude auto: 7 configurations in {shown} (agreed)" in int8_search.describe(result)
 
 
 def test_exclusion_steps_grow_by_about_a_third_and_stay_under_the_layer_count():

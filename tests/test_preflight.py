@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mxjob import driver, errors, listing, manifest, preflight
+import utils
+from mxjob import driver, durable, errors, listing, manifest, preflight
 from mxjob.config import merge_settings, resolve
 from tests.helpers import bucket_with_model
 
@@ -61,6 +62,30 @@ def test_a_run_the_cheap_checks_refuse_is_refused_before_any_listing(world, moto
     with pytest.raises(errors.JobError, match=message):
         driver.run_job(job(moto_endpoint, **options))
     assert listed == []
+
+
+#: A loopback port nothing listens on (discard): every connection is refused at once.
+DOWN_ENDPOINT = "http://127.0.0.1:9"
+
+
+def test_an_s3_endpoint_that_is_down_is_named_before_any_listing_not_the_permissions(listed):
+    with pytest.raises(errors.JobError) as refused:
+        driver.run_job(job(DOWN_ENDPOINT, s3_max_attempts=1))
+    message = str(refused.value)
+    assert f"the S3 endpoint {DOWN_ENDPOINT} cannot be reached" in message and "--endpoint-url" in message
+    assert "s3:PutObject" not in message and "existing bucket" not in message
+    assert listed == []
+
+
+def test_an_s3_endpoint_that_is_down_while_the_output_is_looked_for_is_named_not_the_permissions():
+    cfg = job(DOWN_ENDPOINT, s3_max_attempts=1)
+    client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=1)
+    with pytest.raises(errors.JobError) as refused:
+        driver.existing_output(cfg, client, durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
+    message = str(refused.value)
+    assert message.startswith(f"cannot write s3://{BUCKET}/new/out.jsonl: the S3 endpoint {DOWN_ENDPOINT} "
+                              "cannot be reached")
+    assert "s3:PutObject" not in message and "s3:ListBucket" not in message
 
 
 def test_overwrite_and_resume_pass_the_existing_output_check_on_to_the_listing(world, moto_endpoint, listed):

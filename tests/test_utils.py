@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import boto3
+import botocore.config
 import botocore.exceptions
 import pytest
 from moto import mock_aws
@@ -195,6 +196,21 @@ def test_check_writable_writes_a_probe_beside_the_key_and_leaves_nothing(s3_mock
 def test_check_writable_names_the_output_and_the_cause(s3_mock):
     with pytest.raises(utils.OutputNotWritableError, match=r"cannot write s3://nope/k\.jsonl: .*NoSuchBucket"):
         utils.check_writable(s3_mock, "nope", "k.jsonl")
+
+
+#: A loopback port nothing listens on (discard): every connection is refused at once.
+DOWN_ENDPOINT = "http://127.0.0.1:9"
+
+
+def test_check_writable_names_the_endpoint_it_cannot_reach_not_the_permissions():
+    client = boto3.client("s3", endpoint_url=DOWN_ENDPOINT, region_name="us-east-1",
+                          config=botocore.config.Config(retries={"total_max_attempts": 1}, connect_timeout=1))
+    with pytest.raises(utils.OutputNotWritableError) as refused:
+        utils.check_writable(client, "bkt", "k.jsonl")
+    message = str(refused.value)
+    assert message.startswith(f"cannot write s3://bkt/k.jsonl: the S3 endpoint {DOWN_ENDPOINT} cannot be reached")
+    assert "--endpoint-url" in message and "AWS_ENDPOINT_URL" in message
+    assert "s3:PutObject" not in message and "existing bucket" not in message
 
 
 def test_check_writable_passes_when_only_the_clean_up_is_refused(s3_mock, caplog):

@@ -36,6 +36,7 @@ import json
 import re
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,24 @@ def output_format(requested: str | None, key: str) -> str:
     if requested:
         return requested
     return "parquet" if key.lower().endswith(".parquet") else "jsonl"
+
+
+def is_gzip(key: str) -> bool:
+    """Whether an output key names a gzip file (it ends in ``.gz``): JSON Lines are then written gzipped."""
+    return key.lower().endswith(".gz")
+
+
+def content_type(fmt: str, key: str) -> str:
+    """The output object's Content-Type: Parquet, gzip (a ``.gz`` key) or JSON Lines.
+
+    A ``.gz`` object is ``application/gzip`` with no Content-Encoding: with
+    ``Content-Encoding: gzip``, S3's and browsers' downloads would hand over
+    the decompressed text under the ``.gz`` name, while Athena, Spark and
+    pandas choose gzip by the suffix and would fail on it.
+    """
+    if fmt == "parquet":
+        return "application/vnd.apache.parquet"
+    return "application/gzip" if is_gzip(key) else "application/x-ndjson"
 
 
 def fingerprint(settings: dict, files: dict[str, bytes | None]) -> dict:
@@ -540,20 +559,38 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
 # Output formats
 
 
-class JsonLinesSink:
-    """The output as JSON Lines: each row's line (:func:`results.json_lines`)."""
+#: zlib's level for a ``.gz`` JSON Lines output: gzip's own. Measured on one core here: top-5 classify lines
+#: shrink to 13% at about 120 MB/s (level 9: 28 MB/s for 1% less), 1,280-value embeddings to 40% at about
+#: 16 MB/s, which is why Parquet is the output for vectors. zlib lets go of the GIL while it compresses.
+GZIP_LEVEL = 6
 
-    def __init__(self, writer: utils.MultipartWriter):
+
+class JsonLinesSink:
+    """The output as JSON Lines: each row's line (:func:`results.json_lines`).
+
+    With ``gzip`` (an output key ending in ``.gz``), the lines are one gzip
+    member, compressed as they are written: the object is what ``gzip`` makes
+    of the text a plain ``.jsonl`` output holds.
+    """
+
+    def __init__(self, writer: utils.MultipartWriter, gzip: bool = False):
         self.writer = writer
+        # wbits 16 + 15: a gzip header and trailer around the deflate stream (zlib's default window).
+        self._deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
 
     def write(self, batches: list[pa.RecordBatch]) -> None:
         """Rows of the result model, as their lines."""
         self.write_lines([line for batch in batches for line in results.json_lines(batch)])
 
     def write_lines(self, lines: list[str]) -> None:
-        self.writer.write("".join(line + "\n" for line in lines).encode("utf-8"))
+        self._write("".join(line + "\n" for line in lines).encode("utf-8"))
+
+    def _write(self, data: bytes) -> None:
+        self.writer.write(self._deflate.compress(data) if self._deflate is not None else data)
 
     def close(self) -> None:
+        if self._deflate is not None:
+            self.writer.write(self._deflate.flush())  # the member's last block and its CRC-32 and length
         self.writer.close()
 
     def abort(self) -> None:

@@ -504,9 +504,36 @@ def _variable_lists(type_: pa.DataType) -> pa.DataType:
 
 def parquet_batch(batch: pa.RecordBatch, parquet_schema_: pa.Schema) -> pa.RecordBatch:
     """A part's rows as rows of the Parquet output (:func:`parquet_schema`)."""
-    columns = [batch.column(f.name).cast(f.type) if batch.schema.field(f.name).type != f.type
+    columns = [_empty_null_lists(batch.column(f.name).cast(f.type)) if batch.schema.field(f.name).type != f.type
                else batch.column(f.name) for f in parquet_schema_]
     return pa.RecordBatch.from_arrays(columns, schema=parquet_schema_)
+
+
+def _empty_null_lists(array: pa.Array) -> pa.Array:
+    """``array`` with every null list, at any depth, holding no values.
+
+    A fixed-size list keeps D values behind a null row (an error row's
+    ``embedding``, ``image_size``), and its cast to a plain list keeps them
+    too; pyarrow's Parquet writer refuses a null list over values ("Lists
+    with non-zero length null components are not supported"), so one error
+    row would stop the output at its close.
+    """
+    if pa.types.is_list(array.type):
+        lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy()
+        offsets = np.zeros(len(array) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        # flatten() skips a null row's values and honours the array's offset: exactly the rows' lengths.
+        return pa.ListArray.from_arrays(pa.array(offsets), _empty_null_lists(array.flatten()), type=array.type,
+                                        mask=_null_mask(array))
+    if pa.types.is_struct(array.type):
+        children = [_empty_null_lists(array.field(i)) for i in range(array.type.num_fields)]
+        return pa.StructArray.from_arrays(children, fields=list(array.type), mask=_null_mask(array))
+    return array
+
+
+def _null_mask(array: pa.Array) -> pa.Array | None:
+    """True where ``array`` is null, for ``from_arrays``; ``None`` without nulls."""
+    return array.is_null() if array.null_count else None
 
 
 # ----------------------------------------------------------------------------

@@ -104,10 +104,13 @@ def main(config_uri, **values):
              if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     yaml_settings = (load_yaml(config_uri, given.get("endpoint_url"), given.get("region"), given.get("s3_max_attempts"))
                      if config_uri else {})
-    cfg = resolve(merge_settings(given, yaml_settings, config_uri or "--config"))
+    settings = merge_settings(given, yaml_settings, config_uri or "--config")
+    cfg = resolve(settings)
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    for note in settings.notes:  # made before the log had its level
+        log.info("%s", note)
     console = _Console()
     previous = {sig: signal.signal(sig, signals.raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

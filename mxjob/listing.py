@@ -92,12 +92,14 @@ class Listing:
     (2, ('x/1.JPG', 3), [('x/2.jpg', 5)])
     """
 
-    __slots__ = ("bucket", "manifest", "table")
+    __slots__ = ("bucket", "manifest", "skipped_keys", "table")
 
     def __init__(self, bucket: str, table: pa.Table):
         self.bucket, self.table = bucket, table
         #: From ``--input-manifest``: what its filtering step kept and skipped (:class:`Skipped`).
         self.manifest: dict | None = None
+        #: From a prefix: the keys under it without one of the suffixes (:meth:`Skipped.entry`).
+        self.skipped_keys: dict | None = None
 
     @classmethod
     def build(cls, bucket: str, keys, sizes=None, *, prefix: str = "", suffixes: Iterable[str] | None = None,
@@ -219,11 +221,13 @@ def suffix_pattern(suffixes: Iterable[str]) -> str:
 
 
 class Skipped:
-    """What a filter dropped, by reason, with a few example keys each: a manifest's keys are never dropped silently.
+    """What a filter dropped, by reason, with a few example keys each: no listed key is dropped silently.
 
     ``outside_input``: not under the input prefix; ``not_image``: under it,
     but without one of the suffixes. :meth:`report` is the ``skipped`` entry
-    of the run's summary.
+    of a manifest's summary, :meth:`entry` a prefix's ``skipped_keys``. The
+    examples are the first in key order, so a parallel listing, whose pages
+    come back in any order, names the same ones every run.
     """
 
     #: Example keys kept per reason.
@@ -241,18 +245,22 @@ class Skipped:
         if not count:
             return
         self.counts[reason] += count
-        room = self.SHOWN - len(self.examples[reason])
-        if room > 0:
-            self.examples[reason] += keys.filter(mask).slice(0, room).to_pylist()
+        dropped = keys.filter(mask)
+        # The first few in key order, found without sorting every dropped key.
+        first = pc.select_k_unstable(dropped, k=min(self.SHOWN, len(dropped)), sort_keys=[("key", "ascending")])
+        self.examples[reason] = sorted(self.examples[reason] + dropped.take(first).to_pylist())[:self.SHOWN]
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
+    def entry(self, reason: str) -> dict:
+        """``{"count", "why", "examples"}`` of one reason, even if it skipped nothing."""
+        return {"count": self.counts[reason], "why": self.why[reason], "examples": sorted(self.examples[reason])}
+
     def report(self) -> dict:
-        """``{reason: {"count", "why", "examples"}}`` for the reasons that skipped anything."""
-        return {reason: {"count": count, "why": self.why[reason], "examples": sorted(self.examples[reason])}
-                for reason, count in self.counts.items() if count}
+        """``{reason: entry}`` (:meth:`entry`) for the reasons that skipped anything."""
+        return {reason: self.entry(reason) for reason, count in self.counts.items() if count}
 
 
 def keep_images(table: pa.Table, *, prefix: str = "", suffixes: Iterable[str] | None = None,

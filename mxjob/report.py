@@ -345,6 +345,22 @@ def errors_table(v: dict) -> str:
     return (f'<table id="errors"><tr><th>stage</th><th>type</th><th>keys</th><th>examples</th></tr>{rows}</table>')
 
 
+def skipped_line(v: dict) -> str:
+    """The listed keys that got no line, by reason, with a few examples each; known once the summary is."""
+    s = v["summary"]
+    if not s:
+        return ""
+    entries = [("summary.skipped_keys", s["skipped_keys"])] if s.get("skipped_keys") else []
+    entries += [(f"summary.manifest.skipped.{reason}", entry)
+                for reason, entry in ((s.get("manifest") or {}).get("skipped") or {}).items()]
+    parts = [f'<span data-field="{_esc(field)}.count" data-value="{e["count"]}">{e["count"]:,}</span> '
+             f'key{"" if e["count"] == 1 else "s"}, {_esc(e["why"])} (e.g. {_esc(", ".join(e["examples"][:3]))})'
+             for field, e in entries if e["count"]]
+    if not parts:
+        return '<p id="skipped">No key was skipped.</p>'
+    return f'<p id="skipped">Not scored: {"; ".join(parts)}.</p>'
+
+
 def workers_table(v: dict) -> str:
     """Per Python worker: batches, threads, model loads, peak memory."""
     rows = "".join(f'<tr><td>{_esc(name)}</td><td class="num">{w["batches"]}</td><td class="num">{w["threads"]}</td>'
@@ -400,7 +416,7 @@ def render(v: dict) -> str:
         "<h2>Images per second over time</h2>", throughput_chart(v),
         "<h2>Progress and the ETA</h2>", progress_chart(v), finish_line(v), eta_chart(v),
         "<h2>Where the time went, per executor</h2>", time_chart(v),
-        "<h2>Errors by stage and type</h2>", errors_table(v),
+        "<h2>Errors by stage and type</h2>", errors_table(v), skipped_line(v),
         "<h2>Most frequent top-1 labels</h2>", labels_chart(v),
         "<h2>Python workers: threads and memory over tasks</h2>", memory_chart(v), workers_table(v),
         "<h2>Settings</h2>", settings_table(v),

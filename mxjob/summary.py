@@ -14,7 +14,7 @@ from mxjob.worker import memory_bytes
 
 def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts: durable.AssemblyCounts,
               elapsed: float, model_summary: dict, seconds: dict, plan: durable.Plan, fingerprint: dict,
-              spark: dict | None = None) -> dict:
+              spark: dict | None = None, skipped_keys: dict | None = None) -> dict:
     """The run's summary, as written to ``OUTPUT.summary.json``.
 
     Parameters
@@ -45,6 +45,10 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
     spark : dict, optional
         Where the Spark job ran: ``version``, ``master``, ``deploy_mode``, ``application_id`` and
         ``yarn_attempt`` (``None`` outside YARN); ``None`` when this run started no Spark job.
+    skipped_keys : dict, optional
+        A prefix's keys that were not images (``count``, ``why``, ``examples``:
+        :meth:`listing.Skipped.entry`); ``None`` for a manifest, whose own
+        entry counts them.
 
     Returns
     -------
@@ -63,7 +67,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
     scored = fold.keys
     return readable({
         "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
-        "keys_listed": images, "predicted": counts.predicted, "failed": counts.failed,
+        "keys_listed": images, "skipped_keys": skipped_keys, "predicted": counts.predicted, "failed": counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
         "reused": images - len(plan.todo), "scored": scored, "resumed": plan.resumed, "runs": plan.number,
         "errors_by_stage": dict(fold.errors), "batches": batches, "batch_size": cfg.batch_size,

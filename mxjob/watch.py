@@ -13,19 +13,25 @@ is a YARN container's. Exit codes:
 130   the job was interrupted by SIGINT (143: SIGTERM); 128 + the signal
 4     no status appeared within ``--wait-seconds``, or it stopped changing
       for ``--stale-seconds`` while "running" (the driver died unannounced)
-2     usage error
+2     usage error, or the status cannot be read at all: no AWS credentials,
+      or the S3 endpoint cannot be reached
 ====  =====================================================================
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 import time
+from urllib.parse import urlsplit
 
+import boto3
+import botocore.exceptions
 import click
 
 import utils
+from mxjob.errors import EXIT_USAGE, first_line
 from mxjob.progress import duration
 from mxjob.sidecar import output_of
 from mxjob.status import status_key
@@ -34,6 +40,10 @@ from mxjob.status import status_key
 EXIT_NO_STATUS = 4
 #: The job's exit code by final state, when the status has no ``exit_code``.
 EXIT_BY_STATE = {"succeeded": 0, "failed": 1, "interrupted": 130}
+#: The keys a moto server accepts (any would do): ``make submit`` gives the job the same for a local endpoint.
+LOCAL_S3_KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+#: Error codes with which S3 refuses the keys themselves: the status may exist, the credentials are wrong.
+REFUSED_CREDENTIALS = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"})
 
 
 def status_location(uri: str) -> tuple[str, str]:
@@ -42,6 +52,47 @@ def status_location(uri: str) -> tuple[str, str]:
     if not key.strip("/"):
         raise utils.S3UriError(f"{uri!r} names no output; expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/")
     return bucket, status_key(output_of(key))
+
+
+def is_loopback(endpoint_url: str | None) -> bool:
+    """Whether ``endpoint_url`` names a server on this machine (``localhost``, ``127.0.0.1``, ``[::1]``)."""
+    host = urlsplit(endpoint_url).hostname if endpoint_url else None
+    if host == "localhost":
+        return True
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a DNS name
+        return False
+
+
+def status_client(endpoint_url: str | None, region: str | None):
+    """The S3 client to read the status with: the default credential chain's, or moto's keys for a local server.
+
+    The fallback lives here, not in the Makefile's ``watch`` target, because
+    the docs run ``python -m mxjob.watch --endpoint-url http://127.0.0.1:5000``
+    without make too, and mxjob cannot import ``demo`` (it is not shipped). It
+    applies only when boto3 finds no credentials at all, so a local server
+    that checks keys (MinIO with a profile's keys, say) still gets the real ones.
+    """
+    if is_loopback(endpoint_url) and boto3.session.Session().get_credentials() is None:
+        session = boto3.session.Session(**LOCAL_S3_KEYS)
+        return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=utils.client_config())
+    return utils.s3_client(endpoint_url, region)
+
+
+def access_problem(exc: Exception) -> str | None:
+    """One line for an error that keeps every read of the status from working (credentials, endpoint); else None."""
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return ("no AWS credentials to read the status with: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(or AWS_PROFILE), or run where an instance role applies")
+    if isinstance(exc, (botocore.exceptions.PartialCredentialsError, botocore.exceptions.CredentialRetrievalError)):
+        return f"incomplete AWS credentials ({first_line(exc)}): set both keys, or fix the profile"
+    if isinstance(exc, botocore.exceptions.ConnectionError):
+        return f"cannot reach S3 ({first_line(exc)}): is the server up, and is --endpoint-url right?"
+    code = exc.response["Error"].get("Code") if isinstance(exc, botocore.exceptions.ClientError) else None
+    if code in REFUSED_CREDENTIALS:
+        return f"S3 refused the credentials ({code}): set valid AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    return None
 
 
 def describe(status: dict) -> str:
@@ -126,8 +177,16 @@ def main(output, endpoint_url, region, every, wait_seconds, stale_seconds):
         bucket, key = status_location(output)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="OUTPUT") from exc
-    client = utils.s3_client(endpoint_url, region)
-    sys.exit(watch(client, bucket, key, every, wait_seconds, stale_seconds))
+    try:
+        code = watch(status_client(endpoint_url, region), bucket, key, every, wait_seconds, stale_seconds)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        problem = access_problem(exc)
+        if problem is None:
+            raise
+        # One line, as click prints a usage error: botocore's 40-line stack says nothing more to the user.
+        click.echo(f"Error: {problem}", err=True)
+        code = EXIT_USAGE
+    sys.exit(code)
 
 
 if __name__ == "__main__":

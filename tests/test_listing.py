@@ -56,6 +56,15 @@ def test_suffixes_are_case_insensitive_and_exact_on_the_end_of_the_key():
     assert [key for key, _ in kept] == ["a.JPG", "b.jpeg", "d.Tiff", "f.webp"]
 
 
+
+def test_the_suffix_filter_counts_every_key_it_drops_and_names_the_first_ten_in_key_order():
+    notes = [f"p/notes-{i:02d}.txt" for i in range(12)]
+    keys = [*reversed(notes), "p/a.jpg", "p/b.jpg"]  # a parallel listing's pages come back in any order
+    skipped = listing.Skipped(suffixes=[".jpg"])
+    images = listing.Listing.build("bkt", keys, suffixes=[".jpg"], skipped=skipped)
+    assert [key for key, _ in images] == ["p/a.jpg", "p/b.jpg"]
+    assert skipped.entry("not_image") == {"count": 12, "why": "not ending in .jpg", "examples": notes[:10]}
+
 def test_build_orders_keys_as_s3_and_python_do():
     keys = ["a/😀", "a/z", "a/é", "a/Z", "a/日", "a/\u00ff", "a/ ", "a/~"]
     images = listing.Listing.build("bkt", keys)
@@ -150,6 +159,20 @@ def test_a_cut_off_page_is_still_retried_by_botocore(bucket, moto_endpoint):
     assert proxy.counts["cut"] >= 2, proxy.counts
     assert list(listing.Listing.build(BUCKET, keys, sizes)) == sequential(moto_endpoint, "set/")
 
+
+
+def test_a_prefix_listing_counts_and_names_the_keys_that_are_not_images(bucket, moto_endpoint):
+    from mxjob import config, driver
+
+    for key in ("mixed/a.jpg", "mixed/notes.txt", "mixed/b.PNG", "mixed/README"):
+        bucket.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    cfg = config.resolve(config.merge_settings({"input": f"s3://{BUCKET}/mixed/", "model": "s3://m/r",
+                                                "output": "s3://o/k.jsonl", "endpoint_url": moto_endpoint,
+                                                "suffixes": ".jpg,.png"}, {}))
+    images = driver.list_images(None, cfg)
+    assert [key for key, _ in images] == ["mixed/a.jpg", "mixed/b.PNG"]
+    assert images.skipped_keys == {"count": 2, "why": "not ending in .jpg .png",
+                                   "examples": ["mixed/README", "mixed/notes.txt"]}
 
 PAGE = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
         "<Name>b</Name>{encoding}<Contents><Key>{first}</Key><LastModified>2024-01-01T00:00:00.000Z</LastModified>"

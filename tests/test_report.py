@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mxjob import report, status, summary, watch
+from mxjob import config, durable, report, status, summary, watch
 from mxjob.progress import Progress, Reporter, Tick, Ticks, estimate_remaining
 from mxjob.stats import StatsFold, TaskStats
 
@@ -181,6 +181,18 @@ def test_closing_lines_name_counts_errors_rate_and_locations():
     assert lines[-1].startswith("exit 3: more images failed than --max-errors allows")
 
 
+
+def test_the_summary_counts_and_names_the_keys_a_prefix_listing_skipped():
+    cfg = config.resolve(config.merge_settings({"input": "s3://b/in/", "model": "s3://m/r",
+                                                "output": "s3://b/o.jsonl"}, {}))
+    skipped = {"count": 11, "why": "not ending in .jpg", "examples": [f"in/{i}.txt" for i in range(10)]}
+    plan = durable.Plan(runs=[], todo=[], number=1, resumed=False)
+    made = summary.summarize(cfg, 0, 0, StatsFold(), durable.AssemblyCounts(), 1.0, {}, {}, plan, {},
+                             skipped_keys=skipped)
+    assert made["skipped_keys"] == skipped
+    # Listed and skipped beside each other, before the figures of the scoring.
+    assert list(made)[list(made).index("keys_listed") + 1] == "skipped_keys"
+
 def test_watch_prints_progress_and_exits_with_the_jobs_code():
     docs = iter([None, {"state": "running", "updated": 1, "elapsed_seconds": 1},
                  {"state": "running", "updated": 2, "keys": {"done": 64, "total": 128},
@@ -236,6 +248,31 @@ def test_the_pages_figures_are_the_summarys(tmp_path):
     shown = figures(path.read_text())
     assert_figures_match(shown, summ)
 
+
+
+def skipped_page(summ: dict | None) -> str:
+    fold = fake_fold(2)
+    doc = status.status_document("succeeded" if summ else "running", None, None, T0 - 20,
+                                 {"output": "s3://b/out.jsonl"}, None, 0)
+    return report.render(report.view(fold, [], doc, summ, {}))
+
+
+def test_the_page_counts_and_names_the_keys_the_input_skipped():
+    summ = {**fake_summary(fake_fold(2)),
+            "skipped_keys": {"count": 1234, "why": "not ending in .jpg", "examples": ["in/a.txt", "in/b.csv"]}}
+    page = skipped_page(summ)
+    assert figures(page)["summary.skipped_keys.count"] == "1234"
+    assert re.search(r'<p id="skipped">Not scored: <span [^>]+>1,234</span> keys, not ending in \.jpg '
+                     r"\(e\.g\. in/a\.txt, in/b\.csv\)\.</p>", page)
+    # A manifest's skipped keys, by reason, on the same line.
+    manifest = {"skipped": {"outside_input": {"count": 1, "why": "not under the input prefix 'in/'",
+                                              "examples": ["x/c.jpg"]}}}
+    page = skipped_page({**fake_summary(fake_fold(2)), "skipped_keys": None, "manifest": manifest})
+    assert figures(page)["summary.manifest.skipped.outside_input.count"] == "1"
+    assert "1</span> key, not under the input prefix &#x27;in/&#x27; (e.g. x/c.jpg)" in page
+    assert '<p id="skipped">No key was skipped.</p>' in skipped_page(
+        {**fake_summary(fake_fold(2)), "skipped_keys": {"count": 0, "why": "not ending in .jpg", "examples": []}})
+    assert 'id="skipped"' not in skipped_page(None)  # counted once the run ends
 
 def assert_figures_match(shown: dict, summ: dict) -> None:
     assert int(shown["summary.keys_listed"]) == summ["keys_listed"]

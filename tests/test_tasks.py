@@ -163,8 +163,9 @@ def run_cli(runner, *args):
 def test_top_k_with_embed_is_refused_and_so_is_another_tasks_option():
     with pytest.raises(infer_main.click.UsageError, match="--top-k applies to --task classify only"):
         config.resolve(config.merge_settings({**BASE, "task": "embed", "top_k": 3}, {}))
+    # From the file, with the file's own task (with the command line's, it is left out: tests/test_config.py).
     with pytest.raises(infer_main.click.UsageError, match="min_score in --config applies to --task detect"):
-        config.resolve(config.merge_settings({**BASE, "task": "embed"}, {"min_score": 0.5}))
+        config.resolve(config.merge_settings(BASE, {"task": "embed", "min_score": 0.5}))
     assert config.resolve(config.merge_settings({**BASE, "task": "embed"}, {})).task == "embed"
 
 

@@ -166,13 +166,16 @@ class Settings(dict):
     :meth:`name` says how the user wrote an option, so a message about a YAML
     value names its key and file, and one about a command-line value its flag.
     ``given`` holds the settings the YAML or the command line set (the others
-    are defaults).
+    are defaults). ``notes`` are lines for the INFO log, which the CLI
+    configures only once the settings are resolved (their ``log_level``).
     """
 
-    def __init__(self, values: dict, names: dict[str, str], given: frozenset = frozenset()):
+    def __init__(self, values: dict, names: dict[str, str], given: frozenset = frozenset(),
+                 notes: tuple[str, ...] = ()):
         super().__init__(values)
         self.names = names
         self.given = given
+        self.notes = notes
 
     def name(self, key: str) -> str:
         return self.names.get(key) or option_flag(key)
@@ -197,14 +200,17 @@ def merge_settings(cli: dict, yaml_settings: dict, config: str = "--config") -> 
 
     Every value goes through its option's click type, so the YAML layer has
     the command line's types and ranges; a YAML ``null`` keeps the default.
+    The YAML's options of a task other than the command line's ``--task`` are
+    left out (:func:`yielding_to_task`), each with a line in ``notes``.
     """
     values: dict[str, Any] = {}
     names: dict[str, str] = {}
     given: set[str] = set()
     for key, default in DEFAULTS.items():
         values[key] = None if default is None else convert_option(key, default, f"the default of {option_flag(key)}")
+    left_out = yielding_to_task(cli, yaml_settings)
     for key, value in yaml_settings.items():
-        if value is not None:
+        if value is not None and key not in left_out:
             names[key] = f"{key} in {config}"
             given.add(key)
             values[key] = convert_option(key, value, f"{key!r} in {config}")
@@ -213,7 +219,25 @@ def merge_settings(cli: dict, yaml_settings: dict, config: str = "--config") -> 
             names.pop(key, None)
             given.add(key)
             values[key] = convert_option(key, value, f"'{option_flag(key)}'")
-    return Settings(values, names, frozenset(given))
+    notes = tuple(f"{key} in {config} applies to --task {table.TASK_ONLY[key]} only: left out, since the command "
+                  f"line chose --task {cli['task']}" for key in left_out)
+    return Settings(values, names, frozenset(given), notes)
+
+
+def yielding_to_task(cli: dict, yaml_settings: dict) -> list[str]:
+    """The YAML's task-only options that the command line's ``--task`` overrides: for another task, not on the CLI.
+
+    A file is shared by runs (``conf/demo.yaml`` sets classify's ``top_k``);
+    choosing another task on the command line overrides the file's task, and
+    so its options for that task. Given with another task on the command line
+    itself, or in the same file as that task, they are still refused
+    (:func:`check_task_options`).
+    """
+    task = cli.get("task")
+    if task is None:
+        return []
+    return sorted(key for key, value in yaml_settings.items()
+                  if value is not None and cli.get(key) is None and table.TASK_ONLY.get(key, task) != task)
 
 
 def resolve(settings: Settings) -> JobConfig:
@@ -291,7 +315,33 @@ FORMAT_SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz", ".ndjson"), "parque
 
 
 def resolve_output_format(s: Settings, key: str) -> str:
-    """--output-format, else the one the key's suffix names; a format the key's suffix contradicts is refused."""
+    """--output-format, else the one the key's suffix names; a format the key's suffix contradicts is refused.
+
+    A ``.gz`` key gets gzipped JSON Lines; Parquet under a ``.gz`` name is refused (:func:`refuse_gzipped_parquet`).
+    """
+    fmt = _output_format(s, key)
+    refuse_gzipped_parquet(s, key, fmt)
+    return fmt
+
+
+def refuse_gzipped_parquet(s: Settings, key: str, fmt: str) -> None:
+    """A Parquet output (an object, a dataset's prefix, or a ``.parquet.gz`` key) whose name ends in ``.gz``.
+
+    Parquet compresses its own columns, and no Parquet reader opens a file
+    inside gzip: the job writes no such file, and a ``.gz`` name over plain
+    Parquet would mislead every reader that picks gzip by the suffix.
+    """
+    name = key.rstrip("/")
+    if not durable.is_gzip(name) or not (fmt == "parquet" or name[:-len(".gz")].lower().endswith(".parquet")):
+        return
+    what = "the prefix of a Parquet dataset" if is_dataset(key) else "a Parquet output"
+    drop = f" and drop {s.name('output_format')}" if s["output_format"] == "parquet" else ""
+    raise click.UsageError(f"the output {key!r} ends in .gz but is {what}: Parquet compresses its own columns "
+                           "(zstd), and pyarrow, Spark and Athena cannot read Parquet inside gzip. Drop the .gz to "
+                           f"write Parquet, or for gzipped JSON Lines give an output key ending in .jsonl.gz{drop}")
+
+
+def _output_format(s: Settings, key: str) -> str:
     requested = s["output_format"]
     if is_dataset(key):
         if requested and requested != "parquet":

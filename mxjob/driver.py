@@ -47,7 +47,7 @@ from mxjob.cluster import SparkStop, run_spark
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.handlers import HandlerError, get_handlers, model_class
-from mxjob.int8 import agreement, int8_excluded, quantize_int8, sample_too_small, weight_layers
+from mxjob.int8 import agreement, agreement_refusal, int8_excluded, quantize_int8, sample_too_small, weight_layers
 from mxjob.int8_search import quantize_auto
 from mxjob.model import Classifier, Embedder, ModelError, Predictor
 from mxjob.partition import score_partition
@@ -110,7 +110,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
                         time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint,
-                        spark=spark_summary(spark_stop))
+                        spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys)
     summary["precision"] = checked.precision
     summary["batch_size_choice"] = sizing.choice
     summary["estimate"] = sizing.estimate
@@ -292,7 +292,8 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
     The keys under the input prefix, listed with ``--list-concurrency`` calls
     in flight (on a client of ``--s3-reader``'s kind), or those
     ``--input-manifest`` names (``client`` reads it). The listing's
-    ``bucket`` is the one to read the images from. A manifest too large to
+    ``bucket`` is the one to read the images from, and a prefix's
+    ``skipped_keys`` says which keys were not images. A manifest too large to
     sort in memory is sorted out of core (:mod:`mxjob.extsort`); under
     ``--dry-run`` its sorted keys then stay on local disk (an
     :class:`extsort.SpilledListing`), since the dry run only plans them.
@@ -315,8 +316,10 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
                                      kind="botocore" if cfg.with_object_metadata else cfg.s3_reader)
         keys, sizes, *etags = listing.list_prefix(lister, cfg.input_bucket, cfg.input_prefix, cfg.list_concurrency,
                                                   etags=cfg.with_object_metadata)
+        skipped = listing.Skipped(suffixes=cfg.suffixes)
         images = listing.Listing.build(cfg.input_bucket, keys, sizes, suffixes=cfg.suffixes, limit=cfg.limit,
-                                       carried={"etag": etags[0]} if etags else None)
+                                       carried={"etag": etags[0]} if etags else None, skipped=skipped)
+        images.skipped_keys = skipped.entry("not_image")
     except Exception as exc:  # NoSuchBucket, AccessDenied, endpoint unreachable
         raise JobError(f"cannot list {cfg.input_uri}: {first_line(exc)}") from exc
     if not len(images):
@@ -476,8 +479,9 @@ def existing_output(cfg: JobConfig, client,
             return found.output_exists, work.exists(), found
         return preflight.output_exists(cfg, client), work.exists(), None
     except Exception as exc:
-        raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
-                       "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the output bucket") from exc
+        why = utils.unreachable(client, exc) or (f"{first_line(exc)}; the job needs s3:ListBucket, s3:GetObject, "
+                                                 "s3:PutObject and s3:DeleteObject on the output bucket")
+        raise JobError(f"cannot write {cfg.output_uri}: {why}") from exc
 
 
 def yarn_retry(work: durable.WorkPrefix) -> bool:
@@ -608,13 +612,12 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
     try:
         # Parts of S3's smallest size: the last one, uploaded after the last batch, is the assembly's tail.
         writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key, part_bytes=utils.MIN_PART_BYTES,
-                                       content_type="application/vnd.apache.parquet"
-                                       if cfg.output_format == "parquet" else "application/x-ndjson")
+                                       content_type=durable.content_type(cfg.output_format, cfg.output_key))
     except Exception as exc:
         raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
                        "s3:PutObject on the output key") from exc
     sink = (durable.ParquetSink(writer, metadata=durable.provenance(work.read_job()))
-            if cfg.output_format == "parquet" else durable.JsonLinesSink(writer))
+            if cfg.output_format == "parquet" else durable.JsonLinesSink(writer, gzip=durable.is_gzip(cfg.output_key)))
     return _assemble(cfg, work, images, runs, live, sink)
 
 
@@ -772,14 +775,7 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
              100 * figures["top1_agreement"], figures["images"], figures["max_probability_difference"],
              len(calibration), plural(len(exclude), "layer"), report["quantize_seconds"])
     if figures["top1_agreement"] < cfg.min_agreement:
-        raise JobError(
-            f"int8 agrees with fp32 on only {figures['top1_agreement']:.2%} of top-1 classes "
-            f"({figures['images']} held-out images; largest probability difference "
-            f"{figures['max_probability_difference']:.4f}), under --min-agreement {cfg.min_agreement}. "
-            f"Nothing was scored. Try keeping layers in fp32 with --int8-exclude (the first and last are "
-            f"{layers[0] if layers else '?'} and {layers[-1] if layers else '?'}; patterns such as '*conv*' work), "
-            f"more --calibration-images (this run calibrated on {len(calibration)} and held out "
-            f"{figures['images']}), or --precision fp32")
+        raise JobError(agreement_refusal(figures, cfg.min_agreement, layers, len(calibration), search))
     return replace(cfg, int8_model=spec), report
 
 
@@ -890,7 +886,7 @@ def estimate_run(cfg: JobConfig, cost: estimate.SampleCost | None, cluster: esti
                                  model_load_seconds=cost.model_load_seconds, start_seconds=start,
                                  node_price=cfg.node_price, sample_images=cost.images,
                                  s3_server_cpu=cost.s3_server_cpu_seconds_per_image)
-    price = "" if projected.cost_usd is None else f", about ${projected.cost_usd:,.2f} at ${cfg.node_price}/node-hour"
+    price = "" if projected.cost is None else f", about {projected.cost.describe()}"
     log.info("estimate: %d images in about %s (%.1f images/s on %d vCPUs: %s, after %.0f s of start-up)%s; measured "
              "on %d images at %.1f ms of CPU each", to_score, _duration(projected.wall_seconds),
              projected.images_per_second, cluster.vcpus, cluster.source, projected.start_seconds, price, cost.images,

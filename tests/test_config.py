@@ -13,7 +13,7 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, driver, errors, listing, settings
+from mxjob import cluster, config, driver, durable, errors, listing, settings
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -78,6 +78,37 @@ def test_command_line_beats_yaml_beats_defaults(tmp_path, resolve):
     assert cfg.model.params_uri == "s3://m/r18-0007.params"
     assert cfg.max_errors == "1%"  # default
 
+
+def test_a_task_only_option_of_the_config_file_yields_to_the_task_on_the_command_line():
+    # conf/demo.yaml sets top_k (classify's); --task embed on the command line must still run.
+    cli = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl", "task": "embed",
+           "embedding_dtype": "float16", "normalize": True}
+    settings = config.merge_settings(cli, {"top_k": 3, "batch_size": 8}, "conf/demo.yaml")
+    cfg = config.resolve(settings)
+    assert (cfg.task, cfg.embedding_dtype, cfg.normalize, cfg.batch_size) == ("embed", "float16", True, 8)
+    assert cfg.top_k == config.DEFAULTS["top_k"] and "top_k" not in settings.given
+    assert settings.notes == ("top_k in conf/demo.yaml applies to --task classify only: left out, since the "
+                              "command line chose --task embed",)
+
+
+def test_the_cli_logs_the_config_files_option_it_left_out_once_at_info(tmp_path, resolve, caplog):
+    caplog.set_level(logging.INFO, logger="infer_main")
+    result, cfg = resolve(*BASE, "--task", "detect", config={"top_k": 3}, tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert (cfg.task, cfg.min_score) == ("detect", config.DEFAULTS["min_score"])
+    left_out = [(r.levelno, r.getMessage()) for r in caplog.records if "top_k" in r.getMessage()]
+    assert left_out == [(logging.INFO, f"top_k in {tmp_path / 'job.yaml'} applies to --task classify only: left "
+                                       "out, since the command line chose --task detect")]
+
+
+def test_a_task_only_option_on_the_command_line_with_another_task_is_still_refused():
+    cli = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl", "task": "embed", "top_k": 3}
+    with pytest.raises(click.UsageError, match="--top-k applies to --task classify only, and this run's task is "
+                                               "embed: leave it out"):
+        config.resolve(config.merge_settings(cli, {"top_k": 3}))
+    # The file's own task and an option of another task contradict each other: refused too.
+    with pytest.raises(click.UsageError, match="top_k in --config applies to --task classify only"):
+        config.resolve(config.merge_settings({**cli, "task": None, "top_k": None}, {"task": "embed", "top_k": 3}))
 
 def test_yaml_alone_can_carry_every_required_option(tmp_path, resolve):
     config = {"input": "s3://in/x/", "model": "s3://m/r", "output": "s3://o/k.jsonl", "dry_run": True}
@@ -421,12 +452,18 @@ def test_dry_run_plan_holds_the_estimate_for_the_cluster_asked(small_world, stde
     estimate = plan["estimate"]
     assert set(estimate) == {"sample_images", "cpu_seconds_per_image", "s3_server_cpu_seconds_per_image",
                              "model_load_seconds", "start_seconds", "images", "batches", "cluster", "vcpus",
-                             "executors", "images_per_second", "wall_seconds", "cost_usd"}
+                             "executors", "images_per_second", "wall_seconds", "cost_usd", "cost"}
     assert (estimate["sample_images"], estimate["vcpus"], estimate["images"]) == (4, 160, plan["to_score"])
     assert estimate["cpu_seconds_per_image"] > 0 and estimate["wall_seconds"] > 0
-    assert estimate["cost_usd"] == pytest.approx(10 * 0.5 * estimate["wall_seconds"] / 3600, abs=0.01)
+    # The whole cluster (10 core nodes and the master) at 0.5 USD a node-hour, from start-up to idle timeout.
+    from mxjob.estimate import CLUSTER_START_SECONDS, IDLE_TIMEOUT_SECONDS
+
+    hours = (CLUSTER_START_SECONDS + estimate["wall_seconds"] + IDLE_TIMEOUT_SECONDS) / 3600
+    assert estimate["cost_usd"] == pytest.approx(11 * 0.5 * hours, abs=0.01)
+    assert estimate["cost"]["total_usd"] == pytest.approx(estimate["cost_usd"], abs=0.01)
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("estimate:")]
     assert "on 160 vCPUs: --estimate-cluster 10x16" in line and "at $0.5/node-hour" in line
+    assert all(part in line for part in ("10 core nodes x", "start-up", "master 1 x", "idle", "= total $"))
 
 
 def test_estimate_images_0_turns_the_estimate_off(small_world, stderr_runner):
@@ -456,3 +493,23 @@ def test_an_output_format_that_fits_the_key_or_a_key_without_a_known_suffix_is_t
                           *(["--output-format", fmt] if fmt else []))
     assert result.exit_code == 0, result.output
     assert cfg.output_format == want
+
+
+@pytest.mark.parametrize("output, fmt", [("s3://out/p.parquet.gz", None), ("s3://out/p.parquet.gz", "jsonl"),
+                                         ("s3://out/p.gz", "parquet"), ("s3://out/preds.gz/", None)])
+def test_parquet_under_a_gz_name_is_refused(output, fmt, resolve):
+    result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output,
+                          *(["--output-format", fmt] if fmt else []))
+    assert result.exit_code == 2 and cfg is None
+    assert f"the output '{output[len('s3://out/'):]}' ends in .gz but is " in result.output
+    assert "cannot read Parquet inside gzip. Drop the .gz" in result.output
+    assert "for gzipped JSON Lines give an output key ending in .jsonl.gz" in result.output
+    assert ("ending in .jsonl.gz and drop --output-format" in result.output) == (fmt == "parquet")
+
+
+@pytest.mark.parametrize("output", ["s3://out/p.jsonl.gz", "s3://out/p.ndjson.gz", "s3://out/results.gz"])
+def test_a_gz_key_is_gzipped_json_lines(output, resolve):
+    result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output)
+    assert result.exit_code == 0, result.output
+    assert cfg.output_format == "jsonl" and durable.is_gzip(cfg.output_key)
+    assert durable.content_type(cfg.output_format, cfg.output_key) == "application/gzip"

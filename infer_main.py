@@ -114,7 +114,7 @@ def main(config_uri, **values):
     console = _Console()
     previous = {sig: signal.signal(sig, signals.raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        code = run_job(cfg, resume_command=resume_command(sys.argv))
+        code = run_job(cfg, resume_command=resume_command(sys.argv, console.jvm_cmdline))
     except Interrupted as exc:
         _exit_interrupted(exc, cfg, console)
     except JobError as exc:

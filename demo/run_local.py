@@ -4,21 +4,25 @@ Starts a moto S3 server on a free loopback port, makes the demo model and
 images, uploads them, runs ``spark-submit --master 'local-cluster[2,1,1024]'``
 with ``--py-files``, keeps a copy of the output and its summary under
 ``run/output/``, prints some predictions, the summary and the demo's
-accuracy, and stops the server (also when the job fails). With ``--keep-s3``
-(``make run-local KEEP_S3=1``) the server stays up until Ctrl-C, and the
-printed ``make submit`` line reruns the job against it.
+accuracy, and stops the server (also when the job fails, and on Ctrl-C or
+SIGTERM). With ``--keep-s3`` (``make run-local KEEP_S3=1``) the server stays
+up until Ctrl-C or SIGTERM, and the ``make submit`` line printed after the run
+reruns the job against it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -91,6 +95,48 @@ def rerun_command(job_args: list[str]) -> str:
     return f"make submit ARGS={shlex.quote(shlex.join([*job_args, '--overwrite']))}"
 
 
+def submit_job(job_args: list[str]) -> int:
+    """Run the job through spark-submit, printing first the line that runs (the rerun line comes after the run)."""
+    command = spark_submit_command(job_args)
+    print(f"== running spark-submit on {MASTER}: {shlex.join(command)}", flush=True)
+    return subprocess.call(command, env=spark_env(), cwd=str(ROOT))
+
+
+def keep_s3_message(endpoint: str, job_args: list[str]) -> str:
+    """What ``--keep-s3`` prints once the run is over: where the server stays, then how to rerun the job."""
+    return (f"\n== the local S3 server stays at {endpoint} until Ctrl-C or SIGTERM;\n"
+            f"   rerun the job with:\n   {rerun_command(job_args)}")
+
+
+class Terminated(Exception):
+    """SIGTERM, raised in the main thread so that every ``finally`` on the way out runs (the moto server's stop)."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block SIGTERM raises :class:`Terminated`: by default it would end the process, server left up."""
+    def raise_terminated(signum, _frame):
+        raise Terminated(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def wait_until_stopped() -> str:
+    """Wait for Ctrl-C or SIGTERM (``--keep-s3`` keeps the server up meanwhile); return which came."""
+    with sigterm_raises():
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return "Ctrl-C"
+        except Terminated:
+            return "SIGTERM"
+
+
 def upload_demo(s3, made: dict, bucket: str, model_key: str, image_prefix: str) -> int:
     s3.create_bucket(Bucket=bucket)
     model_dir = Path(made["model_prefix"]).parent
@@ -127,9 +173,7 @@ def main(keep_s3: bool = False) -> int:
         print(f"   uploaded the model and {count} images to {config['input']}", flush=True)
 
         job_args = ["--config", "conf/demo.yaml", "--endpoint-url", endpoint]
-        rerun = rerun_command(job_args)
-        print(f"== {rerun}", flush=True)
-        code = subprocess.call(spark_submit_command(job_args), env=spark_env(), cwd=str(ROOT))
+        code = submit_job(job_args)
         if code != 0:
             print(f"!! the job failed with exit code {code}", file=sys.stderr)
             return code
@@ -147,13 +191,8 @@ def main(keep_s3: bool = False) -> int:
         s3.download_file(bucket, f"{output_key}.report.html", str(report_copy))
         if keep_s3:
             code = report(lines, summary, summary_copy, config, started)
-            print(f"\n== the local S3 server stays at {endpoint} until Ctrl-C; rerun the job with\n   {rerun}",
-                  flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                print("\n== stopping the local S3 server")
+            print(keep_s3_message(endpoint, job_args), flush=True)
+            print(f"\n== {wait_until_stopped()}: stopping the local S3 server", flush=True)
             return code
     return report(lines, summary, summary_copy, config, started)
 
@@ -183,5 +222,15 @@ def report(lines: list[str], summary: dict, summary_copy: Path, config: dict, st
     return 0 if accuracy >= 0.9 else 1
 
 
+def cli(argv: list[str]) -> int:
+    """``python -m demo.run_local [--keep-s3]``: a SIGTERM at any point ends it through the same clean-up as Ctrl-C."""
+    with sigterm_raises():
+        try:
+            return main(keep_s3="--keep-s3" in argv)
+        except Terminated:
+            print("\n!! stopped by SIGTERM; the local S3 server is stopped", file=sys.stderr, flush=True)
+            return 128 + signal.SIGTERM
+
+
 if __name__ == "__main__":
-    sys.exit(main(keep_s3="--keep-s3" in sys.argv[1:]))
+    sys.exit(cli(sys.argv[1:]))

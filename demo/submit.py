@@ -30,6 +30,25 @@ def uses_local_s3(job_args: list[str]) -> bool:
     return any(value.startswith(LOCAL_ENDPOINTS) for value in values)
 
 
+def absolute_config(job_args: list[str], cwd: str) -> list[str]:
+    """``job_args`` with a relative local ``--config`` path made absolute against ``cwd``; an ``s3://`` URI stays.
+
+    spark-submit runs in the checkout, and the printed line may be run from
+    anywhere: a path relative to the caller's directory would name another file.
+    """
+    def absolute(value: str) -> str:
+        return value if "://" in value else os.path.normpath(os.path.join(cwd, value))  # join keeps an absolute one
+
+    out = []
+    for arg in job_args:
+        if out and out[-1] == "--config":
+            arg = absolute(arg)
+        elif arg.startswith("--config="):
+            arg = "--config=" + absolute(arg[len("--config="):])
+        out.append(arg)
+    return out
+
+
 def shell_line(command: list[str], env: dict[str, str]) -> str:
     """``command`` as one line a POSIX shell runs as is, with ``env`` assigned in front."""
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, command)])
@@ -38,7 +57,7 @@ def shell_line(command: list[str], env: dict[str, str]) -> str:
 def main(job_args: list[str]) -> int:
     local = uses_local_s3(job_args)
     env = spark_env(fake_aws=local)
-    command = spark_submit_command(job_args)
+    command = spark_submit_command(absolute_config(job_args, os.getcwd()))
     # What this adds to the caller's environment: with it, the line runs from any shell.
     shown = {k: v for k, v in env.items() if os.environ.get(k) != v}
     print("== " + shell_line(command, shown), flush=True)

@@ -171,3 +171,40 @@ def test_the_readme_says_what_make_test_takes_and_installs():
     line = next(line for line in readme.splitlines() if line.startswith("make test "))
     assert re.search(r"about \d+ minutes", line), line
     assert "installs with `apt-get` when run as root" in readme and "Maven" in readme
+
+
+
+MAKE_SUBMIT = re.compile(r"make submit ARGS='([^']*)'")
+DEMO_CONFIG = re.compile(r"--config[ =]conf/demo\.yaml\b")
+
+
+def demo_output_commands(files: list[Path], root: Path = ROOT) -> list[tuple[str, list[str]]]:
+    """``(where, args)`` of each ``make submit ARGS='...'`` that writes the demo's output (``--config
+    conf/demo.yaml`` without ``--output``: the file's ``output``, which ``make run-local`` has written)."""
+    found = []
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in MAKE_SUBMIT.finditer(line):
+                args = match[1].split()
+                if DEMO_CONFIG.search(match[1]) and not any(a.partition("=")[0] == "--output" for a in args):
+                    found.append((f"{path.relative_to(root)}:{number}", args))
+    return found
+
+
+def test_every_make_submit_example_on_the_demo_output_replaces_or_resumes_it():
+    # A reader tries these after make run-local: the job, and a dry run too, refuse an existing output
+    # without --overwrite (or --resume).
+    commands = demo_output_commands(doc_files())
+    assert {"docs/planning.md", "docs/configuration.md", "README.md"} <= {w.partition(":")[0] for w, _ in commands}
+    refused = [f"{where}: {' '.join(args)}" for where, args in commands if not {"--overwrite", "--resume"} & set(args)]
+    assert not refused, "these fail after make run-local (add --overwrite):\n" + "\n".join(refused)
+
+
+def test_the_demo_output_check_finds_only_commands_that_write_the_demo_output(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("make submit ARGS='--config conf/demo.yaml --top-k 2'\n"
+                    "`make submit ARGS='--config=conf/demo.yaml --dry-run'` and "
+                    "`make submit ARGS='--config conf/demo.yaml --output s3://b/o.jsonl'` and "
+                    "`make submit ARGS='--config s3://b/job.yaml'`\n", encoding="utf-8")
+    assert demo_output_commands([page], tmp_path) == [("p.md:1", ["--config", "conf/demo.yaml", "--top-k", "2"]),
+                                                      ("p.md:2", ["--config=conf/demo.yaml", "--dry-run"])]

@@ -362,7 +362,9 @@ def test_status_watch_and_report_of_a_real_run(tmp_path, moto_endpoint, demo_dir
     assert process.returncode == 0, log[-3000:]
     running = [d for d in seen if d["state"] == "running" and "keys" in d]
     assert any(d["batches"]["done"] < d["batches"]["total"] for d in running), seen[-3:]
-    assert all(d["resume_command"].endswith("--resume") for d in running)
+    # spark_submit_command is make submit's line: the status says to resume with make submit, whole.
+    assert all(d["resume_command"].startswith("make submit ARGS=") and d["resume_command"].endswith("--resume'")
+               for d in running)
     final = json.loads(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.status.json")["Body"].read())
     assert (final["state"], final["exit_code"], final["keys"]["done"]) == ("succeeded", 0, SPARK_IMAGES + 1)
     assert watcher.returncode == 0, watched

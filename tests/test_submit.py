@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from demo import submit
 from demo.run_local import rerun_command, upload_demo
 from demo.submit import shell_line, uses_local_s3
 from tests.helpers import ROOT, make_s3_client
@@ -71,6 +72,30 @@ def test_the_printed_line_quotes_what_a_shell_would_split():
     line = shell_line(command, {"A": "x y"})
     assert line == "A='x y' spark-submit --master 'local-cluster[2,1,1024]' --top-k 2"
     assert shlex.split(line) == ["A=x y", *command]
+
+
+def test_a_relative_config_path_is_made_absolute_against_the_callers_directory(tmp_path):
+    args = ["--config", "conf/demo.yaml", "--top-k", "2"]
+    assert submit.absolute_config(args, str(tmp_path)) == ["--config", str(tmp_path / "conf" / "demo.yaml"),
+                                                          "--top-k", "2"]
+    assert submit.absolute_config(["--config=job.yaml"], "/home/me") == ["--config=/home/me/job.yaml"]
+    unchanged = ["--config", "s3://b/job.yaml", "--output", "out.jsonl"]  # a URI, and no other option's value
+    assert submit.absolute_config(unchanged, str(tmp_path)) == unchanged
+    assert submit.absolute_config(["--config", "/etc/job.yaml"], str(tmp_path)) == ["--config", "/etc/job.yaml"]
+
+
+def test_make_submit_prints_and_runs_the_config_path_from_the_callers_directory(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(submit.subprocess, "call", lambda command, **kwargs: ran.append((command, kwargs)) or 0)
+    monkeypatch.setattr(submit, "spark_submit_command", lambda job_args: ["spark-submit", "infer_main.py", *job_args])
+    monkeypatch.chdir(tmp_path)
+    assert submit.main(["--config", "job.yaml", "--endpoint-url", "http://127.0.0.1:5000"]) == 0
+    [(command, kwargs)] = ran
+    assert command[-3:] == [str(tmp_path / "job.yaml"), "--endpoint-url", "http://127.0.0.1:5000"]
+    assert kwargs["cwd"] == str(ROOT)  # spark-submit runs in the checkout: the path must not depend on it
+    printed = capsys.readouterr().out
+    assert shlex.split(printed.splitlines()[0][3:])[-4:] == ["--config", str(tmp_path / "job.yaml"), "--endpoint-url",
+                                                              "http://127.0.0.1:5000"]
 
 
 def test_the_rerun_commands_replace_the_output_the_first_run_wrote():

@@ -68,26 +68,79 @@ log = logging.getLogger(__name__)
 def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str | None = None) -> int:
     """List, plan, check the model, score on Spark, assemble; return the exit code.
 
-    From the plan on, ``OUTPUT.status.json`` and ``OUTPUT.report.html`` are
-    kept up to date beside the output (:class:`mxjob.status.RunMonitor`);
+    From the moment the run may write its output (:func:`open_status`),
+    ``OUTPUT.status.json`` and ``OUTPUT.report.html`` beside it say what the
+    run is doing and, if it fails, why (:class:`mxjob.status.RunMonitor`);
     ``resume_command`` is the command they show to resume the run.
     """
     started = time.time()
-    seconds: dict[str, float] = {}
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
-    # The handler, the output and the model's files first: seconds, where the listing may take hours.
+    retry = yarn_attempt()[1] > 1
+    # The output first: seconds, where the listing may take hours. An output that is refused (it exists, or a
+    # dataset's prefix holds objects the job did not write) or cannot be written ends the run before it writes
+    # anything beside it: the status there is the run's that wrote that output, or no PUT could replace it.
+    preflight.check_output(cfg, client, yarn_retry=retry)
+    monitor = open_status(cfg, client, started, resume_command, retry)
+    try:
+        return checked_run(cfg, client, monitor, spark_conf)
+    except (Exception, Interrupted) as exc:
+        monitor.ended(exc)  # the status says why (if it is this run's): mxjob.watch exits with the job's code
+        raise
+    finally:
+        monitor.close()
+
+
+def open_status(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool) -> RunMonitor:
+    """The run's :class:`RunMonitor`, claimed at once (status "running") when its output check has passed.
+
+    The status beside the output is this run's as soon as the run may write
+    the output: for ``--overwrite``, and for a fresh run (the check refused
+    an existing output), before the listing, so ``mxjob.watch`` never reads
+    the earlier run's final state as this run's. It stays another run's for a
+    dry run (which writes nothing), for ``--resume`` of a complete output (it
+    ends "already complete", and that status is the run's that completed it),
+    and for YARN's next attempt on an output there (its first attempt's exit
+    code, read from that status, may be the one to repeat:
+    :func:`finished_by_this_application`); such a run claims it at its plan.
+    A fresh run beside an earlier run's progress does replace that run's
+    "interrupted" status: its own failure says to add ``--resume``, and its
+    resume command is the one to run.
+    """
+    monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
+                         {"options": cfg.options()})
+    if not cfg.dry_run and (cfg.overwrite or not (cfg.resume or retry) or unfinished_output(cfg, client)):
+        monitor.claim("starting")
+    return monitor
+
+
+def unfinished_output(cfg: JobConfig, client) -> bool:
+    """Whether there is something to resume: no output yet, or an earlier run's progress (:func:`plan_output`'s
+    test for a resume that is not already complete)."""
+    output_exists, work_exists, _ = existing_output(cfg, client,
+                                                    durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
+    return work_exists or not output_exists
+
+
+def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | None) -> int:
+    """:func:`run_job` once the output is checked: the handler and the model's files, the listing, the driver's
+    checks, the plan, then the scoring (:func:`planned_run`)."""
+    seconds: dict[str, float] = {}
+    # The handler and the model's files before the listing too: seconds, where the listing may take hours.
     cfg = prepare_handler(cfg, client)
-    preflight.check_before_listing(cfg, client, yarn_retry=yarn_attempt()[1] > 1)
+    preflight.check_model_files(cfg.model)
+    monitor.enter("listing")
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
-    seconds["listing"] = time.time() - started
+    seconds["listing"] = time.time() - monitor.started
     check_started = time.time()
+    monitor.enter("model_check")
     cfg, checked = check_on_driver(cfg, client, images)
     if cfg.dry_run:
         return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, checked.auto_rows)
     checked.classifier = None  # checked: the driver needs the model no more
     seconds["model_check"] = time.time() - check_started
     plan_started = time.time()
+    monitor.enter("planning")
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
         plan = plan_output(cfg, client, work, images, checked.fingerprint, auto_rows=checked.auto_rows)
@@ -97,19 +150,26 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
         return done.exit_code
     # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
     cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf)
-    monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
-                         {"options": cfg.options(), "fingerprint": checked.fingerprint})
+    monitor.context = {"options": cfg.options(), "fingerprint": checked.fingerprint}
+    monitor.claim("planning")  # from the plan on the files are this run's, whoever's they were
     try:
         stats, counts, spark_stop = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds,
                                                        plan_started, monitor)
     except (JobError, Interrupted) as exc:
         exc.work = work  # main() says what is durable and how to resume
-        monitor.ended(exc)
         raise
+    return planned_run(cfg, client, work, monitor, images, plan, checked, sizing,
+                       (stats, counts, spark_stop), seconds)
+
+
+def planned_run(cfg: JobConfig, client, work: durable.WorkPrefix, monitor: RunMonitor, images: listing.Listing,
+                plan: durable.Plan, checked: DriverCheck, sizing: Sizing, scored: tuple, seconds: dict) -> int:
+    """The run's end once Spark has scored it: the summary, the last status, the closing lines; the exit code."""
+    stats, counts, spark_stop = scored
     if stats.last_end is not None:  # the output is whole now: how long after the last task's end
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
-                        time.time() - started, checked.model_summary, seconds, plan, checked.fingerprint,
+                        time.time() - monitor.started, checked.model_summary, seconds, plan, checked.fingerprint,
                         spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys)
     summary["precision"] = checked.precision
     summary["batch_size_choice"] = sizing.choice

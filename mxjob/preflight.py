@@ -28,6 +28,16 @@ def check_before_listing(cfg: JobConfig, client, yarn_retry: bool = False) -> No
     the earlier attempt left (``plan_output`` decides), so an existing output
     is not refused here.
     """
+    check_output(cfg, client, yarn_retry)
+    check_model_files(cfg.model)
+
+
+def check_output(cfg: JobConfig, client, yarn_retry: bool = False) -> None:
+    """The output's half of :func:`check_before_listing`: writable, no foreign objects, not there unless replaced.
+
+    The driver makes it first: once it passes, the run may write the status
+    beside the output (``mxjob.driver.open_status``).
+    """
     if cfg.output_key:
         check_output_writable(cfg, client)
         found = dataset_contents(cfg, client) if cfg.dataset else None  # one listing for both checks
@@ -35,7 +45,6 @@ def check_before_listing(cfg: JobConfig, client, yarn_retry: bool = False) -> No
             dataset.refuse_foreign(found, cfg.output_uri)
         if not (cfg.overwrite or cfg.resume or yarn_retry):
             refuse_existing_output(cfg, client, found)
-    check_model_files(cfg.model)
 
 
 def check_output_writable(cfg: JobConfig, client) -> None:

@@ -16,7 +16,7 @@ import time
 
 from mxjob import report
 from mxjob.errors import EXIT_FAILED, first_line
-from mxjob.progress import Progress, Tick, Ticks, iso
+from mxjob.progress import STATUS_SECONDS, Progress, Tick, Ticks, iso
 from mxjob.sidecar import side_key
 from mxjob.stats import StatsFold
 
@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 #: What ``state`` may be; ``running`` until the driver writes the last status.
 STATES = ("running", "succeeded", "failed", "interrupted")
+#: What the driver is doing (``stage``), in order: its checks of the handler and the model's files, the
+#: listing, the model's check on the driver (and int8's quantization), the plan and Spark's start, then the
+#: scoring and the output's assembly. A final status keeps the stage the run ended in.
+STAGES = ("starting", "listing", "model_check", "planning", "scoring")
 
 
 def status_key(output_key: str) -> str:
@@ -37,8 +41,9 @@ def report_key(output_key: str) -> str:
 
 
 def status_document(state: str, p: Progress | None, tick: Tick | None, started: float, where: dict,
-                    resume: str | None, exit_code: int | None = None, message: str | None = None) -> dict:
-    """The status file's content: state, done and total, images/s, ETA, errors so far, the resume command.
+                    resume: str | None, exit_code: int | None = None, message: str | None = None,
+                    stage: str | None = None) -> dict:
+    """The status file's content: state, stage, done and total, images/s, ETA, errors so far, the resume command.
 
     Parameters
     ----------
@@ -56,12 +61,16 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, started: 
         The driver's exit code, once it is known: what ``mxjob.watch`` exits with.
     message : str, optional
         Why a failed or interrupted run ended.
+    stage : str, optional
+        One of :data:`STAGES`: what the driver is doing, or was doing when the run ended.
     """
     if state not in STATES:
         raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+    if stage is not None and stage not in STAGES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
     now = time.time()
-    doc = {"state": state, "updated": now, "updated_iso": iso(now), "started": started, "started_iso": iso(started),
-           "elapsed_seconds": round(now - started, 1), **where}
+    doc = {"state": state, **({"stage": stage} if stage else {}), "updated": now, "updated_iso": iso(now),
+           "started": started, "started_iso": iso(started), "elapsed_seconds": round(now - started, 1), **where}
     if p is not None:
         spark = p.now - p.first_start if p.first_start else None
         doc.update({
@@ -82,7 +91,8 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, started: 
 
 
 class RunMonitor:
-    """Writes the status file and the report: on every progress tick, and once more when the run ends.
+    """Writes the status file and the report: from the moment they are this run's (:meth:`claim`) at least every
+    minute, on every progress tick, and once more when the run ends.
 
     Parameters
     ----------
@@ -107,31 +117,79 @@ class RunMonitor:
                       "status": f"s3://{bucket}/{status_key(output_key)}"}
         self.ticks = Ticks()
         self.latest: tuple = (StatsFold(), None, None)
+        #: One of :data:`STAGES`.
+        self.stage = STAGES[0]
+        #: Whether the two files are this run's to write (:meth:`claim`); until then :meth:`ended` leaves them.
+        self.claimed = False
         self._warned = False
         self._lock = threading.Lock()
+        self._written = 0.0
+        # Set by the last word (or close): the heartbeat stops, and no "running" may follow the last word.
+        self._closed = threading.Event()
+
+    def claim(self, stage: str) -> None:
+        """The two files are this run's from now on: write "running" at ``stage``, then keep them fresh.
+
+        A heartbeat thread writes them again whenever :data:`STATUS_SECONDS`
+        pass without a write: before the first progress tick a listing or an
+        int8 search may take many minutes, and ``mxjob.watch`` gives up on a
+        running status that stops changing (the driver's death looks the same).
+        """
+        if not self.claimed:
+            self.claimed = True
+            self.enter(stage, force=True)
+            threading.Thread(target=self._heartbeat, name="status-heartbeat", daemon=True).start()
+        else:
+            self.enter(stage)
+
+    def enter(self, stage: str, force: bool = False) -> None:
+        """The driver starts ``stage``: the status says so at once, if it is this run's."""
+        changed, self.stage = stage != self.stage, stage
+        if self.claimed and (changed or force):
+            self.write("running")
 
     def on_tick(self, fold: StatsFold, p: Progress, tick: Tick) -> None:
         """A progress tick: refresh both files (one PUT each)."""
         self.latest = (fold, p, tick)
+        self.stage = "scoring"
         self.write("running")
 
     def write(self, state: str, exit_code: int | None = None, message: str | None = None,
               summary: dict | None = None) -> dict:
         """Write the status and the report now; returns the status document."""
         fold, p, tick = self.latest
-        doc = status_document(state, p, tick, self.started, self.where, self.resume, exit_code, message)
+        doc = status_document(state, p, tick, self.started, self.where, self.resume, exit_code, message,
+                              self.stage)
         page = report.render(report.view(fold, self.ticks.as_list(), doc, summary, self.context))
-        with self._lock:  # the progress thread and the main thread's last write must not interleave
+        with self._lock:  # the progress thread, the heartbeat and the main thread's last write must not interleave
+            if state == "running" and self._closed.is_set():
+                return doc  # a tick or a heartbeat late for the last word: that stays
+            if state != "running":
+                self._closed.set()
+            self._written = time.time()
             self._put(status_key(self.output_key), json.dumps(doc, indent=1) + "\n", "application/json")
             self._put(report_key(self.output_key), page, "text/html; charset=utf-8")
         return doc
 
     def ended(self, exc: BaseException) -> None:
-        """The run ends with ``exc`` (a :class:`JobError` or :class:`Interrupted`): the last status, the report."""
+        """The run ends with ``exc`` (a :class:`JobError`, :class:`Interrupted`, any error): the last status, the
+        report; nothing if the two files are not this run's (they are the run's that wrote an existing output),
+        or if the run's last word is written already (a succeeded run's, before Spark's stop)."""
+        if not self.claimed or self._closed.is_set():
+            return
         signum = getattr(exc, "signum", None)
         state, code = ("interrupted", 128 + signum) if signum else ("failed", EXIT_FAILED)
         self.write(state, code, message=first_line(exc))
         log.info("run %s; status %s, report %s", state, self.where["status"], self.where["report"])
+
+    def close(self) -> None:
+        """Stop the heartbeat (the run has ended, whatever ended it)."""
+        self._closed.set()
+
+    def _heartbeat(self) -> None:
+        while not self._closed.wait(max(0.0, self._written + STATUS_SECONDS - time.time())):
+            if time.time() - self._written >= STATUS_SECONDS:  # else a tick wrote meanwhile: wait from it
+                self.write("running")
 
     def _put(self, key: str, text: str, content_type: str) -> None:
         try:

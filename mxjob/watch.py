@@ -98,8 +98,9 @@ def access_problem(exc: Exception) -> str | None:
 def describe(status: dict) -> str:
     """One line for a status document: state, done and total, images/s, errors, ETA."""
     state = status["state"]
-    if "keys" not in status:
-        return f"{state}: no batch has been scored yet ({duration(status.get('elapsed_seconds'))} since the start)"
+    if "keys" not in status:  # before the plan: the stage says what the driver is doing (or failed at)
+        label = f"{state} ({status['stage']})" if status.get("stage") else state
+        return f"{label}: no batch has been scored yet ({duration(status.get('elapsed_seconds'))} since the start)"
     keys, batches = status["keys"], status["batches"]
     rate = status.get("images_per_second")
     eta = ("" if state != "running" else

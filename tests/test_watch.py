@@ -1,14 +1,16 @@
-"""``python -m mxjob.watch`` without AWS credentials: one line for real S3, moto's keys for a local server."""
+"""``python -m mxjob.watch``: without AWS credentials (one line for real S3, moto's keys for a local server),
+and on the statuses a run writes before its plan (running, and failed with the job's code)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
 import pytest
 
-from mxjob import state, watch
-from mxjob.errors import EXIT_USAGE
+from mxjob import config, driver, state, status, watch
+from mxjob.errors import EXIT_FAILED, EXIT_USAGE, JobError
 
 BUCKET = "watch-bucket"
 
@@ -50,3 +52,45 @@ def test_watch_against_a_local_server_without_credentials_uses_its_fake_keys(mot
     ("https://s3.us-east-1.amazonaws.com", False), ("http://127.0.0.1.example.com", False), (None, False)])
 def test_loopback_endpoints_are_the_ones_on_this_machine(endpoint, loopback):
     assert watch.is_loopback(endpoint) is loopback
+
+
+def test_watch_exits_at_once_with_the_code_of_a_run_that_failed_before_its_plan(moto_endpoint, moto_buckets):
+    for suffix in ("-symbol.json", "-0000.params"):  # only looked for (HEAD) before the listing fails
+        moto_buckets.put_object(Bucket=BUCKET, Key=f"model/fake{suffix}", Body=b"{}")
+    cfg = config.resolve(config.merge_settings({
+        "input": f"s3://{BUCKET}/no-images/", "model": f"s3://{BUCKET}/model/fake",
+        "output": f"s3://{BUCKET}/failed/p.jsonl", "endpoint_url": moto_endpoint}, {}))
+    with pytest.raises(JobError, match="no images under"):
+        driver.run_job(cfg)
+
+    def no_sleep(_):
+        raise AssertionError("watch waited for a status that is final")
+
+    out = []
+    code = watch.watch(moto_buckets, *watch.status_location(cfg.output_uri), every=5, wait_seconds=0,
+                       stale_seconds=60, echo=lambda line, err=False: out.append(line), sleep=no_sleep)
+    assert code == EXIT_FAILED
+    assert out[0].startswith("failed (listing): no batch has been scored yet") and out[0].endswith("; exit 1")
+    assert out[1].startswith(f"  no images under s3://{BUCKET}/no-images/")
+
+
+def test_watch_takes_the_status_written_before_the_plan_for_a_running_job():
+    started = 1_700_000_000.0
+    docs = iter([status.status_document("running", None, None, started, {}, "x --resume", stage="listing"),
+                 status.status_document("failed", None, None, started, {}, "x --resume", EXIT_FAILED,
+                                        "model: no such layer", stage="model_check")])
+
+    class Client:
+        class exceptions:  # boto3's shape
+            NoSuchKey = KeyError
+
+        def get_object(self, **_):
+            return {"Body": io.BytesIO(json.dumps(next(docs)).encode())}
+
+    out = []
+    code = watch.watch(Client(), "b", "k", 0, 60, 60, echo=lambda line, err=False: out.append(line),
+                       sleep=lambda _: None)
+    assert code == EXIT_FAILED  # the job's, read from the second status: the first did not end the watch
+    assert out[0].startswith("running (listing): no batch has been scored yet")
+    assert out[1].startswith("failed (model_check): no batch has been scored yet") and out[1].endswith("; exit 1")
+    assert out[2] == "  model: no such layer"

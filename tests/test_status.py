@@ -1,0 +1,169 @@
+"""The status file beside the output is the run's from the moment the run may write the output (mxjob/status.py).
+
+Against the session's moto server, without Spark: each run here fails
+before its plan, where the model's files are only looked for (HEAD), so
+two empty objects stand in for the model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import infer_main
+from mxjob import listing, status, watch
+from mxjob.errors import EXIT_FAILED, JobError
+
+BUCKET = "status-bucket"
+MODEL = f"s3://{BUCKET}/model/fake"
+
+#: The earlier run's last word: what an output that exists has beside it.
+EARLIER = {"state": "succeeded", "exit_code": 0, "updated": 1.0, "elapsed_seconds": 30.0,
+           "keys": {"done": 5, "total": 5}, "batches": {"done": 1, "total": 1}}
+
+
+@pytest.fixture(scope="module")
+def world(moto_buckets):
+    """The fake model and one image (never read: the runs here end before the model is loaded)."""
+    for suffix in ("-symbol.json", "-0000.params"):
+        moto_buckets.put_object(Bucket=BUCKET, Key=f"model/fake{suffix}", Body=b"{}")
+    moto_buckets.put_object(Bucket=BUCKET, Key="imgs/0.png", Body=b"not read")
+    return moto_buckets
+
+
+def finished_output(s3, prefix: str) -> bytes:
+    """An output under ``prefix`` as a run that succeeded left it; returns its status's bytes."""
+    body = (json.dumps(EARLIER, indent=1) + "\n").encode()
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl", Body=b'{"key": "imgs/0.png"}\n')
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.summary.json", Body=b"{}\n")
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.status.json", Body=body)
+    return body
+
+
+def read_status(s3, prefix: str) -> dict:
+    return json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.status.json")["Body"].read())
+
+
+def run(runner, endpoint: str, prefix: str, *args: str, model: str = MODEL, image_prefix: str = "imgs/"):
+    return runner.invoke(infer_main.main, ["--endpoint-url", endpoint, "--model", model,
+                                           "--input", f"s3://{BUCKET}/{image_prefix}",
+                                           "--output", f"s3://{BUCKET}/{prefix}/out.jsonl", *args])
+
+
+def test_a_run_that_fails_before_its_plan_leaves_a_failed_status_with_the_reason(world, moto_endpoint,
+                                                                                 stderr_runner):
+    result = run(stderr_runner, moto_endpoint, "empty", image_prefix="nothing/")
+    assert result.exit_code == EXIT_FAILED, result.stderr
+    doc = read_status(world, "empty")
+    assert doc["state"] == "failed" and doc["exit_code"] == EXIT_FAILED
+    assert doc["message"].startswith(f"no images under s3://{BUCKET}/nothing/")
+    assert doc["stage"] == "listing"  # where it failed
+    assert "keys" not in doc and "batches" not in doc  # nothing was planned, so no counts
+    assert doc["resume_command"]  # as a failed run's status always does
+    # The report beside it says the same run's state.
+    page = world.get_object(Bucket=BUCKET, Key="empty/out.jsonl.report.html")["Body"].read().decode()
+    assert "failed" in page
+
+
+@pytest.mark.parametrize(("prefix", "args", "refusal"), [
+    ("kept-refused", (), "already exists; add --overwrite"),
+    ("kept-resume", ("--resume", "--model", f"s3://{BUCKET}/model/missing"), "model file missing"),
+    ("kept-dry", ("--overwrite", "--dry-run", "--model", f"s3://{BUCKET}/model/missing"), "model file missing"),
+], ids=["existing-output-refused", "resume-of-a-complete-output", "dry-run"])
+def test_a_run_that_may_not_replace_the_output_leaves_the_earlier_status_untouched(world, moto_endpoint,
+                                                                                  stderr_runner, prefix, args,
+                                                                                  refusal):
+    # A refused output's status is the run's that wrote it; a --resume of a complete output has nothing to
+    # resume (it would end "already complete"); a dry run leaves nothing behind.
+    before = finished_output(world, prefix)
+    result = run(stderr_runner, moto_endpoint, prefix, *args)
+    assert result.exit_code == EXIT_FAILED, result.stderr
+    assert refusal in result.stderr
+    assert world.get_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.status.json")["Body"].read() == before
+    assert "Contents" not in world.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/out.jsonl.report.html")
+
+
+def test_an_overwrite_that_fails_on_the_model_replaces_the_earlier_succeeded_status(world, moto_endpoint,
+                                                                                   stderr_runner):
+    finished_output(world, "rerun-model")
+    result = run(stderr_runner, moto_endpoint, "rerun-model", "--overwrite", model=f"s3://{BUCKET}/model/missing")
+    assert result.exit_code == EXIT_FAILED, result.stderr
+    doc = read_status(world, "rerun-model")
+    assert doc["state"] == "failed" and doc["exit_code"] == EXIT_FAILED
+    assert doc["message"].startswith(f"model file missing: s3://{BUCKET}/model/missing-symbol.json")
+    # The output itself is left as it was: the model check comes before anything is removed.
+    assert world.get_object(Bucket=BUCKET, Key="rerun-model/out.jsonl")["Body"].read() == b'{"key": "imgs/0.png"}\n'
+
+
+@pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
+def test_the_status_says_this_run_is_running_before_it_lists(world, moto_endpoint, stderr_runner, monkeypatch,
+                                                             flag):
+    prefix = f"rerun-listing{flag}"
+    finished_output(world, prefix)
+    if flag == "--resume":  # an earlier run's progress to resume, or a resume of a complete output ends at once
+        world.put_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.parts/job.json", Body=b"{}")
+    seen = []
+
+    def listing_that_reads_the_status(*args, **kwargs):
+        seen.append(read_status(world, prefix))
+        raise OSError("the listing stops here")
+
+    monkeypatch.setattr(listing, "list_prefix", listing_that_reads_the_status)
+    before = time.time()
+    result = run(stderr_runner, moto_endpoint, prefix, flag)
+    assert result.exit_code == EXIT_FAILED, result.stderr
+    [early] = seen
+    assert early["state"] == "running" and early["stage"] == "listing"
+    assert "keys" not in early and "batches" not in early and "exit_code" not in early
+    assert early["started"] >= before - 1 and early["started_iso"]  # this run's start, not the earlier run's
+    assert watch.describe(early).startswith("running (listing): no batch has been scored yet")
+    final = read_status(world, prefix)
+    assert final["state"] == "failed" and "the listing stops here" in final["message"]
+
+
+def test_the_early_status_is_running_with_no_counts():
+    doc = status.status_document("running", None, None, 1_700_000_000.0, {"output": "s3://b/o"}, "x --resume",
+                                 stage="listing")
+    assert doc["state"] == "running" and doc["stage"] == "listing" and doc["resume_command"] == "x --resume"
+    assert not {"keys", "batches", "errors", "eta_seconds", "exit_code"} & set(doc)
+    with pytest.raises(ValueError, match="stage must be one of"):
+        status.status_document("running", None, None, 1_700_000_000.0, {}, None, stage="lunch")
+
+
+class Recording:
+    """An S3 client that keeps each status it is given: ``(state, stage)`` in order."""
+
+    def __init__(self):
+        self.states: list[tuple] = []
+
+    def put_object(self, Key, Body, **_):  # boto3's argument names
+        if Key.endswith(".status.json"):
+            doc = json.loads(Body)
+            self.states.append((doc["state"], doc.get("stage")))
+
+
+def test_a_claimed_status_is_refreshed_without_ticks_until_the_last_word(monkeypatch):
+    # A listing or an int8 search of many minutes has no progress tick; watch gives up on a status that stops.
+    monkeypatch.setattr(status, "STATUS_SECONDS", 0.1)
+    client = Recording()
+    monitor = status.RunMonitor(client, "b", "out.jsonl", time.time(), None, {})
+    monitor.claim("listing")
+    deadline = time.time() + 10
+    while len(client.states) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    assert client.states[:3] == [("running", "listing")] * 3
+    monitor.ended(JobError("no images under s3://b/in/"))
+    written = len(client.states)
+    time.sleep(0.3)  # three heartbeats' time: none may follow the last word
+    monitor.close()
+    assert len(client.states) == written and client.states[-1] == ("failed", "listing")
+
+
+def test_an_unclaimed_monitor_leaves_the_status_to_the_run_that_wrote_it():
+    client = Recording()
+    monitor = status.RunMonitor(client, "b", "out.jsonl", time.time(), None, {})
+    monitor.ended(JobError("s3://b/out.jsonl (or its summary) already exists; add --overwrite to replace it"))
+    monitor.close()
+    assert client.states == []

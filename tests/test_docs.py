@@ -208,3 +208,36 @@ def test_the_demo_output_check_finds_only_commands_that_write_the_demo_output(tm
                     "`make submit ARGS='--config s3://b/job.yaml'`\n", encoding="utf-8")
     assert demo_output_commands([page], tmp_path) == [("p.md:1", ["--config", "conf/demo.yaml", "--top-k", "2"]),
                                                       ("p.md:2", ["--config=conf/demo.yaml", "--dry-run"])]
+
+
+def section(text: str, heading: str) -> str:
+    """The text under ``heading`` up to the next heading of its level or higher (``#`` in fences is no heading)."""
+    # By line: without_fences keeps the line count, not the offsets.
+    lines, plain = text.splitlines(), without_fences(text).splitlines()
+    first = next(i for i, line in enumerate(plain) if re.fullmatch(rf"#{{1,6}}[ \t]+{re.escape(heading)}[ \t]*", line))
+    level = len(plain[first]) - len(plain[first].lstrip("#"))
+    after = (i for i in range(first + 1, len(plain)) if re.match(rf"#{{1,{level}}}[ \t]", plain[i]))
+    return "\n".join(lines[first + 1: next(after, len(lines))])
+
+
+def test_section_ends_at_the_next_heading_of_its_level_not_at_a_comment_in_a_fence():
+    text = "# Page\n## First\none\n```sh\n# not a heading\n```\n### Sub\ntwo\n## Second\nthree\n"
+    assert section(text, "First") == "one\n```sh\n# not a heading\n```\n### Sub\ntwo"
+    assert section(text, "Second") == "three"
+
+
+def test_emr_before_the_first_run_names_the_iam_actions_and_the_dry_run():
+    # The person creating the cluster needs these before any AWS call, and a dry run against the real S3
+    # catches a wrong bucket or a missing model before a cluster bills.
+    before = section((ROOT / "docs" / "emr.md").read_text(encoding="utf-8"), "Before the first run")
+    for needed in ("iam:PassRole", "elasticmapreduce:RunJobFlow", "elasticmapreduce:AddJobFlowSteps",
+                   "infer_main.py --config my-job.yaml --dry-run", "bootstrap-actions/1/"):
+        assert needed in before, needed
+
+
+def test_the_library_page_quotes_the_batch_size_bound_the_model_test_asserts():
+    # docs/library.md promises "probabilities within <bound>" across batch sizes; tests/test_model.py holds it.
+    bound = re.search(r"^BATCH_SIZE_PROBABILITY_BOUND = (\S+)$",
+                      (ROOT / "tests" / "test_model.py").read_text(encoding="utf-8"), re.M)[1]
+    page = " ".join((ROOT / "docs" / "library.md").read_text(encoding="utf-8").split())
+    assert f"probabilities within {bound} of each other" in page

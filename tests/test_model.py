@@ -80,6 +80,23 @@ def test_predict_pads_and_splits_yet_each_row_equals_its_result_alone(logits_pre
     assert predictor.predict(np.zeros((0, *SHAPE), np.float32))[0].shape == (0, 10)
 
 
+# docs/library.md quotes this bound. oneDNN picks its kernels by batch size, so another batch size sums in
+# another order; measured on 64 demo digits, batch sizes 8 and 32: at most 5.1e-7 (every row differs a little).
+BATCH_SIZE_PROBABILITY_BOUND = 1e-5
+
+
+@pytest.mark.parametrize("head", ["logits_prefix", "softmax_prefix"])
+def test_another_batch_size_gives_the_same_classes_and_probabilities_within_the_documented_bound(request, head):
+    prefix = request.getfixturevalue(head)
+    batch = digit_batch(64)
+    small, large = (mxinfer.Classifier(mxinfer.ModelSpec.from_prefix(str(prefix)), SHAPE, batch_size)
+                    for batch_size in (8, 32))
+    p8, p32 = small.probabilities(batch), large.probabilities(batch)
+    # The same batch size twice is the same bytes: the resume tests compare outputs byte for byte.
+    assert np.array_equal(p8, small.probabilities(batch)) and np.array_equal(p32, large.probabilities(batch))
+    assert (p8.argmax(axis=1) == p32.argmax(axis=1)).all()
+    assert np.abs(p8 - p32).max() < BATCH_SIZE_PROBABILITY_BOUND
+
 def test_predict_reads_the_callers_array_in_place_leaves_it_writeable_and_sees_each_new_content(logits_prefix):
     predictor = mxinfer.Predictor(str(logits_prefix), SHAPE, batch_size=4)
     first, second = digit_batch(4, seed=1), digit_batch(4, seed=2)

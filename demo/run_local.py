@@ -149,14 +149,20 @@ def upload_demo(s3, made: dict, bucket: str, model_key: str, image_prefix: str) 
     return count
 
 
-def main(keep_s3: bool = False) -> int:
-    started = time.time()
-    work = ROOT / "run"
-    work.mkdir(exist_ok=True)
+def demo_config() -> tuple[dict, str, str, str, str]:
+    """``conf/demo.yaml`` and where it puts things: ``(config, bucket, image prefix, model key, output key)``."""
     config = yaml.safe_load((ROOT / "conf" / "demo.yaml").read_text())
     bucket, _, image_prefix = config["input"][len("s3://"):].partition("/")
     _, _, model_key = config["model"][len("s3://"):].partition("/")
     _, _, output_key = config["output"][len("s3://"):].partition("/")
+    return config, bucket, image_prefix, model_key, output_key
+
+
+def main(keep_s3: bool = False) -> int:
+    started = time.time()
+    work = ROOT / "run"
+    work.mkdir(exist_ok=True)
+    config, bucket, image_prefix, model_key, output_key = demo_config()
 
     print("== making the demo model and images (scikit-learn digits, trained here)", flush=True)
     made = make_demo.make_demo(work / "demo")

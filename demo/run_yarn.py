@@ -28,7 +28,7 @@ import boto3
 import yaml
 
 from demo import make_demo, yarn_local
-from demo.run_local import ROOT, py_files_zip, upload_demo
+from demo.run_local import ROOT, demo_config, py_files_zip, upload_demo
 from demo.s3local import FAKE_AWS_ENV, moto_server
 from demo.submit import shell_line, uses_local_s3
 
@@ -209,10 +209,7 @@ def main_demo() -> int:
     started = time.time()
     work = ROOT / "run"
     work.mkdir(exist_ok=True)
-    config = yaml.safe_load((ROOT / "conf" / "demo.yaml").read_text())
-    bucket, _, image_prefix = config["input"][len("s3://"):].partition("/")
-    _, _, model_key = config["model"][len("s3://"):].partition("/")
-    _, _, output_key = config["output"][len("s3://"):].partition("/")
+    config, bucket, image_prefix, model_key, output_key = demo_config()
 
     yarn_local.up()
     print("== making the demo model and images (scikit-learn digits, trained here)", flush=True)

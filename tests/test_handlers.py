@@ -278,9 +278,15 @@ def test_output_handler_alone_gets_our_decoding_and_raw_outputs(bucket, logits_p
 # The driver's checks
 
 
-def run_cli(runner, *args):
+def run_cli(runner, endpoint: str, *args):
+    # The output's bucket exists: the job checks the output first (a failure after it is reported in the
+    # output's status), then the handler, and only then lists the input, whose bucket does not exist.
+    client = make_s3_client(endpoint)
+    if "handler-checks" not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket="handler-checks")
     return runner.invoke(infer_main.main, ["--input", "s3://no-such-bucket-h/imgs/", "--model", "s3://m/x",
-                                           "--output", "s3://no-such-bucket-h/o.jsonl", *args])
+                                           "--output", "s3://handler-checks/o.jsonl", "--endpoint-url", endpoint,
+                                           *args])
 
 
 @pytest.mark.parametrize("text, code, message", [
@@ -292,19 +298,19 @@ def test_a_bad_handler_stops_the_run_before_any_listing(tmp_path, moto_endpoint,
     path = tmp_path / "h.py"
     if text is not None:
         path.write_text(text)
-    result = run_cli(runner, "--handler", str(path), "--endpoint-url", moto_endpoint)
+    result = run_cli(runner, moto_endpoint, "--handler", str(path))
     assert result.exit_code == code, result.output
     assert message.format(path=path) in result.output
     assert "cannot list" not in result.output  # it failed first
 
 
-def test_handler_must_be_a_python_file(runner):
-    result = run_cli(runner, "--handler", "s3://b/handler.zip")
+def test_handler_must_be_a_python_file(runner, moto_endpoint):
+    result = run_cli(runner, moto_endpoint, "--handler", "s3://b/handler.zip")
     assert result.exit_code == 2 and "'--handler': must be a Python file ending in .py" in result.output
 
 
 def test_missing_s3_handler_is_named(moto_endpoint, runner):
-    result = run_cli(runner, "--handler", "s3://no-such-bucket-h/h.py", "--endpoint-url", moto_endpoint)
+    result = run_cli(runner, moto_endpoint, "--handler", "s3://no-such-bucket-h/h.py")
     assert result.exit_code == 1 and "cannot read --handler s3://no-such-bucket-h/h.py" in result.output
 
 

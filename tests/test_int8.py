@@ -137,13 +137,21 @@ def real_world(moto_endpoint, tmp_path_factory):
             "--mean", pretrained.MEAN, "--std", pretrained.STD, "--precision", "int8", "--calibration-images", "24"]
 
 
+def written_but_the_status(s3) -> list[str]:
+    """What the runs wrote under out/ besides the status and report, which say why a refused run failed."""
+    listed = s3.list_objects_v2(Bucket="int8-bucket", Prefix="out/").get("Contents", [])
+    return [obj["Key"] for obj in listed if not obj["Key"].endswith((".status.json", ".report.html"))]
+
+
 def test_int8_below_the_minimum_agreement_refuses_with_the_figures_and_what_to_try(real_world, s3, runner):
     result = runner.invoke(infer_main.main, real_world)
     assert result.exit_code == errors.EXIT_FAILED, result.output
     assert "int8 agrees with fp32 on only" in result.output and "24 held-out images" in result.output
     assert "under --min-agreement 0.99" in result.output
     assert "--int8-exclude" in result.output and "--precision fp32" in result.output
-    assert "Contents" not in s3.list_objects_v2(Bucket="int8-bucket", Prefix="out/")  # nothing was scored
+    assert written_but_the_status(s3) == []  # nothing was scored
+    status = json.loads(s3.get_object(Bucket="int8-bucket", Key="out/p.jsonl.status.json")["Body"].read())
+    assert status["state"] == "failed" and "int8 agrees with fp32 on only" in status["message"]
 
 
 def test_int8_at_or_above_the_minimum_runs_on_the_quantized_model(real_world, runner):
@@ -166,7 +174,7 @@ def test_int8_exclude_auto_on_the_real_model_passes_faster_or_refuses_with_the_b
     assert "--int8-exclude auto found no int8 configuration" in result.output
     assert re.search(r"The best: layers .* top-1 agreement [0-9.]+%, speed-up [0-9.]+x\. Nothing was scored",
                      result.output), result.output
-    assert "Contents" not in s3.list_objects_v2(Bucket="int8-bucket", Prefix="out/")
+    assert written_but_the_status(s3) == []
 
 
 @pytest.mark.spark

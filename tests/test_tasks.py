@@ -202,7 +202,9 @@ def test_the_driver_refuses_an_unknown_layer_before_any_spark_work(logits_prefix
     assert result.exit_code == errors.EXIT_FAILED and "no layer named 'flaten'; the nearest are" in result.output
     result = runner.invoke(infer_main.main, [*args, "--task", "detect"])
     assert result.exit_code == errors.EXIT_FAILED and "has shape (16, 10)" in result.output
-    assert "Contents" not in s3.list_objects_v2(Bucket="task-refusals", Prefix="o.jsonl")
+    # Nothing scored: no output, no work prefix; only the status and report that say why the run failed.
+    listed = [obj["Key"] for obj in s3.list_objects_v2(Bucket="task-refusals", Prefix="o.jsonl").get("Contents", [])]
+    assert sorted(listed) == ["o.jsonl.report.html", "o.jsonl.status.json"]
 
 
 def test_the_embedder_cuts_the_graph_at_the_input_of_the_last_dense_layer(logits_prefix):

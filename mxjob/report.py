@@ -18,12 +18,21 @@ import time
 
 from mxjob.progress import duration, iso
 from mxjob.stats import StatsFold
+from mxjob.summary import RATES
 
 #: Colours of series, in order (Okabe-Ito, readable by the colour-blind).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 #: Where the time of an executor went, in drawing order, with colours.
 TIME_PARTS = (("forward", "#0072B2"), ("wait", "#E69F00"), ("write", "#009E73"), ("other", "#999999"),
               ("between_tasks", "#D55E00"))
+#: What the time chart's "other" and "between tasks" hold: what partition.score_partition's "task" seconds
+#: measure (from the task's start in the Python worker to its part written) and what falls outside them.
+TIME_PARTS_WHAT = ("other: time in the task not in forward, wait or write (setting up the worker's threads and "
+                   "S3 client, reading the batch's keys, loading the model in a worker's first task or finding "
+                   "it cached, building the results). between tasks: from the executor's first task's start to "
+                   "its last one's end, the time outside its tasks (Spark scheduling each task, shipping it and "
+                   "its batch to the Python worker, taking back its result; a new Python worker's start). The "
+                   "workers table's idle s between tasks is the same, per Python worker.")
 #: Labels the report lists (the most frequent first).
 TOP_LABELS = 15
 #: Executors drawn one by one; a larger cluster shows the whole job and these busiest ones.
@@ -120,23 +129,34 @@ class Axes:
     def py(self, y: float) -> float:
         return self.height - PAD_B - y / self.y1 * (self.height - PAD_T - PAD_B)
 
-    def grid(self, y_label: str, x_label) -> str:
-        """Horizontal grid lines with the y values, time labels along x, the y axis' name."""
+    def grid(self, y_label: str, x_label, x_ticks: list | None = None) -> str:
+        """Horizontal grid lines with the y values, labels along x (at ``x_ticks``, or six), the y axis' name."""
         out = []
         for i in range(5):
             y = self.y1 * i / 4
             out.append(f'<line class="grid" x1="{PAD_L}" x2="{WIDTH - PAD_R}" y1="{self.py(y):.1f}" '
                        f'y2="{self.py(y):.1f}"/><text class="tick" x="{PAD_L - 6}" y="{self.py(y) + 4:.1f}" '
                        f'text-anchor="end">{_fmt(y)}</text>')
-        for i in range(6):
-            x = self.x0 + (self.x1 - self.x0) * i / 5
-            anchor = "start" if i == 0 else "end" if i == 5 else "middle"  # the ends stay inside the picture
-            out.append(f'<text class="tick" x="{self.px(x):.1f}" y="{self.height - PAD_B + 16}" '
-                       f'text-anchor="{anchor}">{_esc(x_label(x))}</text>')
+        out += self.x_ticks(x_label, x_ticks)
         out.append(f'<text class="axis" x="14" y="{PAD_T + (self.height - PAD_T - PAD_B) / 2:.0f}" '
                    f'transform="rotate(-90 14 {PAD_T + (self.height - PAD_T - PAD_B) / 2:.0f})" '
                    f'text-anchor="middle">{_esc(y_label)}</text>')
         return "".join(out)
+
+    def x_ticks(self, x_label, xs: list | None) -> list[str]:
+        """Labels along x; one the same as the last one shown is left out (seconds repeat on a short run)."""
+        xs = xs if xs is not None else [self.x0 + (self.x1 - self.x0) * i / 5 for i in range(6)]
+        out, last = [], None
+        for x in xs:
+            label = x_label(x)
+            if label == last:
+                continue
+            # The ends stay inside the picture.
+            anchor = "start" if x <= self.x0 else "end" if x >= self.x1 else "middle"
+            out.append(f'<text class="tick" x="{self.px(x):.1f}" y="{self.height - PAD_B + 16}" '
+                       f'text-anchor="{anchor}">{_esc(label)}</text>')
+            last = label
+        return out
 
     def polyline(self, xs: list, ys: list, colour: str, name: str, width: float = 2, dash: str = "") -> str:
         points = " ".join(f"{self.px(x):.1f},{self.py(y):.1f}" for x, y in zip(xs, ys) if y is not None)
@@ -159,7 +179,7 @@ def _legend(names: list[tuple[str, str]]) -> str:
 
 
 def line_chart(chart_id: str, series: list[tuple[str, list, list, str]], y_label: str, x_label=_clock,
-               extra: tuple | None = None) -> str:
+               extra: tuple | None = None, x_ticks: list | None = None) -> str:
     """An SVG line chart of ``(name, xs, ys, colour)`` series over a shared x axis, with its legend."""
     xs = [x for _, sx, _, _ in series for x in sx]
     ys = [y for _, _, sy, _ in series for y in sy if y is not None]
@@ -167,7 +187,7 @@ def line_chart(chart_id: str, series: list[tuple[str, list, list, str]], y_label
         return f'<p class="empty" id="{chart_id}">No task has finished yet.</p>'
     top = max([*ys, extra[1] if extra else 0.0], default=1.0)
     axes = Axes(min(xs), max(xs), top)
-    body = axes.grid(y_label, x_label) + "".join(axes.polyline(sx, sy, c, n, 3 if i == 0 else 1.5)
+    body = axes.grid(y_label, x_label, x_ticks) + "".join(axes.polyline(sx, sy, c, n, 3 if i == 0 else 1.5)
                                                  for i, (n, sx, sy, c) in enumerate(series))
     if extra:
         body += extra_lines(axes, extra)
@@ -197,11 +217,17 @@ def hbar_chart(chart_id: str, rows: list[tuple[str, list[tuple[str, float, str]]
         for part, value, colour in parts:
             out.append(f'<rect data-part="{_esc(part)}" data-value="{value:.3f}" x="{x:.1f}" y="{y}" '
                        f'width="{value * scale:.1f}" height="{bar}" fill="{colour}"><title>{_esc(part)}: '
-                       f'{_fmt(value)} {unit}</title></rect>')
+                       f'{_amount(value, unit)}</title></rect>')
             x += value * scale
         out.append(f'<text class="tick" x="{x + 6:.1f}" y="{y + bar * 0.7:.1f}">'
-                   f'{_fmt(sum(v for _, v, _ in parts))} {unit}</text>')
+                   f'{_amount(sum(v for _, v, _ in parts), unit)}</text>')
     return _svg(chart_id, "".join(out), height)
+
+
+def _amount(value: float, unit: str) -> str:
+    """``1 image``, ``2 images``, ``1.5 s``: a count's unit in the right number (``s`` stays as it is)."""
+    one = value == 1 and unit.endswith("s") and len(unit) > 1
+    return f"{_fmt(value)} {unit[:-1] if one else unit}"
 
 
 # ----------------------------------------------------------------------------
@@ -213,13 +239,19 @@ def throughput_chart(v: dict) -> str:
     t = v["timeline"]
     if not t["start"]:
         return line_chart("chart-throughput", [], "images/s")
+    if len(t["start"]) < 2:
+        return (f'<p class="empty" id="chart-throughput">Every task ended within one {t["width"]:g} s interval: '
+                "images/s over time needs two.</p>")
     width, xs = t["width"], [s + t["width"] / 2 for s in t["start"]]
     total = [sum(e["keys"][i] for e in t["executors"].values()) / width for i in range(len(xs))]
     busiest = sorted(t["executors"], key=lambda n: -sum(t["executors"][n]["keys"]))[:MAX_EXECUTOR_LINES]
     series = [("whole job", xs, total, "#222222")]
     series += [(name, xs, [k / width for k in t["executors"][name]["keys"]], PALETTE[i % len(PALETTE)])
                for i, name in enumerate(sorted(busiest))]
-    return line_chart("chart-throughput", series, "images/s")
+    what = (f"Each point: keys whose task ended in that {width:g} s interval / {width:g} s. It can peak well above "
+            "the headline's images/s, which is over the whole Spark job.")
+    return (line_chart("chart-throughput", series, f"images/s in each {width:g} s interval")
+            + f'<p class="note" id="throughput-what">{_esc(what)}</p>')
 
 
 def progress_chart(v: dict) -> str:
@@ -235,14 +267,22 @@ def progress_chart(v: dict) -> str:
 
 def eta_chart(v: dict) -> str:
     """The finish as predicted at each tick (minutes after the start), against the actual finish."""
-    ticks, started = [t for t in v["ticks"] if t["predicted_end"] is not None], v["status"]["started"]
+    ticks, started = predictions(v), v["status"]["started"]
     actual = actual_end(v)
     if not ticks:
+        if any(t["predicted_end"] is not None for t in v["ticks"]):
+            return '<p class="empty" id="chart-eta">No ETA was made before every batch was done.</p>'
         return '<p class="empty" id="chart-eta">The ETA was still "estimating" at every tick.</p>'
     series = [("predicted finish, minutes after the start", [t["time"] for t in ticks],
                [(t["predicted_end"] - started) / 60 for t in ticks], PALETTE[3])]
     extra = ("actual finish", (actual - started) / 60) if actual else None
     return line_chart("chart-eta", series, "minutes", extra=extra)
+
+
+def predictions(v: dict) -> list[dict]:
+    """The ticks that predicted a finish: made while some batch was still to do."""
+    total = (v["status"].get("batches") or {}).get("total")
+    return [t for t in v["ticks"] if t["predicted_end"] is not None and (total is None or t["batches"] < total)]
 
 
 def actual_end(v: dict) -> float | None:
@@ -261,14 +301,17 @@ def time_chart(v: dict) -> str:
     io_rows = [(name, [("download", e["threads"]["download"], PALETTE[5]), ("decode", e["threads"]["decode"],
                                                                           PALETTE[4])])
                for name, e in v["executors"].items()]
-    return (hbar_chart("chart-time", rows, "s") + legend
-            + "<h3>On the download threads (summed over threads, so it overlaps the above)</h3>"
+    return (hbar_chart("chart-time", rows, "s") + legend + f'<p class="note" id="time-what">{_esc(TIME_PARTS_WHAT)}</p>'
+            + "<h3>On the download threads: download and decode are summed over each task&#x27;s download threads, "
+            "so they overlap the above and can exceed the task&#x27;s seconds</h3>"
             + hbar_chart("chart-io", io_rows, "s") + _legend([("download", PALETTE[5]), ("decode", PALETTE[4])]))
 
 
 def labels_chart(v: dict) -> str:
     """The most frequent top-1 labels."""
     rows = [(label, [("images", count, PALETTE[2])]) for label, count in v["top1"][:TOP_LABELS]]
+    if not rows and (v.get("options") or {}).get("task") == "embed":
+        return '<p class="empty" id="chart-labels">No top-1 labels: an embed run writes vectors, not labels.</p>'
     if not rows:
         return '<p class="empty" id="chart-labels">No top-1 labels (an output handler, or nothing predicted yet).</p>'
     return hbar_chart("chart-labels", rows, "images")
@@ -279,13 +322,18 @@ def memory_chart(v: dict) -> str:
     series = []
     for i, (name, w) in enumerate(sorted(v["workers"].items())[:MAX_EXECUTOR_LINES]):
         after = {int(k): b for k, b in w["rss_bytes_after_task"].items() if k != "last"}
+        if after and "last" in w["rss_bytes_after_task"]:
+            # A worker's tasks are numbered 1, 2, ...: its last is its batches' count.
+            after.setdefault(w["batches"], w["rss_bytes_after_task"]["last"])
         if after:
             xs = sorted(after)
             series.append((f"{name} ({w['threads']} threads)", [math.log10(x) for x in xs],
                            [after[x] / MB for x in xs], PALETTE[i % len(PALETTE)]))
     if not series:
         return '<p class="empty" id="chart-memory">No worker has finished a task yet.</p>'
-    return line_chart("chart-memory", series, "MB resident", x_label=lambda x: f"task {10 ** x:.0f}")
+    numbers = sorted({round(10 ** x) for _, xs, _, _ in series for x in xs})
+    return line_chart("chart-memory", series, "MB resident", x_label=lambda x: f"task {10 ** x:.0f}",
+                      x_ticks=[math.log10(n) for n in numbers])
 
 
 # ----------------------------------------------------------------------------
@@ -316,13 +364,22 @@ def headline(v: dict) -> str:
                  ("errors so far", "status.errors", st.get("errors", 0), f"{st.get('errors', 0):,}"),
                  ("images/s since the first task", "status.images_per_second", st.get("images_per_second"),
                   "-" if st.get("images_per_second") is None else f"{st['images_per_second']:,.1f}"),
-                 ("ETA", "status.eta_seconds", st.get("eta_seconds"), duration(st.get("eta_seconds")))]
-    return '<div class="cards">' + "".join(_figure(*c) for c in cards) + "</div>"
+                 ("ETA", "status.eta_seconds", st.get("eta_seconds"), eta_shown(st))]
+    what = f'<p class="note" id="rate-what">images/s: {_esc(RATES["images_per_second_spark"])}.</p>' if s else ""
+    return '<div class="cards">' + "".join(_figure(*c) for c in cards) + "</div>" + what
+
+
+def eta_shown(st: dict) -> str:
+    """The ETA card's text: "every batch done" once they are (the job is assembling its output), no ETA then."""
+    batches = st.get("batches") or {}
+    if batches.get("total") and batches.get("done", 0) >= batches["total"]:
+        return "every batch done"
+    return duration(st.get("eta_seconds"))
 
 
 def finish_line(v: dict) -> str:
     """Predicted vs actual finish, in words."""
-    predicted = [t for t in v["ticks"] if t["predicted_end"] is not None]
+    predicted = predictions(v)
     actual = actual_end(v)
     if not predicted:
         return "<p>No ETA was made (the job was too short, or is still estimating).</p>"
@@ -386,6 +443,8 @@ h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:28px 0 8px;border-bott
 h3{font-size:15px;margin:16px 0 4px;color:#444}.meta{color:#555;margin:0 0 12px}
 .state{display:inline-block;padding:2px 10px;border-radius:12px;color:#fff;font-weight:600;font-size:14px}
 .running{background:#0072B2}.succeeded{background:#009E73}.failed{background:#D55E00}.interrupted{background:#E69F00}
+.succeeded-with-errors{background:#CC79A7}.state-errors{font-size:15px;font-weight:400;margin-left:4px}
+.note{color:#555;font-size:13px;margin:2px 0 8px}
 .cards{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}
 .card{border:1px solid #ddd;border-radius:8px;padding:10px 16px;min-width:170px;background:#fafafa}
 .label{color:#555;font-size:13px}.figure{font-size:26px;font-weight:600}
@@ -402,11 +461,19 @@ def header(v: dict) -> str:
     st = v["status"]
     resume = (f'<p>Resume with: <code id="resume">{_esc(st["resume_command"])}</code></p>'
               if st.get("resume_command") and st["state"] != "running" else "")
-    return (f'<h1>Batch inference run <span class="state {st["state"]}" id="state" data-value="{st["state"]}">'
-            f'{st["state"]}</span></h1><p class="meta">{_esc(st.get("output", ""))} &middot; started '
+    return (f'<h1>Batch inference run {badge(v)}</h1><p class="meta">{_esc(st.get("output", ""))} &middot; started '
             f'{_esc(st.get("started_iso"))} &middot; updated {_esc(st.get("updated_iso"))} &middot; '
             f'{duration(st.get("elapsed_seconds"))} {"so far" if st["state"] == "running" else "in all"}'
             f'{" (" + _esc(st["message"]) + ")" if st.get("message") else ""}</p>{resume}')
+
+
+def badge(v: dict) -> str:
+    """The run's state; a run that succeeded with failed images says so, with their count linking to the errors."""
+    state, s = v["status"]["state"], v["summary"] or {}
+    if state != "succeeded" or not s.get("failed"):
+        return f'<span class="state {state}" id="state" data-value="{state}">{state}</span>'
+    return (f'<span class="state succeeded-with-errors" id="state" data-value="{state}">succeeded with errors</span> '
+            f'<a class="state-errors" href="#errors">{s["failed"]:,} of {s["keys_listed"]:,} images failed</a>')
 
 
 def render(v: dict) -> str:

@@ -153,7 +153,8 @@ def closing_lines(summary: dict, code: int) -> list[str]:
         f"run finished: {summary['keys_listed']:,} keys, {summary['predicted']:,} predicted, "
         f"{summary['failed']:,} failed ({errors}); {summary['reused']:,} reused from an earlier run",
         f"wall time {duration(summary['elapsed_seconds'])} (Spark job {duration(summary['seconds'].get('spark', 0))}); "
-        + (f"{rate:,.1f} images/s (keys scored / Spark job wall seconds)" if rate else "nothing scored in this run"),
+        + (f"{rate:,.1f} images/s (keys scored / Spark job wall seconds){_elapsed_rate(summary)}" if rate
+           else "nothing scored in this run"),
         f"output:  {summary['output']}",
         f"report:  {files.get('report', '-')} (copy it here and open it in a browser)",
         f"summary: {files.get('summary', '-')}",
@@ -161,6 +162,12 @@ def closing_lines(summary: dict, code: int) -> list[str]:
     if code == EXIT_TOO_MANY_ERRORS:
         lines.append(f"exit {code}: more images failed than --max-errors allows; see the error lines in the output")
     return lines
+
+
+def _elapsed_rate(summary: dict) -> str:
+    """The whole run's rate, named, after the Spark job's: the summary's ``images_per_second`` is this one."""
+    rate = summary["rates"].get("images_per_second_elapsed")
+    return f", {rate:,.1f} over the whole run (keys scored / elapsed seconds)" if rate else ""
 
 
 def thread_fit(fold: StatsFold) -> dict:

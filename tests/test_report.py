@@ -382,3 +382,113 @@ def test_status_watch_and_report_of_a_real_run(tmp_path, moto_endpoint, demo_dir
     assert 'data-field="errors.decode/UnidentifiedImageError" data-value="1"' in text
     shot = check_in_browser(tmp_path, page, summ)
     shutil.copy(shot, Path("/tmp/report-real.png"))
+
+
+# ----------------------------------------------------------------------------
+# What a person reads: which rate, which seconds, what "other" is, words and badges
+
+
+def x_labels(svg: str) -> list[str]:
+    """The time or task labels along a chart's x axis (the tick texts on the axis' baseline)."""
+    return re.findall(rf'<text class="tick" x="[\d.]+" y="{report.HEIGHT - report.PAD_B + 16}" '
+                      r'text-anchor="\w+">([^<]*)</text>', svg)
+
+
+def one_executor_fold(tasks: int, keys: int = 64, failed: int = 0) -> StatsFold:
+    fold = StatsFold()
+    for n in range(1, tasks + 1):
+        fold.add(task(n, "host-a/11", T0 + 2 * n, 1.0, keys=keys, failed=failed, worker_task=n))
+    return fold
+
+
+def test_the_headline_rate_says_it_is_keys_scored_over_the_spark_jobs_seconds(tmp_path):
+    page = fake_page(tmp_path)[0].read_text()
+    assert (f'<p class="note" id="rate-what">images/s: '
+            f'{report._esc(summary.RATES["images_per_second_spark"])}.</p>') in page
+
+
+def test_the_closing_lines_name_each_rate_they_show():
+    summ = fake_summary(fake_fold())
+    summ["rates"]["images_per_second_elapsed"] = 68.27
+    assert summary.closing_lines(summ, 0)[1] == (
+        "wall time 1m15s (Spark job 52s); 98.5 images/s (keys scored / Spark job wall seconds), "
+        "68.3 over the whole run (keys scored / elapsed seconds)")
+
+
+def test_the_throughput_chart_says_its_rate_is_per_interval(tmp_path):
+    page = fake_page(tmp_path)[0].read_text()
+    assert ">images/s in each 1 s interval</text>" in page
+    assert ('<p class="note" id="throughput-what">Each point: keys whose task ended in that 1 s interval / 1 s. '
+            "It can peak well above the headline&#x27;s images/s, which is over the whole Spark job.</p>") in page
+
+
+def test_a_run_whose_tasks_ended_in_one_interval_has_no_throughput_chart_and_says_why():
+    v = report.view(one_executor_fold(1), [], status.status_document("succeeded", None, None, T0, {}, None, 0),
+                    None, {})
+    assert report.throughput_chart(v) == (
+        '<p class="empty" id="chart-throughput">Every task ended within one 1 s interval: images/s over time '
+        "needs two.</p>")
+
+
+def test_download_and_decode_say_they_are_summed_over_the_download_threads_and_other_is_named(tmp_path):
+    page = fake_page(tmp_path)[0].read_text()
+    assert ("<h3>On the download threads: download and decode are summed over each task&#x27;s download threads, "
+            "so they overlap the above and can exceed the task&#x27;s seconds</h3>") in page
+    assert ('<p class="note" id="time-what">other: time in the task not in forward, wait or write (setting up the '
+            "worker&#x27;s threads and S3 client, reading the batch&#x27;s keys, loading the model in a worker&#x27;s "
+            "first task or finding it cached, building the results). between tasks: from the executor&#x27;s first "
+            "task&#x27;s start to its last one&#x27;s end, the time outside its tasks (Spark scheduling each task, "
+            "shipping it and its batch to the Python worker, taking back its result; a new Python worker&#x27;s "
+            "start). The workers table&#x27;s idle s between tasks is the same, per Python worker.</p>") in page
+
+
+def test_an_embed_run_does_not_blame_missing_labels_on_an_output_handler():
+    assert report.labels_chart({"top1": [], "options": {"task": "embed"}}) == (
+        '<p class="empty" id="chart-labels">No top-1 labels: an embed run writes vectors, not labels.</p>')
+
+
+def test_one_image_is_one_image_not_1_images():
+    chart = report.labels_chart({"top1": [("tabby cat", 1)], "options": {}})
+    assert ">1 image</text>" in chart and "1 images" not in chart
+
+
+def test_a_succeeded_run_with_failed_images_says_so_beside_its_badge():
+    fold = one_executor_fold(10, keys=1)
+    summ = {**fake_summary(fold), "keys_listed": 10, "predicted": 4, "failed": 6}
+    doc = status.status_document("succeeded", None, None, T0, {"output": "s3://b/o"}, None, 0)
+    page = report.render(report.view(fold, [], doc, summ, {}))
+    assert ('<span class="state succeeded-with-errors" id="state" data-value="succeeded">succeeded with errors'
+            '</span> <a class="state-errors" href="#errors">6 of 10 images failed</a></h1>') in page
+    assert ".succeeded-with-errors{background:#CC79A7}" in report.STYLE
+    clean = report.render(report.view(fold, [], doc, {**summ, "predicted": 10, "failed": 0}, {}))
+    assert '<span class="state succeeded" id="state" data-value="succeeded">succeeded</span></h1>' in clean
+
+
+def test_no_eta_is_shown_as_made_once_every_batch_was_done():
+    # A one-batch run: its only tick comes after the batch ended, and says 0 s left.
+    ticks = [{"time": T0 + 9, "batches": 1, "keys": 64, "failed": 0, "recent_rate": 7.0, "eta_seconds": 0.0,
+              "predicted_end": T0 + 9}]
+    doc = status.status_document("succeeded", None, None, T0, {}, None, 0)
+    doc.update({"keys": {"done": 64, "total": 64}, "batches": {"done": 1, "total": 1}})
+    v = report.view(one_executor_fold(1), ticks, doc, fake_summary(one_executor_fold(1)), {})
+    assert report.finish_line(v) == "<p>No ETA was made (the job was too short, or is still estimating).</p>"
+    assert report.eta_chart(v) == ('<p class="empty" id="chart-eta">No ETA was made before every batch was '
+                                   "done.</p>")
+
+
+def test_time_labels_along_a_chart_are_never_repeated():
+    chart = report.line_chart("c", [("a", [T0, T0 + 2], [1.0, 2.0], "#000")], "y")
+    assert x_labels(chart) == [report._clock(T0), report._clock(T0 + 1), report._clock(T0 + 2)]
+
+
+def test_the_memory_chart_names_the_tasks_it_has():
+    v = report.view(one_executor_fold(7), [], status.status_document("running", None, None, T0, {}, None, 0),
+                    None, {})
+    assert x_labels(report.memory_chart(v)) == ["task 1", "task 2", "task 5", "task 7"]
+
+
+def test_a_running_jobs_eta_card_shows_no_eta_once_every_batch_is_done():
+    doc = status.status_document("running", None, None, T0, {}, None)
+    doc.update({"keys": {"done": 64, "total": 64}, "batches": {"done": 1, "total": 1}, "eta_seconds": 0.0})
+    cards = report.headline(report.view(one_executor_fold(1), [], doc, None, {}))
+    assert '<div class="figure" data-field="status.eta_seconds" data-value="0.0">every batch done</div>' in cards

@@ -27,7 +27,7 @@ run-local: $(STAMP) ## Run the job on local-cluster[2,1,1024] against a local mo
 	$(PY) -m demo.run_local $(if $(KEEP_S3),--keep-s3)
 
 .PHONY: submit
-submit: $(STAMP) ## spark-submit the job on local-cluster[2,1,1024] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'
+submit: $(STAMP) ## spark-submit the job on local-cluster[2,1,1024] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'. make itself exits 2 on any failure: the job's code is on the last line, and the printed == line, run by hand, exits with it
 	$(PY) -m demo.submit $(ARGS)
 
 # --- a real YARN on this machine: docs/running.md, "On a real YARN here" ---
@@ -59,7 +59,7 @@ test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration); i
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: watch
-watch: $(STAMP) ## Print a running job's progress until it ends, exit with its code: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]
+watch: $(STAMP) ## Print a running job's progress until it ends: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]. make itself exits 2 on any failure: the job's code is on the last line, and .venv/bin/python -m mxjob.watch OUTPUT exits with it
 	@[[ "$(OUTPUT)" == s3://?* ]] || { echo "set OUTPUT=s3://bucket/key (the job's --output)" >&2; exit 2; }
 	$(PY) -m mxjob.watch "$(OUTPUT)" $(if $(ENDPOINT),--endpoint-url "$(ENDPOINT)")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 
 
 def first_line(exc: BaseException) -> str:
@@ -37,6 +38,25 @@ def error_line(key: str, stage: str, exc: BaseException) -> str:
 
 #: Exit codes of ``infer_main``: done (0), failed, usage error, done but more failed images than ``--max-errors``.
 EXIT_FAILED, EXIT_USAGE, EXIT_TOO_MANY_ERRORS = 1, 2, 3
+#: What each of those codes means, in :func:`exit_line`.
+EXIT_MEANINGS = {EXIT_FAILED: "the job failed", EXIT_USAGE: "usage error",
+                 EXIT_TOO_MANY_ERRORS: "more images failed than --max-errors allows"}
+
+
+def exit_line(code: int, meanings: dict | None = None) -> str:
+    """``exit 3: more images failed than --max-errors allows``: the last line of a command that make runs.
+
+    make exits 2 whenever a recipe fails, whatever its code: ``make submit``
+    and ``make watch`` print this so that the job's own code is not lost.
+    ``meanings`` replaces :data:`EXIT_MEANINGS`; 128 + N is signal N.
+    """
+    meaning = (meanings or EXIT_MEANINGS).get(code)
+    if meaning is None and code > 128:
+        try:
+            meaning = f"interrupted by {signal.Signals(code - 128).name}"
+        except ValueError:  # no such signal: the code alone
+            meaning = None
+    return f"exit {code}: {meaning}" if meaning else f"exit {code}"
 
 
 class JobError(Exception):

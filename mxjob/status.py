@@ -42,7 +42,7 @@ def report_key(output_key: str) -> str:
 
 def status_document(state: str, p: Progress | None, tick: Tick | None, started: float, where: dict,
                     resume: str | None, exit_code: int | None = None, message: str | None = None,
-                    stage: str | None = None) -> dict:
+                    stage: str | None = None, durable_batches: int | None = None) -> dict:
     """The status file's content: state, stage, done and total, images/s, ETA, errors so far, the resume command.
 
     Parameters
@@ -63,6 +63,8 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, started: 
         Why a failed or interrupted run ended.
     stage : str, optional
         One of :data:`STAGES`: what the driver is doing, or was doing when the run ended.
+    durable_batches : int, optional
+        The run's batches durable when it ended (:func:`durable_batches`), in place of the last tick's count.
     """
     if state not in STATES:
         raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
@@ -73,13 +75,16 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, started: 
            "started": started, "started_iso": iso(started), "elapsed_seconds": round(now - started, 1), **where}
     if p is not None:
         spark = p.now - p.first_start if p.first_start else None
+        # An ended run has nothing left to estimate: its tick's ETA would say when a stopped run finishes.
+        eta = tick if tick and state == "running" else None
+        done = p.batches_done if durable_batches is None else durable_batches
         doc.update({
-            "batches": {"done": p.batches_done, "total": p.batches_total},
+            "batches": {"done": done, "total": p.batches_total},
             "keys": {"done": p.keys_done, "total": p.keys_total}, "errors": p.failed,
             "images_per_second": round(p.keys_done / spark, 2) if spark else None,
             "images_per_second_recent": round(tick.recent_rate, 2) if tick else None,
-            "eta_seconds": round(tick.eta_seconds, 1) if tick and tick.eta_seconds is not None else None,
-            "predicted_end_iso": iso(tick.predicted_end) if tick else None,
+            "eta_seconds": round(eta.eta_seconds, 1) if eta and eta.eta_seconds is not None else None,
+            "predicted_end_iso": iso(eta.predicted_end) if eta else None,
         })
     if exit_code is not None:
         doc["exit_code"] = exit_code
@@ -155,11 +160,11 @@ class RunMonitor:
         self.write("running")
 
     def write(self, state: str, exit_code: int | None = None, message: str | None = None,
-              summary: dict | None = None) -> dict:
+              summary: dict | None = None, durable_batches: int | None = None) -> dict:
         """Write the status and the report now; returns the status document."""
         fold, p, tick = self.latest
         doc = status_document(state, p, tick, self.started, self.where, self.resume, exit_code, message,
-                              self.stage)
+                              self.stage, durable_batches)
         page = report.render(report.view(fold, self.ticks.as_list(), doc, summary, self.context))
         with self._lock:  # the progress thread, the heartbeat and the main thread's last write must not interleave
             if state == "running" and self._closed.is_set():
@@ -179,8 +184,26 @@ class RunMonitor:
             return
         signum = getattr(exc, "signum", None)
         state, code = ("interrupted", 128 + signum) if signum else ("failed", EXIT_FAILED)
-        self.write(state, code, message=first_line(exc))
+        self.write(state, code, message=first_line(exc), durable_batches=self.durable_batches(exc))
         log.info("run %s; status %s, report %s", state, self.where["status"], self.where["report"])
+
+    def durable_batches(self, exc: BaseException) -> int | None:
+        """This run's batches durable now under the work prefix ``exc.work`` (set by the driver once the run's
+        plan is written), or None: no tick yet, no work prefix, or it cannot be read.
+
+        Batches go on becoming durable between the last progress tick and Spark's stop, and the resume
+        skips every one of them: the last status says what the resume will find, as ``infer_main`` does.
+        """
+        work, p = getattr(exc, "work", None), self.latest[1]
+        if work is None or p is None:
+            return None
+        try:
+            runs = work.runs()
+        except Exception as error:  # noqa: BLE001 - the last word is best-effort; the tick's count stands
+            log.warning("cannot read %s for the last status (%s)", work.uri, first_line(error))
+            return None
+        # The last run is this one only if its plan is the tick's: else this run failed before recording it.
+        return len(runs[-1].done) if runs and runs[-1].batches == p.batches_total else None
 
     def close(self) -> None:
         """Stop the heartbeat (the run has ended, whatever ended it)."""

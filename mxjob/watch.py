@@ -16,6 +16,10 @@ is a YARN container's. Exit codes:
 2     usage error, or the status cannot be read at all: no AWS credentials,
       or the S3 endpoint cannot be reached
 ====  =====================================================================
+
+Any code but 0 and 2 is also printed as the last line (``exit 3: more images failed
+than --max-errors allows``): ``make watch`` itself exits 2 on any failure, as
+make does whenever a command fails.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import botocore.exceptions
 import click
 
 import utils
-from mxjob.errors import EXIT_USAGE, first_line
+from mxjob.errors import EXIT_MEANINGS, EXIT_USAGE, exit_line, first_line
 from mxjob.progress import duration
 from mxjob.sidecar import output_of
 from mxjob.status import status_key
@@ -40,6 +44,8 @@ from mxjob.status import status_key
 EXIT_NO_STATUS = 4
 #: The job's exit code by final state, when the status has no ``exit_code``.
 EXIT_BY_STATE = {"succeeded": 0, "failed": 1, "interrupted": 130}
+#: The watch's codes in its last line: the job's, and its own 4.
+WATCH_EXIT_MEANINGS = {**EXIT_MEANINGS, EXIT_NO_STATUS: "no status, or it stopped changing while running"}
 #: The keys a moto server accepts (any would do): ``make submit`` gives the job the same for a local endpoint.
 LOCAL_S3_KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 #: Error codes with which S3 refuses the keys themselves: the status may exist, the credentials are wrong.
@@ -187,6 +193,10 @@ def main(output, endpoint_url, region, every, wait_seconds, stale_seconds):
         # One line, as click prints a usage error: botocore's 40-line stack says nothing more to the user.
         click.echo(f"Error: {problem}", err=True)
         code = EXIT_USAGE
+    # make watch exits 2 for any failure: the last line keeps the job's code. A usage error's 2 is make's
+    # own, and its one "Error:" line (as click prints one) says all.
+    if code not in (0, EXIT_USAGE):
+        click.echo(exit_line(code, WATCH_EXIT_MEANINGS), err=True)
     sys.exit(code)
 
 

@@ -165,6 +165,23 @@ def test_make_help_lists_every_documented_target():
     assert sorted(set(documented) - names) == []
 
 
+def test_make_help_says_make_exits_2_and_where_the_jobs_code_is_for_submit_and_watch():
+    """make exits 2 whenever a recipe fails: help may not promise the job's code through it."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    listed = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout
+    lines = {line.split()[0]: line for line in listed.splitlines() if line.strip()}
+    for target, direct in (("submit", "the printed == line"), ("watch", ".venv/bin/python -m mxjob.watch OUTPUT")):
+        line = lines[target]
+        assert "exit with its code" not in line, line
+        assert "make itself exits 2 on any failure" in line and "the last line" in line, line
+        assert direct in line, line
+
+
 def test_the_readme_says_what_make_test_takes_and_installs():
     # A new user runs make test first: its length, and that it runs apt-get as root, are no surprise.
     readme = (ROOT / "README.md").read_text(encoding="utf-8")

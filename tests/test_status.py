@@ -8,13 +8,17 @@ two empty objects stand in for the model.
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
 
 import infer_main
-from mxjob import listing, status, watch
+from mxjob import durable, listing, status, watch
 from mxjob.errors import EXIT_FAILED, JobError
+from mxjob.progress import Progress, Tick
+from mxjob.signals import Interrupted
+from mxjob.stats import StatsFold
 
 BUCKET = "status-bucket"
 MODEL = f"s3://{BUCKET}/model/fake"
@@ -137,11 +141,13 @@ class Recording:
 
     def __init__(self):
         self.states: list[tuple] = []
+        self.docs: list[dict] = []
 
     def put_object(self, Key, Body, **_):  # boto3's argument names
         if Key.endswith(".status.json"):
             doc = json.loads(Body)
             self.states.append((doc["state"], doc.get("stage")))
+            self.docs.append(doc)
 
 
 def test_a_claimed_status_is_refreshed_without_ticks_until_the_last_word(monkeypatch):
@@ -167,3 +173,57 @@ def test_an_unclaimed_monitor_leaves_the_status_to_the_run_that_wrote_it():
     monitor.ended(JobError("s3://b/out.jsonl (or its summary) already exists; add --overwrite to replace it"))
     monitor.close()
     assert client.states == []
+
+
+class Work:
+    """A work prefix (:class:`durable.WorkPrefix`'s ``runs``) whose one run has ``done`` of its 40 batches durable."""
+
+    uri = "s3://b/out.jsonl.parts/"
+
+    def __init__(self, done: int | None):
+        self.done = done
+
+    def runs(self) -> list:
+        if self.done is None:
+            raise OSError("S3 is gone")
+        return [durable.Run(number=1, prefix="p/", batch_size=4, batches=40, keys=160, application=None,
+                            done=frozenset(range(self.done)))]
+
+
+def ticked_monitor(client) -> status.RunMonitor:
+    """A claimed monitor whose last progress tick said 25 of 40 batches done, with an ETA."""
+    now = time.time()
+    monitor = status.RunMonitor(client, "b", "out.jsonl", now - 60, "x --resume", {})
+    monitor.claim("planning")
+    p = Progress(now=now, batches_done=25, batches_total=40, keys_done=100, keys_total=160, first_start=now - 50)
+    monitor.on_tick(StatsFold(), p, Tick(time=now, batches=25, keys=100, failed=0, recent_rate=2.0,
+                                         eta_seconds=30.0, predicted_end=now + 30))
+    return monitor
+
+
+@pytest.mark.parametrize(("exc", "state"), [(Interrupted(signal.SIGTERM), "interrupted"),
+                                            (JobError("executor lost"), "failed")])
+def test_a_stopped_runs_last_status_has_the_durable_batches_of_that_moment_and_no_eta(exc, state):
+    # Batches go on becoming durable after the last tick (25 here) until Spark stops: the work prefix says 32.
+    client = Recording()
+    monitor = ticked_monitor(client)
+    assert client.docs[-1]["eta_seconds"] == 30.0  # while running, the tick's ETA
+    exc.work = Work(32)  # as driver.checked_run attaches it
+    monitor.ended(exc)
+    monitor.close()
+    doc = client.docs[-1]
+    assert doc["state"] == state and doc["batches"] == {"done": 32, "total": 40}
+    assert doc.get("eta_seconds") is None and doc.get("predicted_end_iso") is None
+    assert "ETA" not in watch.describe(doc) and "32 of 40 batches" in watch.describe(doc)
+
+
+def test_a_stopped_run_whose_work_prefix_cannot_be_read_keeps_the_ticks_count():
+    client = Recording()
+    monitor = ticked_monitor(client)
+    exc = JobError("executor lost")
+    exc.work = Work(None)  # the last word is best-effort, as every status write is
+    monitor.ended(exc)
+    monitor.close()
+    doc = client.docs[-1]
+    assert doc["state"] == "failed" and doc["batches"] == {"done": 25, "total": 40}
+    assert doc.get("eta_seconds") is None

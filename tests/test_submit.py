@@ -6,7 +6,12 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -86,7 +91,7 @@ def test_a_relative_config_path_is_made_absolute_against_the_callers_directory(t
 
 def test_make_submit_prints_and_runs_the_config_path_from_the_callers_directory(tmp_path, monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(submit.subprocess, "call", lambda command, **kwargs: ran.append((command, kwargs)) or 0)
+    monkeypatch.setattr(submit, "run_and_wait", lambda command, **kwargs: ran.append((command, kwargs)) or 0)
     monkeypatch.setattr(submit, "spark_submit_command", lambda job_args: ["spark-submit", "infer_main.py", *job_args])
     monkeypatch.chdir(tmp_path)
     assert submit.main(["--config", "job.yaml", "--endpoint-url", "http://127.0.0.1:5000"]) == 0
@@ -96,6 +101,72 @@ def test_make_submit_prints_and_runs_the_config_path_from_the_callers_directory(
     printed = capsys.readouterr().out
     assert shlex.split(printed.splitlines()[0][3:])[-4:] == ["--config", str(tmp_path / "job.yaml"), "--endpoint-url",
                                                               "http://127.0.0.1:5000"]
+
+
+@pytest.mark.parametrize(("code", "last"), [
+    (1, "exit 1: the job failed"), (3, "exit 3: more images failed than --max-errors allows"),
+    (130, "exit 130: interrupted by SIGINT"), (143, "exit 143: interrupted by SIGTERM"),
+])
+def test_make_submit_prints_the_jobs_code_as_its_last_line_when_it_is_not_0(monkeypatch, capsys, code, last):
+    # make exits 2 for any failed recipe: the job's own code must be on the screen.
+    monkeypatch.setattr(submit, "run_and_wait", lambda command, **kwargs: code)
+    monkeypatch.setattr(submit, "spark_submit_command", lambda job_args: ["spark-submit", "infer_main.py", *job_args])
+    assert submit.main(["--top-k", "2"]) == code
+    assert capsys.readouterr().err.splitlines()[-1] == last
+
+
+#: A stand-in for spark-submit: traps SIGTERM (unless told to ignore it), says "ready" in the file argv[1] once it
+#: does, and on SIGTERM takes half a second to stop (as the driver writes its last status), then exits 143.
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def stop(signum, frame):
+    time.sleep(0.5)
+    with out.open("a") as f:
+        f.write("stopped\\n")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[2] == "ignore" else stop)
+out.write_text("ready\\n")
+for _ in range(200):  # 20 s at most, so that a test whose signal goes astray fails instead of hanging
+    time.sleep(0.1)
+"""
+
+
+def terminate_this_process_once_ready(ready: Path) -> threading.Thread:
+    """A thread that sends SIGTERM to this process (as make does to make submit) once the child traps it."""
+    def terminate():
+        deadline = time.time() + 30
+        while not ready.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        if ready.exists():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=terminate, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_run_and_wait_forwards_sigterm_and_returns_only_after_the_job_has_stopped(tmp_path):
+    # make submit returned before spark-submit stopped: "Resume with:" then came after the shell's prompt.
+    log = tmp_path / "child.log"
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    thread = terminate_this_process_once_ready(log)
+    code = submit.run_and_wait([sys.executable, "-c", CHILD, str(log), "trap"])
+    thread.join()
+    assert code == 143
+    assert log.read_text() == "ready\nstopped\n"  # its last line was printed before run_and_wait returned
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_run_and_wait_kills_a_job_that_outlives_the_grace_after_the_signal(tmp_path):
+    log = tmp_path / "child.log"
+    thread = terminate_this_process_once_ready(log)
+    started = time.time()
+    code = submit.run_and_wait([sys.executable, "-c", CHILD, str(log), "ignore"], grace=0.5)
+    thread.join()
+    assert code == 128 + signal.SIGKILL and time.time() - started < 15
+    assert log.read_text() == "ready\n"
 
 
 def test_the_rerun_commands_replace_the_output_the_first_run_wrote():

@@ -94,3 +94,25 @@ def test_watch_takes_the_status_written_before_the_plan_for_a_running_job():
     assert out[0].startswith("running (listing): no batch has been scored yet")
     assert out[1].startswith("failed (model_check): no batch has been scored yet") and out[1].endswith("; exit 1")
     assert out[2] == "  model: no such layer"
+
+
+@pytest.mark.parametrize(("doc", "code", "last"), [
+    ({"state": "failed", "exit_code": 3}, 3, "exit 3: more images failed than --max-errors allows"),
+    ({"state": "interrupted", "exit_code": 143}, 143, "exit 143: interrupted by SIGTERM"),
+])
+def test_watch_prints_the_jobs_code_as_its_last_line_when_it_is_not_0(moto_endpoint, moto_buckets, stderr_runner,
+                                                                      doc, code, last):
+    # make watch exits 2 for any failure: the code the job ended with must not be lost behind it.
+    status_doc = {**doc, "elapsed_seconds": 3, "report": "s3://r/p.report.html", "resume_command": "x --resume"}
+    moto_buckets.put_object(Bucket=BUCKET, Key=f"code-{code}/p.jsonl.status.json",
+                            Body=json.dumps(status_doc).encode())
+    result = stderr_runner.invoke(watch.main, [f"s3://{BUCKET}/code-{code}/p.jsonl", "--endpoint-url", moto_endpoint])
+    assert result.exit_code == code, (result.stderr, result.exception)
+    assert result.stderr.splitlines()[-1] == last
+
+
+def test_watch_prints_no_code_line_for_a_job_that_succeeded(moto_endpoint, moto_buckets, stderr_runner):
+    moto_buckets.put_object(Bucket=BUCKET, Key="code-0/p.jsonl.status.json",
+                            Body=json.dumps({"state": "succeeded", "exit_code": 0, "elapsed_seconds": 3}).encode())
+    result = stderr_runner.invoke(watch.main, [f"s3://{BUCKET}/code-0/p.jsonl", "--endpoint-url", moto_endpoint])
+    assert result.exit_code == 0 and result.stderr == ""

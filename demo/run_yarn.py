@@ -28,7 +28,7 @@ import boto3
 import yaml
 
 from demo import make_demo, yarn_local
-from demo.run_local import ROOT, demo_config, py_files_zip, upload_demo
+from demo.run_local import ROOT, demo_config, py_files_zip, spark_env, upload_demo
 from demo.s3local import FAKE_AWS_ENV, moto_server
 from demo.submit import shell_line, uses_local_s3
 
@@ -148,12 +148,16 @@ def submit_command(job_args: list[str], conf: dict[str, str], properties: Path,
             "--properties-file", str(properties), "--py-files", str(py_files_zip()), str(main), *job_args]
 
 
-def submit_env() -> dict[str, str]:
-    env = dict(os.environ)
+def submit_env(local_s3: bool, endpoint: str | None = None) -> dict[str, str]:
+    """spark-submit's environment: ``make submit``'s (:func:`demo.run_local.spark_env`: the venv's Python, and
+    moto's keys in place of every ``AWS_`` variable when ``local_s3``), the local YARN's client configuration and
+    the pyspark archives; ``endpoint`` as ``AWS_ENDPOINT_URL`` for a local server, where the driver reads the
+    job config from."""
+    env = spark_env(fake_aws=local_s3)
+    if local_s3 and endpoint:
+        env["AWS_ENDPOINT_URL"] = endpoint
     env["HADOOP_CONF_DIR"] = str(yarn_local.CONF_DIR)
     env["PYSPARK_ARCHIVES_PATH"] = pyspark_archives()
-    env["PYSPARK_PYTHON"] = sys.executable
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return env
 
 
@@ -227,9 +231,7 @@ def main_demo() -> int:
         conf = yarn_spark_conf(env=container_env(True, endpoint))
         command = submit_command(["--config", f"s3://{bucket}/{job_key}"], conf,
                                  yarn_local.STATE / "submit" / "run-yarn.conf")
-        env = submit_env()
-        env.update(FAKE_AWS_ENV)
-        env["AWS_ENDPOINT_URL"] = endpoint
+        env = submit_env(True, endpoint)
         print("== " + shell_line(command, {"HADOOP_CONF_DIR": env["HADOOP_CONF_DIR"]}), flush=True)
         code, app_id = run_submit(command, env)
         if app_id is None:
@@ -261,12 +263,7 @@ def main_submit(job_args: list[str]) -> int:
     conf = yarn_spark_conf(env=container_env(local, endpoint if local else None))
     properties = yarn_local.STATE / "submit" / "submit-yarn.conf"
     command = submit_command(job_args, conf, properties)
-    env = submit_env()
-    if local:
-        env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
-        env.update(FAKE_AWS_ENV)
-        if endpoint:
-            env["AWS_ENDPOINT_URL"] = endpoint
+    env = submit_env(local, endpoint)
     print("== " + shell_line(command, {"HADOOP_CONF_DIR": env["HADOOP_CONF_DIR"],
                                        "PYSPARK_ARCHIVES_PATH": env["PYSPARK_ARCHIVES_PATH"]}), flush=True)
     print(f"   (the Spark settings, conf/emr.yaml's scaled to the local YARN, are in {properties})", flush=True)

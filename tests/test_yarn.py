@@ -12,6 +12,7 @@ uninterrupted run of the same job in client mode on ``local-cluster``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +25,6 @@ import pytest
 import yaml
 
 from demo import make_demo, run_yarn, yarn_local
-from demo.s3local import FAKE_AWS_ENV
 from demo.s3proxy import S3Proxy
 from tests.helpers import bucket_with_effnet, bucket_with_model, spark_submit
 
@@ -94,10 +94,7 @@ class Submission:
         self.log = tmp_path / "spark-submit.log"
         conf = run_yarn.yarn_spark_conf(overrides, env=run_yarn.container_env(True, endpoint))
         command = run_yarn.submit_command(args, conf, tmp_path / "spark-yarn.conf")
-        env = run_yarn.submit_env()
-        env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
-        env.update(FAKE_AWS_ENV)
-        env["AWS_ENDPOINT_URL"] = endpoint
+        env = run_yarn.submit_env(True, endpoint)
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(command, env=env, cwd=str(run_yarn.ROOT), stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -158,6 +155,16 @@ def wait_for_parts(s3, submission: Submission, output_key: str, at_least: int, t
     return done
 
 
+@contextlib.contextmanager
+def slow_run(world, tmp_path: Path, output_key: str, parts: int):
+    """The job through a 50 ms S3 proxy with one download thread, so that its batches become durable one by one;
+    yields ``(submission, application id, parts durable)`` once ``parts`` are, and stops the proxy after the block."""
+    with S3Proxy(world["endpoint"], latency=0.05) as proxy:
+        submission = Submission(tmp_path, proxy.endpoint, job_args(output_key, "--io-threads", "1"))
+        app_id = submission.app_id()
+        yield submission, app_id, wait_for_parts(world["s3"], submission, output_key, parts)
+
+
 @pytest.fixture(scope="module")
 def reference(world):
     """The same job, uninterrupted, in client mode on local-cluster: the bytes every YARN run must give."""
@@ -199,10 +206,7 @@ def test_driver_killed_in_its_container_is_resumed_by_yarns_second_attempt(local
                                                                           tmp_path):
     output_key = "killed-driver/out.jsonl"
     batches = -(-len(world["keys"]) // BATCH)
-    with S3Proxy(world["endpoint"], latency=0.05) as proxy:
-        submission = Submission(tmp_path, proxy.endpoint, job_args(output_key, "--io-threads", "1"))
-        app_id = submission.app_id()
-        at_kill = wait_for_parts(world["s3"], submission, output_key, batches // 3)
+    with slow_run(world, tmp_path, output_key, batches // 3) as (submission, app_id, at_kill):
         pid = driver_process(app_id)
         assert pid is not None, submission.output()[-2000:]
         os.kill(pid, signal.SIGKILL)
@@ -222,10 +226,7 @@ def test_application_killed_through_yarn_is_interrupted_and_resume_finishes_it(l
                                                                               tmp_path):
     output_key = "killed-app/out.jsonl"
     batches = -(-len(world["keys"]) // BATCH)
-    with S3Proxy(world["endpoint"], latency=0.05) as proxy:
-        submission = Submission(tmp_path, proxy.endpoint, job_args(output_key, "--io-threads", "1"))
-        app_id = submission.app_id()
-        wait_for_parts(world["s3"], submission, output_key, batches // 3)
+    with slow_run(world, tmp_path, output_key, batches // 3) as (submission, app_id, _):
         yarn_local.kill_app(app_id)
         code = submission.wait()
     assert code != 0
@@ -337,10 +338,7 @@ def test_the_documented_memory_settings_finish_it_with_a_real_model_in_forward_l
 # Last: it leaves the local YARN one node short (the next module's local_yarn starts a whole one).
 def test_a_lost_node_loses_no_line_and_doubles_none(local_yarn, world, reference, tmp_path):
     output_key = "lost-node/out.jsonl"
-    with S3Proxy(world["endpoint"], latency=0.05) as proxy:
-        submission = Submission(tmp_path, proxy.endpoint, job_args(output_key, "--io-threads", "1"))
-        app_id = submission.app_id()
-        wait_for_parts(world["s3"], submission, output_key, 3)
+    with slow_run(world, tmp_path, output_key, 3) as (submission, app_id, _):
         report = yarn_local.app_report(app_id)
         driver_node = report[f"container.container_{app_id[len('application_'):]}_01_000001.node"]
         executor_nodes = {value for key, value in report.items() if key.endswith(".node")} - {driver_node}

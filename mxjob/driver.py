@@ -194,7 +194,8 @@ def spark_summary(spark_stop: SparkStop | None) -> dict | None:
     """The summary's ``spark``: master, deploy mode, application id and YARN attempt; ``None`` without a Spark job."""
     if spark_stop is None:
         return None
-    return {**spark_stop.context, "yarn_attempt": yarn_attempt()[1] if yarn_attempt()[0] else None}
+    application, attempt = yarn_attempt()
+    return {**spark_stop.context, "yarn_attempt": attempt if application else None}
 
 
 @dataclass

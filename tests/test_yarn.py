@@ -281,13 +281,15 @@ def effnet_args(output_key: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def memory_killed(local_yarn, effnet_world, tmp_path_factory):
-    """A real model's run in containers too small for it: 576 MiB (YARN rounds it up to 640).
+    """A real model's run in containers too small for it: 528 MiB (YARN rounds it up to 544), less than the
+    executor's JVM and a worker with the model loaded hold before their first forward pass, so every executor is
+    killed (at 576 MiB one executor's container once stayed under its limit and finished the run).
 
     One application attempt: a second would only fail the same way.
     """
     submission = Submission(tmp_path_factory.mktemp("memory"), effnet_world["endpoint"],
                             effnet_args("memory/out.jsonl"), overrides={
-        "spark.executor.memory": "512m", "spark.executor.memoryOverhead": "64m", "spark.yarn.maxAppAttempts": "1"})
+        "spark.executor.memory": "512m", "spark.executor.memoryOverhead": "16m", "spark.yarn.maxAppAttempts": "1"})
     return submission.wait(), submission
 
 
@@ -304,8 +306,8 @@ def test_an_executor_over_its_memory_limit_is_killed_by_yarn_and_the_job_says_wh
     assert status["state"] == "failed"
     message = status["message"]
     assert "YARN killed an executor's container for exceeding its memory limit" in message
-    assert "of 640 MB" in message  # YARN's limit, as YARN rounded it
-    assert "576 MiB (spark.executor.memory 512 MiB + spark.executor.memoryOverhead 64 MiB)" in message
+    assert "of 544 MB" in message  # YARN's limit, as YARN rounded it
+    assert "528 MiB (spark.executor.memory 512 MiB + spark.executor.memoryOverhead 16 MiB)" in message
     assert re.search(r"Python workers' measured peak RSS was [\d,]+ MiB|the driver, which loaded the same model "
                      r"for its check, peaked at [\d,]+ MiB", message), message
     assert re.search(r"Raise spark.executor.memoryOverhead to \d+m or more", message), message

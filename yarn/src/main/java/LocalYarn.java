@@ -74,7 +74,9 @@ public final class LocalYarn {
         conf.setLong(YarnConfiguration.NM_CONTAINER_MON_INTERVAL_MS, 1000);
         conf.setInt(YarnConfiguration.NM_PMEM_MB, nodeMb);
         conf.setInt(YarnConfiguration.NM_VCORES, nodeVcores);
-        conf.setInt(YarnConfiguration.RM_SCHEDULER_MINIMUM_ALLOCATION_MB, 128);
+        // Containers in steps of 32 MB, as EMR's yarn-site has it (YARN's own default is 1024): a container's
+        // limit is then what its Spark settings ask for, to within 32 MB.
+        conf.setInt(YarnConfiguration.RM_SCHEDULER_MINIMUM_ALLOCATION_MB, 32);
         conf.setInt(YarnConfiguration.RM_SCHEDULER_MAXIMUM_ALLOCATION_MB, nodeMb);
         conf.setInt(YarnConfiguration.RM_SCHEDULER_MAXIMUM_ALLOCATION_VCORES, nodeVcores);
         // A node that stops heartbeating is lost after 20 s, not YARN's 10 minutes.

@@ -44,6 +44,7 @@ import click
 from click.core import ParameterSource
 
 from mxjob import config, rerun, signals
+from mxjob.cluster import satisfy_application_master
 from mxjob.config import JobConfig, load_yaml, merge_settings, resolve
 from mxjob.driver import durable_status, run_job
 from mxjob.errors import EXIT_FAILED, JobError
@@ -134,6 +135,8 @@ def main(config_uri, **values):
     finally:
         for sig, handler in previous.items():  # main() may run inside a test or a notebook
             signal.signal(sig, handler)
+    if code == 0:
+        satisfy_application_master()  # in cluster mode, a run that needed no Spark job must still start Spark
     sys.exit(code)
 
 

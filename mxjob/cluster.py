@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import threading
 import time
 from dataclasses import replace
 
-from mxjob import container_memory, durable, rerun, signals
+from mxjob import container_memory, durable, rerun, signals, state
 from mxjob.config import JobConfig
 from mxjob.container_memory import ExecutorContainer
 from mxjob.errors import JobError, first_line
@@ -56,6 +57,24 @@ def context_info(sc) -> dict:
             "application_id": sc.applicationId}
 
 
+def satisfy_application_master() -> None:
+    """In YARN's ApplicationMaster (cluster mode), start and stop a SparkContext if this driver started none.
+
+    The ApplicationMaster waits for the driver's SparkContext and reports the
+    application FAILED ("User did not initialize spark context!"), then tries
+    it again, when the driver ends without one, even with exit code 0: a run
+    with nothing to score (a ``--resume`` of a complete output, a ``--dry-run``)
+    would fail its EMR step. ``CONTAINER_ID`` is set in YARN's containers only,
+    and only the ApplicationMaster's runs the job's driver.
+    """
+    if state.counters.spark_contexts or not os.environ.get("CONTAINER_ID"):
+        return
+    from pyspark import SparkConf, SparkContext
+
+    log.info("no Spark job was needed; starting and stopping Spark so that YARN's ApplicationMaster reports success")
+    stop_context(SparkContext.getOrCreate(SparkConf()))
+
+
 def stop_context(sc) -> None:
     """Stop the SparkContext; after a signal the JVM may be gone already."""
     try:
@@ -83,6 +102,7 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
     for key, value in (spark_conf or {}).items():
         conf.set(key, value)
     sc = SparkContext.getOrCreate(conf)
+    state.counters.spark_contexts += 1
     main_thread = threading.current_thread() is threading.main_thread()
     if signal.getsignal(signal.SIGTERM) is signals.raise_interrupted and main_thread:
         # PySpark's SparkContext puts its own SIGINT handler in (cancel the jobs, then

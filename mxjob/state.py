@@ -117,6 +117,9 @@ class Counters:
     mxnet_import_seconds: float | None = None
     #: Why the lean listing fell back to botocore's parser, once said (``mxjob.listing``); ``None``: not said.
     listing_fallback: str | None = None
+    #: SparkContexts this driver started (``mxjob.cluster``): a cluster-mode driver that started none starts one
+    #: before it exits (:func:`mxjob.cluster.satisfy_application_master`).
+    spark_contexts: int = 0
 
 
 counters = Counters()

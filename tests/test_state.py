@@ -97,3 +97,18 @@ def test_the_py_files_zip_holds_every_module_and_imports_from_itself_alone(tmp_p
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(archive)}, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_outside_yarn_a_driver_that_started_no_spark_starts_none_at_exit(monkeypatch):
+    # Only YARN's ApplicationMaster needs a SparkContext from every driver; a test or a laptop run does not.
+    from mxjob import cluster
+
+    monkeypatch.delenv("CONTAINER_ID", raising=False)
+    monkeypatch.setattr(state.counters, "spark_contexts", 0)
+    started = []
+    monkeypatch.setattr("pyspark.SparkContext.getOrCreate", lambda *a: started.append(a))
+    cluster.satisfy_application_master()
+    monkeypatch.setenv("CONTAINER_ID", "container_1795664432297_0003_01_000001")
+    monkeypatch.setattr(state.counters, "spark_contexts", 1)  # it ran its Spark job
+    cluster.satisfy_application_master()
+    assert started == []

@@ -202,6 +202,16 @@ def test_summary_records_cluster_deploy_mode_and_the_application(world, cluster_
     assert spark["yarn_attempt"] == 1
 
 
+def test_a_cluster_mode_run_with_nothing_to_score_succeeds_on_yarn(world, cluster_run, tmp_path):
+    # --resume of the complete output: the driver needs no Spark job, but YARN's ApplicationMaster fails an
+    # application whose driver never started a SparkContext ("User did not initialize spark context!").
+    submission = Submission(tmp_path, world["endpoint"], job_args("yarn/out.jsonl", "--resume"))
+    assert submission.wait() == 0, submission.output()[-3000:] + submission.logs()
+    report = yarn_local.app_report(submission.app_id())
+    assert (report["state"], report["final_status"], report["attempts"]) == ("FINISHED", "SUCCEEDED", "1")
+    assert "already complete" in submission.logs()
+
+
 def test_driver_killed_in_its_container_is_resumed_by_yarns_second_attempt(local_yarn, world, reference,
                                                                           tmp_path):
     output_key = "killed-driver/out.jsonl"

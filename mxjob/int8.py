@@ -1,6 +1,6 @@
 """INT8 (``--precision int8``): post-training quantization with oneDNN, and how far it strays from fp32.
 
-The driver quantizes once per job (``mxjob.driver.prepare_precision``),
+The driver quantizes once per job (``mxjob.int8_prep.prepare_precision``),
 calibrated on the job's own images, and refuses to run when int8 and fp32
 disagree on more top-1 classes than ``--min-agreement`` allows.
 """

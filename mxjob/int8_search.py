@@ -1,6 +1,6 @@
 """``--int8-exclude auto``: find the layers to keep in fp32 so that int8 agrees with fp32 and is faster.
 
-The driver (``mxjob.driver.prepare_precision``) calibrates once
+The driver (``mxjob.int8_prep.prepare_precision``) calibrates once
 (:class:`Calibration`: every output's min and max in the oneDNN-fused fp32
 graph, over the calibration images), so each configuration the search tries
 costs a graph pass and one int8 forward pass over the held-out images, never

@@ -5,7 +5,7 @@ cannot be written (no such bucket, no ``s3:PutObject``) and a model file that
 is not there are each one or two requests away. Made after the listing, the
 model load and the int8 quantization, they would be reported after minutes
 or hours of a large input. :func:`check_before_listing` makes them first;
-``mxjob.driver.plan_output`` still decides between a fresh run and a resume
+``mxjob.resume.plan_output`` still decides between a fresh run and a resume
 once the keys are known.
 """
 

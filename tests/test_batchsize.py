@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from mxjob import batchsize, config, driver, estimate
+from mxjob import batchsize, config, estimate, sizing
 
 BASE = {"input": "s3://in/photos/", "model": "s3://m/r18", "output": "s3://out/p.jsonl"}
 #: Spark's per-task cost in these tests: known, so every expected batch is arithmetic.
@@ -129,46 +129,46 @@ KEYS = [(f"k{i:06d}", 100) for i in range(100_000)]
 
 def test_auto_measures_once_and_the_estimate_uses_the_chosen_batch(measured, caplog):
     cfg = resolved(batch_size="auto", estimate_cluster="2x1", micro_batch_size=16)
-    with caplog.at_level(logging.INFO, logger="mxjob.driver"):
-        chosen_cfg, sizing = driver.size_run(cfg, KEYS, len(KEYS))
+    with caplog.at_level(logging.INFO, logger="mxjob.sizing"):
+        chosen_cfg, sized = sizing.size_run(cfg, KEYS, len(KEYS))
     [(bound, sample)] = measured  # one measurement, bound at the micro-batch, for both
     assert bound == 16 and len(sample) == cfg.estimate_images
-    assert chosen_cfg.batch_size == sizing.choice["chosen"] == 1904 and sizing.choice["requested"] == "auto"
+    assert chosen_cfg.batch_size == sized.choice["chosen"] == 1904 and sized.choice["requested"] == "auto"
     assert chosen_cfg.job_spec().batch_size == 1904  # what the executors get: a number
-    assert sizing.estimate["batches"] == -(-len(KEYS) // 1904)
+    assert sized.estimate["batches"] == -(-len(KEYS) // 1904)
     assert "batch size 1904: 5% of a task for Spark's 0.2 s per task needs 1900 images of 2 ms" in caplog.text
 
 
 def test_a_given_batch_size_is_kept_and_still_measured_for_the_estimate(measured):
-    cfg, sizing = driver.size_run(resolved(batch_size=128, estimate_cluster="2x1"), KEYS, len(KEYS))
-    assert cfg.batch_size == sizing.choice["chosen"] == 128 and sizing.choice["why"] == "--batch-size 128"
-    assert sizing.choice["per_image_seconds"] == pytest.approx(0.002) and len(measured) == 1
+    cfg, sized = sizing.size_run(resolved(batch_size=128, estimate_cluster="2x1"), KEYS, len(KEYS))
+    assert cfg.batch_size == sized.choice["chosen"] == 128 and sized.choice["why"] == "--batch-size 128"
+    assert sized.choice["per_image_seconds"] == pytest.approx(0.002) and len(measured) == 1
 
 
 def test_the_per_image_time_is_the_cpu_over_each_executors_threads(measured):
     # 4 nodes of 8 vCPUs, one executor of 8 threads each: 2 ms of CPU an image is 0.25 ms on an executor.
-    _, sizing = driver.size_run(resolved(estimate_cluster="4x8"), KEYS, len(KEYS))
-    assert sizing.choice["per_image_seconds"] == pytest.approx(0.00025)
+    _, sized = sizing.size_run(resolved(estimate_cluster="4x8"), KEYS, len(KEYS))
+    assert sized.choice["per_image_seconds"] == pytest.approx(0.00025)
     # The overhead wants 19 x 0.2 s / 0.25 ms = 15,200; 100,000 / (4 waves x 4 executors) = 6250 -> 6240; at most 4096.
-    assert sizing.choice["chosen"] == 4096
+    assert sized.choice["chosen"] == 4096
     # The same 32 vCPUs as 32 executors of one thread: 2 ms an image, 100,000 / (4 waves x 32) = 781 -> 768.
-    _, sizing = driver.size_run(resolved(estimate_cluster="32x1"), KEYS, len(KEYS))
-    assert sizing.choice["per_image_seconds"] == pytest.approx(0.002)
-    assert sizing.choice["chosen"] == 768
+    _, sized = sizing.size_run(resolved(estimate_cluster="32x1"), KEYS, len(KEYS))
+    assert sized.choice["per_image_seconds"] == pytest.approx(0.002)
+    assert sized.choice["chosen"] == 768
 
 
 def test_auto_without_a_measurement_falls_back_to_the_librarys_batch(measured):
-    cfg, sizing = driver.size_run(resolved(estimate_images=0), KEYS, len(KEYS))
+    cfg, sized = sizing.size_run(resolved(estimate_images=0), KEYS, len(KEYS))
     assert cfg.batch_size == batchsize.FALLBACK == 64 and not measured
-    assert "--estimate-images 0 measures nothing" in sizing.choice["why"] and sizing.estimate is None
+    assert "--estimate-images 0 measures nothing" in sized.choice["why"] and sized.estimate is None
 
 
 def test_auto_when_no_sample_image_could_be_scored_falls_back(monkeypatch):
     monkeypatch.setattr(estimate, "measure", lambda job, items, url: estimate.SampleCost(
         images=len(items), scored=0, cpu_seconds_per_image=0.0001, s3_server_cpu_seconds_per_image=0.0,
         model_load_seconds=1.0))
-    cfg, sizing = driver.size_run(resolved(estimate_cluster="1x2"), KEYS, len(KEYS))
-    assert cfg.batch_size == 64 and "no sample image could be scored" in sizing.choice["why"]
+    cfg, sized = sizing.size_run(resolved(estimate_cluster="1x2"), KEYS, len(KEYS))
+    assert cfg.batch_size == 64 and "no sample image could be scored" in sized.choice["why"]
 
 
 # ----------------------------------------------------------------------------

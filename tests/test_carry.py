@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import utils
-from mxjob import driver, durable, listing, manifest, partition
+from mxjob import driver, durable, listing, manifest, partition, resume
 from mxjob.config import merge_settings, resolve
 from tests.helpers import bucket_with_digits, lines_part, spark_submit
 
@@ -268,12 +268,12 @@ def test_a_listed_prefix_gives_each_objects_etag(s3):
     assert columns.column_names == ["etag", "size"]
     assert columns["etag"].to_pylist() == expected
     assert columns["size"].to_pylist() == [1, 2]
-    assert driver.carried_names(cfg, images) == ["etag", "size"]
+    assert resume.carried_names(cfg, images) == ["etag", "size"]
 
 
 def test_without_carried_columns_nothing_is_appended(s3):
     plain = listing.Listing.build(BUCKET, ["photos/a.jpg"], [1])
-    assert driver.carried_names(config(), plain) == []
+    assert resume.carried_names(config(), plain) == []
     assert driver.carried_columns(config(), plain) is None
 
 
@@ -286,9 +286,9 @@ def test_the_fingerprint_differs_with_carried_columns_and_with_object_metadata(m
     classifier = type("Fake", (), {"labels": None})()
     monkeypatch.setattr(type(config().model), "read", lambda self, uri: b"model")
     cfg, with_meta = config(), config("--with-object-metadata")
-    without = driver.job_fingerprint(cfg, classifier, driver.carried_names(cfg, plain))
-    carried = driver.job_fingerprint(cfg, classifier, driver.carried_names(cfg, images))
-    metadata = driver.job_fingerprint(with_meta, classifier, driver.carried_names(with_meta, plain))
+    without = resume.job_fingerprint(cfg, classifier, resume.carried_names(cfg, plain))
+    carried = resume.job_fingerprint(cfg, classifier, resume.carried_names(cfg, images))
+    metadata = resume.job_fingerprint(with_meta, classifier, resume.carried_names(with_meta, plain))
     assert "carried" not in without and "with_object_metadata" not in without  # as every run before them
     assert carried["carried"] == ["product_id", "shop"]
     assert metadata["carried"] == ["etag", "size"] and metadata["with_object_metadata"] is True

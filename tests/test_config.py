@@ -13,7 +13,7 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, driver, durable, errors, listing, settings
+from mxjob import cluster, config, durable, errors, listing, settings, sizing
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -307,7 +307,7 @@ def test_help_shows_every_default_from_the_table_and_no_help_text_types_one(runn
 def test_the_job_and_the_library_share_their_defaults():
     cfg = config.resolve(config.merge_settings({k[2:]: v for k, v in zip(BASE[::2], BASE[1::2])}, {}))
     # auto's choice when nothing is measured is the library's batch size.
-    cfg, _ = driver.size_run(replace(cfg, estimate_images=0), images=[], to_score=1000)
+    cfg, _ = sizing.size_run(replace(cfg, estimate_images=0), images=[], to_score=1000)
     assert cfg.preprocess == mxinfer.Preprocess()
     library = mxinfer.JobSpec(model=cfg.model, preprocess=mxinfer.Preprocess(), bucket="in")
     job = cfg.job_spec()
@@ -443,7 +443,7 @@ def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, 
 
 
 def test_dry_run_plan_holds_the_estimate_for_the_cluster_asked(small_world, stderr_runner, caplog):
-    caplog.set_level(logging.INFO, logger="mxjob.driver")
+    caplog.set_level(logging.INFO, logger="mxjob.sizing")
     result = stderr_runner.invoke(infer_main.main, [
         *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://cfg-bucket/dry/e.jsonl", "--dry-run",
         "--estimate-cluster", "10x16", "--node-price", "0.5", "--estimate-images", "4"])

@@ -1,5 +1,5 @@
 """Unit tests for :mod:`mxjob.container_memory` (an executor's YARN container and the advice when YARN kills one) and
-for :func:`mxjob.driver.finished_by_this_application` (a later YARN attempt ending as the earlier one did)."""
+for :func:`mxjob.resume.finished_by_this_application` (a later YARN attempt ending as the earlier one did)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from mxjob.container_memory import (
     size_mib,
     suggested_overhead_mib,
 )
-from mxjob.driver import finished_by_this_application
+from mxjob.resume import finished_by_this_application
 from mxjob.status import status_key
 
 #: The reason Spark gives when YARN kills an executor's container for its memory (a container of 640 MiB).

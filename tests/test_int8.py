@@ -12,7 +12,7 @@ import pytest
 import infer_main
 import mxinfer
 from demo import make_demo
-from mxjob import config, driver, errors
+from mxjob import config, errors, int8_prep
 from mxjob.int8 import agreement_refusal, int8_excluded, weight_layers
 from mxjob.int8_search import SearchResult, Trial
 from tests.helpers import bucket_with_effnet, bucket_with_model, spark_submit
@@ -22,14 +22,14 @@ BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 
 def test_samples_are_spread_over_the_listing_disjoint_and_the_same_every_time():
     images = [(f"k{i:03d}", 1) for i in range(100)]
-    calibration, held_out = driver.sample_keys(images, 10)
+    calibration, held_out = int8_prep.sample_keys(images, 10)
     assert (len(calibration), len(held_out)) == (10, 10)
     assert not set(calibration) & set(held_out)
     assert calibration[0] == images[0] and held_out[-1][0] >= "k090"  # from the first key to the last tenth
-    assert driver.sample_keys(images, 10) == (calibration, held_out)
-    few_cal, few_held = driver.sample_keys(images[:5], 10)
+    assert int8_prep.sample_keys(images, 10) == (calibration, held_out)
+    few_cal, few_held = int8_prep.sample_keys(images[:5], 10)
     assert sorted(few_cal + few_held) == images[:5]
-    assert driver.sample_keys(images[:1], 10) == (images[:1], images[:1])
+    assert int8_prep.sample_keys(images[:1], 10) == (images[:1], images[:1])
 
 
 def test_agreement_counts_top1_matches_and_the_largest_probability_difference():
@@ -195,7 +195,7 @@ def test_the_executors_score_with_the_drivers_int8_checkpoint(moto_endpoint, dem
     # The same documented sample, quantized here, gives the job's probabilities.
     by_key = dict(zip(keys, paths))
     listing = sorted((key, path.stat().st_size) for key, path in by_key.items())
-    calibration, _ = driver.sample_keys(listing, 20)
+    calibration, _ = int8_prep.sample_keys(listing, 20)
     arrays = np.stack([mxinfer.decode_image(by_key[k].read_bytes(), make_demo.PREPROCESS) for k, _ in calibration])
     spec = mxinfer.ModelSpec.from_prefix(str(demo_dir / "model" / "digits"), labels_uri="")
     int8 = mxinfer.Classifier(mxinfer.quantize_int8(spec, make_demo.INPUT_SHAPE, arrays, str(tmp_path / "q")),
@@ -213,21 +213,21 @@ def test_a_model_that_cannot_be_quantized_fails_with_what_to_do(monkeypatch, log
     def broken(*args, **kwargs):
         raise RuntimeError("MXNetError: unsupported operator\nstack...")
 
-    monkeypatch.setattr(driver, "quantize_int8", broken)
+    monkeypatch.setattr(int8_prep, "quantize_int8", broken)
     cfg = config.resolve(config.merge_settings(
         {**BASE, "model": str(logits_prefix), "input_shape": "3,32,32", "precision": "int8"}, {}))
     classifier = mxinfer.Classifier(cfg.model, (3, 32, 32), 4)
-    monkeypatch.setattr(driver, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
+    monkeypatch.setattr(int8_prep, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
     with pytest.raises(errors.JobError, match=r"cannot quantize the model to int8: MXNetError: unsupported "
                                                    r"operator; keep the layer .* --precision fp32"):
-        driver.prepare_precision(cfg, None, [(f"k{i}", 1) for i in range(40)], classifier)
+        int8_prep.prepare_precision(cfg, None, [(f"k{i}", 1) for i in range(40)], classifier)
 
 
 def int8_job(monkeypatch, logits_prefix, **options):
     """A --precision int8 config on the demo model, and its classifier; the sample decodes to digits."""
     cfg = config.resolve(config.merge_settings(
         {**BASE, "model": str(logits_prefix), "input_shape": "3,32,32", "precision": "int8", **options}, {}))
-    monkeypatch.setattr(driver, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
+    monkeypatch.setattr(int8_prep, "sample_arrays", lambda cfg, client, items: digit_arrays(len(items)))
     return cfg, mxinfer.Classifier(cfg.model, (3, 32, 32), 4)
 
 
@@ -245,18 +245,18 @@ def test_a_held_out_sample_under_the_minimum_is_refused_before_quantizing(monkey
                                                                           options, message):
     cfg, classifier = int8_job(monkeypatch, logits_prefix, **options)
     quantized = []
-    monkeypatch.setattr(driver, "quantize_int8", lambda *args, **kwargs: quantized.append(1))
+    monkeypatch.setattr(int8_prep, "quantize_int8", lambda *args, **kwargs: quantized.append(1))
     with pytest.raises(errors.JobError, match=message):
-        driver.prepare_precision(cfg, None, [(f"k{i:04d}", 1) for i in range(images)], classifier)
+        int8_prep.prepare_precision(cfg, None, [(f"k{i:04d}", 1) for i in range(images)], classifier)
     assert quantized == []
 
 
 def test_the_agreement_refusal_names_the_sample_actually_used(monkeypatch, logits_prefix):
     cfg, classifier = int8_job(monkeypatch, logits_prefix)  # --calibration-images 256, but 60 images listed
-    monkeypatch.setattr(driver, "quantize_int8", lambda spec, *args, **kwargs: spec)  # "int8" is fp32 itself
-    monkeypatch.setattr(driver, "agreement", lambda fp32, int8: {
+    monkeypatch.setattr(int8_prep, "quantize_int8", lambda spec, *args, **kwargs: spec)  # "int8" is fp32 itself
+    monkeypatch.setattr(int8_prep, "agreement", lambda fp32, int8: {
         "top1_agreement": 0.9, "max_probability_difference": 0.3, "images": len(fp32)})
     with pytest.raises(errors.JobError, match=r"more --calibration-images \(this run calibrated on 30 and held "
                                               r"out 30\), or --precision fp32") as refused:
-        driver.prepare_precision(cfg, None, [(f"k{i:03d}", 1) for i in range(60)], classifier)
+        int8_prep.prepare_precision(cfg, None, [(f"k{i:03d}", 1) for i in range(60)], classifier)
     assert "now 256" not in str(refused.value)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mxinfer
-from mxjob import config, driver, errors, int8_search
+from mxjob import config, errors, int8_prep, int8_search
 
 SHAPE = (3, 32, 32)
 CHANNELS = 32
@@ -59,7 +59,7 @@ def auto_job(monkeypatch, prefix: str, **options):
         return np.stack([np.random.RandomState(int(key[1:])).uniform(-1, 1, SHAPE).astype(np.float32)
                          for key, _ in items])
 
-    monkeypatch.setattr(driver, "sample_arrays", arrays)
+    monkeypatch.setattr(int8_prep, "sample_arrays", arrays)
     return cfg, mxinfer.Classifier(cfg.model, SHAPE, 4), [(f"k{i:03d}", 1) for i in range(80)]
 
 
@@ -67,7 +67,7 @@ def test_the_search_keeps_the_one_broken_layer_in_fp32_and_passes_the_gate(monke
     # How much faster int8 runs depends on the CPU; test_a_configuration_no_faster_than_fp32_is_refused covers it.
     monkeypatch.setattr(int8_search, "MIN_SPEEDUP", 0.0)
     cfg, classifier, images = auto_job(monkeypatch, outlier_prefix)
-    cfg, report = driver.prepare_precision(cfg, None, images, classifier)
+    cfg, report = int8_prep.prepare_precision(cfg, None, images, classifier)
     search = report["search"]
     assert search["trials"][0]["excluded_layers"] == 0 and search["trials"][0]["top1_agreement"] < 0.5
     assert search["most_sensitive"][0]["layer"] == "conv1"
@@ -83,7 +83,7 @@ def test_the_search_stops_at_its_budget_and_refuses_with_the_best_it_found(monke
                                               r"[0-9.]+ s on 40 held-out images; no time left to rank the layers\)\. "
                                               r"The best: layers none in fp32, tensor-wise weight scales, top-1 "
                                               r"agreement 0\.00%, speed-up [0-9.]+x\. Nothing was scored"):
-        driver.prepare_precision(cfg, None, images, classifier)
+        int8_prep.prepare_precision(cfg, None, images, classifier)
 
 
 def test_a_configuration_no_faster_than_fp32_is_refused(monkeypatch, outlier_prefix):
@@ -91,7 +91,7 @@ def test_a_configuration_no_faster_than_fp32_is_refused(monkeypatch, outlier_pre
     cfg, classifier, images = auto_job(monkeypatch, outlier_prefix)
     with pytest.raises(errors.JobError, match=r"at least 1e\+06x faster .* no faster than fp32 with every layer "
                                               r"quantized\)\. The best: .* speed-up"):
-        driver.prepare_precision(cfg, None, images, classifier)
+        int8_prep.prepare_precision(cfg, None, images, classifier)
 
 
 @pytest.mark.parametrize("seconds, shown", [(0.4, "0.4 s"), (0.04, "0.04 s"), (7.3, "7.3 s"), (95.4, "95 s")])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import utils
-from mxjob import driver, durable, errors, listing, manifest, preflight
+from mxjob import driver, durable, errors, listing, manifest, preflight, resume
 from mxjob.config import merge_settings, resolve
 from tests.helpers import bucket_with_model
 
@@ -81,7 +81,7 @@ def test_an_s3_endpoint_that_is_down_while_the_output_is_looked_for_is_named_not
     cfg = job(DOWN_ENDPOINT, s3_max_attempts=1)
     client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=1)
     with pytest.raises(errors.JobError) as refused:
-        driver.existing_output(cfg, client, durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
+        resume.existing_output(cfg, client, durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
     message = str(refused.value)
     assert message.startswith(f"cannot write s3://{BUCKET}/new/out.jsonl: the S3 endpoint {DOWN_ENDPOINT} "
                               "cannot be reached")

@@ -26,7 +26,7 @@ import infer_main
 import utils
 from demo import make_demo
 from demo.s3proxy import S3Proxy
-from mxjob import driver, durable, errors, listing, partition, signals
+from mxjob import driver, durable, errors, listing, partition, resume, signals
 from mxjob.config import JobConfig, merge_settings, resolve
 from tests.helpers import bucket_with_model, lines_part, part_lines, spark_submit, start_spark_submit
 
@@ -167,14 +167,14 @@ def test_an_existing_output_is_refused_and_left_untouched_unless_overwrite(s3):
     images = listing.Listing.build(BUCKET, ["in/a.jpg"], [1])
     with pytest.raises(errors.JobError, match=r"s3://resume-bucket/done/out.jsonl \(or its summary\) already "
                                                   r"exists; add --overwrite to replace it"):
-        driver.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
+        resume.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
     assert read(s3, "done/out.jsonl") == b"yesterday's results\n" and not work.exists()
-    plan = driver.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
+    plan = resume.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
     assert plan.todo is images and work.read_job()["fingerprint"] == {"top_k": 2}
     # --resume of a finished output (no work prefix left) has nothing to do.
     work.remove()
-    with pytest.raises(driver.Completed, match=r"s3://resume-bucket/done/out\.jsonl"):
-        driver.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
+    with pytest.raises(resume.Completed, match=r"s3://resume-bucket/done/out\.jsonl"):
+        resume.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
 
 
 def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, monkeypatch):
@@ -185,21 +185,21 @@ def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, mon
     s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 0), Body=lines_part([]))
     images = listing.Listing.build(BUCKET, keys, [1] * len(keys))
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0007_02_000001")
-    plan = driver.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+    plan = resume.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
     assert plan.resumed and [k for k, _ in plan.todo] == ["c", "d"] and plan.number == 2
     # Attempt 2 of another application never takes this work over.
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0008_02_000001")
     with pytest.raises(errors.JobError, match="holds an earlier run's progress"):
-        driver.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+        resume.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
 
 
 def test_yarn_attempt_is_read_from_the_container_id(monkeypatch):
     monkeypatch.setenv("CONTAINER_ID", "container_e17_1410901177871_0031_02_000001")
-    assert driver.yarn_attempt() == ("application_1410901177871_0031", 2)
+    assert resume.yarn_attempt() == ("application_1410901177871_0031", 2)
     monkeypatch.setenv("CONTAINER_ID", "container_1410901177871_0031_01_000001")
-    assert driver.yarn_attempt() == ("application_1410901177871_0031", 1)
+    assert resume.yarn_attempt() == ("application_1410901177871_0031", 1)
     monkeypatch.delenv("CONTAINER_ID")
-    assert driver.yarn_attempt() == (None, 1)
+    assert resume.yarn_attempt() == (None, 1)
 
 
 def test_resume_command_adds_resume_and_drops_overwrite():

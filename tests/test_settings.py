@@ -13,7 +13,7 @@ import yaml
 
 import mxinfer
 import utils
-from mxjob import config, driver, listing, settings
+from mxjob import config, listing, resume, settings, sizing
 from mxjob.partition import JobSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +105,7 @@ def test_a_new_executor_setting_needs_only_its_declaration(monkeypatch):
 def test_the_library_defaults_are_the_jobs():
     # The job's batch size is chosen at run time (auto); the library's is the number the job chooses when
     # it measures nothing, so compare against a run that measures nothing.
-    cfg, _ = driver.size_run(resolved(estimate_images=0), images=[], to_score=100)
+    cfg, _ = sizing.size_run(resolved(estimate_images=0), images=[], to_score=100)
     assert resolved().batch_size == "auto" and cfg.batch_size == 64
     assert mxinfer.Preprocess() == cfg.preprocess
     spec = mxinfer.ModelSpec("s", "p")
@@ -129,21 +129,21 @@ def test_the_library_defaults_are_the_jobs():
 
 
 def test_the_fingerprint_holds_exactly_the_settings_the_table_marks():
-    fp32 = driver.line_settings(resolved())
+    fp32 = resume.line_settings(resolved())
     assert set(fp32) == {"data_name", "preprocess", "top_k", "max_object_bytes", "precision", "task"}
     assert fp32["preprocess"] == {s.name: s.default for s in settings.going_to("preprocess")}
-    int8 = driver.line_settings(resolved(precision="int8", int8_exclude="conv0"))
+    int8 = resume.line_settings(resolved(precision="int8", int8_exclude="conv0"))
     assert set(int8) - set(fp32) == {"calibration_images", "int8_exclude"}
     assert int8["int8_exclude"] == ("conv0",)
     # A setting that does not change a line (io_threads) is not in it, whatever its value; nor is the
     # batch size, so a --resume of an auto run that chose 1904 with --batch-size 64 (or auto again) matches.
-    assert driver.line_settings(resolved(io_threads=2)) == fp32
-    assert driver.line_settings(resolved(batch_size="auto")) == driver.line_settings(resolved(batch_size=1904)) == fp32
+    assert resume.line_settings(resolved(io_threads=2)) == fp32
+    assert resume.line_settings(resolved(batch_size="auto")) == resume.line_settings(resolved(batch_size=1904)) == fp32
     # A task's own settings are in it for that task only.
-    embed = driver.line_settings(resolved(task="embed", output_layer="flatten0", normalize=True))
+    embed = resume.line_settings(resolved(task="embed", output_layer="flatten0", normalize=True))
     assert set(embed) - set(fp32) == {"output_layer", "embedding_dtype", "normalize"}
     assert (embed["task"], embed["output_layer"], embed["normalize"]) == ("embed", "flatten0", True)
-    detect = driver.line_settings(resolved(task="detect"))
+    detect = resume.line_settings(resolved(task="detect"))
     assert set(detect) - set(fp32) == {"min_score", "max_detections"}
 
 

@@ -27,7 +27,7 @@ batch; executors (``spark.executor.cores=1``: MXNet uses the node's cores
 itself) read their batch's keys from the plan, download, decode and score them
 and write their lines to S3 (:func:`mxjob.partition.score_partition`); the
 driver then merges every line into the output in key order, each key once
-(:func:`mxjob.durable.assemble`), and writes a summary next to it. Exit codes:
+(:func:`mxjob.merge.assemble`), and writes a summary next to it. Exit codes:
 0 done, 1 failed, 2 usage error, 3 done but more failed images than
 ``--max-errors`` allows.
 """

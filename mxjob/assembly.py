@@ -1,11 +1,11 @@
 """The assembly on the driver while the Spark job runs: :class:`Assembly`.
 
 The output is the runs' durable rows merged in key order
-(:func:`mxjob.durable.assemble`). Merged only after the last batch, a job of
+(:func:`mxjob.merge.assemble`). Merged only after the last batch, a job of
 ten million keys would wait minutes for it after its last task. With
 ``--assembly during`` (the default) the merge runs in a thread of the driver
 from the moment the run's plan is written, and follows the run's batches as
-they become durable (:class:`mxjob.durable.LiveRun`): batches end roughly in
+they become durable (:class:`mxjob.merge.LiveRun`): batches end roughly in
 order, so when the last task ends only the last parts are left to merge.
 With ``--assembly after`` the driver merges once the Spark job has ended.
 
@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from mxjob import durable
+from mxjob import durable, merge
 from mxjob.errors import JobError, first_line
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ JOIN_POLL_SECONDS = 0.2
 CANCEL_WAIT_SECONDS = 30.0
 
 #: ``assemble(runs, live)``: merge ``runs`` into the output, following ``live`` (or not: ``None``).
-AssembleFn = Callable[[Sequence[durable.Run], "durable.LiveRun | None"], durable.AssemblyCounts]
+AssembleFn = Callable[[Sequence[durable.Run], "merge.LiveRun | None"], merge.AssemblyCounts]
 
 
 class Assembly:
@@ -43,8 +43,8 @@ class Assembly:
     ----------
     assemble : callable
         ``assemble(runs, live)`` merges ``runs`` into the output and returns
-        its :class:`durable.AssemblyCounts`; ``live`` is the
-        :class:`durable.LiveRun` to follow, or ``None`` (every part durable).
+        its :class:`merge.AssemblyCounts`; ``live`` is the
+        :class:`merge.LiveRun` to follow, or ``None`` (every part durable).
     work : durable.WorkPrefix
         The output's work prefix: the runs are read from it for a merge after the job.
     runs : sequence of durable.Run
@@ -55,7 +55,7 @@ class Assembly:
 
     def __init__(self, assemble: AssembleFn, work: durable.WorkPrefix, runs: Sequence[durable.Run], during: bool):
         self.assemble, self.work = assemble, work
-        self.live = durable.LiveRun(work, runs[-1]) if during and runs else None
+        self.live = merge.LiveRun(work, runs[-1]) if during and runs else None
         self.runs = list(runs)
         #: The driver's CPU seconds in the merge (its thread's, or the main thread's after the job).
         self.cpu_seconds = 0.0
@@ -87,7 +87,7 @@ class Assembly:
             log.warning("the assembly did not stop within %.0f s; its upload is left incomplete (never visible)",
                         CANCEL_WAIT_SECONDS)
 
-    def finish(self) -> durable.AssemblyCounts:
+    def finish(self) -> merge.AssemblyCounts:
         """The Spark job succeeded: merge what is left (the tail) and return the counts.
 
         A merge during the run that failed for another reason than the
@@ -112,7 +112,7 @@ class Assembly:
                     first_line(error))
         return self._after()
 
-    def _after(self) -> durable.AssemblyCounts:
+    def _after(self) -> merge.AssemblyCounts:
         started = time.process_time()
         try:
             return self.assemble(self.work.runs(), None)

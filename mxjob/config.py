@@ -22,8 +22,8 @@ import click
 import yaml
 
 import utils
-from mxjob import durable
 from mxjob import settings as table
+from mxjob import sinks
 from mxjob.errors import first_line, plural
 from mxjob.model import ModelSpec
 from mxjob.partition import JobSpec
@@ -103,7 +103,7 @@ _RESOLVED_FIELDS = [
     #: --input-manifest: the keys come from this file instead of a listing.
     ("input_manifest", "str | None"),
     ("model", ModelSpec), ("output_bucket", "str | None"), ("output_key", "str | None"),
-    #: jsonl or parquet (see :func:`durable.output_format`).
+    #: jsonl or parquet (see :func:`sinks.output_format`).
     ("output_format", str), ("preprocess", Preprocess),
 ]
 
@@ -332,7 +332,7 @@ def refuse_gzipped_parquet(s: Settings, key: str, fmt: str) -> None:
     Parquet would mislead every reader that picks gzip by the suffix.
     """
     name = key.rstrip("/")
-    if not durable.is_gzip(name) or not (fmt == "parquet" or name[:-len(".gz")].lower().endswith(".parquet")):
+    if not sinks.is_gzip(name) or not (fmt == "parquet" or name[:-len(".gz")].lower().endswith(".parquet")):
         return
     what = "the prefix of a Parquet dataset" if is_dataset(key) else "a Parquet output"
     drop = f" and drop {s.name('output_format')}" if s["output_format"] == "parquet" else ""
@@ -356,7 +356,7 @@ def _output_format(s: Settings, key: str) -> str:
         raise click.UsageError(f"{s.name('output_format')} {requested} does not match the output key {key!r}, "
                                f"whose {suffix} suffix says {named[0]}: end the key in {wanted}, or drop "
                                f"--output-format (the key's suffix chooses), or give --output-format {named[0]}")
-    return durable.output_format(requested, key)
+    return sinks.output_format(requested, key)
 
 
 def check_run_mode(s: Settings) -> None:

@@ -22,7 +22,6 @@ one appears.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import utils
-from mxjob import durable
+from mxjob import merge
 from mxjob.errors import JobError, plural
 from mxjob.sidecar import NAMES, side_key
 
@@ -95,7 +94,7 @@ def keys_digest(keys) -> str:
     digest only if they are the same keys in the same order.
     """
     lengths_digest, data_digest = hashlib.sha256(), hashlib.sha256()  # two streams: chunking cannot shift them
-    for chunk in durable.key_column(keys).chunks:
+    for chunk in merge.key_column(keys).chunks:
         if not len(chunk):
             continue
         lengths = pc.binary_length(chunk).cast(pa.int64())
@@ -150,89 +149,6 @@ def refuse_foreign(found: Contents, uri: str) -> None:
                        f"{found.foreign[0].rsplit('/', 1)[-1]!r}): a reader of the dataset would read "
                        f"{'it' if len(found.foreign) == 1 else 'them'} too. Choose an empty prefix, or move "
                        f"{'it' if len(found.foreign) == 1 else 'them'} away")
-
-
-class DatasetSink:
-    """The assembly's rows, in key order, cut into files of ``rows_per_file`` rows under ``prefix``.
-
-    Same interface as :class:`durable.ParquetSink` (``write``, ``close``,
-    ``abort``); each file is a :class:`durable.ParquetSink` of its own over a
-    multipart upload, completed when the file has its rows, so it appears
-    whole. Files in ``keep`` (index to ``(key, bytes)``: an interrupted run's,
-    over the same key list) are not written again; their rows are only
-    counted. :meth:`close` writes the last file and ``_SUCCESS``.
-    """
-
-    def __init__(self, client, bucket: str, prefix: str, rows_per_file: int, metadata: dict | None = None,
-                 keep: dict | None = None):
-        self.client, self.bucket, self.prefix, self.rows_per_file = client, bucket, prefix, rows_per_file
-        self.metadata, self.keep = metadata, dict(keep or {})
-        #: Each file of the dataset, in order: ``{"key", "rows", "bytes", "kept"}``.
-        self.files: list[dict] = []
-        self._index, self._rows = 0, 0
-        self._file: durable.ParquetSink | None = None
-
-    def write(self, batches: list[pa.RecordBatch]) -> None:
-        """Rows of the result model, in key order, continuing the previous call's."""
-        for batch in batches:
-            while batch.num_rows:
-                room = self.rows_per_file - self._rows
-                piece, batch = batch.slice(0, room), batch.slice(room)
-                self._add(piece)
-
-    def _add(self, piece: pa.RecordBatch) -> None:
-        if self._index not in self.keep:
-            self._open_file().write([piece])
-        self._rows += piece.num_rows
-        if self._rows == self.rows_per_file:
-            self._end_file()
-
-    def _open_file(self) -> durable.ParquetSink:
-        """The file being written: a Parquet sink over a multipart upload, opened at its first row."""
-        if self._file is None:
-            writer = utils.MultipartWriter(self.client, self.bucket, file_key(self.prefix, self._index),
-                                           content_type="application/vnd.apache.parquet")
-            self._file = durable.ParquetSink(writer, self.metadata)
-        return self._file
-
-    def _end_file(self) -> None:
-        if self._index in self.keep:
-            key, size = self.keep[self._index]
-            self.files.append({"key": key, "rows": self._rows, "bytes": size, "kept": True})
-        else:
-            self._file.close()  # the file appears now, whole
-            self.files.append({"key": self._file.writer.key, "rows": self._rows,
-                               "bytes": self._file.writer.bytes_written, "kept": False})
-            self._file = None
-        self._index, self._rows = self._index + 1, 0
-
-    def close(self) -> None:
-        """End the last file, then write ``_SUCCESS``: every file's key, rows and bytes."""
-        if self._rows or not self.files:
-            if self._index not in self.keep:  # no row at all: one empty file
-                self._open_file()
-            self._end_file()
-        stale = [key for index, (key, _) in self.keep.items() if index >= self._index]
-        if stale:  # cannot happen over the same key list; kept out of the dataset if it does
-            utils.delete_objects(self.client, self.bucket, stale)
-        body = {"files": [{k: f[k] for k in ("key", "rows", "bytes")} for f in self.files],
-                "rows": sum(f["rows"] for f in self.files), "rows_per_file": self.rows_per_file}
-        utils.put_text(self.client, self.bucket, side_key(self.prefix, "SUCCESS"), json.dumps(body, indent=1) + "\n")
-
-    def abort(self) -> None:
-        """Abort the file being written; the files already complete stay (each is whole)."""
-        if self._file is not None:
-            self._file.abort()
-            self._file = None
-
-
-def summary_of(sink: DatasetSink) -> dict:
-    """The summary's ``dataset`` entry: the files (written and kept), rows per file."""
-    return {"files": len(sink.files), "rows_per_file": sink.rows_per_file,
-            "kept_from_an_earlier_run": sum(1 for f in sink.files if f["kept"]),
-            "bytes": sum(f["bytes"] for f in sink.files),
-            "first": sink.files[0]["key"] if sink.files else None,
-            "last": sink.files[-1]["key"] if sink.files else None}
 
 
 @dataclass

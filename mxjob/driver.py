@@ -25,13 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import utils
-from mxjob import (
-    dataset,
-    durable,
-    listing,
-    manifest,
-    preflight,
-)
+from mxjob import dataset, durable, listing, manifest, merge, preflight, sinks
 from mxjob.assembly import Assembly
 from mxjob.cluster import SparkStop, run_spark
 from mxjob.config import JobConfig, allowed_errors
@@ -240,7 +234,7 @@ def float16_readers(cfg: JobConfig) -> str | None:
 def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
                        plan: durable.Plan, spark_conf: dict | None, seconds: dict,
                        plan_started: float,
-                       monitor: RunMonitor | None = None) -> tuple[StatsFold, durable.AssemblyCounts, SparkStop | None]:
+                       monitor: RunMonitor | None = None) -> tuple[StatsFold, merge.AssemblyCounts, SparkStop | None]:
     """Run the plan's batches on Spark (if any are left) and merge every durable line into the output.
 
     The merge follows the run while Spark scores it (``--assembly during``,
@@ -291,7 +285,7 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
     return stats, counts, spark_stop
 
 
-def finish_run(cfg: JobConfig, client, work: durable.WorkPrefix, summary: dict, counts: durable.AssemblyCounts,
+def finish_run(cfg: JobConfig, client, work: durable.WorkPrefix, summary: dict, counts: merge.AssemblyCounts,
                keys: int) -> int:
     """Write the summary, remove the work prefix, and return the exit code (3: more errors than --max-errors)."""
     utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
@@ -376,7 +370,7 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
 
 
 def carried_columns(cfg: JobConfig, images: listing.Listing) -> pa.Table | None:
-    """The table :func:`durable.assemble` appends to the rows (a row per key of ``images``), or None."""
+    """The table :func:`merge.assemble` appends to the rows (a row per key of ``images``), or None."""
     names = carried_names(cfg, images)
     if not names:
         return None
@@ -390,37 +384,37 @@ def carried_columns(cfg: JobConfig, images: listing.Listing) -> pa.Table | None:
 
 
 def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
-                    runs: list | None = None, live: durable.LiveRun | None = None,
-                    dataset_plan: dataset.DatasetPlan | None = None) -> durable.AssemblyCounts:
+                    runs: list | None = None, live: merge.LiveRun | None = None,
+                    dataset_plan: dataset.DatasetPlan | None = None) -> merge.AssemblyCounts:
     """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output.
 
     One multipart upload, completed only when whole; for a dataset, files of
     ``dataset_plan.rows_per_file`` rows, each completed when whole
-    (:class:`dataset.DatasetSink`). With ``live``, the merge follows that
-    run's batches as Spark makes them durable (:func:`durable.assemble`).
+    (:class:`sinks.DatasetSink`). With ``live``, the merge follows that
+    run's batches as Spark makes them durable (:func:`merge.assemble`).
     """
     if cfg.dataset:
-        return _assemble(cfg, work, images, runs, live, dataset.DatasetSink(
+        return _assemble(cfg, work, images, runs, live, sinks.DatasetSink(
             client, cfg.output_bucket, cfg.output_key, dataset_plan.rows_per_file,
-            durable.provenance(work.read_job()), dataset_plan.keep))
+            sinks.provenance(work.read_job()), dataset_plan.keep))
     try:
         # Parts of S3's smallest size: the last one, uploaded after the last batch, is the assembly's tail.
         writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key, part_bytes=utils.MIN_PART_BYTES,
-                                       content_type=durable.content_type(cfg.output_format, cfg.output_key))
+                                       content_type=sinks.content_type(cfg.output_format, cfg.output_key))
     except Exception as exc:
         raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
                        "s3:PutObject on the output key") from exc
-    sink = (durable.ParquetSink(writer, metadata=durable.provenance(work.read_job()))
-            if cfg.output_format == "parquet" else durable.JsonLinesSink(writer, gzip=durable.is_gzip(cfg.output_key)))
+    sink = (sinks.ParquetSink(writer, metadata=sinks.provenance(work.read_job()))
+            if cfg.output_format == "parquet" else sinks.JsonLinesSink(writer, gzip=sinks.is_gzip(cfg.output_key)))
     return _assemble(cfg, work, images, runs, live, sink)
 
 
 def _assemble(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing, runs: list | None,
-              live: durable.LiveRun | None, sink) -> durable.AssemblyCounts:
+              live: merge.LiveRun | None, sink) -> merge.AssemblyCounts:
     """Merge into ``sink``, then close it; on any failure abort it (nothing partial appears)."""
     try:
         reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts, kind=cfg.s3_reader)
-        counts = durable.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
+        counts = merge.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
                                   carried=carried_columns(cfg, images), live=live)
         closing = time.monotonic()
         sink.close()
@@ -431,8 +425,8 @@ def _assemble(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing,
     except BaseException:
         sink.abort()
         raise
-    if isinstance(sink, dataset.DatasetSink):
-        counts.dataset = dataset.summary_of(sink)
+    if isinstance(sink, sinks.DatasetSink):
+        counts.dataset = sinks.summary_of(sink)
     return counts
 
 

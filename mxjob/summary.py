@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mxjob import durable
+from mxjob import durable, merge
 from mxjob.config import JobConfig
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, plural
 from mxjob.progress import duration, iso
@@ -12,7 +12,7 @@ from mxjob.stats import StatsFold
 from mxjob.worker import memory_bytes
 
 
-def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts: durable.AssemblyCounts,
+def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts: merge.AssemblyCounts,
               elapsed: float, model_summary: dict, seconds: dict, plan: durable.Plan, fingerprint: dict,
               spark: dict | None = None, skipped_keys: dict | None = None) -> dict:
     """The run's summary, as written to ``OUTPUT.summary.json``.
@@ -27,7 +27,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         Batches this run scored (a resume scores fewer than the listing holds).
     fold : StatsFold
         The tasks' stats, folded (the job's accumulator).
-    counts : durable.AssemblyCounts
+    counts : merge.AssemblyCounts
         Lines in the output: predicted, failed, and what the assembly read and dropped.
     elapsed : float
         Seconds from start to the summary.

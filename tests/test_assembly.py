@@ -1,4 +1,4 @@
-"""The assembly while the Spark job runs (mxjob.assembly, durable.LiveRun), without Spark.
+"""The assembly while the Spark job runs (mxjob.assembly, merge.LiveRun), without Spark.
 
 Parts are written by a thread of the test, as tasks would write them, while
 the assembly follows the run: it merges them as they appear, gives the
@@ -16,7 +16,7 @@ import time
 import pytest
 
 import utils
-from mxjob import durable, partition
+from mxjob import durable, merge, partition, sinks
 from mxjob.assembly import Assembly
 from tests.helpers import lines_part
 
@@ -39,7 +39,7 @@ def write_part(work: durable.WorkPrefix, run: durable.Run, keys: list[str], inde
                            Body=lines_part([line(k, run.number) for k in batch]))
 
 
-class RecordingSink(durable.JsonLinesSink):
+class RecordingSink(sinks.JsonLinesSink):
     """The JSON Lines sink, noting when it first received rows."""
 
     def __init__(self, writer):
@@ -63,7 +63,7 @@ def merge_into(s3, work, keys, out_key, sinks: list):
         sink = RecordingSink(utils.MultipartWriter(s3, BUCKET, out_key))
         sinks.append(sink)
         try:
-            counts = durable.assemble(work, runs, keys, sink, live=live)
+            counts = merge.assemble(work, runs, keys, sink, live=live)
             sink.close()
         except BaseException:
             sink.abort()
@@ -77,7 +77,7 @@ def read(s3, key: str) -> str:
 
 
 def test_the_assembly_follows_the_run_and_writes_what_an_assembly_after_it_writes(s3, monkeypatch):
-    monkeypatch.setattr(durable, "WRITE_ROWS", 4)  # the sink gets rows a batch at a time, not 10,000 at a time
+    monkeypatch.setattr(merge, "WRITE_ROWS", 4)  # the sink gets rows a batch at a time, not 10,000 at a time
     keys = [f"img-{i:03d}.jpg" for i in range(40)]
     work = durable.WorkPrefix(s3, BUCKET, "live/out.jsonl")
     run = work.start_run(1, keys, 4, None)  # 10 batches
@@ -201,7 +201,7 @@ def test_the_merge_lists_often_only_while_it_waits_for_one_of_the_last_batches(s
     keys = [f"t{i:02d}" for i in range(40)]
     work = durable.WorkPrefix(s3, BUCKET, "tail/out.jsonl")
     run = work.start_run(1, keys, 2, None)  # 20 batches: the last 8 are the tail
-    live = durable.LiveRun(work, run, poll_seconds=30.0, tail_poll_seconds=0.05)
+    live = merge.LiveRun(work, run, poll_seconds=30.0, tail_poll_seconds=0.05)
     assert live.tail_batches == 8
 
     def waiting_for(index: int) -> threading.Thread:
@@ -241,7 +241,7 @@ def test_a_single_runs_parts_are_kept_whole_without_a_merge_row_by_row(s3, monke
         raise AssertionError("merged row by row")
 
     with monkeypatch.context() as patched:
-        patched.setattr(durable, "_run_rows", no_rows)
+        patched.setattr(merge, "_run_rows", no_rows)
         counts, text = assemble_after(s3, work, keys, "whole/out.jsonl")
     assert [json.loads(x)["key"] for x in text.splitlines()] == keys
     assert (counts.predicted, counts.dropped, counts.parts_read) == (30, 0, 5)
@@ -262,9 +262,9 @@ def test_a_part_that_is_not_the_listings_next_keys_goes_row_by_row_from_there(s3
 
 
 def assemble_after(s3, work, keys, out_key):
-    sink = durable.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, out_key))
+    sink = sinks.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, out_key))
     try:
-        counts = durable.assemble(work, work.runs(), keys, sink)
+        counts = merge.assemble(work, work.runs(), keys, sink)
         sink.close()
     except BaseException:
         sink.abort()

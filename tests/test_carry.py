@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import utils
-from mxjob import driver, durable, listing, manifest, partition, resume
+from mxjob import driver, durable, listing, manifest, merge, partition, resume, sinks
 from mxjob.config import merge_settings, resolve
 from tests.helpers import bucket_with_digits, lines_part, spark_submit
 
@@ -170,8 +170,8 @@ def config(*args: str, **options) -> object:
 
 def assembled(s3, work, images, cfg, sink_kind: str, out_key: str) -> bytes:
     writer = utils.MultipartWriter(s3, BUCKET, out_key)
-    sink = durable.ParquetSink(writer) if sink_kind == "parquet" else durable.JsonLinesSink(writer)
-    durable.assemble(work, work.runs(), images, sink, carried=driver.carried_columns(cfg, images))
+    sink = sinks.ParquetSink(writer) if sink_kind == "parquet" else sinks.JsonLinesSink(writer)
+    merge.assemble(work, work.runs(), images, sink, carried=driver.carried_columns(cfg, images))
     sink.close()
     return s3.get_object(Bucket=BUCKET, Key=out_key)["Body"].read()
 

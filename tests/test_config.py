@@ -13,7 +13,7 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, durable, errors, listing, settings, sizing
+from mxjob import cluster, config, errors, listing, settings, sinks, sizing
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -511,5 +511,5 @@ def test_parquet_under_a_gz_name_is_refused(output, fmt, resolve):
 def test_a_gz_key_is_gzipped_json_lines(output, resolve):
     result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output)
     assert result.exit_code == 0, result.output
-    assert cfg.output_format == "jsonl" and durable.is_gzip(cfg.output_key)
-    assert durable.content_type(cfg.output_format, cfg.output_key) == "application/gzip"
+    assert cfg.output_format == "jsonl" and sinks.is_gzip(cfg.output_key)
+    assert sinks.content_type(cfg.output_format, cfg.output_key) == "application/gzip"

@@ -26,7 +26,7 @@ import pytest
 
 import utils
 from demo.s3proxy import S3Proxy
-from mxjob import config, dataset, durable, preflight, results
+from mxjob import config, dataset, preflight, results, sinks
 from mxjob.errors import JobError
 from mxjob.sidecar import is_dataset, output_of, side_key
 from tests.helpers import bucket_with_digits, spark_submit, start_spark_submit
@@ -79,7 +79,7 @@ def test_a_trailing_slash_is_a_parquet_dataset_and_json_lines_there_is_refused()
 
 def parquet_object(s3, key: str, batches: list[pa.RecordBatch], metadata: dict) -> pa.Table:
     """The same rows through the single-object Parquet sink."""
-    sink = durable.ParquetSink(utils.MultipartWriter(s3, BUCKET, key), metadata)
+    sink = sinks.ParquetSink(utils.MultipartWriter(s3, BUCKET, key), metadata)
     sink.write(batches)
     sink.close()
     return pq.read_table(io.BytesIO(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
@@ -93,7 +93,7 @@ def test_the_sink_cuts_files_at_rows_per_file_each_like_the_single_object(s3):
     keys = [f"k{i:03d}" for i in range(23)]
     batches = [rows_batch(keys[:5], fail={"k003"}), rows_batch(keys[5:17]), rows_batch(keys[17:])]
     metadata = {"mxinfer.fingerprint": '{"task": "classify"}', "mxinfer.task": "classify"}
-    sink = dataset.DatasetSink(s3, BUCKET, "sink/", 10, metadata)
+    sink = sinks.DatasetSink(s3, BUCKET, "sink/", 10, metadata)
     sink.write(batches[:2])
     assert [f["rows"] for f in sink.files] == [10]  # the first file is whole and visible before the end
     assert utils.object_exists(s3, BUCKET, "sink/part-00000.parquet")
@@ -113,7 +113,7 @@ def test_the_sink_cuts_files_at_rows_per_file_each_like_the_single_object(s3):
 
 def test_an_aborted_sink_leaves_its_whole_files_and_no_partial_one(s3):
     keys = [f"a{i:02d}" for i in range(15)]
-    sink = dataset.DatasetSink(s3, BUCKET, "abort/", 10, {})
+    sink = sinks.DatasetSink(s3, BUCKET, "abort/", 10, {})
     sink.write([rows_batch(keys)])
     sink.abort()
     listed = [k for k, _ in utils.list_objects(s3, BUCKET, "abort/")]
@@ -123,7 +123,7 @@ def test_an_aborted_sink_leaves_its_whole_files_and_no_partial_one(s3):
 
 def test_files_an_earlier_run_completed_are_kept_and_not_written_again(s3):
     keys = [f"r{i:02d}" for i in range(25)]
-    first = dataset.DatasetSink(s3, BUCKET, "keep/", 10, {})
+    first = sinks.DatasetSink(s3, BUCKET, "keep/", 10, {})
     first.write([rows_batch(keys[:12])])
     first.abort()  # the driver died: file 0 is whole
     before = s3.head_object(Bucket=BUCKET, Key="keep/part-00000.parquet")
@@ -131,7 +131,7 @@ def test_files_an_earlier_run_completed_are_kept_and_not_written_again(s3):
     plan = dataset.resume_plan({"rows_per_file": 10, "keys_sha256": dataset.keys_digest(keys)}, "auto",
                                (999, "auto"), keys, found)
     assert plan.rows_per_file == 10 and set(plan.keep) == {0}
-    again = dataset.DatasetSink(s3, BUCKET, "keep/", plan.rows_per_file, {}, plan.keep)
+    again = sinks.DatasetSink(s3, BUCKET, "keep/", plan.rows_per_file, {}, plan.keep)
     again.write([rows_batch(keys)])
     again.close()
     after = s3.head_object(Bucket=BUCKET, Key="keep/part-00000.parquet")
@@ -177,9 +177,9 @@ def test_auto_rows_per_file_follow_the_rows_size():
 
 
 def test_the_parquet_sink_bounds_a_row_group_in_bytes(s3, monkeypatch):
-    monkeypatch.setattr(durable, "PARQUET_ROW_GROUP_BYTES", 1)  # every write is a row group of its own
+    monkeypatch.setattr(sinks, "PARQUET_ROW_GROUP_BYTES", 1)  # every write is a row group of its own
     keys = [f"g{i}" for i in range(6)]
-    sink = durable.ParquetSink(utils.MultipartWriter(s3, BUCKET, "groups.parquet"), {})
+    sink = sinks.ParquetSink(utils.MultipartWriter(s3, BUCKET, "groups.parquet"), {})
     for start in range(0, 6, 2):
         sink.write([rows_batch(keys[start:start + 2])])
     sink.close()

@@ -13,7 +13,7 @@ from PIL import Image
 
 import mxinfer
 from demo import make_demo
-from mxjob import state
+from mxjob import merge, state
 from tests.helpers import scored_lines
 
 SHAPE = make_demo.INPUT_SHAPE
@@ -222,7 +222,7 @@ def test_the_run_summary_names_the_labels_file_the_lines_used(logits_prefix):
                                                 "output": "s3://b/o.jsonl"}, {}))
     assert cfg.model.labels_uri is None  # not given: the summary must still name the file used
     classifier = mxinfer.Classifier(cfg.model, SHAPE, batch_size=2)
-    made = summary.summarize(cfg, 0, 0, stats.StatsFold(), durable.AssemblyCounts(), 1.0,
+    made = summary.summarize(cfg, 0, 0, stats.StatsFold(), merge.AssemblyCounts(), 1.0,
                              classifier.model_summary(), {}, durable.Plan(runs=[], todo=[], number=1, resumed=False),
                              {})
     assert made["model"]["labels"] == str(logits_prefix.parent / "synset.txt")

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import utils
-from mxjob import dataset, driver, durable, listing, partition, results
+from mxjob import driver, durable, listing, merge, partition, results, sinks
 from mxjob.config import merge_settings, resolve
 
 BUCKET = "outputs-bucket"
@@ -70,8 +70,8 @@ def durable_run(s3, task: str, name: str, json_lines: bool) -> durable.WorkPrefi
     return work
 
 
-def assembled(work: durable.WorkPrefix, sink) -> durable.AssemblyCounts:
-    counts = durable.assemble(work, work.runs(), KEYS, sink)
+def assembled(work: durable.WorkPrefix, sink) -> merge.AssemblyCounts:
+    counts = merge.assemble(work, work.runs(), KEYS, sink)
     sink.close()
     return counts
 
@@ -82,20 +82,20 @@ def read(s3, key: str) -> bytes:
 
 def json_lines_output(s3, task: str) -> list[dict]:
     work = durable_run(s3, task, f"{task}/out.jsonl", json_lines=True)
-    assembled(work, durable.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, f"{task}/out.jsonl")))
+    assembled(work, sinks.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, f"{task}/out.jsonl")))
     return [json.loads(line) for line in read(s3, f"{task}/out.jsonl").decode().splitlines()]
 
 
 def parquet_output(s3, task: str) -> list[dict]:
     work = durable_run(s3, task, f"{task}/out.parquet", json_lines=False)
-    assembled(work, durable.ParquetSink(utils.MultipartWriter(s3, BUCKET, f"{task}/out.parquet"), {}))
+    assembled(work, sinks.ParquetSink(utils.MultipartWriter(s3, BUCKET, f"{task}/out.parquet"), {}))
     return pq.read_table(io.BytesIO(read(s3, f"{task}/out.parquet"))).to_pylist()
 
 
 def dataset_output(s3, task: str) -> list[dict]:
     """Files of 4 rows: the first starts with the run's first row, each holds a failed image."""
     work = durable_run(s3, task, f"{task}/ds/", json_lines=False)
-    sink = dataset.DatasetSink(s3, BUCKET, f"{task}/ds/", 4, {})
+    sink = sinks.DatasetSink(s3, BUCKET, f"{task}/ds/", 4, {})
     assembled(work, sink)
     assert [f["rows"] for f in sink.files] == [4, 2]
     return pa.concat_tables([pq.read_table(io.BytesIO(read(s3, f["key"]))) for f in sink.files]).to_pylist()
@@ -141,7 +141,7 @@ def job_config(s3, output_key: str):
 
 @pytest.mark.parametrize("task", ["classify", "embed", "detect"])
 def test_a_gz_output_is_the_json_lines_of_the_same_run_gzipped(s3, task, monkeypatch):
-    monkeypatch.setattr(durable, "WRITE_ROWS", 2)  # the lines reach the sink in several writes, as in a long run
+    monkeypatch.setattr(merge, "WRITE_ROWS", 2)  # the lines reach the sink in several writes, as in a long run
     work = durable_run(s3, task, f"gz-{task}/out", json_lines=True)
     images = listing.Listing.build(BUCKET, KEYS, [1] * len(KEYS))
     for key in (f"gz-{task}/out.jsonl", f"gz-{task}/out.jsonl.gz"):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mxjob import config, durable, report, status, summary, watch
+from mxjob import config, durable, merge, report, status, summary, watch
 from mxjob.progress import Progress, Reporter, Tick, Ticks, estimate_remaining
 from mxjob.stats import StatsFold, TaskStats
 
@@ -187,7 +187,7 @@ def test_the_summary_counts_and_names_the_keys_a_prefix_listing_skipped():
                                                 "output": "s3://b/o.jsonl"}, {}))
     skipped = {"count": 11, "why": "not ending in .jpg", "examples": [f"in/{i}.txt" for i in range(10)]}
     plan = durable.Plan(runs=[], todo=[], number=1, resumed=False)
-    made = summary.summarize(cfg, 0, 0, StatsFold(), durable.AssemblyCounts(), 1.0, {}, {}, plan, {},
+    made = summary.summarize(cfg, 0, 0, StatsFold(), merge.AssemblyCounts(), 1.0, {}, {}, plan, {},
                              skipped_keys=skipped)
     assert made["skipped_keys"] == skipped
     # Listed and skipped beside each other, before the figures of the scoring.

@@ -26,7 +26,7 @@ import infer_main
 import utils
 from demo import make_demo
 from demo.s3proxy import S3Proxy
-from mxjob import driver, durable, errors, listing, partition, resume, signals
+from mxjob import driver, durable, errors, listing, merge, partition, resume, signals, sinks
 from mxjob.config import JobConfig, merge_settings, resolve
 from tests.helpers import bucket_with_model, lines_part, part_lines, spark_submit, start_spark_submit
 
@@ -55,9 +55,9 @@ def open_uploads(s3) -> list:
     return s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
 
 
-def assemble_to(s3, work, keys, out_key) -> tuple[durable.AssemblyCounts, str]:
-    sink = durable.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, out_key))
-    counts = durable.assemble(work, work.runs(), keys, sink)
+def assemble_to(s3, work, keys, out_key) -> tuple[merge.AssemblyCounts, str]:
+    sink = sinks.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, out_key))
+    counts = merge.assemble(work, work.runs(), keys, sink)
     sink.close()
     return counts, s3.get_object(Bucket=BUCKET, Key=out_key)["Body"].read().decode()
 
@@ -79,9 +79,9 @@ def test_assembly_refuses_a_key_without_a_line_and_leaves_no_object_or_upload(s3
     work = durable.WorkPrefix(s3, BUCKET, "gap/out.jsonl")
     keys = ["a", "b", "c", "d"]
     write_run(work, 1, keys, 2, done=[0])
-    sink = durable.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, "gap/out.jsonl"))
+    sink = sinks.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, "gap/out.jsonl"))
     with pytest.raises(durable.ResumeError, match=r"no line for key 'c'.*\(2 keys without a line\)"):
-        durable.assemble(work, work.runs(), keys, sink)
+        merge.assemble(work, work.runs(), keys, sink)
     sink.abort()
     assert not utils.object_exists(s3, BUCKET, "gap/out.jsonl") and open_uploads(s3) == []
 
@@ -132,15 +132,15 @@ def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, m
     cfg = resolve(merge_settings(
         {"input": f"s3://{BUCKET}/in/", "model": f"s3://{BUCKET}/m", "output": f"s3://{BUCKET}/term/out.jsonl"}, {}))
     writes = []
-    real_write = durable.JsonLinesSink.write_lines
+    real_write = sinks.JsonLinesSink.write_lines
 
     def write_then_signal(self, lines):
         real_write(self, lines)
         writes.append(len(lines))
         os.kill(os.getpid(), signal.SIGTERM)  # a real signal, through the driver's real handler
 
-    monkeypatch.setattr(durable.JsonLinesSink, "write_lines", write_then_signal)
-    monkeypatch.setattr(durable, "assemble", lambda w, runs, k, sink, **_: [sink.write_lines([line(x)]) for x in k])
+    monkeypatch.setattr(sinks.JsonLinesSink, "write_lines", write_then_signal)
+    monkeypatch.setattr(merge, "assemble", lambda w, runs, k, sink, **_: [sink.write_lines([line(x)]) for x in k])
     previous = signal.signal(signal.SIGTERM, signals.raise_interrupted)
     try:
         with pytest.raises(signals.Interrupted, match="SIGTERM"):

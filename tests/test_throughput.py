@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mxinfer
-from mxjob import cluster, config, durable, listing, partition, results, state, worker
+from mxjob import cluster, config, durable, listing, merge, partition, results, state, worker
 from mxjob.stats import StatsAccumulator, StatsFold, TaskStats
 from mxjob.summary import summarize, thread_fit
 
@@ -116,7 +116,7 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     stats = [task_stats("7", n, 1000.0 + (n - 1) * 1.1, 500 + n) for n in range(1, 201)]
     keys = listing.Listing.build("b", [f"k{i}" for i in range(200 * 64)])
     plan = durable.Plan(runs=[], todo=keys, number=1, resumed=False)
-    counts = durable.AssemblyCounts(predicted=12800, failed=0)
+    counts = merge.AssemblyCounts(predicted=12800, failed=0)
     stats.reverse()  # order must not matter
     summary = summarize(cfg, 200 * 64, 200, StatsFold.of(stats), counts, 300.0, {}, {"assembly": 0.5}, plan, {})
     window = 199 * 1.1 + 1.0
@@ -146,7 +146,7 @@ def test_stats_folded_per_task_in_any_order_and_grouping_give_the_same_summary()
     stats[7].errors = {"download": 1, "decode": 2, "predict": 0}
     plan = durable.Plan(runs=[], todo=listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)]), number=1,
                            resumed=False)
-    counts = durable.AssemblyCounts(predicted=3840, failed=3)
+    counts = merge.AssemblyCounts(predicted=3840, failed=3)
     whole = summarize(cfg, 3840, 60, StatsFold.of(stats), counts, 100.0, {}, {}, plan, {})
     # As Spark's accumulator sees them: each task's own fold, merged as tasks end, in any order.
     random.Random(3).shuffle(stats)

@@ -1,0 +1,351 @@
+"""The merge: every run's durable parts, in key order and each key once, into an output sink.
+
+:func:`assemble` reads only each part's ``key`` column to choose the rows
+(a k-way merge over the runs' sorted parts), then writes the chosen rows a
+slice of a part at a time into a sink of :mod:`mxjob.sinks`. With a
+:class:`LiveRun` it follows a run's batches while Spark makes them durable
+(:mod:`mxjob.assembly` holds the thread), so the output's tail is all that is
+left when the Spark job ends. Runs on the driver only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import repeat
+
+import pyarrow as pa
+
+import utils
+from mxjob import listing, results
+from mxjob.durable import PART_PATTERN, ResumeError, Run, WorkPrefix
+from mxjob.partition import part_key
+
+#: Rows the assembly gathers before writing them out (JSON Lines); Parquet writes a row group at a time.
+WRITE_ROWS = 10_000
+
+
+@dataclass
+class AssemblyCounts:
+    """What the assembly wrote and from where."""
+
+    predicted: int = 0
+    failed: int = 0
+    #: Lines whose key is no longer in the job's key list (the input changed between runs).
+    dropped: int = 0
+    #: Lines of a key that an earlier run had already made durable (kept: the earlier one).
+    superseded: int = 0
+    parts_read: int = 0
+    bytes_read: int = 0
+    #: A dataset output's files (:func:`mxjob.sinks.summary_of`), for the summary.
+    dataset: dict | None = None
+    #: Seconds the sink's close took: the last upload's end (last part, CompleteMultipartUpload).
+    close_seconds: float = 0.0
+
+
+class AssemblyCancelled(Exception):
+    """The Spark job failed or was interrupted: the assembly that followed it stops, and writes nothing."""
+
+
+class LiveRun:
+    """Which batches of the run Spark is scoring are durable, for the assembly that follows the run.
+
+    The assembly merges batch ``i``'s part as soon as its task has written it:
+    the run's parts are listed from the first one the assembly still lacks
+    (``StartAfter``), at most every ``poll_seconds``, so a listing returns
+    only the parts written since, and those that finished ahead of it. Once
+    the merge waits for one of the run's last batches (:meth:`tail_batches`),
+    it lists every ``tail_poll_seconds`` instead: the last part is merged
+    soon after it is written, at the cost of a few more small listings. The
+    driver calls :meth:`finish` once the Spark job has succeeded (every batch
+    is durable then) and :meth:`cancel` if it failed or was interrupted. One
+    thread (the assembly's) asks; any thread may finish or cancel.
+    """
+
+    def __init__(self, work: WorkPrefix, run: Run, poll_seconds: float = 0.5, tail_poll_seconds: float = 0.05):
+        self.work, self.run = work, run
+        self.poll_seconds, self.tail_poll_seconds = poll_seconds, tail_poll_seconds
+        self.done: set[int] = set()
+        #: Listings made (a merge that followed the run listed more than once).
+        self.listings = 0
+        #: Parts of the run the merge has read; at :meth:`finish`, those it had yet to read (the tail's work).
+        self.merged, self.left_at_finish = 0, None
+        self._finished = self._cancelled = False
+        self._wake = threading.Event()
+        self._listed = float("-inf")
+
+    @property
+    def tail_batches(self) -> int:
+        """The run's last batches, which the merge waits for polling every ``tail_poll_seconds``: 1% of them, at
+        least 8 (about the last wave of tasks on a cluster of up to a hundred cores per 10,000 batches)."""
+        return max(8, self.run.batches // 100)
+
+    def finish(self) -> None:
+        """The Spark job succeeded: every batch is durable, so a part still missing is an error, not a wait."""
+        self.left_at_finish = self.run.batches - self.merged
+        self._finished = True
+        self._wake.set()
+
+    def cancel(self) -> None:
+        """The Spark job failed or was interrupted: the assembly raises :class:`AssemblyCancelled`."""
+        self._cancelled = True
+        self._wake.set()
+
+    def ready(self, index: int, wait: bool = False) -> bool:
+        """Whether batch ``index``'s part is durable; with ``wait``, wait until it is (or raise).
+
+        Without ``wait`` it lists again only if the last listing is
+        ``poll_seconds`` old. Raises :class:`AssemblyCancelled` after
+        :meth:`cancel`, and :class:`ResumeError` if the job finished without
+        the part.
+        """
+        self._stop_if_cancelled()  # before every part, so that a cancel stops a merge that has all it needs
+        if index in self.done:
+            return True
+        if not wait:
+            if time.monotonic() - self._listed >= self.poll_seconds:
+                self._list(index)
+            return index in self.done
+        while True:
+            finished = self._finished  # read before the listing: a part listed after it was set is not missed
+            self._list(index)
+            if index in self.done:
+                return True
+            if finished:
+                raise ResumeError(f"the Spark job finished, but batch {index} has no part under "
+                                  f"s3://{self.work.bucket}/{self.run.prefix}")
+            tail = index >= self.run.batches - self.tail_batches
+            self._wake.wait(self.tail_poll_seconds if tail else self.poll_seconds)
+            self._wake.clear()
+            self._stop_if_cancelled()
+
+    def _stop_if_cancelled(self) -> None:
+        if self._cancelled:
+            raise AssemblyCancelled(f"the assembly of {self.run.prefix} stopped: the Spark job did not finish")
+
+    def _list(self, frontier: int) -> None:
+        """Add the parts listed from batch ``frontier`` on (every earlier one is known durable)."""
+        after = part_key(self.run.prefix, frontier - 1) if frontier else None
+        for key, _ in utils.list_objects(self.work.client, self.work.bucket, self.run.prefix + "part-", after):
+            match = PART_PATTERN.search(key)
+            if match:
+                self.done.add(int(match.group(1)))
+        self._listed = time.monotonic()
+        self.listings += 1
+
+
+def _run_parts(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int,
+               counts: AssemblyCounts, reader=None, live: LiveRun | None = None) -> Iterator[pa.RecordBatch]:
+    """The record batch of every durable part of ``run``, in batch order (so in key order), ``window`` read ahead.
+
+    With ``live`` (the run Spark is scoring now), every batch of the run, each
+    as soon as it is durable: the window fills with the parts already
+    written, and the stream waits only when it has nothing else to give.
+    """
+    def fetch(index: int) -> bytes:
+        key = part_key(run.prefix, index)
+        if reader is not None:
+            return reader.read(work.bucket, key)
+        return utils.read_object(work.client, work.bucket, key)
+
+    pending: deque = deque()
+    indices = iter(range(run.batches) if live is not None else sorted(run.done))
+    upcoming = next(indices, None)
+    while upcoming is not None or pending:
+        while upcoming is not None and len(pending) < window and (
+                live is None or live.ready(upcoming, wait=not pending)):
+            pending.append(pool.submit(fetch, upcoming))
+            upcoming = next(indices, None)
+        data = pending.popleft().result()
+        counts.parts_read += 1
+        if live is not None:
+            live.merged += 1
+        counts.bytes_read += len(data)
+        yield results.read_part(data)
+
+
+def _run_rows(parts: Iterator[pa.RecordBatch]) -> Iterator[tuple[str, int, pa.RecordBatch]]:
+    """``(key, row, batch)`` of every row of ``parts``: the key column is all the merge reads."""
+    for batch in parts:
+        yield from zip(batch.column("key").to_pylist(), range(batch.num_rows), repeat(batch))
+
+
+class _Selection:
+    """The rows the merge keeps, as slices of the parts they are in, written out ``WRITE_ROWS`` at a time."""
+
+    def __init__(self, sink, counts: AssemblyCounts, carried: pa.Table | None = None):
+        self.sink, self.counts = sink, counts
+        #: Columns carried to every row, one row per key in key order: row ``i`` kept is key ``i``.
+        self.carried, self.written = carried, 0
+        self.schema: pa.Schema | None = None
+        self.pieces: list[list] = []  # [batch, start, stop]
+        self.last: list | None = None
+        self.rows = 0
+
+    def keep(self, batch: pa.RecordBatch, row: int) -> None:
+        last = self.last
+        if last is not None and last[0] is batch and last[2] == row:
+            last[2] += 1  # the common case: the next row of the same part
+        else:
+            self._start(batch, row)
+        self.rows += 1
+        if self.rows >= WRITE_ROWS:
+            self.flush()
+
+    def keep_rows(self, batch: pa.RecordBatch, start: int, stop: int) -> None:
+        """Keep rows ``start`` to ``stop - 1`` of ``batch`` (a whole part, in the common case) as one slice."""
+        self._start(batch, start)
+        self.last[2] = stop
+        self.rows += stop - start
+        if self.rows >= WRITE_ROWS:
+            self.flush()
+
+    def _start(self, batch: pa.RecordBatch, row: int) -> None:
+        """A new slice, at ``row`` of ``batch``; every part must hold the same columns."""
+        if self.schema is None:
+            self.schema = batch.schema
+        elif batch.schema is not self.schema and batch.schema != self.schema:
+            raise ResumeError("the parts hold results of different shapes (task, columns or vector length); "
+                              "start again with --overwrite")
+        self.last = [batch, row, row + 1]
+        self.pieces.append(self.last)
+
+    def flush(self) -> None:
+        if not self.pieces:
+            return
+        slices = []
+        for batch, start, stop in self.pieces:
+            piece = batch.slice(start, stop - start)
+            # The merge keeps exactly one row per key of the listing, in its order: the carried
+            # columns' rows for these slices are the next ones, no lookup by key needed.
+            carried = None if self.carried is None else self.carried.slice(self.written, piece.num_rows)
+            slices.append(results.carry(piece, carried))  # also takes a part's OBJECT_METADATA out
+            self.written += piece.num_rows
+        for piece in slices:
+            failed = piece.num_rows - piece.column("error").null_count
+            self.counts.failed += failed
+            self.counts.predicted += piece.num_rows - failed
+        self.sink.write(slices)
+        self.pieces, self.last, self.rows = [], None, 0
+
+
+def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 16,
+             reader: utils.ObjectReader | None = None, carried: pa.Table | None = None,
+             live: LiveRun | None = None) -> AssemblyCounts:
+    """Merge the runs' durable rows into ``sink`` in key order, exactly one row per key of ``keys``.
+
+    ``keys`` is this job's sorted key list (a :class:`listing.Listing`, or key
+    strings), read a chunk at a time. Each run's parts, read in batch
+    order, are sorted by key (its plan was), so a heap merge of the runs'
+    ``key`` columns gives every row in key order while holding only a window
+    of parts per run; the rows kept go to ``sink.write`` as slices of their
+    parts (:class:`_Selection`), never as Python objects. A key of ``keys``
+    without a row raises ``ResumeError``: nothing is written then (the
+    caller aborts the sink). A key that two runs scored gets the earlier
+    run's row only (``heapq.merge`` is stable). With ``reader`` (a
+    :class:`utils.ObjectReader`) the parts are read through it: one GET a
+    batch, about half botocore's CPU each, which is most of the driver's CPU
+    here at ten million keys. ``carried`` (columns aligned with ``keys``, a
+    row per key) is appended to each row (:func:`results.carry`): the
+    manifest's carried columns, the objects' etag and size.
+
+    With ``live`` (a :class:`LiveRun` of one of ``runs``), that run is the one
+    Spark is scoring: the merge follows it as its batches become durable,
+    so the sink receives rows while the job runs, and what is left when the
+    job ends is the tail.
+    """
+    counts = AssemblyCounts()
+    with ThreadPoolExecutor(threads, thread_name_prefix="assemble") as pool:
+        window = max(2, threads // max(1, len(runs)))
+
+        def follow(run: Run) -> LiveRun | None:
+            return live if live is not None and run.number == live.run.number else None
+
+        parts = [_run_parts(work, run, pool, window, counts, reader, follow(run))
+                 for run in runs if run.done or follow(run)]
+        selection = _Selection(sink, counts, carried)
+        position = 0
+        if len(parts) == 1:  # one run (no resume): its parts are in key order already
+            parts, position = _whole_parts(parts[0], key_column(keys), selection)
+        streams = [_run_rows(p) for p in parts]
+        merged = (streams[0] if len(streams) == 1 else
+                  heapq.merge(*streams, key=lambda item: item[0]) if streams else iter(()))
+        expected = iter_keys(keys, position)
+        want = next(expected, None)
+        last = None
+        for key, row, batch in merged:
+            if key == last:
+                # Two runs scored this key (a late task of an earlier run wrote its part after the
+                # resume planned): both rows come from the same fingerprint; the earlier run's is kept.
+                counts.superseded += 1
+                continue
+            if want is not None and want < key:
+                raise ResumeError(f"no line for key {want!r} under {work.uri}")
+            if want == key:
+                position += 1
+                last = key
+                want = next(expected, None)
+                selection.keep(batch, row)
+            else:
+                counts.dropped += 1
+        if want is not None:
+            raise ResumeError(f"no line for key {want!r} under {work.uri} "
+                              f"({len(keys) - position} keys without a line)")
+        selection.flush()
+    return counts
+
+
+def iter_keys(items, start: int = 0) -> Iterator[str]:
+    """The keys of a :class:`listing.Listing` (from its Arrow column, a chunk at a time), or of key strings.
+
+    From the ``start``-th key on.
+    """
+    if isinstance(items, listing.Listing):
+        column = items.keys
+        for first in range(start, len(column), 65_536):
+            yield from column.slice(first, 65_536).to_pylist()
+    else:
+        yield from itertools.islice(items, start, None)
+
+
+def key_column(items) -> pa.ChunkedArray:
+    """The keys of a :class:`listing.Listing`, or of key strings, as one Arrow column."""
+    if isinstance(items, listing.Listing):
+        return items.keys
+    return pa.chunked_array([pa.array(list(items), listing.KEY_TYPE)], listing.KEY_TYPE)
+
+
+def _whole_parts(parts: Iterator[pa.RecordBatch], column: pa.ChunkedArray,
+                 selection: _Selection) -> tuple[list, int]:
+    """Keep each part whole while its keys are exactly the listing's next ones; ``(the rest, keys kept)``.
+
+    A run's parts usually are: then the merge costs no Python per row, only
+    an Arrow comparison per part. That matters twice on the driver: at ten
+    million keys the per-row merge was most of its 32 s of assembly CPU, and
+    while the job runs the assembly's thread shares the GIL with the
+    acknowledgements Spark's scheduler waits for on every task's
+    accumulator update. The first part that differs (a key no longer listed,
+    one missing) and every part after it go through the merge row by row.
+    """
+    position = 0
+    for batch in parts:
+        if not _next_keys(batch, column, position):
+            return [itertools.chain([batch], parts)], position
+        selection.keep_rows(batch, 0, batch.num_rows)
+        position += batch.num_rows
+    return [], position
+
+
+def _next_keys(batch: pa.RecordBatch, column: pa.ChunkedArray, position: int) -> bool:
+    """Whether ``batch``'s keys are ``column``'s from ``position`` on, in order."""
+    rows = batch.num_rows
+    if position + rows > len(column):
+        return False
+    expected = column.slice(position, rows).combine_chunks()
+    return batch.column("key").cast(expected.type).equals(expected)

@@ -17,10 +17,10 @@ Not a test: it prints measurements. It
    Python interpreter lock; the table shows the CPU each side used.
 2. lists the prefix three times, each timed:
 
-   - **sequential**: page after page, ``listing.list_prefix(concurrency=1)``;
-   - **parallel**: ``listing.list_prefix(concurrency=--concurrency)``, the job's default path;
-   - **sequential, botocore's default parser**: ``utils.list_objects`` with
-     ``utils.s3_client``, the job's listing before ``listing.py`` (it also
+   - **sequential**: page after page, ``parallel_list.list_prefix(concurrency=1)``;
+   - **parallel**: ``parallel_list.list_prefix(concurrency=--concurrency)``, the job's default path;
+   - **sequential, botocore's default parser**: ``parallel_list.list_objects`` with
+     ``clients.s3_client``, the job's listing before ``listing.py`` (it also
      parses every ``LastModified`` with dateutil);
 
    checks that all three found the same keys, and prints the times, the
@@ -48,10 +48,11 @@ from pathlib import Path
 
 import psutil
 
+from mxjob.s3 import clients, lean_list, parallel_list
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import utils  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV  # noqa: E402
 from mxjob import listing  # noqa: E402
 
@@ -290,10 +291,10 @@ def main(argv=None) -> int:
 
         def lister(concurrency: int):
             def run(count_calls):
-                client = listing.list_client(endpoint, max_pool_connections=max(10, concurrency))
+                client = lean_list.list_client(endpoint, max_pool_connections=max(10, concurrency))
                 client.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX, MaxKeys=1)  # connect first
                 count_calls(client)
-                keys, sizes = listing.list_prefix(client, BUCKET, PREFIX, concurrency, progress_every=10**9)
+                keys, sizes = parallel_list.list_prefix(client, BUCKET, PREFIX, concurrency, progress_every=10**9)
                 return listing.Listing.build(BUCKET, keys, sizes)
             return run
 
@@ -306,9 +307,9 @@ def main(argv=None) -> int:
             print("== sequential with botocore's default parser (the job's listing before listing.py)", flush=True)
 
             def default_parser(count_calls):
-                client = utils.s3_client(endpoint)
+                client = clients.s3_client(endpoint)
                 count_calls(client)
-                return sorted(utils.list_objects(client, BUCKET, PREFIX))
+                return sorted(parallel_list.list_objects(client, BUCKET, PREFIX))
 
             rows.append(("sequential, botocore's parser", timed(children, default_parser)))
             assert rows[-1][1]["listing"] == list(sequential["listing"]), "the default parser's listing differs"

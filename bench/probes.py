@@ -39,11 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mxjob.s3 import clients, object_reader, writes
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import mxinfer  # noqa: E402
-import utils  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
 from mxjob import config, worker  # noqa: E402
 from mxjob import results as result_model  # noqa: E402
@@ -99,7 +100,7 @@ def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, key
     """The original's loop: for each batch, download every object in turn, decode them all, run the model."""
     classifier = mxinfer.Classifier(model, shape, batch)
     prep = _preprocess(shape)
-    reader = utils.s3_reader(endpoint)  # the job's own S3 reader: the loop's shape is what differs
+    reader = object_reader.s3_reader(endpoint)  # the job's own S3 reader: the loop's shape is what differs
     classifier.predict(np.zeros((batch, *shape), np.float32))  # warm-up, as E's steady state has had
     phases = {"download": 0.0, "decode": 0.0, "forward": 0.0}
     images, rates = 0, []
@@ -186,7 +187,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     classifier = mxinfer.Classifier(model, shape, 1)
     images = _listing(results, bucket)
     keys = images.keys.to_pylist()
-    client = utils.s3_client(endpoint, max_pool_connections=16)
+    client = clients.s3_client(endpoint, max_pool_connections=16)
     work = durable.WorkPrefix(client, bucket, _output_key(results))
     work.remove()
     run = work.start_run(1, images, batch, None)
@@ -233,7 +234,7 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
         "endpoint_url": endpoint, "batch_size": batch, "micro_batch_size": micro_batch,
         "input_shape": ",".join(map(str, shape)), "top_k": top_k, "overwrite": True,
     }, {}))
-    client = utils.s3_client(endpoint)
+    client = clients.s3_client(endpoint)
     client.list_objects_v2(Bucket=bucket, MaxKeys=1)
     classifier = load_model_on_driver(cfg)
     images = _listing(results, bucket)
@@ -251,7 +252,7 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     plan = durable.Plan(runs=runs, todo=todo, number=2, resumed=True)
     summary = summarize(cfg, len(images), 0, StatsFold(), counts, 1.0, classifier.model_summary(),
                         {"assembly": assembly_seconds}, plan, {})
-    utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary))
+    writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary))
     after = worker.memory_bytes()
     size = client.head_object(Bucket=cfg.output_bucket, Key=cfg.output_key)["ContentLength"]
     work.remove()

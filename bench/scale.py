@@ -103,10 +103,11 @@ import psutil
 import pyarrow.parquet as pq
 import yaml
 
+from mxjob.s3 import parallel_list
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import utils  # noqa: E402
 from bench import models as bench_models  # noqa: E402
 from bench.fake_daemon import FAKE_PREDICTIONS  # noqa: E402
 from bench.listing import PREFIX as LISTING_PREFIX  # noqa: E402
@@ -340,7 +341,7 @@ def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | 
         raise RuntimeError(f"the job listed {summary.get('keys_listed')} keys and predicted "
                            f"{summary.get('predicted')}, not {keys}; see {log_path}")
     # moto keeps objects in memory
-    for key in ([k for k, _ in utils.list_objects(s3, BUCKET, output_key)] if dataset else [output_key]):
+    for key in ([k for k, _ in parallel_list.list_objects(s3, BUCKET, output_key)] if dataset else [output_key]):
         s3.delete_object(Bucket=BUCKET, Key=key)
     seconds = summary.get("seconds") or {}
     python, jvm = watch.peak("driver python"), watch.peak("driver JVM")

@@ -41,13 +41,15 @@ from pathlib import Path
 
 import psutil
 
+from mxjob.s3 import clients
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BUCKET = "task-cost"
 DAEMON_MODULE = "bench.fake_daemon"
 #: Model costs per image on one executor (ms) to show auto's batch for: a CIFAR ResNet-20 and
-#: ResNet-18 on the two development machines of docs/performance.md.
+#: ResNet-18 on the two development machines of docs/performance-history.md.
 MODEL_MS = {"resnet20 3x32x32": 2.0, "resnet18 (fast CPU)": 16.0, "resnet18 (slow CPU)": 47.0}
 
 
@@ -102,14 +104,13 @@ def timed(run, tasks: int, executors: int, driver_jvm, server) -> dict:
 
 def our_job(sc, endpoint: str, tasks: int, number: int, plan):
     """A callable that runs ``tasks`` one-key batches of ours, as ``mxjob.cluster.run_spark`` does."""
-    import utils
     from mxjob import durable
     from mxjob.model import ModelSpec
     from mxjob.partition import JobSpec, score_into
     from mxjob.preprocess import Preprocess
     from mxjob.stats import StatsAccumulator, StatsFold
 
-    work = durable.WorkPrefix(utils.s3_client(endpoint, None), BUCKET, "out/task-cost.jsonl")
+    work = durable.WorkPrefix(clients.s3_client(endpoint, None), BUCKET, "out/task-cost.jsonl")
     run = work.start_run(number, [f"k/{i:06d}.jpg" for i in range(tasks)], 1, None)
     # The model is never loaded (the fake daemon's stand-in); its URIs only have to be well formed.
     job = JobSpec(model=ModelSpec(f"s3://{BUCKET}/m-symbol.json", f"s3://{BUCKET}/m-0000.params"),

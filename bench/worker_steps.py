@@ -7,7 +7,7 @@ calling thread (``time.thread_time``), not wall time, so that other load on
 the machine moves the figures little. Each figure is the best of
 ``--repeats`` passes over every image.
 
-* the S3 GET through the job's lean reader (``utils.ObjectReader``) against a
+* the S3 GET through the job's lean reader (``object_reader.ObjectReader``) against a
   local moto server: the client's CPU only (the server's is not the worker's);
   botocore's ``get_object`` beside it;
 * the recipe's steps (``mxjob.preprocess``): open, draft, JPEG decode, EXIF
@@ -56,10 +56,11 @@ from unittest import mock
 import numpy as np
 from PIL import Image, ImageOps
 
+from mxjob.s3 import clients, object_reader, reads
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import utils  # noqa: E402
 from bench import images as bench_images  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
 from mxjob import partition, preprocess, results  # noqa: E402
@@ -257,7 +258,7 @@ def glue_ms(prep: Preprocess, count: int, repeats: int, threads: int = 16, windo
 
 def _glue_work(reader, job):
     # The job's own work function, whichever signature this version of partition.py has.
-    return partial(partition._fetch_and_decode, reader, job, None, io_stats=utils.IOStats())
+    return partial(partition._fetch_and_decode, reader, job, None, io_stats=reads.IOStats())
 
 
 def get_ms(datas: list[bytes], repeats: int) -> dict[str, float]:
@@ -274,7 +275,7 @@ def _served(datas: list[bytes]):
     os.environ.update({k: os.environ.get(k, v) for k, v in FAKE_AWS_ENV.items()})
     keys = [f"photos/img{i:06d}.jpg" for i in range(len(datas))]
     with moto_server() as endpoint:
-        client = utils.s3_client(endpoint)
+        client = clients.s3_client(endpoint)
         client.create_bucket(Bucket=BUCKET)
         for key, data in zip(keys, datas):
             client.put_object(Bucket=BUCKET, Key=key, Body=data)
@@ -283,8 +284,8 @@ def _served(datas: list[bytes]):
 
 def _get_ms(endpoint: str, keys: list[str], repeats: int) -> dict[str, float]:
     out = {}
-    for kind in utils.S3_READERS:
-        reader = utils.s3_reader(endpoint, kind=kind)
+    for kind in object_reader.S3_READERS:
+        reader = object_reader.s3_reader(endpoint, kind=kind)
         reader.read(BUCKET, keys[0])  # the lean reader learns the bucket's address from botocore's first GET
         out[kind] = best_ms(partial(reader.read, BUCKET), keys, repeats)
     return out
@@ -347,7 +348,7 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     run_task(job, keys, model)  # the first task: the reader learns the bucket, the pool starts
     out = {"task (score_partition)": best_ms(lambda _: run_task(job, keys, model), [None], repeats,
                                              time.process_time) / len(keys)}
-    reader = utils.s3_reader(endpoint)
+    reader = object_reader.s3_reader(endpoint)
     datas = [reader.read(BUCKET, key) for key in keys]
     out["GET (lean reader, client)"] = best_ms(partial(reader.read, BUCKET), keys, repeats)
     out["decode + preprocess"] = best_ms(partial(decode_image, prep=prep), datas, repeats)

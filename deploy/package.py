@@ -20,9 +20,9 @@ PACKAGE = "mxjob"
 
 
 def zip_members(root: Path = ROOT) -> list[Path]:
-    """The files the zip holds, relative to ``root``: the modules, then the package's ``.py`` files."""
+    """The files the zip holds, relative to ``root``: the modules, then the package's ``.py`` files, subpackages too."""
     files = [Path(name) for name in MODULES]
-    files += sorted(p.relative_to(root) for p in (root / PACKAGE).glob("*.py"))
+    files += sorted(p.relative_to(root) for p in (root / PACKAGE).rglob("*.py"))
     return files
 
 

@@ -21,13 +21,13 @@ from typing import Any
 import click
 import yaml
 
-import utils
 from mxjob import settings as table
 from mxjob import sinks
 from mxjob.errors import first_line, plural
 from mxjob.model import ModelSpec
 from mxjob.partition import JobSpec
 from mxjob.preprocess import Preprocess
+from mxjob.s3 import clients, reads, uris
 from mxjob.settings import REFUSED_SECRETS, SECRETS_MESSAGE, parse_max_errors
 from mxjob.sidecar import is_dataset, side_key
 
@@ -119,18 +119,18 @@ def allowed_errors(max_errors: str, keys: int) -> int:
 
 def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = None,
               max_attempts: int | None = None) -> dict:
-    """Read a YAML config from a path or any URI :func:`utils.read_uri` takes (s3:// in cluster mode).
+    """Read a YAML config from a path or any URI :func:`reads.read_uri` takes (s3:// in cluster mode).
 
     An s3:// file is read with the command line's ``--endpoint-url``,
     ``--region`` and ``--s3-max-attempts`` (``max_attempts`` ``None``:
-    :data:`utils.S3_MAX_ATTEMPTS`). Returns the raw mapping;
+    :data:`clients.S3_MAX_ATTEMPTS`). Returns the raw mapping;
     :func:`merge_settings` converts each value.
     """
     try:
-        attempts = utils.S3_MAX_ATTEMPTS if max_attempts is None else max_attempts
-        client = utils.s3_client(endpoint_url, region, max_attempts=attempts) if utils.is_s3_uri(uri) else None
-        text = utils.read_uri(uri, client).decode("utf-8")
-    except (OSError, utils.S3UriError) as exc:
+        attempts = clients.S3_MAX_ATTEMPTS if max_attempts is None else max_attempts
+        client = clients.s3_client(endpoint_url, region, max_attempts=attempts) if uris.is_s3_uri(uri) else None
+        text = reads.read_uri(uri, client).decode("utf-8")
+    except (OSError, uris.S3UriError) as exc:
         raise click.UsageError(f"cannot read --config {uri}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - botocore errors: no such bucket, access denied
         raise click.UsageError(f"cannot read --config {uri}: {first_line(exc)}") from None
@@ -267,8 +267,8 @@ def resolve_input(s: Settings) -> tuple[str | None, str, str | None]:
                                "--input s3://BUCKET/PREFIX or --bucket/--prefix, not both")
     if s["input"]:
         try:
-            bucket, prefix = utils.parse_s3_uri(s["input"])
-        except utils.S3UriError as exc:
+            bucket, prefix = uris.parse_s3_uri(s["input"])
+        except uris.S3UriError as exc:
             raise click.UsageError(f"{name('input')}: {exc}") from None
     elif s["bucket"]:
         bucket, prefix = s["bucket"], s["prefix"] or ""
@@ -293,8 +293,8 @@ def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str 
     bucket = key = None
     if s["output"]:
         try:
-            bucket, key = utils.parse_s3_uri(s["output"])
-        except utils.S3UriError as exc:
+            bucket, key = uris.parse_s3_uri(s["output"])
+        except uris.S3UriError as exc:
             raise click.UsageError(f"{name('output')}: {exc}") from None
         if not key.strip("/"):
             raise click.UsageError(f"{name('output')}: {s['output']!r} names no object and no prefix; expected "

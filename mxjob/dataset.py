@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import utils
 from mxjob import merge
 from mxjob.errors import JobError, plural
+from mxjob.s3 import parallel_list
 from mxjob.sidecar import NAMES, side_key
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def contents(client, bucket: str, prefix: str) -> Contents:
     work = side_key(prefix, "parts/")
     own_names = {side_key(prefix, name) for name in NAMES if not name.endswith("/")}
     found = Contents()
-    for key, size in utils.list_objects(client, bucket, prefix):
+    for key, size in parallel_list.list_objects(client, bucket, prefix):
         if key.startswith(work):
             continue
         index = file_index(key, prefix)

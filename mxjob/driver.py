@@ -24,7 +24,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import utils
 from mxjob import dataset, durable, listing, manifest, merge, preflight, sinks
 from mxjob.assembly import Assembly
 from mxjob.cluster import SparkStop, run_spark
@@ -35,6 +34,7 @@ from mxjob.handlers import HandlerError, get_handlers, model_class
 from mxjob.int8_prep import prepare_precision
 from mxjob.model import Classifier, Embedder, ModelError, Predictor
 from mxjob.resume import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
+from mxjob.s3 import clients, lean_list, object_reader, parallel_list, reads, uris, writes
 from mxjob.signals import Interrupted
 from mxjob.sizing import Sizing, bound_batch, size_run
 from mxjob.stats import StatsFold
@@ -58,7 +58,7 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     ``resume_command`` is the command they show to resume the run.
     """
     started = time.time()
-    client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
+    client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
     retry = yarn_attempt()[1] > 1
     # The output first: seconds, where the listing may take hours. An output that is refused (it exists, or a
     # dataset's prefix holds objects the job did not write) or cannot be written ends the run before it writes
@@ -288,7 +288,7 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
 def finish_run(cfg: JobConfig, client, work: durable.WorkPrefix, summary: dict, counts: merge.AssemblyCounts,
                keys: int) -> int:
     """Write the summary, remove the work prefix, and return the exit code (3: more errors than --max-errors)."""
-    utils.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
+    writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
     for warning in summary["threads"]["warnings"]:
         log.warning("%s", warning)
     removed = work.remove()
@@ -346,13 +346,13 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
             raise JobError(f"cannot read --input-manifest {cfg.input_manifest}: {exc}") from exc
     try:
         # Its own client, with a connection per list call in flight; under --s3-reader lean, one
-        # whose parser skips the dates (listing.list_client).
+        # whose parser skips the dates (lean_list.list_client).
         # --with-object-metadata needs the ETags, which only botocore's own parser reads.
-        lister = listing.list_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
+        lister = lean_list.list_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
                                      max_pool_connections=max(10, cfg.list_concurrency),
                                      kind="botocore" if cfg.with_object_metadata else cfg.s3_reader)
-        keys, sizes, *etags = listing.list_prefix(lister, cfg.input_bucket, cfg.input_prefix, cfg.list_concurrency,
-                                                  etags=cfg.with_object_metadata)
+        keys, sizes, *etags = parallel_list.list_prefix(lister, cfg.input_bucket, cfg.input_prefix,
+                                                        cfg.list_concurrency, etags=cfg.with_object_metadata)
         skipped = listing.Skipped(suffixes=cfg.suffixes)
         images = listing.Listing.build(cfg.input_bucket, keys, sizes, suffixes=cfg.suffixes, limit=cfg.limit,
                                        carried={"etag": etags[0]} if etags else None, skipped=skipped)
@@ -399,7 +399,7 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
             sinks.provenance(work.read_job()), dataset_plan.keep))
     try:
         # Parts of S3's smallest size: the last one, uploaded after the last batch, is the assembly's tail.
-        writer = utils.MultipartWriter(client, cfg.output_bucket, cfg.output_key, part_bytes=utils.MIN_PART_BYTES,
+        writer = writes.MultipartWriter(client, cfg.output_bucket, cfg.output_key, part_bytes=writes.MIN_PART_BYTES,
                                        content_type=sinks.content_type(cfg.output_format, cfg.output_key))
     except Exception as exc:
         raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
@@ -413,7 +413,8 @@ def _assemble(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing,
               live: merge.LiveRun | None, sink) -> merge.AssemblyCounts:
     """Merge into ``sink``, then close it; on any failure abort it (nothing partial appears)."""
     try:
-        reader = utils.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts, kind=cfg.s3_reader)
+        reader = object_reader.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
+                                         kind=cfg.s3_reader)
         counts = merge.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
                                   carried=carried_columns(cfg, images), live=live)
         closing = time.monotonic()
@@ -448,7 +449,7 @@ def prepare_handler(cfg: JobConfig, client) -> JobConfig:
         return cfg
     path = cfg.handler
     try:
-        data = utils.read_uri(path, client if utils.is_s3_uri(path) else None)
+        data = reads.read_uri(path, client if uris.is_s3_uri(path) else None)
     except FileNotFoundError:
         raise JobError(f"--handler: {path} does not exist") from None
     except Exception as exc:

@@ -34,8 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import utils
 from mxjob import listing, results
+from mxjob.s3 import parallel_list, reads, writes
 from mxjob.sidecar import side_key
 
 #: A run's keys in batch order (:func:`listing.write_plan`), beside its ``run.json``.
@@ -121,7 +121,7 @@ class WorkPrefix:
         return f"s3://{self.bucket}/{self.prefix}"
 
     def _objects(self, prefix: str) -> list[tuple[str, int]]:
-        return list(utils.list_objects(self.client, self.bucket, prefix))
+        return list(parallel_list.list_objects(self.client, self.bucket, prefix))
 
     def exists(self) -> bool:
         """Whether anything is under the work prefix."""
@@ -131,7 +131,7 @@ class WorkPrefix:
     def read_job(self) -> dict | None:
         """``job.json`` (the fingerprint the first run recorded), or ``None``."""
         try:
-            return json.loads(utils.read_object(self.client, self.bucket, self.prefix + "job.json"))
+            return json.loads(reads.read_object(self.client, self.bucket, self.prefix + "job.json"))
         except self.client.exceptions.NoSuchKey:
             return None
 
@@ -140,7 +140,7 @@ class WorkPrefix:
         body = {"output": output_uri, "created": time.time(), "fingerprint": fingerprint_}
         if dataset is not None:
             body["dataset"] = dataset
-        utils.put_text(self.client, self.bucket, self.prefix + "job.json", json.dumps(body, indent=2) + "\n")
+        writes.put_text(self.client, self.bucket, self.prefix + "job.json", json.dumps(body, indent=2) + "\n")
 
     def runs(self) -> list[Run]:
         """Every recorded run, oldest first, with the batches each made durable."""
@@ -154,7 +154,7 @@ class WorkPrefix:
             names = files[number]
             if "run.json" not in names:
                 continue  # the driver died while starting this run: it scored nothing
-            meta = json.loads(utils.read_object(self.client, self.bucket, names["run.json"]))
+            meta = json.loads(reads.read_object(self.client, self.bucket, names["run.json"]))
             done = frozenset(int(m.group(1)) for m in map(PART_PATTERN.match, names) if m)
             runs.append(Run(number=number, prefix=self.run_prefix(number), batch_size=meta["batch_size"],
                             batches=meta["batches"], keys=meta["keys"], application=meta.get("application"),
@@ -193,24 +193,24 @@ class WorkPrefix:
                                                           "size": pa.array([listing.UNKNOWN_SIZE] * len(keys),
                                                                            pa.int64())}))
         prefix = self.run_prefix(number)
-        with utils.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
+        with writes.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
                                    content_type="application/vnd.apache.arrow.stream") as writer:
             spans = listing.write_plan(keys, batch_size, writer.write)
         meta = {"batch_size": batch_size, "batches": len(spans), "keys": len(keys), "application": application,
                 "started": time.time()}
         # run.json last: a run without it never started, and resume ignores it.
-        utils.put_text(self.client, self.bucket, prefix + "run.json", json.dumps(meta) + "\n")
+        writes.put_text(self.client, self.bucket, prefix + "run.json", json.dumps(meta) + "\n")
         return Run(number=number, prefix=prefix, batch_size=batch_size, batches=len(spans), keys=len(keys),
                    application=application, spans=tuple(spans))
 
     def abort_uploads(self) -> int:
         """Abort the uploads an earlier driver left open (the output's, a plan's); return how many."""
-        return utils.abort_uploads(self.client, self.bucket, self.output_key,
+        return writes.abort_uploads(self.client, self.bucket, self.output_key,
                                    lambda key: key == self.output_key or key.startswith(self.prefix))
 
     def remove(self) -> int:
         """Delete everything under the work prefix; return how many objects were deleted."""
-        return utils.delete_objects(self.client, self.bucket, [key for key, _ in self._objects(self.prefix)])
+        return writes.delete_objects(self.client, self.bucket, [key for key, _ in self._objects(self.prefix)])
 
 
 def remaining_keys(work: WorkPrefix, runs: Sequence[Run], keys) -> pa.Array:

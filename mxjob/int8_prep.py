@@ -19,7 +19,6 @@ from dataclasses import replace
 
 import numpy as np
 
-import utils
 from mxjob import (
     int8_search,
 )
@@ -30,6 +29,7 @@ from mxjob.int8 import agreement, agreement_refusal, int8_excluded, quantize_int
 from mxjob.int8_search import quantize_auto
 from mxjob.model import Classifier, ModelError, Predictor
 from mxjob.preprocess import decode_image
+from mxjob.s3 import reads
 from mxjob.sizing import bound_batch
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def sample_arrays(cfg: JobConfig, client, items: list) -> np.ndarray:
     def one(item):
         key, _ = item
         try:
-            data = utils.read_object(client, cfg.input_bucket, key)
+            data = reads.read_object(client, cfg.input_bucket, key)
             if handlers is not None and handlers.input_handler is not None:
                 return handlers.decode(key, data, cfg.preprocess.input_shape)
             return decode_image(data, cfg.preprocess)

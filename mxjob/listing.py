@@ -24,47 +24,25 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import re
-import string
-import threading
-import time
-from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from xml.etree import ElementTree
 
-import boto3
-import botocore
-import botocore.config
-import botocore.handlers
-import botocore.parsers
-import botocore.session
 import pyarrow as pa
 import pyarrow.compute as pc
-from botocore.compat import unquote_str
 
-import utils
-from mxjob import settings, state
+from mxjob import settings
+from mxjob.s3.parallel_list import KEY_TYPE
 
 log = logging.getLogger(__name__)
 
 #: Keys the job scores unless --suffixes says otherwise: the image formats Pillow decodes.
 DEFAULT_SUFFIXES = settings.DEFAULT.suffixes
-#: ListObjectsV2 calls in flight (``--list-concurrency``).
-LIST_CONCURRENCY = settings.DEFAULT.list_concurrency
-#: Arrow type of the key column: 64-bit offsets, so fifty million keys of 60
-#: bytes (3 GB of text) still fit one column.
-KEY_TYPE = pa.large_string()
 #: The size of an object whose size the manifest did not give.
 UNKNOWN_SIZE = -1
 #: Rows of the sorted listing taken at once (a chunk of the sorted columns).
 _TAKE_ROWS = 1 << 20
 #: Keys handed out per step while iterating (bounds the Python objects alive at once).
 _ITER_CHUNK = 65_536
-#: Characters the range splitter cuts at: S3's "safe" key characters in code point order.
-#: Any key is still listed (ranges cover everything); these only decide where ranges end.
-_CUT_CHARS = "".join(sorted(set(string.digits + string.ascii_letters + "!-_.*'()/")))
 #: A run's plan: one Arrow record batch per job batch (see :func:`write_plan`).
 PLAN_SCHEMA = pa.schema([("key", KEY_TYPE), ("size", pa.int64())])
 
@@ -390,7 +368,7 @@ def write_plan(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
         Keys per batch: batch ``i`` holds rows ``i * batch_size`` onwards.
     sink : callable
         Called with each piece of the stream (``bytes``), in order: for
-        example a :class:`utils.MultipartWriter`'s ``write``, so the plan
+        example a :class:`writes.MultipartWriter`'s ``write``, so the plan
         streams to S3 without ever being whole in memory.
 
     Returns
@@ -460,313 +438,3 @@ def read_plan(source) -> Iterator[pa.RecordBatch]:
 # Listing a prefix: sequential or in parallel
 
 
-def list_client(endpoint_url: str | None = None, region: str | None = None,
-                max_attempts: int = utils.S3_MAX_ATTEMPTS, max_pool_connections: int = utils.S3_POOL_CONNECTIONS,
-                kind: str = settings.DEFAULT.s3_reader):
-    """A new S3 client for :func:`list_prefix`, configured as :func:`utils.s3_client`'s.
-
-    ``kind`` is the job's ``--s3-reader``. ``"botocore"`` gives a plain boto3
-    client: botocore's own parser, nothing of ours hooked in. ``"lean"``
-    gives a client whose ``ListObjectsV2`` pages cost a tenth of the CPU:
-    botocore turns each of a page's 1,000 objects into a dict of six parsed
-    fields (``LastModified`` through dateutil), 170 ms of the driver's CPU a
-    page on the benchmark's machine (``bench/listing.py``), so a parallel
-    listing runs out of CPU (one core: the GIL) long before it runs out of S3.
-    The job needs only keys and sizes, so this client reads them from the XML
-    itself in a ``before-parse`` hook (a regular expression over the
-    url-encoded keys; ElementTree for any other page) and gives botocore the
-    page without its ``Contents``: 6 to 11 ms a page there. The keys and
-    sizes come back as ``response["KeysAndSizes"]``. Signing, retries,
-    errors and the check for a cut-off page stay botocore's.
-
-    The lean client leans on botocore internals (:func:`lean_listing_unavailable`
-    says which). When this botocore lacks them, ``"lean"`` gives the plain
-    client instead and logs why, once per process: the listing is the same,
-    only slower.
-    """
-    if kind not in utils.S3_READERS:
-        raise ValueError(f"s3 reader {kind!r}: choose one of {', '.join(utils.S3_READERS)}")
-    config = utils.client_config(max_attempts, max_pool_connections)
-    if kind == "lean":
-        reason = lean_listing_unavailable()
-        if reason is None:
-            return _lean_list_client(endpoint_url, region, config)
-        _warn_fallback(reason)
-    return boto3.session.Session().client(
-        "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
-
-
-def lean_listing_unavailable() -> str | None:
-    """Why this botocore cannot serve the lean listing client (``None``: it can).
-
-    The lean client moves botocore's check of 200 answers
-    (``botocore.handlers._handle_200_error``, a private name) after its own
-    ``before-parse`` hook, and sets the parser factory's defaults of its
-    session. Without either, its hook would save nothing or could not be set
-    up as tested, so the plain client is used.
-    """
-    check = getattr(botocore.handlers, "_handle_200_error", None)
-    if not callable(check):
-        return f"botocore {botocore.__version__} has no botocore.handlers._handle_200_error to run after its hook"
-    if not callable(getattr(botocore.parsers.ResponseParserFactory, "set_parser_defaults", None)):
-        return f"botocore {botocore.__version__} has no ResponseParserFactory.set_parser_defaults"
-    return None
-
-
-_fallback_lock = threading.Lock()
-
-
-def _warn_fallback(reason: str) -> None:
-    """Say once per process why ``--s3-reader lean`` lists through botocore's own parser."""
-    with _fallback_lock:
-        if state.counters.listing_fallback is not None:
-            return
-        state.counters.listing_fallback = reason
-    log.warning("--s3-reader lean: the lean listing is not available (%s); listing with botocore's own "
-                "ListObjectsV2 parser instead (the same keys, at about ten times the driver's CPU a page)", reason)
-
-
-def _lean_list_client(endpoint_url: str | None, region: str | None, config: botocore.config.Config):
-    """The lean listing client (see :func:`list_client`); only once :func:`lean_listing_unavailable` said yes."""
-    session = botocore.session.get_session()
-    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
-    client = boto3.session.Session(botocore_session=session).client(
-        "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
-    # botocore checks every 200 answer for an embedded error or a cut-off document by parsing all
-    # of it, which costs as much as the hook. Moved after the hook (on its own event name, where
-    # the order is the order of registration), it checks what the hook leaves: the page without
-    # its Contents.
-    check = botocore.handlers._handle_200_error
-    client.meta.events.unregister("before-parse.s3.*", check)
-    client.meta.events.register("before-parse.s3.*", _keys_and_sizes)
-    client.meta.events.register("before-parse.s3.*", check)
-    return client
-
-
-_S3_XML = "{http://s3.amazonaws.com/doc/2006-03-01/}"
-_CONTENTS = re.compile(rb"<Contents>.*?</Contents>", re.S)
-#: A key and the size after it in one <Contents> (S3 writes Key first, Size later): a url-encoded
-#: key has no "<" or "&", so nothing in it needs unescaping.
-_KEY_SIZE = re.compile(rb"<Contents>\s*<Key>([^<&]*)</Key>.*?<Size>(\d+)</Size>", re.S)
-_URL_ENCODED = b"<EncodingType>url</EncodingType>"
-
-
-def _keys_and_sizes(response_dict, customized_response_dict, operation_model=None, **_) -> None:
-    """``before-parse`` hook of the lean listing client: take a page's keys and sizes out of its XML.
-
-    See :func:`list_client`; never registered under ``--s3-reader botocore``.
-    """
-    body = response_dict.get("body")
-    if operation_model is not None and operation_model.name != "ListObjectsV2":
-        return
-    if response_dict.get("status_code") != 200 or not body:
-        return  # errors are botocore's to parse
-    found = _KEY_SIZE.findall(body) if _URL_ENCODED in body else None
-    if found is not None and len(found) == body.count(b"<Contents>"):
-        # botocore asks for url-encoded keys (encoding-type=url, so that any key survives XML)
-        # and decodes them after parsing; these bypass that, so they are decoded here as it would.
-        keys = [unquote_str(key.decode("utf-8")) if b"%" in key or b"+" in key else key.decode("utf-8")
-                for key, _ in found]
-        sizes = [int(size) for _, size in found]
-    else:  # not the layout the expression knows: ElementTree reads any
-        try:
-            root = ElementTree.fromstring(body)
-        except ElementTree.ParseError:
-            return  # a cut-off or broken page: botocore's check makes it a retried 500
-        items = root.iterfind(_S3_XML + "Contents")
-        pairs = [(item.findtext(_S3_XML + "Key"), int(item.findtext(_S3_XML + "Size"))) for item in items]
-        if root.findtext(_S3_XML + "EncodingType") == "url":
-            pairs = [(unquote_str(key), size) for key, size in pairs]
-        keys, sizes = [key for key, _ in pairs], [size for _, size in pairs]
-    customized_response_dict["KeysAndSizes"] = (keys, sizes)
-    # S3 writes the Contents one after the other: cut them out in one slice, not a search.
-    first, last = body.find(b"<Contents>"), body.rfind(b"</Contents>")
-    rest = body[:first] + body[last + len(b"</Contents>"):] if first >= 0 else body
-    response_dict["body"] = rest if b"<Contents>" not in rest else _CONTENTS.sub(b"", rest)
-
-
-def list_prefix(client, bucket: str, prefix: str, concurrency: int = LIST_CONCURRENCY, *, page_size: int = 1000,
-                progress_every: int = 100_000, etags: bool = False) -> tuple[pa.ChunkedArray, ...]:
-    """Every key under ``prefix`` and its size, with up to ``concurrency`` list calls in flight.
-
-    The key range left to list starts as everything after ``prefix``. Each
-    call lists one page of a range from its ``StartAfter``; when the page is
-    full and list slots are idle, the rest of the range is cut at boundary
-    strings into as many parts as there are idle slots, each listed on its
-    own. Cuts are made at the first character where the range's last listed
-    key and its end differ, at characters common in keys (digits, letters,
-    ``/-_.``), one character deeper when there is no room: a part that holds
-    no key costs one call, and a part with keys is cut again on its first
-    page. Parts never overlap and cover the whole range, so the result is the
-    same as sequential listing's, whatever the keys are.
-
-    Parameters
-    ----------
-    client : botocore S3 client
-        Its ``max_pool_connections`` should be at least ``concurrency``.
-    bucket, prefix : str
-        What to list.
-    concurrency : int
-        List calls in flight at most; 1 lists page after page.
-    page_size : int
-        ``MaxKeys`` per call (S3 returns at most 1,000).
-    progress_every : int
-        Log a progress line each time this many more keys are listed.
-    etags : bool
-        Also return each object's ETag (without its quotes): needs a client
-        of botocore's own parser (``list_client(kind="botocore")``), since the
-        lean one reads keys and sizes only.
-
-    Returns
-    -------
-    tuple of pyarrow.ChunkedArray
-        Keys (``large_string``) and their sizes (``int64``), in pages in the
-        order they came back: :meth:`Listing.build` sorts them; then the
-        ETags (``string``) with ``etags``.
-    """
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    started = time.monotonic()
-    # (start_after, end): list keys > start_after and <= end; None is open.
-    pending: deque = deque([(None, None)])
-    pages: list[tuple] = []
-    calls = listed = 0
-    next_report = progress_every
-    with ThreadPoolExecutor(concurrency, thread_name_prefix="list") as pool:
-        running: dict = {}
-        try:
-            while pending or running:
-                while pending and len(running) < concurrency:
-                    span = pending.popleft()
-                    running[pool.submit(_list_page, client, bucket, prefix, span, page_size, etags)] = span
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    span = running.pop(future)
-                    keys, sizes, tags, last, more = future.result()
-                    calls += 1
-                    if len(keys):
-                        pages.append((keys, sizes, tags))
-                        listed += len(keys)
-                    if more:
-                        idle = concurrency - len(running) - len(pending)
-                        pending.extend(split_range(prefix, last, span[1], max(1, idle)))
-                if listed >= next_report:
-                    log.info("listing s3://%s/%s: %d keys so far, %d calls, %d in flight, %.0f keys/s",
-                             bucket, prefix, listed, calls, len(running), listed / (time.monotonic() - started))
-                    next_report = (listed // progress_every + 1) * progress_every
-        except BaseException:
-            for future in running:
-                future.cancel()
-            raise
-    log.info("listed s3://%s/%s: %d keys in %.1fs (%d calls, up to %d at once)",
-             bucket, prefix, listed, time.monotonic() - started, calls, concurrency)
-    columns = (pa.chunked_array([page[0] for page in pages], KEY_TYPE),
-               pa.chunked_array([page[1] for page in pages], pa.int64()))
-    return (*columns, pa.chunked_array([page[2] for page in pages], pa.string())) if etags else columns
-
-
-def _list_page(client, bucket: str, prefix: str, span: tuple, page_size: int, etags: bool = False):
-    """One ``ListObjectsV2`` page of ``span``: ``(keys, sizes, etags or None, last key, more to list)``."""
-    start_after, end = span
-    if start_after is not None and end is not None:
-        # Every key between two strings starts with their common prefix: asking for it keeps
-        # S3 from returning (and the client from reading) keys past the end of the range.
-        prefix = max(prefix, os.path.commonprefix([start_after, end]), key=len)
-    kwargs = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
-    if start_after is not None:
-        kwargs["StartAfter"] = start_after
-    response = client.list_objects_v2(**kwargs)
-    tags = None
-    if "KeysAndSizes" in response:  # the lean list_client
-        if etags:
-            raise ValueError("the lean listing client reads no ETags: list with list_client(kind='botocore')")
-        keys, sizes = response["KeysAndSizes"]
-    else:
-        contents = response.get("Contents", ())
-        keys = [obj["Key"] for obj in contents]
-        sizes = [int(obj["Size"]) for obj in contents]
-        if etags:
-            tags = [obj["ETag"].strip('"') if obj.get("ETag") is not None else None for obj in contents]
-    more = bool(response.get("IsTruncated")) and bool(keys)
-    if end is not None and keys and keys[-1] >= end:
-        # The page reached the range's end (and maybe ran into the next range): keep this range's keys.
-        cut = next((i for i, key in enumerate(keys) if key > end), len(keys))
-        keys, sizes, more = keys[:cut], sizes[:cut], False
-        tags = tags[:cut] if tags is not None else None
-    return (pa.array(keys, KEY_TYPE), pa.array(sizes, pa.int64()), pa.array(tags, pa.string()) if etags else None,
-            keys[-1] if keys else None, more)
-
-
-def split_range(prefix: str, last: str, end: str | None, parts: int) -> list[tuple[str, str | None]]:
-    """Cut the range ``(last, end]`` into at most ``parts`` ranges that cover it exactly.
-
-    Parameters
-    ----------
-    prefix : str
-        The listed prefix: cuts are made after it.
-    last : str
-        The last key listed so far; the range starts after it.
-    end : str or None
-        The range's last possible key (inclusive); None for the prefix's end.
-    parts : int
-        How many ranges at most.
-
-    Returns
-    -------
-    list of (str, str or None)
-        ``(start_after, end)`` ranges, in order; consecutive ranges share a boundary.
-
-    Examples
-    --------
-    >>> split_range("p/", "p/a9", None, 3)
-    [('p/a9', 'p/j'), ('p/j', 'p/r'), ('p/r', None)]
-    """
-    cuts = _cuts(prefix, last, end, parts - 1) if parts > 1 else []
-    edges = [last, *cuts, end]
-    return list(zip(edges[:-1], edges[1:]))
-
-
-def _cuts(prefix: str, last: str, end: str | None, count: int) -> list[str]:
-    """Up to ``count`` strings strictly between ``last`` and ``end``, in order."""
-    position = len(prefix)
-    if end is not None:  # the first character where they differ (end > last, so end has one there)
-        while position < min(len(last), len(end)) and last[position] == end[position]:
-            position += 1
-    base = last[:position]
-    floor = last[position] if position < len(last) else ""
-    ceiling = end[position] if end is not None else None
-    while True:
-        # Every base + c with floor < c < ceiling is above last and below end.
-        choices = [c for c in _CUT_CHARS if c > floor and (ceiling is None or c < ceiling)]
-        if choices:
-            break
-        if floor:
-            # No room here (last "p/a", end "p/b"): below end is every longer string that starts
-            # with last's next character, so cut one character deeper, above last only.
-            base, position = last[: position + 1], position + 1
-            floor, ceiling = (last[position] if position < len(last) else ""), None
-        else:
-            # last ends here and end's character leaves no room below it: follow end one deeper.
-            base, position = end[: position + 1], position + 1
-            if position >= len(end):
-                return []
-            floor, ceiling = "", end[position]
-    # Keys number their files and folders: after a digit the next key most likely has a digit
-    # there too, after a letter a letter. Cut at those first, spread over the rest.
-    kind = _kind(floor)
-    alike = [c for c in choices if _kind(c) == kind]
-    picked = _spread(alike, count) if len(alike) >= count else alike + _spread(
-        [c for c in choices if _kind(c) != kind], count - len(alike))
-    return [base + c for c in sorted(picked)]
-
-
-def _kind(char: str) -> int:
-    return 0 if char.isdigit() else 1 if char.islower() else 2 if char.isupper() else 3
-
-
-def _spread(choices: list[str], count: int) -> list[str]:
-    """``count`` of ``choices`` (in order), evenly spaced."""
-    if count <= 0 or not choices:
-        return []
-    step = len(choices) / (count + 1)
-    return sorted({choices[min(len(choices) - 1, int(step * (i + 1)))] for i in range(count)})

@@ -38,11 +38,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-import utils
 from mxjob import extsort, results
 from mxjob.errors import first_line, plural
 from mxjob.extsort import KeySorter, SpilledListing
 from mxjob.listing import KEY_TYPE, Listing, Skipped
+from mxjob.s3 import uris
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +195,10 @@ def _sizes_note(images: Listing) -> str:
 
 def _local_copy(uri: str, client, work: str) -> str:
     """The manifest as a local file: a path as it is, an S3 object downloaded into ``work``."""
-    if utils.is_s3_uri(uri):
+    if uris.is_s3_uri(uri):
         try:
-            bucket, key = utils.parse_s3_uri(uri, need_key=True)
-        except utils.S3UriError as exc:
+            bucket, key = uris.parse_s3_uri(uri, need_key=True)
+        except uris.S3UriError as exc:
             raise ManifestError(f"--input-manifest: {exc}") from None
         path = os.path.join(work, "manifest-" + key.rsplit("/", 1)[-1])
         _download(client, bucket, key, path, f"--input-manifest {uri}")
@@ -228,7 +228,7 @@ _BLOCK = 1 << 20
 #: Column delimiter for plain text, where a line is one field: a control character no key has in
 #: practice; a line with one makes the fast reader fall back, so such a key is still read right.
 _TEXT_DELIMITER = "\x1f"
-#: ``s3://BUCKET/KEY`` lines the fast reader splits itself: exactly those ``utils.parse_s3_uri``
+#: ``s3://BUCKET/KEY`` lines the fast reader splits itself: exactly those ``uris.parse_s3_uri``
 #: splits into this bucket and key (no ``?``, ``#`` or ``;``, which urlparse cuts off; no leading
 #: or trailing ``/`` in the key; a plain bucket name). Any other URI goes to the Python reader.
 _PLAIN_URI = r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]*)/(?P<key>[^/?#;\t\r\n](?:[^?#;\t\r\n]*[^/?#;\t\r\n])?)$"
@@ -530,8 +530,8 @@ def _scan_text(uri: str, path: str, sorter: KeySorter) -> set:
             columns.add(None, line, None)
             continue
         try:
-            bucket, key = utils.parse_s3_uri(line, need_key=True)
-        except utils.S3UriError:
+            bucket, key = uris.parse_s3_uri(line, need_key=True)
+        except uris.S3UriError:
             problems.add(number, f"{line[:200]!r} is not s3://BUCKET/KEY")
             continue
         columns.add(bucket, key, None)

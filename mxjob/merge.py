@@ -22,10 +22,10 @@ from itertools import repeat
 
 import pyarrow as pa
 
-import utils
 from mxjob import listing, results
 from mxjob.durable import PART_PATTERN, ResumeError, Run, WorkPrefix
 from mxjob.partition import part_key
+from mxjob.s3 import object_reader, parallel_list, reads
 
 #: Rows the assembly gathers before writing them out (JSON Lines); Parquet writes a row group at a time.
 WRITE_ROWS = 10_000
@@ -132,7 +132,7 @@ class LiveRun:
     def _list(self, frontier: int) -> None:
         """Add the parts listed from batch ``frontier`` on (every earlier one is known durable)."""
         after = part_key(self.run.prefix, frontier - 1) if frontier else None
-        for key, _ in utils.list_objects(self.work.client, self.work.bucket, self.run.prefix + "part-", after):
+        for key, _ in parallel_list.list_objects(self.work.client, self.work.bucket, self.run.prefix + "part-", after):
             match = PART_PATTERN.search(key)
             if match:
                 self.done.add(int(match.group(1)))
@@ -152,7 +152,7 @@ def _run_parts(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int
         key = part_key(run.prefix, index)
         if reader is not None:
             return reader.read(work.bucket, key)
-        return utils.read_object(work.client, work.bucket, key)
+        return reads.read_object(work.client, work.bucket, key)
 
     pending: deque = deque()
     indices = iter(range(run.batches) if live is not None else sorted(run.done))
@@ -236,7 +236,7 @@ class _Selection:
 
 
 def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 16,
-             reader: utils.ObjectReader | None = None, carried: pa.Table | None = None,
+             reader: object_reader.ObjectReader | None = None, carried: pa.Table | None = None,
              live: LiveRun | None = None) -> AssemblyCounts:
     """Merge the runs' durable rows into ``sink`` in key order, exactly one row per key of ``keys``.
 
@@ -249,7 +249,7 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
     without a row raises ``ResumeError``: nothing is written then (the
     caller aborts the sink). A key that two runs scored gets the earlier
     run's row only (``heapq.merge`` is stable). With ``reader`` (a
-    :class:`utils.ObjectReader`) the parts are read through it: one GET a
+    :class:`object_reader.ObjectReader`) the parts are read through it: one GET a
     batch, about half botocore's CPU each, which is most of the driver's CPU
     here at ten million keys. ``carried`` (columns aligned with ``keys``, a
     row per key) is appended to each row (:func:`results.carry`): the

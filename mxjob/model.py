@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image
 
-import utils
 from mxjob import settings, state
 from mxjob.device import mx_context
 from mxjob.errors import first_line, plural
 from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, decode_into, map_boxes
+from mxjob.s3 import clients, reads, uris
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class ModelSpec:
     shipped: bool = False
 
     def read(self, uri: str) -> bytes:
-        """The bytes of one of the model's files (``uri`` as :func:`utils.read_uri` takes it).
+        """The bytes of one of the model's files (``uri`` as :func:`reads.read_uri` takes it).
 
         An ``s3://`` file is read with ``endpoint_url``, ``region`` and
         ``s3_max_attempts``; a shipped file from the task's local copy.
@@ -132,9 +132,9 @@ class ModelSpec:
             from pyspark import SparkFiles
 
             uri = SparkFiles.get(os.path.basename(uri))
-        client = (utils.s3_client(self.endpoint_url, self.region, max_attempts=self.s3_max_attempts)
-                  if utils.is_s3_uri(uri) else None)
-        return utils.read_uri(uri, client)
+        client = (clients.s3_client(self.endpoint_url, self.region, max_attempts=self.s3_max_attempts)
+                  if uris.is_s3_uri(uri) else None)
+        return reads.read_uri(uri, client)
 
     def shipped_files(self) -> list[str]:
         """The local files a Spark job must ``addFile`` for this model: none unless ``shipped``."""
@@ -151,7 +151,7 @@ def read_labels(spec: ModelSpec) -> tuple[list[str] | None, str | None]:
     uri = spec.labels_uri
     explicit = uri is not None
     if uri is None:
-        uri = utils.sibling_uri(spec.symbol_uri, "synset.txt")
+        uri = uris.sibling_uri(spec.symbol_uri, "synset.txt")
     if not uri:
         return None, None
     try:

@@ -24,7 +24,6 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-import utils
 from mxjob import listing, results, settings, state
 from mxjob.device import task_context
 from mxjob.errors import error_object, first_line
@@ -37,6 +36,7 @@ from mxjob.model import (
     top_k_or_errors,
 )
 from mxjob.preprocess import Preprocess, decode_image, decode_image_geometry
+from mxjob.s3 import object_reader, reads
 from mxjob.stats import ERROR_EXAMPLES, StatsFold, TaskStats
 from mxjob.worker import (
     ThreadPlan,
@@ -134,9 +134,9 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
     threads, lanes = configure_threads(*_threads_and_lanes(job))
     handlers = get_handlers(job.handler)
-    reader = utils.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
+    reader = object_reader.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
                              max_pool_connections=max(10, job.io_threads + 2), kind=job.s3_reader)
-    io_stats = utils.IOStats()
+    io_stats = reads.IOStats()
     keys = batch_keys(items, job, reader, io_stats)
     # --with-object-metadata: each object's ETag and length as its GET read them, {key: (etag, size)}.
     seen: dict | None = {} if job.with_object_metadata else None
@@ -170,12 +170,12 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     yield index, len(scoring.results), blob, stats
 
 
-def batch_keys(items: Iterable, job: JobSpec, reader: utils.ObjectReader, io_stats: utils.IOStats) -> list:
+def batch_keys(items: Iterable, job: JobSpec, reader: object_reader.ObjectReader, io_stats: reads.IOStats) -> list:
     """The batch's ``(key, size)`` pairs: read from the run's plan (``job.plan_key``), else ``items`` less padding."""
     if job.plan_key is None:
         return [item for item in items if item is not None]
     [(offset, length)] = list(items)
-    plan = utils.read_object(reader.client, job.output_bucket, job.plan_key, stats=io_stats,
+    plan = reads.read_object(reader.client, job.output_bucket, job.plan_key, stats=io_stats,
                              byte_range=(offset, length))
     return listing.read_plan_batch(plan)
 
@@ -342,8 +342,8 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return state.pools.get(threads, lambda: ThreadPoolExecutor(threads, thread_name_prefix="fetch"))
 
 
-def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handlers | None, key: str, size: int,
-                      *, io_stats: utils.IOStats, seen: dict | None = None):
+def _fetch_and_decode(reader: object_reader.ObjectReader, job: JobSpec, handlers: Handlers | None, key: str, size: int,
+                      *, io_stats: reads.IOStats, seen: dict | None = None):
     """Download and decode one object (with ``handlers.input_handler`` if there is one).
 
     Returns ``(key, input, None, times)``, or ``(key, None, (stage, error object), times)``, ``times`` a
@@ -357,7 +357,7 @@ def _fetch_and_decode(reader: utils.ObjectReader, job: JobSpec, handlers: Handle
         return key, None, (stage, error_object(stage, exc)), times
 
     if size is not None and size > job.max_object_bytes:
-        return failed("download", utils.too_large(size, job.max_object_bytes), FetchTimes())
+        return failed("download", reads.too_large(size, job.max_object_bytes), FetchTimes())
     try:
         # Also checked from the GET's Content-Length: a manifest may not give sizes (size -1).
         headers = None if seen is None else {}

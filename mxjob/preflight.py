@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import urllib.parse
 
-import utils
 from mxjob import dataset
 from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line
 from mxjob.model import ModelSpec
+from mxjob.s3 import access, clients, uris
 
 
 def check_before_listing(cfg: JobConfig, client, yarn_retry: bool = False) -> None:
@@ -48,10 +48,10 @@ def check_output(cfg: JobConfig, client, yarn_retry: bool = False) -> None:
 
 
 def check_output_writable(cfg: JobConfig, client) -> None:
-    """Write and delete a probe beside the output key (:func:`utils.check_writable`)."""
+    """Write and delete a probe beside the output key (:func:`access.check_writable`)."""
     try:
-        utils.check_writable(client, cfg.output_bucket, cfg.output_key)
-    except utils.OutputNotWritableError as exc:
+        access.check_writable(client, cfg.output_bucket, cfg.output_key)
+    except access.OutputNotWritableError as exc:
         raise JobError(str(exc)) from exc
 
 
@@ -59,7 +59,7 @@ def dataset_contents(cfg: JobConfig, client) -> dataset.Contents:
     """What is under a dataset output's prefix (:func:`dataset.contents`); unreadable raises :class:`JobError`."""
     try:
         return dataset.contents(client, cfg.output_bucket, cfg.output_key)
-    except utils.S3_ERRORS as exc:
+    except clients.S3_ERRORS as exc:
         raise JobError(f"cannot list {cfg.output_uri}: {first_line(exc)}; the job needs s3:ListBucket and "
                        "s3:GetObject on the output bucket") from exc
 
@@ -68,7 +68,7 @@ def output_exists(cfg: JobConfig, client) -> bool:
     """Whether the output is there: the object or its summary; for a dataset, its files, ``_SUCCESS`` or summary."""
     if cfg.dataset:
         return dataset_contents(cfg, client).output_exists
-    return any(utils.object_exists(client, cfg.output_bucket, key) for key in (cfg.output_key, cfg.summary_key))
+    return any(access.object_exists(client, cfg.output_bucket, key) for key in (cfg.output_key, cfg.summary_key))
 
 
 def refuse_existing_output(cfg: JobConfig, client, found: dataset.Contents | None = None) -> None:
@@ -78,7 +78,7 @@ def refuse_existing_output(cfg: JobConfig, client, found: dataset.Contents | Non
     """
     try:
         exists = found.output_exists if found is not None else output_exists(cfg, client)
-    except utils.S3_ERRORS as exc:
+    except clients.S3_ERRORS as exc:
         raise JobError(f"cannot read {cfg.output_uri}: {first_line(exc)}; the job needs s3:GetObject and "
                        "s3:ListBucket on the output bucket") from exc
     if exists:
@@ -94,7 +94,7 @@ def check_model_files(spec: ModelSpec) -> None:
     if spec.labels_uri:  # given by --labels: it must exist (synset.txt beside the model is optional)
         files.append(spec.labels_uri)
     for uri in files:
-        if utils.is_s3_uri(uri):
+        if uris.is_s3_uri(uri):
             exists = _s3_file_exists(spec, uri)
         elif uri.startswith(("http://", "https://")):
             continue
@@ -108,12 +108,12 @@ def check_model_files(spec: ModelSpec) -> None:
 def _s3_file_exists(spec: ModelSpec, uri: str) -> bool:
     """HEAD ``uri`` with the model's S3 settings; an answer other than found or not found raises :class:`JobError`."""
     try:
-        bucket, key = utils.parse_s3_uri(uri, need_key=True)
-    except utils.S3UriError as exc:
+        bucket, key = uris.parse_s3_uri(uri, need_key=True)
+    except uris.S3UriError as exc:
         raise JobError(f"model: {exc}") from None
-    client = utils.s3_client(spec.endpoint_url, spec.region, max_attempts=spec.s3_max_attempts)
+    client = clients.s3_client(spec.endpoint_url, spec.region, max_attempts=spec.s3_max_attempts)
     try:
-        return utils.object_exists(client, bucket, key)
-    except utils.S3_ERRORS as exc:  # 403: missing without s3:ListBucket, or no s3:GetObject; no such bucket
+        return access.object_exists(client, bucket, key)
+    except clients.S3_ERRORS as exc:  # 403: missing without s3:ListBucket, or no s3:GetObject; no such bucket
         raise JobError(f"cannot read the model file {uri}: {first_line(exc)}; it may be missing, or the job "
                        "lacks s3:GetObject on it (and s3:ListBucket on its bucket)") from exc

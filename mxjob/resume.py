@@ -17,7 +17,6 @@ import re
 from dataclasses import asdict
 from typing import NoReturn
 
-import utils
 from mxjob import (
     dataset,
     durable,
@@ -29,6 +28,7 @@ from mxjob import (
 from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line, plural
 from mxjob.model import Predictor
+from mxjob.s3 import access, reads, writes
 from mxjob.status import status_key
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def job_fingerprint(cfg: JobConfig, classifier: Predictor, carried: list[str] = 
         "model_symbol": cfg.model.read(cfg.model.symbol_uri),
         "model_params": cfg.model.read(cfg.model.params_uri),
         "labels": "\n".join(labels).encode("utf-8") if labels else None,
-        "handler": utils.read_uri(handler) if handler else None,
+        "handler": reads.read_uri(handler) if handler else None,
         # The quantized model itself: calibrated on the job's own sample, it is part of what made the lines.
         "int8_params": cfg.int8_model.read(cfg.int8_model.params_uri) if cfg.int8_model else None,
     }
@@ -175,7 +175,7 @@ def existing_output(cfg: JobConfig, client,
             return found.output_exists, work.exists(), found
         return preflight.output_exists(cfg, client), work.exists(), None
     except Exception as exc:
-        why = utils.unreachable(client, exc) or (f"{first_line(exc)}; the job needs s3:ListBucket, s3:GetObject, "
+        why = access.unreachable(client, exc) or (f"{first_line(exc)}; the job needs s3:ListBucket, s3:GetObject, "
                                                  "s3:PutObject and s3:DeleteObject on the output bucket")
         raise JobError(f"cannot write {cfg.output_uri}: {why}") from exc
 
@@ -230,7 +230,7 @@ def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: 
 
 def clear_dataset(cfg: JobConfig, client, found: dataset.Contents) -> None:
     """``--overwrite`` of a dataset: its files, ``_SUCCESS`` and summary (``found``) go before any new file appears."""
-    removed = utils.delete_objects(client, cfg.output_bucket, [key for key, _ in found.files.values()] + found.own)
+    removed = writes.delete_objects(client, cfg.output_bucket, [key for key, _ in found.files.values()] + found.own)
     if removed:
         log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"),
                  cfg.output_uri)
@@ -248,7 +248,7 @@ def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, auto_
                  plural(len(plan.keep), "dataset file"), cfg.output_uri)
     if stale and not dry:
         # The key list changed since: those files' rows would not be this run's. Gone before any new file appears.
-        utils.delete_objects(client, cfg.output_bucket, stale)
+        writes.delete_objects(client, cfg.output_bucket, stale)
         log.info("--resume: the input's keys changed since the earlier run; deleted its %s under %s, to be "
                  "written again", plural(len(stale), "dataset file"), cfg.output_uri)
     return plan

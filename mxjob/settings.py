@@ -32,8 +32,8 @@ from typing import Any
 
 import click
 
-import utils
 from mxjob.device import parse_context
+from mxjob.s3 import clients, object_reader
 
 # ----------------------------------------------------------------------------
 # The choices some settings take: each written once, here; the modules that act on them import them.
@@ -528,11 +528,12 @@ SETTINGS: tuple[Setting, ...] = (
        to="executor"),
     _s("s3_max_attempts", "--s3-max-attempts", "S3",
        "Attempts per S3 request (botocore standard retries), for every S3 client of the job.",
-       default=utils.S3_MAX_ATTEMPTS, type=_count(), to="executor"),
+       default=clients.S3_MAX_ATTEMPTS, type=_count(), to="executor"),
     _s("s3_reader", "--s3-reader", "S3",
        "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
        "parser, both with botocore's internals; botocore: only boto3's public API.",
-       default=utils.S3_READERS[0], type=click.Choice(utils.S3_READERS, case_sensitive=False), to="executor"),
+       default=object_reader.S3_READERS[0], type=click.Choice(object_reader.S3_READERS, case_sensitive=False),
+       to="executor"),
     # --- failures
     _s("max_errors", "--max-errors", "failures",
        "Exit 3 if more images than this fail (still writing all output).", default="1%",

@@ -16,9 +16,9 @@ import zlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import utils
 from mxjob import results
 from mxjob.dataset import file_key
+from mxjob.s3 import writes
 from mxjob.sidecar import side_key
 
 #: Rows per Parquet row group: about 5-10 MiB of top-5 predictions, small enough
@@ -70,7 +70,7 @@ class JsonLinesSink:
     of the text a plain ``.jsonl`` output holds.
     """
 
-    def __init__(self, writer: utils.MultipartWriter, gzip: bool = False):
+    def __init__(self, writer: writes.MultipartWriter, gzip: bool = False):
         self.writer = writer
         # wbits 16 + 15: a gzip header and trailer around the deflate stream (zlib's default window).
         self._deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
@@ -119,7 +119,7 @@ class ParquetSink:
     file's key-value metadata.
     """
 
-    def __init__(self, writer: utils.MultipartWriter, metadata: dict[str, str] | None = None):
+    def __init__(self, writer: writes.MultipartWriter, metadata: dict[str, str] | None = None):
         self.writer, self.metadata = writer, metadata
         self.schema: pa.Schema | None = None
         self._file = _WriterFile(writer)
@@ -159,9 +159,9 @@ class ParquetSink:
 
 
 class _WriterFile(io.RawIOBase):
-    """A write-only file over a :class:`utils.MultipartWriter`, for ``pq.ParquetWriter``."""
+    """A write-only file over a :class:`writes.MultipartWriter`, for ``pq.ParquetWriter``."""
 
-    def __init__(self, writer: utils.MultipartWriter):
+    def __init__(self, writer: writes.MultipartWriter):
         super().__init__()
         self.writer = writer
 
@@ -217,7 +217,7 @@ class DatasetSink:
     def _open_file(self) -> ParquetSink:
         """The file being written: a Parquet sink over a multipart upload, opened at its first row."""
         if self._file is None:
-            writer = utils.MultipartWriter(self.client, self.bucket, file_key(self.prefix, self._index),
+            writer = writes.MultipartWriter(self.client, self.bucket, file_key(self.prefix, self._index),
                                            content_type="application/vnd.apache.parquet")
             self._file = ParquetSink(writer, self.metadata)
         return self._file
@@ -241,10 +241,10 @@ class DatasetSink:
             self._end_file()
         stale = [key for index, (key, _) in self.keep.items() if index >= self._index]
         if stale:  # cannot happen over the same key list; kept out of the dataset if it does
-            utils.delete_objects(self.client, self.bucket, stale)
+            writes.delete_objects(self.client, self.bucket, stale)
         body = {"files": [{k: f[k] for k in ("key", "rows", "bytes")} for f in self.files],
                 "rows": sum(f["rows"] for f in self.files), "rows_per_file": self.rows_per_file}
-        utils.put_text(self.client, self.bucket, side_key(self.prefix, "SUCCESS"), json.dumps(body, indent=1) + "\n")
+        writes.put_text(self.client, self.bucket, side_key(self.prefix, "SUCCESS"), json.dumps(body, indent=1) + "\n")
 
     def abort(self) -> None:
         """Abort the file being written; the files already complete stay (each is whole)."""

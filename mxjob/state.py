@@ -84,10 +84,10 @@ MAX_HANDLERS = 4
 #: Download pools a worker keeps, by thread count: a job uses one size.
 MAX_POOLS = 2
 
-#: S3 clients a process keeps, by their settings and purpose (``utils.cached_client``): a job's
+#: S3 clients a process keeps, by their settings and purpose (``clients.cached_client``): a job's
 #: driver and workers use three or four (the plain one, the lean reader's own, its retries', the model's).
 MAX_S3_CLIENTS = 8
-#: Object readers (``utils.s3_reader``): one per client and ``--s3-reader`` choice.
+#: Object readers (``object_reader.s3_reader``): one per client and ``--s3-reader`` choice.
 MAX_S3_READERS = 4
 
 models = ProcessCache("models", MAX_MODELS)

@@ -34,9 +34,9 @@ import boto3
 import botocore.exceptions
 import click
 
-import utils
 from mxjob.errors import EXIT_MEANINGS, EXIT_USAGE, exit_line, first_line
 from mxjob.progress import duration
+from mxjob.s3 import clients, uris
 from mxjob.sidecar import output_of
 from mxjob.status import status_key
 
@@ -54,9 +54,9 @@ REFUSED_CREDENTIALS = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", 
 
 def status_location(uri: str) -> tuple[str, str]:
     """``(bucket, key)`` of the status of the output ``uri`` (or of ``uri`` itself if it is a status file)."""
-    bucket, key = utils.parse_s3_uri(uri)
+    bucket, key = uris.parse_s3_uri(uri)
     if not key.strip("/"):
-        raise utils.S3UriError(f"{uri!r} names no output; expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/")
+        raise uris.S3UriError(f"{uri!r} names no output; expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/")
     return bucket, status_key(output_of(key))
 
 
@@ -82,8 +82,8 @@ def status_client(endpoint_url: str | None, region: str | None):
     """
     if is_loopback(endpoint_url) and boto3.session.Session().get_credentials() is None:
         session = boto3.session.Session(**LOCAL_S3_KEYS)
-        return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=utils.client_config())
-    return utils.s3_client(endpoint_url, region)
+        return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=clients.client_config())
+    return clients.s3_client(endpoint_url, region)
 
 
 def access_problem(exc: Exception) -> str | None:

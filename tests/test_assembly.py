@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-import utils
 from mxjob import durable, merge, partition, sinks
 from mxjob.assembly import Assembly
+from mxjob.s3 import access, writes
 from tests.helpers import lines_part
 
 BUCKET = "assembly-bucket"
@@ -60,7 +60,7 @@ class RecordingSink(sinks.JsonLinesSink):
 def merge_into(s3, work, keys, out_key, sinks: list):
     """An ``assemble(runs, live)`` for :class:`Assembly` that merges into ``out_key``; each sink made is kept."""
     def assemble(runs, live):
-        sink = RecordingSink(utils.MultipartWriter(s3, BUCKET, out_key))
+        sink = RecordingSink(writes.MultipartWriter(s3, BUCKET, out_key))
         sinks.append(sink)
         try:
             counts = merge.assemble(work, runs, keys, sink, live=live)
@@ -138,7 +138,7 @@ def test_a_failed_job_cancels_the_assembly_which_aborts_its_upload(s3):
     time.sleep(0.3)
     assembly.cancel()
     assert sinks[0].aborted
-    assert not utils.object_exists(s3, BUCKET, "cancel/out.jsonl")
+    assert not access.object_exists(s3, BUCKET, "cancel/out.jsonl")
     assert not s3.list_multipart_uploads(Bucket=BUCKET, Prefix="cancel/").get("Uploads")
 
 
@@ -153,7 +153,7 @@ def test_a_job_that_finished_without_a_batch_names_it(s3):
     assembly.start()
     with pytest.raises(durable.ResumeError, match=r"batch 1 has no part under s3://assembly-bucket/missing/"):
         assembly.finish()
-    assert not utils.object_exists(s3, BUCKET, "missing/out.jsonl")
+    assert not access.object_exists(s3, BUCKET, "missing/out.jsonl")
 
 
 def test_a_live_assembly_that_fails_otherwise_is_done_again_after_the_job(s3):
@@ -262,7 +262,7 @@ def test_a_part_that_is_not_the_listings_next_keys_goes_row_by_row_from_there(s3
 
 
 def assemble_after(s3, work, keys, out_key):
-    sink = sinks.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, out_key))
+    sink = sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, out_key))
     try:
         counts = merge.assemble(work, work.runs(), keys, sink)
         sink.close()

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import utils
 from mxjob import driver, durable, listing, manifest, merge, partition, resume, sinks
 from mxjob.config import merge_settings, resolve
+from mxjob.s3 import parallel_list, writes
 from tests.helpers import bucket_with_digits, lines_part, spark_submit
 
 BUCKET = "carry-bucket"
@@ -169,7 +169,7 @@ def config(*args: str, **options) -> object:
 
 
 def assembled(s3, work, images, cfg, sink_kind: str, out_key: str) -> bytes:
-    writer = utils.MultipartWriter(s3, BUCKET, out_key)
+    writer = writes.MultipartWriter(s3, BUCKET, out_key)
     sink = sinks.ParquetSink(writer) if sink_kind == "parquet" else sinks.JsonLinesSink(writer)
     merge.assemble(work, work.runs(), images, sink, carried=driver.carried_columns(cfg, images))
     sink.close()
@@ -260,7 +260,7 @@ def test_a_listed_prefix_gives_each_objects_etag(s3):
     bodies = {"list/a.jpg": b"a", "list/b.jpg": b"bb", "list/notes.txt": b"x"}
     for key, body in bodies.items():
         s3.put_object(Bucket=BUCKET, Key=key, Body=body)
-    keys, sizes, etags = listing.list_prefix(s3, BUCKET, "list/", 2, etags=True)
+    keys, sizes, etags = parallel_list.list_prefix(s3, BUCKET, "list/", 2, etags=True)
     images = listing.Listing.build(BUCKET, keys, sizes, suffixes=SUFFIXES, carried={"etag": etags})
     cfg = config("--with-object-metadata")
     columns = driver.carried_columns(cfg, images)

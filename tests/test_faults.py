@@ -23,11 +23,11 @@ import pytest
 from PIL import Image
 
 import mxinfer
-import utils
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import S3Proxy
 from mxjob import durable, listing, partition
+from mxjob.s3 import access, clients, parallel_list
 from tests.helpers import ROOT, bucket_with_model, encode, part_lines, scored_lines, spark_submit
 from tests.test_decode import png_declaring
 
@@ -107,8 +107,8 @@ def test_every_bad_object_is_one_error_line_and_its_batch_mates_are_unharmed(buc
     deny = lambda method, path: "denied.jpg" in path  # noqa: E731
     with S3Proxy(moto_endpoint, deny=deny) as proxy:
         job = job_spec(proxy.endpoint, demo_dir)
-        client = utils.s3_client(proxy.endpoint)
-        items = sorted(utils.list_objects(client, BUCKET, "cases/"))
+        client = clients.s3_client(proxy.endpoint)
+        items = sorted(parallel_list.list_objects(client, BUCKET, "cases/"))
         bucket.delete_object(Bucket=BUCKET, Key="cases/deleted.jpg")  # gone between listing and reading
         rows, stats = run_partition(job, items)
     assert sorted(rows) == sorted(objects)  # one line per listed key, none lost
@@ -356,8 +356,8 @@ def test_weights_unreachable_from_executors_fail_fast_with_the_cause_and_leave_n
     assert result.returncode == 1, output[-3000:]
     assert "cannot load the model" in output and "AccessDenied" in output and "digits-0000.params" in output
     assert elapsed < 150
-    assert not utils.object_exists(bucket, BUCKET, "out/nomodel.jsonl")  # no output
-    assert not utils.object_exists(bucket, BUCKET, "out/nomodel.jsonl.summary.json")  # no summary
+    assert not access.object_exists(bucket, BUCKET, "out/nomodel.jsonl")  # no output
+    assert not access.object_exists(bucket, BUCKET, "out/nomodel.jsonl.summary.json")  # no summary
     assert "resume with:" in output  # the work prefix is kept for --resume, and the message says so
     assert bucket.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []  # no orphaned parts
 

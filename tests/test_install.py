@@ -26,7 +26,7 @@ pytestmark = pytest.mark.install
 #: What the wheel ships: infer_main.py, the --py-files zip's modules and the mxjob package, nothing more.
 MODULES = {"infer_main.py", "mxinfer.py", "utils.py"}
 #: Left out of the copy the wheel is built from: virtualenvs, git's data, build output, caches.
-SKIPPED = shutil.ignore_patterns(".venv", ".git", "build", "dist", "run", "*.egg-info", "__pycache__",
+SKIPPED = shutil.ignore_patterns(".venv", ".venv-ops", ".git", "build", "dist", "run", "*.egg-info", "__pycache__",
                                  ".pytest_cache", ".ruff_cache", "spark-warehouse", "metastore_db")
 
 
@@ -70,7 +70,7 @@ def test_wheel_ships_the_modules_and_the_package_only(wheel):
     top = {name.split("/", 1)[0] for name in names}
     assert top - {name for name in top if name.endswith(".dist-info")} == MODULES | {"mxjob"}
     shipped = {name for name in names if name.startswith("mxjob/")}
-    assert shipped == {f"mxjob/{path.name}" for path in (ROOT / "mxjob").glob("*.py")}
+    assert shipped == {path.relative_to(ROOT).as_posix() for path in (ROOT / "mxjob").rglob("*.py")}
 
 
 def test_console_script_runs_the_job_cli(fresh_venv, tmp_path):

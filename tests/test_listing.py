@@ -9,8 +9,8 @@ import botocore.exceptions
 import pyarrow as pa
 import pytest
 
-import utils
 from mxjob import listing
+from mxjob.s3 import lean_list, parallel_list
 from tests.helpers import make_s3_client
 
 BUCKET = "listing-bucket"
@@ -34,7 +34,7 @@ def bucket(moto_buckets):
 
 
 def sequential(endpoint: str, prefix: str) -> list[tuple[str, int]]:
-    return list(utils.list_objects(make_s3_client(endpoint), BUCKET, prefix))
+    return list(parallel_list.list_objects(make_s3_client(endpoint), BUCKET, prefix))
 
 
 # --- the compact list
@@ -96,7 +96,7 @@ def test_split_range_covers_the_range_exactly_whatever_the_keys():
         words = sorted({"p/" + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(30)})
         last = rng.choice(words)
         end = rng.choice([None, *[w for w in words if w > last]])
-        ranges = listing.split_range("p/", last, end, rng.randint(1, 20))
+        ranges = parallel_list.split_range("p/", last, end, rng.randint(1, 20))
         assert ranges[0][0] == last and ranges[-1][1] == end
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous
         assert all(low < high for low, high in ranges if high is not None)  # none empty or reversed
@@ -111,41 +111,42 @@ def test_split_range_covers_the_range_exactly_whatever_the_keys():
 
 @pytest.mark.parametrize("concurrency, page_size", [(1, 7), (4, 7), (16, 5), (16, 1000)])
 def test_parallel_listing_equals_sequential_listing(bucket, moto_endpoint, concurrency, page_size):
-    client = listing.list_client(moto_endpoint)
-    keys, sizes = listing.list_prefix(client, BUCKET, "set/", concurrency, page_size=page_size)
+    client = lean_list.list_client(moto_endpoint)
+    keys, sizes = parallel_list.list_prefix(client, BUCKET, "set/", concurrency, page_size=page_size)
     got = listing.Listing.build(BUCKET, keys, sizes)
     assert list(got) == sequential(moto_endpoint, "set/") == [(k, n % 11) for n, k in enumerate(KEYS)]
     assert len(keys) == len(KEYS)  # no key listed twice by two ranges
 
 
 def test_parallel_listing_calls_fan_out(bucket, moto_endpoint):
-    client = listing.list_client(moto_endpoint)
+    client = lean_list.list_client(moto_endpoint)
     calls = []
     client.meta.events.register("provide-client-params.s3.ListObjectsV2",
                                 lambda params, **_: calls.append(dict(params)))
-    listing.list_prefix(client, BUCKET, "set/", 8, page_size=10)
+    parallel_list.list_prefix(client, BUCKET, "set/", 8, page_size=10)
     starts = {call.get("StartAfter") for call in calls}
     assert len(calls) > len(KEYS) / 10 and len(starts) == len(calls)  # every call listed a different range
 
 
 def test_listing_logs_progress_every_n_keys(bucket, moto_endpoint, caplog):
-    with caplog.at_level(logging.INFO, logger=listing.__name__):
-        listing.list_prefix(listing.list_client(moto_endpoint), BUCKET, "set/", 4, page_size=10, progress_every=50)
+    with caplog.at_level(logging.INFO, logger=parallel_list.__name__):
+        parallel_list.list_prefix(lean_list.list_client(moto_endpoint), BUCKET, "set/", 4, page_size=10,
+                                  progress_every=50)
     progress = [r.getMessage() for r in caplog.records if "keys so far" in r.getMessage()]
     assert len(progress) >= 4 and all(f"listing s3://{BUCKET}/set/:" in line for line in progress)
     assert any(f"listed s3://{BUCKET}/set/: {len(KEYS)} keys" in r.getMessage() for r in caplog.records)
 
 
 def test_an_empty_prefix_lists_nothing_and_a_missing_bucket_raises(bucket, moto_endpoint):
-    client = listing.list_client(moto_endpoint)
-    keys, sizes = listing.list_prefix(client, BUCKET, "nothing-here/", 8)
+    client = lean_list.list_client(moto_endpoint)
+    keys, sizes = parallel_list.list_prefix(client, BUCKET, "nothing-here/", 8)
     assert len(keys) == len(sizes) == 0
     with pytest.raises(botocore.exceptions.ClientError, match="NoSuchBucket"):
-        listing.list_prefix(client, "no-such-bucket-listing", "p/", 8)
+        parallel_list.list_prefix(client, "no-such-bucket-listing", "p/", 8)
 
 
 def test_the_list_client_reads_keys_and_sizes_itself_as_botocore_would(bucket, moto_endpoint):
-    page = listing.list_client(moto_endpoint).list_objects_v2(Bucket=BUCKET, Prefix="set/")
+    page = lean_list.list_client(moto_endpoint).list_objects_v2(Bucket=BUCKET, Prefix="set/")
     assert "Contents" not in page and page["KeyCount"] == len(KEYS)  # botocore parsed the rest
     assert list(zip(*page["KeysAndSizes"])) == sequential(moto_endpoint, "set/")
 
@@ -154,8 +155,8 @@ def test_a_cut_off_page_is_still_retried_by_botocore(bucket, moto_endpoint):
     from demo.s3proxy import S3Proxy
 
     with S3Proxy(moto_endpoint, fault_rate=0.3, faults=("cut",), seed=3) as proxy:
-        client = listing.list_client(proxy.endpoint, max_attempts=10)
-        keys, sizes = listing.list_prefix(client, BUCKET, "set/", 4, page_size=20)
+        client = lean_list.list_client(proxy.endpoint, max_attempts=10)
+        keys, sizes = parallel_list.list_prefix(client, BUCKET, "set/", 4, page_size=20)
     assert proxy.counts["cut"] >= 2, proxy.counts
     assert list(listing.Listing.build(BUCKET, keys, sizes)) == sequential(moto_endpoint, "set/")
 
@@ -187,7 +188,7 @@ PAGE = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s
 def test_the_page_reader_decodes_keys_as_botocore_does(encoding, first, key):
     response = {"status_code": 200, "body": PAGE.format(encoding=encoding, first=first).encode()}
     custom: dict = {}
-    listing._keys_and_sizes(response_dict=response, customized_response_dict=custom)
+    lean_list._keys_and_sizes(response_dict=response, customized_response_dict=custom)
     assert custom["KeysAndSizes"] == ([key, "p/b"], [5, 7])
     assert b"<Contents>" not in response["body"] and b"<IsTruncated>false" in response["body"]
 

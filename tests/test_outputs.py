@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import utils
 from mxjob import driver, durable, listing, merge, partition, results, sinks
 from mxjob.config import merge_settings, resolve
+from mxjob.s3 import writes
 
 BUCKET = "outputs-bucket"
 ERROR = {"stage": "decode", "type": "UnidentifiedImageError", "message": "cannot identify image file"}
@@ -82,13 +82,13 @@ def read(s3, key: str) -> bytes:
 
 def json_lines_output(s3, task: str) -> list[dict]:
     work = durable_run(s3, task, f"{task}/out.jsonl", json_lines=True)
-    assembled(work, sinks.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, f"{task}/out.jsonl")))
+    assembled(work, sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, f"{task}/out.jsonl")))
     return [json.loads(line) for line in read(s3, f"{task}/out.jsonl").decode().splitlines()]
 
 
 def parquet_output(s3, task: str) -> list[dict]:
     work = durable_run(s3, task, f"{task}/out.parquet", json_lines=False)
-    assembled(work, sinks.ParquetSink(utils.MultipartWriter(s3, BUCKET, f"{task}/out.parquet"), {}))
+    assembled(work, sinks.ParquetSink(writes.MultipartWriter(s3, BUCKET, f"{task}/out.parquet"), {}))
     return pq.read_table(io.BytesIO(read(s3, f"{task}/out.parquet"))).to_pylist()
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import utils
-from mxjob import driver, durable, errors, listing, manifest, preflight, resume
+from mxjob import driver, durable, errors, manifest, preflight, resume
 from mxjob.config import merge_settings, resolve
+from mxjob.s3 import clients, parallel_list
 from tests.helpers import bucket_with_model
 
 BUCKET = "preflight-bucket"
@@ -32,7 +32,7 @@ def listed(monkeypatch):
         calls.append("read_manifest")
         raise AssertionError("read the manifest")
 
-    monkeypatch.setattr(listing, "list_prefix", huge_listing)
+    monkeypatch.setattr(parallel_list, "list_prefix", huge_listing)
     monkeypatch.setattr(manifest, "read_manifest", huge_manifest)
     return calls
 
@@ -79,7 +79,7 @@ def test_an_s3_endpoint_that_is_down_is_named_before_any_listing_not_the_permiss
 
 def test_an_s3_endpoint_that_is_down_while_the_output_is_looked_for_is_named_not_the_permissions():
     cfg = job(DOWN_ENDPOINT, s3_max_attempts=1)
-    client = utils.s3_client(cfg.endpoint_url, cfg.region, max_attempts=1)
+    client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=1)
     with pytest.raises(errors.JobError) as refused:
         resume.existing_output(cfg, client, durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
     message = str(refused.value)

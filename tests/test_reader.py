@@ -1,4 +1,4 @@
-"""utils.ObjectReader: the executors' lean GET path, against the moto server behind the fault proxy.
+"""object_reader.ObjectReader: the executors' lean GET path, against the moto server behind the fault proxy.
 
 botocore makes a bucket's first GET and the reader makes the rest itself;
 what comes back (bytes, errors, retries and their bound) must be what
@@ -21,10 +21,10 @@ import botocore.exceptions
 import botocore.utils
 import pytest
 
-import utils
 from demo.s3local import free_port
 from demo.s3proxy import S3Proxy
 from mxjob import config
+from mxjob.s3 import clients, object_reader, reads
 
 BUCKET = "reader-bucket"
 BODIES = {f"r/{name}": bytes([i]) * (1000 + 997 * i) for i, name in enumerate(
@@ -41,12 +41,12 @@ def bucket(moto_buckets):
     return s3
 
 
-def fresh_reader(endpoint: str, max_attempts: int = utils.S3_MAX_ATTEMPTS) -> utils.ObjectReader:
+def fresh_reader(endpoint: str, max_attempts: int = clients.S3_MAX_ATTEMPTS) -> object_reader.ObjectReader:
     """A reader that has learned nothing yet (the cached one may have), on a client of its own as s3_reader's."""
-    client, credentials = utils.cached_client(endpoint, None, max_attempts, utils.S3_POOL_CONNECTIONS,
+    client, credentials = clients.cached_client(endpoint, None, max_attempts, clients.S3_POOL_CONNECTIONS,
                                               purpose="test reader")
-    retry = lambda: utils.s3_client(endpoint, max_attempts=max_attempts - 1)  # noqa: E731
-    return utils.ObjectReader(client, credentials, max_attempts, retry)
+    retry = lambda: clients.s3_client(endpoint, max_attempts=max_attempts - 1)  # noqa: E731
+    return object_reader.ObjectReader(client, credentials, max_attempts, retry)
 
 
 def seen(proxy: S3Proxy) -> int:
@@ -82,10 +82,11 @@ def test_a_checksummed_object_is_checked_and_read(bucket, moto_endpoint):
 def test_a_body_that_does_not_match_its_checksum_is_refused():
     good = b"pixels"
     header = base64.b64encode(zlib.crc32(good).to_bytes(4, "big")).decode()
-    utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header}, good)
-    utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header + "-3"}, b"other")  # composite: not checked
-    with pytest.raises(utils._Retry, match=r"Expected crc32 checksum \S+ did not match the body's") as raised:
-        utils.ObjectReader._check_checksum({"x-amz-checksum-crc32": header}, b"pixelz")
+    object_reader.ObjectReader._check_checksum({"x-amz-checksum-crc32": header}, good)
+    # composite: not checked
+    object_reader.ObjectReader._check_checksum({"x-amz-checksum-crc32": header + "-3"}, b"other")
+    with pytest.raises(object_reader._Retry, match=r"Expected crc32 checksum \S+ did not match the body's") as raised:
+        object_reader.ObjectReader._check_checksum({"x-amz-checksum-crc32": header}, b"pixelz")
     assert raised.value.body and isinstance(raised.value.cause, botocore.exceptions.FlexibleChecksumError)
 
 
@@ -100,7 +101,7 @@ def test_final_errors_are_botocores_own_and_not_retried(bucket, moto_endpoint, k
             reader.read(BUCKET, key)
         assert seen(proxy) == before + 1
         with pytest.raises(botocore.exceptions.ClientError, match=rf"\({code}\) when calling the GetObject") as full:
-            utils.read_object(reader.client, BUCKET, key)
+            reads.read_object(reader.client, BUCKET, key)
     assert lean.value.response["Error"]["Code"] == code
     assert type(lean.value) is type(full.value)
     assert str(lean.value) == str(full.value)
@@ -112,7 +113,7 @@ def test_throttling_goes_to_botocore_with_the_attempts_left(bucket, moto_endpoin
     with S3Proxy(moto_endpoint, fault_rate=1.0, faults=("slowdown",), fault_key_filter=throttled) as proxy:
         reader = fresh_reader(proxy.endpoint, max_attempts=attempts)
         reader.read(BUCKET, "r/a.jpg")
-        stats = utils.IOStats()
+        stats = reads.IOStats()
         with pytest.raises(botocore.exceptions.ClientError, match="SlowDown"):
             reader.read(BUCKET, "r/b.jpg", stats=stats)
     assert proxy.counts["slowdown"] == attempts  # the lean try counts as the first attempt
@@ -124,7 +125,7 @@ def test_resets_and_cut_bodies_are_read_again_and_counted(bucket, moto_endpoint)
                  fault_key_filter=lambda method, path: not path.endswith("/r/a.jpg")) as proxy:
         reader = fresh_reader(proxy.endpoint, max_attempts=8)
         reader.read(BUCKET, "r/a.jpg")
-        stats = utils.IOStats()
+        stats = reads.IOStats()
         got = {key: reader.read(BUCKET, key, stats=stats) for key in BODIES}
     assert got == BODIES
     assert proxy.counts["reset"] >= 1 and proxy.counts["cut"] >= 1, proxy.counts
@@ -137,15 +138,15 @@ def test_a_refused_connection_goes_to_botocore_too(bucket, moto_endpoint):
     base, region, agent = reader._learned[BUCKET]
     # Nothing listens on this port: the lean GET is refused, botocore then reads from moto.
     reader._learned[BUCKET] = (base.replace(moto_endpoint, f"http://127.0.0.1:{free_port()}"), region, agent)
-    stats = utils.IOStats()
+    stats = reads.IOStats()
     assert reader.read(BUCKET, "r/b.jpg", stats=stats) == BODIES["r/b.jpg"]
     assert stats.request_retries == 1
 
 
 def test_without_credentials_every_get_is_botocores_and_the_fallback_is_logged_once(bucket, moto_endpoint, caplog):
-    client = utils.s3_client(moto_endpoint)
-    with caplog.at_level(logging.WARNING, logger="utils"):
-        reader = utils.ObjectReader(client, None, 5, lambda: client)
+    client = clients.s3_client(moto_endpoint)
+    with caplog.at_level(logging.WARNING, logger=object_reader.__name__):
+        reader = object_reader.ObjectReader(client, None, 5, lambda: client)
     assert not reader.enabled and reader.unavailable() == "no credentials to sign with: unsigned access"
     [warning] = [r.getMessage() for r in caplog.records if "--s3-reader lean is not available" in r.getMessage()]
     assert "unsigned access" in warning and "botocore's get_object" in warning
@@ -155,25 +156,26 @@ def test_without_credentials_every_get_is_botocores_and_the_fallback_is_logged_o
 
 
 def test_a_client_without_botocores_http_session_falls_back_with_the_reason(moto_endpoint, caplog):
-    client, credentials = utils.cached_client(moto_endpoint, None, utils.S3_MAX_ATTEMPTS, utils.S3_POOL_CONNECTIONS)
+    client, credentials = clients.cached_client(moto_endpoint, None, clients.S3_MAX_ATTEMPTS,
+                                                clients.S3_POOL_CONNECTIONS)
     bare = SimpleNamespace(meta=client.meta)  # as a botocore whose client has no _endpoint.http_session
-    with caplog.at_level(logging.WARNING, logger="utils"):
-        reader = utils.ObjectReader(bare, credentials, 5, lambda: client)
+    with caplog.at_level(logging.WARNING, logger=object_reader.__name__):
+        reader = object_reader.ObjectReader(bare, credentials, 5, lambda: client)
     assert not reader.enabled and "http_session" in reader.unavailable()
     assert any("http_session" in r.getMessage() for r in caplog.records)
-    turned_off = utils.ObjectReader(client, credentials, 5, lambda: client, lean=False)
+    turned_off = object_reader.ObjectReader(client, credentials, 5, lambda: client, lean=False)
     assert not turned_off.enabled and turned_off.unavailable() is None  # off by choice: nothing to warn about
 
 
 def test_the_botocore_reader_sends_every_get_through_get_object(bucket, moto_endpoint):
-    reader = utils.s3_reader(moto_endpoint, max_attempts=2, kind="botocore")
-    assert not reader.enabled and reader is not utils.s3_reader(moto_endpoint, max_attempts=2)
+    reader = object_reader.s3_reader(moto_endpoint, max_attempts=2, kind="botocore")
+    assert not reader.enabled and reader is not object_reader.s3_reader(moto_endpoint, max_attempts=2)
     sent = botocore_sends(reader.client)
     keys = ("r/a.jpg", "r/b.jpg", "r/a.jpg")
     assert [reader.read(BUCKET, key) for key in keys] == [BODIES[key] for key in keys]
     assert len(sent) == 3
     with pytest.raises(ValueError, match="choose one of lean, botocore"):
-        utils.s3_reader(moto_endpoint, kind="fast")
+        object_reader.s3_reader(moto_endpoint, kind="fast")
 
 
 def test_s3_reader_option_reaches_the_executors_job_spec():
@@ -184,8 +186,9 @@ def test_s3_reader_option_reaches_the_executors_job_spec():
 
 
 def test_s3_reader_is_one_per_process_and_settings(moto_endpoint):
-    assert utils.s3_reader(moto_endpoint, max_attempts=4) is utils.s3_reader(moto_endpoint, max_attempts=4)
-    assert utils.s3_reader(moto_endpoint, max_attempts=4) is not utils.s3_reader(moto_endpoint, max_attempts=3)
+    reader = object_reader.s3_reader
+    assert reader(moto_endpoint, max_attempts=4) is reader(moto_endpoint, max_attempts=4)
+    assert reader(moto_endpoint, max_attempts=4) is not reader(moto_endpoint, max_attempts=3)
 
 
 def test_an_object_over_max_bytes_is_refused_from_its_content_length_on_both_paths(bucket, moto_endpoint,
@@ -193,7 +196,7 @@ def test_an_object_over_max_bytes_is_refused_from_its_content_length_on_both_pat
     big = BODIES["r/e.jpg"]  # the largest body; r/a.jpg is the smallest
     with S3Proxy(moto_endpoint) as proxy:
         reader = fresh_reader(proxy.endpoint)
-        with pytest.raises(utils.ObjectTooLargeError, match=f"object is {len(big)} bytes, over max_object_bytes=1500"):
+        with pytest.raises(reads.ObjectTooLargeError, match=f"object is {len(big)} bytes, over max_object_bytes=1500"):
             reader.read(BUCKET, "r/e.jpg", max_bytes=1500)  # botocore's GET (the bucket's first)
         assert reader.read(BUCKET, "r/a.jpg", max_bytes=1500) == BODIES["r/a.jpg"]  # at the limit: read
         assert BUCKET in reader._learned
@@ -201,7 +204,7 @@ def test_an_object_over_max_bytes_is_refused_from_its_content_length_on_both_pat
         with monkeypatch.context() as patch:  # the lean path must refuse before it touches the body
             patch.setattr(botocore.awsrequest.AWSResponse, "content",
                           property(lambda self: pytest.fail("the body of a too-large object was read")))
-            with pytest.raises(utils.ObjectTooLargeError, match=f"object is {len(big)} bytes"):
+            with pytest.raises(reads.ObjectTooLargeError, match=f"object is {len(big)} bytes"):
                 reader.read(BUCKET, "r/e.jpg", max_bytes=1500)
         assert seen(proxy) == before + 1  # refused, not retried through botocore
         assert reader.read(BUCKET, "r/e.jpg", max_bytes=len(big)) == big  # the connection pool still works
@@ -229,7 +232,7 @@ def botocore_signed(url: str, credentials, region: str, when) -> dict:
 def test_the_lean_signer_signs_as_botocore(base, region, token):
     credentials = botocore.credentials.Credentials("AKIDEXAMPLE", "wJalr/K7MDENG+bPxRfi", token)
     credentials = credentials.get_frozen_credentials()
-    signer = utils._GetSigner()
+    signer = object_reader._GetSigner()
     for when in (datetime.datetime(2026, 11, 23, 23, 59, 59), datetime.datetime(2026, 11, 24, 0, 0, 1)):
         for key in ("r/a.jpg", "r/c d.jpg", "r/ü/é+%.jpg", "deep/a~b/(1)!*'.png"):
             quoted = botocore.utils.percent_encode(key, safe="/~")
@@ -240,7 +243,7 @@ def test_the_lean_signer_signs_as_botocore(base, region, token):
 
 def test_the_lean_signer_keeps_the_signing_key_for_a_day_and_region():
     credentials = botocore.credentials.Credentials("AKID", "secret").get_frozen_credentials()
-    signer = utils._GetSigner()
+    signer = object_reader._GetSigner()
     signer.headers(credentials, "us-east-1", "http://h/b/", "k", None, "20261123T000000Z")
     key = signer._key
     signer.headers(credentials, "us-east-1", "http://h/b/", "other", None, "20261123T235959Z")
@@ -251,7 +254,7 @@ def test_the_lean_signer_keeps_the_signing_key_for_a_day_and_region():
 
 @pytest.mark.parametrize("kind", ["lean", "botocore"])
 def test_both_paths_tell_the_etag_of_the_object_they_read(bucket, moto_endpoint, kind):
-    reader = fresh_reader(moto_endpoint) if kind == "lean" else utils.s3_reader(moto_endpoint, kind="botocore")
+    reader = fresh_reader(moto_endpoint) if kind == "lean" else object_reader.s3_reader(moto_endpoint, kind="botocore")
     reader.read(BUCKET, "r/a.jpg")  # the lean reader learns the bucket on botocore's GET
     for key in ("r/b.jpg", "r/c d.jpg"):
         told: dict = {}
@@ -272,7 +275,8 @@ def test_the_proxy_answers_kept_objects_from_memory_as_moto_did(bucket, moto_end
         assert proxy.keep_in_memory(bucket, BUCKET, kept) == sum(map(len, kept.values()))
         for key in kept:
             bucket.delete_object(Bucket=BUCKET, Key=key)
-        reader = fresh_reader(proxy.endpoint) if kind == "lean" else utils.s3_reader(proxy.endpoint, kind="botocore")
+        reader = (fresh_reader(proxy.endpoint) if kind == "lean"
+                  else object_reader.s3_reader(proxy.endpoint, kind="botocore"))
         for key, body in kept.items():
             told: dict = {}
             assert reader.read(BUCKET, key, seen=told) == body
@@ -280,4 +284,4 @@ def test_the_proxy_answers_kept_objects_from_memory_as_moto_did(bucket, moto_end
         assert reader.enabled == (kind == "lean")
         # A ranged GET is not the whole object: it goes to moto, which no longer has it.
         with pytest.raises(botocore.exceptions.ClientError, match="NoSuchKey"):
-            utils.read_object(reader.client, BUCKET, "held/a.jpg", byte_range=(0, 10))
+            reads.read_object(reader.client, BUCKET, "held/a.jpg", byte_range=(0, 10))

@@ -23,11 +23,11 @@ import pytest
 from PIL import Image
 
 import infer_main
-import utils
 from demo import make_demo
 from demo.s3proxy import S3Proxy
 from mxjob import driver, durable, errors, listing, merge, partition, resume, signals, sinks
 from mxjob.config import JobConfig, merge_settings, resolve
+from mxjob.s3 import access, writes
 from tests.helpers import bucket_with_model, lines_part, part_lines, spark_submit, start_spark_submit
 
 BUCKET = "resume-bucket"
@@ -56,7 +56,7 @@ def open_uploads(s3) -> list:
 
 
 def assemble_to(s3, work, keys, out_key) -> tuple[merge.AssemblyCounts, str]:
-    sink = sinks.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, out_key))
+    sink = sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, out_key))
     counts = merge.assemble(work, work.runs(), keys, sink)
     sink.close()
     return counts, s3.get_object(Bucket=BUCKET, Key=out_key)["Body"].read().decode()
@@ -79,11 +79,11 @@ def test_assembly_refuses_a_key_without_a_line_and_leaves_no_object_or_upload(s3
     work = durable.WorkPrefix(s3, BUCKET, "gap/out.jsonl")
     keys = ["a", "b", "c", "d"]
     write_run(work, 1, keys, 2, done=[0])
-    sink = sinks.JsonLinesSink(utils.MultipartWriter(s3, BUCKET, "gap/out.jsonl"))
+    sink = sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, "gap/out.jsonl"))
     with pytest.raises(durable.ResumeError, match=r"no line for key 'c'.*\(2 keys without a line\)"):
         merge.assemble(work, work.runs(), keys, sink)
     sink.abort()
-    assert not utils.object_exists(s3, BUCKET, "gap/out.jsonl") and open_uploads(s3) == []
+    assert not access.object_exists(s3, BUCKET, "gap/out.jsonl") and open_uploads(s3) == []
 
 
 def test_a_key_two_runs_scored_gets_the_earlier_runs_line_once(s3):
@@ -150,7 +150,7 @@ def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, m
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signals.received.clear()
     assert writes == [1]  # the upload was open and had data when the signal came
-    assert open_uploads(s3) == [] and not utils.object_exists(s3, BUCKET, "term/out.jsonl")
+    assert open_uploads(s3) == [] and not access.object_exists(s3, BUCKET, "term/out.jsonl")
     assert sorted(work.runs()[0].done) == [0, 1, 2, 3, 4]
 
 
@@ -306,7 +306,7 @@ def test_a_driver_killed_after_a_third_resumes_to_the_uninterrupted_output(s3, w
     process, _, at_kill = run_until(s3, world, output_key, -(-batches // 3), signal.SIGKILL, kill_a_worker)
     first_seconds = time.time() - started
     assert process.returncode == -signal.SIGKILL
-    assert not utils.object_exists(s3, BUCKET, output_key)
+    assert not access.object_exists(s3, BUCKET, output_key)
     durable_after_kill = parts(s3, output_key)
     assert set(at_kill) <= set(durable_after_kill)
     lines_durable = resumed_keys(s3, output_key)
@@ -320,7 +320,7 @@ def test_a_driver_killed_after_a_third_resumes_to_the_uninterrupted_output(s3, w
     other_model = runner.invoke(infer_main.main, [*job_args(world["endpoint"], output_key, "--resume"),
                                                   "--model", f"s3://{BUCKET}/model/digits_softmax"])
     assert other_model.exit_code == 1 and "model_symbol (a different file" in other_model.output
-    assert parts(s3, output_key) == durable_after_kill and not utils.object_exists(s3, BUCKET, output_key)
+    assert parts(s3, output_key) == durable_after_kill and not access.object_exists(s3, BUCKET, output_key)
 
     started = time.time()
     result = spark_submit(job_args(world["endpoint"], output_key, "--resume"))
@@ -353,7 +353,7 @@ def test_a_signal_prints_the_resume_command_and_leaves_the_parts_and_no_upload(s
     assert interrupted[0].endswith("--resume'") and "Resume with: make submit ARGS='--input " in interrupted[0]
     assert "Traceback" not in output
     assert len(parts(s3, output_key)) >= len(at_signal) and open_uploads(s3) == []
-    assert not utils.object_exists(s3, BUCKET, output_key)
+    assert not access.object_exists(s3, BUCKET, output_key)
 
 
 @pytest.mark.spark

@@ -5,7 +5,7 @@
 failing the first GETs of one key. The listing under ``--s3-reader botocore``
 is botocore's own; under ``lean`` it falls back to that, with one warning,
 when botocore lacks what its fast path needs. The lean GET reader's hook
-never rides on a client that :func:`utils.s3_client` hands out.
+never rides on a client that :func:`clients.s3_client` hands out.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 import infer_main
-import utils
 from demo import make_demo
 from demo.s3proxy import S3Proxy
 from mxjob import config, driver, listing, state
 from mxjob.errors import JobError
 from mxjob.model import Classifier, ModelSpec
+from mxjob.s3 import clients, lean_list, object_reader, parallel_list
 from tests.helpers import bucket_with_model
 
 BUCKET = "s3-settings-bucket"
@@ -83,7 +83,7 @@ def test_the_model_spec_decides_how_often_its_reads_are_tried(bucket, moto_endpo
 
 
 def test_the_jobs_s3_max_attempts_reaches_the_models_reads(bucket, moto_endpoint):
-    assert ModelSpec("s.json", "p.params").s3_max_attempts == utils.S3_MAX_ATTEMPTS
+    assert ModelSpec("s.json", "p.params").s3_max_attempts == clients.S3_MAX_ATTEMPTS
     settings = {"input": f"s3://{BUCKET}/list/", "model": f"s3://{BUCKET}/model/digits",
                 "output": f"s3://{BUCKET}/out/o.jsonl", "input_shape": "3,32,32", "std": "255"}
     with failing_proxy(moto_endpoint, 2, "model/digits-0000.params") as proxy:
@@ -158,24 +158,24 @@ def before_parse_handlers(client) -> list:
 def page_spy(monkeypatch):
     """Every call of the lean listing's ``before-parse`` hook, counted (clients made after this register the spy)."""
     calls = []
-    real = listing._keys_and_sizes
+    real = lean_list._keys_and_sizes
 
     def spy(**kwargs):
         calls.append(kwargs.get("operation_model"))
         return real(**kwargs)
 
-    monkeypatch.setattr(listing, "_keys_and_sizes", spy)
+    monkeypatch.setattr(lean_list, "_keys_and_sizes", spy)
     return calls
 
 
 def list_all(client) -> list[tuple[str, int]]:
-    keys, sizes = listing.list_prefix(client, BUCKET, "list/", 4, page_size=10)
+    keys, sizes = parallel_list.list_prefix(client, BUCKET, "list/", 4, page_size=10)
     return list(listing.Listing.build(BUCKET, keys, sizes))
 
 
 def test_the_botocore_listing_client_is_botocores_own_and_lists_what_lean_lists(bucket, moto_endpoint, page_spy):
     plain = boto3.session.Session().client("s3", endpoint_url=moto_endpoint)
-    client = listing.list_client(moto_endpoint, kind="botocore")
+    client = lean_list.list_client(moto_endpoint, kind="botocore")
     assert before_parse_handlers(client) == before_parse_handlers(plain)  # _handle_200_error first, as botocore has it
     assert botocore.handlers._handle_200_error in before_parse_handlers(client)
     page = client.list_objects_v2(Bucket=BUCKET, Prefix="list/")
@@ -183,9 +183,9 @@ def test_the_botocore_listing_client_is_botocores_own_and_lists_what_lean_lists(
     from_botocore = list_all(client)
     assert not page_spy  # the lean hook never ran
 
-    lean = listing.list_client(moto_endpoint, kind="lean")
+    lean = lean_list.list_client(moto_endpoint, kind="lean")
     handlers = before_parse_handlers(lean)
-    assert handlers.index(listing._keys_and_sizes) < handlers.index(botocore.handlers._handle_200_error)
+    assert handlers.index(lean_list._keys_and_sizes) < handlers.index(botocore.handlers._handle_200_error)
     page_spy.clear()
     assert list_all(lean) == from_botocore == [(key, n % 7) for n, key in enumerate(KEYS)]
     assert page_spy  # ... and this one did use it
@@ -195,12 +195,12 @@ def test_lean_listing_without_handle_200_error_warns_once_and_lists_through_boto
         bucket, moto_endpoint, page_spy, monkeypatch, caplog):
     monkeypatch.delattr(botocore.handlers, "_handle_200_error")
     monkeypatch.setattr(state.counters, "listing_fallback", None)  # another test may have warned in this process
-    assert "_handle_200_error" in listing.lean_listing_unavailable()
-    with caplog.at_level(logging.WARNING, logger=listing.__name__):
-        listed = [list_all(listing.list_client(moto_endpoint, kind="lean")) for _ in range(2)]
+    assert "_handle_200_error" in lean_list.lean_listing_unavailable()
+    with caplog.at_level(logging.WARNING, logger=lean_list.__name__):
+        listed = [list_all(lean_list.list_client(moto_endpoint, kind="lean")) for _ in range(2)]
     assert listed[0] == listed[1] == [(key, n % 7) for n, key in enumerate(KEYS)]
     assert not page_spy
-    [warning] = [r for r in caplog.records if r.name == listing.__name__]
+    [warning] = [r for r in caplog.records if r.name == lean_list.__name__]
     assert warning.levelno == logging.WARNING
     assert ("the lean listing is not available (botocore " in warning.getMessage()
             and "has no botocore.handlers._handle_200_error" in warning.getMessage()
@@ -209,15 +209,15 @@ def test_lean_listing_without_handle_200_error_warns_once_and_lists_through_boto
 
 def test_list_client_refuses_an_unknown_kind():
     with pytest.raises(ValueError, match="choose one of lean, botocore"):
-        listing.list_client(kind="fast")
+        lean_list.list_client(kind="fast")
 
 
 # --- the lean GET reader's client is its own
 
 
 def test_s3_client_never_hands_out_the_lean_readers_hooked_client(bucket, moto_endpoint):
-    reader = utils.s3_reader(moto_endpoint, max_attempts=4, kind="lean")
-    plain = utils.s3_client(moto_endpoint, max_attempts=4)
+    reader = object_reader.s3_reader(moto_endpoint, max_attempts=4, kind="lean")
+    plain = clients.s3_client(moto_endpoint, max_attempts=4)
     assert reader.enabled and plain is not reader.client
     plain.get_object(Bucket=BUCKET, Key=KEYS[0])["Body"].read()
     assert getattr(reader._sent, "request", None) is None  # the hook is not on the plain client
@@ -225,4 +225,4 @@ def test_s3_client_never_hands_out_the_lean_readers_hooked_client(bucket, moto_e
     assert reader._sent.request is not None  # ... it is on the reader's own
     reader._sent.request = None
     # The botocore reader hooks nothing, so it may share the plain client.
-    assert utils.s3_reader(moto_endpoint, max_attempts=4, kind="botocore").client is plain
+    assert object_reader.s3_reader(moto_endpoint, max_attempts=4, kind="botocore").client is plain

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 import mxinfer
-import utils
 from mxjob import config, listing, resume, settings, sizing
 from mxjob.partition import JobSpec
+from mxjob.s3 import clients, parallel_list
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {"input": "s3://in/photos/", "model": "s3://m/r18", "output": "s3://out/p.jsonl"}
@@ -124,8 +124,8 @@ def test_the_library_defaults_are_the_jobs():
     job_spec = cfg.job_spec()
     for s in settings.going_to("executor"):
         assert getattr(library_spec, s.name) == getattr(job_spec, s.name), s.name
-    assert listing.DEFAULT_SUFFIXES == cfg.suffixes and listing.LIST_CONCURRENCY == cfg.list_concurrency
-    assert utils.S3_MAX_ATTEMPTS == cfg.s3_max_attempts
+    assert listing.DEFAULT_SUFFIXES == cfg.suffixes and parallel_list.LIST_CONCURRENCY == cfg.list_concurrency
+    assert clients.S3_MAX_ATTEMPTS == cfg.s3_max_attempts
 
 
 def test_the_fingerprint_holds_exactly_the_settings_the_table_marks():

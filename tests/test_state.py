@@ -87,12 +87,12 @@ def test_a_malformed_context_is_refused_by_every_caller(name):
 def test_the_py_files_zip_holds_every_module_and_imports_from_itself_alone(tmp_path):
     archive = build_zip(tmp_path / "job.zip")
     names = zipfile.ZipFile(archive).namelist()
-    package = sorted(p.name for p in (ROOT / "mxjob").glob("*.py"))
-    assert names == ["mxinfer.py", "utils.py", *[f"mxjob/{n}" for n in package]]
+    package = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "mxjob").rglob("*.py"))
+    assert names == ["mxinfer.py", "utils.py", *package]
     assert [m.as_posix() for m in zip_members()] == names
     assert build_zip(tmp_path / "again.zip").read_bytes() == archive.read_bytes()  # same sources, same bytes
     # From an empty folder, with only the zip on the path: every module imports.
-    modules = ["mxinfer", "utils", *[f"mxjob.{n[:-3]}" for n in package if n != "__init__.py"]]
+    modules = ["mxinfer", "utils", *[n[:-3].replace("/", ".").removesuffix(".__init__") for n in package]]
     code = f"import importlib; [importlib.import_module(m) for m in {modules}]"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(archive)}, check=False)

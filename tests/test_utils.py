@@ -10,7 +10,7 @@ import botocore.exceptions
 import pytest
 from moto import mock_aws
 
-import utils
+from mxjob.s3 import access, parallel_list, reads, uris, writes
 
 
 @pytest.fixture
@@ -27,26 +27,26 @@ def s3_mock():
     ("s3a://bucket/p/", ("bucket", "p/")),
 ])
 def test_parse_s3_uri(uri, expected):
-    assert utils.parse_s3_uri(uri) == expected
+    assert uris.parse_s3_uri(uri) == expected
 
 
 @pytest.mark.parametrize("uri, need_key", [("http://x/y", False), ("s3:///key", False), ("s3://b/", True)])
 def test_parse_s3_uri_rejects(uri, need_key):
-    with pytest.raises(utils.S3UriError, match="s3://BUCKET/KEY"):
-        utils.parse_s3_uri(uri, need_key=need_key)
+    with pytest.raises(uris.S3UriError, match="s3://BUCKET/KEY"):
+        uris.parse_s3_uri(uri, need_key=need_key)
 
 
 def test_listing_follows_pages_past_1000_keys(s3_mock):
     for i in range(1234):
         s3_mock.put_object(Bucket="bkt", Key=f"p/{i:05d}.jpg", Body=b"x" * (i % 7))
     s3_mock.put_object(Bucket="bkt", Key="other/0.jpg", Body=b"")
-    listed = list(utils.list_objects(s3_mock, "bkt", "p/"))
+    listed = list(parallel_list.list_objects(s3_mock, "bkt", "p/"))
     assert len(listed) == 1234
     assert listed[5] == ("p/00005.jpg", 5)
 
 
 def test_listing_an_empty_prefix_yields_nothing(s3_mock):
-    assert list(utils.list_objects(s3_mock, "bkt", "nothing-here/")) == []
+    assert list(parallel_list.list_objects(s3_mock, "bkt", "nothing-here/")) == []
 
 
 class FlakyBody:
@@ -77,8 +77,8 @@ class FlakyClient:
 
 def test_read_object_retries_a_body_cut_off_midway_and_counts_it():
     client = FlakyClient(b"image bytes", failures=2)
-    stats = utils.IOStats()
-    assert utils.read_object(client, "bkt", "k", attempts=3, stats=stats) == b"image bytes"
+    stats = reads.IOStats()
+    assert reads.read_object(client, "bkt", "k", attempts=3, stats=stats) == b"image bytes"
     assert client.calls == 3
     assert stats.body_retries == 2
     assert stats.request_retries == 3  # botocore's own retries, from the response metadata
@@ -100,38 +100,38 @@ def test_read_object_refuses_an_object_over_max_bytes_before_reading_its_body():
     body = UnreadBody(b"", fail=False)
     client = FlakyClient(b"x" * 10, failures=0)
     client.get_object = lambda Bucket, Key: {"Body": body, "ContentLength": 5_000_001}
-    with pytest.raises(utils.ObjectTooLargeError, match="object is 5000001 bytes, over max_object_bytes=5000000"):
-        utils.read_object(client, "bkt", "k", max_bytes=5_000_000)
+    with pytest.raises(reads.ObjectTooLargeError, match="object is 5000001 bytes, over max_object_bytes=5000000"):
+        reads.read_object(client, "bkt", "k", max_bytes=5_000_000)
     assert body.closed
-    assert utils.read_object(FlakyClient(b"x" * 10, failures=0), "bkt", "k", max_bytes=10) == b"x" * 10
+    assert reads.read_object(FlakyClient(b"x" * 10, failures=0), "bkt", "k", max_bytes=10) == b"x" * 10
 
 
 def test_read_object_gives_up_after_its_attempts():
     client = FlakyClient(b"x", failures=5)
     with pytest.raises(botocore.exceptions.ResponseStreamingError, match="connection reset mid-body"):
-        utils.read_object(client, "bkt", "k", attempts=2)
+        reads.read_object(client, "bkt", "k", attempts=2)
     assert client.calls == 2
 
 
 def test_read_object_raises_no_such_key_at_once(s3_mock):
     with pytest.raises(botocore.exceptions.ClientError, match="NoSuchKey"):
-        utils.read_object(s3_mock, "bkt", "missing.jpg")
+        reads.read_object(s3_mock, "bkt", "missing.jpg")
 
 
 def test_read_uri_reads_s3_paths_and_file_uris(s3_mock, tmp_path):
     s3_mock.put_object(Bucket="bkt", Key="m/x.txt", Body=b"from s3")
     (tmp_path / "x.txt").write_bytes(b"from disk")
-    assert utils.read_uri("s3://bkt/m/x.txt", s3_mock) == b"from s3"
-    assert utils.read_uri(str(tmp_path / "x.txt")) == b"from disk"
-    assert utils.read_uri(f"file://{tmp_path / 'x.txt'}") == b"from disk"
+    assert reads.read_uri("s3://bkt/m/x.txt", s3_mock) == b"from s3"
+    assert reads.read_uri(str(tmp_path / "x.txt")) == b"from disk"
+    assert reads.read_uri(f"file://{tmp_path / 'x.txt'}") == b"from disk"
     with pytest.raises(FileNotFoundError, match=r"s3://bkt/m/absent\.txt does not exist"):
-        utils.read_uri("s3://bkt/m/absent.txt", s3_mock)
+        reads.read_uri("s3://bkt/m/absent.txt", s3_mock)
     with pytest.raises(FileNotFoundError, match=r"No such file or directory: .*absent\.txt"):
-        utils.read_uri(str(tmp_path / "absent.txt"))
+        reads.read_uri(str(tmp_path / "absent.txt"))
 
 
 def test_multipart_writer_streams_parts_and_the_object_appears_only_on_close(s3_mock):
-    writer = utils.MultipartWriter(s3_mock, "bkt", "out/p.jsonl", part_bytes=utils.MIN_PART_BYTES)
+    writer = writes.MultipartWriter(s3_mock, "bkt", "out/p.jsonl", part_bytes=writes.MIN_PART_BYTES)
     chunk = b"x" * (1024 * 1024)
     for _ in range(11):
         writer.write(chunk)
@@ -143,8 +143,8 @@ def test_multipart_writer_streams_parts_and_the_object_appears_only_on_close(s3_
 
 
 def test_multipart_writer_doubles_its_part_size_so_ten_thousand_parts_hold_any_object(s3_mock, monkeypatch):
-    monkeypatch.setattr(utils.MultipartWriter, "PARTS_PER_SIZE", 2)  # S3 takes 10,000 parts; here every 2 double
-    writer = utils.MultipartWriter(s3_mock, "bkt", "out/grow.jsonl", part_bytes=utils.MIN_PART_BYTES)
+    monkeypatch.setattr(writes.MultipartWriter, "PARTS_PER_SIZE", 2)  # S3 takes 10,000 parts; here every 2 double
+    writer = writes.MultipartWriter(s3_mock, "bkt", "out/grow.jsonl", part_bytes=writes.MIN_PART_BYTES)
     chunk = b"y" * (1024 * 1024)
     for _ in range(31):
         writer.write(chunk)
@@ -158,7 +158,7 @@ def test_multipart_writer_doubles_its_part_size_so_ten_thousand_parts_hold_any_o
 
 def test_multipart_writer_aborts_on_error_leaving_no_object_and_no_parts(s3_mock):
     with pytest.raises(RuntimeError, match="the job failed"):
-        with utils.MultipartWriter(s3_mock, "bkt", "out/p.jsonl") as writer:
+        with writes.MultipartWriter(s3_mock, "bkt", "out/p.jsonl") as writer:
             writer.write(b"partial\n")
             raise RuntimeError("the job failed")
     assert "Contents" not in s3_mock.list_objects_v2(Bucket="bkt", Prefix="out/")
@@ -167,16 +167,16 @@ def test_multipart_writer_aborts_on_error_leaving_no_object_and_no_parts(s3_mock
 
 def test_multipart_writer_needs_a_writable_bucket(s3_mock):
     with pytest.raises(botocore.exceptions.ClientError, match="NoSuchBucket"):
-        utils.MultipartWriter(s3_mock, "no-such-bucket", "k")
+        writes.MultipartWriter(s3_mock, "no-such-bucket", "k")
 
 
 def test_sibling_uri():
-    assert utils.sibling_uri("s3://b/models/r18-symbol.json", "synset.txt") == "s3://b/models/synset.txt"
-    assert utils.sibling_uri("r18-symbol.json", "synset.txt") == "synset.txt"
+    assert uris.sibling_uri("s3://b/models/r18-symbol.json", "synset.txt") == "s3://b/models/synset.txt"
+    assert uris.sibling_uri("r18-symbol.json", "synset.txt") == "synset.txt"
 
 
 def test_put_text_round_trips(s3_mock):
-    utils.put_text(s3_mock, "bkt", "s.json", '{"a": 1}')
+    writes.put_text(s3_mock, "bkt", "s.json", '{"a": 1}')
     assert io.BytesIO(s3_mock.get_object(Bucket="bkt", Key="s.json")["Body"].read()).read() == b'{"a": 1}'
 
 
@@ -185,7 +185,7 @@ def test_check_writable_writes_a_probe_beside_the_key_and_leaves_nothing(s3_mock
     written = []
     s3_mock.meta.events.register("provide-client-params.s3.PutObject",
                                  lambda params, **_: written.append(params["Key"]))
-    utils.check_writable(s3_mock, "bkt", "out/p.jsonl")
+    access.check_writable(s3_mock, "bkt", "out/p.jsonl")
     [probe] = written
     assert probe.startswith("out/p.jsonl.write-check-")
     keys = [obj["Key"] for obj in s3_mock.list_objects_v2(Bucket="bkt")["Contents"]]
@@ -194,8 +194,8 @@ def test_check_writable_writes_a_probe_beside_the_key_and_leaves_nothing(s3_mock
 
 
 def test_check_writable_names_the_output_and_the_cause(s3_mock):
-    with pytest.raises(utils.OutputNotWritableError, match=r"cannot write s3://nope/k\.jsonl: .*NoSuchBucket"):
-        utils.check_writable(s3_mock, "nope", "k.jsonl")
+    with pytest.raises(access.OutputNotWritableError, match=r"cannot write s3://nope/k\.jsonl: .*NoSuchBucket"):
+        access.check_writable(s3_mock, "nope", "k.jsonl")
 
 
 #: A loopback port nothing listens on (discard): every connection is refused at once.
@@ -205,8 +205,8 @@ DOWN_ENDPOINT = "http://127.0.0.1:9"
 def test_check_writable_names_the_endpoint_it_cannot_reach_not_the_permissions():
     client = boto3.client("s3", endpoint_url=DOWN_ENDPOINT, region_name="us-east-1",
                           config=botocore.config.Config(retries={"total_max_attempts": 1}, connect_timeout=1))
-    with pytest.raises(utils.OutputNotWritableError) as refused:
-        utils.check_writable(client, "bkt", "k.jsonl")
+    with pytest.raises(access.OutputNotWritableError) as refused:
+        access.check_writable(client, "bkt", "k.jsonl")
     message = str(refused.value)
     assert message.startswith(f"cannot write s3://bkt/k.jsonl: the S3 endpoint {DOWN_ENDPOINT} cannot be reached")
     assert "--endpoint-url" in message and "AWS_ENDPOINT_URL" in message
@@ -218,5 +218,5 @@ def test_check_writable_passes_when_only_the_clean_up_is_refused(s3_mock, caplog
         raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "DeleteObject")
 
     s3_mock.meta.events.register("before-call.s3.DeleteObject", refuse)
-    utils.check_writable(s3_mock, "bkt", "k.jsonl")
+    access.check_writable(s3_mock, "bkt", "k.jsonl")
     assert "delete it by hand" in caplog.text

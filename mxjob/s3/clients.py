@@ -1,0 +1,98 @@
+"""boto3 S3 clients, every one configured from the ``S3_*`` constants here: retries, pool, timeouts."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import boto3
+import botocore
+import botocore.auth
+import botocore.awsrequest
+import botocore.config
+import botocore.exceptions
+import botocore.handlers
+import botocore.parsers
+import botocore.session
+import botocore.utils
+
+from mxjob import state
+
+log = logging.getLogger(__name__)
+
+
+# Every S3 client of the job is configured from these: the driver's, the
+# listing's, the executors' readers, the model's and the --config read.
+#: Attempts per S3 request, the first included (botocore ``standard`` retries); ``--s3-max-attempts``' default.
+S3_MAX_ATTEMPTS = 5
+
+
+#: HTTP connections a client keeps per host: more than a worker's download threads.
+S3_POOL_CONNECTIONS = 32
+
+
+#: Seconds to open a connection: a healthy endpoint answers in milliseconds, so ten is a dead host.
+S3_CONNECT_TIMEOUT = 10
+
+
+#: Seconds to wait for the next bytes of an answer: a large page or object under load, not a hung socket.
+S3_READ_TIMEOUT = 60.0
+
+
+def s3_client(
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    max_attempts: int = S3_MAX_ATTEMPTS,
+    max_pool_connections: int = S3_POOL_CONNECTIONS,
+    read_timeout: float = S3_READ_TIMEOUT,
+):
+    """Return this process's S3 client for these settings, creating it once.
+
+    boto3 clients are thread safe (sessions are not), so one client serves
+    every download thread of a Python worker; creating one per task would cost
+    a credential look-up each time. Retries use botocore's ``standard`` mode
+    (exponential backoff with jitter on throttling, 5xx and connection errors)
+    with a bounded number of attempts. The client carries only botocore's own
+    event hooks: :func:`s3_reader` builds its client apart, so the hook its
+    lean path registers never rides on a client handed out here.
+    """
+    return cached_client(endpoint_url, region, max_attempts, max_pool_connections, read_timeout)[0]
+
+
+def client_config(max_attempts: int = S3_MAX_ATTEMPTS, max_pool_connections: int = S3_POOL_CONNECTIONS,
+                  read_timeout: float = S3_READ_TIMEOUT) -> botocore.config.Config:
+    """The botocore settings of every S3 client of the job: retries, connection pool, timeouts."""
+    return botocore.config.Config(
+        retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
+        max_pool_connections=max_pool_connections,
+        connect_timeout=S3_CONNECT_TIMEOUT,
+        read_timeout=read_timeout,
+    )
+
+
+def cached_client(endpoint_url: str | None, region: str | None, max_attempts: int, max_pool_connections: int,
+                  read_timeout: float = S3_READ_TIMEOUT, purpose: str = "plain") -> tuple:
+    """``(client, credentials)``: :func:`s3_client`'s client, with the credentials its session resolved for it.
+
+    The two are cached together, so :class:`ObjectReader` signs with exactly
+    the credentials the client uses (``None``: unsigned access). ``purpose``
+    is part of the cache key: a client that gets hooks of ours (``"lean
+    reader"``, see :func:`s3_reader`) is never the ``"plain"`` one that
+    :func:`s3_client` hands out for anything else.
+    """
+
+    def make() -> tuple:
+        config = client_config(max_attempts, max_pool_connections, read_timeout)
+        session = boto3.session.Session()
+        client = session.client("s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
+        # The session resolved these for the client and keeps them (refreshing
+        # an instance role's): ObjectReader signs its GETs with the same ones.
+        return client, session.get_credentials()
+
+    # The pid: a client made before a fork (PySpark's daemon forks its workers) is not the child's.
+    return state.s3_clients.get((endpoint_url, region, max_attempts, max_pool_connections, read_timeout, purpose,
+                                 os.getpid()), make)
+
+
+#: What a boto3 S3 call raises: an error answer, or no answer at all.
+S3_ERRORS = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)

@@ -146,15 +146,12 @@ def planned_run(cfg: JobConfig, client, work: durable.WorkPrefix, monitor: RunMo
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
                         time.time() - monitor.started, checked.model_summary, seconds, plan, checked.fingerprint,
-                        spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys)
-    summary["precision"] = checked.precision
-    summary["batch_size_choice"] = sizing.choice
-    summary["estimate"] = sizing.estimate
-    if images.manifest is not None:  # the manifest's keys that got no line, by reason, and its repeated keys
-        summary["manifest"] = images.manifest
-    summary["files"] = dict(monitor.where)
-    if counts.dataset is not None:
-        summary["dataset"] = {**counts.dataset, "rows_per_file_why": plan.dataset.why}
+                        spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys,
+                        precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
+                        # the manifest's keys that got no line, by reason, and its repeated keys
+                        manifest=images.manifest, files=dict(monitor.where),
+                        dataset=None if counts.dataset is None else {**counts.dataset,
+                                                                    "rows_per_file_why": plan.dataset.why})
     code = finish_run(cfg, client, work, summary, counts, len(images))
     monitor.write("succeeded", code, summary=summary)
     for line in closing_lines(summary, code):  # the run's last lines: for the person who started it

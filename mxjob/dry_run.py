@@ -17,6 +17,7 @@ from mxjob import (
 from mxjob.config import JobConfig
 from mxjob.model import Classifier
 from mxjob.partition import score_partition
+from mxjob.records import ABSENT, Plan, PlanDataset, to_json
 from mxjob.resume import Completed, plan_output
 from mxjob.sizing import size_run
 
@@ -32,7 +33,8 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
     run's progress, a resume with other settings). The plan is one JSON object
     on the last line of standard output: under spark-submit the driver's log
     and MXNet's own messages share that stream, so a script reads the last
-    line only. ``auto_rows`` is the driver check's ``--rows-per-file auto`` (a dataset output).
+    line only: :func:`records.to_json` of a :class:`records.Plan`. ``auto_rows`` is the driver check's
+    ``--rows-per-file auto`` (a dataset output).
     """
     to_score, dataset_plan = len(images), None
     if cfg.output_key:  # preflight.check_before_listing proved the output writable already
@@ -53,25 +55,24 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
     # executors read (a ranged GET each), and planning is the driver's last step before Spark.
     spans = listing.write_plan(images, cfg.batch_size, lambda data: None)
     batches = len(spans)
-    plan = {
-        "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
-        "output_writable": bool(cfg.output_key) or None,
+    plan = Plan(
+        input=cfg.input_uri, output=cfg.output_uri, output_format=cfg.output_format,
+        output_writable=bool(cfg.output_key) or None,
         # keys an earlier run made durable (--resume) are not scored again
-        "images": len(images), "to_score": to_score, "batch_size": cfg.batch_size,
-        "batch_size_choice": sizing.choice, "batches": batches,
-        "partitions": batches, "plan_bytes": sum(spans[-1]) if spans else 0,
-        "first_key": images[0][0], "last_key": images[-1][0],
-        "model": classifier.model_summary(),
-        "sample": results.objects(results.read_part(blob))[0],
-        "sample_seconds": stats.seconds,
-        "estimate": sizing.estimate,
-    }
-    if dataset_plan is not None:
-        plan["dataset"] = {"rows_per_file": dataset_plan.rows_per_file, "why": dataset_plan.why,
-                           "files": -(-len(images) // dataset_plan.rows_per_file),
-                           "files_kept": len(dataset_plan.keep)}
+        images=len(images), to_score=to_score, batch_size=cfg.batch_size,
+        batch_size_choice=sizing.choice, batches=batches,
+        partitions=batches, plan_bytes=sum(spans[-1]) if spans else 0,
+        first_key=images[0][0], last_key=images[-1][0],
+        model=classifier.model_summary(),
+        sample=results.objects(results.read_part(blob))[0],
+        sample_seconds=stats.seconds,
+        estimate=sizing.estimate,
+        dataset=ABSENT if dataset_plan is None else PlanDataset(
+            rows_per_file=dataset_plan.rows_per_file, why=dataset_plan.why,
+            files=-(-len(images) // dataset_plan.rows_per_file), files_kept=len(dataset_plan.keep)),
+    )
     # Whatever was logged or printed before ends its line first, so the plan is a line of its own.
     sys.stderr.flush()
-    click.echo(json.dumps(plan, ensure_ascii=False))
+    click.echo(json.dumps(to_json(plan), ensure_ascii=False))
     sys.stdout.flush()
     return 0

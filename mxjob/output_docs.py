@@ -1,8 +1,10 @@
-"""The generated parts of ``docs/output.md``: each task's Parquet columns and its Athena table.
+"""The generated parts of ``docs/output.md`` and ``docs/configuration.md``: each task's Parquet columns and its
+Athena table, and the fields of the run's summary, status file and dry-run plan.
 
 Each part is made from the result model (:func:`mxjob.results.schema`,
 :func:`mxjob.results.parquet_schema`, :data:`mxjob.results.MEANINGS`,
-:func:`mxjob.results.athena_ddl`), so the page cannot drift from what the job
+:func:`mxjob.results.athena_ddl`) or from the records' declarations
+(:func:`mxjob.records.field_table`), so the pages cannot drift from what the job
 writes. It sits in the page between two marker comments::
 
     <!-- generated: embed (make docs; tests/test_output_docs.py keeps it equal) -->
@@ -21,10 +23,17 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from mxjob import results
+from mxjob import records, results
 
-#: The page the parts go into, relative to the checkout.
+#: The page the Parquet parts go into, relative to the checkout.
 PAGE = os.path.join("docs", "output.md")
+#: The page that describes ``--dry-run``, where the plan's fields go.
+CONFIG_PAGE = os.path.join("docs", "configuration.md")
+#: The record tables of each page: ``(part name, record)``.
+RECORD_PARTS = {
+    PAGE: (("summary-fields", records.Summary), ("status-fields", records.Status)),
+    CONFIG_PAGE: (("plan-fields", records.Plan),),
+}
 #: The vector length the embed parts are made with; any gives the same Parquet columns (a vector is a plain list).
 EXAMPLE_DIMENSION = 1280
 
@@ -87,23 +96,33 @@ def _markers(name: str) -> tuple[str, str]:
             f"<!-- end generated: {name} -->")
 
 
-def render(page: str) -> str:
-    """``page`` with every part between its markers made anew; a part whose markers are missing raises ValueError."""
-    for example in examples():
-        begin, end = _markers(example.name)
-        pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
-        if not pattern.search(page):
-            raise ValueError(f"{PAGE} lacks the markers of the generated part {example.name!r}: {begin}")
-        page = pattern.sub(lambda _, b=begin, e=end, ex=example: f"{b}\n{part(ex)}\n{e}", page, count=1)
+def _fill(page: str, where: str, name: str, text: str) -> str:
+    """``page`` (the file ``where``) with ``text`` between the markers of part ``name``; ValueError without them."""
+    begin, end = _markers(name)
+    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
+    if not pattern.search(page):
+        raise ValueError(f"{where} lacks the markers of the generated part {name!r}: {begin}")
+    return pattern.sub(lambda _: f"{begin}\n{text}\n{end}", page, count=1)
+
+
+def render(page: str, where: str = PAGE) -> str:
+    """``page``, the text of the file ``where`` (:data:`PAGE` or :data:`CONFIG_PAGE`), with every part between
+    its markers made anew; a part whose markers are missing raises ValueError."""
+    if where == PAGE:
+        for example in examples():
+            page = _fill(page, where, example.name, part(example))
+    for name, record in RECORD_PARTS[where]:
+        page = _fill(page, where, name, records.field_table(record))
     return page
 
 
 if __name__ == "__main__":  # python -m mxjob.output_docs ROOT: rewrite the generated parts (make docs)
     import sys
 
-    path = os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", PAGE)
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(render(text))
-    print(f"wrote {path}")
+    for where in (PAGE, CONFIG_PAGE):
+        path = os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", where)
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(render(text, where))
+        print(f"wrote {path}")

@@ -17,17 +17,11 @@ import time
 from mxjob import report
 from mxjob.errors import EXIT_FAILED, first_line
 from mxjob.progress import STATUS_SECONDS, Progress, Tick, Ticks, iso
+from mxjob.records import ABSENT, STAGES, STATES, Done, Status, to_json
 from mxjob.sidecar import side_key
 from mxjob.stats import StatsFold
 
 log = logging.getLogger(__name__)
-
-#: What ``state`` may be; ``running`` until the driver writes the last status.
-STATES = ("running", "succeeded", "failed", "interrupted")
-#: What the driver is doing (``stage``), in order: its checks of the handler and the model's files, the
-#: listing, the model's check on the driver (and int8's quantization), the plan and Spark's start, then the
-#: scoring and the output's assembly. A final status keeps the stage the run ended in.
-STAGES = ("starting", "listing", "model_check", "planning", "scoring")
 
 
 def status_key(output_key: str) -> str:
@@ -43,7 +37,8 @@ def report_key(output_key: str) -> str:
 def status_document(state: str, p: Progress | None, tick: Tick | None, started: float, where: dict,
                     resume: str | None, exit_code: int | None = None, message: str | None = None,
                     stage: str | None = None, durable_batches: int | None = None) -> dict:
-    """The status file's content: state, stage, done and total, images/s, ETA, errors so far, the resume command.
+    """The status file's content (:func:`records.to_json` of a :class:`records.Status`): state, stage, done and
+    total, images/s, ETA, errors so far, the resume command.
 
     Parameters
     ----------
@@ -71,28 +66,26 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, started: 
     if stage is not None and stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
     now = time.time()
-    doc = {"state": state, **({"stage": stage} if stage else {}), "updated": now, "updated_iso": iso(now),
-           "started": started, "started_iso": iso(started), "elapsed_seconds": round(now - started, 1), **where}
+    progress = {}
     if p is not None:
         spark = p.now - p.first_start if p.first_start else None
         # An ended run has nothing left to estimate: its tick's ETA would say when a stopped run finishes.
         eta = tick if tick and state == "running" else None
         done = p.batches_done if durable_batches is None else durable_batches
-        doc.update({
-            "batches": {"done": done, "total": p.batches_total},
-            "keys": {"done": p.keys_done, "total": p.keys_total}, "errors": p.failed,
+        progress = {
+            "batches": Done(done=done, total=p.batches_total),
+            "keys": Done(done=p.keys_done, total=p.keys_total), "errors": p.failed,
             "images_per_second": round(p.keys_done / spark, 2) if spark else None,
             "images_per_second_recent": round(tick.recent_rate, 2) if tick else None,
             "eta_seconds": round(eta.eta_seconds, 1) if eta and eta.eta_seconds is not None else None,
             "predicted_end_iso": iso(eta.predicted_end) if eta else None,
-        })
-    if exit_code is not None:
-        doc["exit_code"] = exit_code
-    if message:
-        doc["message"] = message
-    if state != "succeeded" and resume:
-        doc["resume_command"] = resume
-    return doc
+        }
+    # where: the output's and its side files' URIs (RunMonitor.where); a field not given is left out.
+    return to_json(Status(
+        state=state, stage=stage or ABSENT, updated=now, updated_iso=iso(now), started=started,
+        started_iso=iso(started), elapsed_seconds=round(now - started, 1), **where, **progress,
+        exit_code=ABSENT if exit_code is None else exit_code, message=message or ABSENT,
+        resume_command=resume if state != "succeeded" and resume else ABSENT))
 
 
 class RunMonitor:

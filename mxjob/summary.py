@@ -2,19 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from mxjob import durable, merge
 from mxjob.config import JobConfig
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, plural
 from mxjob.progress import duration, iso
+from mxjob.records import (
+    ABSENT,
+    Assembly,
+    ErrorsByStage,
+    ExecutorContainer,
+    ExecutorStats,
+    Files,
+    FirstTask,
+    Host,
+    PythonWorker,
+    Rates,
+    S3Retries,
+    Seconds,
+    SkippedKeys,
+    SparkRun,
+    Summary,
+    SummaryDataset,
+    Tasks,
+    Threads,
+    TimesIso,
+    to_json,
+)
 from mxjob.stats import StatsFold
 from mxjob.worker import memory_bytes
 
 
 def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts: merge.AssemblyCounts,
               elapsed: float, model_summary: dict, seconds: dict, plan: durable.Plan, fingerprint: dict,
-              spark: dict | None = None, skipped_keys: dict | None = None) -> dict:
+              spark: dict | None = None, skipped_keys: dict | None = None, *, precision: dict = ABSENT,
+              batch_size_choice: dict = ABSENT, estimate: dict | None = ABSENT, manifest: dict | None = None,
+              files: dict = ABSENT, dataset: dict | None = None) -> dict:
     """The run's summary, as written to ``OUTPUT.summary.json``.
 
     Parameters
@@ -49,53 +71,72 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         A prefix's keys that were not images (``count``, ``why``, ``examples``:
         :meth:`listing.Skipped.entry`); ``None`` for a manifest, whose own
         entry counts them.
+    precision, batch_size_choice, estimate, manifest, files, dataset : optional
+        The driver's checks and sizing, the input manifest's report, the run's files
+        (:attr:`RunMonitor.where`) and a dataset's files; a field not given (``manifest`` or
+        ``dataset`` None) is left out.
 
     Returns
     -------
     dict
-        Counts first (listed, predicted, failed, reused, scored), then time
-        (``elapsed_seconds``, ``seconds`` by stage summed over executors and
-        the driver's own, the tasks' window), then per executor, per Python
-        worker and per host (``threads``), then the model, fingerprint and options.
+        :func:`records.to_json` of a :class:`records.Summary`: counts first (listed,
+        predicted, failed, reused, scored), then time (``elapsed_seconds``,
+        ``seconds`` by stage summed over executors and the driver's own, the
+        tasks' window), then per executor, per Python worker and per host
+        (``threads``), then the model, fingerprint and options, the rates named.
     """
-    executors = {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()}
+    executors = {name: ExecutorStats(**{k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()})
                  for name, e in fold.executors.items()}
-    workers = {name: fold.worker_summary(name) for name in sorted(fold.workers)}
     # Throughput while tasks ran: from the first task's start to the last one's end
     # (elapsed_seconds also counts listing, Spark start-up and the assembly).
     window = fold.last_end - fold.first_start if fold.first_start is not None else None
     scored = fold.keys
-    return readable({
-        "input": cfg.input_uri, "output": cfg.output_uri, "output_format": cfg.output_format,
-        "keys_listed": images, "skipped_keys": skipped_keys, "predicted": counts.predicted, "failed": counts.failed,
+    tasks = Tasks(first_start=fold.first_start, last_end=fold.last_end,
+                  seconds=round(window, 3) if window else None,
+                  images_per_second=round(scored / window, 2) if window else None,
+                  first_start_iso=iso(fold.first_start), last_end_iso=iso(fold.last_end))
+    stage_seconds = Seconds(**{k: round(sum(e[k] for e in fold.executors.values()), 3) for k in fold.STAGES},
+                            **{k: round(v, 3) for k, v in seconds.items()})
+    images_per_second = round(scored / elapsed, 2) if elapsed > 0 else None
+    spark_seconds = stage_seconds.spark or None  # ABSENT without a Spark job; rounded, as the summary shows it
+    return to_json(Summary(
+        input=cfg.input_uri, output=cfg.output_uri, output_format=cfg.output_format,
+        keys_listed=images, skipped_keys=SkippedKeys(**skipped_keys) if skipped_keys is not None else None,
+        predicted=counts.predicted, failed=counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
-        "reused": images - len(plan.todo), "scored": scored, "resumed": plan.resumed, "runs": plan.number,
-        "errors_by_stage": dict(fold.errors), "batches": batches, "batch_size": cfg.batch_size,
-        "elapsed_seconds": round(elapsed, 3),
-        "images_per_second": round(scored / elapsed, 2) if elapsed > 0 else None,
-        "seconds": {**{k: round(sum(e[k] for e in fold.executors.values()), 3) for k in fold.STAGES},
-                    **{k: round(v, 3) for k, v in seconds.items()}},
-        "assembly": {"parts_read": counts.parts_read, "bytes_read": counts.bytes_read,
-                     "lines_dropped": counts.dropped, "lines_superseded": counts.superseded},
-        "executors": executors,
-        "s3_retries": dict(fold.s3_retries),
-        "python_workers": workers,
-        "tasks": {"first_start": fold.first_start, "last_end": fold.last_end,
-                  "seconds": round(window, 3) if window else None,
-                  "images_per_second": round(scored / window, 2) if window else None},
-        "driver_max_rss_bytes": memory_bytes()["max_rss"],
-        "spark": spark,
+        reused=images - len(plan.todo), scored=scored, resumed=plan.resumed, runs=plan.number,
+        errors_by_stage=ErrorsByStage(**fold.errors), batches=batches, batch_size=cfg.batch_size,
+        elapsed_seconds=round(elapsed, 3), images_per_second=images_per_second,
+        seconds=stage_seconds,
+        assembly=Assembly(parts_read=counts.parts_read, bytes_read=counts.bytes_read,
+                          lines_dropped=counts.dropped, lines_superseded=counts.superseded),
+        executors=executors,
+        s3_retries=S3Retries(**fold.s3_retries),
+        python_workers={name: python_worker(fold.worker_summary(name)) for name in sorted(fold.workers)},
+        tasks=tasks,
+        driver_max_rss_bytes=memory_bytes()["max_rss"],
+        spark=spark_run(spark),
         # Batches whose result came from a retried task (lost worker or executor, ...).
-        "retried_batches": fold.retried,
+        retried_batches=fold.retried,
         # Task attempts that failed and were run again (a lost spot node's in-flight batches): Spark's count.
-        "lost_task_attempts": fold.lost_task_attempts,
+        lost_task_attempts=fold.lost_task_attempts,
         # A classifier's model_summary replaces "labels" with the file it read, and adds "labels_count".
-        "model": {"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
-                  "labels": cfg.model.labels_uri, **model_summary},
-        "fingerprint": fingerprint,
-        "options": cfg.options(),
-        "threads": thread_fit(fold),
-    })
+        model={"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
+               "labels": cfg.model.labels_uri, **model_summary},
+        fingerprint=fingerprint,
+        options=cfg.options(),
+        threads=thread_fit(fold),
+        # Beside the machine fields, what a person reads: the rates, named (images_per_second and
+        # tasks.images_per_second stay), and what the seconds sum.
+        rates=Rates(images_per_second_spark=round(scored / spark_seconds, 2) if spark_seconds else None,
+                    images_per_second_tasks=tasks.images_per_second,
+                    images_per_second_elapsed=images_per_second, what=RATES),
+        seconds_what=SECONDS_WHAT,
+        precision=precision, batch_size_choice=batch_size_choice, estimate=estimate,
+        manifest=ABSENT if manifest is None else manifest,
+        files=Files(**files) if files is not ABSENT else ABSENT,
+        dataset=ABSENT if dataset is None else SummaryDataset(**dataset),
+    ))
 
 
 #: What each of the summary's rates measures (``rates.what``).
@@ -106,34 +147,30 @@ RATES = {
     "images_per_second_elapsed": "keys scored / elapsed_seconds (the whole run: listing, model check, Spark, "
                                  "assembly)",
 }
+#: What the summary's ``seconds`` sum (``seconds_what``): download and decode run on the download threads and
+#: are summed over them, so with --io-threads 8 they can exceed "task", the task threads' wall time.
+SECONDS_WHAT = ("seconds summed over executors; download and decode are also summed over each task's download "
+                "threads, so they overlap the rest and can exceed task; cpu is the Python workers' CPU in tasks, "
+                "every thread: download_cpu and decode_cpu its download threads', task_thread_cpu the task's own "
+                "thread's (the model's load and Python side, results, the part), the rest MXNet's threads (the "
+                "forward passes; with several forward lanes, the lanes' threads and the model's Python side with "
+                "them)")
 
 
-def readable(summary: dict) -> dict:
-    """Add what a person reads beside the machine fields: ISO times by epoch ones, the rates, named.
+def python_worker(worker: dict) -> PythonWorker:
+    """One Python worker's entry (:meth:`StatsFold.worker_summary`), with its first task's times in ISO 8601 beside
+    the epoch ones: beside ``first_task``, not in it, so that ``first_task`` keeps its machine shape."""
+    first = worker["first_task"]
+    return PythonWorker(**{**worker, "first_task": FirstTask(**first),
+                           "first_task_iso": TimesIso(started=iso(first["started"]), ended=iso(first["ended"]))})
 
-    Nothing is removed or renamed: ``images_per_second`` and ``tasks.images_per_second``
-    stay, and ``rates`` repeats them with the Spark job's rate and what each measures.
-    """
-    tasks, spark = summary["tasks"], summary["seconds"].get("spark")
-    tasks["first_start_iso"], tasks["last_end_iso"] = iso(tasks["first_start"]), iso(tasks["last_end"])
-    for worker in summary["python_workers"].values():
-        # Beside first_task, not in it: first_task keeps its machine shape.
-        first = worker["first_task"]
-        worker["first_task_iso"] = {"started": iso(first["started"]), "ended": iso(first["ended"])}
-    summary["rates"] = {
-        "images_per_second_spark": round(summary["scored"] / spark, 2) if spark else None,
-        "images_per_second_tasks": tasks["images_per_second"],
-        "images_per_second_elapsed": summary["images_per_second"], "what": RATES}
-    # download and decode run on the download threads and are summed over them, so with
-    # --io-threads 8 they can exceed "task", the task threads' wall time.
-    summary["seconds_what"] = ("seconds summed over executors; download and decode are also summed over each "
-                               "task's download threads, so they overlap the rest and can exceed task; cpu is "
-                               "the Python workers' CPU in tasks, every thread: download_cpu and decode_cpu "
-                               "its download threads', task_thread_cpu the task's own thread's (the model's "
-                               "load and Python side, results, the part), the rest MXNet's threads (the forward "
-                               "passes; with several forward lanes, the lanes' threads and the model's Python "
-                               "side with them)")
-    return summary
+
+def spark_run(spark: dict | None) -> SparkRun | None:
+    """The summary's ``spark`` (where the Spark job ran) from the driver's dict, or ``None`` without a Spark job."""
+    if spark is None:
+        return None
+    container = spark.get("executor_container")
+    return SparkRun(**{**spark, **({"executor_container": ExecutorContainer(**container)} if container else {})})
 
 
 def closing_lines(summary: dict, code: int) -> list[str]:
@@ -170,7 +207,7 @@ def _elapsed_rate(summary: dict) -> str:
     return f", {rate:,.1f} over the whole run (keys scored / elapsed seconds)" if rate else ""
 
 
-def thread_fit(fold: StatsFold) -> dict:
+def thread_fit(fold: StatsFold) -> Threads:
     """Per host: its cores, executors and MXNet threads in all; a warning where threads x executors miss the cores.
 
     ``fold`` holds the tasks' stats. The
@@ -179,13 +216,13 @@ def thread_fit(fold: StatsFold) -> dict:
     Assumes one task at a time per executor (``spark.executor.cores=1``, the
     job's shape); an executor's threads are the most any of its workers used.
     """
-    out: dict[str, Any] = {"hosts": {}, "warnings": []}
+    out = Threads(hosts={}, warnings=[])
     for host, h in sorted(fold.hosts.items()):
         executors = max(len(h["executors"]), h["planned"])
         total = max(h["executors"].values()) * executors
-        out["hosts"][host] = {"cores": h["cores"], "executors": executors, "threads": total}
+        out.hosts[host] = Host(cores=h["cores"], executors=executors, threads=total)
         if total != h["cores"]:
-            out["warnings"].append(
+            out.warnings.append(
                 f"host {host}: {plural(executors, 'executor')} x {max(h['executors'].values())} MXNet threads = "
                 f"{total} "
                 f"on {h['cores']} cores ({'cores left idle' if total < h['cores'] else 'threads wait for cores'}); "

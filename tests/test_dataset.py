@@ -24,10 +24,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-import utils
 from demo.s3proxy import S3Proxy
-from mxjob import config, dataset, preflight, results, sinks
+from mxjob import config, dataset, preflight, records, results, sinks
 from mxjob.errors import JobError
+from mxjob.s3 import access, parallel_list, uris, writes
 from mxjob.sidecar import is_dataset, output_of, side_key
 from tests.helpers import bucket_with_digits, spark_submit, start_spark_submit
 
@@ -79,7 +79,7 @@ def test_a_trailing_slash_is_a_parquet_dataset_and_json_lines_there_is_refused()
 
 def parquet_object(s3, key: str, batches: list[pa.RecordBatch], metadata: dict) -> pa.Table:
     """The same rows through the single-object Parquet sink."""
-    sink = sinks.ParquetSink(utils.MultipartWriter(s3, BUCKET, key), metadata)
+    sink = sinks.ParquetSink(writes.MultipartWriter(s3, BUCKET, key), metadata)
     sink.write(batches)
     sink.close()
     return pq.read_table(io.BytesIO(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
@@ -96,7 +96,7 @@ def test_the_sink_cuts_files_at_rows_per_file_each_like_the_single_object(s3):
     sink = sinks.DatasetSink(s3, BUCKET, "sink/", 10, metadata)
     sink.write(batches[:2])
     assert [f["rows"] for f in sink.files] == [10]  # the first file is whole and visible before the end
-    assert utils.object_exists(s3, BUCKET, "sink/part-00000.parquet")
+    assert access.object_exists(s3, BUCKET, "sink/part-00000.parquet")
     sink.write(batches[2:])
     sink.close()
     assert [(f["key"], f["rows"]) for f in sink.files] == [
@@ -116,7 +116,7 @@ def test_an_aborted_sink_leaves_its_whole_files_and_no_partial_one(s3):
     sink = sinks.DatasetSink(s3, BUCKET, "abort/", 10, {})
     sink.write([rows_batch(keys)])
     sink.abort()
-    listed = [k for k, _ in utils.list_objects(s3, BUCKET, "abort/")]
+    listed = [k for k, _ in parallel_list.list_objects(s3, BUCKET, "abort/")]
     assert listed == ["abort/part-00000.parquet"]
     assert not s3.list_multipart_uploads(Bucket=BUCKET, Prefix="abort/").get("Uploads")
 
@@ -179,7 +179,7 @@ def test_auto_rows_per_file_follow_the_rows_size():
 def test_the_parquet_sink_bounds_a_row_group_in_bytes(s3, monkeypatch):
     monkeypatch.setattr(sinks, "PARQUET_ROW_GROUP_BYTES", 1)  # every write is a row group of its own
     keys = [f"g{i}" for i in range(6)]
-    sink = sinks.ParquetSink(utils.MultipartWriter(s3, BUCKET, "groups.parquet"), {})
+    sink = sinks.ParquetSink(writes.MultipartWriter(s3, BUCKET, "groups.parquet"), {})
     for start in range(0, 6, 2):
         sink.write([rows_batch(keys[start:start + 2])])
     sink.close()
@@ -255,7 +255,7 @@ def test_a_dataset_read_while_running_after_a_kill_and_after_resume(s3, world):
         process = start_spark_submit(job_args(proxy.endpoint, "live/", "--io-threads", "1"))
         seen, deadline = [], time.time() + 300
         while time.time() < deadline and process.poll() is None:
-            files = [k for k, _ in utils.list_objects(s3, BUCKET, "live/part-")]
+            files = [k for k, _ in parallel_list.list_objects(s3, BUCKET, "live/part-")]
             if files and not seen:
                 seen.append(read_dataset(world["endpoint"], "live/"))  # while the job runs
             if len(files) >= 2:
@@ -268,7 +268,8 @@ def test_a_dataset_read_while_running_after_a_kill_and_after_resume(s3, world):
     after_kill = read_dataset(world["endpoint"], "live/")
     assert_whole_rows_once(after_kill, world["keys"])
     assert after_kill.num_rows % ROWS_PER_FILE == 0 and after_kill.num_rows >= 2 * ROWS_PER_FILE
-    kept = {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"] for k, _ in utils.list_objects(s3, BUCKET, "live/part-")}
+    kept = {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"]
+            for k, _ in parallel_list.list_objects(s3, BUCKET, "live/part-")}
 
     result = spark_submit(job_args(world["endpoint"], "live/", "--resume"))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
@@ -276,11 +277,12 @@ def test_a_dataset_read_while_running_after_a_kill_and_after_resume(s3, world):
     assert final.column("key").to_pylist() == world["keys"]
     assert {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in kept} == kept  # not written again
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key="live/_summary.json")["Body"].read())
-    assert summary["dataset"]["kept_from_an_earlier_run"] == len(kept)
+    records.from_json(records.Summary, summary)  # a resumed dataset run's: its dataset entry too
+    assert summary["resumed"] is True and summary["dataset"]["kept_from_an_earlier_run"] == len(kept)
     assert summary["dataset"]["files"] == -(-len(world["keys"]) // ROWS_PER_FILE)
     success = json.loads(s3.get_object(Bucket=BUCKET, Key="live/_SUCCESS")["Body"].read())
     assert success["rows"] == len(world["keys"])
-    assert not list(utils.list_objects(s3, BUCKET, "live/_parts/"))
+    assert not list(parallel_list.list_objects(s3, BUCKET, "live/_parts/"))
 
     # The same job to one Parquet object: the same rows.
     single = spark_submit(job_args(world["endpoint"], "one.parquet"))
@@ -297,7 +299,7 @@ def test_watch_finds_the_status_of_an_object_and_of_a_dataset():
     assert watch.status_location("s3://b/out/p.jsonl.status.json") == ("b", "out/p.jsonl.status.json")
     assert watch.status_location("s3://b/classes/") == ("b", "classes/_status.json")
     assert watch.status_location("s3://b/classes/_status.json") == ("b", "classes/_status.json")
-    with pytest.raises(utils.S3UriError, match="names no output"):
+    with pytest.raises(uris.S3UriError, match="names no output"):
         watch.status_location("s3://b/")
 
 
@@ -307,6 +309,7 @@ def test_a_dry_run_of_a_dataset_says_its_rows_per_file_and_files(world, stderr_r
     result = stderr_runner.invoke(infer_main.main, [*job_args(world["endpoint"], "dry/"), "--dry-run"])
     assert result.exit_code == 0, result.stderr[-2000:]
     plan = json.loads(result.stdout.strip().splitlines()[-1])
+    records.from_json(records.Plan, plan)  # its dataset entry too
     assert plan["dataset"] == {"rows_per_file": ROWS_PER_FILE, "why": "--rows-per-file",
                                "files": -(-len(world["keys"]) // ROWS_PER_FILE), "files_kept": 0}
     auto = stderr_runner.invoke(infer_main.main, [*job_args(world["endpoint"], "dry/"), "--dry-run",

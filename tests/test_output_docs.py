@@ -1,6 +1,6 @@
 """Reading the output: the Athena table of each task's Parquet (mxjob.results.athena_ddl), the generated parts of
-docs/output.md (mxjob/output_docs.py), and the reading and library code blocks of docs/output.md and docs/library.md,
-run as they are written.
+docs/output.md and docs/configuration.md (mxjob/output_docs.py: Parquet columns, the records' fields), and the
+reading code blocks of docs/output.md, run as they are written (docs/library.md's: tests/test_examples.py).
 
 No Athena here: each statement is checked against the Parquet file pyarrow writes through the job's own Parquet view
 (results.parquet_schema and parquet_batch), leaf column by leaf column, not by running it.
@@ -16,11 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from PIL import Image, ImageOps
 
-from mxjob import output_docs, results
-from tests.helpers import encode
-from tests.test_tasks import CLASSES, ssd
+from mxjob import output_docs, records, results
+from tests.test_tasks import CLASSES
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR = "struct<stage:string,type:string,message:string>"
@@ -195,6 +193,22 @@ def test_a_stale_part_is_found_and_made_anew_and_missing_markers_are_refused():
         output_docs.render(cut)
 
 
+def test_the_records_field_tables_are_generated_from_their_declarations():
+    for where in (output_docs.PAGE, output_docs.CONFIG_PAGE):
+        page = (ROOT / where).read_text(encoding="utf-8")
+        assert output_docs.render(page, where) == page, f"{where}'s field tables differ from mxjob.records: `make docs`"
+        for name, record in output_docs.RECORD_PARTS[where]:
+            part = page[page.index(f"<!-- generated: {name} "):page.index(f"<!-- end generated: {name}")]
+            for field, type_, _, _ in records.field_rows(record):
+                assert f"| `{field}` | {type_} |" in part, (name, field)
+    page = (ROOT / output_docs.CONFIG_PAGE).read_text(encoding="utf-8")
+    stale = page.replace("| `plan_bytes` | integer |", "| `plan_bytes` | number |", 1)
+    assert stale != page and output_docs.render(stale, output_docs.CONFIG_PAGE) == page
+    cut = re.sub(r"<!-- generated: plan-fields .*?<!-- end generated: plan-fields -->", "", page, flags=re.S)
+    with pytest.raises(ValueError, match=r"configuration\.md lacks the markers of the generated part 'plan-fields'"):
+        output_docs.render(cut, output_docs.CONFIG_PAGE)
+
+
 def test_each_generated_part_shows_every_column_of_its_schema_and_the_tables_statement():
     page = (ROOT / output_docs.PAGE).read_text(encoding="utf-8")
     for example in output_docs.examples():
@@ -263,51 +277,3 @@ def test_the_pages_ddl_block_prints_the_statement_of_a_part_file(dataset, monkey
     schema = results.parquet_schema(made["classes"].schema)
     assert capsys.readouterr().out == results.athena_ddl(schema, "photo_classes", "s3://my-bucket/classes/") + "\n"
 
-
-# ----------------------------------------------------------------------------
-# docs/library.md: Embedder and ObjectDetector, run as written
-
-
-@pytest.fixture
-def library_folder(tmp_path, monkeypatch, demo_dir) -> Path:
-    """A folder holding what the library page's blocks name: the demo model, two digits, an SSD, a sideways photo."""
-    (tmp_path / "run" / "demo").mkdir(parents=True)
-    (tmp_path / "run" / "demo" / "model").symlink_to(demo_dir / "model")
-    for digit, name in ((3, "three.png"), (7, "seven.png")):
-        (tmp_path / name).write_bytes(sorted((demo_dir / "images" / str(digit)).glob("*.png"))[0].read_bytes())
-    (tmp_path / "models").mkdir()
-    ssd(tmp_path / "models" / "ssd")
-    exif = Image.Exif()
-    exif[0x0112] = 6  # stored 400x300, shown turned a quarter: 300x400
-    pixels = np.random.RandomState(3).randint(0, 255, (300, 400, 3), np.uint8)
-    (tmp_path / "street.jpg").write_bytes(encode(Image.fromarray(pixels), "JPEG", quality=90, exif=exif.tobytes()))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def test_the_library_pages_embedder_and_detector_blocks_run_as_written(library_folder, demo_dir):
-    embed_code, detect_code = code_blocks(ROOT / "docs" / "library.md", "runs this block as it is written here")
-    ns: dict = {}
-    exec(compile(embed_code, "docs/library.md (Embedder)", "exec"), ns)
-    emb = ns["emb"]
-    graph = json.loads((demo_dir / "model" / "digits-symbol.json").read_text())["nodes"]
-    dense = [n for n in graph if n["op"] == "FullyConnected"][-1]
-    assert emb.output_layer == graph[dense["inputs"][0][0]]["name"]
-    assert f"({emb.output_layer!r}, {emb.dimension})" in embed_code  # the page's comment says what it gives
-    assert ns["vectors"].shape == (2, emb.dimension) and ns["vectors"].dtype == np.float32
-    np.testing.assert_allclose(np.linalg.norm(ns["vectors"], axis=1), 1.0, rtol=1e-6)
-    assert ns["halves"].dtype == np.float16
-    np.testing.assert_allclose(np.diag(ns["cosine"]), 1.0, rtol=1e-6)
-    np.testing.assert_array_equal(ns["same"], ns["vectors"])
-
-    ns = {}
-    exec(compile(detect_code, "docs/library.md (ObjectDetector)", "exec"), ns)
-    [image] = ns["found"]
-    assert image["image_size"] == list(ImageOps.exif_transpose(Image.open("street.jpg")).size) == [300, 400]
-    detections = image["detections"]
-    assert 0 < len(detections) <= 20
-    assert [d["score"] for d in detections] == sorted((d["score"] for d in detections), reverse=True)
-    for d in detections:
-        xmin, ymin, xmax, ymax = d["box"]
-        assert d["score"] >= 0.5 and d["label"] == CLASSES[d["class_id"]]
-        assert 0 <= xmin <= xmax <= 300 and 0 <= ymin <= ymax <= 400

@@ -14,9 +14,10 @@ import time
 import pytest
 
 import infer_main
-from mxjob import durable, listing, status, watch
+from mxjob import durable, records, status, watch
 from mxjob.errors import EXIT_FAILED, JobError
 from mxjob.progress import Progress, Tick
+from mxjob.s3 import parallel_list
 from mxjob.signals import Interrupted
 from mxjob.stats import StatsFold
 
@@ -61,6 +62,7 @@ def test_a_run_that_fails_before_its_plan_leaves_a_failed_status_with_the_reason
     result = run(stderr_runner, moto_endpoint, "empty", image_prefix="nothing/")
     assert result.exit_code == EXIT_FAILED, result.stderr
     doc = read_status(world, "empty")
+    records.from_json(records.Status, doc)  # a run's last status before its plan: the declared fields
     assert doc["state"] == "failed" and doc["exit_code"] == EXIT_FAILED
     assert doc["message"].startswith(f"no images under s3://{BUCKET}/nothing/")
     assert doc["stage"] == "listing"  # where it failed
@@ -114,7 +116,7 @@ def test_the_status_says_this_run_is_running_before_it_lists(world, moto_endpoin
         seen.append(read_status(world, prefix))
         raise OSError("the listing stops here")
 
-    monkeypatch.setattr(listing, "list_prefix", listing_that_reads_the_status)
+    monkeypatch.setattr(parallel_list, "list_prefix", listing_that_reads_the_status)
     before = time.time()
     result = run(stderr_runner, moto_endpoint, prefix, flag)
     assert result.exit_code == EXIT_FAILED, result.stderr

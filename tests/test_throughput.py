@@ -14,6 +14,7 @@ import pytest
 
 import mxinfer
 from mxjob import cluster, config, durable, listing, merge, partition, results, state, worker
+from mxjob.records import to_json
 from mxjob.stats import StatsAccumulator, StatsFold, TaskStats
 from mxjob.summary import summarize, thread_fit
 
@@ -200,8 +201,8 @@ def test_thread_fit_warns_when_threads_times_executors_differ_from_the_host_core
         return replace(task_stats("1", 1, 1000.0, 1), executor=executor, threads=threads,
                        host={"cores": cores, "workers": planned})
 
-    fit = thread_fit(StatsFold.of([stat("a/1", 2, 4), stat("a/2", 2, 4), stat("b/1", 1, 4), stat("c/1", 8, 4),
-                                   stat("b/1", 1, 4), stat("d/1", 2, 4, planned=2)]))
+    fit = to_json(thread_fit(StatsFold.of([stat("a/1", 2, 4), stat("a/2", 2, 4), stat("b/1", 1, 4),
+                                           stat("c/1", 8, 4), stat("b/1", 1, 4), stat("d/1", 2, 4, planned=2)])))
     assert fit["hosts"] == {"a": {"cores": 4, "executors": 2, "threads": 4},
                             "b": {"cores": 4, "executors": 1, "threads": 1},
                             "c": {"cores": 4, "executors": 1, "threads": 8},

@@ -3,7 +3,7 @@
 ``embed`` runs on the real pretrained EfficientNet-Lite0 (``bench/pretrained.py``)
 and real photos; every vector is compared with a plain MXNet Module bound on
 the layer's internal output. ``detect`` runs on a small SSD-style graph made
-here (``MultiBoxPrior`` + ``MultiBoxDetection``, fixed random weights); every
+in ``demo/examples.py`` (``MultiBoxPrior`` + ``MultiBoxDetection``, fixed random weights); every
 box is compared with the same graph's output mapped back by hand.
 """
 
@@ -23,6 +23,7 @@ from PIL import Image, ImageOps
 
 import infer_main
 import mxinfer
+from demo.examples import random_detector
 from mxjob import config, driver, errors, results
 from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, map_boxes
 from tests.helpers import bucket_with_effnet, encode, make_s3_client, spark_submit
@@ -126,28 +127,8 @@ def test_draft_decoding_keeps_the_geometry_of_exact_decoding():
 
 
 def ssd(prefix: Path) -> Path:
-    """A tiny SSD-style detector: conv features, MultiBoxPrior anchors, MultiBoxDetection; random weights."""
-    data = mx.sym.var("data")
-    body = mx.sym.Activation(mx.sym.Convolution(data, num_filter=8, kernel=(3, 3), stride=(2, 2), pad=(1, 1),
-                                                name="c1"), act_type="relu")
-    body = mx.sym.Pooling(body, kernel=(4, 4), stride=(4, 4), pool_type="max")  # 8x8
-    anchors = mx.sym.contrib.MultiBoxPrior(body, sizes=(0.3, 0.6), ratios=(1, 2), name="anchors")
-    per_cell = 3
-    cls = mx.sym.Convolution(body, num_filter=per_cell * (len(CLASSES) + 1), kernel=(3, 3), pad=(1, 1), name="cls")
-    cls = mx.sym.transpose(mx.sym.reshape(mx.sym.transpose(cls, axes=(0, 2, 3, 1)), shape=(0, -1, len(CLASSES) + 1)),
-                           axes=(0, 2, 1))
-    loc = mx.sym.Convolution(body, num_filter=per_cell * 4, kernel=(3, 3), pad=(1, 1), name="loc")
-    loc = mx.sym.flatten(mx.sym.transpose(loc, axes=(0, 2, 3, 1)))
-    detections = mx.sym.contrib.MultiBoxDetection(mx.sym.softmax(cls, axis=1), loc, anchors, nms_threshold=0.45,
-                                                  name="det")
-    detections.save(f"{prefix}-symbol.json")
-    shapes, _, _ = detections.infer_shape(data=(1, *DETECT_SHAPE))
-    rng = np.random.RandomState(7)
-    params = {f"arg:{name}": mx.nd.array(rng.randn(*shape) * (0.5 if name.endswith("weight") else 0.1))
-              for name, shape in zip(detections.list_arguments(), shapes) if name != "data"}
-    mx.nd.save(f"{prefix}-0000.params", params)
-    Path(prefix).with_name("synset.txt").write_text("\n".join(CLASSES) + "\n")
-    return prefix
+    """demo/examples.py's tiny SSD-style detector on DETECT_SHAPE for CLASSES, with fixed random weights."""
+    return random_detector(prefix, DETECT_SHAPE, CLASSES)
 
 
 @pytest.fixture(scope="module")

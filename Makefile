@@ -6,6 +6,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The light venv of the targets that only watch a job or deploy it (watch, check-job, upload and
+# the emr-* ones): requirements-ops.txt, no Spark, MXNet or test tools. They use the full .venv
+# instead where it is installed, so that a developer builds one venv, not two.
+LIGHT_VENV ?= .venv-ops
+LIGHT_STAMP := $(LIGHT_VENV)/.installed
+OPS_VENV := $(if $(wildcard $(STAMP)),$(VENV),$(LIGHT_VENV))
+OPS_PY := $(OPS_VENV)/bin/python
+OPS_STAMP := $(OPS_VENV)/.installed
 
 .DEFAULT_GOAL := help
 
@@ -22,9 +30,23 @@ $(STAMP): requirements.txt requirements-dev.txt
 .PHONY: venv
 venv: $(STAMP) ## Create .venv from the pinned requirements (done by the other targets when needed)
 
+# requirements.txt too: requirements-ops.txt takes its versions from it.
+$(LIGHT_STAMP): requirements-ops.txt requirements.txt
+	@test -x $(LIGHT_VENV)/bin/python || $(PYTHON) -m venv $(LIGHT_VENV)
+	$(LIGHT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LIGHT_VENV)/bin/python -m pip install --quiet -r requirements-ops.txt
+	@touch $(LIGHT_STAMP)
+
+.PHONY: venv-ops
+venv-ops: $(LIGHT_STAMP) ## Create .venv-ops (about 330 MB) from requirements-ops.txt: what watch, check-job, upload and the emr-* targets run with where there is no .venv
+
 .PHONY: run-local
 run-local: $(STAMP) ## Run the job on local-cluster[2,1,1024] against a local moto S3 server (KEEP_S3=1: keep the server up to rerun by hand)
 	$(PY) -m demo.run_local $(if $(KEEP_S3),--keep-s3)
+
+.PHONY: examples
+examples: $(STAMP) ## Write the files docs/library.md's examples read into run/examples/ (digits, a photo, a small detector), and the demo model into run/demo/model/ if missing; offline, no S3 or Spark
+	$(PY) -m demo.examples run/examples run/demo
 
 .PHONY: submit
 submit: $(STAMP) ## spark-submit the job on local-cluster[2,1,1024] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'. make itself exits 2 on any failure: the job's code is on the last line, and the printed == line, run by hand, exits with it
@@ -59,16 +81,16 @@ test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration); i
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: watch
-watch: $(STAMP) ## Print a running job's progress until it ends: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]. make itself exits 2 on any failure: the job's code is on the last line, and .venv/bin/python -m mxjob.watch OUTPUT exits with it
+watch: $(OPS_STAMP) ## Print a running job's progress until it ends: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]. make itself exits 2 on any failure: the job's code is on the last line, and .venv/bin/python -m mxjob.watch OUTPUT (.venv-ops/bin/python without .venv) exits with it
 	@[[ "$(OUTPUT)" == s3://?* ]] || { echo "set OUTPUT=s3://bucket/key (the job's --output)" >&2; exit 2; }
-	$(PY) -m mxjob.watch "$(OUTPUT)" $(if $(ENDPOINT),--endpoint-url "$(ENDPOINT)")
+	$(OPS_PY) -m mxjob.watch "$(OUTPUT)" $(if $(ENDPOINT),--endpoint-url "$(ENDPOINT)")
 
 .PHONY: lint
 lint: $(STAMP) ## ruff only
 	$(VENV)/bin/ruff check .
 
 .PHONY: docs
-docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/settings.py), and docs/output.md's Parquet columns and Athena tables (mxjob/output_docs.py)
+docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/settings.py), docs/output.md's Parquet columns and Athena tables, and the summary's, status file's (docs/output.md) and dry-run plan's (docs/configuration.md) field tables (mxjob/output_docs.py, mxjob/records.py)
 	$(PY) -m mxjob.settings .
 	$(PY) -m mxjob.output_docs .
 
@@ -113,16 +135,16 @@ CLUSTER_ID ?=
 JOB ?=
 JOB_CONFIG ?=
 ARGS ?=
-AWS ?= $(VENV)/bin/aws
+AWS ?= $(OPS_VENV)/bin/aws
 need-s3 = @[[ "$(S3)" == s3://?* ]] || { echo "set S3=s3://bucket/prefix (got '$(S3)')" >&2; exit 2; }
 # The step reads JOB_CONFIG, else S3/job.yaml, of which JOB (make upload's) is the
 # local copy: deploy/emr.py then checks it with ARGS, as the job will read them.
 job-config-args = $(if $(JOB_CONFIG),--job-config "$(JOB_CONFIG)",$(if $(JOB),--job-file "$(JOB)"))
 
 .PHONY: check-job
-check-job: $(STAMP) ## Check JOB=my-job.yaml [ARGS='--top-k 3'] as infer_main.py reads them, with no S3 or Spark (make upload runs it first)
+check-job: $(OPS_STAMP) ## Check JOB=my-job.yaml [ARGS='--top-k 3'] as infer_main.py reads them, with no S3 or Spark (make upload runs it first)
 	@[[ -n "$(JOB)" ]] || { echo "set JOB=my-job.yaml (the job config)" >&2; exit 2; }
-	$(PY) deploy/emr.py check-job --job-file "$(JOB)" -- $(ARGS)
+	$(OPS_PY) deploy/emr.py check-job --job-file "$(JOB)" -- $(ARGS)
 
 .PHONY: package
 package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-files: mxinfer.py, utils.py, mxjob/), install-deps.sh + requirements.txt, conf/
@@ -134,26 +156,26 @@ package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-file
 
 .PHONY: upload
 # check-job first: a bad or missing JOB file is refused before dist/ is built or anything uploaded.
-upload: $(if $(JOB),check-job) package $(STAMP) ## Copy dist/ to S3=s3://bucket/prefix; JOB=my-job.yaml (checked first) also goes up as S3/job.yaml
+upload: $(if $(JOB),check-job) package $(OPS_STAMP) ## Copy dist/ to S3=s3://bucket/prefix; JOB=my-job.yaml (checked first) also goes up as S3/job.yaml
 	$(need-s3)
 	$(AWS) s3 cp --recursive "$(DIST)/" "$(S3:%/=%)/"
 	$(if $(JOB),$(AWS) s3 cp "$(JOB)" "$(S3:%/=%)/job.yaml")
 
 .PHONY: emr-cluster
-emr-cluster: $(STAMP) ## aws emr create-cluster from conf/emr.yaml (or EMR_CONF=...), bootstrapped from S3=s3://bucket/prefix
+emr-cluster: $(OPS_STAMP) ## aws emr create-cluster from conf/emr.yaml (or EMR_CONF=...), bootstrapped from S3=s3://bucket/prefix
 	$(need-s3)
-	$(PY) deploy/emr.py create-cluster --config "$(EMR_CONF)" --s3 "$(S3)"
+	$(OPS_PY) deploy/emr.py create-cluster --config "$(EMR_CONF)" --s3 "$(S3)"
 
 .PHONY: emr-submit
-emr-submit: $(STAMP) ## Add the cluster-mode spark-submit step, ARGS checked first: CLUSTER_ID=j-... S3=... [JOB_CONFIG=s3://...] [ARGS='--top-k 3']
+emr-submit: $(OPS_STAMP) ## Add the cluster-mode spark-submit step, ARGS checked first: CLUSTER_ID=j-... S3=... [JOB_CONFIG=s3://...] [ARGS='--top-k 3']
 	$(need-s3)
-	$(PY) deploy/emr.py add-step --config "$(EMR_CONF)" --s3 "$(S3)" --cluster-id "$(CLUSTER_ID)" \
+	$(OPS_PY) deploy/emr.py add-step --config "$(EMR_CONF)" --s3 "$(S3)" --cluster-id "$(CLUSTER_ID)" \
 		$(job-config-args) -- $(ARGS)
 
 .PHONY: emr-run
-emr-run: $(STAMP) ## One run on a cluster of its own, terminated when the step ends: S3=... [JOB_CONFIG=s3://...] [ARGS='--top-k 3']
+emr-run: $(OPS_STAMP) ## One run on a cluster of its own, terminated when the step ends: S3=... [JOB_CONFIG=s3://...] [ARGS='--top-k 3']
 	$(need-s3)
-	$(PY) deploy/emr.py run-job --config "$(EMR_CONF)" --s3 "$(S3)" $(job-config-args) -- $(ARGS)
+	$(OPS_PY) deploy/emr.py run-job --config "$(EMR_CONF)" --s3 "$(S3)" $(job-config-args) -- $(ARGS)
 # --- end EMR deploy ---
 
 .PHONY: clean
@@ -167,5 +189,5 @@ clean-yarn: ## Stop the local YARN and remove .yarn/ (its jars, logs and state; 
 	rm -rf .yarn
 
 .PHONY: clean-venv
-clean-venv: ## Remove the virtual environment
-	rm -rf $(VENV)
+clean-venv: ## Remove the virtual environments (.venv, .venv-ops)
+	rm -rf $(VENV) $(LIGHT_VENV)

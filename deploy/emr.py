@@ -423,7 +423,7 @@ def check_job_args(args: Sequence[str], job_file: Path | None = None) -> str | N
 
 
 def default_aws() -> str:
-    """The pinned CLI beside this interpreter (the project venv), else ``aws`` on PATH."""
+    """The pinned CLI beside this interpreter (``.venv`` or ``.venv-ops``), else ``aws`` on PATH."""
     beside = Path(sys.executable).parent / "aws"
     if beside.is_file():
         return str(beside)
@@ -439,7 +439,7 @@ def run(command: list[str], *, dry_run: bool) -> dict[str, Any] | None:
         result = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     except FileNotFoundError as exc:
         raise click.ClickException(
-            f"{command[0]} not found: install awscli (requirements-dev.txt) or pass --aws"
+            f"{command[0]} not found: install awscli (make venv-ops, or requirements-ops.txt) or pass --aws"
         ) from exc
     click.echo(result.stdout, nl=False)
     if result.returncode != 0:

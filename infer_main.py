@@ -1,4 +1,4 @@
-"""Score every image under an S3 prefix with an MXNet model on Spark; write top-k to S3.
+"""Score every image under an S3 prefix with an MXNet model on Spark: top-k labels, vectors or boxes, to S3.
 
 Build the ``--py-files`` zip once (``make package``: ``dist/mxinfer_job.zip``
 holds ``mxinfer.py``, ``utils.py`` and the ``mxjob`` package), then run it on a
@@ -95,7 +95,21 @@ def resume_command(argv: Sequence[str], jvm_cmdline: Sequence[str] | None = None
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
                                  "show_default": True}, params=config.OPTIONS)
 def main(config_uri, **values):
-    """Score every image under an S3 prefix with an MXNet model; write top-k JSON Lines to S3.
+    """Score every image under an S3 prefix (or in a manifest) with an MXNet model on Spark, into S3.
+
+    One result per image, errors included, sorted by key. The task (--task):
+
+    \b
+      classify  the top-k labels of each image and their probabilities (--top-k); the default
+      embed     a vector per image: one layer's output (--output-layer)
+      detect    boxes per image, each with its class and score (--min-score, --max-detections)
+
+    The output (--output), with a summary beside it (KEY.summary.json, PREFIX/_summary.json):
+
+    \b
+      s3://BUCKET/KEY.jsonl       JSON Lines, one line per image (KEY.jsonl.gz: gzipped)
+      s3://BUCKET/KEY.parquet     one Parquet object (a key with no suffix: --output-format parquet)
+      s3://BUCKET/PREFIX/         a Parquet dataset: part files that appear as the job runs
 
     Credentials come from boto3's default chain (the instance role on EMR);
     no option takes AWS keys.

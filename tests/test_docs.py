@@ -1,4 +1,4 @@
-"""README.md and docs/: links resolve, the README stays short, no page names an issue number.
+"""README.md and docs/: links resolve, the README stays short, no page names an issue number (#22 or issue 22).
 
 Pure file checks, no Spark and no network: they read the Markdown files only.
 """
@@ -18,7 +18,9 @@ INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
 # [text](target) or [text](target "title"); not images' remote URLs (filtered below).
 LINK = re.compile(r"\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
-ISSUE = re.compile(r"\bissues? #?\d+", re.I)
+# An issue or pull request by number: "issue 12", "PR #7", and a bare "#22" (what our commit messages
+# and notes say). Not "&#39;" (an HTML entity), "C#9" or a link's "#1-first-step" anchor.
+ISSUE = re.compile(r"\b(?:issues?|PRs?|pull requests?) #?\d+|(?<![\w&#])#\d+(?![\w-])", re.I)
 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
@@ -141,6 +143,20 @@ def test_the_checks_report_broken_links_and_issue_numbers(tmp_path):
         "README.md: docs/a.md#nope (no heading with anchor #nope in docs/a.md)",
     ]
     assert issue_mentions(files, tmp_path) == ["README.md:5: As issue 12 asked.", "docs/a.md:6: See Issues #3."]
+
+
+@pytest.mark.parametrize("line", [
+    "in the two shapes #22 names", "(#22)", "#22's targets", "as #7 asked.", "see PR #12", "pull request 4",
+])
+def test_the_issue_check_catches_a_bare_hash_number(line):
+    assert ISSUE.search(line), line
+
+
+@pytest.mark.parametrize("line", [
+    "[step one](#1-first-step)", "don&#39;t", "C#9 code", "## 22 images", "`--top-k 5`", "photo-#a1",
+])
+def test_the_issue_check_passes_anchors_entities_and_headings(line):
+    assert not ISSUE.search(line), line
 
 
 def test_repeated_headings_get_numbered_anchors(tmp_path):

@@ -9,7 +9,9 @@ concern per module:
 ``mxjob.model``       the checkpoint, :class:`Predictor` / :class:`Classifier` /
                       :class:`ImageClassifier` / :class:`Embedder` / :class:`ImageEmbedder` /
                       :class:`ObjectDetector`, top-k, the per-worker model cache
-``mxjob.results``     the result model: one Arrow record batch per batch, and its views
+``mxjob.results``     the result model: one Arrow record batch per batch, one schema per task
+``mxjob.part_format`` a batch's part, as a task writes it to S3 (Arrow IPC, zstd)
+``mxjob.jsonl_view``  the JSON Lines view of a batch
 ``mxjob.device``      ``cpu`` / ``gpu`` / ``gpu:N``, one grammar
 ``mxjob.int8``        oneDNN post-training quantization and the agreement check
 ``mxjob.handlers``    a user's ``input_handler`` / ``output_handler``
@@ -32,6 +34,7 @@ BILINEAR)`` (or short side to ``H*256/224`` then a centre crop) -> float32
 CHW -> ``(x - mean) / std`` on 0-255 values.
 """
 
+from mxjob.constants import DECODE_MODES, PRECISIONS, RESIZE_MODES, TASKS
 from mxjob.device import choose_context, task_context
 from mxjob.errors import first_line
 from mxjob.handlers import HandlerError, Handlers, load_handlers
@@ -62,7 +65,6 @@ from mxjob.preprocess import (
     draft_size,
     map_boxes,
 )
-from mxjob.settings import DECODE_MODES, PRECISIONS, RESIZE_MODES, TASKS
 from mxjob.udf import model_udf, score_images, udf_return_type
 
 __all__ = [

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import mxinfer  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
-from mxjob import config, worker  # noqa: E402
+from mxjob import config, part_format, worker  # noqa: E402
 from mxjob import results as result_model  # noqa: E402
 from mxjob.driver import assemble_output, load_model_on_driver  # noqa: E402
 from mxjob.stats import StatsFold  # noqa: E402
@@ -174,7 +174,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     """Leave under the work prefix what a run's executors would have left for ``results`` keys.
 
     The run's plan (``durable.WorkPrefix.start_run``) and one part per
-    batch (``durable.part_key``, :func:`mxjob.results.write_part`) with the
+    batch (``durable.part_key``, :func:`mxjob.part_format.write_part`) with the
     real classifier's top-k rows (random probabilities over its classes
     instead of a forward pass), written to S3 with a few threads. Made in a
     process of its own, so the driver probe holds only what a driver holds.
@@ -199,7 +199,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
         rows = result_model.Results(result_model.schema("classify"))
         for k, row in zip(chunk, top_classes(probs, top_k)):
             rows.add(k, result_model.prediction_entries(classifier.labelled(row)))
-        data = result_model.write_part(rows.record_batch())
+        data = part_format.write_part(rows.record_batch())
         client.put_object(Bucket=bucket, Key=durable.part_key(run.prefix, index), Body=data)
         return len(data)
 

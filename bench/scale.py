@@ -12,7 +12,7 @@ Not a test: it prints measurements. For each ``--keys`` count it
 3. with a **fake fast scorer** on the executors (``bench/fake_daemon.py``,
    through ``spark.python.daemon.module``): no S3 GET, no decoding, no MXNet;
    every key gets the same top-1 line. Everything else is real: the task
-   itself, its per-batch PUT of the part (mxjob.results) to S3, the driver (reading the
+   itself, its per-batch PUT of the part (mxjob.part_format) to S3, the driver (reading the
    manifest, loading a real small model for its model check, planning, the
    Spark job, the assembly of the output, the summary). The bench checks
    the output's first line to prove the fake ran;

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import psutil
 
+from mxjob import sizing
 from mxjob.s3 import clients
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,14 +131,13 @@ def measure(endpoint: str, tasks: int, out: Path) -> None:
     """Warm up, then time ``tasks`` trivial tasks and ``tasks`` of ours; write the results to ``out``."""
     from pyspark import SparkConf, SparkContext
 
-    from mxjob import estimate
     from mxjob.cluster import expected_executors, thread_plan
 
     sc = SparkContext.getOrCreate(SparkConf().setAppName("task-cost"))
     sc.setLogLevel("WARN")
     plan = thread_plan(sc)  # waits for the executors to register
     executors = expected_executors(dict(sc.getConf().getAll())) or 1
-    driver_jvm, server = psutil.Process().parent(), estimate.local_server_process(endpoint)
+    driver_jvm, server = psutil.Process().parent(), sizing.local_server_process(endpoint)
     results = {"master": sc.master, "executors": executors}
     warm = 4 * executors
     # Both kinds warm before either is timed: the workers forked, ours' modules imported and clients made.

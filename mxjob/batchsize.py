@@ -7,7 +7,7 @@ the part's PUT), whatever its size; at 64 images of a fast model that is a
 large share of the task. :func:`choose_batch_size` picks the smallest batch
 for which that cost is at most :data:`OVERHEAD_SHARE` of a task, given the
 time an image takes on one executor (measured by the driver on its sample,
-the same measurement as the estimate: :class:`mxjob.estimate.SampleCost`).
+the same measurement as the estimate: :class:`mxjob.sizing.SampleCost`).
 
 Memory does not grow with the batch: a task holds at most ``--max-in-flight``
 decoded images and its lines, and the forward pass is bound at
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mxjob import settings
+from mxjob import constants, settings
 
 #: The largest share of a task that Spark's per-task cost may take:
 #: ``overhead / (batch * per_image + overhead) <= 5%``, so ``batch >= 19 * overhead / per_image``.
@@ -111,7 +111,7 @@ def choose_batch_size(per_image_seconds: float, task_overhead_seconds: float, ex
     if batch > maximum:
         batch = _round_down(maximum, micro_batch)
         why = f"the largest batch auto picks, {maximum} ({overhead})"
-    return BatchChoice(batch, settings.AUTO, why, per_image_seconds, task_overhead_seconds)
+    return BatchChoice(batch, constants.AUTO, why, per_image_seconds, task_overhead_seconds)
 
 
 def given(batch_size: int, per_image_seconds: float | None, task_overhead_seconds: float) -> BatchChoice:
@@ -122,4 +122,4 @@ def given(batch_size: int, per_image_seconds: float | None, task_overhead_second
 
 def unmeasured(reason: str, task_overhead_seconds: float) -> BatchChoice:
     """``--batch-size auto`` with nothing measured: :data:`FALLBACK`, saying why."""
-    return BatchChoice(FALLBACK, settings.AUTO, f"{reason}: the fixed {FALLBACK}", None, task_overhead_seconds)
+    return BatchChoice(FALLBACK, constants.AUTO, f"{reason}: the fixed {FALLBACK}", None, task_overhead_seconds)

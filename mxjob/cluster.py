@@ -247,19 +247,76 @@ def cancel_jobs(sc) -> None:
         log.debug("cancelling the Spark jobs: %s", first_line(exc))
 
 
+#: PySpark's private handles on its JVM that the driver asks: the gateway's view of the JVM and the Java
+#: SparkContext. PySpark has no public call for what the driver asks through them (is the JVM shutting
+#: down, is the context stopped, which executors are registered), so there is no public fallback: without
+#: them the driver says which is missing and goes on without the answer.
+JVM_HANDLES = ("_jvm", "_jsc")
+
+
+def missing_jvm_handles(sc, names: tuple[str, ...] = JVM_HANDLES) -> str | None:
+    """Which of PySpark's private JVM handles ``names`` this SparkContext lacks (``None``: it has them all)."""
+    missing = [name for name in names if not hasattr(sc, name)]
+    if not missing:
+        return None
+    import pyspark
+
+    return (f"PySpark {pyspark.__version__} has no {' or '.join(f'SparkContext.{name}' for name in missing)} "
+            "(a private handle on its JVM)")
+
+
+#: Py4J's words for a class or method the JVM does not have (its API changed, it is not going away).
+_JVM_API_CHANGED = ("does not exist", "Trying to call a package")
+
+#: What :func:`jvm_shutting_down` asks the JVM, named in its warning when the question fails.
+_SHUTDOWN_PROBE = ("SparkContext._jvm.org.apache.spark.util.ShutdownHookManager.inShutdown() or "
+                   "SparkContext._jsc.sc().isStopped() (through PySpark's private JVM handles)")
+
+
 def jvm_shutting_down(sc, exc: BaseException) -> bool:
     """Whether the job failed because spark-submit's JVM is shutting down, or is gone.
 
     Its shutdown hook stops the SparkContext, so the job fails with one of
     several reasons ("SparkContext was shut down", on local-cluster "Master
     removed our application"): the JVM's own state says which, not the text.
+    Asked through PySpark's private JVM handles (:data:`JVM_HANDLES`); only
+    their own signs of a stopped context count: a handle that ``stop()`` has
+    dropped, or a Py4J error of a JVM that no longer answers. Any other error
+    of the question (an ``AttributeError`` of a changed PySpark, Py4J's "does
+    not exist" of a changed Spark) is logged with the private call that
+    failed, and the job's failure is reported as what it is.
     """
     if "SparkContext was shut down" in str(exc):
         return True
+    answer = _jvm_says_shutting_down(sc)
+    if isinstance(answer, str):
+        log.warning("cannot ask Spark's JVM whether it is shutting down: %s; reporting the job's failure as it is",
+                    answer)
+        return False
+    return answer
+
+
+def _jvm_says_shutting_down(sc) -> bool | str:
+    """The JVM's answer for :func:`jvm_shutting_down`, or why it cannot be asked (what is missing or failed)."""
+    from py4j.protocol import Py4JError
+
+    missing = missing_jvm_handles(sc)
+    if missing is not None:
+        return missing
+    if sc._jvm is None or sc._jsc is None:
+        return True  # SparkContext.stop() drops its handles: the context was stopped under the job
     try:
         return bool(sc._jvm.org.apache.spark.util.ShutdownHookManager.inShutdown() or sc._jsc.sc().isStopped())
-    except Exception:  # noqa: BLE001 - Py4J cannot reach the JVM: it is gone
+    except Py4JError as probe:
+        # A JVM that went away mid-call: Py4J logs the network error and raises a bare "An error occurred
+        # while calling". A JVM that answered that it has no such class or method has changed, not gone.
+        # Py4J's own message (args), not str(): a Java exception's str() asks the JVM again.
+        text = str(probe.args[0]) if probe.args else ""
+        if any(sign in text for sign in _JVM_API_CHANGED):
+            return f"{_SHUTDOWN_PROBE} is not in this Spark: {text.strip().splitlines()[0]}"
         return True
+    except Exception as probe:  # noqa: BLE001 - the job's own failure is the one to report
+        return f"{_SHUTDOWN_PROBE} failed with {type(probe).__name__}: {first_line(probe)}"
 
 
 def expected_executors(conf: dict) -> int | None:
@@ -277,7 +334,14 @@ def expected_executors(conf: dict) -> int | None:
 
 
 def executor_hosts(sc) -> list[str]:
-    """The host of each registered executor (not the driver), from the SparkContext's JVM."""
+    """The host of each registered executor (not the driver), from the SparkContext's JVM.
+
+    Through PySpark's private ``SparkContext._jsc`` (see :data:`JVM_HANDLES`); raises
+    ``AttributeError`` naming it when this PySpark has none.
+    """
+    missing = missing_jvm_handles(sc, ("_jsc",))
+    if missing is not None:
+        raise AttributeError(missing)
     jsc = sc._jsc.sc()
     driver = jsc.env().blockManager().blockManagerId()
     return [info.host() for info in jsc.statusTracker().getExecutorInfos()
@@ -301,8 +365,9 @@ def thread_plan(sc, wait_seconds: float = 30.0) -> ThreadPlan | None:
             time.sleep(0.25)
             hosts = executor_hosts(sc)
     except Exception as exc:  # noqa: BLE001 - a JVM API that changed must not stop the job
-        log.warning("cannot list the executors (%s); workers size their threads without them: set --threads "
-                    "if the summary warns", first_line(exc))
+        log.warning("cannot list the executors through PySpark's private SparkContext._jsc (%s: %s); workers size "
+                    "their threads without them: set --threads if the summary warns", type(exc).__name__,
+                    first_line(exc))
         return None
     return plan_threads(conf, hosts)
 

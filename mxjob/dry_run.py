@@ -9,11 +9,7 @@ from dataclasses import replace
 
 import click
 
-from mxjob import (
-    durable,
-    listing,
-    results,
-)
+from mxjob import durable, jsonl_view, part_format, plan_file
 from mxjob.config import JobConfig
 from mxjob.model import Classifier
 from mxjob.partition import score_partition
@@ -53,7 +49,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
         [(_, _, blob, stats)] = score_partition(0, images[:1], job)
     # Plan every batch as the run would, without writing the plan anywhere: its size is what the run's
     # executors read (a ranged GET each), and planning is the driver's last step before Spark.
-    spans = listing.write_plan(images, cfg.batch_size, lambda data: None)
+    spans = plan_file.write_plan(images, cfg.batch_size, lambda data: None)
     batches = len(spans)
     plan = Plan(
         input=cfg.input_uri, output=cfg.output_uri, output_format=cfg.output_format,
@@ -64,7 +60,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
         partitions=batches, plan_bytes=sum(spans[-1]) if spans else 0,
         first_key=images[0][0], last_key=images[-1][0],
         model=classifier.model_summary(),
-        sample=results.objects(results.read_part(blob))[0],
+        sample=jsonl_view.objects(part_format.read_part(blob))[0],
         sample_seconds=stats.seconds,
         estimate=sizing.estimate,
         dataset=ABSENT if dataset_plan is None else PlanDataset(

@@ -34,11 +34,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob import listing, results
+from mxjob import listing, plan_file, results
 from mxjob.s3 import parallel_list, reads, writes
 from mxjob.sidecar import side_key
 
-#: A run's keys in batch order (:func:`listing.write_plan`), beside its ``run.json``.
+#: A run's keys in batch order (:func:`plan_file.write_plan`), beside its ``run.json``.
 PLAN_NAME = "plan.arrows"
 _RUN = re.compile(r"run-(\d{4,})/(.+)$")
 PART_PATTERN = re.compile(r"part-(\d{8})\.arrows\.zst$")
@@ -172,7 +172,7 @@ class WorkPrefix:
         """The keys (and sizes) of ``run``, one record batch per batch of the run, streamed from its plan."""
         body = self.client.get_object(Bucket=self.bucket, Key=self.plan_key(run))["Body"]
         try:
-            yield from listing.read_plan(body)
+            yield from plan_file.read_plan(body)
         finally:
             body.close()
 
@@ -184,7 +184,7 @@ class WorkPrefix:
         """Record run ``number``'s plan before any of its batches is scored.
 
         ``keys`` (a :class:`listing.Listing`, or key strings) in batch order
-        stream into ``plan.arrows`` (:func:`listing.write_plan`); the returned
+        stream into ``plan.arrows`` (:func:`plan_file.write_plan`); the returned
         run's ``spans`` say where each batch is in it, for the tasks.
         """
         if not isinstance(keys, listing.Listing):
@@ -195,7 +195,7 @@ class WorkPrefix:
         prefix = self.run_prefix(number)
         with writes.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
                                    content_type="application/vnd.apache.arrow.stream") as writer:
-            spans = listing.write_plan(keys, batch_size, writer.write)
+            spans = plan_file.write_plan(keys, batch_size, writer.write)
         meta = {"batch_size": batch_size, "batches": len(spans), "keys": len(keys), "application": application,
                 "started": time.time()}
         # run.json last: a run without it never started, and resume ignores it.

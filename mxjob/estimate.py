@@ -26,11 +26,7 @@ import logging
 import math
 import os
 import re
-import time
-import urllib.parse
-from dataclasses import asdict, dataclass, replace
-
-from mxjob import state
+from dataclasses import asdict, dataclass
 
 log = logging.getLogger(__name__)
 
@@ -303,27 +299,6 @@ def project(cpu_per_image: float, images: int, batch_size: int, cluster: Cluster
     )
 
 
-def jvm_start_seconds() -> float | None:
-    """How long this host took to start the JVM that started this Python process; ``None`` if it was not one.
-
-    Under spark-submit (client mode, or YARN's ApplicationMaster in cluster
-    mode) the driver's parent is the JVM that launched it: the seconds
-    between their creations are one JVM's start on this host, which is what
-    Spark's executors pay too. A notebook or a plain ``python`` starts no JVM first.
-    """
-    try:
-        import psutil
-
-        me = psutil.Process()
-        parent = me.parent()
-        if parent is None or "java" not in parent.name().lower():
-            return None
-        return max(0.0, me.create_time() - parent.create_time())
-    except Exception as exc:  # noqa: BLE001 - no psutil or no permission: the default stands in
-        log.info("estimate: cannot time this host's JVM start (%s)", exc)
-        return None
-
-
 def start_seconds(model_load_seconds: float, jvm_seconds: float | None = None,
                   mxnet_import_seconds: float | None = None) -> float:
     """Seconds from the SparkContext's creation to the executors' first batch scored.
@@ -337,110 +312,3 @@ def start_seconds(model_load_seconds: float, jvm_seconds: float | None = None,
     return SPARK_START_JVMS * jvm + mxnet + model_load_seconds
 
 
-def sample_items(images, count: int) -> list:
-    """``count`` keys evenly spaced over the sorted listing (the ``i * n // count``-th of ``n``)."""
-    n = min(count, len(images))
-    return [images[i * len(images) // n] for i in range(n)] if n else []
-
-
-@dataclass(frozen=True)
-class SampleCost:
-    """What scoring the driver's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
-
-    ``cpu_seconds_per_image`` counts a local S3 stand-in's CPU too (of which
-    ``s3_server_cpu_seconds_per_image``; 0 against real S3); ``scored`` are
-    the sample's images that got predictions rather than error lines.
-    """
-
-    images: int
-    scored: int
-    cpu_seconds_per_image: float
-    s3_server_cpu_seconds_per_image: float
-    model_load_seconds: float
-    #: The first image's ``(part, stats)`` from :func:`score_partition` (the model's load included):
-    #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
-    first: tuple | None = None
-
-
-def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
-    """The :class:`SampleCost` of scoring ``items`` on the driver, as an executor would.
-
-    Runs :func:`mxjob.partition.score_partition` twice on the driver: one
-    image first (the model loads: its wall time is the load), then the
-    sample, whose process CPU time is what an executor would spend. The
-    driver's copy of the model is dropped afterwards.
-    """
-    from mxjob.partition import score_partition
-
-    job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
-    server = local_server_process(endpoint_url)
-    try:
-        load_started = time.perf_counter()
-        [(_, _, first_part, first_stats)] = score_partition(0, items[:1], job)
-        load_seconds = time.perf_counter() - load_started
-        server_cpu = _cpu_seconds(server)
-        [(_, _, _, stats)] = score_partition(0, items, job)
-        server_cpu = _cpu_seconds(server) - server_cpu
-    finally:
-        state.models.clear()  # the executors' copy is theirs; the driver keeps none for the run
-    n = max(1, len(items))
-    return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
-                      cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
-                      s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
-                      first=(first_part, first_stats))
-
-
-def local_server_process(endpoint_url: str | None):
-    """The process of an S3 endpoint on this machine (moto in ``make run-local``), or ``None``.
-
-    A local stand-in shares the cores the job runs on, so its CPU is part of
-    what an image costs here (real S3 costs the cluster none).
-    """
-    if not endpoint_url:
-        return None
-    parsed = urllib.parse.urlparse(endpoint_url)
-    if parsed.hostname not in ("127.0.0.1", "localhost", "::1") or not parsed.port:
-        return None
-    try:
-        import psutil
-
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == parsed.port and conn.pid:
-                return psutil.Process(conn.pid)
-    except Exception as exc:  # noqa: BLE001 - no psutil, or no permission: the estimate leaves the server out
-        log.info("estimate: the CPU of the S3 endpoint %s is left out (%s)", endpoint_url, exc)
-    return None
-
-
-def _cpu_seconds(process) -> float:
-    if process is None:
-        return 0.0
-    try:
-        times = process.cpu_times()
-        return times.user + times.system
-    except Exception:  # noqa: BLE001 - the server ended: nothing more to count
-        return 0.0
-
-
-def spark_conf_in_force() -> dict:
-    """The Spark configuration spark-submit gave this driver, read without starting a SparkContext.
-
-    Under spark-submit the configuration lives in its JVM: a Py4J gateway to
-    it (PySpark's public ``launch_gateway``, which joins the running JVM)
-    reads it and closes again, so a dry run starts no executors. Outside
-    spark-submit, or if that fails (logged), it is empty and the estimate is
-    for this host unless ``--estimate-cluster`` says otherwise.
-    """
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        return {}
-    try:
-        from pyspark.java_gateway import launch_gateway
-
-        gateway = launch_gateway()
-        try:
-            return {pair._1(): pair._2() for pair in gateway.jvm.org.apache.spark.SparkConf(True).getAll()}
-        finally:
-            gateway.close()
-    except Exception as exc:  # noqa: BLE001 - the estimate falls back to this host, and says so
-        log.warning("estimate: cannot read the Spark configuration (%s); estimating for this host", exc)
-        return {}

@@ -31,7 +31,8 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob.listing import KEY_TYPE, UNKNOWN_SIZE, Listing, Skipped, keep_images, rebatch, sorted_unique
+from mxjob.listing import KEY_TYPE, UNKNOWN_SIZE, Listing, Skipped, keep_images, sorted_unique
+from mxjob.plan_file import rebatch
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +297,7 @@ class SpilledListing:
     Answers what the dry run asks of a :class:`listing.Listing` without
     holding the keys: ``len``, iteration, ``listing[i]``, a slice (a
     :class:`listing.Listing` of those rows, in memory: keep it short),
-    :meth:`tables` (for :func:`listing.write_plan`), :meth:`load` (all of
+    :meth:`tables` (for :func:`plan_file.write_plan`), :meth:`load` (all of
     it, in memory). Every batch of the file holds :data:`SPILLED_ROWS` rows
     (the last fewer), so row ``i`` is in batch ``i // SPILLED_ROWS``.
     """

@@ -12,12 +12,7 @@ import numpy as np
 
 from mxjob import state
 from mxjob.errors import first_line
-from mxjob.model import (
-    Classifier,
-    Embedder,
-    ObjectDetector,
-    Predictor,
-)
+from mxjob.model import Classifier, Embedder, ObjectDetector, Predictor
 
 
 class HandlerError(Exception):

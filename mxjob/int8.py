@@ -16,10 +16,7 @@ import numpy as np
 
 from mxjob import int8_search
 from mxjob.errors import plural
-from mxjob.model import (
-    ModelError,
-    ModelSpec,
-)
+from mxjob.model import ModelError, ModelSpec
 
 #: The layers oneDNN quantizes, by their op in the fp32 graph; --int8-exclude names them.
 WEIGHT_OPS = ("Convolution", "FullyConnected")

@@ -19,9 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from mxjob import (
-    int8_search,
-)
+from mxjob import int8_search
 from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line, plural
 from mxjob.handlers import get_handlers

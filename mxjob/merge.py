@@ -22,7 +22,7 @@ from itertools import repeat
 
 import pyarrow as pa
 
-from mxjob import listing, results
+from mxjob import listing, part_format
 from mxjob.durable import PART_PATTERN, ResumeError, Run, WorkPrefix
 from mxjob.partition import part_key
 from mxjob.s3 import object_reader, parallel_list, reads
@@ -167,7 +167,7 @@ def _run_parts(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int
         if live is not None:
             live.merged += 1
         counts.bytes_read += len(data)
-        yield results.read_part(data)
+        yield part_format.read_part(data)
 
 
 def _run_rows(parts: Iterator[pa.RecordBatch]) -> Iterator[tuple[str, int, pa.RecordBatch]]:
@@ -225,7 +225,7 @@ class _Selection:
             # The merge keeps exactly one row per key of the listing, in its order: the carried
             # columns' rows for these slices are the next ones, no lookup by key needed.
             carried = None if self.carried is None else self.carried.slice(self.written, piece.num_rows)
-            slices.append(results.carry(piece, carried))  # also takes a part's OBJECT_METADATA out
+            slices.append(part_format.carry(piece, carried))  # also takes a part's OBJECT_METADATA out
             self.written += piece.num_rows
         for piece in slices:
             failed = piece.num_rows - piece.column("error").null_count
@@ -252,7 +252,7 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
     :class:`object_reader.ObjectReader`) the parts are read through it: one GET a
     batch, about half botocore's CPU each, which is most of the driver's CPU
     here at ten million keys. ``carried`` (columns aligned with ``keys``, a
-    row per key) is appended to each row (:func:`results.carry`): the
+    row per key) is appended to each row (:func:`part_format.carry`): the
     manifest's carried columns, the objects' etag and size.
 
     With ``live`` (a :class:`LiveRun` of one of ``runs``), that run is the one

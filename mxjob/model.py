@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image
 
-from mxjob import settings, state
+from mxjob import constants, state
 from mxjob.device import mx_context
 from mxjob.errors import first_line, plural
 from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, decode_into, map_boxes
@@ -104,14 +104,14 @@ class ModelSpec:
     symbol_uri: str
     params_uri: str
     labels_uri: str | None = None
-    data_name: str = settings.DEFAULT.data_name
-    context: str = settings.DEFAULT.context
+    data_name: str = constants.DEFAULT.data_name
+    context: str = constants.DEFAULT.context
     endpoint_url: str | None = None
     region: str | None = None
     #: Attempts per S3 read of the model's files (``--s3-max-attempts``).
-    s3_max_attempts: int = settings.DEFAULT.s3_max_attempts
+    s3_max_attempts: int = constants.DEFAULT.s3_max_attempts
     #: The layer an :class:`Embedder` returns (``--output-layer``); ``None``: the last FullyConnected's input.
-    output_layer: str | None = settings.DEFAULT.output_layer
+    output_layer: str | None = constants.DEFAULT.output_layer
 
     @classmethod
     def from_prefix(cls, prefix: str, epoch: int = 0, **kwargs) -> ModelSpec:
@@ -196,7 +196,7 @@ class Predictor:
     (3, 1000)
     """
 
-    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
                  context: str | None = None):
         import mxnet as mx
 
@@ -385,7 +385,7 @@ class Classifier(Predictor):
     ``synset.txt`` beside the symbol file if it exists.
     """
 
-    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
                  context: str | None = None):
         super().__init__(model, input_shape, batch_size, context)
         self.num_classes = int(np.prod(self.output_shapes[0]))
@@ -411,7 +411,7 @@ class Classifier(Predictor):
         return scores if self.output_is_probability else softmax(scores)
 
     def classify(self, array: np.ndarray,
-                 top_k: int = settings.DEFAULT.top_k) -> list[list[tuple[int, str | None, float]]]:
+                 top_k: int = constants.DEFAULT.top_k) -> list[list[tuple[int, str | None, float]]]:
         """Per row, ``(class_id, label, probability)`` for the ``top_k`` classes, highest first."""
         return [self.labelled(row) for row in top_classes(self.probabilities(array), top_k)]
 
@@ -423,7 +423,7 @@ class Classifier(Predictor):
 class ImageClassifier(Classifier):
     """A :class:`Classifier` that takes encoded images, decoded exactly as the job does."""
 
-    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
                  context: str | None = None, preprocess: Preprocess | None = None):
         super().__init__(model, input_shape, batch_size, context)
         self.preprocess = _preprocess_for(self, preprocess)
@@ -432,7 +432,7 @@ class ImageClassifier(Classifier):
         """Encoded bytes, file paths or PIL images as one NCHW batch, decoded as the job decodes."""
         return _images_array(images, self.preprocess)
 
-    def classify_images(self, images: Sequence, top_k: int = settings.DEFAULT.top_k):
+    def classify_images(self, images: Sequence, top_k: int = constants.DEFAULT.top_k):
         """Classify encoded bytes, file paths or PIL images."""
         return self.classify(self.to_array(images), top_k)
 
@@ -543,7 +543,7 @@ class Embedder(Predictor):
 class ImageEmbedder(Embedder):
     """An :class:`Embedder` that takes encoded images, decoded exactly as the job does."""
 
-    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
                  context: str | None = None, preprocess: Preprocess | None = None):
         super().__init__(model, input_shape, batch_size, context)
         self.preprocess = _preprocess_for(self, preprocess)
@@ -574,7 +574,7 @@ class ObjectDetector(Predictor):
     {'class_id': 7, 'label': 'cat', 'score': 0.91, 'box': [12.0, 30.5, 410.0, 388.0]}
     """
 
-    def __init__(self, model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
                  context: str | None = None, preprocess: Preprocess | None = None):
         super().__init__(model, input_shape, batch_size, context)
         shape = self.output_shapes[0]
@@ -590,8 +590,8 @@ class ObjectDetector(Predictor):
         return self.labels[class_id] if self.labels and 0 <= class_id < len(self.labels) else None
 
     def detect(self, array: np.ndarray, geometries: Sequence[Geometry],
-               min_score: float = settings.DEFAULT.min_score,
-               max_detections: int = settings.DEFAULT.max_detections) -> list[list[tuple]]:
+               min_score: float = constants.DEFAULT.min_score,
+               max_detections: int = constants.DEFAULT.max_detections) -> list[list[tuple]]:
         """Per row of ``array``, ``(class_id, label, score, box)`` best first, ``box`` in pixels of its image.
 
         ``geometries`` (one per row, from :func:`decode_image_geometry`) say
@@ -613,8 +613,8 @@ class ObjectDetector(Predictor):
         return [(int(d[0]), self.label(int(d[0])), float(np.float32(d[1])), [float(v) for v in box])
                 for d, box in zip(kept, boxes)]
 
-    def detect_images(self, images: Sequence, min_score: float = settings.DEFAULT.min_score,
-                      max_detections: int = settings.DEFAULT.max_detections) -> list[dict]:
+    def detect_images(self, images: Sequence, min_score: float = constants.DEFAULT.min_score,
+                      max_detections: int = constants.DEFAULT.max_detections) -> list[dict]:
         """Detect in encoded bytes, file paths or PIL images: per image ``image_size`` and ``detections``.
 
         Each detection is a dict of ``class_id``, ``label`` (``None`` without

@@ -2,8 +2,8 @@
 Athena table, and the fields of the run's summary, status file and dry-run plan.
 
 Each part is made from the result model (:func:`mxjob.results.schema`,
-:func:`mxjob.results.parquet_schema`, :data:`mxjob.results.MEANINGS`,
-:func:`mxjob.results.athena_ddl`) or from the records' declarations
+:func:`mxjob.parquet_view.parquet_schema`, :data:`mxjob.results.MEANINGS`,
+:func:`mxjob.athena_table.athena_ddl`) or from the records' declarations
 (:func:`mxjob.records.field_table`), so the pages cannot drift from what the job
 writes. It sits in the page between two marker comments::
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from mxjob import records, results
+from mxjob import athena_table, parquet_view, records, results
 
 #: The page the Parquet parts go into, relative to the checkout.
 PAGE = os.path.join("docs", "output.md")
@@ -51,7 +51,7 @@ class Example:
 def examples() -> list[Example]:
     """The parts of the page, in its order: classify, embed (float32, float16), detect."""
     def parquet(kind: str, **kwargs) -> pa.Schema:
-        return results.parquet_schema(results.schema(kind, **kwargs))
+        return parquet_view.parquet_schema(results.schema(kind, **kwargs))
 
     return [
         Example("classify", parquet("classify"), "photo_classes", "s3://my-bucket/classes/"),
@@ -79,13 +79,13 @@ def part(example: Example) -> str:
     rows = ["| column | Arrow (Parquet) type | Athena type | what it holds |", "|---|---|---|---|"]
     for field in example.schema:
         try:
-            athena = f"`{results.athena_type(field.type, field.name)}`"
+            athena = f"`{athena_table.athena_type(field.type, field.name)}`"
         except ValueError:
             athena = "none (below)"
         rows.append(f"| `{field.name}` | `{arrow_text(field.type)}` | {athena} | "
                     f"{results.MEANINGS[field.name]} |")
     try:
-        table = "```sql\n" + results.athena_ddl(example.schema, example.table, example.location) + "\n```"
+        table = "```sql\n" + athena_table.athena_ddl(example.schema, example.table, example.location) + "\n```"
     except ValueError as exc:
         table = f"No Athena table: {exc}."
     return "\n".join(rows) + "\n\n" + table

@@ -10,6 +10,7 @@ the task is done (:func:`part_key`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -19,22 +20,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from mxjob import listing, results, settings, state
+from mxjob import constants, part_format, plan_file, results, state
 from mxjob.device import task_context
 from mxjob.errors import error_object, first_line
 from mxjob.handlers import Handlers, get_handlers, model_class
-from mxjob.model import (
-    ModelError,
-    ModelSpec,
-    Predictor,
-    get_model,
-    top_k_or_errors,
-)
+from mxjob.model import ModelError, ModelSpec, Predictor, get_model, top_k_or_errors
 from mxjob.preprocess import Preprocess, decode_image, decode_image_geometry
 from mxjob.s3 import object_reader, reads
 from mxjob.stats import ERROR_EXAMPLES, StatsFold, TaskStats
@@ -76,10 +71,10 @@ class _JobSpecBase:
         Where each batch's results become durable: ``s3://output_bucket/parts_prefix``
         (see :func:`part_key`). ``None``: the part travels back to the caller instead.
     plan_key : str, optional
-        The run's plan in ``output_bucket`` (``listing.write_plan``): when set, a
+        The run's plan in ``output_bucket`` (``plan_file.write_plan``): when set, a
         partition holds one ``(offset, length)`` span and the task reads its keys from there.
     json_lines : bool
-        Each part holds its rows' rendered JSON lines (``results.write_part``):
+        Each part holds its rows' rendered JSON lines (``part_format.write_part``):
         the output is JSON Lines. False for Parquet, which never reads them.
     """
 
@@ -99,7 +94,14 @@ class _JobSpecBase:
         return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
 
 
-JobSpec = settings.make_settings_dataclass("JobSpec", _JobSpecBase, settings.going_to("executor"), __name__)
+#: ``_JobSpecBase`` and a field per executor setting, in the table's order, each with its library default. The
+#: names and defaults come from :mod:`mxjob.constants` (generated from the table): an executor imports no
+#: option table, and a setting declared ``to="executor"`` in :data:`mxjob.settings.SETTINGS` is a field here.
+JobSpec = dataclasses.make_dataclass(
+    "JobSpec", [(name, Any, dataclasses.field(default=getattr(constants.DEFAULT, name)))
+                for name in constants.EXECUTOR_SETTINGS],
+    bases=(_JobSpecBase,), frozen=True, namespace={"__doc__": _JobSpecBase.__doc__})
+JobSpec.__module__ = __name__  # pickled to the executors as mxjob.partition.JobSpec
 
 
 def part_key(parts_prefix: str, index: int) -> str:
@@ -121,9 +123,9 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     plan instead, and the batch's keys come from one ranged GET of it (the
     driver never ships the keys). The partition's results, one record batch
     sorted by key (:mod:`mxjob.results`), are written to S3 as one part
-    (:func:`part_key`, :func:`results.write_part`) when ``job.parts_prefix``
+    (:func:`part_key`, :func:`part_format.write_part`) when ``job.parts_prefix``
     is set, and ``blob`` is ``None``; otherwise ``blob`` is the part's bytes,
-    for the caller (:func:`results.read_part`).
+    for the caller (:func:`part_format.read_part`).
 
     The steps, each a function below: configure the worker, read the batch's
     keys, start fetching, load the model, score as images arrive, write the
@@ -177,7 +179,7 @@ def batch_keys(items: Iterable, job: JobSpec, reader: object_reader.ObjectReader
     [(offset, length)] = list(items)
     plan = reads.read_object(reader.client, job.output_bucket, job.plan_key, stats=io_stats,
                              byte_range=(offset, length))
-    return listing.read_plan_batch(plan)
+    return plan_file.read_plan_batch(plan)
 
 
 def _threads_and_lanes(job: JobSpec) -> tuple[int, int]:
@@ -304,8 +306,8 @@ def write_results(job: JobSpec, index: int, client, batch: pa.RecordBatch, seen:
     ``seen``: the objects' ETags and lengths (``{key: (etag, size)}``), written into the part as
     :data:`results.OBJECT_METADATA`.
     """
-    metadata = None if seen is None else results.object_metadata(batch.column("key").to_pylist(), seen)
-    data = results.write_part(batch, lines=job.json_lines, metadata=metadata)
+    metadata = None if seen is None else part_format.object_metadata(batch.column("key").to_pylist(), seen)
+    data = part_format.write_part(batch, lines=job.json_lines, metadata=metadata)
     if job.parts_prefix is None:
         return data
     # Durable before Spark hears the task is done: a dead driver loses nothing this task scored.

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from mxjob import settings
-from mxjob.settings import DECODE_MODES, RESIZE_MODES
+from mxjob import constants
+from mxjob.constants import DECODE_MODES, RESIZE_MODES
 
 ORIENTATION_TAG = 0x0112  # EXIF
 
@@ -54,12 +54,12 @@ class Preprocess:
     """
 
     # The job's defaults (mxjob.settings), so the library decodes as the job does.
-    input_shape: tuple = settings.DEFAULT.input_shape
-    mean: tuple = settings.DEFAULT.mean
-    std: tuple = settings.DEFAULT.std
-    resize: str = settings.DEFAULT.resize
-    max_image_pixels: int = settings.DEFAULT.max_image_pixels
-    decode: str = settings.DEFAULT.decode
+    input_shape: tuple = constants.DEFAULT.input_shape
+    mean: tuple = constants.DEFAULT.mean
+    std: tuple = constants.DEFAULT.std
+    resize: str = constants.DEFAULT.resize
+    max_image_pixels: int = constants.DEFAULT.max_image_pixels
+    decode: str = constants.DEFAULT.decode
 
     def __post_init__(self):
         channels = self.input_shape[0]

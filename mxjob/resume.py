@@ -17,14 +17,7 @@ import re
 from dataclasses import asdict
 from typing import NoReturn
 
-from mxjob import (
-    dataset,
-    durable,
-    extsort,
-    listing,
-    preflight,
-    settings,
-)
+from mxjob import dataset, durable, extsort, listing, preflight, settings
 from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line, plural
 from mxjob.model import Predictor

@@ -25,35 +25,31 @@ import dataclasses
 import math
 import os
 import textwrap
-import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
+from mxjob import constants
+from mxjob.constants import (
+    ASSEMBLY_MODES,
+    AUTO,
+    DECODE_MODES,
+    EMBEDDING_DTYPES,
+    OUTPUT_FORMATS,
+    PRECISIONS,
+    RESIZE_MODES,
+    S3_READERS,
+    TASKS,
+)
 from mxjob.device import parse_context
-from mxjob.s3 import clients, object_reader
+from mxjob.estimate import parse_cluster
 
 # ----------------------------------------------------------------------------
-# The choices some settings take: each written once, here; the modules that act on them import them.
+# The choices some settings take are declared in mxjob.constants (no imports), so that the executors,
+# the library and the S3 layer read them without this table; the modules that act on them import them.
 
-#: ``--resize``: straight to W x H, or the short side to ``H*256/224`` then a centre crop.
-RESIZE_MODES = ("stretch", "short-side-crop")
-#: ``--decode``: JPEG DCT scaling (``draft``) or every pixel (``exact``).
-DECODE_MODES = ("draft", "exact")
-#: ``--precision``.
-PRECISIONS = ("fp32", "int8")
-#: ``--batch-size auto``: the driver picks the batch from what its sample measured (``mxjob.batchsize``).
-AUTO = "auto"
-#: ``--output-format``.
-OUTPUT_FORMATS = ("jsonl", "parquet")
-#: ``--assembly``: when the driver merges the batches' results into the output.
-ASSEMBLY_MODES = ("during", "after")
-#: ``--task``: top-k classes, a layer's output as a vector, or boxes (see ``mxjob.results``).
-TASKS = ("classify", "embed", "detect")
-#: ``--embedding-dtype``.
-EMBEDDING_DTYPES = ("float32", "float16")
 #: Where a setting goes (:attr:`Setting.to`).
 DESTINATIONS = ("driver", "executor", "model", "preprocess", "resolve")
 #: The sections of ``--help``'s reference, ``conf/defaults.yaml`` and ``docs/options.md``, in order.
@@ -217,8 +213,6 @@ class CheckedText(click.ParamType):
 
 def _cluster_shape(text: str) -> None:
     """``NODESxVCPUS`` (``10x16``), as :func:`mxjob.estimate.parse_cluster` reads it."""
-    from mxjob.estimate import parse_cluster  # estimate imports this module
-
     parse_cluster(text)
 
 
@@ -528,11 +522,11 @@ SETTINGS: tuple[Setting, ...] = (
        to="executor"),
     _s("s3_max_attempts", "--s3-max-attempts", "S3",
        "Attempts per S3 request (botocore standard retries), for every S3 client of the job.",
-       default=clients.S3_MAX_ATTEMPTS, type=_count(), to="executor"),
+       default=5, type=_count(), to="executor"),
     _s("s3_reader", "--s3-reader", "S3",
        "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
        "parser, both with botocore's internals; botocore: only boto3's public API.",
-       default=object_reader.S3_READERS[0], type=click.Choice(object_reader.S3_READERS, case_sensitive=False),
+       default=S3_READERS[0], type=click.Choice(S3_READERS, case_sensitive=False),
        to="executor"),
     # --- failures
     _s("max_errors", "--max-errors", "failures",
@@ -607,8 +601,9 @@ BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
 
 #: Every setting's default as the library uses it (:attr:`Setting.library_default`): ``DEFAULT.batch_size``
-#: is 64, the job's fallback, where the job's own default is ``auto``.
-DEFAULT = types.SimpleNamespace(**{s.name: s.library_default for s in SETTINGS})
+#: is 64, the job's fallback, where the job's own default is ``auto``. Generated into :mod:`mxjob.constants`
+#: (:func:`constants_text`), where the executors and the library read it without this table.
+DEFAULT = constants.DEFAULT
 
 
 def going_to(*destinations: str) -> tuple[Setting, ...]:
@@ -662,6 +657,30 @@ def make_settings_dataclass(name: str, base: type, settings: Iterable[Setting], 
 
 # ----------------------------------------------------------------------------
 # What is generated from the table: conf/defaults.yaml and docs/options.md
+
+
+def constants_text(current: str) -> str:
+    """``mxjob/constants.py`` with its generated part (below the marker) made from the table.
+
+    Every setting's library default as a class attribute of ``DEFAULT`` (a
+    namespace with no imports), and the executor settings' names in table
+    order, which :class:`mxjob.partition.JobSpec` takes as its option fields.
+    """
+    head = current[:current.index(CONSTANTS_MARKER) + len(CONSTANTS_MARKER)]
+    lines = ["", "", "class DEFAULT:",
+             '    """Every setting\'s default as the library and the executors use it '
+             '(``Setting.library_default``)."""', ""]
+    lines += [f"    {s.name} = {s.library_default!r}" for s in SETTINGS]
+    executor = ", ".join(f'"{s.name}"' for s in going_to("executor"))
+    lines += ["", "", "#: The settings an executor reads (``to=\"executor\"``): ``JobSpec``'s option fields, "
+              "in table order.",
+              *textwrap.wrap(f"EXECUTOR_SETTINGS = ({executor})", 118, subsequent_indent="    ",
+                             break_on_hyphens=False)]
+    return head + "\n".join(lines) + "\n"
+
+
+#: The line of ``mxjob/constants.py`` after which :func:`constants_text` writes.
+CONSTANTS_MARKER = "# ---- generated from mxjob/settings.py's SETTINGS by `make docs`; do not edit below this line"
 
 
 def defaults_yaml() -> str:
@@ -735,8 +754,12 @@ if __name__ == "__main__":  # python -m mxjob.settings ROOT: write the generated
     import sys
 
     root = sys.argv[1] if len(sys.argv) > 1 else "."
+    constants_path = os.path.join(root, "mxjob", "constants.py")
+    with open(constants_path, encoding="utf-8") as handle:
+        constants_now = handle.read()
     for path, text in ((os.path.join(root, "conf", "defaults.yaml"), defaults_yaml()),
-                       (os.path.join(root, "docs", "options.md"), options_markdown())):
+                       (os.path.join(root, "docs", "options.md"), options_markdown()),
+                       (constants_path, constants_text(constants_now))):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -16,7 +16,7 @@ import zlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mxjob import results
+from mxjob import jsonl_view, parquet_view, results
 from mxjob.dataset import file_key
 from mxjob.s3 import writes
 from mxjob.sidecar import side_key
@@ -63,7 +63,7 @@ GZIP_LEVEL = 6
 
 
 class JsonLinesSink:
-    """The output as JSON Lines: each row's line (:func:`results.json_lines`).
+    """The output as JSON Lines: each row's line (:func:`jsonl_view.json_lines`).
 
     With ``gzip`` (an output key ending in ``.gz``), the lines are one gzip
     member, compressed as they are written: the object is what ``gzip`` makes
@@ -77,7 +77,7 @@ class JsonLinesSink:
 
     def write(self, batches: list[pa.RecordBatch]) -> None:
         """Rows of the result model, as their lines."""
-        self.write_lines([line for batch in batches for line in results.json_lines(batch)])
+        self.write_lines([line for batch in batches for line in jsonl_view.json_lines(batch)])
 
     def write_lines(self, lines: list[str]) -> None:
         self._write("".join(line + "\n" for line in lines).encode("utf-8"))
@@ -114,7 +114,7 @@ def provenance(job: dict | None) -> dict[str, str]:
 class ParquetSink:
     """The output as Parquet, one row per key, written row group by row group.
 
-    The schema is the parts' (:func:`results.parquet_schema`), known from
+    The schema is the parts' (:func:`parquet_view.parquet_schema`), known from
     the first rows written; ``metadata`` (:func:`provenance`) goes to the
     file's key-value metadata.
     """
@@ -130,9 +130,9 @@ class ParquetSink:
     def write(self, batches: list[pa.RecordBatch]) -> None:
         for batch in batches:
             if self.schema is None:
-                self.schema = results.parquet_schema(batch.schema, self.metadata)
+                self.schema = parquet_view.parquet_schema(batch.schema, self.metadata)
                 self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
-            converted = results.parquet_batch(batch, self.schema)
+            converted = parquet_view.parquet_batch(batch, self.schema)
             self._pending.append(converted)
             self._rows += converted.num_rows
             self._bytes += converted.nbytes
@@ -149,7 +149,7 @@ class ParquetSink:
     def close(self) -> None:
         self._flush()
         if self._parquet is None:  # no row at all: an empty file of the classify columns
-            self.schema = results.parquet_schema(results.schema("classify"), self.metadata)
+            self.schema = parquet_view.parquet_schema(results.schema("classify"), self.metadata)
             self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
         self._parquet.close()
         self.writer.close()

@@ -1,7 +1,7 @@
 """The run's batch size and estimate, from one measurement of a sample scored on the driver.
 
 :func:`size_run` scores ``--estimate-images`` keys as an executor would
-(:func:`mxjob.estimate.measure`); that one measurement gives
+(:func:`mxjob.measure`); that one measurement gives
 ``--batch-size auto`` its choice (:mod:`mxjob.batchsize`) and the estimate
 its projection (:func:`mxjob.estimate.project`).
 """
@@ -9,15 +9,14 @@ its projection (:func:`mxjob.estimate.project`).
 from __future__ import annotations
 
 import logging
+import os
+import time
+import urllib.parse
 from dataclasses import dataclass, replace
 
-from mxjob import (
-    batchsize,
-    estimate,
-    listing,
-    settings,
-)
+from mxjob import batchsize, constants, estimate, listing, state
 from mxjob.config import JobConfig
+from mxjob.partition import score_partition
 from mxjob.worker import import_mxnet
 
 log = logging.getLogger(__name__)
@@ -40,7 +39,7 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
     """Measure the sample once, choose the batch size, project the run: ``(cfg with the batch size, sizing)``.
 
     ``--estimate-images`` keys spread over the listing are scored on the
-    driver as an executor would (:func:`estimate.measure`); that one
+    driver as an executor would (:func:`measure`); that one
     measurement gives ``--batch-size auto`` its choice
     (:func:`batchsize.choose_batch_size`, for the ``to_score`` keys on
     ``--estimate-cluster`` or the Spark configuration in force) and the
@@ -50,9 +49,9 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
     cost = cluster = None
     if cfg.estimate_images and to_score:
         cluster = run_cluster(cfg, spark_conf)
-        items = estimate.sample_items(images, cfg.estimate_images)
+        items = sample_items(images, cfg.estimate_images)
         measured = replace(cfg, batch_size=bound_batch(cfg))  # a number, whatever auto will choose
-        cost = estimate.measure(measured.job_spec(), items, cfg.endpoint_url)
+        cost = measure(measured.job_spec(), items, cfg.endpoint_url)
     choice = choose_batch(cfg, cost, cluster, to_score)
     log.info("batch size %d: %s", choice.chosen, choice.why)
     cfg = replace(cfg, batch_size=choice.chosen)
@@ -64,10 +63,10 @@ def run_cluster(cfg: JobConfig, spark_conf: dict | None) -> estimate.Cluster:
     """The cluster the run is sized for: ``--estimate-cluster``, else the Spark configuration in force."""
     if cfg.estimate_cluster:
         return estimate.parse_cluster(cfg.estimate_cluster)
-    return estimate.cluster_from_conf({**estimate.spark_conf_in_force(), **(spark_conf or {})})
+    return estimate.cluster_from_conf({**spark_conf_in_force(), **(spark_conf or {})})
 
 
-def choose_batch(cfg: JobConfig, cost: estimate.SampleCost | None, cluster: estimate.Cluster | None,
+def choose_batch(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Cluster | None,
                  to_score: int) -> batchsize.BatchChoice:
     """``--batch-size`` as given, or auto's choice from the sample's cost on ``cluster``."""
     overhead = estimate.TASK_OVERHEAD_SECONDS
@@ -75,7 +74,7 @@ def choose_batch(cfg: JobConfig, cost: estimate.SampleCost | None, cluster: esti
     if cost is not None and cost.scored and cost.cpu_seconds_per_image > 0:
         # One image's wall time on one executor: its CPU over the executor's share of the node's vCPUs.
         per_image = cost.cpu_seconds_per_image * cluster.executors / cluster.vcpus
-    if cfg.batch_size != settings.AUTO:
+    if cfg.batch_size != constants.AUTO:
         return batchsize.given(cfg.batch_size, per_image, overhead)
     if per_image is None:
         reason = ("--estimate-images 0 measures nothing" if not cfg.estimate_images else
@@ -86,10 +85,10 @@ def choose_batch(cfg: JobConfig, cost: estimate.SampleCost | None, cluster: esti
 
 def bound_batch(cfg: JobConfig) -> int:
     """The forward pass's bound batch: the micro-batch, or a smaller ``--batch-size`` (auto never picks one)."""
-    return cfg.micro_batch_size if cfg.batch_size == settings.AUTO else cfg.job_spec().forward_batch
+    return cfg.micro_batch_size if cfg.batch_size == constants.AUTO else cfg.job_spec().forward_batch
 
 
-def estimate_run(cfg: JobConfig, cost: estimate.SampleCost | None, cluster: estimate.Cluster | None,
+def estimate_run(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Cluster | None,
                  to_score: int) -> dict | None:
     """The run's time (and cost) estimate (:mod:`mxjob.estimate`) from the sample's ``cost``, logged; or ``None``.
 
@@ -97,7 +96,7 @@ def estimate_run(cfg: JobConfig, cost: estimate.SampleCost | None, cluster: esti
     """
     if cost is None:
         return None
-    start = estimate.start_seconds(cost.model_load_seconds, estimate.jvm_start_seconds(), import_mxnet())
+    start = estimate.start_seconds(cost.model_load_seconds, jvm_start_seconds(), import_mxnet())
     projected = estimate.project(cost.cpu_seconds_per_image, to_score, cfg.batch_size, cluster,
                                  model_load_seconds=cost.model_load_seconds, start_seconds=start,
                                  node_price=cfg.node_price, sample_images=cost.images,
@@ -116,3 +115,135 @@ def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+# ----------------------------------------------------------------------------
+# Measuring the sample on the driver (the estimate's projection is mxjob.estimate's)
+
+
+def jvm_start_seconds() -> float | None:
+    """How long this host took to start the JVM that started this Python process; ``None`` if it was not one.
+
+    Under spark-submit (client mode, or YARN's ApplicationMaster in cluster
+    mode) the driver's parent is the JVM that launched it: the seconds
+    between their creations are one JVM's start on this host, which is what
+    Spark's executors pay too. A notebook or a plain ``python`` starts no JVM first.
+    """
+    try:
+        import psutil
+
+        me = psutil.Process()
+        parent = me.parent()
+        if parent is None or "java" not in parent.name().lower():
+            return None
+        return max(0.0, me.create_time() - parent.create_time())
+    except Exception as exc:  # noqa: BLE001 - no psutil or no permission: the default stands in
+        log.info("estimate: cannot time this host's JVM start (%s)", exc)
+        return None
+
+
+def sample_items(images, count: int) -> list:
+    """``count`` keys evenly spaced over the sorted listing (the ``i * n // count``-th of ``n``)."""
+    n = min(count, len(images))
+    return [images[i * len(images) // n] for i in range(n)] if n else []
+
+
+@dataclass(frozen=True)
+class SampleCost:
+    """What scoring the driver's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
+
+    ``cpu_seconds_per_image`` counts a local S3 stand-in's CPU too (of which
+    ``s3_server_cpu_seconds_per_image``; 0 against real S3); ``scored`` are
+    the sample's images that got predictions rather than error lines.
+    """
+
+    images: int
+    scored: int
+    cpu_seconds_per_image: float
+    s3_server_cpu_seconds_per_image: float
+    model_load_seconds: float
+    #: The first image's ``(part, stats)`` from :func:`score_partition` (the model's load included):
+    #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
+    first: tuple | None = None
+
+
+def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
+    """The :class:`SampleCost` of scoring ``items`` on the driver, as an executor would.
+
+    Runs :func:`mxjob.partition.score_partition` twice on the driver: one
+    image first (the model loads: its wall time is the load), then the
+    sample, whose process CPU time is what an executor would spend. The
+    driver's copy of the model is dropped afterwards.
+    """
+    job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
+    server = local_server_process(endpoint_url)
+    try:
+        load_started = time.perf_counter()
+        [(_, _, first_part, first_stats)] = score_partition(0, items[:1], job)
+        load_seconds = time.perf_counter() - load_started
+        server_cpu = _cpu_seconds(server)
+        [(_, _, _, stats)] = score_partition(0, items, job)
+        server_cpu = _cpu_seconds(server) - server_cpu
+    finally:
+        state.models.clear()  # the executors' copy is theirs; the driver keeps none for the run
+    n = max(1, len(items))
+    return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
+                      cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
+                      s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
+                      first=(first_part, first_stats))
+
+
+def local_server_process(endpoint_url: str | None):
+    """The process of an S3 endpoint on this machine (moto in ``make run-local``), or ``None``.
+
+    A local stand-in shares the cores the job runs on, so its CPU is part of
+    what an image costs here (real S3 costs the cluster none).
+    """
+    if not endpoint_url:
+        return None
+    parsed = urllib.parse.urlparse(endpoint_url)
+    if parsed.hostname not in ("127.0.0.1", "localhost", "::1") or not parsed.port:
+        return None
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == parsed.port and conn.pid:
+                return psutil.Process(conn.pid)
+    except Exception as exc:  # noqa: BLE001 - no psutil, or no permission: the estimate leaves the server out
+        log.info("estimate: the CPU of the S3 endpoint %s is left out (%s)", endpoint_url, exc)
+    return None
+
+
+def _cpu_seconds(process) -> float:
+    if process is None:
+        return 0.0
+    try:
+        times = process.cpu_times()
+        return times.user + times.system
+    except Exception:  # noqa: BLE001 - the server ended: nothing more to count
+        return 0.0
+
+
+def spark_conf_in_force() -> dict:
+    """The Spark configuration spark-submit gave this driver, read without starting a SparkContext.
+
+    Under spark-submit the configuration lives in its JVM: a Py4J gateway to
+    it (PySpark's public ``launch_gateway``, which joins the running JVM)
+    reads it and closes again, so a dry run starts no executors. Outside
+    spark-submit, or if that fails (logged), it is empty and the estimate is
+    for this host unless ``--estimate-cluster`` says otherwise.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return {}
+    try:
+        from pyspark.java_gateway import launch_gateway
+
+        gateway = launch_gateway()
+        try:
+            return {pair._1(): pair._2() for pair in gateway.jvm.org.apache.spark.SparkConf(True).getAll()}
+        finally:
+            gateway.close()
+    except Exception as exc:  # noqa: BLE001 - the estimate falls back to this host, and says so
+        log.warning("estimate: cannot read the Spark configuration (%s); estimating for this host", exc)
+        return {}

@@ -10,15 +10,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from mxjob import results, settings
+import pyarrow as pa
+
+from mxjob import constants, results
 from mxjob.device import parse_context, task_context
-from mxjob.model import (
-    Classifier,
-    ModelSpec,
-    get_classifier,
-    top_k_or_errors,
-)
+from mxjob.model import Classifier, ModelSpec, get_classifier, top_k_or_errors
 from mxjob.preprocess import Preprocess, decode_image
+
+
+def udf_schema(kind: str = "classify") -> pa.Schema:
+    """The UDF's struct: the kind's columns less ``key``."""
+    full = results.schema(kind)
+    return pa.schema([f for f in full if f.name != "key"])
 
 
 def udf_return_type():
@@ -32,7 +35,7 @@ def udf_return_type():
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
-    return StructType([StructField(f.name, from_arrow_type(f.type)) for f in results.udf_schema("classify")])
+    return StructType([StructField(f.name, from_arrow_type(f.type)) for f in udf_schema("classify")])
 
 
 @dataclass(frozen=True)
@@ -41,17 +44,17 @@ class UdfSpec:
 
     model: ModelSpec
     preprocess: Preprocess
-    batch_size: int = settings.DEFAULT.batch_size
-    top_k: int = settings.DEFAULT.top_k
+    batch_size: int = constants.DEFAULT.batch_size
+    top_k: int = constants.DEFAULT.top_k
 
 
-def model_udf(model, input_shape=settings.DEFAULT.input_shape, batch_size: int = settings.DEFAULT.batch_size,
-              top_k: int = settings.DEFAULT.top_k, *, mean=Preprocess.mean, std=Preprocess.std,
-              resize: str = Preprocess.resize, max_image_pixels: int = settings.DEFAULT.max_image_pixels,
-              context: str | None = None, epoch: int = settings.DEFAULT.epoch, labels: str | None = None,
-              data_name: str = settings.DEFAULT.data_name,
+def model_udf(model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
+              top_k: int = constants.DEFAULT.top_k, *, mean=Preprocess.mean, std=Preprocess.std,
+              resize: str = Preprocess.resize, max_image_pixels: int = constants.DEFAULT.max_image_pixels,
+              context: str | None = None, epoch: int = constants.DEFAULT.epoch, labels: str | None = None,
+              data_name: str = constants.DEFAULT.data_name,
               endpoint_url: str | None = None, region: str | None = None,
-              s3_max_attempts: int = settings.DEFAULT.s3_max_attempts):
+              s3_max_attempts: int = constants.DEFAULT.s3_max_attempts):
     """A Spark UDF from a column of encoded images to their top-k predictions.
 
     The model is loaded on the executors, once per Python worker, through
@@ -141,13 +144,18 @@ def _udf_batches(batches: Iterator, spec: UdfSpec) -> Iterator:
         yield pd.DataFrame({"predictions": [p for p, _ in rows], "error": [e for _, e in rows]})
 
 
+def udf_rows(batch: pa.RecordBatch) -> list[tuple[list[dict] | None, dict | None]]:
+    """Per row of a classify batch, ``(predictions, error)`` as :func:`mxjob.udf.model_udf` returns them."""
+    return list(zip(batch.column("predictions").to_pylist(), batch.column("error").to_pylist()))
+
+
 def score_images(classifier: Classifier, images: Sequence[bytes | None], preprocess: Preprocess,
                  top_k: int) -> list[tuple[list[dict] | None, dict | None]]:
     """Per image, ``(predictions, None)`` or ``(None, error)``; ``(None, None)`` for ``None``.
 
     Decodes and scores ``classifier.batch_size`` images at a time, so memory
     stays bounded however large the Arrow batch. The rows are the job's
-    (:func:`results.udf_rows` of a classify record batch): probabilities with
+    (:func:`udf_rows` of a classify record batch): probabilities with
     the job's 6 significant digits.
     """
     out = results.Results(results.schema("classify"))
@@ -170,4 +178,4 @@ def score_images(classifier: Classifier, images: Sequence[bytes | None], preproc
                 else:
                     out.add(key, results.prediction_entries(row))
     # Sorted by key: back in the images' order (a batch's decoding failures were added before its predictions).
-    return results.udf_rows(out.record_batch())
+    return udf_rows(out.record_batch())

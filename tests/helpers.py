@@ -27,10 +27,10 @@ def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
 
 
 def part_lines(data: bytes) -> list[str]:
-    """The JSON lines of a part (``mxjob.results``): its record batch in the JSON Lines view."""
-    from mxjob import results
+    """The JSON lines of a part (``mxjob.part_format``): its record batch in the JSON Lines view."""
+    from mxjob import jsonl_view, part_format
 
-    return results.json_lines(results.read_part(data))
+    return jsonl_view.json_lines(part_format.read_part(data))
 
 
 def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None) -> bytes:
@@ -41,7 +41,7 @@ def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None
     """
     import json
 
-    from mxjob import results
+    from mxjob import part_format, results
 
     out = results.Results(results.schema("classify"))
     for line in lines:
@@ -51,20 +51,20 @@ def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None
         else:
             out.add(row["key"], [{"label": None, **p} for p in row["predictions"]])
     batch = out.record_batch()
-    metadata = None if seen is None else results.object_metadata(batch.column("key").to_pylist(), seen)
-    return results.write_part(batch, lines=rendered, metadata=metadata)
+    metadata = None if seen is None else part_format.object_metadata(batch.column("key").to_pylist(), seen)
+    return part_format.write_part(batch, lines=rendered, metadata=metadata)
 
 
 def scored_lines(model, keys: list[str], inputs: list, handlers=None, **job) -> list[str]:
     """The JSON lines a task writes for ``keys`` scored together, in their order: one forward pass of ``model``
     (``partition.score_inputs``, with ``handlers`` if given), then the part's JSON Lines view."""
-    from mxjob import partition, results
+    from mxjob import jsonl_view, partition, results
     from mxjob.preprocess import Preprocess
 
     spec = partition.JobSpec(model=getattr(model, "spec", None), preprocess=Preprocess(), bucket="", **job)
     out = results.Results(partition.result_schema(spec, model, handlers))
     partition.score_inputs(model, keys, inputs, spec, handlers, out)
-    return results.json_lines(out.record_batch(sort=False))
+    return jsonl_view.json_lines(out.record_batch(sort=False))
 
 
 def make_s3_client(endpoint: str):

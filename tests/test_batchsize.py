@@ -116,10 +116,10 @@ def measured(monkeypatch):
 
     def fake_measure(job, items, endpoint_url):
         calls.append((job.batch_size, list(items)))
-        return estimate.SampleCost(images=len(items), scored=len(items), cpu_seconds_per_image=0.002,
+        return sizing.SampleCost(images=len(items), scored=len(items), cpu_seconds_per_image=0.002,
                                    s3_server_cpu_seconds_per_image=0.0, model_load_seconds=1.0)
 
-    monkeypatch.setattr(estimate, "measure", fake_measure)
+    monkeypatch.setattr(sizing, "measure", fake_measure)
     monkeypatch.setattr(estimate, "TASK_OVERHEAD_SECONDS", OVERHEAD)  # the expected batches are arithmetic
     return calls
 
@@ -164,7 +164,7 @@ def test_auto_without_a_measurement_falls_back_to_the_librarys_batch(measured):
 
 
 def test_auto_when_no_sample_image_could_be_scored_falls_back(monkeypatch):
-    monkeypatch.setattr(estimate, "measure", lambda job, items, url: estimate.SampleCost(
+    monkeypatch.setattr(sizing, "measure", lambda job, items, url: sizing.SampleCost(
         images=len(items), scored=0, cpu_seconds_per_image=0.0001, s3_server_cpu_seconds_per_image=0.0,
         model_load_seconds=1.0))
     cfg, sized = sizing.size_run(resolved(estimate_cluster="1x2"), KEYS, len(KEYS))

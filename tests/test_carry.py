@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mxjob import driver, durable, listing, manifest, merge, partition, resume, sinks
+from mxjob import driver, durable, listing, manifest, manifest_text, merge, partition, plan_file, resume, sinks
 from mxjob.config import merge_settings, resolve
 from mxjob.s3 import parallel_list, writes
 from tests.helpers import bucket_with_digits, lines_part, spark_submit
@@ -56,8 +56,8 @@ def carried_rows(images: listing.Listing) -> list[tuple]:
 def test_a_csv_manifests_columns_beyond_bucket_key_size_follow_their_keys(tmp_path, monkeypatch, reader):
     if reader == "python":
         def doubt(*_):
-            raise manifest._Doubt("forced")
-        monkeypatch.setattr(manifest, "_fast_csv", doubt)
+            raise manifest_text._Doubt("forced")
+        monkeypatch.setattr(manifest_text, "_fast_csv", doubt)
     path = tmp_path / "keys.csv"
     path.write_text(csv_text())
     images = manifest.read_manifest(str(path), suffixes=SUFFIXES)
@@ -80,8 +80,8 @@ def test_the_plan_holds_keys_and_sizes_only(tmp_path):
     path.write_text(csv_text())
     images = manifest.read_manifest(str(path), suffixes=SUFFIXES)
     out = io.BytesIO()
-    listing.write_plan(images, 2, out.write)
-    assert [batch.schema for batch in listing.read_plan(io.BytesIO(out.getvalue()))] == [listing.PLAN_SCHEMA] * 2
+    plan_file.write_plan(images, 2, out.write)
+    assert [batch.schema for batch in plan_file.read_plan(io.BytesIO(out.getvalue()))] == [plan_file.PLAN_SCHEMA] * 2
 
 
 @pytest.mark.parametrize("name", ["predictions", "error", "Key", "etag", "size"])

@@ -13,7 +13,7 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, errors, listing, records, settings, sinks, sizing
+from mxjob import cluster, config, errors, listing, plan_file, records, settings, sinks, sizing
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -324,8 +324,8 @@ def test_missing_config_file_is_a_usage_error(tmp_path, resolve):
 def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, batches):
     images = listing.Listing.build("b", [f"k{i}" for i in range(n)], list(range(n)))
     stream = bytearray()
-    spans = listing.write_plan(images, batch, stream.extend)
-    planned = [listing.read_plan_batch(bytes(stream[offset:offset + length])) for offset, length in spans]
+    spans = plan_file.write_plan(images, batch, stream.extend)
+    planned = [plan_file.read_plan_batch(bytes(stream[offset:offset + length])) for offset, length in spans]
     assert len(planned) == batches == images.num_batches(batch)
     assert [item for b in planned for item in b] == list(images)  # every item once, in order
     assert all(len(b) == batch for b in planned[:-1]) and 1 <= len(planned[-1]) <= batch

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import infer_main
-from mxjob import estimate
+from mxjob import estimate, sizing
 from tests.helpers import ROOT
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -165,7 +165,7 @@ def test_start_up_is_the_hosts_jvm_starts_mxnets_import_and_the_models_load():
 
 
 def test_jvm_start_is_the_gap_after_a_java_parents_start_and_none_under_another_parent(tmp_path):
-    script = "from mxjob import estimate; print(estimate.jvm_start_seconds())"
+    script = "from mxjob import sizing; print(sizing.jvm_start_seconds())"
     # A parent named java that takes 0.6 s to start its Python child, as spark-submit's JVM does.
     java = tmp_path / "java"
     java.write_text(f'#!/bin/sh\nsleep 0.6\n"{sys.executable}" -c "{script}"\n')
@@ -179,14 +179,14 @@ def test_jvm_start_is_the_gap_after_a_java_parents_start_and_none_under_another_
 
 def test_sample_items_are_evenly_spaced_and_deterministic():
     images = [(f"k{i:03d}", i) for i in range(100)]
-    assert estimate.sample_items(images, 4) == [images[0], images[25], images[50], images[75]]
-    assert estimate.sample_items(images[:3], 10) == images[:3]
-    assert estimate.sample_items([], 5) == []
+    assert sizing.sample_items(images, 4) == [images[0], images[25], images[50], images[75]]
+    assert sizing.sample_items(images[:3], 10) == images[:3]
+    assert sizing.sample_items([], 5) == []
 
 
 def test_no_local_server_for_remote_or_missing_endpoints():
-    assert estimate.local_server_process(None) is None
-    assert estimate.local_server_process("https://s3.us-east-1.amazonaws.com") is None
+    assert sizing.local_server_process(None) is None
+    assert sizing.local_server_process("https://s3.us-east-1.amazonaws.com") is None
 
 
 @pytest.mark.parametrize(("args", "message"), [

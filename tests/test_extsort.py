@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import infer_main
-from mxjob import extsort, listing, manifest
+from mxjob import extsort, listing, manifest, plan_file
 from tests.helpers import make_s3_client
 
 SUFFIXES = (".jpg", "PNG")
@@ -37,7 +37,7 @@ def tricky_manifest(path: Path, count: int = 3_000, seed: int = 5) -> Path:
 
 def plan_of(keys, batch_size: int) -> tuple[list, bytes]:
     pieces: list[bytes] = []
-    spans = listing.write_plan(keys, batch_size, pieces.append)
+    spans = plan_file.write_plan(keys, batch_size, pieces.append)
     return spans, b"".join(pieces)
 
 

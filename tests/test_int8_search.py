@@ -94,6 +94,29 @@ def test_a_configuration_no_faster_than_fp32_is_refused(monkeypatch, outlier_pre
         int8_prep.prepare_precision(cfg, None, images, classifier)
 
 
+@pytest.mark.parametrize(("exclude", "granularity"), [((), "tensor-wise"), (("conv1", "fc"), "channel-wise")])
+def test_one_calibration_quantizes_as_mxnets_own_naive_calibration_of_each_configuration(
+        outlier_prefix, exclude, granularity):
+    # Calibration collects the ranges once (MXNet's public Monitor) and quantizes each configuration with
+    # MXNet's public quantize_graph and calib_graph: the graph and weights quantize_model_mkldnn makes when
+    # it calibrates that configuration itself, on the same images.
+    import mxnet as mx
+    from mxnet.contrib.quantization import quantize_model_mkldnn
+
+    symbol, args, aux = mx.model.load_checkpoint(outlier_prefix, 0)
+    images = np.random.RandomState(1).uniform(-1, 1, (12, *SHAPE)).astype(np.float32)
+    ours = int8_search.Calibration(symbol, args, aux, "data", images, 4).quantize(exclude, granularity)
+    theirs = quantize_model_mkldnn(symbol, args, aux, data_names=("data",), label_names=(), ctx=mx.cpu(),
+                                   excluded_sym_names=list(exclude), calib_mode="naive",
+                                   calib_data=mx.io.NDArrayIter({"data": images}, batch_size=4),
+                                   num_calib_examples=len(images), quantized_dtype="auto", quantize_mode="smart",
+                                   quantize_granularity=granularity)
+    assert ours[0].tojson() == theirs[0].tojson()
+    assert sorted(ours[1]) == sorted(theirs[1])
+    for name, array in ours[1].items():
+        np.testing.assert_array_equal(array.asnumpy(), theirs[1][name].asnumpy(), err_msg=name)
+
+
 @pytest.mark.parametrize("seconds, shown", [(0.4, "0.4 s"), (0.04, "0.04 s"), (7.3, "7.3 s"), (95.4, "95 s")])
 def test_the_search_log_line_gives_a_sub_second_search_its_time_not_0s(seconds, shown):
     trial = int8_search.Trial(["conv1"], "tensor-wise", 40, 1.0, 0.0, 1.3, passed=True)

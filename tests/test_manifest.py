@@ -14,7 +14,7 @@ import pyarrow.parquet
 import pytest
 
 import infer_main
-from mxjob import manifest
+from mxjob import manifest, manifest_text
 from tests.helpers import bucket_with_digits, make_s3_client, spark_submit
 
 BUCKET = "manifest-images"
@@ -346,7 +346,7 @@ def gathered(reader, *args):
 
 def python_reader(kind: str, path) -> list[tuple[str, int]]:
     """The keys the Python reader gives for a manifest (what the job read before the fast reader)."""
-    buckets, keys, sizes = gathered(manifest._scan_csv if kind == "csv" else manifest._scan_text, str(path),
+    buckets, keys, sizes = gathered(manifest_text._scan_csv if kind == "csv" else manifest_text._scan_text, str(path),
                                     str(path))
     listing = manifest.Listing.build("b", keys, sizes, suffixes=SUFFIXES)
     return sorted(buckets - {None}), list(listing)
@@ -356,7 +356,7 @@ def python_reader(kind: str, path) -> list[tuple[str, int]]:
 def test_the_fast_reader_reads_what_the_python_reader_reads(tmp_path, kind, text):
     path = tmp_path / f"keys.{kind}"
     path.write_bytes(text.encode())
-    buckets, keys, sizes = gathered(manifest._fast_csv if kind == "csv" else manifest._fast_text, str(path))
+    buckets, keys, sizes = gathered(manifest_text._fast_csv if kind == "csv" else manifest_text._fast_text, str(path))
     fast = (sorted(buckets - {None}), list(manifest.Listing.build("b", keys, sizes, suffixes=SUFFIXES)))
     assert fast == python_reader(kind, path)
     assert fast[1], "every tricky manifest names images"
@@ -375,8 +375,8 @@ def test_the_fast_reader_reads_what_the_python_reader_reads(tmp_path, kind, text
 def test_what_the_fast_reader_doubts_is_read_by_the_python_reader(tmp_path, kind, text, doubt):
     path = tmp_path / f"keys.{kind}"
     path.write_bytes(text.encode())
-    with pytest.raises(manifest._Doubt, match=re.escape(doubt)):
-        gathered(manifest._fast_csv if kind == "csv" else manifest._fast_text, str(path))
+    with pytest.raises(manifest_text._Doubt, match=re.escape(doubt)):
+        gathered(manifest_text._fast_csv if kind == "csv" else manifest_text._fast_text, str(path))
     try:
         expected = python_reader(kind, path)[1]
     except manifest.ManifestError as exc:

@@ -1,9 +1,9 @@
-"""Reading the output: the Athena table of each task's Parquet (mxjob.results.athena_ddl), the generated parts of
+"""Reading the output: the Athena table of each task's Parquet (mxjob.athena_table.athena_ddl), the generated parts of
 docs/output.md and docs/configuration.md (mxjob/output_docs.py: Parquet columns, the records' fields), and the
 reading code blocks of docs/output.md, run as they are written (docs/library.md's: tests/test_examples.py).
 
 No Athena here: each statement is checked against the Parquet file pyarrow writes through the job's own Parquet view
-(results.parquet_schema and parquet_batch), leaf column by leaf column, not by running it.
+(parquet_view.parquet_schema and parquet_batch), leaf column by leaf column, not by running it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mxjob import output_docs, records, results
+from mxjob import athena_table, output_docs, parquet_view, part_format, records, results
 from tests.test_tasks import CLASSES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +59,9 @@ def task_rows(kind: str, dimension: int = 4) -> results.Results:
 
 def write_parquet(path: Path, batch: pa.RecordBatch) -> None:
     """``batch`` as the job's Parquet output: its Parquet view, zstd, the task in the key-value metadata."""
-    schema = results.parquet_schema(batch.schema, {"mxinfer.task": results.kind_of(batch.schema)})
+    schema = parquet_view.parquet_schema(batch.schema, {"mxinfer.task": results.kind_of(batch.schema)})
     with pq.ParquetWriter(str(path), schema, compression="zstd") as writer:
-        writer.write_batch(results.parquet_batch(batch, schema))
+        writer.write_batch(parquet_view.parquet_batch(batch, schema))
 
 
 def ddl_columns(ddl: str) -> list[tuple[str, str]]:
@@ -107,8 +107,8 @@ def parquet_leaves(path: Path) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("kind", ["classify", "embed", "detect"])
 def test_each_tasks_table_names_every_column_with_its_athena_type(kind):
-    schema = results.parquet_schema(task_rows(kind).record_batch().schema)
-    ddl = results.athena_ddl(schema, f"photo_{kind}", f"s3://my-bucket/{kind}/")
+    schema = parquet_view.parquet_schema(task_rows(kind).record_batch().schema)
+    ddl = athena_table.athena_ddl(schema, f"photo_{kind}", f"s3://my-bucket/{kind}/")
     assert ddl.startswith(f"CREATE EXTERNAL TABLE photo_{kind} (\n")
     assert ddl.endswith(f"\n)\nSTORED AS PARQUET\nLOCATION 's3://my-bucket/{kind}/';")
     assert ddl_columns(ddl) == list(ATHENA[kind].items())
@@ -120,13 +120,13 @@ def test_the_parquet_file_the_job_writes_has_exactly_the_tables_columns_and_type
     batch = task_rows(kind).record_batch()
     write_parquet(tmp_path / "part-00000.parquet", batch)
     schema = pq.read_schema(tmp_path / "part-00000.parquet")
-    ddl = results.athena_ddl(schema, "t", "s3://b/t/")  # from the schema the file holds, as a user would
+    ddl = athena_table.athena_ddl(schema, "t", "s3://b/t/")  # from the schema the file holds, as a user would
     assert [name for name, _ in ddl_columns(ddl)] == pq.ParquetFile(str(tmp_path / "part-00000.parquet")) \
         .schema_arrow.names == ["key", *[n for n in ATHENA[kind] if n not in ("key", "error")], "error"]
     declared = [leaf for name, type_ in ddl_columns(ddl) for leaf in hive_leaves(type_, name)]
     assert declared == parquet_leaves(tmp_path / "part-00000.parquet")
     # and pyarrow reads every row back as written, the failed image's nulls (vector, image_size) included
-    view = pa.Table.from_batches([results.parquet_batch(batch, results.parquet_schema(batch.schema))])
+    view = pa.Table.from_batches([parquet_view.parquet_batch(batch, parquet_view.parquet_schema(batch.schema))])
     assert pq.read_table(tmp_path / "part-00000.parquet").to_pylist() == view.to_pylist()
     assert view.column(1).null_count == 1
 
@@ -136,8 +136,8 @@ def test_carried_columns_and_object_metadata_follow_with_their_types(tmp_path):
     carried = pa.table({"product_id": ["p-1", "p-2", None, "p-4"], "Shop Name": ["n", "s", "e", "w"],
                         "select": ["a", "b", "c", "d"], "etag": ["e1", "e2", "e3", "e4"],
                         "size": pa.array([10, 20, None, 40], pa.int64())})
-    write_parquet(tmp_path / "p.parquet", results.carry(batch, carried))
-    ddl = results.athena_ddl(pq.read_schema(tmp_path / "p.parquet"), "mydb.photo_classes", "s3://b/c/")
+    write_parquet(tmp_path / "p.parquet", part_format.carry(batch, carried))
+    ddl = athena_table.athena_ddl(pq.read_schema(tmp_path / "p.parquet"), "mydb.photo_classes", "s3://b/c/")
     assert ddl.startswith("CREATE EXTERNAL TABLE mydb.photo_classes (\n")
     assert ddl_columns(ddl)[3:] == [("product_id", "string"), ("Shop Name", "string"), ("select", "string"),
                                     ("etag", "string"), ("size", "bigint")]
@@ -148,7 +148,7 @@ def test_carried_columns_and_object_metadata_follow_with_their_types(tmp_path):
 
 
 @pytest.mark.parametrize(("schema", "location", "match"), [
-    (results.parquet_schema(results.schema("embed", dimension=8, dtype="float16")), "s3://b/e/",
+    (parquet_view.parquet_schema(results.schema("embed", dimension=8, dtype="float16")), "s3://b/e/",
      r"column embedding: float16 is written as Parquet's FLOAT16 logical type, which Athena"),
     (pa.schema([("key", pa.string()), ("taken", pa.timestamp("ms"))]), "s3://b/e/",
      r"column taken: Arrow type timestamp\[ms\] has no Athena type"),
@@ -162,7 +162,7 @@ def test_carried_columns_and_object_metadata_follow_with_their_types(tmp_path):
 ])
 def test_a_schema_athena_cannot_read_is_refused_naming_the_column(schema, location, match):
     with pytest.raises(ValueError, match=match):
-        results.athena_ddl(schema, "t", location)
+        athena_table.athena_ddl(schema, "t", location)
 
 
 def test_float16_is_what_the_parquet_file_holds(tmp_path):
@@ -218,7 +218,7 @@ def test_each_generated_part_shows_every_column_of_its_schema_and_the_tables_sta
         if example.name == "embed-float16":
             assert "No Athena table: column embedding: float16" in part and "CREATE" not in part
         else:
-            assert results.athena_ddl(example.schema, example.table, example.location) in part
+            assert athena_table.athena_ddl(example.schema, example.table, example.location) in part
 
 
 def code_blocks(page: Path, marker: str) -> list[str]:
@@ -274,6 +274,6 @@ def test_the_pages_ddl_block_prints_the_statement_of_a_part_file(dataset, monkey
     [code] = code_blocks(ROOT / output_docs.PAGE, "runs this block in a folder of the job's Parquet")
     monkeypatch.chdir(root / "classes")
     exec(compile(code, "docs/output.md (athena_ddl)", "exec"), {})
-    schema = results.parquet_schema(made["classes"].schema)
-    assert capsys.readouterr().out == results.athena_ddl(schema, "photo_classes", "s3://my-bucket/classes/") + "\n"
+    schema = parquet_view.parquet_schema(made["classes"].schema)
+    assert capsys.readouterr().out == athena_table.athena_ddl(schema, "photo_classes", "s3://my-bucket/classes/") + "\n"
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mxjob import driver, durable, listing, merge, partition, results, sinks
+from mxjob import driver, durable, listing, merge, part_format, partition, results, sinks
 from mxjob.config import merge_settings, resolve
 from mxjob.s3 import writes
 
@@ -66,7 +66,7 @@ def durable_run(s3, task: str, name: str, json_lines: bool) -> durable.WorkPrefi
             else:
                 made.add(key, value)
         s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, index),
-                      Body=results.write_part(made.record_batch(), lines=json_lines))
+                      Body=part_format.write_part(made.record_batch(), lines=json_lines))
     return work
 
 

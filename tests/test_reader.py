@@ -11,7 +11,6 @@ import base64
 import datetime
 import logging
 import zlib
-from types import SimpleNamespace
 from unittest import mock
 
 import botocore.auth
@@ -155,14 +154,32 @@ def test_without_credentials_every_get_is_botocores_and_the_fallback_is_logged_o
     assert len(sent) == 2
 
 
-def test_a_client_without_botocores_http_session_falls_back_with_the_reason(moto_endpoint, caplog):
+class WithoutEndpoint:
+    """A botocore client as one whose private ``_endpoint`` is gone (a renamed internal); the rest is the client's."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def __getattr__(self, name: str):
+        if name == "_endpoint":
+            raise AttributeError(name)
+        return getattr(self.client, name)
+
+
+def test_a_client_without_botocores_private_http_session_reads_through_get_object_and_says_so_once(
+        bucket, moto_endpoint, caplog):
     client, credentials = clients.cached_client(moto_endpoint, None, clients.S3_MAX_ATTEMPTS,
-                                                clients.S3_POOL_CONNECTIONS)
-    bare = SimpleNamespace(meta=client.meta)  # as a botocore whose client has no _endpoint.http_session
+                                                clients.S3_POOL_CONNECTIONS, purpose="test reader")
     with caplog.at_level(logging.WARNING, logger=object_reader.__name__):
-        reader = object_reader.ObjectReader(bare, credentials, 5, lambda: client)
-    assert not reader.enabled and "http_session" in reader.unavailable()
-    assert any("http_session" in r.getMessage() for r in caplog.records)
+        reader = object_reader.ObjectReader(WithoutEndpoint(client), credentials, 5, lambda: client)
+        sent = botocore_sends(client)
+        keys = ("r/a.jpg", "r/c d.jpg", "r/ü/é+%.jpg", "r/a.jpg")
+        assert [reader.read(BUCKET, key) for key in keys] == [BODIES[key] for key in keys]
+    assert not reader.enabled and "client._endpoint.http_session" in reader.unavailable()
+    assert len(sent) == len(keys)  # every GET is botocore's get_object
+    [warning] = [r.getMessage() for r in caplog.records if r.name == object_reader.__name__]
+    assert (f"(botocore {botocore.__version__} has no client._endpoint.http_session, the private attribute "
+            "the lean path sends through)" in warning and "every GET goes through botocore's get_object" in warning)
     turned_off = object_reader.ObjectReader(client, credentials, 5, lambda: client, lean=False)
     assert not turned_off.enabled and turned_off.unavailable() is None  # off by choice: nothing to warn about
 
@@ -211,45 +228,32 @@ def test_an_object_over_max_bytes_is_refused_from_its_content_length_on_both_pat
 
 
 # ----------------------------------------------------------------------------
-# The lean path's own SigV4 signer
+# The lean path's signing: botocore's public S3SigV4Auth, outside botocore's get_object
 
 
-def botocore_signed(url: str, credentials, region: str, when) -> dict:
-    """The headers botocore's S3SigV4Auth gives the lean path's GET of ``url`` at ``when``."""
-    request = botocore.awsrequest.AWSRequest(method="GET", url=url, stream_output=True,
-                                             headers={"x-amz-checksum-mode": "ENABLED", "User-Agent": "agent/1"})
-    with mock.patch("botocore.auth.get_current_datetime", return_value=when):
-        botocore.auth.S3SigV4Auth(credentials, "s3", region).add_auth(request)
-    return dict(request.headers.items())
-
-
-@pytest.mark.parametrize("token", [None, "session/token+=="])
-@pytest.mark.parametrize(("base", "region"), [
-    ("http://127.0.0.1:5000/reader-bucket/", "us-east-1"),  # path style, a port
-    ("https://reader-bucket.s3.eu-west-3.amazonaws.com/", "eu-west-3"),  # virtual host, the default port
-    ("https://s3.eu-central-1.amazonaws.com:443/reader-bucket/", "eu-central-1"),  # the default port written out
-])
-def test_the_lean_signer_signs_as_botocore(base, region, token):
-    credentials = botocore.credentials.Credentials("AKIDEXAMPLE", "wJalr/K7MDENG+bPxRfi", token)
-    credentials = credentials.get_frozen_credentials()
-    signer = object_reader._GetSigner()
-    for when in (datetime.datetime(2026, 11, 23, 23, 59, 59), datetime.datetime(2026, 11, 24, 0, 0, 1)):
-        for key in ("r/a.jpg", "r/c d.jpg", "r/ü/é+%.jpg", "deep/a~b/(1)!*'.png"):
-            quoted = botocore.utils.percent_encode(key, safe="/~")
-            expected = botocore_signed(base + quoted, credentials, region, when)
-            ours = signer.headers(credentials, region, base, quoted, "agent/1", when.strftime("%Y%m%dT%H%M%SZ"))
-            assert ours == expected
-
-
-def test_the_lean_signer_keeps_the_signing_key_for_a_day_and_region():
-    credentials = botocore.credentials.Credentials("AKID", "secret").get_frozen_credentials()
-    signer = object_reader._GetSigner()
-    signer.headers(credentials, "us-east-1", "http://h/b/", "k", None, "20261123T000000Z")
-    key = signer._key
-    signer.headers(credentials, "us-east-1", "http://h/b/", "other", None, "20261123T235959Z")
-    assert signer._key is key
-    signer.headers(credentials, "us-east-1", "http://h/b/", "k", None, "20261124T000000Z")
-    assert signer._key[0] == ("secret", "20261124", "us-east-1") and signer._key[1] != key[1]
+def test_a_lean_get_is_signed_as_botocores_get_object_and_moto_serves_it(bucket, moto_endpoint):
+    reader = fresh_reader(moto_endpoint)
+    through_botocore: list = []  # every GET that went through botocore's whole get_object
+    reader.client.meta.events.register("before-send.s3.GetObject",
+                                       lambda request, **_: through_botocore.append(request))
+    key = "r/ü/é+%.jpg"
+    with mock.patch("botocore.auth.get_current_datetime", return_value=datetime.datetime(2026, 11, 23, 23, 59, 59)):
+        assert reader.read(BUCKET, key) == BODIES[key]  # botocore's GET: the reader learns the bucket from it
+        base, region, agent = reader._learned[BUCKET]
+        url = base + botocore.utils.percent_encode(key, safe="/~")
+        lean = object_reader._signed_get(reader.credentials.get_frozen_credentials(), region, url, agent).prepare()
+    [botocores] = through_botocore
+    # Every header botocore signed and sent, Authorization included; amz-sdk-* are its per-call retry
+    # headers, added after signing.
+    assert lean.url == botocores.url
+    signed = {name: object_reader._text(value) for name, value in botocores.headers.items()
+              if not name.startswith("amz-sdk-")}
+    assert {name: object_reader._text(value) for name, value in lean.headers.items()} == signed
+    response = reader._http.send(lean)
+    assert response.status_code == 200 and response.content == BODIES[key]
+    # The reader's own GETs are signed that way and never go through botocore's get_object.
+    assert [reader.read(BUCKET, k) for k in ("r/a.jpg", "r/c d.jpg")] == [BODIES["r/a.jpg"], BODIES["r/c d.jpg"]]
+    assert len(through_botocore) == 1
 
 
 @pytest.mark.parametrize("kind", ["lean", "botocore"])

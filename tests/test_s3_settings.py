@@ -10,7 +10,10 @@ never rides on a client that :func:`clients.s3_client` hands out.
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 import urllib.parse
 
 import boto3
@@ -205,6 +208,32 @@ def test_lean_listing_without_handle_200_error_warns_once_and_lists_through_boto
     assert ("the lean listing is not available (botocore " in warning.getMessage()
             and "has no botocore.handlers._handle_200_error" in warning.getMessage()
             and "listing with botocore's own ListObjectsV2 parser instead" in warning.getMessage())
+
+
+#: A listing in a fresh process whose botocore lacks botocore.compat.unquote_str, an internal alias that
+#: botocore's own modules have bound by the time anything of ours is imported (as in any botocore that
+#: dropped it, whose modules would not use it).
+WITHOUT_UNQUOTE_STR = """
+import json, logging, sys
+import boto3, botocore.compat, botocore.handlers, botocore.session
+del botocore.compat.unquote_str
+logging.basicConfig(level=logging.WARNING)
+from mxjob.s3 import lean_list, parallel_list
+client = lean_list.list_client(sys.argv[1], kind="lean")
+page = client.list_objects_v2(Bucket=sys.argv[2], Prefix="list/")
+keys, sizes = parallel_list.list_prefix(client, sys.argv[2], "list/", 4, page_size=10)
+print(json.dumps({"lean": "KeysAndSizes" in page, "listed": sorted(zip(keys.to_pylist(), sizes.to_pylist()))}))
+"""
+
+
+def test_the_lean_listing_needs_no_botocore_compat_unquote_str(bucket, moto_endpoint):
+    done = subprocess.run([sys.executable, "-c", WITHOUT_UNQUOTE_STR, moto_endpoint, BUCKET],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["lean"]  # the lean parser, with the url-encoded keys (spaces, "+", "&", non-ASCII) decoded
+    assert [tuple(pair) for pair in out["listed"]] == sorted((key, n % 7) for n, key in enumerate(KEYS))
+    assert "WARNING" not in done.stderr  # nothing to fall back from
 
 
 def test_list_client_refuses_an_unknown_kind():

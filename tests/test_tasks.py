@@ -24,7 +24,7 @@ from PIL import Image, ImageOps
 import infer_main
 import mxinfer
 from demo.examples import random_detector
-from mxjob import config, driver, errors, results
+from mxjob import config, driver, errors, jsonl_view, parquet_view, part_format, results
 from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, map_boxes
 from tests.helpers import bucket_with_effnet, encode, make_s3_client, spark_submit
 
@@ -41,17 +41,17 @@ def test_each_kind_has_its_schema_and_json_lines_view():
     embed = results.Results(results.schema("embed", dimension=3, dtype="float16"))
     embed.add("b", np.array([0.5, 1.0, -2.0], np.float32))
     embed.fail("a", {"stage": "decode", "type": "ValueError", "message": "bad"})
-    batch = results.read_part(results.write_part(embed.record_batch()))
+    batch = part_format.read_part(part_format.write_part(embed.record_batch()))
     assert batch.schema.field("embedding").type == pa.list_(pa.float16(), 3)
-    assert results.json_lines(batch) == [
+    assert jsonl_view.json_lines(batch) == [
         '{"key": "a", "error": {"stage": "decode", "type": "ValueError", "message": "bad"}}',
         '{"key": "b", "embedding": [0.5, 1, -2]}']
     detect = results.Results(results.schema("detect"))
     detect.add("k", ([40, 30], results.detection_entries([(1, None, 0.75, [1.5, 2.0, 30.25, 29.0])])))
-    [line] = results.json_lines(detect.record_batch())
+    [line] = jsonl_view.json_lines(detect.record_batch())
     assert line == ('{"key": "k", "image_size": [40, 30], "detections": [{"class_id": 1, "score": 0.75, '
                     '"box": [1.5, 2, 30.25, 29]}]}')
-    parquet = results.parquet_schema(results.schema("detect"), {"mxinfer.task": "detect"})
+    parquet = parquet_view.parquet_schema(results.schema("detect"), {"mxinfer.task": "detect"})
     # Fixed-size lists go to Parquet as plain lists: pyarrow 20 cannot read a null fixed-size list back.
     box_as_list = pa.struct([f.with_type(pa.list_(pa.float32())) if f.name == "box" else f for f in results.DETECTION])
     assert parquet.field("detections").type == pa.list_(box_as_list)
@@ -347,10 +347,10 @@ def test_a_parts_lines_are_the_json_view_of_its_own_columns_for_every_kind():
     made["detect"].add("a", ([3, 4], []))
     for kind, rows in made.items():
         rows.fail("b", {"stage": "download", "type": "OSError", "message": "gone"})
-        part = results.read_part(results.write_part(rows.record_batch()))
+        part = part_format.read_part(part_format.write_part(rows.record_batch()))
         assert results.kind_of(part.schema) == kind
-        assert part.column(results.LINE.name).to_pylist() == results.json_lines(results.model_columns(part))
-        assert [json.loads(x)["key"] for x in results.json_lines(part)] == ["a", "b"]
+        assert part.column(results.LINE.name).to_pylist() == jsonl_view.json_lines(part_format.model_columns(part))
+        assert [json.loads(x)["key"] for x in jsonl_view.json_lines(part)] == ["a", "b"]
 
 
 def test_top_labels_count_each_rows_first_class_by_label_else_id():
@@ -373,9 +373,9 @@ def test_a_part_without_lines_has_the_same_schema_and_renders_the_same_lines():
     made["detect"].add("a", ([3, 4], results.detection_entries([(2, "dog", 0.5, [0.5, 1.0, 2.0, 3.25])])))
     for kind, rows in made.items():
         rows.fail("b", {"stage": "download", "type": "OSError", "message": "gone\nfor good"})
-        with_lines = results.read_part(results.write_part(rows.record_batch()))
-        without = results.read_part(results.write_part(rows.record_batch(), lines=False))
+        with_lines = part_format.read_part(part_format.write_part(rows.record_batch()))
+        without = part_format.read_part(part_format.write_part(rows.record_batch(), lines=False))
         assert without.schema == with_lines.schema, kind
         assert without.column(results.LINE.name).null_count == without.num_rows == 2, kind
-        assert results.json_lines(without) == results.json_lines(with_lines), kind
-        assert results.json_lines(without.slice(1)) == results.json_lines(with_lines)[1:], kind
+        assert jsonl_view.json_lines(without) == jsonl_view.json_lines(with_lines), kind
+        assert jsonl_view.json_lines(without.slice(1)) == jsonl_view.json_lines(with_lines)[1:], kind

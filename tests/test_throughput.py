@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mxinfer
-from mxjob import cluster, config, durable, listing, merge, partition, results, state, worker
+from mxjob import cluster, config, durable, jsonl_view, listing, merge, part_format, partition, results, state, worker
 from mxjob.records import to_json
 from mxjob.stats import StatsAccumulator, StatsFold, TaskStats
 from mxjob.summary import summarize, thread_fit
@@ -48,9 +48,9 @@ def test_tasks_render_json_lines_into_their_parts_only_for_a_json_lines_output(o
     assert job.json_lines is rendered
     rows = results.Results(results.schema("classify"))
     rows.add("a", results.prediction_entries([(1, "one", 0.5)]))
-    part = results.read_part(partition.write_results(job, 0, None, rows.record_batch()))
+    part = part_format.read_part(partition.write_results(job, 0, None, rows.record_batch()))
     assert part.column(results.LINE.name).null_count == (0 if rendered else 1)
-    assert results.json_lines(part) == ['{"key": "a", "predictions": [{"class_id": 1, "label": "one", '
+    assert jsonl_view.json_lines(part) == ['{"key": "a", "predictions": [{"class_id": 1, "label": "one", '
                                         '"probability": 0.5}]}']
 
 

@@ -16,7 +16,7 @@ import botocore.parsers
 import botocore.session
 import botocore.utils
 
-from mxjob import state
+from mxjob import constants, state
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 # Every S3 client of the job is configured from these: the driver's, the
 # listing's, the executors' readers, the model's and the --config read.
 #: Attempts per S3 request, the first included (botocore ``standard`` retries); ``--s3-max-attempts``' default.
-S3_MAX_ATTEMPTS = 5
+S3_MAX_ATTEMPTS = constants.DEFAULT.s3_max_attempts
 
 
 #: HTTP connections a client keeps per host: more than a worker's download threads.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from urllib.parse import unquote_plus
 from xml.etree import ElementTree
 
 import boto3
@@ -23,10 +24,9 @@ import botocore.handlers
 import botocore.parsers
 import botocore.session
 import botocore.utils
-from botocore.compat import unquote_str
 
-from mxjob import settings, state
-from mxjob.s3 import clients, object_reader
+from mxjob import constants, state
+from mxjob.s3 import clients
 
 _fallback_lock = threading.Lock()
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 def list_client(endpoint_url: str | None = None, region: str | None = None,
                 max_attempts: int = clients.S3_MAX_ATTEMPTS, max_pool_connections: int = clients.S3_POOL_CONNECTIONS,
-                kind: str = settings.DEFAULT.s3_reader):
+                kind: str = constants.DEFAULT.s3_reader):
     """A new S3 client for :func:`list_prefix`, configured as :func:`clients.s3_client`'s.
 
     ``kind`` is the job's ``--s3-reader``. ``"botocore"`` gives a plain boto3
@@ -60,8 +60,8 @@ def list_client(endpoint_url: str | None = None, region: str | None = None,
     client instead and logs why, once per process: the listing is the same,
     only slower.
     """
-    if kind not in object_reader.S3_READERS:
-        raise ValueError(f"s3 reader {kind!r}: choose one of {', '.join(object_reader.S3_READERS)}")
+    if kind not in constants.S3_READERS:
+        raise ValueError(f"s3 reader {kind!r}: choose one of {', '.join(constants.S3_READERS)}")
     config = clients.client_config(max_attempts, max_pool_connections)
     if kind == "lean":
         reason = lean_listing_unavailable()
@@ -140,8 +140,10 @@ def _keys_and_sizes(response_dict, customized_response_dict, operation_model=Non
     found = _KEY_SIZE.findall(body) if _URL_ENCODED in body else None
     if found is not None and len(found) == body.count(b"<Contents>"):
         # botocore asks for url-encoded keys (encoding-type=url, so that any key survives XML)
-        # and decodes them after parsing; these bypass that, so they are decoded here as it would.
-        keys = [unquote_str(key.decode("utf-8")) if b"%" in key or b"+" in key else key.decode("utf-8")
+        # and decodes them after parsing; these bypass that, so they are decoded here as it would:
+        # S3 form-encodes them ("+" a space), and botocore's internal botocore.compat.unquote_str is
+        # the standard library's unquote_plus under another name.
+        keys = [unquote_plus(key.decode("utf-8")) if b"%" in key or b"+" in key else key.decode("utf-8")
                 for key, _ in found]
         sizes = [int(size) for _, size in found]
     else:  # not the layout the expression knows: ElementTree reads any
@@ -152,7 +154,7 @@ def _keys_and_sizes(response_dict, customized_response_dict, operation_model=Non
         items = root.iterfind(_S3_XML + "Contents")
         pairs = [(item.findtext(_S3_XML + "Key"), int(item.findtext(_S3_XML + "Size"))) for item in items]
         if root.findtext(_S3_XML + "EncodingType") == "url":
-            pairs = [(unquote_str(key), size) for key, size in pairs]
+            pairs = [(unquote_plus(key), size) for key, size in pairs]
         keys, sizes = [key for key, _ in pairs], [size for _, size in pairs]
     customized_response_dict["KeysAndSizes"] = (keys, sizes)
     # S3 writes the Contents one after the other: cut them out in one slice, not a search.

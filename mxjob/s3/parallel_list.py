@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import pyarrow as pa
 
-from mxjob import settings
+from mxjob import constants
 
 #: Arrow type of the key column: 64-bit offsets, so fifty million keys of 60
 #: bytes (3 GB of text) still fit one column.
@@ -40,7 +40,7 @@ def list_objects(client, bucket: str, prefix: str, start_after: str | None = Non
 
 
 #: ListObjectsV2 calls in flight (``--list-concurrency``).
-LIST_CONCURRENCY = settings.DEFAULT.list_concurrency
+LIST_CONCURRENCY = constants.DEFAULT.list_concurrency
 
 
 #: Characters the range splitter cuts at: S3's "safe" key characters in code point order.

@@ -94,14 +94,23 @@ class _JobSpecBase:
         return max(1, min(self.micro_batch_size or self.batch_size, self.batch_size))
 
 
-#: ``_JobSpecBase`` and a field per executor setting, in the table's order, each with its library default. The
-#: names and defaults come from :mod:`mxjob.constants` (generated from the table): an executor imports no
-#: option table, and a setting declared ``to="executor"`` in :data:`mxjob.settings.SETTINGS` is a field here.
-JobSpec = dataclasses.make_dataclass(
-    "JobSpec", [(name, Any, dataclasses.field(default=getattr(constants.DEFAULT, name)))
-                for name in constants.EXECUTOR_SETTINGS],
-    bases=(_JobSpecBase,), frozen=True, namespace={"__doc__": _JobSpecBase.__doc__})
-JobSpec.__module__ = __name__  # pickled to the executors as mxjob.partition.JobSpec
+def job_spec_class(names: Sequence[str], defaults) -> type:
+    """``JobSpec``: :class:`_JobSpecBase`'s fields, then one per executor setting in ``names``, ``defaults``' value.
+
+    ``names`` and ``defaults`` are :mod:`mxjob.constants`' ``EXECUTOR_SETTINGS``
+    and ``DEFAULT``, generated from :data:`mxjob.settings.SETTINGS`: a setting
+    declared there with ``to="executor"`` is a field here, and an executor
+    imports no option table. Made importable as ``mxjob.partition.JobSpec``,
+    so that it pickles to the executors.
+    """
+    cls = dataclasses.make_dataclass(
+        "JobSpec", [(name, Any, dataclasses.field(default=getattr(defaults, name))) for name in names],
+        bases=(_JobSpecBase,), frozen=True, namespace={"__doc__": _JobSpecBase.__doc__})
+    cls.__module__ = __name__
+    return cls
+
+
+JobSpec = job_spec_class(constants.EXECUTOR_SETTINGS, constants.DEFAULT)
 
 
 def part_key(parts_prefix: str, index: int) -> str:

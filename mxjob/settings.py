@@ -271,30 +271,13 @@ def _int8_only(values: dict) -> bool:
     return values["precision"] == "int8"
 
 
-def _embed_only(values: dict) -> bool:
-    """In the fingerprint only when the task is ``embed``: other tasks' lines do not depend on it."""
-    return values["task"] == "embed"
-
-
-def _detect_only(values: dict) -> bool:
-    """In the fingerprint only when the task is ``detect``."""
-    return values["task"] == "detect"
-
-
 def _object_metadata_only(values: dict) -> bool:
     """In the fingerprint only when on: the lines of a run without it are as they always were."""
     return bool(values["with_object_metadata"])
 
 
 #: What the options table's Resume column says of a setting in the fingerprint under a condition.
-_FINGERPRINT_WHEN = {_int8_only: "int8 only", _embed_only: "embed only", _detect_only: "detect only",
-                     _object_metadata_only: "when on"}
-
-
-#: The settings that mean something for one task only: given explicitly with another task, they are refused
-#: (a --config file's yield to a --task on the command line: ``config.yielding_to_task``).
-TASK_ONLY = {"top_k": "classify", "output_layer": "embed", "embedding_dtype": "embed", "normalize": "embed",
-             "min_score": "detect", "max_detections": "detect"}
+_FINGERPRINT_WHEN = {_int8_only: "int8 only", _object_metadata_only: "when on"}
 
 
 @dataclass(frozen=True)
@@ -326,6 +309,10 @@ class Setting:
         Whether the value changes what a line says about an image, so that a
         ``--resume`` with another value is refused; a callable of the settings
         decides per run (``_int8_only``).
+    task : str, optional
+        The one task (:data:`TASKS`) the setting means something for: given
+        explicitly with another task it is refused (:data:`TASK_ONLY`), and it
+        is in the fingerprint of that task's runs only.
     """
 
     name: str
@@ -336,6 +323,7 @@ class Setting:
     type: click.ParamType | None = None
     to: str = "driver"
     fingerprint: Any = False
+    task: str | None = None
     metavar: str | None = None
     #: What ``--help`` says the default is, when not the default itself (``None`` defaults).
     show_default: str | None = None
@@ -356,6 +344,8 @@ class Setting:
             raise ValueError(f"{self.name}: to must be one of {DESTINATIONS}, got {self.to!r}")
         if self.section not in SECTIONS:
             raise ValueError(f"{self.name}: section must be one of {SECTIONS}, got {self.section!r}")
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"{self.name}: task must be one of {TASKS}, got {self.task!r}")
         if self.fingerprint and self.to == "resolve":  # line_settings reads only what reaches a JobConfig
             raise ValueError(f"{self.name}: a to='resolve' setting cannot be in the fingerprint")
 
@@ -366,6 +356,8 @@ class Setting:
 
     def in_fingerprint(self, values: dict) -> bool:
         """Whether this run's fingerprint holds the setting (``values``: every setting of the run)."""
+        if self.task is not None and values["task"] != self.task:
+            return False  # another task's lines do not depend on it
         return self.fingerprint(values) if callable(self.fingerprint) else bool(self.fingerprint)
 
     def default_text(self) -> str | None:
@@ -486,18 +478,18 @@ SETTINGS: tuple[Setting, ...] = (
        "is MXNet's detection layout (batch, anchors, 6).", default="classify", type=click.Choice(TASKS),
        to="executor", fingerprint=True),
     _s("top_k", "--top-k", "scoring", "Predictions per image (classify).", default=5, type=_count(), to="executor",
-       fingerprint=True),
+       fingerprint=True, task="classify"),
     _s("output_layer", "--output-layer", "scoring",
        "embed: the layer whose output is the vector (a name of the symbol's graph).", metavar="NAME",
-       show_default="the input of the model's last FullyConnected layer", to="model", fingerprint=_embed_only),
+       show_default="the input of the model's last FullyConnected layer", to="model", fingerprint=True, task="embed"),
     _s("embedding_dtype", "--embedding-dtype", "scoring", "embed: the vectors' element type.", default="float32",
-       type=click.Choice(EMBEDDING_DTYPES), to="executor", fingerprint=_embed_only),
+       type=click.Choice(EMBEDDING_DTYPES), to="executor", fingerprint=True, task="embed"),
     _s("normalize", "--normalize", "scoring", "embed: scale each vector to unit length (L2).", default=False,
-       is_flag=True, to="executor", fingerprint=_embed_only),
+       is_flag=True, to="executor", fingerprint=True, task="embed"),
     _s("min_score", "--min-score", "scoring", "detect: boxes scoring less are left out.", default=0.3,
-       type=FiniteNumber(min=0, max=1), to="executor", fingerprint=_detect_only),
+       type=FiniteNumber(min=0, max=1), to="executor", fingerprint=True, task="detect"),
     _s("max_detections", "--max-detections", "scoring", "detect: at most this many boxes per image, best first.",
-       default=100, type=_count(), to="executor", fingerprint=_detect_only),
+       default=100, type=_count(), to="executor", fingerprint=True, task="detect"),
     # --- preprocessing
     _s("input_shape", "--input-shape", "preprocessing", "Model input shape; C is 3 (RGB) or 1 (greyscale).",
        default=(3, 224, 224), type=NumberList(int, count=3), metavar="C,H,W", to="preprocess", fingerprint=True),
@@ -598,6 +590,10 @@ SETTINGS: tuple[Setting, ...] = (
 
 #: Every setting by name.
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+#: The settings that mean something for one task only (:attr:`Setting.task`): given explicitly with another
+#: task, they are refused (a --config file's yield to a --task on the command line: ``config.yielding_to_task``).
+TASK_ONLY: dict[str, str] = {s.name: s.task for s in SETTINGS if s.task is not None}
 
 
 #: Every setting's default as the library uses it (:attr:`Setting.library_default`): ``DEFAULT.batch_size``
@@ -740,7 +736,8 @@ def options_markdown() -> str:
             default_cell = f"`{shown}`" if shown else (s.show_default or ("empty" if shown == "" else "unset"))
             if s.default == ():
                 default_cell = "none"
-            resume = "yes" if s.fingerprint is True else (_FINGERPRINT_WHEN[s.fingerprint] if s.fingerprint else "")
+            resume = ("" if not s.fingerprint else f"{s.task} only" if s.task is not None
+                      else "yes" if s.fingerprint is True else _FINGERPRINT_WHEN[s.fingerprint])
             goes = {"resolve": "driver"}.get(s.to, s.to)
             out.append(f"| {flags} | {_cell(default_cell)} | {goes} | {resume} | {_cell(s.help)} |")
     return "\n".join(out) + "\n"

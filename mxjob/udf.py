@@ -48,13 +48,9 @@ class UdfSpec:
     top_k: int = constants.DEFAULT.top_k
 
 
-def model_udf(model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
-              top_k: int = constants.DEFAULT.top_k, *, mean=Preprocess.mean, std=Preprocess.std,
-              resize: str = Preprocess.resize, max_image_pixels: int = constants.DEFAULT.max_image_pixels,
-              context: str | None = None, epoch: int = constants.DEFAULT.epoch, labels: str | None = None,
-              data_name: str = constants.DEFAULT.data_name,
-              endpoint_url: str | None = None, region: str | None = None,
-              s3_max_attempts: int = constants.DEFAULT.s3_max_attempts):
+def model_udf(model: str | ModelSpec, preprocess: Preprocess | None = None,
+              batch_size: int = constants.DEFAULT.batch_size, top_k: int = constants.DEFAULT.top_k, *,
+              context: str | None = None):
     """A Spark UDF from a column of encoded images to their top-k predictions.
 
     The model is loaded on the executors, once per Python worker, through
@@ -73,22 +69,22 @@ def model_udf(model, input_shape=constants.DEFAULT.input_shape, batch_size: int 
     Parameters
     ----------
     model : str or ModelSpec
-        Checkpoint prefix (``prefix-symbol.json``, ``prefix-%04d.params``;
+        Checkpoint prefix (``prefix-symbol.json``, ``prefix-0000.params``;
         ``s3://``, ``http(s)://``, ``file://`` or a path every executor can
-        read), or a :class:`ModelSpec`.
-    input_shape : tuple of int
-        ``(C, H, W)`` the model takes.
+        read), or a :class:`ModelSpec` for anything more (another epoch,
+        labels, the data name, the S3 endpoint and attempts:
+        :meth:`ModelSpec.from_prefix` takes them).
+    preprocess : Preprocess, optional
+        The decoding recipe, the job's own (``--input-shape``, ``--mean``,
+        ``--std``, ``--resize``, ``--max-image-pixels``, ``--decode``); by
+        default the job's defaults.
     batch_size : int
         Images per forward pass (the module's bound batch).
     top_k : int
         Predictions per image.
-    mean, std, resize, max_image_pixels
-        Preprocessing, as the job's options of the same names.
     context : str, optional
         ``cpu``, ``gpu`` (the GPU Spark assigned to the task, else partition
         modulo visible GPUs) or ``gpu:N``. Default: the ``ModelSpec``'s, cpu.
-    epoch, labels, data_name, endpoint_url, region, s3_max_attempts
-        As :meth:`ModelSpec.from_prefix` when ``model`` is a prefix.
 
     Returns
     -------
@@ -101,8 +97,8 @@ def model_udf(model, input_shape=constants.DEFAULT.input_shape, batch_size: int 
 
     Examples
     --------
-    >>> classify = model_udf("s3://bucket/models/resnet-18", top_k=3,  # doctest: +SKIP
-    ...                      mean=(123.68, 116.78, 103.94), std=(58.4, 57.12, 57.38))
+    >>> recipe = Preprocess(mean=(123.68, 116.78, 103.94), std=(58.4, 57.12, 57.38))
+    >>> classify = model_udf("s3://bucket/models/resnet-18", recipe, top_k=3)  # doctest: +SKIP
     >>> images = spark.read.format("binaryFile").load("s3://bucket/photos/")  # doctest: +SKIP
     >>> images.select("path", classify("content").alias("p")).select("path", "p.predictions")  # doctest: +SKIP
     """
@@ -114,14 +110,15 @@ def model_udf(model, input_shape=constants.DEFAULT.input_shape, batch_size: int 
     if isinstance(model, ModelSpec):
         spec = model if context is None else replace(model, context=context)
     else:
-        spec = ModelSpec.from_prefix(str(model), epoch, labels_uri=labels, data_name=data_name,
-                                     context=context or "cpu", endpoint_url=endpoint_url, region=region,
-                                     s3_max_attempts=s3_max_attempts)
+        spec = ModelSpec.from_prefix(str(model), context=context or constants.DEFAULT.context)
     parse_context(spec.context)  # a malformed context fails here, not on the executors
+    if preprocess is None:
+        preprocess = Preprocess()
+    elif not isinstance(preprocess, Preprocess):
+        raise TypeError(f"preprocess must be a Preprocess (the job's recipe: mxinfer.Preprocess(input_shape, "
+                        f"mean=..., std=...)), got {type(preprocess).__name__}")
     if int(batch_size) < 1 or int(top_k) < 1:
         raise ValueError(f"batch_size and top_k must be at least 1, got {batch_size} and {top_k}")
-    preprocess = Preprocess(input_shape=tuple(int(x) for x in input_shape), mean=tuple(mean), std=tuple(std),
-                            resize=resize, max_image_pixels=int(max_image_pixels))
     udf_spec = UdfSpec(spec, preprocess, int(batch_size), int(top_k))
 
     def predict(batches):

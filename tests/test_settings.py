@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import mxinfer
-from mxjob import config, listing, resume, settings, sizing
+from mxjob import config, listing, partition, resume, settings, sizing
 from mxjob.partition import JobSpec
 from mxjob.s3 import clients, parallel_list
 
@@ -87,19 +87,65 @@ def test_job_spec_carries_every_executor_setting_of_the_run_and_pickles():
     assert type(spec).__module__ == "mxjob.partition" and type(spec).__qualname__ == "JobSpec"
 
 
-def test_a_new_executor_setting_needs_only_its_declaration(monkeypatch):
-    """What docs/layout.md promises: declare it, and JobConfig and JobSpec carry it to the executors."""
+def test_a_new_setting_reaches_every_destination_from_its_declaration_alone(monkeypatch):
+    """What docs/layout.md promises: declare it in SETTINGS, run make docs, and every layer has it."""
     extra = settings.Setting("decode_threads", ("--decode-threads",), "executors", "Test only.", default=3,
-                             type=settings.WholeNumber(min=1), to="executor")
+                             type=settings.WholeNumber(min=1), to="executor", fingerprint=True, task="detect")
     monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, extra))
-    spec_cls = settings.make_settings_dataclass("JobSpec", JobSpec.__mro__[1], settings.going_to("executor"),
-                                                "mxjob.partition")
+    # The command line (and so --help): its option, typed.
+    [option] = [o for o in settings.click_options() if o.name == "decode_threads"]
+    assert option.opts == ["--decode-threads"] and option.type.convert("5", None, None) == 5
+    # The YAML layer converts through the same option: a whole number, refused otherwise.
+    monkeypatch.setattr(config, "PARAMS", {**config.PARAMS, "decode_threads": option})
+    monkeypatch.setattr(config, "DEFAULTS", {**config.DEFAULTS, "decode_threads": 3})
+    merged = config.merge_settings({}, {**BASE, "decode_threads": 7})
+    assert merged["decode_threads"] == 7
+    with pytest.raises(click.BadParameter, match="is not a whole number"):
+        config.merge_settings({}, {**BASE, "decode_threads": 2.5})
+    # JobConfig, as mxjob.config makes it.
     cfg_cls = settings.make_settings_dataclass("JobConfig", config.JobConfig.__mro__[1],
                                                settings.going_to("driver", "executor"), "mxjob.config",
                                                with_defaults=False)
-    assert spec_cls.__dataclass_fields__["decode_threads"].default == 3
-    assert "decode_threads" in cfg_cls.__dataclass_fields__
-    assert extra.click_option().type.convert("5", None, None) == 5
+    assert "decode_threads" in {f.name for f in fields(cfg_cls)}
+    # JobSpec, from the constants make docs generates (the executors read no table).
+    generated: dict = {}
+    exec(settings.constants_text((ROOT / "mxjob" / "constants.py").read_text()), generated)
+    assert generated["EXECUTOR_SETTINGS"][-1] == "decode_threads" and generated["DEFAULT"].decode_threads == 3
+    spec_cls = partition.job_spec_class(generated["EXECUTOR_SETTINGS"], generated["DEFAULT"])
+    assert spec_cls(model=None, preprocess=None, bucket="b").decode_threads == 3
+    # Its one task: refused with another, in that task's fingerprint only.
+    assert settings.TASK_ONLY == {**settings.TASK_ONLY}  # derived at import: rebuild it as the module does
+    assert {s.name: s.task for s in settings.SETTINGS if s.task}["decode_threads"] == "detect"
+    assert extra.in_fingerprint({"task": "detect"}) and not extra.in_fingerprint({"task": "classify"})
+    # The docs and conf/defaults.yaml.
+    assert "`--decode-threads`" in settings.options_markdown() and "decode_threads: 3" in settings.defaults_yaml()
+
+
+@pytest.mark.parametrize(("record", "destination"), [(mxinfer.Preprocess, "preprocess"), (mxinfer.ModelSpec, "model")])
+def test_the_recipe_and_the_model_records_hold_their_settings_with_the_jobs_defaults(record, destination):
+    """Preprocess and ModelSpec are declared with their docs; this fails when they drift from the table."""
+    declared = {f.name: f.default for f in fields(record)}
+    for s in settings.going_to(destination):
+        assert s.name in declared, f"{record.__name__} has no field for the {destination} setting {s.name}"
+        assert declared[s.name] == s.library_default, s.name
+    if record is mxinfer.Preprocess:  # the recipe is its settings, nothing more: the fingerprint holds it whole
+        assert list(declared) == [s.name for s in settings.going_to("preprocess")]
+
+
+def test_task_only_settings_say_their_task_once():
+    assert settings.TASK_ONLY == {"top_k": "classify", "output_layer": "embed", "embedding_dtype": "embed",
+                                  "normalize": "embed", "min_score": "detect", "max_detections": "detect"}
+    values = {s.name: s.default for s in settings.SETTINGS}
+    for task in ("classify", "embed", "detect"):
+        held = {s.name for s in settings.SETTINGS if s.task and s.in_fingerprint({**values, "task": task})}
+        assert held == {name for name, only in settings.TASK_ONLY.items() if only == task}
+
+
+def test_model_udf_takes_the_recipe_and_the_model_as_their_records():
+    parameters = inspect.signature(mxinfer.model_udf).parameters
+    assert list(parameters) == ["model", "preprocess", "batch_size", "top_k", "context"]
+    assert parameters["batch_size"].default == settings.BY_NAME["batch_size"].library_default
+    assert parameters["top_k"].default == settings.BY_NAME["top_k"].library_default
 
 
 def test_the_library_defaults_are_the_jobs():
@@ -116,10 +162,7 @@ def test_the_library_defaults_are_the_jobs():
         assert signature.parameters["input_shape"].default == cfg.preprocess.input_shape
         assert signature.parameters["batch_size"].default == cfg.batch_size
     assert inspect.signature(mxinfer.Classifier.classify).parameters["top_k"].default == cfg.top_k
-    udf = inspect.signature(mxinfer.model_udf).parameters
-    for name in ("batch_size", "top_k", "max_image_pixels", "epoch", "data_name", "s3_max_attempts"):
-        assert udf[name].default == settings.BY_NAME[name].library_default, name
-    assert udf["batch_size"].default == cfg.batch_size
+    assert inspect.signature(mxinfer.model_udf).parameters["batch_size"].default == cfg.batch_size
     library_spec = mxinfer.JobSpec(model=cfg.model, preprocess=mxinfer.Preprocess(), bucket="in")
     job_spec = cfg.job_spec()
     for s in settings.going_to("executor"):

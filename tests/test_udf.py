@@ -67,14 +67,33 @@ def test_udf_worker_loads_the_model_once_for_all_its_batches(logits_prefix):
 def test_model_udf_is_an_iterator_pandas_udf_and_checks_its_arguments(logits_prefix):
     from pyspark.rdd import PythonEvalType
 
-    udf = mxinfer.model_udf(str(logits_prefix), SHAPE, batch_size=4, top_k=3, std=(255.0,))
+    recipe = mxinfer.Preprocess(SHAPE, std=(255.0,))
+    udf = mxinfer.model_udf(str(logits_prefix), recipe, batch_size=4, top_k=3)
     assert udf.evalType == PythonEvalType.SQL_SCALAR_PANDAS_ITER_UDF
     with pytest.raises(ValueError, match="cpu, gpu or gpu:N"):
-        mxinfer.model_udf(str(logits_prefix), SHAPE, context="tpu")
+        mxinfer.model_udf(str(logits_prefix), recipe, context="tpu")
     with pytest.raises(ValueError, match="at least 1"):
-        mxinfer.model_udf(str(logits_prefix), SHAPE, top_k=0)
-    with pytest.raises(ValueError, match="std values must be non-zero"):
-        mxinfer.model_udf(str(logits_prefix), SHAPE, std=(0.0,))
+        mxinfer.model_udf(str(logits_prefix), recipe, top_k=0)
+    with pytest.raises(TypeError, match=r"preprocess must be a Preprocess .* got tuple"):
+        mxinfer.model_udf(str(logits_prefix), SHAPE)
+
+
+def test_model_udf_takes_the_jobs_whole_recipe_decode_included(logits_prefix, monkeypatch):
+    """--decode (and every other recipe setting) reaches the UDF's workers as the job's Preprocess carries it."""
+    import pandas as pd
+    import pyspark.sql.functions
+
+    made = []
+    monkeypatch.setattr(pyspark.sql.functions, "pandas_udf", lambda function, _type: made.append(function) or function)
+    for decode in ("draft", "exact"):
+        recipe = mxinfer.Preprocess(SHAPE, std=(255.0,), decode=decode, resize="short-side-crop")
+        mxinfer.model_udf(str(logits_prefix), recipe, batch_size=4, top_k=3)
+    seen = []
+    monkeypatch.setattr(udf, "score_images", lambda classifier, images, preprocess, top_k: seen.append(
+        preprocess) or [])
+    for predict in made:
+        list(predict(iter([pd.Series([], dtype=object)])))
+    assert [(p.decode, p.resize) for p in seen] == [("draft", "short-side-crop"), ("exact", "short-side-crop")]
 
 
 @pytest.fixture(scope="module")

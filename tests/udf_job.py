@@ -18,7 +18,7 @@ import mxinfer
 
 def main(images: str, model: str, out: str) -> None:
     spark = SparkSession.builder.appName("model_udf test").getOrCreate()
-    classify = mxinfer.model_udf(model, input_shape=(3, 32, 32), batch_size=4, top_k=3, std=(255.0,))
+    classify = mxinfer.model_udf(model, mxinfer.Preprocess((3, 32, 32), std=(255.0,)), batch_size=4, top_k=3)
     files = spark.read.format("binaryFile").option("pathGlobFilter", "*.png").load(images)
     null_row = spark.createDataFrame([("null", None)], "path string, content binary")
     frame = files.select("path", "content").unionByName(null_row).repartition(3)

@@ -74,10 +74,11 @@ submit-yarn: $(STAMP) ## Rehearse your EMR step on the local YARN: ARGS='--confi
 	$(PY) -m demo.run_yarn $(ARGS)
 
 .PHONY: test
-test: $(STAMP) ## Run ruff and every test (unit and spark-submit integration); installs chromium (report tests) as root
+test: $(STAMP) ## Run ruff, the import layers and every test (unit and spark-submit integration); installs chromium (report tests) as root
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed and not root: the report's browser tests will be skipped" >&2; }
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: watch
@@ -86,8 +87,9 @@ watch: $(OPS_STAMP) ## Print a running job's progress until it ends: OUTPUT=s3:/
 	$(OPS_PY) -m mxjob.watch "$(OUTPUT)" $(if $(ENDPOINT),--endpoint-url "$(ENDPOINT)")
 
 .PHONY: lint
-lint: $(STAMP) ## ruff only
+lint: $(STAMP) ## ruff, and the import layers of .importlinter (import-linter)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 .PHONY: docs
 docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/settings.py), docs/output.md's Parquet columns and Athena tables, and the summary's, status file's (docs/output.md) and dry-run plan's (docs/configuration.md) field tables (mxjob/output_docs.py, mxjob/records.py)
@@ -124,6 +126,22 @@ bench-scale: $(STAMP) ## Driver time and memory, per-task overhead at 100,000 an
 .PHONY: bench-worker
 bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, step by step: GET, decode, resize, normalise, glue, the whole task in process; 12 MP photos (about 15 s; BENCH_ARGS=--task-only)
 	$(PY) -m bench.worker_steps $(BENCH_ARGS)
+
+# The peers' own venv: Daft needs Python 3.10+, so it is a bench dependency only, never the job's.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP): bench/requirements-peers.txt requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+		|| { echo "Daft needs Python 3.10 or later: make bench-peers PYTHON=python3.11" >&2; exit 2; }
+	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/requirements-peers.txt
+	@touch $(PEERS_STAMP)
+
+.PHONY: bench-peers
+bench-peers: $(STAMP) $(PEERS_STAMP) ## This job (two layouts) beside Daft and Spark's predict_batch_udf on the same images, model, recipe and S3 stand-in: E, whole-job time at 128 and 1,280 images, CPU by process, top-1 agreement, targets, CPU (about 20 min; makes .venv-peers; BENCH_ARGS='--sizes 8,16 --rounds 1')
+	$(PY) -m bench.peers $(BENCH_ARGS)
 
 # --- EMR deploy ---
 # docs/emr.md walks through these. S3 is the prefix the cluster reads the job

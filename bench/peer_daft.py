@@ -1,0 +1,104 @@
+"""The job written the way Daft's docs show batch inference, for ``make bench-peers`` (``bench/peers.py``).
+
+Runs in the bench's own venv ``.venv-peers`` (``bench/requirements-peers.txt``):
+Daft needs Python 3.10 or later, so it is never a dependency of the job.
+
+The pipeline: ``daft.from_glob_path`` lists the images, ``.download()`` fetches
+them, a ``@daft.func`` decodes each with the job's own recipe
+(``mxjob.preprocess.decode_image``, so every system gets the same model input),
+a ``@daft.cls`` class holds the MXNet module (``bench/peer_mxnet.py``, loaded
+once per instance, as the docs' class UDFs hold a model) and scores batches of
+``--batch`` images,
+and ``write_parquet`` writes each image's top ``--top-k`` classes back to S3.
+
+Usage (moto's fake keys in the environment)::
+
+    .venv-peers/bin/python -m bench.peer_daft --input 's3://bench/peers/n128/*' \\
+        --model s3://bench/models/resnet18 --output s3://bench/out/daft-128/ \\
+        --endpoint-url http://127.0.0.1:5000 --input-shape 3,224,224 \\
+        --mean 123.68,116.78,103.94 --std 58.4,57.12,57.38
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import daft  # noqa: E402
+from daft import DataType  # noqa: E402
+
+from bench.peer_mxnet import Module  # noqa: E402
+from mxjob.preprocess import Preprocess, decode_image  # noqa: E402
+
+TOP = DataType.list(DataType.struct({"class_id": DataType.int32(), "probability": DataType.float32()}))
+
+
+def io_config(endpoint: str) -> daft.io.IOConfig:
+    """Daft's S3 client pointed at the S3 stand-in, with the keys of the environment (moto's fake ones)."""
+    return daft.io.IOConfig(s3=daft.io.S3Config(
+        endpoint_url=endpoint, region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        key_id=os.environ["AWS_ACCESS_KEY_ID"], access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+        session_token=os.environ.get("AWS_SESSION_TOKEN"), use_ssl=endpoint.startswith("https")))
+
+
+def build(args: argparse.Namespace):
+    """The two functions of the pipeline, made for ``args`` (the input shape, recipe, model and batch)."""
+    shape = tuple(int(x) for x in args.input_shape.split(","))
+    prep = Preprocess(input_shape=shape, mean=tuple(float(x) for x in args.mean.split(",")),
+                      std=tuple(float(x) for x in args.std.split(",")))
+
+    @daft.func(return_dtype=DataType.tensor(DataType.float32(), shape=shape))
+    def decode(data: bytes) -> np.ndarray:
+        return decode_image(data, prep)
+
+    # One instance: its MXNet uses every core, as the job's one-executor shape does; two would fight over them.
+    @daft.cls(max_concurrency=1)
+    class Classifier:
+        def __init__(self, model: str, endpoint: str, batch: int, top_k: int):
+            self.module, self.top_k = Module(model, endpoint, shape, batch), top_k
+
+        @daft.method.batch(return_dtype=TOP, batch_size=args.batch)
+        def predict(self, images: daft.Series) -> list:
+            ids, probs = self.module.top_k(np.stack(images.to_pylist()), self.top_k)
+            return [[{"class_id": int(c), "probability": float(p)} for c, p in zip(*row)] for row in zip(ids, probs)]
+
+    return decode, Classifier(args.model, args.endpoint_url, args.batch, args.top_k)
+
+
+def run(args: argparse.Namespace) -> int:
+    """List, download, decode, score and write; the number of Parquet files written."""
+    config = io_config(args.endpoint_url)
+    decode, classifier = build(args)
+    df = daft.from_glob_path(args.input, io_config=config)
+    df = df.with_column("image", decode(df["path"].download(io_config=config)))
+    df = df.with_column("predictions", classifier.predict(df["image"]))
+    written = df.select(df["path"].alias("key"), df["predictions"]).write_parquet(args.output, io_config=config)
+    return len(written.to_pydict()["path"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--input", required=True, help="glob of the images, e.g. 's3://bench/peers/n128/*'")
+    parser.add_argument("--model", required=True, help="s3:// prefix of PREFIX-symbol.json and PREFIX-0000.params")
+    parser.add_argument("--output", required=True, help="s3:// folder for the Parquet files")
+    parser.add_argument("--endpoint-url", required=True)
+    parser.add_argument("--input-shape", default="3,224,224")
+    parser.add_argument("--mean", default="123.68,116.78,103.94")
+    parser.add_argument("--std", default="58.4,57.12,57.38")
+    parser.add_argument("--batch", type=int, default=16, help="images per forward pass (the job's micro-batch)")
+    parser.add_argument("--top-k", type=int, default=5)
+    args = parser.parse_args(argv)
+    files = run(args)
+    print(f"daft {daft.__version__}: wrote {files} Parquet file(s) under {args.output}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,10 +25,11 @@ from mxjob import settings as table
 from mxjob import sinks
 from mxjob.errors import first_line, plural
 from mxjob.model import ModelSpec
+from mxjob.option_types import parse_max_errors
 from mxjob.partition import JobSpec
 from mxjob.preprocess import Preprocess
 from mxjob.s3 import clients, reads, uris
-from mxjob.settings import REFUSED_SECRETS, SECRETS_MESSAGE, parse_max_errors
+from mxjob.settings import REFUSED_SECRETS, SECRETS_MESSAGE
 from mxjob.sidecar import is_dataset, side_key
 
 #: ``infer_main.main``'s parameters: ``--config``, one option per setting, the refused key options.

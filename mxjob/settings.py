@@ -22,7 +22,6 @@ then ``make docs``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import textwrap
 from collections.abc import Iterable
@@ -43,8 +42,20 @@ from mxjob.constants import (
     S3_READERS,
     TASKS,
 )
-from mxjob.device import parse_context
-from mxjob.estimate import parse_cluster
+from mxjob.option_types import (
+    BatchSize,
+    CheckedText,
+    DeviceContext,
+    FiniteNumber,
+    HandlerFile,
+    Names,
+    NumberList,
+    OptionalText,
+    Suffixes,
+    cluster_shape,
+    count,
+    parse_max_errors,
+)
 
 # ----------------------------------------------------------------------------
 # The choices some settings take are declared in mxjob.constants (no imports), so that the executors,
@@ -63,203 +74,6 @@ SECRETS_MESSAGE = (
     "and the logs. Credentials come from boto3's default chain: the EMR instance role on a "
     "cluster, or AWS_PROFILE / environment variables / ~/.aws on a laptop."
 )
-
-
-# ----------------------------------------------------------------------------
-# Option types: the command line and the YAML layer convert through the same
-# ones, so a value means the same and fails the same in both.
-
-
-class WholeNumber(click.IntRange):
-    """``click.IntRange`` that refuses a non-whole number instead of cutting it.
-
-    click's own ``INT`` calls ``int(8.9)`` and gets 8; a YAML ``batch_size: 8.9``
-    or ``top_k: 2.7`` must be refused, not silently changed. ``True`` is no
-    number either, though Python says ``int(True) == 1``.
-    """
-
-    name = "integer"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            self.fail(f"{value!r} is not a whole number", param, ctx)
-        return super().convert(value, param, ctx)
-
-
-class BatchSize(WholeNumber):
-    """``--batch-size``: a whole number of at least 1, or ``auto`` (the driver measures and picks one).
-
-    The command line and the YAML both take ``auto`` in any case; every other
-    value goes through :class:`WholeNumber`, and a refusal says both forms.
-    """
-
-    name = "integer"
-
-    def __init__(self):
-        super().__init__(min=1)
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, str) and value.strip().lower() == AUTO:
-            return AUTO
-        try:
-            return super().convert(value, param, ctx)
-        except click.BadParameter as exc:
-            self.fail(f"{exc.message.rstrip('.')}; give a whole number of at least 1, or auto", param, ctx)
-
-
-class FiniteNumber(click.FloatRange):
-    """``click.FloatRange`` that refuses booleans, NaN and infinities."""
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, bool):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
-class NumberList(click.ParamType):
-    """Comma-separated numbers, or a YAML list, to a tuple: ``"3,224,224"`` -> ``(3, 224, 224)``.
-
-    Parameters
-    ----------
-    kind : {int, float}
-        Whole numbers at least 1 (``int``), or any finite numbers (``float``).
-    count : int, optional
-        The exact number of values.
-    nonzero : bool
-        Refuse zeros (a divisor).
-    """
-
-    name = "numbers"
-
-    def __init__(self, kind: type = float, count: int | None = None, nonzero: bool = False):
-        self.kind, self.count, self.nonzero = kind, count, nonzero
-        self._element = WholeNumber(min=1) if kind is int else FiniteNumber()
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (list, tuple)):
-            parts = list(value)
-        else:
-            parts = [p for p in str(value).replace(" ", "").split(",") if p]
-        what = "whole numbers of at least 1" if self.kind is int else "numbers"
-        try:
-            numbers = tuple(self._element.convert(p, None, None) for p in parts)
-        except click.BadParameter:
-            self.fail(f"needs comma-separated {what}, got {value!r}", param, ctx)
-        if self.count is not None and len(numbers) != self.count:
-            self.fail(f"needs {self.count} comma-separated {what}, got {value!r}", param, ctx)
-        if not numbers:
-            self.fail("needs at least one number", param, ctx)
-        if self.nonzero and any(n == 0 for n in numbers):
-            self.fail(f"values must be non-zero, got {value!r}", param, ctx)
-        return numbers
-
-
-class Suffixes(click.ParamType):
-    """Comma-separated key suffixes, or a YAML list, to a tuple of strings."""
-
-    name = "suffixes"
-
-    def convert(self, value, param, ctx):
-        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-        suffixes = tuple(s for s in (str(x).strip() for x in items) if s)
-        if not suffixes:
-            self.fail("no suffix given, so no key could match; give some, such as .jpg,.png", param, ctx)
-        return suffixes
-
-
-class Names(click.ParamType):
-    """Comma-separated names, or a YAML list, to a tuple of strings; empty is allowed."""
-
-    name = "names"
-
-    def convert(self, value, param, ctx):
-        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-        return tuple(s for s in (str(x).strip() for x in items) if s)
-
-
-class OptionalText(click.ParamType):
-    """Text where ``""`` means unset (``None``): ``--endpoint-url ''`` is boto3's default endpoint."""
-
-    name = "text"
-
-    def convert(self, value, param, ctx):
-        return str(value) or None
-
-
-class CheckedText(click.ParamType):
-    """Text, stripped, once ``check`` accepts it; ``check`` raises ``ValueError`` saying what is wrong.
-
-    Parameters
-    ----------
-    name : str
-        How ``--help`` shows the value (``N|P%``).
-    check : callable
-        Called with the text; its ``ValueError`` becomes the option's error.
-    """
-
-    def __init__(self, name: str, check):
-        self.name, self.check = name, check
-
-    def convert(self, value, param, ctx):
-        try:
-            self.check(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-        return str(value).strip()
-
-
-def _cluster_shape(text: str) -> None:
-    """``NODESxVCPUS`` (``10x16``), as :func:`mxjob.estimate.parse_cluster` reads it."""
-    parse_cluster(text)
-
-
-class DeviceContext(click.ParamType):
-    """``cpu``, ``gpu`` or ``gpu:N``, checked by the grammar the executors use."""
-
-    name = "context"
-
-    def convert(self, value, param, ctx):
-        try:
-            parse_context(str(value))
-        except ValueError:
-            self.fail(f"must be cpu, gpu or gpu:N, got {value!r}", param, ctx)
-        return str(value)
-
-
-class HandlerFile(click.ParamType):
-    """A ``.py`` file: a local path that exists, or a URI the driver downloads; ``""`` is none."""
-
-    name = "FILE.py"
-
-    def convert(self, value, param, ctx):
-        path = str(value)
-        if not path:
-            return None
-        if not path.endswith(".py"):
-            self.fail(f"must be a Python file ending in .py, got {path!r}", param, ctx)
-        if "://" not in path and not os.path.isfile(path):
-            self.fail(f"{path}: no such file (in cluster mode give an s3:// URI)", param, ctx)
-        return path
-
-
-def parse_max_errors(value) -> tuple[float, bool]:
-    """``"10"`` -> (10, False); ``"2.5%"`` -> (2.5, True); anything else raises ``ValueError``."""
-    text = str(value).strip()
-    percent = text.endswith("%")
-    try:
-        number = float(text.rstrip("%"))
-    except ValueError:
-        raise ValueError(f"must be a count (10) or a percentage (1%), got {value!r}") from None
-    if not math.isfinite(number) or number < 0 or (percent and number > 100):
-        raise ValueError(f"out of range (0 or more, at most 100%), got {value!r}")
-    return number, percent
-
-
-def _count(minimum: int = 1) -> WholeNumber:
-    return WholeNumber(min=minimum)
 
 
 # ----------------------------------------------------------------------------
@@ -416,14 +230,14 @@ SETTINGS: tuple[Setting, ...] = (
        metavar="URI", to="resolve"),
     _s("list_concurrency", "--list-concurrency", "input",
        "List calls in flight while listing --input: enough to hide S3's per-page latency, far below its request "
-       "rate per prefix.", default=16, type=_count()),
+       "rate per prefix.", default=16, type=count()),
     _s("suffixes", "--suffixes", "input", "Comma-separated image suffixes, case-insensitive.",
        default=(".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"), type=Suffixes()),
-    _s("limit", "--limit", "input", "Score only the first N keys (sorted).", type=_count()),
+    _s("limit", "--limit", "input", "Score only the first N keys (sorted).", type=count()),
     # --- model
     _s("model", "--model", "model", "Checkpoint prefix: URI-symbol.json and URI-%04d.params.", metavar="URI",
        to="resolve"),
-    _s("epoch", "--epoch", "model", "Checkpoint epoch in the params file name.", default=0, type=_count(0),
+    _s("epoch", "--epoch", "model", "Checkpoint epoch in the params file name.", default=0, type=count(0),
        to="resolve"),
     _s("labels", "--labels", "model", "Labels file, one per class; '' for none.", metavar="URI",
        show_default="synset.txt beside the model, if any", to="resolve"),
@@ -477,7 +291,7 @@ SETTINGS: tuple[Setting, ...] = (
        "classify: the top-k classes; embed: one layer's output as a vector; detect: boxes from a model whose output "
        "is MXNet's detection layout (batch, anchors, 6).", default="classify", type=click.Choice(TASKS),
        to="executor", fingerprint=True),
-    _s("top_k", "--top-k", "scoring", "Predictions per image (classify).", default=5, type=_count(), to="executor",
+    _s("top_k", "--top-k", "scoring", "Predictions per image (classify).", default=5, type=count(), to="executor",
        fingerprint=True, task="classify"),
     _s("output_layer", "--output-layer", "scoring",
        "embed: the layer whose output is the vector (a name of the symbol's graph).", metavar="NAME",
@@ -489,7 +303,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("min_score", "--min-score", "scoring", "detect: boxes scoring less are left out.", default=0.3,
        type=FiniteNumber(min=0, max=1), to="executor", fingerprint=True, task="detect"),
     _s("max_detections", "--max-detections", "scoring", "detect: at most this many boxes per image, best first.",
-       default=100, type=_count(), to="executor", fingerprint=True, task="detect"),
+       default=100, type=count(), to="executor", fingerprint=True, task="detect"),
     # --- preprocessing
     _s("input_shape", "--input-shape", "preprocessing", "Model input shape; C is 3 (RGB) or 1 (greyscale).",
        default=(3, 224, 224), type=NumberList(int, count=3), metavar="C,H,W", to="preprocess", fingerprint=True),
@@ -500,7 +314,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("resize", "--resize", "preprocessing", "stretch to H x W, or short side to H*256/224 then centre crop.",
        default="stretch", type=click.Choice(RESIZE_MODES, case_sensitive=False), to="preprocess", fingerprint=True),
     _s("max_image_pixels", "--max-image-pixels", "preprocessing",
-       "Larger images become error lines, undecoded (a 64 MP photo passes).", default=64_000_000, type=_count(),
+       "Larger images become error lines, undecoded (a 64 MP photo passes).", default=64_000_000, type=count(),
        to="preprocess", fingerprint=True),
     _s("decode", "--decode", "preprocessing",
        "draft: a JPEG at least twice the model's size is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling), then "
@@ -514,7 +328,7 @@ SETTINGS: tuple[Setting, ...] = (
        to="executor"),
     _s("s3_max_attempts", "--s3-max-attempts", "S3",
        "Attempts per S3 request (botocore standard retries), for every S3 client of the job.",
-       default=5, type=_count(), to="executor"),
+       default=5, type=count(), to="executor"),
     _s("s3_reader", "--s3-reader", "S3",
        "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
        "parser, both with botocore's internals; botocore: only boto3's public API.",
@@ -525,24 +339,24 @@ SETTINGS: tuple[Setting, ...] = (
        "Exit 3 if more images than this fail (still writing all output).", default="1%",
        type=CheckedText("N|P%", parse_max_errors)),
     _s("max_object_bytes", "--max-object-bytes", "failures", "Larger objects become error lines, undownloaded.",
-       default=50 * 1024 * 1024, type=_count(), to="executor", fingerprint=True),
+       default=50 * 1024 * 1024, type=count(), to="executor", fingerprint=True),
     # --- executors
     _s("io_threads", "--io-threads", "executors",
        "Download and decode threads per executor: enough requests in flight to hide S3's latency.", default=16,
-       type=_count(), to="executor"),
+       type=count(), to="executor"),
     _s("max_in_flight", "--max-in-flight", "executors",
        "Images downloaded or decoded ahead of the model, per executor (bounds memory).", default=128,
-       type=_count(), to="executor"),
+       type=count(), to="executor"),
     _s("micro_batch_size", "--micro-batch-size", "executors",
        "Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first "
-       "ones while the rest download.", default=16, type=_count(), to="executor"),
-    _s("threads", "--threads", "executors", "MXNet/OpenMP threads per executor.", type=_count(), to="executor",
+       "ones while the rest download.", default=16, type=count(), to="executor"),
+    _s("threads", "--threads", "executors", "MXNet/OpenMP threads per executor.", type=count(), to="executor",
        show_default="spark.executorEnv.OMP_NUM_THREADS if set, else the host's cores divided among its executors"),
     _s("forward_lanes", "--forward-lanes", "executors",
        "Forward passes an executor runs at once, each on its own copy of the model with --threads / lanes "
        "MXNet threads: a pass on several threads stalls whenever one of them is preempted, independent passes "
        "do not. Each lane adds a copy of the model and its activations to the executor's memory.",
-       type=_count(), to="executor",
+       type=count(), to="executor",
        show_default="the largest divisor of the threads up to 4; 1 on a GPU or with --handler"),
     # --- int8
     _s("precision", "--precision", "int8",
@@ -552,7 +366,7 @@ SETTINGS: tuple[Setting, ...] = (
        fingerprint=True),
     _s("calibration_images", "--calibration-images", "int8",
        "int8: images to calibrate on, and as many held out to check agreement; evenly spaced over the sorted "
-       "listing.", default=256, type=_count(), fingerprint=_int8_only),
+       "listing.", default=256, type=count(), fingerprint=_int8_only),
     _s("min_agreement", "--min-agreement", "int8",
        "int8: the share of held-out images whose top-1 class must match fp32's, or the job refuses to run.",
        default=0.99, type=FiniteNumber(min=0, max=1)),
@@ -567,11 +381,11 @@ SETTINGS: tuple[Setting, ...] = (
     # --- estimate
     _s("estimate_images", "--estimate-images", "estimate",
        "Images the driver scores before the run (and in --dry-run) to estimate its time and cost; 0: no estimate.",
-       default=32, type=_count(0)),
+       default=32, type=count(0)),
     _s("estimate_cluster", "--estimate-cluster", "estimate",
        "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor of VCPUS threads per node "
        "(the layout conf/emr.yaml makes).",
-       type=CheckedText("NxVCPUS", _cluster_shape),
+       type=CheckedText("NxVCPUS", cluster_shape),
        show_default="the Spark configuration in force (its executors times their threads)"),
     _s("node_price", "--node-price", "estimate",
        "USD per node-hour, core and master nodes alike: the estimate then gives what the cluster bills, from its "

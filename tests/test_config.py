@@ -13,7 +13,7 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, errors, listing, plan_file, records, settings, sinks, sizing
+from mxjob import cluster, config, errors, listing, option_types, plan_file, records, sinks, sizing
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -274,9 +274,9 @@ BOUNDED = sorted(name for name, param in config.PARAMS.items()
 
 def test_every_numeric_option_has_a_range():
     numeric = [name for name, param in config.PARAMS.items()
-               if isinstance(param.type, (click.types._NumberParamTypeBase, settings.NumberList))]
+               if isinstance(param.type, (click.types._NumberParamTypeBase, option_types.NumberList))]
     unbounded = [name for name in numeric if name not in BOUNDED and not isinstance(
-        config.PARAMS[name].type, settings.NumberList)]
+        config.PARAMS[name].type, option_types.NumberList)]
     assert numeric and unbounded == []
 
 

@@ -71,3 +71,14 @@ def test_the_library_and_the_executors_import_no_option_table(module):
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_layout_page_names_every_module_once():
+    """docs/layout.md's map: one line a module, none missing, none that no longer exists."""
+    page = (ROOT / "docs" / "layout.md").read_text()
+    block = page[page.index("```text"):page.index("```", page.index("```text") + 3)]
+    named = [line.split()[0] for line in block.splitlines()[1:] if line.strip() and not line.strip().startswith("#")
+             and line.startswith("  ")]
+    modules = sorted(p.relative_to(ROOT / "mxjob").as_posix() for p in (ROOT / "mxjob").rglob("*.py")
+                     if p.name != "__init__.py")
+    assert sorted(named) == modules

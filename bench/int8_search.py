@@ -58,7 +58,7 @@ def photo_arrays(count: int, seed: int) -> np.ndarray:
 def run(held_out: int, budget: float, min_agreement: float, batch: int, seed: int, work: Path) -> dict:
     """Export the model, make the views, run the search as the driver does; the result as a dict."""
     from mxjob.int8 import weight_layers
-    from mxjob.int8_search import quantize_auto
+    from mxjob.int8_search import SampleArrays, SearchGoal, quantize_auto
     from mxjob.model import ModelSpec
 
     prefix = pretrained.export(work)
@@ -66,8 +66,8 @@ def run(held_out: int, budget: float, min_agreement: float, batch: int, seed: in
     spec = ModelSpec.from_prefix(str(prefix))
     layers = weight_layers(spec.read(spec.symbol_uri).decode("utf-8"))
     started = time.time()
-    chosen, result = quantize_auto(spec, layers, arrays[0::2], arrays[1::2], str(work / "auto-int8"), batch,
-                                   min_agreement, budget)
+    chosen, result = quantize_auto(spec, layers, SampleArrays(arrays[0::2], arrays[1::2]), str(work / "auto-int8"),
+                                   batch, SearchGoal(min_agreement, budget))
     return {"cpu": cpu_description(), "threads": os.environ.get("OMP_NUM_THREADS", f"{os.cpu_count()} (default)"),
             "calibration_images": len(arrays[0::2]), "held_out": len(arrays[1::2]), "layers": len(layers),
             "budget_seconds": budget, "min_agreement": min_agreement, "passed": chosen is not None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -99,34 +100,42 @@ def load_torch_legacy(path: str | Path) -> dict[str, np.ndarray]:
     return {name: tensor.numpy() for name, tensor in state.items() if isinstance(tensor, _Tensor) and tensor.size}
 
 
-def _same_conv(mx, x, name, weights, kernel, stride, groups, size):
-    """A bias-free convolution with TensorFlow's SAME padding for a ``size`` x ``size`` input."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + kernel - size, 0)
-    before, after = total // 2, total - total // 2
-    if before != after:
-        x = mx.sym.pad(x, mode="constant", pad_width=(0, 0, 0, 0, before, after, before, after))
-        pad = (0, 0)
-    else:
-        pad = (before, before)
-    filters = weights[f"{name}.weight"].shape[0]
-    x = mx.sym.Convolution(x, kernel=(kernel, kernel), stride=(stride, stride), pad=pad, num_filter=filters,
-                           num_group=groups, no_bias=True, name=name.replace(".", "_"))
-    return x, out
+@dataclass(frozen=True)
+class _Layers:
+    """Makes the network's layers: MXNet's symbol API (``mx``), and the state dict that sizes each convolution."""
 
+    mx: object
+    weights: dict
 
-def _bn(mx, x, name, relu6=True):
-    x = mx.sym.BatchNorm(x, eps=BN_EPS, fix_gamma=False, name=name.replace(".", "_"))
-    return mx.sym.clip(x, 0, 6) if relu6 else x
+    def conv(self, x, name, kernel, stride, groups, size):
+        """A bias-free convolution with TensorFlow's SAME padding for a ``size`` x ``size`` input."""
+        mx = self.mx
+        out = -(-size // stride)
+        total = max((out - 1) * stride + kernel - size, 0)
+        before, after = total // 2, total - total // 2
+        if before != after:
+            x = mx.sym.pad(x, mode="constant", pad_width=(0, 0, 0, 0, before, after, before, after))
+            pad = (0, 0)
+        else:
+            pad = (before, before)
+        filters = self.weights[f"{name}.weight"].shape[0]
+        x = mx.sym.Convolution(x, kernel=(kernel, kernel), stride=(stride, stride), pad=pad, num_filter=filters,
+                               num_group=groups, no_bias=True, name=name.replace(".", "_"))
+        return x, out
+
+    def bn(self, x, name, relu6=True):
+        x = self.mx.sym.BatchNorm(x, eps=BN_EPS, fix_gamma=False, name=name.replace(".", "_"))
+        return self.mx.sym.clip(x, 0, 6) if relu6 else x
 
 
 def build_symbol(weights: dict, size: int = INPUT_SHAPE[1]):
     """EfficientNet-Lite0 as an MXNet symbol whose parameter names are the state dict's, "." as "_"."""
     import mxnet as mx
 
+    layers = _Layers(mx, weights)
     x = mx.sym.var("data")
-    x, size = _same_conv(mx, x, "_conv_stem", weights, 3, 2, 1, size)
-    x = _bn(mx, x, "_bn0")
+    x, size = layers.conv(x, "_conv_stem", 3, 2, 1, size)
+    x = layers.bn(x, "_bn0")
     index = 0
     for repeats, kernel, stride, expand, channels_in, channels_out in STAGES:
         for r in range(repeats):
@@ -135,18 +144,18 @@ def build_symbol(weights: dict, size: int = INPUT_SHAPE[1]):
             step = stride if r == 0 else 1
             y = x
             if expand != 1:
-                y, _ = _same_conv(mx, y, f"{block}._expand_conv", weights, 1, 1, 1, size)
-                y = _bn(mx, y, f"{block}._bn0")
+                y, _ = layers.conv(y, f"{block}._expand_conv", 1, 1, 1, size)
+                y = layers.bn(y, f"{block}._bn0")
             hidden = block_in * expand
-            y, new_size = _same_conv(mx, y, f"{block}._depthwise_conv", weights, kernel, step, hidden, size)
-            y = _bn(mx, y, f"{block}._bn1")
-            y, _ = _same_conv(mx, y, f"{block}._project_conv", weights, 1, 1, 1, new_size)
-            y = _bn(mx, y, f"{block}._bn2", relu6=False)
+            y, new_size = layers.conv(y, f"{block}._depthwise_conv", kernel, step, hidden, size)
+            y = layers.bn(y, f"{block}._bn1")
+            y, _ = layers.conv(y, f"{block}._project_conv", 1, 1, 1, new_size)
+            y = layers.bn(y, f"{block}._bn2", relu6=False)
             x = y + x if step == 1 and block_in == channels_out else y
             size = new_size
             index += 1
-    x, _ = _same_conv(mx, x, "_conv_head", weights, 1, 1, 1, size)
-    x = _bn(mx, x, "_bn1")
+    x, _ = layers.conv(x, "_conv_head", 1, 1, 1, size)
+    x = layers.bn(x, "_bn1")
     x = mx.sym.Pooling(x, kernel=(1, 1), global_pool=True, pool_type="avg")
     x = mx.sym.Flatten(x)
     return mx.sym.FullyConnected(x, num_hidden=weights["_fc.weight"].shape[0], name="_fc")

@@ -50,7 +50,12 @@ from mxjob import config, part_format, worker  # noqa: E402
 from mxjob import results as result_model  # noqa: E402
 from mxjob.driver import assemble_output, load_model_on_driver  # noqa: E402
 from mxjob.stats import StatsFold  # noqa: E402
-from mxjob.summary import summarize  # noqa: E402
+from mxjob.summary import RunOutcome, summarize  # noqa: E402
+
+#: Predictions per key in the fake results, and the driver probe's --top-k: the two must agree.
+TOP_K = 5
+#: The driver probe's --micro-batch-size.
+MICRO_BATCH = 16
 
 
 def _preprocess(shape: tuple) -> mxinfer.Preprocess:
@@ -170,7 +175,7 @@ def _listing(results: int, bucket: str = "bench"):
 
 
 def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: str, batch: int = 64,
-                 top_k: int = 5) -> dict:
+                 top_k: int = TOP_K) -> dict:
     """Leave under the work prefix what a run's executors would have left for ``results`` keys.
 
     The run's plan (``durable.WorkPrefix.start_run``) and one part per
@@ -213,8 +218,7 @@ def _output_key(results: int) -> str:
     return f"out/driver-{results}.jsonl"
 
 
-def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, batch: int = 64,
-           micro_batch: int = 16, top_k: int = 5) -> dict:
+def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, batch: int = 64) -> dict:
     """Peak RSS and assembly time of the driver's own work for ``results`` keys that :func:`fake_results` left.
 
     The driver's steps in its order: its S3 client (the listing), the model
@@ -231,8 +235,8 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     before = worker.memory_bytes()
     cfg = config.resolve(config.merge_settings({
         "input": f"s3://{bucket}/photos/", "model": model, "output": f"s3://{bucket}/{_output_key(results)}",
-        "endpoint_url": endpoint, "batch_size": batch, "micro_batch_size": micro_batch,
-        "input_shape": ",".join(map(str, shape)), "top_k": top_k, "overwrite": True,
+        "endpoint_url": endpoint, "batch_size": batch, "micro_batch_size": MICRO_BATCH,
+        "input_shape": ",".join(map(str, shape)), "top_k": TOP_K, "overwrite": True,
     }, {}))
     client = clients.s3_client(endpoint)
     client.list_objects_v2(Bucket=bucket, MaxKeys=1)
@@ -250,8 +254,9 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     counts = assemble_output(cfg, client, work, images)
     assembly_seconds = time.perf_counter() - started
     plan = durable.Plan(runs=runs, todo=todo, number=2, resumed=True)
-    summary = summarize(cfg, len(images), 0, StatsFold(), counts, 1.0, classifier.model_summary(),
-                        {"assembly": assembly_seconds}, plan, {})
+    summary = summarize(cfg, RunOutcome(images=len(images), batches=0, fold=StatsFold(), counts=counts, elapsed=1.0,
+                                        model_summary=classifier.model_summary(),
+                                        seconds={"assembly": assembly_seconds}, plan=plan, fingerprint={}))
     writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary))
     after = worker.memory_bytes()
     size = client.head_object(Bucket=cfg.output_bucket, Key=cfg.output_key)["ContentLength"]

@@ -57,8 +57,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import boto3
 import psutil
@@ -190,21 +193,49 @@ def probe(args: list[str], threads: int) -> dict:
 # The job through spark-submit
 
 
-def submit(s3, proxy_endpoint: str, model: bench_models.BenchModel, tag: str, batch: int, work: Path,
-           master: str, extra: list[str], moto: psutil.Process, spark_conf: list[str] = (),
-           prefix: str = "photos/", suffix: str = ".jsonl", model_key: str | None = None) -> dict:
-    """Run the job once on ``local-cluster``; its summary plus what was measured around it.
+@dataclass(frozen=True)
+class StandIn:
+    """The S3 stand-in the benchmark runs on: a client on moto, the proxy the job reads through, moto's process."""
 
-    The output is ``out/TAG`` + ``suffix`` (its size is ``output_bytes``); the
-    model is ``models/NAME`` unless ``model_key`` says otherwise.
+    s3: Any
+    proxy: S3Proxy
+    moto: psutil.Process | None
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """One spark-submit of the job: the model, its batch size and arguments (``extra``), Spark's master and
+    settings (``spark_conf``, over conf/spark-local.conf).
+
+    The input is ``prefix`` in the bench's bucket; the output is ``out/TAG`` +
+    ``suffix``; the model is ``models/NAME`` unless ``model_key`` says otherwise.
     """
+
+    tag: str
+    model: bench_models.BenchModel
+    batch: int
+    extra: Sequence[str]
+    master: str
+    spark_conf: Sequence[str] = ()
+    prefix: str = "photos/"
+    suffix: str = ".jsonl"
+    model_key: str | None = None
+
+
+def submit(stand_in: StandIn, job: BenchJob, work: Path) -> dict:
+    """Run ``job`` once on ``local-cluster``, its log in ``work``; its summary plus what was measured around it.
+
+    The output's size is ``output_bytes``.
+    """
+    s3, proxy_endpoint, moto, model, tag = stand_in.s3, stand_in.proxy.endpoint, stand_in.moto, job.model, job.tag
+    prefix, suffix, model_key = job.prefix, job.suffix, job.model_key
     key = f"out/{tag}{suffix}"
     job_args = ["--input", f"s3://{BUCKET}/{prefix}", "--model", f"s3://{BUCKET}/{model_key or 'models/' + model.name}",
                 "--output", f"s3://{BUCKET}/{key}", "--endpoint-url", proxy_endpoint,
                 "--input-shape", model.shape_arg, "--mean", bench_models.MEAN, "--std", bench_models.STD,
-                "--batch-size", str(batch), "--progress-seconds", "30", *extra]
-    command = spark_submit_command(job_args, master)
-    for setting in spark_conf:  # after "spark-submit --master M": overrides conf/spark-local.conf
+                "--batch-size", str(job.batch), "--progress-seconds", "30", *job.extra]
+    command = spark_submit_command(job_args, job.master)
+    for setting in job.spark_conf:  # after "spark-submit --master M": overrides conf/spark-local.conf
         command[3:3] = ["--conf", setting]
     log_path = work / f"{tag}.log"
     # The proxy runs in this process, which also polls: that costs little next to the proxy.
@@ -340,7 +371,7 @@ def recipe_floor(model: bench_models.BenchModel, paths: list[Path]) -> dict:
     return worker_steps.recipe_floor([p.read_bytes() for p in paths], worker_steps.bench_preprocess(model.input_shape))
 
 
-def run_model(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: str, paths: list[Path]) -> dict:
+def run_model(args, stand_in: StandIn, model: bench_models.BenchModel, prefix: str, paths: list[Path]) -> dict:
     """One model's row: the recipe's floor, L, S, E (and L beside the stand-in's load when E's workers ran
     several threads)."""
     cores = os.cpu_count() or 1
@@ -352,11 +383,11 @@ def run_model(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: str
     log(f"{model.name}:   {row['L']['images_per_second']:.1f} images/s; "
         f"S (square wave, {args.square_batches} batches)")
     row["S"] = probe(["square", "--model", prefix, "--shape", model.shape_arg, "--batch", str(args.batch),
-                      "--endpoint", proxy.endpoint, "--bucket", BUCKET, "--batches", str(args.square_batches),
+                      "--endpoint", stand_in.proxy.endpoint, "--bucket", BUCKET, "--batches", str(args.square_batches),
                       *keys[: args.square_batches * args.batch]], cores)
     log(f"{model.name}:   {row['S']['images_per_second']:.1f} images/s; E (spark-submit, {args.master})")
-    row["E"] = submit(s3, proxy.endpoint, model, f"E-{model.name}", args.batch, args.work, args.master,
-                      args.job_args, moto, args.spark_conf)
+    row["E"] = submit(stand_in, BenchJob(f"E-{model.name}", model, args.batch, args.job_args, args.master,
+                                         args.spark_conf), args.work)
     log(f"{model.name}:   {row['E']['E']:.1f} images/s, steady {row['E']['E_steady'] or 0:.1f}, "
         f"wall {row['E']['wall_seconds']:.1f}s")
     row["L_loaded"] = loaded_limit(args, prefix, model.shape_arg, paths, row["E"])
@@ -388,22 +419,23 @@ def run(args) -> dict:
             f"the job reads through the proxy at {proxy.endpoint} (+{args.latency * 1000:.0f} ms per request)")
         upload(s3, paths, prefixes)
         keep_in_memory(args, proxy, s3, [f"photos/{p.name}" for p in paths])
+        stand_in = StandIn(s3, proxy, moto)
         for model in chosen:
-            results["models"][model.name] = run_model(args, s3, proxy, moto, model, str(prefixes[model.name]), paths)
+            results["models"][model.name] = run_model(args, stand_in, model, str(prefixes[model.name]), paths)
         if args.tasks:
-            results["tasks"] = bench_tasks.run(args, s3, proxy, moto, submit, probe, results["models"], paths, work)
+            results["tasks"] = bench_tasks.run(args, stand_in, submit, probe, results["models"], paths, work)
         if args.int8:
             results["int8"] = {}
             for model in chosen:
-                results["int8"][model.name] = run_int8(args, s3, proxy, moto, model, prefixes[model.name], paths)
+                results["int8"][model.name] = run_int8(args, stand_in, model, prefixes[model.name], paths)
         if args.large_images > 0:
-            results["large"] = run_large(args, s3, proxy, moto, chosen[0], prefixes[chosen[0].name])
+            results["large"] = run_large(args, stand_in, chosen[0], prefixes[chosen[0].name])
         if args.memory_tasks > 0:
             small = bench_models.RESNET20
             count = min(len(paths), 16 * args.memory_tasks)
             log(f"memory: one worker, {count} images in batches of 16 ({small.name}, master local-cluster[1,1,1024])")
-            long_run = submit(s3, proxy.endpoint, small, "memory-worker", 16, work, "local-cluster[1,1,1024]",
-                              ["--limit", str(count)], moto)
+            long_run = submit(stand_in, BenchJob("memory-worker", small, 16, ["--limit", str(count)],
+                                                 "local-cluster[1,1,1024]"), work)
             [worker] = long_run["summary"]["python_workers"].values()
             results["worker_rss"] = {"tasks": worker["batches"], "after": worker.get("rss_bytes_after_task", {})}
         results["driver_rss"] = {}
@@ -420,7 +452,7 @@ def run(args) -> dict:
     return results
 
 
-def run_int8(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Path, paths: list[Path]) -> dict:
+def run_int8(args, stand_in: StandIn, model: bench_models.BenchModel, prefix: Path, paths: list[Path]) -> dict:
     """L and E of ``model`` quantized to int8 (calibrated on the bench images, as the job's driver does)."""
     cores = os.cpu_count() or 1
     log(f"{model.name} int8: quantize on {args.calibration_images} images, then L")
@@ -429,16 +461,18 @@ def run_int8(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Path
     lim = limit_probe(args, quantized["prefix"], model.shape_arg, paths)
     log(f"{model.name} int8:   {lim['images_per_second']:.1f} images/s; E (spark-submit, {args.master})")
     # Random weights: agreement is reported, not required (--min-agreement 0).
-    e = submit(s3, proxy.endpoint, model, f"E-{model.name}-int8", args.batch, args.work, args.master,
-               [*args.job_args, "--precision", "int8", "--min-agreement", "0",
-                "--calibration-images", str(args.calibration_images)], moto, args.spark_conf)
+    e = submit(stand_in, BenchJob(f"E-{model.name}-int8", model, args.batch,
+                                  [*args.job_args, "--precision", "int8", "--min-agreement", "0",
+                                   "--calibration-images", str(args.calibration_images)],
+                                  args.master, args.spark_conf), args.work)
     log(f"{model.name} int8:   {e['E']:.1f} images/s, agreement {e['summary']['precision']['top1_agreement']}")
     return {"quantize": quantized, "L": lim, "E": e,
             "L_loaded": loaded_limit(args, quantized["prefix"], model.shape_arg, paths, e)}
 
 
-def run_large(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Path) -> dict:
+def run_large(args, stand_in: StandIn, model: bench_models.BenchModel, prefix: Path) -> dict:
     """The job on 8-12 MP JPEGs: decode cost both ways, S and E."""
+    s3, proxy = stand_in.s3, stand_in.proxy
     cores = os.cpu_count() or 1
     log(f"making {args.large_images} photos of 8-12 MP (cached in {args.work / f'large-{args.large_images}'})")
     large = bench_images.make_large_images(args.work / f"large-{args.large_images}", args.large_images)
@@ -455,8 +489,8 @@ def run_large(args, s3, proxy, moto, model: bench_models.BenchModel, prefix: Pat
     square = probe(["square", "--model", str(prefix), "--shape", model.shape_arg, "--batch", str(batch),
                     "--endpoint", proxy.endpoint, "--bucket", BUCKET, "--batches", str(batches),
                     *[f"large/{p.name}" for p in large[: batches * batch]]], cores)
-    e = submit(s3, proxy.endpoint, model, f"E-{model.name}-large", batch, args.work, args.master,
-               args.job_args, moto, args.spark_conf, prefix="large/")
+    e = submit(stand_in, BenchJob(f"E-{model.name}-large", model, batch, args.job_args, args.master,
+                                  args.spark_conf, prefix="large/"), args.work)
     log(f"large photos:   S {square['images_per_second']:.1f}, E {e['E']:.1f} images/s")
     return {"model": model.name, "images": len(large), "bytes": sum(p.stat().st_size for p in large),
             "batch": batch, "decode": decode, "S": square, "E": e}

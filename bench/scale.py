@@ -289,12 +289,14 @@ def executors_of(master: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def run_point(s3, endpoint: str, keys: int, args, work: Path, batch_size: int | None = None,
-              assembly: str = "during", dataset: bool = False) -> dict:
+def run_point(s3, endpoint: str, keys: int, args, batch_size: int | None = None, assembly: str = "during",
+              dataset: bool = False) -> dict:
     """Write the manifest, run the job on it, read its summary and output: one row of the table.
 
-    ``dataset``: the output is a Parquet dataset (``out/scale-N-dataset/``), not one JSON Lines object.
+    Its files go in ``args.work``. ``dataset``: the output is a Parquet dataset (``out/scale-N-dataset/``), not one
+    JSON Lines object.
     """
+    work = args.work
     batch_size = batch_size or args.batch_size
     manifest = work / f"manifest-{keys}.csv"
     if manifest in WRITTEN:
@@ -515,8 +517,10 @@ def _verdict(value: float | None, limit: float) -> str:
     return "n/a" if value is None else "MET" if value <= limit else "MISSED"
 
 
-def dry_run_point(s3, endpoint: str, keys: int, args, work: Path) -> dict:
-    """``--dry-run`` over a manifest of ``keys`` keys as plain Python: its plan, peak RSS and time."""
+def dry_run_point(s3, endpoint: str, keys: int, args) -> dict:
+    """``--dry-run`` over a manifest of ``keys`` keys as plain Python: its plan, peak RSS and time (files in
+    ``args.work``)."""
+    work = args.work
     manifest = work / f"manifest-{keys}.csv"
     if not manifest.exists():
         log(f"{keys:,} keys: writing {manifest}")
@@ -600,21 +604,21 @@ def main(argv=None) -> int:
             # One PUT (see bench.run_bench.upload: moto and multipart checksums).
             s3.put_object(Bucket=BUCKET, Key=f"models/{path.name}", Body=path.read_bytes())
         for count in sorted(set(counts)):
-            rows.append(run_point(s3, endpoint, count, args, work))
+            rows.append(run_point(s3, endpoint, count, args))
         extra = []
         if args.ten_million:
-            big = run_point(s3, endpoint, args.row_keys or TEN_MILLION, args, work, args.ten_million_batch)
+            big = run_point(s3, endpoint, args.row_keys or TEN_MILLION, args, args.ten_million_batch)
             extra.append(ten_million_report(big))
             (work / "ten-million.json").write_text(json.dumps(big, indent=2))
         if args.tail_keys:
-            tails = [run_point(s3, endpoint, args.tail_keys, args, work, args.ten_million_batch, assembly=mode)
+            tails = [run_point(s3, endpoint, args.tail_keys, args, args.ten_million_batch, assembly=mode)
                      for mode in ("after", "during")]
-            tails.append(run_point(s3, endpoint, args.tail_keys, args, work, args.ten_million_batch, dataset=True))
+            tails.append(run_point(s3, endpoint, args.tail_keys, args, args.ten_million_batch, dataset=True))
             extra.append(tail_report(tails))
             (work / "tail.json").write_text(json.dumps(tails, indent=2))
         if args.hundred_million:
             extra.append(hundred_million_report(dry_run_point(s3, endpoint, args.row_keys or HUNDRED_MILLION,
-                                                              args, work)))
+                                                              args)))
     text = report(rows, args, cpu, started) if rows else ""
     print("\n" + "\n\n".join([t for t in (text, *extra) if t]), flush=True)
     (work / "results.json").write_text(json.dumps(rows, indent=2))

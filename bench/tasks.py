@@ -80,13 +80,14 @@ def verdict(name: str, e: float, against: float | None) -> str:
            f"{1 - EMBED_SLOWER_AT_MOST:.2f})"
 
 
-def run(args, s3, proxy, moto, submit, probe, model_rows: dict, paths: list, work) -> dict:
+def run(args, stand_in, submit, probe, model_rows: dict, paths: list, work) -> dict:
     """The rows of ``args.tasks`` on the first of ``args.models``, beside its classify E (JSON Lines) in ``model_rows``.
 
-    ``submit`` and ``probe`` are ``bench.run_bench``'s; the result is what
-    :func:`report` prints: ``{"model", "description", "images", "rows"}``.
+    ``stand_in`` (a ``bench.run_bench.StandIn``), ``submit`` and ``probe`` are
+    ``bench.run_bench``'s; the result is what :func:`report` prints:
+    ``{"model", "description", "images", "rows"}``.
     """
-    from bench.run_bench import BUCKET, log
+    from bench.run_bench import BUCKET, BenchJob, log
 
     model = bench_models.MODELS[args.models[0]]
     images = len(paths)
@@ -96,13 +97,14 @@ def run(args, s3, proxy, moto, submit, probe, model_rows: dict, paths: list, wor
     if "detect" in args.tasks:
         detector = bench_models.export_detector(work / "models", model)
         for path in sorted(detector.parent.iterdir()):  # NAME-symbol.json, NAME-0000.params, synset.txt
-            s3.put_object(Bucket=BUCKET, Key=f"models/detector/{path.name}", Body=path.read_bytes())
+            stand_in.s3.put_object(Bucket=BUCKET, Key=f"models/detector/{path.name}", Body=path.read_bytes())
     for name, task_args, suffix, _ in chosen:
         tag = "T-" + name.replace(" ", "-")
         log(f"tasks: {name} on {model.name} (E, spark-submit, {args.master})")
-        e = submit(s3, proxy.endpoint, model, tag, args.batch, work, args.master, [*args.job_args, *task_args],
-                   moto, args.spark_conf, suffix=suffix,
-                   model_key=f"models/detector/{detector.name}" if name.startswith("detect") else None)
+        e = submit(stand_in, BenchJob(tag, model, args.batch, [*args.job_args, *task_args], args.master,
+                                      args.spark_conf, suffix=suffix,
+                                      model_key=f"models/detector/{detector.name}" if name.startswith("detect")
+                                      else None), work)
         rows[name] = row_figures(e, images)
         log(f"tasks:   {rows[name]['E']:.1f} images/s, {rows[name]['bytes_per_image']:.0f} bytes per image")
     if detector is not None:

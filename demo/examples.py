@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,33 +51,45 @@ SHARPNESS = 30.0
 SHADES_NMS = 0.3
 
 
+@dataclass(frozen=True)
+class Anchors:
+    """Where the detector's anchors go: ``MultiBoxPrior``'s ``sizes`` and ``ratios`` (per feature cell,
+    ``len(sizes) + len(ratios) - 1`` anchors), and its ``steps`` and ``offsets`` (MXNet's defaults if None)."""
+
+    sizes: tuple = (0.3, 0.6)
+    ratios: tuple = (1, 2)
+    steps: tuple | None = None
+    offsets: tuple | None = None
+
+
 def ssd_symbol(num_classes: int, filters: int = 8, pool: int = 4, pool_stride: int | None = None,
-               pool_type: str = "max", sizes=(0.3, 0.6), ratios=(1, 2), steps=None, offsets=None,
-               nms_threshold: float = 0.45):
+               pool_type: str = "max", anchors: Anchors | None = None, nms_threshold: float = 0.45):
     """A tiny SSD-style detector: conv features, MultiBoxPrior anchors, MultiBoxDetection.
 
     Its output is MXNet's detection layout, ``(batch, anchors, 6)``. The features are one 3x3 convolution
-    (stride 2) and a pooling; per feature cell, ``len(sizes) + len(ratios) - 1`` anchors, each scored over
-    the background and ``num_classes`` classes by a 3x3 convolution, its box moved by another.
+    (stride 2) and a pooling; per feature cell, the ``anchors`` (:class:`Anchors`' defaults if None), each
+    scored over the background and ``num_classes`` classes by a 3x3 convolution, its box moved by another.
     """
     import mxnet as mx
+
+    anchors = anchors or Anchors()
 
     with mx.name.NameManager():  # counters of its own: the same layer names, so the same file, in any process
         data = mx.sym.var("data")
         body = mx.sym.Activation(mx.sym.Convolution(data, num_filter=filters, kernel=(3, 3), stride=(2, 2),
                                                     pad=(1, 1), name="c1"), act_type="relu")
         body = mx.sym.Pooling(body, kernel=(pool, pool), stride=(pool_stride or pool,) * 2, pool_type=pool_type)
-        placing = {"steps": steps, "offsets": offsets}
-        anchors = mx.sym.contrib.MultiBoxPrior(body, sizes=sizes, ratios=ratios, name="anchors",
-                                               **{k: v for k, v in placing.items() if v is not None})
-        per_cell = len(sizes) + len(ratios) - 1
+        placing = {"steps": anchors.steps, "offsets": anchors.offsets}
+        priors = mx.sym.contrib.MultiBoxPrior(body, sizes=anchors.sizes, ratios=anchors.ratios, name="anchors",
+                                              **{k: v for k, v in placing.items() if v is not None})
+        per_cell = len(anchors.sizes) + len(anchors.ratios) - 1
         cls = mx.sym.Convolution(body, num_filter=per_cell * (num_classes + 1), kernel=(3, 3), pad=(1, 1),
                                  name="cls")
         cls = mx.sym.transpose(mx.sym.reshape(mx.sym.transpose(cls, axes=(0, 2, 3, 1)),
                                               shape=(0, -1, num_classes + 1)), axes=(0, 2, 1))
         loc = mx.sym.Convolution(body, num_filter=per_cell * 4, kernel=(3, 3), pad=(1, 1), name="loc")
         loc = mx.sym.flatten(mx.sym.transpose(loc, axes=(0, 2, 3, 1)))
-        return mx.sym.contrib.MultiBoxDetection(mx.sym.softmax(cls, axis=1), loc, anchors,
+        return mx.sym.contrib.MultiBoxDetection(mx.sym.softmax(cls, axis=1), loc, priors,
                                                 nms_threshold=nms_threshold, name="det")
 
 
@@ -117,8 +130,8 @@ def shades_detector(prefix: str | Path) -> Path:
     """
     side = SHADES_SHAPE[1]
     symbol = ssd_symbol(len(SHADES_LABELS), filters=2, pool=WINDOW // 2, pool_stride=STRIDE // 2, pool_type="avg",
-                        sizes=(WINDOW / side,), ratios=(1,), steps=(STRIDE / side,) * 2,
-                        offsets=(WINDOW / STRIDE / 2,) * 2, nms_threshold=SHADES_NMS)
+                        anchors=Anchors(sizes=(WINDOW / side,), ratios=(1,), steps=(STRIDE / side,) * 2,
+                                        offsets=(WINDOW / STRIDE / 2,) * 2), nms_threshold=SHADES_NMS)
     c1_weight = np.zeros((2, 3, 3, 3), np.float32)
     c1_weight[0, :, 1, 1] = 1 / (3 * 255)  # the centre tap only: each pixel, not a blur of it
     c1_weight[1, :, 1, 1] = -1 / (3 * 255)

@@ -8,7 +8,7 @@ midway, for a chosen share of requests.
 
 Usage::
 
-    with moto_server() as upstream, S3Proxy(upstream, latency=0.02, fault_rate=0.2) as proxy:
+    with moto_server() as upstream, S3Proxy(upstream, latency=0.02, faults=Faults(rate=0.2)) as proxy:
         client = boto3.client("s3", endpoint_url=proxy.endpoint)
         ...
         proxy.counts  # {"requests": ..., "slowdown": ..., "reset": ...}
@@ -29,6 +29,8 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 FAULTS = ("slowdown", "internal", "reset", "cut")
@@ -40,6 +42,32 @@ _ERROR_XML = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code
               "<Message>{message}</Message><RequestId>proxy</RequestId></Error>")
 
 
+@dataclass(frozen=True)
+class Faults:
+    """The faults a proxy injects, and into which requests.
+
+    Attributes
+    ----------
+    rate : float
+        Share of eligible requests that get a fault instead of (or in the middle of) the answer.
+    kinds : tuple of str
+        Which faults to draw from: ``slowdown`` (503), ``internal`` (500), ``reset`` (TCP RST
+        before any answer), ``cut`` (the full headers, then half the body, then close).
+    methods : tuple of str
+        HTTP methods eligible for faults (all by default).
+    key_filter : callable, optional
+        ``f(method, path) -> bool``: only matching requests are eligible.
+    seed : int
+        Fault draws are reproducible.
+    """
+
+    rate: float = 0.0
+    kinds: tuple = FAULTS
+    methods: tuple = ("GET", "PUT", "POST", "HEAD", "DELETE")
+    key_filter: Callable[[str, str], bool] | None = None
+    seed: int = 0
+
+
 class S3Proxy:
     """Forward every request to ``upstream``, after ``latency`` seconds, injecting faults.
 
@@ -49,29 +77,19 @@ class S3Proxy:
         The moto server's endpoint URL.
     latency : float
         Seconds added before each response (first-byte latency).
-    fault_rate : float
-        Share of eligible requests that get a fault instead of (or in the middle of) the answer.
-    faults : tuple of str
-        Which faults to draw from: ``slowdown`` (503), ``internal`` (500), ``reset`` (TCP RST
-        before any answer), ``cut`` (the full headers, then half the body, then close).
-    fault_methods : tuple of str
-        HTTP methods eligible for faults (all by default).
-    fault_key_filter : callable, optional
-        ``f(method, path) -> bool``: only matching requests are eligible.
+    faults : Faults, optional
+        The faults to inject, and into which requests (none by default).
     deny : callable, optional
         ``f(method, path) -> bool``: matching requests get ``403 AccessDenied``, always.
-    seed : int
-        Fault draws are reproducible.
     """
 
-    def __init__(self, upstream: str, latency: float = 0.0, fault_rate: float = 0.0,
-                 faults: tuple = FAULTS, fault_methods: tuple = ("GET", "PUT", "POST", "HEAD", "DELETE"),
-                 fault_key_filter=None, deny=None, seed: int = 0):
+    def __init__(self, upstream: str, latency: float = 0.0, faults: Faults | None = None, deny=None):
+        faults = faults or Faults()
         parsed = urllib.parse.urlparse(upstream)
         self.upstream_host, self.upstream_port = parsed.hostname, parsed.port
-        self.latency, self.fault_rate, self.faults = latency, fault_rate, tuple(faults)
-        self.fault_methods, self.fault_key_filter, self.deny = tuple(fault_methods), fault_key_filter, deny
-        self._random = random.Random(seed)
+        self.latency, self.fault_rate, self.faults = latency, faults.rate, tuple(faults.kinds)
+        self.fault_methods, self.fault_key_filter, self.deny = tuple(faults.methods), faults.key_filter, deny
+        self._random = random.Random(faults.seed)
         self._lock = threading.Lock()
         self.counts: Counter = Counter()
         self._memory: dict[str, tuple[list, bytes]] = {}  # request path -> moto's headers and body

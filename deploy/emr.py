@@ -538,7 +538,7 @@ def create_cluster(config_path: Path, s3: str, aws: str, dry_run: bool) -> None:
     help="From create-cluster's output, or `aws emr list-clusters --active`.",
 )  # fmt: skip
 @step_options
-def add_step(
+def add_step(  # noqa: PLR0913 - click passes each option as an argument
     config_path: Path,
     s3: str,
     aws: str,

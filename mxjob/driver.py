@@ -19,12 +19,13 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob import dataset, durable, listing, manifest, merge, preflight, sinks
+from mxjob import dataset, durable, extsort, listing, manifest, merge, preflight, sinks
 from mxjob.assembly import Assembly
 from mxjob.cluster import SparkStop, run_spark
 from mxjob.config import JobConfig, allowed_errors
@@ -39,7 +40,7 @@ from mxjob.signals import Interrupted
 from mxjob.sizing import Sizing, bound_batch, size_run
 from mxjob.stats import StatsFold
 from mxjob.status import RunMonitor
-from mxjob.summary import closing_lines, summarize
+from mxjob.summary import RunOutcome, closing_lines, summarize
 from mxjob.worker import import_mxnet
 
 log = logging.getLogger(__name__)
@@ -128,31 +129,48 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf)
     monitor.context = {"options": cfg.options(), "fingerprint": checked.fingerprint}
     monitor.claim("planning")  # from the plan on the files are this run's, whoever's they were
+    run = PlannedRun(cfg, client, work, images, plan, monitor)
     try:
-        stats, counts, spark_stop = score_and_assemble(cfg, client, work, images, plan, spark_conf, seconds,
-                                                       plan_started, monitor)
+        scored = score_and_assemble(run, spark_conf, seconds, plan_started)
     except (JobError, Interrupted) as exc:
         exc.work = work  # main() says what is durable and how to resume
         raise
-    return planned_run(cfg, client, work, monitor, images, plan, checked, sizing,
-                       (stats, counts, spark_stop), seconds)
+    return planned_run(run, checked, sizing, scored, seconds)
 
 
-def planned_run(cfg: JobConfig, client, work: durable.WorkPrefix, monitor: RunMonitor, images: listing.Listing,
-                plan: durable.Plan, checked: DriverCheck, sizing: Sizing, scored: tuple, seconds: dict) -> int:
+@dataclass(frozen=True)
+class PlannedRun:
+    """A run once its plan is made: what the driver's last steps (Spark, the assembly, the summary) pass around.
+
+    ``cfg`` holds the batch size chosen for the run (:func:`size_run`);
+    ``work`` is its work prefix, read and written with ``client``;
+    ``images`` every key listed; ``plan`` the keys still to score and the
+    earlier runs reused; ``monitor`` writes the status beside the output.
+    """
+
+    cfg: JobConfig
+    client: Any
+    work: durable.WorkPrefix
+    images: listing.Listing
+    plan: durable.Plan
+    monitor: RunMonitor
+
+
+def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: tuple, seconds: dict) -> int:
     """The run's end once Spark has scored it: the summary, the last status, the closing lines; the exit code."""
+    cfg, images, plan, monitor = run.cfg, run.images, run.plan, run.monitor
     stats, counts, spark_stop = scored
     if stats.last_end is not None:  # the output is whole now: how long after the last task's end
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
-    summary = summarize(cfg, len(images), plan.todo.num_batches(cfg.batch_size), stats, counts,
-                        time.time() - monitor.started, checked.model_summary, seconds, plan, checked.fingerprint,
-                        spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys,
-                        precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
-                        # the manifest's keys that got no line, by reason, and its repeated keys
-                        manifest=images.manifest, files=dict(monitor.where),
-                        dataset=None if counts.dataset is None else {**counts.dataset,
-                                                                    "rows_per_file_why": plan.dataset.why})
-    code = finish_run(cfg, client, work, summary, counts, len(images))
+    summary = summarize(cfg, RunOutcome(
+        images=len(images), batches=plan.todo.num_batches(cfg.batch_size), fold=stats, counts=counts,
+        elapsed=time.time() - monitor.started, model_summary=checked.model_summary, seconds=seconds, plan=plan,
+        fingerprint=checked.fingerprint, spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys,
+        precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
+        # the manifest's keys that got no line, by reason, and its repeated keys
+        manifest=images.manifest, files=dict(monitor.where),
+        dataset=None if counts.dataset is None else {**counts.dataset, "rows_per_file_why": plan.dataset.why}))
+    code = finish_run(run, summary, counts)
     monitor.write("succeeded", code, summary=summary)
     for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
         log.info("%s", line)
@@ -228,10 +246,8 @@ def float16_readers(cfg: JobConfig) -> str | None:
             "read Parquet's FLOAT16 type; use --embedding-dtype float32 (twice the bytes) for them")
 
 
-def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
-                       plan: durable.Plan, spark_conf: dict | None, seconds: dict,
-                       plan_started: float,
-                       monitor: RunMonitor | None = None) -> tuple[StatsFold, merge.AssemblyCounts, SparkStop | None]:
+def score_and_assemble(run: PlannedRun, spark_conf: dict | None, seconds: dict,
+                       plan_started: float) -> tuple[StatsFold, merge.AssemblyCounts, SparkStop | None]:
     """Run the plan's batches on Spark (if any are left) and merge every durable line into the output.
 
     The merge follows the run while Spark scores it (``--assembly during``,
@@ -241,6 +257,7 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
     stats, the assembly's counts, and the SparkContext's stop (``None``
     without a Spark job), still running: the caller waits for it last.
     """
+    cfg, client, work, images, plan, monitor = run.cfg, run.client, run.work, run.images, run.plan, run.monitor
     batches = plan.todo.num_batches(cfg.batch_size)
     log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
              f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
@@ -251,13 +268,13 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
 
     if batches:
         application, _ = yarn_attempt()
-        run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
+        this_run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
         seconds["plan"] = time.time() - plan_started
-        assembly = Assembly(merge, work, [*plan.runs, run], during=cfg.assembly == "during")
+        assembly = Assembly(merge, work, [*plan.runs, this_run], during=cfg.assembly == "during")
         assembly.start()
         spark_started = time.time()
         try:
-            stats, spark_stop = run_spark(cfg, run, work.plan_key(run), spark_conf,
+            stats, spark_stop = run_spark(cfg, this_run, work.plan_key(this_run), spark_conf,
                                           on_tick=monitor and monitor.on_tick, ticks=monitor and monitor.ticks)
         except BaseException:
             assembly.cancel()
@@ -282,10 +299,10 @@ def score_and_assemble(cfg: JobConfig, client, work: durable.WorkPrefix, images:
     return stats, counts, spark_stop
 
 
-def finish_run(cfg: JobConfig, client, work: durable.WorkPrefix, summary: dict, counts: merge.AssemblyCounts,
-               keys: int) -> int:
+def finish_run(run: PlannedRun, summary: dict, counts: merge.AssemblyCounts) -> int:
     """Write the summary, remove the work prefix, and return the exit code (3: more errors than --max-errors)."""
-    writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
+    cfg, work = run.cfg, run.work
+    writes.put_text(run.client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
     for warning in summary["threads"]["warnings"]:
         log.warning("%s", warning)
     removed = work.remove()
@@ -293,7 +310,7 @@ def finish_run(cfg: JobConfig, client, work: durable.WorkPrefix, summary: dict, 
         "keys_listed", "predicted", "failed", "reused", "scored", "batches", "elapsed_seconds")}))
     log.info("wrote %s and s3://%s/%s; removed %d work objects under %s", cfg.output_uri, cfg.output_bucket,
              cfg.summary_key, removed, work.uri)
-    limit = allowed_errors(cfg.max_errors, keys)
+    limit = allowed_errors(cfg.max_errors, len(run.images))
     if counts.failed > limit:
         log.error("%d images failed, more than --max-errors %s allows (%d); see the error lines in %s",
                   counts.failed, cfg.max_errors, limit, cfg.output_uri)
@@ -336,7 +353,7 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
         try:
             return manifest.read_manifest(cfg.input_manifest, client, bucket=cfg.input_bucket,
                                           prefix=cfg.input_prefix, suffixes=cfg.suffixes, limit=cfg.limit,
-                                          in_memory=not cfg.dry_run)
+                                          spill=extsort.Spill(in_memory=not cfg.dry_run))
         except manifest.ManifestError as exc:
             raise JobError(str(exc)) from exc
         except OSError as exc:  # unreadable file, full disk for the downloaded copy

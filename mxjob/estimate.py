@@ -232,6 +232,25 @@ def cluster_cost(core_nodes: int, node_price: float, job_seconds: float, *, star
 
 
 @dataclass(frozen=True)
+class SampleCost:
+    """What scoring the driver's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
+
+    ``cpu_seconds_per_image`` counts a local S3 stand-in's CPU too (of which
+    ``s3_server_cpu_seconds_per_image``; 0 against real S3); ``scored`` are
+    the sample's images that got predictions rather than error lines.
+    """
+
+    images: int
+    scored: int
+    cpu_seconds_per_image: float
+    s3_server_cpu_seconds_per_image: float
+    model_load_seconds: float
+    #: The first image's ``(part, stats)`` from :func:`mxjob.partition.score_partition` (the model's load included):
+    #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
+    first: tuple | None = None
+
+
+@dataclass(frozen=True)
 class Estimate:
     """The projection of one run, as the dry run's plan and the summary show it."""
 
@@ -267,20 +286,20 @@ class Estimate:
         return out
 
 
-def project(cpu_per_image: float, images: int, batch_size: int, cluster: Cluster, *, model_load_seconds: float,
-            start_seconds: float, node_price: float | None = None, sample_images: int = 0,
-            s3_server_cpu: float = 0.0) -> Estimate:
+def project(sample: SampleCost, images: int, batch_size: int, cluster: Cluster, *, start_seconds: float,
+            node_price: float | None = None) -> Estimate:
     """The wall time (and cost) of scoring ``images`` in batches of ``batch_size`` on ``cluster``.
 
     Each executor slot keeps ``cluster.threads`` vCPUs busy with its forward
-    passes (the sample measured CPU seconds, so V threads do V vCPUs' work);
-    a batch takes ``batch_size * cpu_per_image / threads`` seconds plus
+    passes (the ``sample`` measured CPU seconds, so V threads do V vCPUs' work);
+    a batch takes ``batch_size * sample.cpu_seconds_per_image / threads`` seconds plus
     :data:`TASK_OVERHEAD_SECONDS`, and the batches run in waves over the
     slots (the last wave may be partly idle). Before the first wave:
     ``start_seconds`` (:func:`start_seconds`: Spark's start-up, MXNet's
     import and the model's load on each worker). ``node_price`` prices the
     whole cluster for that wall time (:func:`cluster_cost`).
     """
+    cpu_per_image = sample.cpu_seconds_per_image
     batches = math.ceil(images / batch_size) if images else 0
     slots = max(1, cluster.executors)
     batch_seconds = batch_size * cpu_per_image / max(cluster.threads, 1e-9) + TASK_OVERHEAD_SECONDS
@@ -289,9 +308,9 @@ def project(cpu_per_image: float, images: int, batch_size: int, cluster: Cluster
     wall = start_seconds + compute if batches else 0.0
     cost = None if node_price is None else cluster_cost(cluster.nodes, node_price, wall)
     return Estimate(
-        sample_images=sample_images, cpu_seconds_per_image=cpu_per_image,
-        s3_server_cpu_seconds_per_image=s3_server_cpu,
-        model_load_seconds=model_load_seconds, start_seconds=start_seconds if batches else 0.0, images=images,
+        sample_images=sample.images, cpu_seconds_per_image=cpu_per_image,
+        s3_server_cpu_seconds_per_image=sample.s3_server_cpu_seconds_per_image,
+        model_load_seconds=sample.model_load_seconds, start_seconds=start_seconds if batches else 0.0, images=images,
         batches=batches, cluster=cluster.source,
         vcpus=cluster.vcpus, executors=cluster.executors,
         images_per_second=images / compute if compute else 0.0, wall_seconds=wall,

@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +49,27 @@ SPILLED_ROWS = 65_536
 SPILL_DIR_ENV = "MXINFER_SPILL_DIR"
 _SCHEMA = pa.schema([("key", KEY_TYPE), ("size", pa.int64())])
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+@dataclass(frozen=True)
+class Spill:
+    """How keys too many to sort in memory are sorted out of core, and where the merged keys go.
+
+    Attributes
+    ----------
+    run_bytes : int, optional
+        Arrow bytes of keys gathered before a run is sorted and spilled:
+        :data:`SPILL_BYTES` (read when used) by default.
+    directory : str, optional
+        Where runs are spilled: :func:`spill_dir` by default.
+    in_memory : bool
+        Whether keys sorted out of core are loaded into memory (one copy) or
+        left in a local file (a :class:`SpilledListing`, for the dry run's plan).
+    """
+
+    run_bytes: int | None = None
+    directory: str | None = None
+    in_memory: bool = True
 
 
 def spill_dir() -> str:

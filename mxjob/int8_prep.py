@@ -24,7 +24,7 @@ from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line, plural
 from mxjob.handlers import get_handlers
 from mxjob.int8 import agreement, agreement_refusal, int8_excluded, quantize_int8, sample_too_small, weight_layers
-from mxjob.int8_search import quantize_auto
+from mxjob.int8_search import SampleArrays, SearchGoal, quantize_auto
 from mxjob.model import Classifier, ModelError, Predictor
 from mxjob.preprocess import decode_image
 from mxjob.s3 import reads
@@ -140,8 +140,9 @@ def quantize_for_job(cfg: JobConfig, symbol_json: str, exclude: list, calibratio
     auto = int8_search.is_auto(cfg.int8_exclude)
     try:
         if auto:
-            spec, search = quantize_auto(cfg.model, weight_layers(symbol_json), calibration, held_out, out_prefix,
-                                         bound_batch(cfg), cfg.min_agreement, cfg.int8_search_seconds,
+            spec, search = quantize_auto(cfg.model, weight_layers(symbol_json), SampleArrays(calibration, held_out),
+                                         out_prefix, bound_batch(cfg),
+                                         SearchGoal(cfg.min_agreement, cfg.int8_search_seconds),
                                          classifier.output_is_probability)
         else:
             spec, search = quantize_int8(cfg.model, cfg.preprocess.input_shape, calibration, out_prefix, exclude,

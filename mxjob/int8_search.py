@@ -307,10 +307,27 @@ def best_of(trials: Sequence[Trial]) -> Trial:
     return max(trials, key=lambda t: (t.passed, t.speedup >= MIN_SPEEDUP, t.agreement, t.speedup))
 
 
+@dataclass(frozen=True)
+class SearchGoal:
+    """What the search must reach and how long it may look: ``--min-agreement`` (top-1 agreement with fp32 on
+    the held-out images) and ``--int8-search-seconds``."""
+
+    min_agreement: float
+    budget_seconds: float
+
+
+@dataclass(frozen=True)
+class SampleArrays:
+    """The int8 sample, decoded: ``(N, C, H, W)`` float32 inputs to calibrate on, and held-out ones to compare
+    int8 with fp32 on."""
+
+    calibration: np.ndarray
+    held_out: np.ndarray
+
+
 def search(calibration: Calibration, layers: Sequence[str], held_out: np.ndarray, reference: np.ndarray,
-           fp32_module, min_agreement: float, budget_seconds: float,
-           clock: Callable[[], float] = time.monotonic) -> SearchResult:
-    """Find the fewest layers to keep in fp32 so that int8 agrees at ``min_agreement`` and is faster.
+           fp32_module, goal: SearchGoal, clock: Callable[[], float] = time.monotonic) -> SearchResult:
+    """Find the fewest layers to keep in fp32 so that int8 agrees at ``goal.min_agreement`` and is faster.
 
     Parameters
     ----------
@@ -326,11 +343,9 @@ def search(calibration: Calibration, layers: Sequence[str], held_out: np.ndarray
     fp32_module : mxnet.module.Module
         The fp32 model bound at the calibration's batch (:func:`bind`): each
         trial times it against the int8 one, interleaved, on the same threads.
-    min_agreement : float
-        ``--min-agreement``.
-    budget_seconds : float
-        ``--int8-search-seconds``: no trial starts that would end after it
-        (the first, every layer quantized, always runs).
+    goal : SearchGoal
+        ``--min-agreement``, and ``--int8-search-seconds``: no trial starts
+        that would end after it (the first, every layer quantized, always runs).
     clock : callable
         Seconds, monotonic; tests pass a fake one.
 
@@ -339,7 +354,8 @@ def search(calibration: Calibration, layers: Sequence[str], held_out: np.ndarray
     SearchResult
     """
     started = clock()
-    trials = _Trials(calibration, held_out, reference, fp32_module, min_agreement, started + budget_seconds, clock)
+    trials = _Trials(calibration, held_out, reference, fp32_module, goal.min_agreement,
+                     started + goal.budget_seconds, clock)
     result = _search(trials, list(layers))
     result.trials, result.configurations_tried = trials.done, trials.count
     result.seconds = clock() - started
@@ -409,9 +425,8 @@ def time_models(fp32_module, int8_module, arrays: np.ndarray, batch_size: int,
             "speedup": round(best["fp32"] / best["int8"], 2), "images": len(arrays)}
 
 
-def quantize_auto(spec: ModelSpec, layers: Sequence[str], calibration: np.ndarray, held_out: np.ndarray,
-                  out_prefix: str, batch_size: int, min_agreement: float, budget_seconds: float,
-                  output_is_probability: bool = False) -> tuple[ModelSpec | None, SearchResult]:
+def quantize_auto(spec: ModelSpec, layers: Sequence[str], sample: SampleArrays, out_prefix: str, batch_size: int,
+                  goal: SearchGoal, output_is_probability: bool = False) -> tuple[ModelSpec | None, SearchResult]:
     """``--int8-exclude auto``: calibrate once, :func:`search`, time the result, write it if it passed.
 
     Parameters
@@ -420,13 +435,13 @@ def quantize_auto(spec: ModelSpec, layers: Sequence[str], calibration: np.ndarra
         The fp32 checkpoint.
     layers : sequence of str
         Its convolution and fully connected layers (``mxjob.int8.weight_layers``).
-    calibration, held_out : numpy.ndarray
-        ``(N, C, H, W)`` float32 inputs: to calibrate on, and to compare with fp32 on.
+    sample : SampleArrays
+        The inputs to calibrate on, and to compare with fp32 on.
     out_prefix : str
         Where the chosen int8 checkpoint goes (``-symbol.json``, ``-0000.params``).
     batch_size : int
         The bound batch of every forward pass, fp32 and int8 alike.
-    min_agreement, budget_seconds : float
+    goal : SearchGoal
         ``--min-agreement``, ``--int8-search-seconds``.
     output_is_probability : bool
         The model ends in a softmax.
@@ -435,11 +450,12 @@ def quantize_auto(spec: ModelSpec, layers: Sequence[str], calibration: np.ndarra
     -------
     (ModelSpec or None, SearchResult)
         The int8 checkpoint (``shipped``) when a configuration agreed at
-        ``min_agreement`` and was at least :data:`MIN_SPEEDUP` times faster
+        ``goal.min_agreement`` and was at least :data:`MIN_SPEEDUP` times faster
         in the final timing, else ``None``; and what the search found.
     """
     import mxnet as mx
 
+    calibration, held_out = sample.calibration, sample.held_out
     symbol = mx.sym.load_json(spec.read(spec.symbol_uri).decode("utf-8"))
     saved = mx.nd.load_frombuffer(spec.read(spec.params_uri))
     args = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
@@ -448,7 +464,7 @@ def quantize_auto(spec: ModelSpec, layers: Sequence[str], calibration: np.ndarra
     calibrated = Calibration(symbol, args, aux, spec.data_name, calibration, batch_size, output_is_probability)
     fp32 = bind(symbol, args, aux, spec.data_name, held_out.shape[1:], batch_size)
     reference = to_probabilities(forward(fp32, held_out, batch_size), output_is_probability)
-    result = search(calibrated, layers, held_out, reference, fp32, min_agreement, budget_seconds)
+    result = search(calibrated, layers, held_out, reference, fp32, goal)
     final = result.chosen or result.best
     qsym, qargs, qaux = calibrated.quantize(final.excluded, final.granularity)
     result.timing = time_models(fp32, bind(qsym, qargs, qaux, spec.data_name, held_out.shape[1:], batch_size),

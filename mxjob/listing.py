@@ -77,8 +77,9 @@ class Listing:
         self.skipped_keys: dict | None = None
 
     @classmethod
-    def build(cls, bucket: str, keys, sizes=None, *, prefix: str = "", suffixes: Iterable[str] | None = None,
-              limit: int | None = None, skipped: Skipped | None = None, carried: dict | None = None) -> Listing:
+    def build(  # noqa: PLR0913 - keyword-only filter options with defaults; callers name the few they use
+            cls, bucket: str, keys, sizes=None, *, prefix: str = "", suffixes: Iterable[str] | None = None,
+            limit: int | None = None, skipped: Skipped | None = None, carried: dict | None = None) -> Listing:
         """Filter, sort, deduplicate and limit raw key and size columns (and the columns carried beside them).
 
         Parameters

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from mxjob import extsort, inventory, manifest_text
 from mxjob.errors import first_line, plural
-from mxjob.extsort import KeySorter, SpilledListing
+from mxjob.extsort import KeySorter, Spill, SpilledListing
 from mxjob.listing import Listing, Skipped
 from mxjob.s3 import uris
 
@@ -55,14 +55,14 @@ class ManifestError(ValueError):
 
 
 def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: str = "",
-                  suffixes: Iterable[str] | None = None, limit: int | None = None, in_memory: bool = True,
-                  spill_bytes: int | None = None, spill_dir: str | None = None) -> Listing | SpilledListing:
+                  suffixes: Iterable[str] | None = None, limit: int | None = None,
+                  spill: Spill | None = None) -> Listing | SpilledListing:
     """The image keys a manifest names, as a :class:`listing.Listing`.
 
-    A manifest of more than ``spill_bytes`` of keys (about two million) is
+    A manifest of more than ``spill.run_bytes`` of keys (about two million) is
     sorted out of core (:mod:`mxjob.extsort`): read in runs that are sorted
-    and spilled to ``spill_dir``, then merged, so that the keys are never
-    held twice. ``in_memory=False`` then keeps the merged keys on disk too
+    and spilled to ``spill.directory``, then merged, so that the keys are never
+    held twice. ``spill.in_memory=False`` then keeps the merged keys on disk too
     (a :class:`extsort.SpilledListing`, for the dry run's plan).
 
     Parameters
@@ -80,14 +80,9 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
         Keep only keys with these suffixes (case-insensitive).
     limit : int, optional
         Keep only the first ``limit`` keys, in sorted order.
-    in_memory : bool
-        Whether keys sorted out of core are loaded into memory (one copy) or
-        left in a local file.
-    spill_bytes : int, optional
-        Arrow bytes of keys read before a run is sorted and spilled:
-        :data:`extsort.SPILL_BYTES` (read when called) by default.
-    spill_dir : str, optional
-        Where runs are spilled: :func:`extsort.spill_dir` by default.
+    spill : extsort.Spill, optional
+        The out-of-core sort's run size and folder, and whether its merged
+        keys are loaded into memory; :class:`extsort.Spill`'s defaults if not given.
 
     Returns
     -------
@@ -101,8 +96,9 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
         The manifest cannot be read, has malformed lines (named by number),
         names keys in several buckets or no bucket, or names no image.
     """
-    sorter = KeySorter(prefix=prefix, suffixes=suffixes, spill_bytes=spill_bytes or extsort.SPILL_BYTES,
-                       directory=spill_dir)
+    spill = spill or Spill()
+    sorter = KeySorter(prefix=prefix, suffixes=suffixes, spill_bytes=spill.run_bytes or extsort.SPILL_BYTES,
+                       directory=spill.directory)
     try:
         with tempfile.TemporaryDirectory(prefix="mxinfer-manifest-") as work:
             path = _local_copy(uri, client, work)
@@ -111,7 +107,7 @@ def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: s
         out_of_core, read, skipped = sorter.spilled, sorter.rows, sorter.skipped  # close() forgets them
         if out_of_core:
             # The merge stops at --limit, so the repeated keys past it are not counted.
-            images = sorter.listing(named, limit) if in_memory else sorter.spilled_listing(named, limit)
+            images = sorter.listing(named, limit) if spill.in_memory else sorter.spilled_listing(named, limit)
             kept = None if limit is not None else len(images)
         else:
             # Listing.build lets go of each step's input as soon as it has its output: no name here may keep

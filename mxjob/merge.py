@@ -29,6 +29,9 @@ from mxjob.s3 import object_reader, parallel_list, reads
 
 #: Rows the assembly gathers before writing them out (JSON Lines); Parquet writes a row group at a time.
 WRITE_ROWS = 10_000
+#: Parts the assembly reads at once, shared among the runs it merges (each run keeps at least two in flight),
+#: so that the merge seldom waits for a GET.
+READ_THREADS = 16
 
 
 @dataclass
@@ -235,9 +238,8 @@ class _Selection:
         self.pieces, self.last, self.rows = [], None, 0
 
 
-def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 16,
-             reader: object_reader.ObjectReader | None = None, carried: pa.Table | None = None,
-             live: LiveRun | None = None) -> AssemblyCounts:
+def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, reader: object_reader.ObjectReader | None = None,
+             carried: pa.Table | None = None, live: LiveRun | None = None) -> AssemblyCounts:
     """Merge the runs' durable rows into ``sink`` in key order, exactly one row per key of ``keys``.
 
     ``keys`` is this job's sorted key list (a :class:`listing.Listing`, or key
@@ -261,8 +263,8 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, threads: int = 1
     job ends is the tail.
     """
     counts = AssemblyCounts()
-    with ThreadPoolExecutor(threads, thread_name_prefix="assemble") as pool:
-        window = max(2, threads // max(1, len(runs)))
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="assemble") as pool:
+        window = max(2, READ_THREADS // max(1, len(runs)))
 
         def follow(run: Run) -> LiveRun | None:
             return live if live is not None and run.number == live.run.number else None

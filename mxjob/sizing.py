@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from mxjob import batchsize, constants, estimate, listing, state
 from mxjob.config import JobConfig
+from mxjob.estimate import SampleCost
 from mxjob.partition import score_partition
 from mxjob.worker import import_mxnet
 
@@ -97,10 +98,8 @@ def estimate_run(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Clus
     if cost is None:
         return None
     start = estimate.start_seconds(cost.model_load_seconds, jvm_start_seconds(), import_mxnet())
-    projected = estimate.project(cost.cpu_seconds_per_image, to_score, cfg.batch_size, cluster,
-                                 model_load_seconds=cost.model_load_seconds, start_seconds=start,
-                                 node_price=cfg.node_price, sample_images=cost.images,
-                                 s3_server_cpu=cost.s3_server_cpu_seconds_per_image)
+    projected = estimate.project(cost, to_score, cfg.batch_size, cluster, start_seconds=start,
+                                 node_price=cfg.node_price)
     price = "" if projected.cost is None else f", about {projected.cost.describe()}"
     log.info("estimate: %d images in about %s (%.1f images/s on %d vCPUs: %s, after %.0f s of start-up)%s; measured "
              "on %d images at %.1f ms of CPU each", to_score, _duration(projected.wall_seconds),
@@ -146,25 +145,6 @@ def sample_items(images, count: int) -> list:
     """``count`` keys evenly spaced over the sorted listing (the ``i * n // count``-th of ``n``)."""
     n = min(count, len(images))
     return [images[i * len(images) // n] for i in range(n)] if n else []
-
-
-@dataclass(frozen=True)
-class SampleCost:
-    """What scoring the driver's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
-
-    ``cpu_seconds_per_image`` counts a local S3 stand-in's CPU too (of which
-    ``s3_server_cpu_seconds_per_image``; 0 against real S3); ``scored`` are
-    the sample's images that got predictions rather than error lines.
-    """
-
-    images: int
-    scored: int
-    cpu_seconds_per_image: float
-    s3_server_cpu_seconds_per_image: float
-    model_load_seconds: float
-    #: The first image's ``(part, stats)`` from :func:`score_partition` (the model's load included):
-    #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
-    first: tuple | None = None
 
 
 def measure(job, items: list, endpoint_url: str | None) -> SampleCost:

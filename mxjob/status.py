@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from mxjob import report
 from mxjob.errors import EXIT_FAILED, first_line
@@ -34,9 +35,51 @@ def report_key(output_key: str) -> str:
     return side_key(output_key, "report.html")
 
 
-def status_document(state: str, p: Progress | None, tick: Tick | None, started: float, where: dict,
-                    resume: str | None, exit_code: int | None = None, message: str | None = None,
-                    stage: str | None = None, durable_batches: int | None = None) -> dict:
+@dataclass(frozen=True)
+class RunFacts:
+    """What every status of a run repeats, whatever its state.
+
+    Attributes
+    ----------
+    started : float
+        The run's start (epoch seconds).
+    where : dict
+        ``output``, ``summary``, ``report`` URIs.
+    resume : str or None
+        The command that resumes the run (shown while it runs and when it did not finish).
+    """
+
+    started: float
+    where: dict
+    resume: str | None = None
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended, for its last status; every field ``None`` while it runs.
+
+    Attributes
+    ----------
+    exit_code : int, optional
+        The driver's exit code, once it is known: what ``mxjob.watch`` exits with.
+    message : str, optional
+        Why a failed or interrupted run ended.
+    durable_batches : int, optional
+        The run's batches durable when it ended (:meth:`RunMonitor.durable_batches`), in place of the last
+        tick's count.
+    """
+
+    exit_code: int | None = None
+    message: str | None = None
+    durable_batches: int | None = None
+
+
+#: The end of a run that has not ended: nothing known yet.
+RUNNING = RunEnd()
+
+
+def status_document(state: str, p: Progress | None, tick: Tick | None, run: RunFacts, end: RunEnd = RUNNING,
+                    stage: str | None = None) -> dict:
     """The status file's content (:func:`records.to_json` of a :class:`records.Status`): state, stage, done and
     total, images/s, ETA, errors so far, the resume command.
 
@@ -46,20 +89,12 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, started: 
         One of :data:`STATES`.
     p, tick : Progress, Tick or None
         The latest sample (``None`` before Spark starts, or in a run with nothing to score).
-    started : float
-        The run's start (epoch seconds).
-    where : dict
-        ``output``, ``summary``, ``report`` URIs.
-    resume : str or None
-        The command that resumes the run (shown while it runs and when it did not finish).
-    exit_code : int, optional
-        The driver's exit code, once it is known: what ``mxjob.watch`` exits with.
-    message : str, optional
-        Why a failed or interrupted run ended.
+    run : RunFacts
+        The run's start, its files' URIs and the command that resumes it.
+    end : RunEnd
+        The exit code, why the run ended, its durable batches (:data:`RUNNING` while it runs).
     stage : str, optional
         One of :data:`STAGES`: what the driver is doing, or was doing when the run ended.
-    durable_batches : int, optional
-        The run's batches durable when it ended (:func:`durable_batches`), in place of the last tick's count.
     """
     if state not in STATES:
         raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
@@ -71,7 +106,7 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, started: 
         spark = p.now - p.first_start if p.first_start else None
         # An ended run has nothing left to estimate: its tick's ETA would say when a stopped run finishes.
         eta = tick if tick and state == "running" else None
-        done = p.batches_done if durable_batches is None else durable_batches
+        done = p.batches_done if end.durable_batches is None else end.durable_batches
         progress = {
             "batches": Done(done=done, total=p.batches_total),
             "keys": Done(done=p.keys_done, total=p.keys_total), "errors": p.failed,
@@ -81,11 +116,12 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, started: 
             "predicted_end_iso": iso(eta.predicted_end) if eta else None,
         }
     # where: the output's and its side files' URIs (RunMonitor.where); a field not given is left out.
+    started = run.started
     return to_json(Status(
         state=state, stage=stage or ABSENT, updated=now, updated_iso=iso(now), started=started,
-        started_iso=iso(started), elapsed_seconds=round(now - started, 1), **where, **progress,
-        exit_code=ABSENT if exit_code is None else exit_code, message=message or ABSENT,
-        resume_command=resume if state != "succeeded" and resume else ABSENT))
+        started_iso=iso(started), elapsed_seconds=round(now - started, 1), **run.where, **progress,
+        exit_code=ABSENT if end.exit_code is None else end.exit_code, message=end.message or ABSENT,
+        resume_command=run.resume if state != "succeeded" and run.resume else ABSENT))
 
 
 class RunMonitor:
@@ -156,8 +192,8 @@ class RunMonitor:
               summary: dict | None = None, durable_batches: int | None = None) -> dict:
         """Write the status and the report now; returns the status document."""
         fold, p, tick = self.latest
-        doc = status_document(state, p, tick, self.started, self.where, self.resume, exit_code, message,
-                              self.stage, durable_batches)
+        doc = status_document(state, p, tick, RunFacts(self.started, self.where, self.resume),
+                              RunEnd(exit_code, message, durable_batches), self.stage)
         page = report.render(report.view(fold, self.ticks.as_list(), doc, summary, self.context))
         with self._lock:  # the progress thread, the heartbeat and the main thread's last write must not interleave
             if state == "running" and self._closed.is_set():

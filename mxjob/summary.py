@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mxjob import durable, merge
 from mxjob.config import JobConfig
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, plural
@@ -32,17 +34,13 @@ from mxjob.stats import StatsFold
 from mxjob.worker import memory_bytes
 
 
-def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts: merge.AssemblyCounts,
-              elapsed: float, model_summary: dict, seconds: dict, plan: durable.Plan, fingerprint: dict,
-              spark: dict | None = None, skipped_keys: dict | None = None, *, precision: dict = ABSENT,
-              batch_size_choice: dict = ABSENT, estimate: dict | None = ABSENT, manifest: dict | None = None,
-              files: dict = ABSENT, dataset: dict | None = None) -> dict:
-    """The run's summary, as written to ``OUTPUT.summary.json``.
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run came to, as its summary reports it (:func:`summarize`): the driver's :func:`mxjob.driver.planned_run`
+    builds it once the output is whole.
 
-    Parameters
+    Attributes
     ----------
-    cfg : JobConfig
-        The run's settings; the summary repeats them under ``options``.
     images : int
         Keys listed.
     batches : int
@@ -75,6 +73,37 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         The driver's checks and sizing, the input manifest's report, the run's files
         (:attr:`RunMonitor.where`) and a dataset's files; a field not given (``manifest`` or
         ``dataset`` None) is left out.
+    """
+
+    images: int
+    batches: int
+    fold: StatsFold
+    counts: merge.AssemblyCounts
+    elapsed: float
+    model_summary: dict
+    seconds: dict
+    plan: durable.Plan
+    fingerprint: dict
+    spark: dict | None = None
+    skipped_keys: dict | None = None
+    precision: dict = ABSENT
+    batch_size_choice: dict = ABSENT
+    estimate: dict | None = ABSENT
+    manifest: dict | None = None
+    files: dict = ABSENT
+    dataset: dict | None = None
+
+
+def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
+    """The run's summary, as written to ``OUTPUT.summary.json``.
+
+    Parameters
+    ----------
+    cfg : JobConfig
+        The run's settings; the summary repeats them under ``options``.
+    run : RunOutcome
+        What the run came to: counts, stats, the driver's seconds, plan, fingerprint, Spark's context, and
+        the driver's checks and sizing.
 
     Returns
     -------
@@ -85,6 +114,7 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         tasks' window), then per executor, per Python worker and per host
         (``threads``), then the model, fingerprint and options, the rates named.
     """
+    fold, counts, plan, images, elapsed = run.fold, run.counts, run.plan, run.images, run.elapsed
     executors = {name: ExecutorStats(**{k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()})
                  for name, e in fold.executors.items()}
     # Throughput while tasks ran: from the first task's start to the last one's end
@@ -96,16 +126,16 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
                   images_per_second=round(scored / window, 2) if window else None,
                   first_start_iso=iso(fold.first_start), last_end_iso=iso(fold.last_end))
     stage_seconds = Seconds(**{k: round(sum(e[k] for e in fold.executors.values()), 3) for k in fold.STAGES},
-                            **{k: round(v, 3) for k, v in seconds.items()})
+                            **{k: round(v, 3) for k, v in run.seconds.items()})
     images_per_second = round(scored / elapsed, 2) if elapsed > 0 else None
     spark_seconds = stage_seconds.spark or None  # ABSENT without a Spark job; rounded, as the summary shows it
     return to_json(Summary(
         input=cfg.input_uri, output=cfg.output_uri, output_format=cfg.output_format,
-        keys_listed=images, skipped_keys=SkippedKeys(**skipped_keys) if skipped_keys is not None else None,
+        keys_listed=images, skipped_keys=SkippedKeys(**run.skipped_keys) if run.skipped_keys is not None else None,
         predicted=counts.predicted, failed=counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
         reused=images - len(plan.todo), scored=scored, resumed=plan.resumed, runs=plan.number,
-        errors_by_stage=ErrorsByStage(**fold.errors), batches=batches, batch_size=cfg.batch_size,
+        errors_by_stage=ErrorsByStage(**fold.errors), batches=run.batches, batch_size=cfg.batch_size,
         elapsed_seconds=round(elapsed, 3), images_per_second=images_per_second,
         seconds=stage_seconds,
         assembly=Assembly(parts_read=counts.parts_read, bytes_read=counts.bytes_read,
@@ -115,15 +145,15 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
         python_workers={name: python_worker(fold.worker_summary(name)) for name in sorted(fold.workers)},
         tasks=tasks,
         driver_max_rss_bytes=memory_bytes()["max_rss"],
-        spark=spark_run(spark),
+        spark=spark_run(run.spark),
         # Batches whose result came from a retried task (lost worker or executor, ...).
         retried_batches=fold.retried,
         # Task attempts that failed and were run again (a lost spot node's in-flight batches): Spark's count.
         lost_task_attempts=fold.lost_task_attempts,
         # A classifier's model_summary replaces "labels" with the file it read, and adds "labels_count".
         model={"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
-               "labels": cfg.model.labels_uri, **model_summary},
-        fingerprint=fingerprint,
+               "labels": cfg.model.labels_uri, **run.model_summary},
+        fingerprint=run.fingerprint,
         options=cfg.options(),
         threads=thread_fit(fold),
         # Beside the machine fields, what a person reads: the rates, named (images_per_second and
@@ -132,10 +162,10 @@ def summarize(cfg: JobConfig, images: int, batches: int, fold: StatsFold, counts
                     images_per_second_tasks=tasks.images_per_second,
                     images_per_second_elapsed=images_per_second, what=RATES),
         seconds_what=SECONDS_WHAT,
-        precision=precision, batch_size_choice=batch_size_choice, estimate=estimate,
-        manifest=ABSENT if manifest is None else manifest,
-        files=Files(**files) if files is not ABSENT else ABSENT,
-        dataset=ABSENT if dataset is None else SummaryDataset(**dataset),
+        precision=run.precision, batch_size_choice=run.batch_size_choice, estimate=run.estimate,
+        manifest=ABSENT if run.manifest is None else run.manifest,
+        files=Files(**run.files) if run.files is not ABSENT else ABSENT,
+        dataset=ABSENT if run.dataset is None else SummaryDataset(**run.dataset),
     ))
 
 

@@ -28,6 +28,7 @@ import ipaddress
 import json
 import sys
 import time
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import boto3
@@ -143,9 +144,19 @@ def final_lines(status: dict) -> list[str]:
     return lines
 
 
-def watch(client, bucket: str, key: str, every: float, wait_seconds: float, stale_seconds: float,
-          echo=click.echo, sleep=time.sleep) -> int:
+@dataclass(frozen=True)
+class Polling:
+    """How often the watch reads the status (``every`` seconds), and when it gives up (exit 4): no status after
+    ``wait_seconds``, or a running status unchanged for ``stale_seconds``. The command's three options."""
+
+    every: float
+    wait_seconds: float
+    stale_seconds: float
+
+
+def watch(client, bucket: str, key: str, polling: Polling, echo=click.echo, sleep=time.sleep) -> int:
     """Print the status as it changes until the job ends; return the exit code (see the module's table)."""
+    wait_seconds, stale_seconds = polling.wait_seconds, polling.stale_seconds
     started, last_change, last_updated = time.time(), time.time(), None
     while True:
         status = read_status(client, bucket, key)
@@ -166,7 +177,7 @@ def watch(client, bucket: str, key: str, every: float, wait_seconds: float, stal
             echo(f"the status has not changed for {stale_seconds:.0f} s while running: the driver may have died; "
                  f"resume with: {status.get('resume_command')}", err=True)
             return EXIT_NO_STATUS
-        sleep(every)
+        sleep(polling.every)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -185,7 +196,7 @@ def main(output, endpoint_url, region, every, wait_seconds, stale_seconds):
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="OUTPUT") from exc
     try:
-        code = watch(status_client(endpoint_url, region), bucket, key, every, wait_seconds, stale_seconds)
+        code = watch(status_client(endpoint_url, region), bucket, key, Polling(every, wait_seconds, stale_seconds))
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
         problem = access_problem(exc)
         if problem is None:

@@ -231,13 +231,13 @@ def test_task_rows_run_each_task_on_the_first_model_without_spark(tmp_path):
     from argparse import Namespace
 
     from bench import tasks as bench_tasks
+    from bench.run_bench import StandIn
 
     submitted, probed = [], []
 
-    def submit(s3, endpoint, model, tag, batch, work, master, extra, moto, spark_conf, suffix=".jsonl",
-               model_key=None):
-        submitted.append((tag, model.name, extra, suffix, model_key))
-        task = extra[extra.index("--task") + 1]
+    def submit(stand_in, job, work):
+        submitted.append((job.tag, job.model.name, job.extra, job.suffix, job.model_key))
+        task = job.extra[job.extra.index("--task") + 1]
         outputs = {"embed": {"flatten": [64]}, "detect": {"det": [256, 6]}}.get(task, {"fc": [10]})
         size = 1000 * len(submitted)  # each object's size differs: a row reading another's size shows
         return e_run(100.0 + len(submitted), size, task, outputs, 120.0)
@@ -251,8 +251,8 @@ def test_task_rows_run_each_task_on_the_first_model_without_spark(tmp_path):
     paths = [tmp_path / f"img{i}.jpg" for i in range(10)]
     s3 = FakeS3()
     classify = {"resnet20": {"E": e_run(100.0, 500, "classify", {"fc": [10]}, 120.0)}}
-    result = bench_tasks.run(args, s3, Namespace(endpoint="http://proxy"), None, submit, probe, classify, paths,
-                             tmp_path)
+    result = bench_tasks.run(args, StandIn(s3, Namespace(endpoint="http://proxy"), None), submit, probe, classify,
+                             paths, tmp_path)
     assert {model for _, model, _, _, _ in submitted} == {"resnet20"}
     assert [(tag, suffix) for tag, _, _, suffix, _ in submitted] == [
         ("T-classify-parquet", ".parquet"), ("T-embed-float32-parquet", ".parquet"),
@@ -270,7 +270,7 @@ def test_task_rows_run_each_task_on_the_first_model_without_spark(tmp_path):
 
     args.tasks = ("embed",)
     submitted.clear()
-    rows = bench_tasks.run(args, FakeS3(), Namespace(endpoint="e"), None, submit, probe, classify, paths,
+    rows = bench_tasks.run(args, StandIn(FakeS3(), Namespace(endpoint="e"), None), submit, probe, classify, paths,
                            tmp_path)["rows"]
     assert "detect parquet" not in rows and len(submitted) == 4 and len(probed) == 1
 

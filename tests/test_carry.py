@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mxjob import driver, durable, listing, manifest, manifest_text, merge, partition, plan_file, resume, sinks
+from mxjob import driver, durable, extsort, listing, manifest, manifest_text, merge, partition, plan_file, resume, sinks
 from mxjob.config import merge_settings, resolve
 from mxjob.s3 import parallel_list, writes
 from tests.helpers import bucket_with_digits, lines_part, spark_submit
@@ -124,14 +124,14 @@ def test_carried_columns_follow_their_keys_through_a_sort_out_of_core(tmp_path, 
     path.write_text(csv_text(rows))
     in_memory = manifest.read_manifest(str(path), suffixes=SUFFIXES)
     with caplog.at_level("INFO", logger="mxjob.manifest"):
-        spilled = manifest.read_manifest(str(path), suffixes=SUFFIXES, spill_bytes=4096)
+        spilled = manifest.read_manifest(str(path), suffixes=SUFFIXES, spill=extsort.Spill(4096))
     assert "sorted out of core" in caplog.text
     assert spilled.carried == in_memory.carried == ["product_id", "shop"]
     assert spilled.table.combine_chunks().equals(in_memory.table.combine_chunks())
     assert carried_rows(spilled)[7] == ("photos/00007.jpg", 100_007, "again-7", "")
     assert len(spilled) == 3000
     # The dry run's listing on disk keeps the names (for the plan) and not the values.
-    planned = manifest.read_manifest(str(path), suffixes=SUFFIXES, spill_bytes=4096, in_memory=False)
+    planned = manifest.read_manifest(str(path), suffixes=SUFFIXES, spill=extsort.Spill(4096, in_memory=False))
     assert planned.carried == ["product_id", "shop"] and len(planned) == 3000
     assert planned.load().table.column_names == ["key", "size"]
 

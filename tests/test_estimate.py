@@ -86,7 +86,9 @@ def test_the_emr_layout_is_estimated_as_the_cluster_it_runs_on(host_vcpus):
 
 def project(images=5120, batch=64, cluster="1x4", cpu=0.05, price=None):
     shape = estimate.parse_cluster(cluster) if isinstance(cluster, str) else cluster
-    return estimate.project(cpu, images, batch, shape, model_load_seconds=2.0, start_seconds=9.0, node_price=price)
+    sample = estimate.SampleCost(images=0, scored=0, cpu_seconds_per_image=cpu, s3_server_cpu_seconds_per_image=0.0,
+                                 model_load_seconds=2.0)
+    return estimate.project(sample, images, batch, shape, start_seconds=9.0, node_price=price)
 
 
 def test_projection_scales_with_images_and_vcpus():

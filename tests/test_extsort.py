@@ -47,8 +47,7 @@ def test_out_of_core_keys_and_plan_equal_the_in_memory_sorts(tmp_path, limit, in
     path = str(tricky_manifest(tmp_path / "keys.csv"))
     options = {"prefix": "p/", "suffixes": SUFFIXES, "limit": limit}
     held = manifest.read_manifest(path, **options)
-    spilled = manifest.read_manifest(path, spill_bytes=TINY, in_memory=in_memory, spill_dir=str(tmp_path),
-                                     **options)
+    spilled = manifest.read_manifest(path, spill=extsort.Spill(TINY, str(tmp_path), in_memory=in_memory), **options)
     assert isinstance(held, listing.Listing)
     assert isinstance(spilled, listing.Listing if in_memory else extsort.SpilledListing)
     assert list(spilled) == list(held) and len(spilled) == len(held) == (limit or len(held))
@@ -100,9 +99,9 @@ def test_a_manifest_the_fast_reader_doubts_is_read_again_from_its_start(tmp_path
     # A bad size at the end, after runs were spilled: the Python reader reads again and names it.
     path.write_text("".join(rows) + "b,p/late.jpg,12kB\nb,p/x.jpg,1\n")
     with pytest.raises(manifest.ManifestError, match=r"1 malformed line\(s\): line 2001: size '12kB'"):
-        manifest.read_manifest(str(path), spill_bytes=TINY, spill_dir=str(tmp_path))
+        manifest.read_manifest(str(path), spill=extsort.Spill(TINY, str(tmp_path)))
     path.write_text("".join(rows) + 'b,"p/quoted"tail.jpg,5\n')  # the fast reader doubts; the Python one reads it
-    spilled = manifest.read_manifest(str(path), spill_bytes=TINY, in_memory=False, spill_dir=str(tmp_path))
+    spilled = manifest.read_manifest(str(path), spill=extsort.Spill(TINY, str(tmp_path), in_memory=False))
     assert len(spilled) == 2_001 and list(spilled) == list(manifest.read_manifest(str(path)))
 
 
@@ -136,8 +135,8 @@ PEAK_BOUND = 56 << 20
 MEMORY_PROBE = """
 import sys
 import pyarrow as pa
-from mxjob import manifest
-images = manifest.read_manifest(sys.argv[1], suffixes=[".jpeg"], in_memory=False, spill_bytes=4 << 20)
+from mxjob import extsort, manifest
+images = manifest.read_manifest(sys.argv[1], suffixes=[".jpeg"], spill=extsort.Spill(4 << 20, in_memory=False))
 peak = pa.default_memory_pool().max_memory()
 print(len(images), peak, images.load().nbytes)
 """

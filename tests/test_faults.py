@@ -25,7 +25,7 @@ from PIL import Image
 import mxinfer
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
-from demo.s3proxy import S3Proxy
+from demo.s3proxy import Faults, S3Proxy
 from mxjob import durable, listing, partition
 from mxjob.s3 import access, clients, parallel_list
 from tests.helpers import ROOT, bucket_with_model, encode, part_lines, scored_lines, spark_submit
@@ -192,7 +192,7 @@ def test_faults_that_outlast_the_retries_become_an_error_line_with_the_cause(buc
     bucket.put_object(Bucket=BUCKET, Key="flaky/a.png", Body=encode(digit(11), "PNG"))
     bucket.put_object(Bucket=BUCKET, Key="flaky/b.png", Body=encode(digit(12), "PNG"))
     always = lambda method, path: method == "GET" and path.endswith("/flaky/b.png")  # noqa: E731
-    with S3Proxy(moto_endpoint, fault_rate=1.0, faults=("slowdown",), fault_key_filter=always) as proxy:
+    with S3Proxy(moto_endpoint, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=always)) as proxy:
         job = job_spec(proxy.endpoint, demo_dir, s3_max_attempts=2)
         rows, _ = run_partition(job, [("flaky/a.png", 1), ("flaky/b.png", 1)])
     assert "predictions" in rows["flaky/a.png"]
@@ -203,7 +203,7 @@ def test_faults_that_outlast_the_retries_become_an_error_line_with_the_cause(buc
 
 def test_cut_bodies_are_read_again(bucket, moto_endpoint, demo_dir):
     bucket.put_object(Bucket=BUCKET, Key="cut/a.png", Body=encode(digit(13), "PNG"))
-    with S3Proxy(moto_endpoint, fault_rate=0.6, faults=("cut",), seed=3) as proxy:
+    with S3Proxy(moto_endpoint, faults=Faults(rate=0.6, kinds=("cut",), seed=3)) as proxy:
         job = job_spec(proxy.endpoint, demo_dir, s3_max_attempts=8)
         rows, stats = run_partition(job, [("cut/a.png", 1)])
     assert "predictions" in rows["cut/a.png"], rows
@@ -246,7 +246,7 @@ def assert_exactly_one_clean_line_per_key(rows: list[dict], keys: list[str]) -> 
 def test_job_completes_through_20_percent_s3_faults_and_counts_the_retries(bucket, moto_endpoint):
     keys = upload_digits(bucket, "faulty/", 40)
     bucket.put_object(Bucket=BUCKET, Key="out/faulty.jsonl", Body=b"stale output of an earlier run\n")
-    with S3Proxy(moto_endpoint, fault_rate=0.2, seed=7) as proxy:
+    with S3Proxy(moto_endpoint, faults=Faults(rate=0.2, seed=7)) as proxy:
         result = spark_submit(job_args(proxy.endpoint, "faulty/", "out/faulty.jsonl", "--batch-size", "8",
                                        "--s3-max-attempts", "8", "--overwrite"))
     output = result.stdout + result.stderr

@@ -222,9 +222,10 @@ def test_the_run_summary_names_the_labels_file_the_lines_used(logits_prefix):
                                                 "output": "s3://b/o.jsonl"}, {}))
     assert cfg.model.labels_uri is None  # not given: the summary must still name the file used
     classifier = mxinfer.Classifier(cfg.model, SHAPE, batch_size=2)
-    made = summary.summarize(cfg, 0, 0, stats.StatsFold(), merge.AssemblyCounts(), 1.0,
-                             classifier.model_summary(), {}, durable.Plan(runs=[], todo=[], number=1, resumed=False),
-                             {})
+    made = summary.summarize(cfg, summary.RunOutcome(
+        images=0, batches=0, fold=stats.StatsFold(), counts=merge.AssemblyCounts(), elapsed=1.0,
+        model_summary=classifier.model_summary(), seconds={},
+        plan=durable.Plan(runs=[], todo=[], number=1, resumed=False), fingerprint={}))
     assert made["model"]["labels"] == str(logits_prefix.parent / "synset.txt")
     assert made["model"]["labels_count"] == 10
 

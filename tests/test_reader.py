@@ -21,7 +21,7 @@ import botocore.utils
 import pytest
 
 from demo.s3local import free_port
-from demo.s3proxy import S3Proxy
+from demo.s3proxy import Faults, S3Proxy
 from mxjob import config
 from mxjob.s3 import clients, object_reader, reads
 
@@ -109,7 +109,7 @@ def test_final_errors_are_botocores_own_and_not_retried(bucket, moto_endpoint, k
 @pytest.mark.parametrize("attempts", [1, 3])
 def test_throttling_goes_to_botocore_with_the_attempts_left(bucket, moto_endpoint, attempts):
     throttled = lambda method, path: path.endswith("/r/b.jpg")  # noqa: E731
-    with S3Proxy(moto_endpoint, fault_rate=1.0, faults=("slowdown",), fault_key_filter=throttled) as proxy:
+    with S3Proxy(moto_endpoint, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=throttled)) as proxy:
         reader = fresh_reader(proxy.endpoint, max_attempts=attempts)
         reader.read(BUCKET, "r/a.jpg")
         stats = reads.IOStats()
@@ -120,8 +120,8 @@ def test_throttling_goes_to_botocore_with_the_attempts_left(bucket, moto_endpoin
 
 
 def test_resets_and_cut_bodies_are_read_again_and_counted(bucket, moto_endpoint):
-    with S3Proxy(moto_endpoint, fault_rate=0.5, faults=("reset", "cut"), seed=1,
-                 fault_key_filter=lambda method, path: not path.endswith("/r/a.jpg")) as proxy:
+    with S3Proxy(moto_endpoint, faults=Faults(rate=0.5, kinds=("reset", "cut"), seed=1,
+                                              key_filter=lambda method, path: not path.endswith("/r/a.jpg"))) as proxy:
         reader = fresh_reader(proxy.endpoint, max_attempts=8)
         reader.read(BUCKET, "r/a.jpg")
         stats = reads.IOStats()

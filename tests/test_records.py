@@ -19,7 +19,7 @@ from mxjob import config, durable, listing, records, status
 from mxjob.merge import AssemblyCounts
 from mxjob.progress import Progress, Tick
 from mxjob.stats import StatsFold, TaskStats
-from mxjob.summary import summarize
+from mxjob.summary import RunOutcome, summarize
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 WHERE = {"output": "s3://o/k.jsonl", "summary": "s3://o/k.jsonl.summary.json",
@@ -59,13 +59,13 @@ def summary_of(**driver_fields) -> dict:
     """A summary as summarize makes it from ten tasks, with ``driver_fields`` given to it, as JSON reads it back."""
     cfg = replace(config.resolve(config.merge_settings({**BASE, "batch_size": 64}, {})), batch_size=64)
     keys = listing.Listing.build("b", [f"p/{i:04d}.png" for i in range(640)])
-    made = summarize(cfg, 640, 10, StatsFold.of(task(n) for n in range(1, 11)),
-                     AssemblyCounts(predicted=630, failed=10, parts_read=10, bytes_read=4096), 12.5,
-                     {"num_classes": 10}, dict(DRIVER_SECONDS), durable.Plan(runs=[], todo=keys, number=1,
-                                                                             resumed=False),
-                     {"task": "classify"}, spark=copy.deepcopy(SPARK),
-                     skipped_keys={"count": 1, "why": "not ending in .png", "examples": ["p/x.txt"]},
-                     **copy.deepcopy(driver_fields))
+    made = summarize(cfg, RunOutcome(
+        images=640, batches=10, fold=StatsFold.of(task(n) for n in range(1, 11)),
+        counts=AssemblyCounts(predicted=630, failed=10, parts_read=10, bytes_read=4096), elapsed=12.5,
+        model_summary={"num_classes": 10}, seconds=dict(DRIVER_SECONDS),
+        plan=durable.Plan(runs=[], todo=keys, number=1, resumed=False), fingerprint={"task": "classify"},
+        spark=copy.deepcopy(SPARK), skipped_keys={"count": 1, "why": "not ending in .png", "examples": ["p/x.txt"]},
+        **copy.deepcopy(driver_fields)))
     return json.loads(json.dumps(made))
 
 
@@ -79,7 +79,7 @@ def status_doc(**kwargs) -> dict:
                  first_start=T0 + 1)
     tick = Tick(time=T0 + 10, batches=3, keys=192, failed=2, recent_rate=19.2, eta_seconds=40.0,
                 predicted_end=T0 + 50)
-    args = {"state": "running", "p": p, "tick": tick, "started": T0, "where": WHERE, "resume": "x --resume",
+    args = {"state": "running", "p": p, "tick": tick, "run": status.RunFacts(T0, WHERE, "x --resume"),
             "stage": "scoring", **kwargs}
     return json.loads(json.dumps(status.status_document(**args)))
 
@@ -133,7 +133,7 @@ def test_optional_fields_may_be_left_out_and_nullable_ones_may_be_null(summary_d
 
 
 def test_the_status_status_document_makes_is_valid_and_a_bad_one_is_refused():
-    for doc in (status_doc(), status_doc(state="failed", exit_code=1, message="boom", durable_batches=3),
+    for doc in (status_doc(), status_doc(state="failed", end=status.RunEnd(1, "boom", 3)),
                 status_doc(p=None, tick=None, stage="listing")):
         assert records.to_json(records.from_json(records.Status, doc)) == doc
     assert "batches" not in status_doc(p=None, tick=None)  # before the first tick: no counts at all

@@ -67,7 +67,8 @@ def fake_page(tmp_path: Path) -> tuple[Path, dict]:
         ticks.add(Tick(time=now, batches=part.tasks, keys=part.keys, failed=0, recent_rate=100.0,
                        eta_seconds=None if k < 3 else 50.0 - 5 * k + 4, predicted_end=None if k < 3 else T0 + 54))
     summ = fake_summary(fold)
-    doc = status.status_document("succeeded", None, None, T0 - 20, {"output": "s3://b/out.jsonl"}, None, 0)
+    doc = status.status_document("succeeded", None, None, status.RunFacts(T0 - 20, {"output": "s3://b/out.jsonl"}),
+                                 status.RunEnd(0))
     doc.update({"keys": {"done": fold.keys, "total": fold.keys}, "batches": {"done": 80, "total": 80}})
     page = report.render(report.view(fold, ticks.as_list(), doc, summ, {"options": {"batch_size": 64},
                                                                        "fingerprint": {"settings": "abc"}}))
@@ -150,12 +151,13 @@ def test_status_document_says_state_progress_and_resume():
                  first_start=T0)
     tick = Tick(time=T0 + 10, batches=5, keys=320, failed=2, recent_rate=30.0, eta_seconds=10.0,
                 predicted_end=T0 + 20)
-    doc = status.status_document("running", p, tick, T0 - 5, {"output": "s3://b/o"}, "spark-submit x --resume")
+    doc = status.status_document("running", p, tick, status.RunFacts(T0 - 5, {"output": "s3://b/o"},
+                                                                      "spark-submit x --resume"))
     assert doc["batches"] == {"done": 5, "total": 10} and doc["keys"]["done"] == 320 and doc["errors"] == 2
     assert doc["images_per_second"] == 32.0 and doc["eta_seconds"] == 10.0
     assert doc["resume_command"] == "spark-submit x --resume" and re.match(r"\d{4}-\d\d-\d\dT", doc["started_iso"])
     with pytest.raises(ValueError, match="state must be one of"):
-        status.status_document("done", p, tick, T0, {}, None)
+        status.status_document("done", p, tick, status.RunFacts(T0, {}))
 
 
 def test_a_failed_status_put_warns_once_and_the_job_goes_on(caplog):
@@ -187,8 +189,9 @@ def test_the_summary_counts_and_names_the_keys_a_prefix_listing_skipped():
                                                 "output": "s3://b/o.jsonl"}, {}))
     skipped = {"count": 11, "why": "not ending in .jpg", "examples": [f"in/{i}.txt" for i in range(10)]}
     plan = durable.Plan(runs=[], todo=[], number=1, resumed=False)
-    made = summary.summarize(cfg, 0, 0, StatsFold(), merge.AssemblyCounts(), 1.0, {}, {}, plan, {},
-                             skipped_keys=skipped)
+    made = summary.summarize(cfg, summary.RunOutcome(
+        images=0, batches=0, fold=StatsFold(), counts=merge.AssemblyCounts(), elapsed=1.0, model_summary={},
+        seconds={}, plan=plan, fingerprint={}, skipped_keys=skipped))
     assert made["skipped_keys"] == skipped
     # Listed and skipped beside each other, before the figures of the scoring.
     assert list(made)[list(made).index("keys_listed") + 1] == "skipped_keys"
@@ -211,7 +214,8 @@ def test_watch_prints_progress_and_exits_with_the_jobs_code():
             return {"Body": __import__("io").BytesIO(json.dumps(doc).encode())}
 
     out = []
-    code = watch.watch(Client(), "b", "k", 0, 60, 60, echo=lambda s, err=False: out.append(s), sleep=lambda _: None)
+    code = watch.watch(Client(), "b", "k", watch.Polling(0, 60, 60), echo=lambda s, err=False: out.append(s),
+                       sleep=lambda _: None)
     assert code == 143
     assert out[1] == "running: 1 of 2 batches, 64 of 128 images, 0 errors; 12.5 images/s; ETA estimating"
     assert out[-1] == "  resume with: x --resume"
@@ -252,8 +256,8 @@ def test_the_pages_figures_are_the_summarys(tmp_path):
 
 def skipped_page(summ: dict | None) -> str:
     fold = fake_fold(2)
-    doc = status.status_document("succeeded" if summ else "running", None, None, T0 - 20,
-                                 {"output": "s3://b/out.jsonl"}, None, 0)
+    doc = status.status_document("succeeded" if summ else "running", None, None,
+                                 status.RunFacts(T0 - 20, {"output": "s3://b/out.jsonl"}), status.RunEnd(0))
     return report.render(report.view(fold, [], doc, summ, {}))
 
 
@@ -426,7 +430,8 @@ def test_the_throughput_chart_says_its_rate_is_per_interval(tmp_path):
 
 
 def test_a_run_whose_tasks_ended_in_one_interval_has_no_throughput_chart_and_says_why():
-    v = report.view(one_executor_fold(1), [], status.status_document("succeeded", None, None, T0, {}, None, 0),
+    v = report.view(one_executor_fold(1), [],
+                    status.status_document("succeeded", None, None, status.RunFacts(T0, {}), status.RunEnd(0)),
                     None, {})
     assert report.throughput_chart(v) == (
         '<p class="empty" id="chart-throughput">Every task ended within one 1 s interval: images/s over time '
@@ -458,7 +463,8 @@ def test_one_image_is_one_image_not_1_images():
 def test_a_succeeded_run_with_failed_images_says_so_beside_its_badge():
     fold = one_executor_fold(10, keys=1)
     summ = {**fake_summary(fold), "keys_listed": 10, "predicted": 4, "failed": 6}
-    doc = status.status_document("succeeded", None, None, T0, {"output": "s3://b/o"}, None, 0)
+    doc = status.status_document("succeeded", None, None, status.RunFacts(T0, {"output": "s3://b/o"}),
+                                 status.RunEnd(0))
     page = report.render(report.view(fold, [], doc, summ, {}))
     assert ('<span class="state succeeded-with-errors" id="state" data-value="succeeded">succeeded with errors'
             '</span> <a class="state-errors" href="#errors">6 of 10 images failed</a></h1>') in page
@@ -471,7 +477,7 @@ def test_no_eta_is_shown_as_made_once_every_batch_was_done():
     # A one-batch run: its only tick comes after the batch ended, and says 0 s left.
     ticks = [{"time": T0 + 9, "batches": 1, "keys": 64, "failed": 0, "recent_rate": 7.0, "eta_seconds": 0.0,
               "predicted_end": T0 + 9}]
-    doc = status.status_document("succeeded", None, None, T0, {}, None, 0)
+    doc = status.status_document("succeeded", None, None, status.RunFacts(T0, {}), status.RunEnd(0))
     doc.update({"keys": {"done": 64, "total": 64}, "batches": {"done": 1, "total": 1}})
     v = report.view(one_executor_fold(1), ticks, doc, fake_summary(one_executor_fold(1)), {})
     assert report.finish_line(v) == "<p>No ETA was made (the job was too short, or is still estimating).</p>"
@@ -485,13 +491,14 @@ def test_time_labels_along_a_chart_are_never_repeated():
 
 
 def test_the_memory_chart_names_the_tasks_it_has():
-    v = report.view(one_executor_fold(7), [], status.status_document("running", None, None, T0, {}, None, 0),
+    v = report.view(one_executor_fold(7), [],
+                    status.status_document("running", None, None, status.RunFacts(T0, {}), status.RunEnd(0)),
                     None, {})
     assert x_labels(report.memory_chart(v)) == ["task 1", "task 2", "task 5", "task 7"]
 
 
 def test_a_running_jobs_eta_card_shows_no_eta_once_every_batch_is_done():
-    doc = status.status_document("running", None, None, T0, {}, None)
+    doc = status.status_document("running", None, None, status.RunFacts(T0, {}))
     doc.update({"keys": {"done": 64, "total": 64}, "batches": {"done": 1, "total": 1}, "eta_seconds": 0.0})
     cards = report.headline(report.view(one_executor_fold(1), [], doc, None, {}))
     assert '<div class="figure" data-field="status.eta_seconds" data-value="0.0">every batch done</div>' in cards

@@ -25,7 +25,7 @@ import yaml
 
 import infer_main
 from demo import make_demo
-from demo.s3proxy import S3Proxy
+from demo.s3proxy import Faults, S3Proxy
 from mxjob import config, driver, listing, state
 from mxjob.errors import JobError
 from mxjob.model import Classifier, ModelSpec
@@ -63,7 +63,7 @@ def first_gets(count: int, suffix: str):
 
 def failing_proxy(upstream: str, count: int, suffix: str) -> S3Proxy:
     """A proxy that answers ``503 SlowDown`` to the first ``count`` GETs of ``suffix``, and passes the rest."""
-    return S3Proxy(upstream, fault_rate=1.0, faults=("slowdown",), fault_key_filter=first_gets(count, suffix))
+    return S3Proxy(upstream, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=first_gets(count, suffix)))
 
 
 # --- the model's and the labels' reads

@@ -130,12 +130,12 @@ def test_the_status_says_this_run_is_running_before_it_lists(world, moto_endpoin
 
 
 def test_the_early_status_is_running_with_no_counts():
-    doc = status.status_document("running", None, None, 1_700_000_000.0, {"output": "s3://b/o"}, "x --resume",
-                                 stage="listing")
+    doc = status.status_document("running", None, None, status.RunFacts(1_700_000_000.0, {"output": "s3://b/o"},
+                                                                        "x --resume"), stage="listing")
     assert doc["state"] == "running" and doc["stage"] == "listing" and doc["resume_command"] == "x --resume"
     assert not {"keys", "batches", "errors", "eta_seconds", "exit_code"} & set(doc)
     with pytest.raises(ValueError, match="stage must be one of"):
-        status.status_document("running", None, None, 1_700_000_000.0, {}, None, stage="lunch")
+        status.status_document("running", None, None, status.RunFacts(1_700_000_000.0, {}), stage="lunch")
 
 
 class Recording:

@@ -16,7 +16,7 @@ import mxinfer
 from mxjob import cluster, config, durable, jsonl_view, listing, merge, part_format, partition, results, state, worker
 from mxjob.records import to_json
 from mxjob.stats import StatsAccumulator, StatsFold, TaskStats
-from mxjob.summary import summarize, thread_fit
+from mxjob.summary import RunOutcome, summarize, thread_fit
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 
@@ -119,7 +119,9 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     plan = durable.Plan(runs=[], todo=keys, number=1, resumed=False)
     counts = merge.AssemblyCounts(predicted=12800, failed=0)
     stats.reverse()  # order must not matter
-    summary = summarize(cfg, 200 * 64, 200, StatsFold.of(stats), counts, 300.0, {}, {"assembly": 0.5}, plan, {})
+    summary = summarize(cfg, RunOutcome(images=200 * 64, batches=200, fold=StatsFold.of(stats), counts=counts,
+                                        elapsed=300.0, model_summary={}, seconds={"assembly": 0.5}, plan=plan,
+                                        fingerprint={}))
     window = 199 * 1.1 + 1.0
     assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
     assert summary["tasks"]["images_per_second"] == pytest.approx(12800 / window, rel=1e-3)
@@ -148,13 +150,17 @@ def test_stats_folded_per_task_in_any_order_and_grouping_give_the_same_summary()
     plan = durable.Plan(runs=[], todo=listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)]), number=1,
                            resumed=False)
     counts = merge.AssemblyCounts(predicted=3840, failed=3)
-    whole = summarize(cfg, 3840, 60, StatsFold.of(stats), counts, 100.0, {}, {}, plan, {})
+    def outcome(fold: StatsFold) -> RunOutcome:
+        return RunOutcome(images=3840, batches=60, fold=fold, counts=counts, elapsed=100.0, model_summary={},
+                          seconds={}, plan=plan, fingerprint={})
+
+    whole = summarize(cfg, outcome(StatsFold.of(stats)))
     # As Spark's accumulator sees them: each task's own fold, merged as tasks end, in any order.
     random.Random(3).shuffle(stats)
     merged = StatsFold()
     for start in range(0, len(stats), 7):
         merged = StatsAccumulator().addInPlace(merged, StatsFold.of(stats[start:start + 7]))
-    folded = summarize(cfg, 3840, 60, merged, counts, 100.0, {}, {}, plan, {})
+    folded = summarize(cfg, outcome(merged))
     for summary in (whole, folded):
         summary.pop("driver_max_rss_bytes")
     assert folded == whole

@@ -67,8 +67,9 @@ def test_watch_exits_at_once_with_the_code_of_a_run_that_failed_before_its_plan(
         raise AssertionError("watch waited for a status that is final")
 
     out = []
-    code = watch.watch(moto_buckets, *watch.status_location(cfg.output_uri), every=5, wait_seconds=0,
-                       stale_seconds=60, echo=lambda line, err=False: out.append(line), sleep=no_sleep)
+    code = watch.watch(moto_buckets, *watch.status_location(cfg.output_uri),
+                       watch.Polling(every=5, wait_seconds=0, stale_seconds=60),
+                       echo=lambda line, err=False: out.append(line), sleep=no_sleep)
     assert code == EXIT_FAILED
     assert out[0].startswith("failed (listing): no batch has been scored yet") and out[0].endswith("; exit 1")
     assert out[1].startswith(f"  no images under s3://{BUCKET}/no-images/")
@@ -76,9 +77,10 @@ def test_watch_exits_at_once_with_the_code_of_a_run_that_failed_before_its_plan(
 
 def test_watch_takes_the_status_written_before_the_plan_for_a_running_job():
     started = 1_700_000_000.0
-    docs = iter([status.status_document("running", None, None, started, {}, "x --resume", stage="listing"),
-                 status.status_document("failed", None, None, started, {}, "x --resume", EXIT_FAILED,
-                                        "model: no such layer", stage="model_check")])
+    run = status.RunFacts(started, {}, "x --resume")
+    docs = iter([status.status_document("running", None, None, run, stage="listing"),
+                 status.status_document("failed", None, None, run, status.RunEnd(EXIT_FAILED, "model: no such layer"),
+                                        stage="model_check")])
 
     class Client:
         class exceptions:  # boto3's shape
@@ -88,7 +90,7 @@ def test_watch_takes_the_status_written_before_the_plan_for_a_running_job():
             return {"Body": io.BytesIO(json.dumps(next(docs)).encode())}
 
     out = []
-    code = watch.watch(Client(), "b", "k", 0, 60, 60, echo=lambda line, err=False: out.append(line),
+    code = watch.watch(Client(), "b", "k", watch.Polling(0, 60, 60), echo=lambda line, err=False: out.append(line),
                        sleep=lambda _: None)
     assert code == EXIT_FAILED  # the job's, read from the second status: the first did not end the watch
     assert out[0].startswith("running (listing): no batch has been scored yet")

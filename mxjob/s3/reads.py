@@ -62,9 +62,9 @@ class IOStats:
             self.body_retries += body_retries
 
 
-def read_object(client, bucket: str, key: str, attempts: int = 4, stats: IOStats | None = None,
-                max_bytes: int | None = None, byte_range: tuple[int, int] | None = None,
-                seen: dict | None = None) -> bytes:
+def read_object(  # noqa: PLR0913 - public as utils.read_object: a client, bucket and key, then optional settings
+        client, bucket: str, key: str, attempts: int = 4, stats: IOStats | None = None,
+        max_bytes: int | None = None, byte_range: tuple[int, int] | None = None, seen: dict | None = None) -> bytes:
     """Download one object into memory, retrying a body read cut off midway.
 
     botocore retries failed requests by itself (see :func:`s3_client`); a

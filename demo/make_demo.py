@@ -50,18 +50,22 @@ def digit_png(image8: np.ndarray) -> bytes:
 
 
 def build_net():
+    import mxnet as mx
     from mxnet.gluon import nn
 
-    net = nn.HybridSequential()
-    net.add(
-        nn.Conv2D(16, kernel_size=3, padding=1, activation="relu"),
-        nn.MaxPool2D(2),
-        nn.Conv2D(32, kernel_size=3, padding=1, activation="relu"),
-        nn.MaxPool2D(2),
-        nn.Flatten(),
-        nn.Dense(64, activation="relu"),
-        nn.Dense(10),
-    )
+    # Name counters of its own: gluon numbers layers per process (dense0, dense1, ...), so without them a
+    # process that built another network first would export other layer names (and another symbol file).
+    with mx.name.NameManager():
+        net = nn.HybridSequential()
+        net.add(
+            nn.Conv2D(16, kernel_size=3, padding=1, activation="relu"),
+            nn.MaxPool2D(2),
+            nn.Conv2D(32, kernel_size=3, padding=1, activation="relu"),
+            nn.MaxPool2D(2),
+            nn.Flatten(),
+            nn.Dense(64, activation="relu"),
+            nn.Dense(10),
+        )
     return net
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import daft  # noqa: E402
 from daft import DataType  # noqa: E402
 
-from bench.peer_mxnet import Module  # noqa: E402
+from bench.peer_mxnet import Module, peer_arguments  # noqa: E402
 from mxjob.preprocess import Preprocess, decode_image  # noqa: E402
 
 TOP = DataType.list(DataType.struct({"class_id": DataType.int32(), "probability": DataType.float32()}))
@@ -84,16 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--input", required=True, help="glob of the images, e.g. 's3://bench/peers/n128/*'")
-    parser.add_argument("--model", required=True, help="s3:// prefix of PREFIX-symbol.json and PREFIX-0000.params")
-    parser.add_argument("--output", required=True, help="s3:// folder for the Parquet files")
-    parser.add_argument("--endpoint-url", required=True)
-    parser.add_argument("--input-shape", default="3,224,224")
-    parser.add_argument("--mean", default="123.68,116.78,103.94")
-    parser.add_argument("--std", default="58.4,57.12,57.38")
-    parser.add_argument("--batch", type=int, default=16, help="images per forward pass (the job's micro-batch)")
-    parser.add_argument("--top-k", type=int, default=5)
+    parser = peer_arguments(__doc__.split("\n")[0], "glob of the images, e.g. 's3://bench/peers/n128/*'",
+                            "s3:// folder for the Parquet files")
     args = parser.parse_args(argv)
     files = run(args)
     print(f"daft {daft.__version__}: wrote {files} Parquet file(s) under {args.output}", flush=True)

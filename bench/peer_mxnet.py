@@ -8,6 +8,7 @@ Imports only boto3 and NumPy at the top, so that both venvs import it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 
@@ -52,3 +53,18 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     probs = exp / exp.sum(axis=1, keepdims=True)
     best = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     return best.astype(np.int32), np.take_along_axis(probs, best, axis=1).astype(np.float32)
+
+
+def peer_arguments(description: str, input_help: str, output_help: str) -> argparse.ArgumentParser:
+    """The command line both peers take: the same images, model, recipe, batch and top-k as the job's run."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--input", required=True, help=input_help)
+    parser.add_argument("--model", required=True, help="s3:// prefix of PREFIX-symbol.json and PREFIX-0000.params")
+    parser.add_argument("--output", required=True, help=output_help)
+    parser.add_argument("--endpoint-url", required=True)
+    parser.add_argument("--input-shape", default="3,224,224")
+    parser.add_argument("--mean", default="123.68,116.78,103.94")
+    parser.add_argument("--std", default="58.4,57.12,57.38")
+    parser.add_argument("--batch", type=int, default=16, help="images per forward pass (the job's micro-batch)")
+    parser.add_argument("--top-k", type=int, default=5)
+    return parser

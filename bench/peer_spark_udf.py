@@ -35,6 +35,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.peer_mxnet import peer_arguments  # noqa: E402
+
 #: The Parquet columns, as Daft's and the job's outputs have them.
 SCHEMA = pa.schema([("key", pa.string()), ("predictions", pa.list_(pa.struct(
     [("class_id", pa.int32()), ("probability", pa.float32())])))])
@@ -99,16 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--input", required=True, help="s3:// prefix of the images")
-    parser.add_argument("--model", required=True, help="s3:// prefix of PREFIX-symbol.json and PREFIX-0000.params")
-    parser.add_argument("--output", required=True, help="s3:// key of the Parquet file")
-    parser.add_argument("--endpoint-url", required=True)
-    parser.add_argument("--input-shape", default="3,224,224")
-    parser.add_argument("--mean", default="123.68,116.78,103.94")
-    parser.add_argument("--std", default="58.4,57.12,57.38")
-    parser.add_argument("--batch", type=int, default=16, help="images per forward pass (the job's micro-batch)")
-    parser.add_argument("--top-k", type=int, default=5)
+    parser = peer_arguments(__doc__.split("\n")[0], "s3:// prefix of the images", "s3:// key of the Parquet file")
     args = parser.parse_args(argv)
     rows = run(args)
     print(f"predict_batch_udf: wrote {rows} rows to {args.output}", flush=True)

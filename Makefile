@@ -127,6 +127,10 @@ bench-scale: $(STAMP) ## Driver time and memory, per-task overhead at 100,000 an
 bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, step by step: GET, decode, resize, normalise, glue, the whole task in process; 12 MP photos (about 15 s; BENCH_ARGS=--task-only)
 	$(PY) -m bench.worker_steps $(BENCH_ARGS)
 
+.PHONY: bench-estimate
+bench-estimate: $(STAMP) ## The estimate against the measured time: --dry-run's projection beside the run, 128 and 1,280 JPEGs, and the EMR layout modelled (about 2 min; BENCH_ARGS='--sizes 16,64 --layout 10x16 --node-price 0.96')
+	$(PY) -m bench.estimate_check $(BENCH_ARGS)
+
 # The peers' own venv: Daft needs Python 3.10+, so it is a bench dependency only, never the job's.
 PEERS_VENV := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed

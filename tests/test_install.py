@@ -24,7 +24,8 @@ from tests.helpers import ROOT
 pytestmark = pytest.mark.install
 
 #: What the wheel ships: infer_main.py, the --py-files zip's modules and the mxjob package, nothing more.
-MODULES = {"infer_main.py", "mxinfer.py", "utils.py"}
+#: utils.py stays out of the wheel: a top-level ``utils`` would shadow a user's own (the zip still carries it).
+MODULES = {"infer_main.py", "mxinfer.py"}
 #: Left out of the copy the wheel is built from: virtualenvs, git's data, build output, caches.
 SKIPPED = shutil.ignore_patterns(".venv", ".venv-ops", ".git", "build", "dist", "run", "*.egg-info", "__pycache__",
                                  ".pytest_cache", ".ruff_cache", "spark-warehouse", "metastore_db")
@@ -82,11 +83,14 @@ def test_console_script_runs_the_job_cli(fresh_venv, tmp_path):
 
 
 def test_library_imports_from_the_venv_not_the_checkout(fresh_venv, tmp_path):
-    code = ("import mxinfer, mxjob, utils, infer_main\n"
-            "for module in (mxinfer, mxjob, utils, infer_main): print(module.__file__)\n")
+    code = ("import mxinfer, mxjob, mxjob.s3, infer_main\n"
+            "for module in (mxinfer, mxjob, mxjob.s3, infer_main): print(module.__file__)\n"
+            "import importlib.util; print(importlib.util.find_spec('utils'))\n")
     result = subprocess.run([str(fresh_venv / "bin" / "python"), "-c", code], cwd=str(tmp_path),
                             env=fresh_env(), capture_output=True, text=True, timeout=120, check=True)
-    files = [Path(line).resolve() for line in result.stdout.splitlines()]
+    *lines, utils_spec = result.stdout.splitlines()
+    assert utils_spec == "None"  # no top-level utils installed to shadow a user's own
+    files = [Path(line).resolve() for line in lines]
     assert len(files) == 4
     for path in files:
         assert path.is_relative_to(fresh_venv.resolve()), path

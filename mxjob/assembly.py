@@ -5,8 +5,9 @@ The output is the runs' durable rows merged in key order
 ten million keys would wait minutes for it after its last task. With
 ``--assembly during`` (the default) the merge runs in a thread of the driver
 from the moment the run's plan is written, and follows the run's batches as
-they become durable (:class:`mxjob.merge.LiveRun`): batches end roughly in
-order, so when the last task ends only the last parts are left to merge.
+they become durable (:class:`mxjob.merge.LiveRun`, told of each batch as its
+task's stats reach the driver): batches end roughly in order, so when the
+last task ends only the last parts are left to merge.
 With ``--assembly after`` the driver merges once the Spark job has ended.
 
 Nothing of the output is visible before it is whole: the sink writes one
@@ -22,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from mxjob import durable, merge
+from mxjob import durable, merge, state
 from mxjob.errors import JobError, first_line
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class Assembly:
     def start(self) -> None:
         """Start following the run (``during``); nothing until :meth:`finish` otherwise."""
         if self.live is not None:
+            # Before Spark starts: no task's stats can reach the driver before the merge listens.
+            state.durable_batches.listen(self.live.key, self.live.durable)
             self._thread = threading.Thread(target=self._follow, name="assembly", daemon=True)
             self._thread.start()
 
@@ -82,6 +85,7 @@ class Assembly:
         if self._thread is None:
             return
         self.live.cancel()
+        state.durable_batches.forget(self.live.key, self.live.durable)
         self._thread.join(CANCEL_WAIT_SECONDS)
         if self._thread.is_alive():
             log.warning("the assembly did not stop within %.0f s; its upload is left incomplete (never visible)",
@@ -97,6 +101,8 @@ class Assembly:
         if self._thread is None:
             return self._after()
         self.live.finish()
+        # Spark applied every task's stats before the job's action returned: no notice is left to come.
+        state.durable_batches.forget(self.live.key, self.live.durable)
         try:
             while self._thread.is_alive():  # in short steps: a signal's handler runs between them
                 self._thread.join(JOIN_POLL_SECONDS)

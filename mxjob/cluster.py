@@ -121,7 +121,8 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
         sc.addFile(job.handler)  # executors load their copy by name (get_handlers)
     for path in job.model.shipped_files():  # the int8 checkpoint: read by name (ModelSpec.read)
         sc.addFile(path)
-    stats = sc.accumulator(StatsFold(), StatsAccumulator())
+    # Each task's stats tell the driver's live merge that the task's part is durable (StatsAccumulator).
+    stats = sc.accumulator(StatsFold(), StatsAccumulator((job.output_bucket, job.parts_prefix)))
     score = functools.partial(score_into, job=job, stats=stats)
     stop = threading.Event()
     reporter = Reporter(lambda: stats.value, run.batches, run.keys, cfg.progress_seconds,
@@ -190,8 +191,10 @@ def lost_task_attempts(sc, group: str, wait_seconds: float = 10.0) -> int | None
         tracker = sc.statusTracker()
         deadline = time.monotonic() + wait_seconds
         jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
+        pause = 0.05
         while any(j is None or j.status == "RUNNING" for j in jobs) and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)  # each look is Py4J calls: less often the longer the listener bus trails
             jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
         stages = [tracker.getStageInfo(stage) for job in jobs if job is not None for stage in job.stageIds]
         return sum(stage.numFailedTasks for stage in stages if stage is not None)

@@ -15,7 +15,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import repeat
@@ -32,6 +32,11 @@ WRITE_ROWS = 10_000
 #: Parts the assembly reads at once, shared among the runs it merges (each run keeps at least two in flight),
 #: so that the merge seldom waits for a GET.
 READ_THREADS = 16
+#: Seconds the live merge waits for one batch, once tasks have begun to end, before it lists the run's parts
+#: in case that batch's notice was lost (:class:`LiveRun`).
+HEARTBEAT_SECONDS = 5.0
+#: The longest the live merge goes between such listings while it waits (each one that finds nothing new doubles it).
+MAX_HEARTBEAT_SECONDS = 60.0
 
 
 @dataclass
@@ -50,6 +55,10 @@ class AssemblyCounts:
     dataset: dict | None = None
     #: Seconds the sink's close took: the last upload's end (last part, CompleteMultipartUpload).
     close_seconds: float = 0.0
+    #: Listings of the followed run's parts (:class:`LiveRun`): none when every task's stats told the merge.
+    part_listings: int = 0
+    #: Batches of the followed run that only a listing found: their tasks' stats never told the merge.
+    unannounced_batches: int = 0
 
 
 class AssemblyCancelled(Exception):
@@ -59,74 +68,94 @@ class AssemblyCancelled(Exception):
 class LiveRun:
     """Which batches of the run Spark is scoring are durable, for the assembly that follows the run.
 
-    The assembly merges batch ``i``'s part as soon as its task has written it:
-    the run's parts are listed from the first one the assembly still lacks
-    (``StartAfter``), at most every ``poll_seconds``, so a listing returns
-    only the parts written since, and those that finished ahead of it. Once
-    the merge waits for one of the run's last batches (:meth:`tail_batches`),
-    it lists every ``tail_poll_seconds`` instead: the last part is merged
-    soon after it is written, at the cost of a few more small listings. The
-    driver calls :meth:`finish` once the Spark job has succeeded (every batch
-    is durable then) and :meth:`cancel` if it failed or was interrupted. One
-    thread (the assembly's) asks; any thread may finish or cancel.
+    The merge is told, not left to look: a task writes its part before its
+    stats leave the executor, and when the driver's accumulator server
+    applies them (:class:`mxjob.stats.StatsAccumulator`) it hands the task's
+    batch to :meth:`durable` (through :data:`mxjob.state.durable_batches`,
+    keyed by :attr:`key`), so the merge reads exactly the parts it is told
+    about, with no listing. Listing the run's parts is the fallback for a
+    notice that never came (Spark logs and drops an accumulator update it
+    fails to apply): once notices come, the merge lists after waiting
+    ``heartbeat_seconds`` for one batch, then half as often after each
+    listing that found only parts it had been told about, down to once every
+    :data:`MAX_HEARTBEAT_SECONDS`; and once the job has finished, for a batch
+    no notice named, before calling it missing. The driver calls
+    :meth:`finish` once the Spark job has succeeded (every batch is durable,
+    and every notice applied, then) and :meth:`cancel` if it failed or was
+    interrupted. One thread (the assembly's) asks; any thread may tell,
+    finish or cancel.
     """
 
-    def __init__(self, work: WorkPrefix, run: Run, poll_seconds: float = 0.5, tail_poll_seconds: float = 0.05):
+    def __init__(self, work: WorkPrefix, run: Run, heartbeat_seconds: float = HEARTBEAT_SECONDS):
         self.work, self.run = work, run
-        self.poll_seconds, self.tail_poll_seconds = poll_seconds, tail_poll_seconds
+        self.heartbeat_seconds = heartbeat_seconds
         self.done: set[int] = set()
-        #: Listings made (a merge that followed the run listed more than once).
+        #: Listings of the run's parts made: none when every notice came before the merge needed its batch.
         self.listings = 0
+        #: Batches the tasks' stats announced, and those only a listing found (their notice never came).
+        self.notices, self.found_by_listing = 0, 0
         #: Parts of the run the merge has read; at :meth:`finish`, those it had yet to read (the tail's work).
         self.merged, self.left_at_finish = 0, None
         self._finished = self._cancelled = False
-        self._wake = threading.Event()
+        self._changed = threading.Condition()
+        self._interval = heartbeat_seconds
         self._listed = float("-inf")
 
     @property
-    def tail_batches(self) -> int:
-        """The run's last batches, which the merge waits for polling every ``tail_poll_seconds``: 1% of them, at
-        least 8 (about the last wave of tasks on a cluster of up to a hundred cores per 10,000 batches)."""
-        return max(8, self.run.batches // 100)
+    def key(self) -> tuple[str, str]:
+        """The run as its tasks' stats name it (``StatsAccumulator.run``): its bucket and parts prefix."""
+        return self.work.bucket, self.run.prefix
+
+    def durable(self, batches: Iterable[int]) -> None:
+        """Tasks of these batches have ended with their parts written: the merge may read them."""
+        with self._changed:
+            before = len(self.done)
+            self.done.update(batches)
+            self.notices += len(self.done) - before
+            self._changed.notify_all()
 
     def finish(self) -> None:
         """The Spark job succeeded: every batch is durable, so a part still missing is an error, not a wait."""
-        self.left_at_finish = self.run.batches - self.merged
-        self._finished = True
-        self._wake.set()
+        with self._changed:
+            self.left_at_finish = self.run.batches - self.merged
+            self._finished = True
+            self._changed.notify_all()
 
     def cancel(self) -> None:
         """The Spark job failed or was interrupted: the assembly raises :class:`AssemblyCancelled`."""
-        self._cancelled = True
-        self._wake.set()
+        with self._changed:
+            self._cancelled = True
+            self._changed.notify_all()
 
     def ready(self, index: int, wait: bool = False) -> bool:
         """Whether batch ``index``'s part is durable; with ``wait``, wait until it is (or raise).
 
-        Without ``wait`` it lists again only if the last listing is
-        ``poll_seconds`` old. Raises :class:`AssemblyCancelled` after
-        :meth:`cancel`, and :class:`ResumeError` if the job finished without
-        the part.
+        Without ``wait`` it never lists. Raises :class:`AssemblyCancelled`
+        after :meth:`cancel`, and :class:`ResumeError` if the job finished
+        without the part.
         """
-        self._stop_if_cancelled()  # before every part, so that a cancel stops a merge that has all it needs
-        if index in self.done:
-            return True
-        if not wait:
-            if time.monotonic() - self._listed >= self.poll_seconds:
-                self._list(index)
-            return index in self.done
+        waiting_since = time.monotonic()
         while True:
-            finished = self._finished  # read before the listing: a part listed after it was set is not missed
+            with self._changed:
+                # Before every part, so that a cancel stops a merge that has all it needs.
+                self._stop_if_cancelled()
+                if index in self.done:
+                    return True
+                if not wait:
+                    return False
+                finished = self._finished  # read before the listing: a part listed after it was set is not missed
+                if not finished:
+                    # No heartbeat before the first notice: until a task has ended, there is no part to find.
+                    due = max(waiting_since, self._listed) + self._interval - time.monotonic()
+                    if not self.notices or due > 0:
+                        self._changed.wait(due if self.notices else None)
+                        continue
             self._list(index)
             if index in self.done:
                 return True
             if finished:
                 raise ResumeError(f"the Spark job finished, but batch {index} has no part under "
                                   f"s3://{self.work.bucket}/{self.run.prefix}")
-            tail = index >= self.run.batches - self.tail_batches
-            self._wake.wait(self.tail_poll_seconds if tail else self.poll_seconds)
-            self._wake.clear()
-            self._stop_if_cancelled()
 
     def _stop_if_cancelled(self) -> None:
         if self._cancelled:
@@ -135,12 +164,20 @@ class LiveRun:
     def _list(self, frontier: int) -> None:
         """Add the parts listed from batch ``frontier`` on (every earlier one is known durable)."""
         after = part_key(self.run.prefix, frontier - 1) if frontier else None
+        listed = set()
         for key, _ in parallel_list.list_objects(self.work.client, self.work.bucket, self.run.prefix + "part-", after):
             match = PART_PATTERN.search(key)
             if match:
-                self.done.add(int(match.group(1)))
-        self._listed = time.monotonic()
-        self.listings += 1
+                listed.add(int(match.group(1)))
+        with self._changed:
+            unannounced = len(listed - self.done)
+            self.done.update(listed)
+            self.found_by_listing += unannounced
+            self.listings += 1
+            self._listed = time.monotonic()
+            # A part no notice named: notices are being lost, so the next look comes soon; else later and later.
+            self._interval = (self.heartbeat_seconds if unannounced
+                              else min(2 * self._interval, max(self.heartbeat_seconds, MAX_HEARTBEAT_SECONDS)))
 
 
 def _run_parts(work: WorkPrefix, run: Run, pool: ThreadPoolExecutor, window: int,
@@ -300,6 +337,8 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, reader: object_r
             raise ResumeError(f"no line for key {want!r} under {work.uri} "
                               f"({len(keys) - position} keys without a line)")
         selection.flush()
+    if live is not None:
+        counts.part_listings, counts.unannounced_batches = live.listings, live.found_by_listing
     return counts
 
 

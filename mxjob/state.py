@@ -5,7 +5,8 @@ A module is imported once per Python worker, and with
 later task of its executor. What is kept here is paid for by a worker's first
 task and reused by the others: the bound models, the handler files, the
 download pools, the S3 clients and readers, the thread setting MXNet loaded
-with, and the counters the summary reports. Spark's ``pyspark.ml.model_cache`` and mlflow's
+with, and the counters the summary reports. On the driver it also holds who hears that a
+run's batches are durable (:data:`durable_batches`). Spark's ``pyspark.ml.model_cache`` and mlflow's
 ``spark_model_cache`` keep their models the same way, in a module of their
 own rather than in the job script, which Spark would pickle and ship instead.
 
@@ -97,6 +98,64 @@ pools = ProcessCache("download pools", MAX_POOLS, on_evict=lambda pool: pool.shu
 lane_pools = ProcessCache("forward-lane pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))
 s3_clients = ProcessCache("S3 clients", MAX_S3_CLIENTS)
 s3_readers = ProcessCache("S3 readers", MAX_S3_READERS)
+
+
+class Listeners:
+    """Who in this process hears of something, one listener per key: keyed, locked and bounded like the caches.
+
+    :meth:`notify` calls the key's listener outside the lock (a listener takes
+    locks of its own), and does nothing for a key nobody listens to.
+
+    Parameters
+    ----------
+    name : str
+        What is heard, for messages.
+    capacity : int
+        Keys kept; listening to one more forgets the oldest (a listener nobody forgot).
+    """
+
+    def __init__(self, name: str, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"{name}: capacity must be at least 1, got {capacity}")
+        self.name, self.capacity = name, capacity
+        self._listeners: OrderedDict[Hashable, Callable] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def listen(self, key: Hashable, listener: Callable) -> None:
+        """``listener(*args)`` hears every :meth:`notify` of ``key`` from now on, in place of any other."""
+        with self._lock:
+            self._listeners[key] = listener
+            self._listeners.move_to_end(key)
+            while len(self._listeners) > self.capacity:
+                self._listeners.popitem(last=False)
+
+    def forget(self, key: Hashable, listener: Callable) -> None:
+        """``listener`` hears no more of ``key`` (a later listener of the same key stays)."""
+        with self._lock:
+            if self._listeners.get(key) == listener:  # equal, not identical: each ``obj.method`` is a new object
+                del self._listeners[key]
+
+    def notify(self, key: Hashable, *args) -> bool:
+        """Tell ``key``'s listener; whether there was one."""
+        with self._lock:
+            listener = self._listeners.get(key)
+        if listener is None:
+            return False
+        listener(*args)
+        return True
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._listeners
+
+
+#: Runs whose durable batches a driver follows at once. A driver follows the one run Spark is scoring
+#: (its live merge, ``mxjob.merge.LiveRun``); a notebook or a test may start a few without forgetting them.
+MAX_FOLLOWED_RUNS = 4
+
+#: The driver's live merge of a run, keyed by the run's ``(output bucket, parts prefix)``, hears the batches whose
+#: tasks' stats reached the driver (``mxjob.stats.StatsAccumulator``): a task writes its part before its stats
+#: leave the executor, so those batches are durable. Executors never notify it.
+durable_batches = Listeners("durable batches", MAX_FOLLOWED_RUNS)
 
 
 @dataclass

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from mxjob import state
+from mxjob.errors import first_line
 from mxjob.timeline import Timeline
+
+log = logging.getLogger(__name__)
 
 #: Example keys kept per kind of error (stage and exception type), for the report.
 ERROR_EXAMPLES = 3
@@ -109,6 +114,9 @@ class StatsFold:
         self.timeline = Timeline()
         self.error_kinds: dict[str, dict] = {}
         self.top1: dict[str, int] = {}
+        #: The batch of each task folded in here, until the driver hands them on (:class:`StatsAccumulator`):
+        #: a task's fold carries its one batch to the driver, whose own fold keeps none.
+        self.finished_batches: list[int] = []
 
     @classmethod
     def of(cls, stats: Iterable[TaskStats]) -> StatsFold:
@@ -123,6 +131,7 @@ class StatsFold:
         """The fold of one task's stats: what an executor adds to the accumulator when the task ends."""
         fold = cls()
         fold.tasks, fold.keys, fold.retried = 1, s.keys, int(s.attempt > 0)
+        fold.finished_batches = [s.partition]
         fold.errors = {k: s.errors[k] for k in fold.errors}
         fold.s3_retries = {k: s.s3_retries[k] for k in fold.s3_retries}
         fold.first_start, fold.last_end = s.started, s.ended
@@ -177,6 +186,7 @@ class StatsFold:
                 h["executors"][executor] = max(h["executors"].get(executor, 0), threads)
         self.timeline.merge(other.timeline)
         self._merge_counts(other)
+        self.finished_batches.extend(other.finished_batches)
         return self
 
     def _merge_counts(self, other: StatsFold) -> None:
@@ -248,10 +258,41 @@ except ImportError:  # pragma: no cover - without pyspark there is no accumulato
 
 
 class StatsAccumulator(_AccumulatorParam):
-    """Spark accumulator type of a :class:`StatsFold`: ``sc.accumulator(StatsFold(), StatsAccumulator())``."""
+    """Spark accumulator type of a :class:`StatsFold`: ``sc.accumulator(StatsFold(), StatsAccumulator(run))``.
+
+    On the driver, PySpark's accumulator server calls :meth:`addInPlace`
+    with each finished task's fold as the update arrives (in its own thread,
+    while Spark's scheduler waits for the acknowledgement). A task writes its
+    part before its stats leave the executor, so its batch is durable by
+    then: the batches go to whoever follows ``run`` on the driver
+    (:data:`mxjob.state.durable_batches`, the live merge), and the driver's
+    fold keeps none. The copy a task unpickles on an executor only folds that
+    task's stats into the zero it starts from; it tells nobody.
+
+    Parameters
+    ----------
+    run : tuple of (str, str), optional
+        The run's output bucket and parts prefix (``JobSpec.output_bucket``, ``parts_prefix``).
+    """
+
+    def __init__(self, run: tuple[str, str] | None = None):
+        self.run = run
+        self._on_driver = True
+
+    def __getstate__(self) -> dict:
+        # What a task unpickles: the same run, and no driver to tell.
+        return {"run": self.run, "_on_driver": False}
 
     def zero(self, value: StatsFold) -> StatsFold:
         return StatsFold()
 
     def addInPlace(self, value1: StatsFold, value2: StatsFold) -> StatsFold:
-        return value1.merge(value2)
+        merged = value1.merge(value2)
+        if self._on_driver and merged.finished_batches:
+            batches, merged.finished_batches = merged.finished_batches, []
+            try:
+                state.durable_batches.notify(self.run, batches)
+            except Exception as exc:  # noqa: BLE001 - the stats must still be folded; the merge lists instead
+                log.warning("the live merge missed batches %s (%s: %s); it finds them by listing",
+                            batches, type(exc).__name__, first_line(exc))
+        return merged

@@ -62,6 +62,24 @@ def test_capacity_below_one_is_refused():
         state.ProcessCache("models", 0)
 
 
+def test_a_listener_hears_its_key_only_until_forgotten_and_the_oldest_goes_past_capacity():
+    heard: list = []
+    listeners = state.Listeners("t", 2)
+    assert listeners.notify("a", 1) is False  # nobody listens yet: nothing happens
+    listeners.listen("a", heard.append)
+    listeners.listen("b", lambda *args: heard.append(("b", *args)))
+    assert listeners.notify("a", 1) and listeners.notify("b", 2) and heard == [1, ("b", 2)]
+    listeners.forget("a", print)  # another listener's forget leaves it
+    assert "a" in listeners
+    listeners.forget("a", heard.append)  # a bound method equal to, not the same object as, the one given
+    assert "a" not in listeners and not listeners.notify("a", 3)
+    listeners.listen("c", heard.append)
+    listeners.listen("d", heard.append)
+    assert "b" not in listeners and "c" in listeners and "d" in listeners
+    with pytest.raises(ValueError, match="capacity must be at least 1"):
+        state.Listeners("t", 0)
+
+
 def test_clear_forgets_models_and_handlers():
     state.models.get("k", lambda: 1)
     state.handlers.get("h", lambda: 2)

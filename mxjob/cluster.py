@@ -16,6 +16,7 @@ from mxjob.container_memory import ExecutorContainer
 from mxjob.errors import JobError, first_line
 from mxjob.partition import score_into
 from mxjob.progress import Reporter
+from mxjob.spark_start import SparkStart
 from mxjob.stats import StatsAccumulator, StatsFold
 from mxjob.worker import ThreadPlan, memory_bytes
 
@@ -83,7 +84,7 @@ def stop_context(sc) -> None:
         log.debug("stopping Spark: %s", exc)
 
 
-def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict | None = None,
+def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, start: SparkStart | None = None,
               on_tick=None, ticks=None) -> tuple[StatsFold, SparkStop]:
     """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded, and the stop.
 
@@ -91,18 +92,13 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, spark_conf: dict 
     (``plan_key``): the task reads its keys from there and writes its lines
     under the run's prefix (:func:`part_key`). The keys never pass
     through Py4J, and nothing but an accumulator of stats comes back here.
-    ``on_tick`` and ``ticks`` go to the progress thread (:class:`mxjob.progress.Reporter`).
+    ``start`` is the SparkContext the driver started early (:class:`SparkStart`); without it one
+    starts now. ``on_tick`` and ``ticks`` go to the progress thread (:class:`mxjob.progress.Reporter`).
     After a job that succeeded, the SparkContext stops in the background
     (:class:`SparkStop`, for the caller to wait on); after one that failed,
     before this returns.
     """
-    from pyspark import SparkConf, SparkContext
-
-    conf = SparkConf().setAppName(cfg.app_name)
-    for key, value in (spark_conf or {}).items():
-        conf.set(key, value)
-    sc = SparkContext.getOrCreate(conf)
-    state.counters.spark_contexts += 1
+    sc = (start or SparkStart(cfg.app_name)).context()
     main_thread = threading.current_thread() is threading.main_thread()
     if signal.getsignal(signal.SIGTERM) is signals.raise_interrupted and main_thread:
         # PySpark's SparkContext puts its own SIGINT handler in (cancel the jobs, then

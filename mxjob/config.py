@@ -251,6 +251,7 @@ def resolve(settings: Settings) -> JobConfig:
     in_bucket, in_prefix, input_manifest = resolve_input(settings)
     out_bucket, out_key = resolve_output(settings, in_bucket)
     check_run_mode(settings)
+    check_skip_existing(settings, out_key)
     plain = {s.name: settings[s.name] for s in table.going_to("driver", "executor")}
     return JobConfig(
         **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
@@ -368,6 +369,25 @@ def check_run_mode(s: Settings) -> None:
     if s["precision"] == "int8" and s["context"] != "cpu":
         raise click.UsageError(f"{s.name('precision')} int8 runs on CPUs (oneDNN); use --context cpu, or "
                                "--precision fp32 on GPUs")
+
+
+def check_skip_existing(s: Settings, out_key: str | None) -> None:
+    """``--skip-existing`` adds rows to a dataset: with one output object, or with ``--overwrite``, it is refused."""
+    if s["rescore_errors"] and not s["skip_existing"]:
+        raise click.UsageError(f"{s.name('rescore_errors')} scores again the error rows that --skip-existing would "
+                               "keep: give it with --skip-existing")
+    if not s["skip_existing"]:
+        return
+    if s["overwrite"]:
+        raise click.UsageError(f"{s.name('skip_existing')} keeps the output's rows and adds the new keys', "
+                               "--overwrite replaces the output: give one or the other")
+    if not is_dataset(out_key):
+        what = (f"{out_key!r} is one object, which every run writes whole, so a run cannot add rows to it"
+                if out_key else "this run has no output")
+        raise click.UsageError(
+            f"{s.name('skip_existing')} adds rows to a Parquet dataset, a prefix ending in '/' (--output "
+            f"s3://BUCKET/PREFIX/); {what}. Write to a dataset prefix, or give the keys to score in an "
+            "--input-manifest")
 
 
 def check_task_options(s: Settings) -> None:

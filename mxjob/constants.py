@@ -58,6 +58,8 @@ class DEFAULT:
     assembly = 'during'
     resume = False
     overwrite = False
+    skip_existing = False
+    rescore_errors = False
     batch_size = 64
     task = 'classify'
     top_k = 5

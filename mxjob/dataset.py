@@ -17,19 +17,30 @@ the one that run recorded (:func:`keys_digest` in ``_parts/job.json``): they
 hold exactly the rows the resume would write. When the key list changed
 (objects added or removed since), the old files are deleted before any new
 one appears.
+
+A ``--skip-existing`` run adds its files beside the earlier runs' under names
+of its own, ``part-<run>-00000.parquet``, ..., where ``<run>`` is the run's
+UTC start (``20261126T071846Z``), later than every earlier run's
+(:func:`new_run`): its keys are those no earlier file holds
+(:mod:`mxjob.existing`), so a reader still sees each key once. A resume of
+such a run keeps and deletes only its own files; ``_SUCCESS`` lists every
+run's files, with a section per run (:func:`success_body`).
 """
 
 from __future__ import annotations
 
+import calendar
 import hashlib
+import json
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob import merge
+from mxjob import durable, merge
 from mxjob.errors import JobError, plural
 from mxjob.s3 import parallel_list
 from mxjob.sidecar import NAMES, side_key
@@ -38,7 +49,12 @@ log = logging.getLogger(__name__)
 
 #: A dataset file's name under the prefix: the file's index, at least 5 digits.
 FILE_NAME = "part-{index:05d}.parquet"
-_FILE = re.compile(r"part-(\d{5,})\.parquet$")
+#: ... and a ``--skip-existing`` run's: its run (:func:`new_run`), then the index.
+RUN_FILE_NAME = "part-{run}-{index:05d}.parquet"
+#: Either name: group 1 the run (absent in a first run's name), group 2 the index.
+_FILE = re.compile(r"part-(?:(\d{8}T\d{6}Z)-)?(\d{5,})\.parquet$")
+#: A run's name: its start, UTC, to the second (``RUN_FILE_NAME`` sorts the runs' files in the order they ran).
+RUN_FORMAT = "%Y%m%dT%H%M%SZ"
 #: ``--rows-per-file auto`` aims at files of about this many bytes (Athena reads 128 MiB splits well).
 TARGET_FILE_BYTES = 128 * 2**20
 #: ``auto``'s bounds: a file of fewer rows is all overhead; more rows, a long wait for the file to appear.
@@ -51,15 +67,34 @@ DETECTION_BYTES, TYPICAL_DETECTIONS = 40, 10
 PREDICTION_BYTES = 24
 
 
-def file_key(prefix: str, index: int) -> str:
-    """The key of the dataset's file ``index`` under ``prefix`` (which ends with ``/``)."""
-    return prefix + FILE_NAME.format(index=index)
+def file_key(prefix: str, index: int, run: str | None = None) -> str:
+    """The key of the dataset's file ``index`` under ``prefix`` (which ends with ``/``), of ``run`` if given."""
+    return prefix + (RUN_FILE_NAME.format(run=run, index=index) if run else FILE_NAME.format(index=index))
+
+
+def file_id(key: str, prefix: str) -> tuple[str | None, int] | None:
+    """``(run, index)`` of a dataset file's key under ``prefix`` (``run`` ``None`` for ``part-NNNNN.parquet``),
+    else ``None``."""
+    match = _FILE.fullmatch(key[len(prefix):]) if key.startswith(prefix) else None
+    return (match.group(1), int(match.group(2))) if match else None
 
 
 def file_index(key: str, prefix: str) -> int | None:
-    """The index of a dataset file's key under ``prefix``, else ``None``."""
-    match = _FILE.fullmatch(key[len(prefix):]) if key.startswith(prefix) else None
-    return int(match.group(1)) if match else None
+    """The index of a dataset file's key under ``prefix``, whichever run wrote it, else ``None``."""
+    found = file_id(key, prefix)
+    return found[1] if found else None
+
+
+def new_run(found: Contents, now: float | None = None) -> str:
+    """A name for a ``--skip-existing`` run's files: its UTC start, a second after the latest run's if not later.
+
+    Names never collide with an earlier run's, and sort in the order the runs ran.
+    """
+    started = int(time.time() if now is None else now)
+    latest = max((run for run in found.runs() if run), default=None)
+    if latest is not None:
+        started = max(started, calendar.timegm(time.strptime(latest, RUN_FORMAT)) + 1)
+    return time.strftime(RUN_FORMAT, time.gmtime(started))
 
 
 def auto_rows_per_file(task: str, key_bytes: float, top_k: int, vector_values: int | None,
@@ -111,30 +146,44 @@ def keys_digest(keys) -> str:
 class Contents:
     """What is under a dataset prefix, its work prefix aside."""
 
-    #: The dataset's files by index: ``(key, bytes)``.
+    #: The dataset's files, every run's: key to bytes, in key order (so the runs' in the order they ran).
     files: dict = field(default_factory=dict)
     #: The job's own files (``_SUCCESS``, ``_summary.json``, ``_status.json``, ``_report.html``).
     own: list = field(default_factory=list)
     #: Keys the job did not write.
     foreign: list = field(default_factory=list)
+    #: The dataset's prefix (ends with ``/``).
+    prefix: str = ""
 
     @property
     def output_exists(self) -> bool:
         """Whether a dataset is there: files, ``_SUCCESS`` or a summary (a status or report alone is a run's)."""
         return bool(self.files) or any(key.endswith(("_SUCCESS", "_summary.json")) for key in self.own)
 
+    def runs(self) -> list[str | None]:
+        """The runs whose files are there, in the order they ran (``None``: the files of a run without a name)."""
+        return list(dict.fromkeys(file_id(key, self.prefix)[0] for key in sorted(self.files)))
+
+    def run_files(self, run: str | None) -> dict[int, tuple[str, int]]:
+        """The files of ``run`` (``None``: ``part-NNNNN.parquet``) by index: ``(key, bytes)``."""
+        out = {}
+        for key, size in self.files.items():
+            found_run, index = file_id(key, self.prefix)
+            if found_run == run:
+                out[index] = (key, size)
+        return out
+
 
 def contents(client, bucket: str, prefix: str) -> Contents:
     """List the dataset prefix: its files, the job's own files, and keys the job did not write."""
     work = side_key(prefix, "parts/")
     own_names = {side_key(prefix, name) for name in NAMES if not name.endswith("/")}
-    found = Contents()
+    found = Contents(prefix=prefix)
     for key, size in parallel_list.list_objects(client, bucket, prefix):
         if key.startswith(work):
             continue
-        index = file_index(key, prefix)
-        if index is not None:
-            found.files[index] = (key, size)
+        if file_id(key, prefix) is not None:  # any run's file, this one's or an earlier one's
+            found.files[key] = size
         elif key in own_names:
             found.own.append(key)
         else:
@@ -160,10 +209,33 @@ class DatasetPlan:
     keys_sha256: str
     #: Files kept from an interrupted run over the same key list: index to ``(key, bytes)``.
     keep: dict = field(default_factory=dict)
+    #: A ``--skip-existing`` run's name (its files are ``part-<run>-NNNNN.parquet``); ``None``: ``part-NNNNN``.
+    run: str | None = None
+    #: A ``--skip-existing`` run's: what the earlier runs' files hold (:class:`mxjob.existing.Existing`).
+    existing: object = None
+    #: Whether the run scores again the keys whose row is an error (``--rescore-errors``).
+    rescore_errors: bool = False
 
     def record(self) -> dict:
-        """What ``_parts/job.json`` keeps for a resume: rows per file and the key list's digest."""
-        return {"rows_per_file": self.rows_per_file, "why": self.why, "keys_sha256": self.keys_sha256}
+        """What ``_parts/job.json`` keeps for a resume: rows per file, the key list's digest, the run's name."""
+        out = {"rows_per_file": self.rows_per_file, "why": self.why, "keys_sha256": self.keys_sha256}
+        if self.run is not None:
+            out.update(run=self.run, skip_existing=True, rescore_errors=self.rescore_errors)
+        return out
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a dataset's plan is made from besides the key list and the settings."""
+
+    #: ``--rows-per-file auto``'s ``(rows, why)`` for this model and key list.
+    auto_rows: tuple = (0, "")
+    #: A ``--skip-existing`` run's :class:`mxjob.existing.Existing`: what the earlier files hold.
+    existing: object = None
+
+
+#: A plan's inputs when there are none (an output that is not a dataset).
+NO_INPUTS = PlanInputs()
 
 
 def rows_setting(given, auto: tuple[int, str]) -> tuple[int, str]:
@@ -171,29 +243,100 @@ def rows_setting(given, auto: tuple[int, str]) -> tuple[int, str]:
     return (given, "--rows-per-file") if isinstance(given, int) else auto
 
 
-def fresh_plan(given, auto: tuple[int, str], keys) -> DatasetPlan:
-    """A first run's dataset: its rows per file, and the digest of its key list."""
+def file_keys(keys, existing=None):
+    """The keys that go into the run's files: all of ``keys``, less those a ``--rescore-errors`` run writes into
+    the earlier files instead (``existing.rescore``)."""
+    rescore = getattr(existing, "rescore", None)
+    if rescore is None or not rescore.any():
+        return keys
+    return keys.filter(pa.array(~rescore))
+
+
+def fresh_plan(given, auto: tuple[int, str], keys, run: str | None = None, existing=None,
+               rescore_errors: bool = False) -> DatasetPlan:
+    """A first run's dataset: its rows per file, and the digest of the keys its files will hold.
+
+    ``run`` and ``existing``: a ``--skip-existing`` run's name (:func:`new_run`) and what the earlier
+    files hold (:class:`mxjob.existing.Existing`).
+    """
     rows, why = rows_setting(given, auto)
-    return DatasetPlan(rows, why, keys_digest(keys))
+    return DatasetPlan(rows, why, keys_digest(file_keys(keys, existing)), run=run, existing=existing,
+                       rescore_errors=rescore_errors)
 
 
-def resume_plan(record: dict | None, given, auto: tuple[int, str], keys, found: Contents) -> DatasetPlan:
-    """A resume's dataset: the first run's rows per file; its files kept if the key list is the same.
+def resume_plan(record: dict | None, given, auto: tuple[int, str], keys, found: Contents, existing=None,
+                skip_existing: bool = False) -> DatasetPlan:
+    """A resume's dataset: the first run's rows per file and name; its files kept if the key list is the same.
 
     A number given now that is not the first run's is refused: the files
-    written so far have the first run's boundaries. The caller deletes the
-    files this plan does not keep (:attr:`DatasetPlan.keep`), before any new one appears.
+    written so far have the first run's boundaries. So is a resume with or
+    without ``--skip-existing`` of a run that was the other kind: its key
+    list would be another. The caller deletes the run's files this plan does
+    not keep (:attr:`DatasetPlan.keep`), before any new one appears; the
+    earlier runs' files are never this plan's to keep or delete.
     """
-    digest = keys_digest(keys)
-    if not record:
+    record = record or {}
+    if bool(record.get("skip_existing")) != skip_existing:
+        raise JobError(skip_existing_mismatch(bool(record.get("skip_existing"))))
+    run = record.get("run")
+    digest = keys_digest(file_keys(keys, existing))
+    rescore_errors = bool(record.get("rescore_errors"))
+    if "rows_per_file" not in record:
         rows, why = rows_setting(given, auto)
-        return DatasetPlan(rows, why, digest)
+        return DatasetPlan(rows, why, digest, run=run, existing=existing, rescore_errors=rescore_errors)
     rows = int(record["rows_per_file"])
     if isinstance(given, int) and given != rows:
         raise JobError(f"--rows-per-file {given}: the run being resumed cut its files at {rows:,} rows, and the "
                        f"files it wrote keep that; resume with --rows-per-file {rows} (or auto), or start again "
                        "with --overwrite")
-    plan = DatasetPlan(rows, str(record.get("why") or "the first run's"), digest)
+    plan = DatasetPlan(rows, str(record.get("why") or "the first run's"), digest, run=run, existing=existing,
+                       rescore_errors=rescore_errors)
     if record.get("keys_sha256") == digest:
-        plan.keep = dict(found.files)
+        plan.keep = found.run_files(run)
     return plan
+
+
+def skip_existing_mismatch(earlier: bool) -> str:
+    """Why a resume is refused whose ``--skip-existing`` is not the run's it resumes (``earlier``: that run's)."""
+    if earlier:
+        return ("cannot resume: the run being resumed was a --skip-existing run (it adds its files beside the "
+                "earlier runs'); resume it with --skip-existing, as it was started")
+    return ("cannot resume: the run being resumed was not a --skip-existing run (it writes every key); resume it "
+            "without --skip-existing, or add --overwrite instead of --resume to start again")
+
+
+def check_fingerprints(fingerprints: dict, fingerprint: dict, uri: str) -> None:
+    """Refuse to add rows made otherwise than the earlier files' (their ``mxinfer.fingerprint``) to a dataset.
+
+    ``fingerprints``: each fingerprint the files hold (JSON, ``None`` for a file without one) to a file that
+    holds it.
+    """
+    for text, key in fingerprints.items():
+        earlier = json.loads(text) if text else None
+        if earlier is None:
+            raise JobError(f"--skip-existing: {key.rsplit('/', 1)[-1]} in {uri} has no mxinfer.fingerprint, so what "
+                           "made its rows is unknown and this run's rows must not be added beside them; write to "
+                           "another prefix, or replace the dataset with --overwrite instead of --skip-existing")
+        differ = durable.differences(earlier, fingerprint)
+        if differ:
+            raise JobError(f"--skip-existing: the rows in {uri} were made with other settings or files than this "
+                           f"run's, and one dataset must not mix them: {'; '.join(differ)} (in "
+                           f"{key.rsplit('/', 1)[-1]}). Run with the earlier settings, write to another prefix, or "
+                           "replace the dataset with --overwrite instead of --skip-existing")
+
+
+def success_body(files: list[dict], rows_per_file: int, run: str | None, prefix: str,
+                 rewritten: list[dict] = ()) -> dict:
+    """``_SUCCESS``: every file of the dataset (``{"key", "rows", "bytes"}``, every run's, in key order), the rows,
+    and a section per run with the files it added; this ``run``'s also names the earlier files it rewrote."""
+    runs: dict = {}
+    for f in files:
+        name = file_id(f["key"], prefix)[0]
+        section = runs.setdefault(name, {"run": name, "files": [], "rows": 0})
+        section["files"].append(f["key"])
+        section["rows"] += f["rows"]
+    runs.setdefault(run, {"run": run, "files": [], "rows": 0})
+    if rewritten:
+        runs[run]["rewrote"] = [{k: f[k] for k in ("key", "rows", "bytes", "replaced")} for f in rewritten]
+    return {"files": files, "rows": sum(f["rows"] for f in files), "rows_per_file": rows_per_file,
+            "runs": list(runs.values())}

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob import dataset, durable, extsort, listing, manifest, merge, preflight, sinks
+from mxjob import dataset, durable, existing, extsort, listing, manifest, merge, preflight, sinks
 from mxjob.assembly import Assembly
 from mxjob.cluster import SparkStop, run_spark
 from mxjob.config import JobConfig, allowed_errors
@@ -38,6 +38,7 @@ from mxjob.resume import Completed, carried_names, job_fingerprint, plan_output,
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list, reads, uris, writes
 from mxjob.signals import Interrupted
 from mxjob.sizing import Sizing, bound_batch, size_run
+from mxjob.spark_start import SparkStart
 from mxjob.stats import StatsFold
 from mxjob.status import RunMonitor
 from mxjob.summary import RunOutcome, closing_lines, summarize
@@ -109,18 +110,25 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
     seconds["listing"] = time.time() - monitor.started
+    found = None
+    if cfg.skip_existing:  # the run's keys are those the dataset lacks: the full listing goes now
+        found = existing.find(cfg, client, images)
+        images, seconds["existing"] = found.new, found.seconds
+        if not len(images) and not cfg.dry_run:
+            return existing.nothing_new(cfg, client, monitor, found, seconds)
     check_started = time.time()
     monitor.enter("model_check")
     cfg, checked = check_on_driver(cfg, client, images)
+    inputs = dataset.PlanInputs(checked.auto_rows, found)
     if cfg.dry_run:
-        return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, checked.auto_rows)
+        return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, inputs)
     checked.classifier = None  # checked: the driver needs the model no more
     seconds["model_check"] = time.time() - check_started
     plan_started = time.time()
     monitor.enter("planning")
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
-        plan = plan_output(cfg, client, work, images, checked.fingerprint, auto_rows=checked.auto_rows)
+        plan = plan_output(cfg, client, work, images, checked.fingerprint, inputs=inputs)
     except Completed as done:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
@@ -169,7 +177,8 @@ def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: t
         precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
         # the manifest's keys that got no line, by reason, and its repeated keys
         manifest=images.manifest, files=dict(monitor.where),
-        dataset=None if counts.dataset is None else {**counts.dataset, "rows_per_file_why": plan.dataset.why}))
+        dataset=None if counts.dataset is None else {**counts.dataset, "rows_per_file_why": plan.dataset.why},
+        existing=plan.dataset.existing.entry() if plan.dataset is not None and plan.dataset.existing else None))
     code = finish_run(run, summary, counts)
     monitor.write("succeeded", code, summary=summary)
     for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
@@ -274,7 +283,7 @@ def score_and_assemble(run: PlannedRun, spark_conf: dict | None, seconds: dict,
         assembly.start()
         spark_started = time.time()
         try:
-            stats, spark_stop = run_spark(cfg, this_run, work.plan_key(this_run), spark_conf,
+            stats, spark_stop = run_spark(cfg, this_run, work.plan_key(this_run), SparkStart(cfg.app_name, spark_conf),
                                           on_tick=monitor and monitor.on_tick, ticks=monitor and monitor.ticks)
         except BaseException:
             assembly.cancel()
@@ -410,7 +419,7 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
     if cfg.dataset:
         return _assemble(cfg, work, images, runs, live, sinks.DatasetSink(
             client, cfg.output_bucket, cfg.output_key, dataset_plan.rows_per_file,
-            sinks.provenance(work.read_job()), dataset_plan.keep))
+            sinks.provenance(work.read_job()), dataset_plan.keep, dataset_plan if dataset_plan.run else None))
     try:
         # Parts of S3's smallest size: the last one, uploaded after the last batch, is the assembly's tail.
         writer = writes.MultipartWriter(client, cfg.output_bucket, cfg.output_key, part_bytes=writes.MIN_PART_BYTES,

@@ -33,7 +33,8 @@ def check_before_listing(cfg: JobConfig, client, yarn_retry: bool = False) -> No
 
 
 def check_output(cfg: JobConfig, client, yarn_retry: bool = False) -> None:
-    """The output's half of :func:`check_before_listing`: writable, no foreign objects, not there unless replaced.
+    """The output's half of :func:`check_before_listing`: writable, no foreign objects, not there unless replaced
+    (or added to: ``--skip-existing``).
 
     The driver makes it first: once it passes, the run may write the status
     beside the output (``mxjob.driver.open_status``).
@@ -43,7 +44,8 @@ def check_output(cfg: JobConfig, client, yarn_retry: bool = False) -> None:
         found = dataset_contents(cfg, client) if cfg.dataset else None  # one listing for both checks
         if found is not None:  # objects the job did not write are refused whatever the flags
             dataset.refuse_foreign(found, cfg.output_uri)
-        if not (cfg.overwrite or cfg.resume or yarn_retry):
+        # --skip-existing adds to a dataset that exists (mxjob.existing): it is this run's to find there.
+        if not (cfg.overwrite or cfg.resume or cfg.skip_existing or yarn_retry):
             refuse_existing_output(cfg, client, found)
 
 

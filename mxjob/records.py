@@ -125,6 +125,8 @@ Seconds = dataclasses.make_dataclass("Seconds", [*_stage_fields(), *(
     ("output_close", float, required("the output's last upload: a single object's last part and "
                                      "CompleteMultipartUpload, a dataset's last file")),
     ("output_after_last_task", float, optional("from the last task's end to the output's, whole", "a task ran")),
+    ("existing", float, optional("reading the key column of the dataset's files and leaving out the keys they hold",
+                                 "`--skip-existing`")),
 )], frozen=True)
 
 
@@ -261,13 +263,30 @@ class Files:
 class SummaryDataset:
     """A Parquet dataset's files (:func:`mxjob.sinks.summary_of`) and why it has as many rows per file."""
 
-    files: int = required("`part-NNNNN.parquet` files")
+    files: int = required("this run's files (`part-NNNNN.parquet`, or a `--skip-existing` run's "
+                          "`part-<run>-NNNNN.parquet`), those kept from its interrupted attempt included")
     rows_per_file: int = required("rows per file (the last file may hold fewer)")
     kept_from_an_earlier_run: int = required("files an interrupted run had written and this one kept")
     bytes: int = required("the files' bytes")
     first: Optional[str] = required("the first file's key")
     last: Optional[str] = required("the last file's key")
     rows_per_file_why: str = required("how `--rows-per-file` was chosen")
+    run: str = optional("the run's name in its files' names, its UTC start (`20261126T071846Z`)", "`--skip-existing`")
+    files_rewritten: int = optional("earlier files rewritten with the rows of their rescored keys in place of "
+                                    "the error rows", "`--skip-existing`")
+
+
+@record
+class SummaryExisting:
+    """What a `--skip-existing` run found in the dataset, and what it left out."""
+
+    keys_in_output: int = required("listed keys with a row in the dataset's files")
+    skipped: int = required("of them, keys not scored: their row stands")
+    rescored_errors: int = required("of them, keys whose row is an error, scored again (`--rescore-errors`)")
+    new_keys: int = required("listed keys without a row, scored")
+    files_read: int = required("the earlier runs' files whose key column was read")
+    rows_read: int = required("their rows")
+    seconds: float = required("reading them and leaving their keys out of the run")
 
 
 @record
@@ -325,6 +344,8 @@ class Summary:
                                         "[Input](input.md))", "with `--input-manifest`")
     files: Files = required("where the run's files are")
     dataset: SummaryDataset = optional("the dataset's files", "a Parquet dataset output")
+    existing: SummaryExisting = optional("the keys the dataset held already: `keys_listed` counts them, and "
+                                         "`skipped` of them got no new row", "`--skip-existing`")
 
 
 # ----------------------------------------------------------------------------
@@ -419,6 +440,8 @@ class Plan:
     estimate: Optional[dict[str, Any]] = required("the run's time and cost (see [Planning a run](planning.md)); "
                                                   "`null` with `--estimate-images 0`")
     dataset: PlanDataset = optional("the dataset's rows per file and files", "a Parquet dataset output")
+    existing: SummaryExisting = optional("the keys the dataset holds already and those the run would score; "
+                                         "`images` counts every key listed, `to_score` the rest", "`--skip-existing`")
 
 
 # ----------------------------------------------------------------------------

@@ -356,6 +356,9 @@ def headline(v: dict) -> str:
                  ("images/s (scored / Spark job s)", "summary.rates.images_per_second_spark", rate,
                   "-" if rate is None else f"{rate:,.1f}"),
                  ("wall time", "summary.elapsed_seconds", s["elapsed_seconds"], duration(s["elapsed_seconds"]))]
+        if s.get("existing"):  # --skip-existing: the keys whose row the dataset held already
+            skipped = s["existing"]["skipped"]
+            cards.insert(1, ("skipped: already in the output", "summary.existing.skipped", skipped, f"{skipped:,}"))
     else:
         keys, batches = st.get("keys") or {}, st.get("batches") or {}
         done = f"{keys.get('done', 0):,} of {keys.get('total', 0):,}"

@@ -98,7 +98,7 @@ def job_fingerprint(cfg: JobConfig, classifier: Predictor, carried: list[str] = 
 
 
 def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict,
-                dry: bool = False, auto_rows: tuple = (0, "")) -> durable.Plan:
+                dry: bool = False, inputs: dataset.PlanInputs = dataset.NO_INPUTS) -> durable.Plan:
     """Decide between a fresh run and a resume; refuse what would overwrite or mix results.
 
     Raises :class:`JobError` with what to do: the output exists (``--overwrite``),
@@ -106,35 +106,50 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
     earlier run's fingerprint differs from this one's; :class:`Completed` for
     a resume of a finished output. A fresh run records its fingerprint, and
     ``--overwrite`` removes the earlier progress (and a dataset's files), unless ``dry``.
-    A dataset output's plan (:func:`plan_dataset`) is the plan's ``dataset``.
+    A dataset output's plan (:func:`plan_dataset`, from ``inputs``) is the plan's ``dataset``.
+
+    ``--skip-existing`` (``inputs.existing``: what :func:`mxjob.existing.find` read,
+    ``images`` the keys it left) appends to a dataset that exists, as a new
+    run with files of its own (:func:`dataset.new_run`), once the files'
+    fingerprint is found to be this run's.
     """
     output_exists, work_exists, found = existing_output(cfg, client, work)
+    auto_rows, existing = inputs.auto_rows, inputs.existing
     if cfg.overwrite:
         if work_exists and not dry:
             log.info("--overwrite: removing %d objects of the earlier run under %s", work.remove(), work.uri)
         work_exists = False
     resume = cfg.resume or (work_exists and not cfg.overwrite and yarn_retry(work))
     if work_exists and not resume:
-        runs = work.runs()
-        done = sum(len(run.done) for run in runs)
-        raise JobError(f"{work.uri} holds an earlier run's progress ({plural(done, 'durable batch', 'durable batches')}"
-                       f" in {plural(len(runs), 'run')}); add --resume to finish it, or --overwrite to discard it "
-                       "and start again")
-    if output_exists and not cfg.overwrite and not (resume and work_exists):
+        refuse_progress(work)
+    appending = cfg.skip_existing and found is not None
+    if output_exists and not cfg.overwrite and not (resume and work_exists) and not appending:
         refuse_existing_output(cfg, client, resume)
+    if appending and existing is not None:
+        dataset.check_fingerprints(existing.fingerprints, fingerprint, cfg.output_uri)
     if found is not None and cfg.overwrite and not dry:
         clear_dataset(cfg, client, found)
     if work_exists:
         plan = resume_plan(work, images, fingerprint)
         if found is not None:
-            plan.dataset = plan_dataset(cfg, client, work, images, auto_rows, dry, found)
+            plan.dataset = plan_dataset(cfg, client, work, images, inputs, dry, found)
     else:
-        new = dataset.fresh_plan(cfg.rows_per_file, auto_rows, images) if cfg.dataset else None
-        plan = fresh_plan(cfg, work, images, fingerprint, resume, dry, new)
+        new = dataset.fresh_plan(cfg.rows_per_file, auto_rows, images, dataset.new_run(found) if appending else None,
+                                 existing, cfg.rescore_errors) if cfg.dataset else None
+        plan = fresh_plan(cfg, work, images, fingerprint, resume and not appending, dry, new)
         plan.dataset = new
     if not dry and (cfg.overwrite or work_exists):
         abort_left_uploads(work)
     return plan
+
+
+def refuse_progress(work: durable.WorkPrefix) -> NoReturn:
+    """Raise for an earlier run's progress that this run does not resume: ``--resume`` or ``--overwrite``."""
+    runs = work.runs()
+    done = sum(len(run.done) for run in runs)
+    raise JobError(f"{work.uri} holds an earlier run's progress ({plural(done, 'durable batch', 'durable batches')}"
+                   f" in {plural(len(runs), 'run')}); add --resume to finish it, or --overwrite to discard it "
+                   "and start again")
 
 
 def refuse_existing_output(cfg: JobConfig, client, resume: bool) -> NoReturn:
@@ -223,19 +238,20 @@ def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: 
 
 def clear_dataset(cfg: JobConfig, client, found: dataset.Contents) -> None:
     """``--overwrite`` of a dataset: its files, ``_SUCCESS`` and summary (``found``) go before any new file appears."""
-    removed = writes.delete_objects(client, cfg.output_bucket, [key for key, _ in found.files.values()] + found.own)
+    removed = writes.delete_objects(client, cfg.output_bucket, [*found.files, *found.own])
     if removed:
         log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"),
                  cfg.output_uri)
 
 
-def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, auto_rows: tuple, dry: bool,
+def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, inputs: dataset.PlanInputs, dry: bool,
                  found: dataset.Contents) -> dataset.DatasetPlan:
     """A resumed dataset's plan: the first run's rows per file; its files (``found``) kept, or deleted if the keys
-    changed."""
+    changed. Only the run's own files: a ``--skip-existing`` run's earlier runs' files are never its to delete."""
     job = work.read_job() or {}
-    plan = dataset.resume_plan(job.get("dataset"), cfg.rows_per_file, auto_rows, images, found)
-    stale = [key for index, (key, _) in found.files.items() if index not in plan.keep]
+    plan = dataset.resume_plan(job.get("dataset"), cfg.rows_per_file, inputs.auto_rows, images, found,
+                               inputs.existing, cfg.skip_existing)
+    stale = [key for index, (key, _) in found.run_files(plan.run).items() if index not in plan.keep]
     if plan.keep:
         log.info("--resume: keeping the %s an earlier run completed under %s (same keys)",
                  plural(len(plan.keep), "dataset file"), cfg.output_uri)

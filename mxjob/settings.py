@@ -282,6 +282,15 @@ SETTINGS: tuple[Setting, ...] = (
     _s("overwrite", "--overwrite", "output",
        "Replace an existing output, and discard an earlier run's progress under OUTPUT.parts/.", default=False,
        is_flag=True),
+    _s("skip_existing", "--skip-existing", "output",
+       "With a dataset output (--output s3://BUCKET/PREFIX/) only: score only the listed keys that have no row in "
+       "it yet and add their rows as files of this run's own beside the earlier runs' (read once: the key column "
+       "of every file). Nothing new: exit 0 without a Spark job. Refused with a single-object output and with "
+       "--overwrite.", default=False, is_flag=True),
+    _s("rescore_errors", "--rescore-errors", "output",
+       "With --skip-existing: also score again the keys whose row is an error; their new rows replace the error "
+       "rows in the earlier files, each file rewritten whole under its own key once this run's files are "
+       "complete.", default=False, is_flag=True),
     # --- scoring
     _s("batch_size", "--batch-size --batch", "scoring",
        "Images per batch and per partition (one Spark task); auto: the driver measures its sample and picks a batch "

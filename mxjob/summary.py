@@ -25,6 +25,7 @@ from mxjob.records import (
     SparkRun,
     Summary,
     SummaryDataset,
+    SummaryExisting,
     Tasks,
     Threads,
     TimesIso,
@@ -73,6 +74,9 @@ class RunOutcome:
         The driver's checks and sizing, the input manifest's report, the run's files
         (:attr:`RunMonitor.where`) and a dataset's files; a field not given (``manifest`` or
         ``dataset`` None) is left out.
+    existing : dict, optional
+        A ``--skip-existing`` run's :meth:`mxjob.existing.Existing.entry`: ``images`` then counts the keys
+        it scored or reused, and the summary's ``keys_listed`` adds the ``skipped`` ones.
     """
 
     images: int
@@ -92,6 +96,7 @@ class RunOutcome:
     manifest: dict | None = None
     files: dict = ABSENT
     dataset: dict | None = None
+    existing: dict | None = None
 
 
 def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
@@ -129,9 +134,11 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
                             **{k: round(v, 3) for k, v in run.seconds.items()})
     images_per_second = round(scored / elapsed, 2) if elapsed > 0 else None
     spark_seconds = stage_seconds.spark or None  # ABSENT without a Spark job; rounded, as the summary shows it
+    skipped = run.existing["skipped"] if run.existing is not None else 0
     return to_json(Summary(
         input=cfg.input_uri, output=cfg.output_uri, output_format=cfg.output_format,
-        keys_listed=images, skipped_keys=SkippedKeys(**run.skipped_keys) if run.skipped_keys is not None else None,
+        keys_listed=images + skipped,
+        skipped_keys=SkippedKeys(**run.skipped_keys) if run.skipped_keys is not None else None,
         predicted=counts.predicted, failed=counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
         reused=images - len(plan.todo), scored=scored, resumed=plan.resumed, runs=plan.number,
@@ -166,6 +173,7 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         manifest=ABSENT if run.manifest is None else run.manifest,
         files=Files(**run.files) if run.files is not ABSENT else ABSENT,
         dataset=ABSENT if run.dataset is None else SummaryDataset(**run.dataset),
+        existing=ABSENT if run.existing is None else SummaryExisting(**run.existing),
     ))
 
 
@@ -216,9 +224,11 @@ def closing_lines(summary: dict, code: int) -> list[str]:
     errors = ", ".join(f"{stage} {n:,}" for stage, n in summary["errors_by_stage"].items() if n) or "none"
     rate = summary["rates"]["images_per_second_spark"]
     files = summary.get("files", {})
+    existing = summary.get("existing")
     lines = [
         f"run finished: {summary['keys_listed']:,} keys, {summary['predicted']:,} predicted, "
-        f"{summary['failed']:,} failed ({errors}); {summary['reused']:,} reused from an earlier run",
+        f"{summary['failed']:,} failed ({errors}); {summary['reused']:,} reused from an earlier run"
+        + (f"; {existing['skipped']:,} skipped: already in the output" if existing else ""),
         f"wall time {duration(summary['elapsed_seconds'])} (Spark job {duration(summary['seconds'].get('spark', 0))}); "
         + (f"{rate:,.1f} images/s (keys scored / Spark job wall seconds){_elapsed_rate(summary)}" if rate
            else "nothing scored in this run"),

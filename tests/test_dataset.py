@@ -142,10 +142,10 @@ def test_files_an_earlier_run_completed_are_kept_and_not_written_again(s3):
 
 def test_a_changed_key_list_keeps_nothing_and_another_rows_per_file_is_refused():
     keys = ["a", "b", "c"]
-    found = dataset.Contents(files={0: ("p/part-00000.parquet", 10)})
+    found = dataset.Contents(files={"p/part-00000.parquet": 10}, prefix="p/")
     record = {"rows_per_file": 2, "keys_sha256": dataset.keys_digest(keys)}
     assert dataset.resume_plan(record, "auto", (5, ""), ["a", "b", "c", "d"], found).keep == {}
-    assert dataset.resume_plan(record, 2, (5, ""), keys, found).keep == found.files
+    assert dataset.resume_plan(record, 2, (5, ""), keys, found).keep == {0: ("p/part-00000.parquet", 10)}
     with pytest.raises(JobError, match=r"cut its files at 2 rows.*resume with --rows-per-file 2"):
         dataset.resume_plan(record, 3, (5, ""), keys, found)
 

@@ -35,6 +35,9 @@ DRIVER_FIELDS = {
     "files": {**WHERE},
     "dataset": {"files": 2, "rows_per_file": 500, "kept_from_an_earlier_run": 0, "bytes": 1234,
                 "first": "p/part-00000.parquet", "last": "p/part-00001.parquet", "rows_per_file_why": "auto"},
+    # skipped 0 (every key found was an error row, scored again): keys_listed stays the keys scored
+    "existing": {"keys_in_output": 5, "skipped": 0, "rescored_errors": 5, "new_keys": 635, "files_read": 2,
+                 "rows_read": 5, "seconds": 0.5},
 }
 SPARK = {"version": "3.5.7", "master": "yarn", "deploy_mode": "cluster", "application_id": "application_1_0001",
          "executor_container": {"limit_mib": 3456, "memory_mib": 2048, "memory_overhead_mib": 1024,

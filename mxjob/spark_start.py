@@ -1,0 +1,129 @@
+"""The SparkContext started early, in a thread of its own, while the driver lists, checks and plans.
+
+Creating a SparkContext takes seconds (its scheduler, then the executors'
+launch: YARN containers, or local-cluster's processes), and the driver's own
+work before its first Spark job takes seconds to hours: the listing, the
+model's check, int8's quantization, the sample for the estimate. Started at
+the driver's first step (:class:`SparkStart`), the two overlap. In cluster
+mode it is more than speed: YARN's ApplicationMaster waits
+``spark.yarn.am.waitTime`` (100 s by default) for the driver's SparkContext
+and fails the application when there is none by then, so a long listing or an
+``--int8-exclude auto`` search (120 s by default) failed the EMR step.
+
+Once the model the executors will load is known, :meth:`SparkStart.warm`
+runs a small job of its own, one task per executor, that loads it into each
+executor's Python worker (:func:`mxjob.partition.warm_worker`): MXNet's
+import and the model's load then overlap with the driver's sample and plan
+instead of delaying the first batch. Python workers are reused between tasks
+(``spark.python.worker.reuse``, Spark's default), so the run's tasks find the
+model in their worker's cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from mxjob import state
+from mxjob.errors import first_line
+
+log = logging.getLogger(__name__)
+
+#: The warm-up job's group: a job of its own, never counted among the run's tasks.
+WARM_GROUP = "mxinfer-warm-up"
+
+
+class SparkStart:
+    """A SparkContext being created in a daemon thread; :meth:`context` waits for it and re-raises its failure.
+
+    Parameters
+    ----------
+    app_name : str
+        ``--app-name``.
+    spark_conf : dict, optional
+        Settings on top of spark-submit's (the tests' and the bench's).
+    """
+
+    def __init__(self, app_name: str, spark_conf: dict | None = None):
+        self.started = time.monotonic()
+        #: Seconds from the start to a usable SparkContext (or its failure), once known.
+        self.seconds: float | None = None
+        #: Seconds the warm-up job took (``None``: none ran, or it has not ended).
+        self.warm_seconds: float | None = None
+        self._sc = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._warmed = threading.Event()
+        threading.Thread(target=self._start, args=(app_name, dict(spark_conf or {})), name="spark-start",
+                         daemon=True).start()
+
+    def _start(self, app_name: str, spark_conf: dict) -> None:
+        from pyspark import SparkConf, SparkContext
+
+        try:
+            conf = SparkConf().setAppName(app_name)
+            for key, value in spark_conf.items():
+                conf.set(key, value)
+            self._sc = SparkContext.getOrCreate(conf)
+            state.counters.spark_contexts += 1
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the driver's thread by context()
+            self._error = exc
+        finally:
+            self.seconds = time.monotonic() - self.started
+            self._ready.set()
+
+    def context(self):
+        """The SparkContext, once created; its creation's exception if it failed."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._sc
+
+    def ready(self) -> bool:
+        """Whether the SparkContext exists (or failed) already."""
+        return self._ready.is_set()
+
+    def warm(self, job_for: Callable, warm_task: Callable) -> None:
+        """Run the warm-up job in a thread of its own once the SparkContext exists.
+
+        ``job_for(sc)`` returns ``(job, tasks)``: the run's ``JobSpec`` as the
+        executors will get it, and how many tasks (one per executor);
+        ``warm_task(index, job)`` runs on each. A warm-up that fails is
+        logged and forgotten: the run's own tasks load the model as before,
+        and report its failure as before.
+        """
+        threading.Thread(target=self._warm, args=(job_for, warm_task), name="spark-warm-up", daemon=True).start()
+
+    def _warm(self, job_for: Callable, warm_task: Callable) -> None:
+        started = time.monotonic()
+        try:
+            sc = self.context()
+            job, tasks = job_for(sc)
+            sc.setJobGroup(WARM_GROUP, f"load the model in {tasks} executors' Python workers", interruptOnCancel=True)
+            sc.parallelize(range(tasks), tasks).foreachPartition(lambda _rows, j=job: warm_task(_partition_id(), j))
+            self.warm_seconds = time.monotonic() - started
+            log.info("the executors' Python workers loaded the model in %.1f s, while the driver planned",
+                     self.warm_seconds)
+        except Exception as exc:  # noqa: BLE001 - an optimisation: the run's tasks load the model themselves
+            log.info("warming the executors up did not finish (%s); the run's first tasks load the model",
+                     first_line(exc))
+        finally:
+            self._warmed.set()
+
+    def stop(self) -> None:
+        """Stop a SparkContext no Spark job needed (the driver failed or ended before its job)."""
+        if self._ready.is_set() and self._sc is not None:
+            try:
+                self._sc.cancelJobGroup(WARM_GROUP)
+                self._sc.stop()
+            except Exception as exc:  # noqa: BLE001 - the JVM may be gone already
+                log.debug("stopping Spark: %s", exc)
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0

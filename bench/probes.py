@@ -39,8 +39,6 @@ from pathlib import Path
 
 import numpy as np
 
-from mxjob.s3 import clients, object_reader, writes
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -49,6 +47,8 @@ from bench.models import MEAN, STD  # noqa: E402
 from mxjob import config, part_format, worker  # noqa: E402
 from mxjob import results as result_model  # noqa: E402
 from mxjob.driver import assemble_output, load_model_on_driver  # noqa: E402
+from mxjob.partition import part_key  # noqa: E402
+from mxjob.s3 import clients, object_reader, writes  # noqa: E402
 from mxjob.stats import StatsFold  # noqa: E402
 from mxjob.summary import RunOutcome, summarize  # noqa: E402
 
@@ -179,7 +179,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     """Leave under the work prefix what a run's executors would have left for ``results`` keys.
 
     The run's plan (``durable.WorkPrefix.start_run``) and one part per
-    batch (``durable.part_key``, :func:`mxjob.part_format.write_part`) with the
+    batch (``mxjob.partition.part_key``, :func:`mxjob.part_format.write_part`) with the
     real classifier's top-k rows (random probabilities over its classes
     instead of a forward pass), written to S3 with a few threads. Made in a
     process of its own, so the driver probe holds only what a driver holds.
@@ -205,7 +205,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
         for k, row in zip(chunk, top_classes(probs, top_k)):
             rows.add(k, result_model.prediction_entries(classifier.labelled(row)))
         data = part_format.write_part(rows.record_batch())
-        client.put_object(Bucket=bucket, Key=durable.part_key(run.prefix, index), Body=data)
+        client.put_object(Bucket=bucket, Key=part_key(run.prefix, index), Body=data)
         return len(data)
 
     del rng

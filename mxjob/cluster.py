@@ -143,8 +143,14 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, start: SparkStart
         finished = stats.value  # the tasks that did finish: their workers' memory, for the message below
         # Asked before the stop below, which would make every failure look like the JVM's shutdown.
         shutting_down = isinstance(exc, Exception) and jvm_shutting_down(sc, exc)
-        # Release the executors now rather than letting the JVM's shutdown race them.
-        stop_context(sc)
+        if isinstance(exc, Exception) and not shutting_down:
+            # Release the executors now rather than letting the JVM's shutdown race them.
+            stop_context(sc)
+        else:
+            # A signal (YARN's kill, Ctrl-C): the status must say "interrupted" before YARN's SIGKILL
+            # (yarn.nodemanager.sleep-delay-before-sigkill.ms after its SIGTERM), and a stop can take
+            # seconds on a loaded node: it goes on in the background while the driver writes the status.
+            SparkStop(sc)
         if shutting_down:  # a signal to spark-submit's JVM alone: an interruption, not a failure
             raise signals.Interrupted(signal.SIGTERM, signals.JVM_SHUTDOWN) from exc
         if isinstance(exc, Exception):

@@ -27,13 +27,14 @@ import pyarrow.compute as pc
 
 from mxjob import dataset, durable, existing, extsort, listing, manifest, merge, preflight, sinks
 from mxjob.assembly import Assembly
-from mxjob.cluster import SparkStop, run_spark
+from mxjob.cluster import SparkStop, expected_executors, run_spark, thread_plan
 from mxjob.config import JobConfig, allowed_errors
 from mxjob.dry_run import dry_run
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
 from mxjob.handlers import HandlerError, get_handlers, model_class
 from mxjob.int8_prep import prepare_precision
 from mxjob.model import Classifier, Embedder, ModelError, Predictor
+from mxjob.partition import warm_worker
 from mxjob.resume import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list, reads, uris, writes
 from mxjob.signals import Interrupted
@@ -67,13 +68,52 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     # anything beside it: the status there is the run's that wrote that output, or no PUT could replace it.
     preflight.check_output(cfg, client, yarn_retry=retry)
     monitor = open_status(cfg, client, started, resume_command, retry)
+    start = early_spark(cfg, spark_conf)
     try:
-        return checked_run(cfg, client, monitor, spark_conf)
+        code = checked_run(cfg, client, monitor, spark_conf, start)
     except (Exception, Interrupted) as exc:
         monitor.ended(exc)  # the status says why (if it is this run's): mxjob.watch exits with the job's code
+        if start is not None and not isinstance(exc, Interrupted):  # a signal's JVM shutdown stops Spark itself
+            start.stop()
         raise
     finally:
         monitor.close()
+    if start is not None:
+        start.stop()  # a run that needed no Spark job (the run's own job stopped it already)
+    return code
+
+
+def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
+    """The SparkContext, started now in a thread of its own, under spark-submit (:mod:`mxjob.spark_start`).
+
+    Spark's start (seconds; a YARN container's launch) then overlaps the
+    listing, the model's check and the sample, and YARN's ApplicationMaster,
+    which fails an application whose driver has no SparkContext after
+    ``spark.yarn.am.waitTime``, has one at once. A dry run starts none,
+    except as that ApplicationMaster (cluster mode). Outside spark-submit (a
+    notebook, the tests) Spark starts at the job, as before.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ or (cfg.dry_run and not os.environ.get("CONTAINER_ID")):
+        return None
+    return SparkStart(cfg.app_name, spark_conf)
+
+
+def warm_up(start: SparkStart | None, cfg: JobConfig) -> None:
+    """Load the checked model in the executors' Python workers while the driver samples and plans.
+
+    The run's ``JobSpec`` as its tasks will get it (bound at the micro-batch,
+    the executors' thread plan), one warm-up task per executor
+    (:func:`mxjob.partition.warm_worker`). Not for int8 or a ``--handler``,
+    whose files the run ships to the executors only when its job starts.
+    """
+    if start is None or cfg.dry_run or cfg.int8_model is not None or cfg.handler_file:
+        return
+
+    def job_for(sc):
+        job = replace(cfg, batch_size=bound_batch(cfg)).job_spec()
+        return replace(job, thread_plan=thread_plan(sc)), expected_executors(dict(sc.getConf().getAll())) or 1
+
+    start.warm(job_for, warm_worker)
 
 
 def open_status(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool) -> RunMonitor:
@@ -99,7 +139,8 @@ def open_status(cfg: JobConfig, client, started: float, resume_command: str | No
     return monitor
 
 
-def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | None) -> int:
+def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | None,
+                start: SparkStart | None = None) -> int:
     """:func:`run_job` once the output is checked: the handler and the model's files, the listing, the driver's
     checks, the plan, then the scoring (:func:`planned_run`)."""
     seconds: dict[str, float] = {}
@@ -119,6 +160,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     check_started = time.time()
     monitor.enter("model_check")
     cfg, checked = check_on_driver(cfg, client, images)
+    warm_up(start, cfg)  # the executors load the model while the driver samples and plans
     inputs = dataset.PlanInputs(checked.auto_rows, found)
     if cfg.dry_run:
         return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, inputs)
@@ -139,7 +181,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     monitor.claim("planning")  # from the plan on the files are this run's, whoever's they were
     run = PlannedRun(cfg, client, work, images, plan, monitor)
     try:
-        scored = score_and_assemble(run, spark_conf, seconds, plan_started)
+        scored = score_and_assemble(run, start, seconds, plan_started)
     except (JobError, Interrupted) as exc:
         exc.work = work  # main() says what is durable and how to resume
         raise
@@ -255,7 +297,7 @@ def float16_readers(cfg: JobConfig) -> str | None:
             "read Parquet's FLOAT16 type; use --embedding-dtype float32 (twice the bytes) for them")
 
 
-def score_and_assemble(run: PlannedRun, spark_conf: dict | None, seconds: dict,
+def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
                        plan_started: float) -> tuple[StatsFold, merge.AssemblyCounts, SparkStop | None]:
     """Run the plan's batches on Spark (if any are left) and merge every durable line into the output.
 
@@ -283,7 +325,7 @@ def score_and_assemble(run: PlannedRun, spark_conf: dict | None, seconds: dict,
         assembly.start()
         spark_started = time.time()
         try:
-            stats, spark_stop = run_spark(cfg, this_run, work.plan_key(this_run), SparkStart(cfg.app_name, spark_conf),
+            stats, spark_stop = run_spark(cfg, this_run, work.plan_key(this_run), start,
                                           on_tick=monitor and monitor.on_tick, ticks=monitor and monitor.ticks)
         except BaseException:
             assembly.cancel()

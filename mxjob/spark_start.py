@@ -112,9 +112,12 @@ class SparkStart:
         finally:
             self._warmed.set()
 
-    def stop(self) -> None:
-        """Stop a SparkContext no Spark job needed (the driver failed or ended before its job)."""
-        if self._ready.is_set() and self._sc is not None:
+    def stop(self, timeout: float = 120.0) -> None:
+        """Stop the SparkContext once it exists (``timeout`` at most): a run that needed no Spark job, or failed
+        before it. In cluster mode YARN's ApplicationMaster then reports the application by the driver's exit
+        code; after the run's own job (stopped already), this does nothing."""
+        self._ready.wait(timeout)
+        if self._sc is not None:
             try:
                 self._sc.cancelJobGroup(WARM_GROUP)
                 self._sc.stop()

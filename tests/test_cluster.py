@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from types import SimpleNamespace
 
 import pyspark
@@ -92,6 +93,9 @@ def run_on(monkeypatch):
         monkeypatch.setattr(pyspark.SparkContext, "getOrCreate", classmethod(lambda cls, conf=None: sc))
         with pytest.raises((JobError, signals.Interrupted)) as raised:
             cluster.run_spark(cfg, run, "plan-key")
+        deadline = time.monotonic() + 5  # after a signal the stop goes on in a thread of its own
+        while not sc.stopped and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert sc.stopped  # released either way
         return raised.value
 

@@ -212,6 +212,26 @@ def test_a_cluster_mode_run_with_nothing_to_score_succeeds_on_yarn(world, cluste
     assert "already complete" in submission.logs()
 
 
+def test_a_driver_busier_than_the_application_masters_wait_still_runs_on_yarn(local_yarn, world, reference,
+                                                                               tmp_path):
+    # YARN's ApplicationMaster fails the application when the driver has made no SparkContext within
+    # spark.yarn.am.waitTime (100 s by default): on EMR a long listing or an --int8-exclude auto search (120 s)
+    # did. The driver starts its SparkContext first, beside its listing, model check and sample; here those
+    # take longer than a 12 s wait, through an S3 that answers in half a second.
+    output_key = "yarn/slow-start.jsonl"
+    with S3Proxy(world["endpoint"], latency=0.5) as proxy:
+        submission = Submission(tmp_path, proxy.endpoint,
+                                job_args(output_key, "--estimate-images", "48", "--io-threads", "2"),
+                                overrides={"spark.yarn.am.waitTime": "12s"})
+        code = submission.wait()
+    assert code == 0, submission.output()[-3000:] + submission.logs()
+    report = yarn_local.app_report(submission.app_id())
+    assert (report["state"], report["final_status"], report["attempts"]) == ("FINISHED", "SUCCEEDED", "1")
+    assert read(world["s3"], output_key) == reference
+    seconds = summary_of(world["s3"], output_key)["seconds"]
+    assert seconds["listing"] + seconds["model_check"] + seconds["plan"] > 12  # the driver's work before its job
+
+
 def test_driver_killed_in_its_container_is_resumed_by_yarns_second_attempt(local_yarn, world, reference,
                                                                           tmp_path):
     output_key = "killed-driver/out.jsonl"

@@ -176,7 +176,8 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
                  cfg.output_bucket, cfg.summary_key)
         return done.exit_code
     # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
-    cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf)
+    cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf,
+                           head_start=time.monotonic() - start.started if start is not None else 0.0)
     monitor.context = {"options": cfg.options(), "fingerprint": checked.fingerprint}
     monitor.claim("planning")  # from the plan on the files are this run's, whoever's they were
     run = PlannedRun(cfg, client, work, images, plan, monitor)

@@ -36,7 +36,7 @@ class Sizing:
 
 
 def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
-             spark_conf: dict | None = None) -> tuple[JobConfig, Sizing]:
+             spark_conf: dict | None = None, head_start: float = 0.0) -> tuple[JobConfig, Sizing]:
     """Measure the sample once, choose the batch size, project the run: ``(cfg with the batch size, sizing)``.
 
     ``--estimate-images`` keys spread over the listing are scored on the
@@ -45,7 +45,9 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
     (:func:`batchsize.choose_batch_size`, for the ``to_score`` keys on
     ``--estimate-cluster`` or the Spark configuration in force) and the
     estimate its projection. The returned ``cfg`` holds the chosen number,
-    so every ``JobSpec`` built from it carries an int.
+    so every ``JobSpec`` built from it carries an int. ``head_start``: the
+    seconds Spark has been starting already (the driver starts it first,
+    :mod:`mxjob.spark_start`), which come off the run's start-up.
     """
     cost = cluster = None
     if cfg.estimate_images and to_score:
@@ -56,7 +58,7 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
     choice = choose_batch(cfg, cost, cluster, to_score)
     log.info("batch size %d: %s", choice.chosen, choice.why)
     cfg = replace(cfg, batch_size=choice.chosen)
-    return cfg, Sizing(choice.as_dict(), estimate_run(cfg, cost, cluster, to_score),
+    return cfg, Sizing(choice.as_dict(), estimate_run(cfg, cost, cluster, to_score, head_start),
                        cost.first if cost is not None else None)
 
 
@@ -90,14 +92,18 @@ def bound_batch(cfg: JobConfig) -> int:
 
 
 def estimate_run(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Cluster | None,
-                 to_score: int) -> dict | None:
+                 to_score: int, head_start: float = 0.0) -> dict | None:
     """The run's time (and cost) estimate (:mod:`mxjob.estimate`) from the sample's ``cost``, logged; or ``None``.
 
-    Projects the ``to_score`` keys, in batches of ``cfg.batch_size``, onto ``cluster``.
+    Projects the ``to_score`` keys, in batches of ``cfg.batch_size``, onto ``cluster``. On the cluster in force,
+    the ``head_start`` seconds Spark (and the executors' warm-up) had already come off the start-up; not for
+    ``--estimate-cluster``, a cluster of another run.
     """
     if cost is None:
         return None
     start = estimate.start_seconds(cost.model_load_seconds, jvm_start_seconds(), import_mxnet())
+    if not cfg.estimate_cluster:
+        start = max(0.0, start - head_start)
     projected = estimate.project(cost, to_score, cfg.batch_size, cluster, start_seconds=start,
                                  node_price=cfg.node_price)
     price = "" if projected.cost is None else f", about {projected.cost.describe()}"

@@ -211,5 +211,5 @@ clean-yarn: ## Stop the local YARN and remove .yarn/ (its jars, logs and state; 
 	rm -rf .yarn
 
 .PHONY: clean-venv
-clean-venv: ## Remove the virtual environments (.venv, .venv-ops)
-	rm -rf $(VENV) $(LIGHT_VENV)
+clean-venv: ## Remove the virtual environments (.venv, .venv-ops, and the peers bench's .venv-peers)
+	rm -rf $(VENV) $(LIGHT_VENV) $(PEERS_VENV)

@@ -143,8 +143,9 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, start: SparkStart
         finished = stats.value  # the tasks that did finish: their workers' memory, for the message below
         # Asked before the stop below, which would make every failure look like the JVM's shutdown.
         shutting_down = isinstance(exc, Exception) and jvm_shutting_down(sc, exc)
-        if isinstance(exc, Exception) and not shutting_down:
-            # Release the executors now rather than letting the JVM's shutdown race them.
+        if isinstance(exc, Exception):
+            # Release the executors now rather than letting the JVM's shutdown race them (a JVM shutting down
+            # alone, too: its RPC threads print stack traces when the executors are left to it).
             stop_context(sc)
         else:
             # A signal (YARN's kill, Ctrl-C): the status must say "interrupted" before YARN's SIGKILL

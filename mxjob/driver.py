@@ -84,16 +84,17 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
 
 
 def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
-    """The SparkContext, started now in a thread of its own, under spark-submit (:mod:`mxjob.spark_start`).
+    """The SparkContext, started now in a thread of its own, as YARN's ApplicationMaster (cluster mode).
 
-    Spark's start (seconds; a YARN container's launch) then overlaps the
-    listing, the model's check and the sample, and YARN's ApplicationMaster,
-    which fails an application whose driver has no SparkContext after
-    ``spark.yarn.am.waitTime``, has one at once. A dry run starts none,
-    except as that ApplicationMaster (cluster mode). Outside spark-submit (a
-    notebook, the tests) Spark starts at the job, as before.
+    The ApplicationMaster fails an application whose driver has no
+    SparkContext after ``spark.yarn.am.waitTime`` (100 s by default): a long
+    listing or an int8 search did. Started first (:mod:`mxjob.spark_start`),
+    Spark's start also overlaps the listing, the model's check and the sample,
+    and the executors load the model meanwhile. Not yet in client mode: there a
+    SIGTERM to spark-submit's JVM alone then printed the JVM's stack traces on
+    its way down (tests/test_signals.py), so Spark starts at the job, as before.
     """
-    if "PYSPARK_GATEWAY_PORT" not in os.environ or (cfg.dry_run and not os.environ.get("CONTAINER_ID")):
+    if "PYSPARK_GATEWAY_PORT" not in os.environ or not os.environ.get("CONTAINER_ID"):
         return None
     return SparkStart(cfg.app_name, spark_conf)
 

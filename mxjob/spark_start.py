@@ -48,14 +48,9 @@ class SparkStart:
 
     def __init__(self, app_name: str, spark_conf: dict | None = None):
         self.started = time.monotonic()
-        #: Seconds from the start to a usable SparkContext (or its failure), once known.
-        self.seconds: float | None = None
-        #: Seconds the warm-up job took (``None``: none ran, or it has not ended).
-        self.warm_seconds: float | None = None
         self._sc = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
-        self._warmed = threading.Event()
         threading.Thread(target=self._start, args=(app_name, dict(spark_conf or {})), name="spark-start",
                          daemon=True).start()
 
@@ -71,7 +66,6 @@ class SparkStart:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the driver's thread by context()
             self._error = exc
         finally:
-            self.seconds = time.monotonic() - self.started
             self._ready.set()
 
     def context(self):
@@ -80,10 +74,6 @@ class SparkStart:
         if self._error is not None:
             raise self._error
         return self._sc
-
-    def ready(self) -> bool:
-        """Whether the SparkContext exists (or failed) already."""
-        return self._ready.is_set()
 
     def warm(self, job_for: Callable, warm_task: Callable) -> None:
         """Run the warm-up job in a thread of its own once the SparkContext exists.
@@ -103,14 +93,11 @@ class SparkStart:
             job, tasks = job_for(sc)
             sc.setJobGroup(WARM_GROUP, f"load the model in {tasks} executors' Python workers", interruptOnCancel=True)
             sc.parallelize(range(tasks), tasks).foreachPartition(lambda _rows, j=job: warm_task(_partition_id(), j))
-            self.warm_seconds = time.monotonic() - started
             log.info("the executors' Python workers loaded the model in %.1f s, while the driver planned",
-                     self.warm_seconds)
+                     time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - an optimisation: the run's tasks load the model themselves
             log.info("warming the executors up did not finish (%s); the run's first tasks load the model",
                      first_line(exc))
-        finally:
-            self._warmed.set()
 
     def stop(self, timeout: float = 120.0) -> None:
         """Stop the SparkContext once it exists (``timeout`` at most): a run that needed no Spark job, or failed

@@ -5,7 +5,7 @@ users already do it (``.pyiceberg.yaml``, or ``PYICEBERG_CATALOG__<NAME>__...``
 environment variables): a SQL catalog on SQLite here and in the tests, Glue
 on EMR. The steps, in the order the job takes them:
 
-1. :func:`parse_table_uri` splits the output URI; :func:`load_catalog` loads
+1. :func:`mxjob.table_uri.parse_table_uri` splits the output URI; :func:`load_catalog` loads
    the catalog, pointing its S3 FileIO at the job's ``--endpoint-url``.
 2. :func:`open_table`, before any Spark work: the table is created when
    absent, with the run's columns and fingerprint; an existing one with other
@@ -58,12 +58,10 @@ from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructT
 from pyiceberg.utils.config import Config
 
 from mxjob import durable
+from mxjob.table_uri import SCHEME
 
 log = logging.getLogger(__name__)
 
-SCHEME = "iceberg://"
-#: What an output URI naming a table looks like, for messages.
-URI_FORM = "iceberg://CATALOG/NAMESPACE.TABLE"
 #: The table property holding the fingerprint of the run that created the table, as canonical JSON.
 FINGERPRINT = "mxinfer.fingerprint"
 #: The snapshot summary's entries of a commit of this job: the run's id and the commit's.
@@ -81,10 +79,6 @@ COMMIT_RETRY_SECONDS = 0.25
 #: without one, pyiceberg would ask AWS's S3 for the bucket's region, which an S3-compatible server never is.
 FALLBACK_REGION = "us-east-1"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-class TableUriError(ValueError):
-    """An ``iceberg://`` URI that does not name a catalog, a namespace and a table."""
 
 
 class TableMismatchError(ValueError):
@@ -114,60 +108,6 @@ class Commit:
         return asdict(self)
 
 
-def is_table_uri(uri: str) -> bool:
-    """Whether ``uri`` names an Iceberg table (it starts with ``iceberg://``)."""
-    return uri.startswith(SCHEME)
-
-
-def parse_table_uri(uri: str) -> tuple[str, str, str]:
-    """Split ``iceberg://CATALOG/NAMESPACE.TABLE`` into its catalog, namespace and table.
-
-    Parameters
-    ----------
-    uri : str
-        The output URI. The table's name is what follows the last dot, so a
-        nested namespace is written ``iceberg://CATALOG/A.B.TABLE``.
-
-    Returns
-    -------
-    tuple of str
-        ``(catalog, namespace, table)``.
-
-    Raises
-    ------
-    TableUriError
-        A ``ValueError`` saying what is missing and what to write instead.
-
-    Examples
-    --------
-    >>> parse_table_uri("iceberg://glue/analytics.predictions")
-    ('glue', 'analytics', 'predictions')
-    """
-    if not is_table_uri(uri):
-        raise TableUriError(f"{uri!r} is not an Iceberg table URI; expected {URI_FORM}")
-    rest = uri[len(SCHEME):]
-    catalog, _, identifier = rest.partition("/")
-    if not catalog:
-        raise TableUriError(f"{uri!r} names no catalog; expected {URI_FORM}, CATALOG being the name of a "
-                            "pyiceberg catalog (.pyiceberg.yaml, or PYICEBERG_CATALOG__<NAME>__URI)")
-    if not identifier:
-        raise TableUriError(f"{uri!r} names no table; expected {SCHEME}{catalog}/NAMESPACE.TABLE")
-    if "/" in identifier:
-        raise TableUriError(f"{uri!r}: write the namespace and the table with a dot, not a slash: "
-                            f"{SCHEME}{catalog}/{identifier.replace('/', '.')}")
-    bad = sorted({c for c in rest if c in "?#" or c.isspace()})
-    if bad:
-        raise TableUriError(f"{uri!r} holds {' '.join(repr(c) for c in bad)}; expected {URI_FORM}, "
-                            "the names made of letters, digits, '_' and '-'")
-    namespace, dot, table = identifier.rpartition(".")
-    if not dot:
-        raise TableUriError(f"{uri!r} names no namespace; write {SCHEME}{catalog}/NAMESPACE.{identifier}, "
-                            f"e.g. {SCHEME}{catalog}/default.{identifier}")
-    if not table or not all(namespace.split(".")):
-        raise TableUriError(f"{uri!r} has an empty name between its dots; expected {URI_FORM}")
-    return catalog, namespace, table
-
-
 def load_catalog(name: str, endpoint_url: str | None = None, region: str | None = None):
     """The pyiceberg catalog ``name``, as its user configured it, reaching the job's S3.
 
@@ -184,7 +124,7 @@ def load_catalog(name: str, endpoint_url: str | None = None, region: str | None 
     Parameters
     ----------
     name : str
-        The catalog's name (the ``CATALOG`` of :data:`URI_FORM`).
+        The catalog's name (the ``CATALOG`` of :data:`mxjob.table_uri.URI_FORM`).
     endpoint_url : str, optional
         The job's S3 endpoint.
     region : str, optional

@@ -19,9 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from mxjob import iceberg_table, parquet_view, results, sinks
-from mxjob.iceberg_table import TableMismatchError, TableUriError
+from mxjob import iceberg_table, parquet_view, results, sinks, table_uri
+from mxjob.iceberg_table import TableMismatchError
 from mxjob.s3 import uris, writes
+from mxjob.table_uri import TableUriError
 
 BUCKET = "iceberg-bucket"
 IDENT = "preds.digits"
@@ -99,7 +100,7 @@ def key_set(array: pa.ChunkedArray) -> list[str]:
     ("iceberg://local/a.b.table_1", ("local", "a.b", "table_1")),
 ])
 def test_parse_table_uri_gives_catalog_namespace_and_table(uri, expected):
-    assert iceberg_table.parse_table_uri(uri) == expected
+    assert table_uri.parse_table_uri(uri) == expected
 
 
 @pytest.mark.parametrize("uri, message", [
@@ -117,7 +118,7 @@ def test_parse_table_uri_gives_catalog_namespace_and_table(uri, expected):
 ])
 def test_parse_table_uri_refuses_a_malformed_uri_saying_what_to_write(uri, message):
     with pytest.raises(TableUriError, match=message):
-        iceberg_table.parse_table_uri(uri)
+        table_uri.parse_table_uri(uri)
 
 
 # ----------------------------------------------------------------------------

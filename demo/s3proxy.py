@@ -224,13 +224,16 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         finally:
             upstream.close()
         relayed = [(name, value) for name, value in response.getheaders() if name.lower() not in _NOT_RELAYED]
-        self._answer(response.status, response.reason, relayed, data, fault)
+        # A HEAD's answer has no body, but its Content-Length is the object's size: pyarrow's S3 files read it.
+        length = response.getheader("Content-Length") if self.command == "HEAD" else None
+        self._answer(response.status, response.reason, relayed, data, fault, length)
 
-    def _answer(self, status: int, reason: str, headers: list, data: bytes, fault) -> None:
+    def _answer(self, status: int, reason: str, headers: list, data: bytes, fault,
+                length: str | None = None) -> None:
         self.send_response(status, reason)
         for name, value in headers:
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", length if length is not None else str(len(data)))
         self.end_headers()
         if fault == "cut" and self.command != "HEAD" and len(data) > 1:
             self.wfile.write(data[: len(data) // 2])

@@ -28,7 +28,7 @@ from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import Faults, S3Proxy
 from mxjob import durable, listing, partition
 from mxjob.s3 import access, clients, parallel_list
-from tests.helpers import ROOT, bucket_with_model, encode, part_lines, scored_lines, spark_submit
+from tests.helpers import ROOT, bucket_with_model, encode, make_s3_client, part_lines, scored_lines, spark_submit
 from tests.test_decode import png_declaring
 
 BUCKET = "fault-bucket"
@@ -199,6 +199,22 @@ def test_faults_that_outlast_the_retries_become_an_error_line_with_the_cause(buc
     error = rows["flaky/b.png"]["error"]
     assert error["stage"] == "download" and "SlowDown" in error["message"], error
     assert proxy.counts["slowdown"] == 2  # bounded: max_attempts=2, no more
+
+
+def test_the_proxy_relays_a_heads_content_length_the_objects_size(bucket, moto_endpoint):
+    """pyarrow's S3 files (pyiceberg's table metadata) take an object's size from its HEAD: the proxy's HEAD
+    must say the object's length, not its own empty body's."""
+    import pyarrow.fs as pafs
+
+    body = b'{"metadata": "of a table"}'
+    bucket.put_object(Bucket=BUCKET, Key="head/a.json", Body=body)
+    with S3Proxy(moto_endpoint) as proxy:
+        head = make_s3_client(proxy.endpoint).head_object(Bucket=BUCKET, Key="head/a.json")
+        fs = pafs.S3FileSystem(endpoint_override=proxy.endpoint.split("://", 1)[1], scheme="http",
+                               region="us-east-1")
+        with fs.open_input_file(f"{BUCKET}/head/a.json") as handle:
+            data = handle.read()
+    assert head["ContentLength"] == len(body) and data == body
 
 
 def test_cut_bodies_are_read_again(bucket, moto_endpoint, demo_dir):

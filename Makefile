@@ -73,6 +73,11 @@ run-yarn: $(STAMP) ## The demo as an EMR step runs it: spark-submit --deploy-mod
 submit-yarn: $(STAMP) ## Rehearse your EMR step on the local YARN: ARGS='--config s3://bucket/job.yaml' (conf/emr.yaml's Spark settings, scaled)
 	$(PY) -m demo.run_yarn $(ARGS)
 
+# --- a second, independent reader of the Iceberg output: demo/iceberg_spark.py ---
+.PHONY: iceberg-spark
+iceberg-spark: $(STAMP) ## A second reader of the Iceberg output: pyiceberg writes a small table on moto in two commits, Spark with Iceberg's jars (fetched into .iceberg-jars/ by Maven at first use) reads it; both views printed, exit 1 on any difference (about 30 s)
+	$(PY) -m demo.iceberg_spark --self-check
+
 .PHONY: test
 test: $(STAMP) ## Run ruff, the import layers and every test (unit and spark-submit integration); installs chromium (report tests) as root
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
@@ -211,5 +216,5 @@ clean-yarn: ## Stop the local YARN and remove .yarn/ (its jars, logs and state; 
 	rm -rf .yarn
 
 .PHONY: clean-venv
-clean-venv: ## Remove the virtual environments (.venv, .venv-ops, and the peers bench's .venv-peers)
-	rm -rf $(VENV) $(LIGHT_VENV) $(PEERS_VENV)
+clean-venv: ## Remove the virtual environments (.venv, .venv-ops, and the peers bench's .venv-peers) and make iceberg-spark's jars (.iceberg-jars)
+	rm -rf $(VENV) $(LIGHT_VENV) $(PEERS_VENV) .iceberg-jars

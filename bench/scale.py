@@ -73,6 +73,17 @@ Two opt-in rows measure instead of extrapolating:
 ``--row-keys N`` runs either row at N keys instead, to check the bench itself
 at a small size.
 
+A third, ``--existing-keys N`` (say 10,000,000), measures ``--skip-existing``
+(mxjob/existing.py) over a dataset that already holds N keys: the job on 100
+keys gives the dataset its fingerprint and rows per file, the bench writes N
+keys' rows through the job's own sink (``bench/existing_keys.py``), then runs
+the job with ``--skip-existing`` on a manifest of those keys and 1% more, spread
+evenly, batch ``--ten-million-batch``. It prints the keys existing and new, the
+summary's ``existing`` (seconds to find the new keys, files and rows read),
+the driver's peak RSS (Python and JVM) against the ten-million row's target
+and ``conf/emr.yaml``'s driver memory, the job's time, and whether the run's
+files hold exactly the new keys.
+
 Usage::
 
     python -m bench.scale                          # 100,000 and 1,000,000 keys
@@ -81,6 +92,7 @@ Usage::
     python -m bench.scale --ten-million            # measured, about an hour
     python -m bench.scale --hundred-million        # the dry run's plan
     python -m bench.scale --ten-million --hundred-million --row-keys 200000   # the rows, small
+    python -m bench.scale --existing-keys 10000000  # --skip-existing over ten million keys in the output
 """
 
 from __future__ import annotations
@@ -103,11 +115,13 @@ import psutil
 import pyarrow.parquet as pq
 import yaml
 
+from mxjob import dataset
 from mxjob.s3 import parallel_list
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import existing_keys  # noqa: E402
 from bench import models as bench_models  # noqa: E402
 from bench.fake_daemon import FAKE_PREDICTIONS  # noqa: E402
 from bench.listing import PREFIX as LISTING_PREFIX  # noqa: E402
@@ -246,11 +260,35 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+#: Keys per folder of the manifest's layout (``bench.listing.layout_keys("nested", ...)``).
+FOLDER_KEYS = 1000
+
+
+def manifest_key(i: int) -> str:
+    """The manifest's key ``i`` (from 0): ``bench.listing.layout_keys("nested", ...)[i]``."""
+    folder = f"n{1440000 + i // FOLDER_KEYS:08d}"
+    return f"{LISTING_PREFIX}{folder}/{folder}_{i % FOLDER_KEYS}.JPEG"
+
+
 def manifest_keys(count: int) -> Iterator[str]:
     """``bench.listing.layout_keys("nested", count)``, one key at a time (10,000,000 keys need no list)."""
-    for i in range(count):
-        folder = f"n{1440000 + i // 1000:08d}"
-        yield f"{LISTING_PREFIX}{folder}/{folder}_{i % 1000}.JPEG"
+    return map(manifest_key, range(count))
+
+
+#: A folder's key numbers in the order of their keys' bytes, the job's order: ``_10.JPEG`` before ``_2.JPEG``.
+_FOLDER_ORDER = sorted(range(FOLDER_KEYS), key=lambda j: f"{j}.JPEG")
+
+
+def sorted_manifest_keys(count: int, leave_out: frozenset = frozenset()) -> Iterator[str]:
+    """The keys of :func:`manifest_keys` in the job's (byte) order, less the positions in ``leave_out``.
+
+    A folder at a time: folders sort as their numbers (zero-padded), so no list of ``count`` keys is sorted.
+    """
+    for start in range(0, count, FOLDER_KEYS):
+        for j in _FOLDER_ORDER:
+            i = start + j
+            if i < count and i not in leave_out:
+                yield manifest_key(i)
 
 
 #: The manifests this run of the bench has written (a row at the same key count reuses its manifest).
@@ -289,6 +327,31 @@ def executors_of(master: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def submit(job_args: list[str], args, endpoint: str, log_path: Path, what: str) -> tuple[Watch, float, float]:
+    """spark-submit the job with ``job_args`` and the fake scorer, watched: ``(watch, started, exited)``.
+
+    Raises ``RuntimeError`` naming ``what`` and the log if it exits non-zero.
+    """
+    command = spark_submit_command(job_args, args.master)
+    settings = [f"spark.python.daemon.module={DAEMON_MODULE}", f"spark.executorEnv.PYTHONPATH={ROOT}",
+                *args.spark_conf]
+    for setting in reversed(settings):  # after "spark-submit --master M": over conf/spark-local.conf
+        command[3:3] = ["--conf", setting]
+    started = time.time()
+    port = endpoint.rsplit(":", 1)[1]
+    servers = [p for p in psutil.process_iter(["cmdline"])
+               if "moto_server" in " ".join(p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])]
+    moto = {"S3 stand-in: moto": servers[0]} if servers else {}
+    with open(log_path, "w") as out:
+        process = subprocess.Popen(command, env=spark_env(), cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
+        with Watch(process.pid, fixed=moto, every=0.5) as watch:
+            code = process.wait()
+    exited = time.time()
+    if code != 0:
+        raise RuntimeError(f"{what} exited {code}; see {log_path}")
+    return watch, started, exited
+
+
 def run_point(s3, endpoint: str, keys: int, args, batch_size: int | None = None, assembly: str = "during",
               dataset: bool = False) -> dict:
     """Write the manifest, run the job on it, read its summary and output: one row of the table.
@@ -312,27 +375,11 @@ def run_point(s3, endpoint: str, keys: int, args, batch_size: int | None = None,
                 "--output", f"s3://{BUCKET}/{output_key}", "--endpoint-url", endpoint,
                 "--input-shape", MODEL.shape_arg, "--batch-size", str(batch_size), "--top-k", "1",
                 "--progress-seconds", "30", "--assembly", assembly]
-    command = spark_submit_command(job_args, args.master)
-    settings = [f"spark.python.daemon.module={DAEMON_MODULE}", f"spark.executorEnv.PYTHONPATH={ROOT}",
-                *args.spark_conf]
-    for setting in reversed(settings):  # after "spark-submit --master M": over conf/spark-local.conf
-        command[3:3] = ["--conf", setting]
     log_path = work / f"scale-{keys}-{label}.log"
     log(f"{keys:,} keys: spark-submit on {args.master}, batch {batch_size} "
         f"({math.ceil(keys / batch_size):,} tasks), fake scorer; log in {log_path}")
-    started = time.time()
-    port = endpoint.rsplit(":", 1)[1]
-    servers = [p for p in psutil.process_iter(["cmdline"])
-               if "moto_server" in " ".join(p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])]
-    moto = {"S3 stand-in: moto": servers[0]} if servers else {}
-    with open(log_path, "w") as out:
-        process = subprocess.Popen(command, env=spark_env(), cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
-        with Watch(process.pid, fixed=moto, every=0.5) as watch:
-            code = process.wait()
-    exited = time.time()
+    watch, started, exited = submit(job_args, args, endpoint, log_path, f"the {keys:,}-key job")
     wall = exited - started
-    if code != 0:
-        raise RuntimeError(f"the {keys:,}-key job exited {code}; see {log_path}")
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key=summary_key)["Body"].read())
     (work / f"scale-{keys}-{label}.summary.json").write_text(json.dumps(summary, indent=2))
     first_line = first_row(s3, output_key, dataset)
@@ -558,6 +605,153 @@ def hundred_million_report(row: dict) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------
+# The opt-in row: --skip-existing over a dataset that holds N keys
+
+#: Keys of the run that gives the existing dataset its fingerprint (bench.existing_keys).
+SEED_KEYS = 100
+
+
+def _delete_prefix(s3, prefix: str) -> None:
+    """Delete every object under ``prefix`` (moto keeps objects in memory)."""
+    for key, _ in parallel_list.list_objects(s3, BUCKET, prefix):
+        s3.delete_object(Bucket=BUCKET, Key=key)
+
+
+def _manifest(work: Path, keys: int) -> Path:
+    manifest = work / f"manifest-{keys}.csv"
+    if manifest not in WRITTEN:
+        log(f"{keys:,} keys: writing {manifest}")
+        write_manifest(manifest, keys)
+        WRITTEN.add(manifest)
+    return manifest
+
+
+def existing_point(s3, endpoint: str, existing: int, args) -> dict:
+    """``--existing-keys``: a dataset of ``existing`` keys, then ``--skip-existing`` over them and 1% more.
+
+    1. the job on :data:`SEED_KEYS` keys to a dataset of its own: its file's ``mxinfer.fingerprint`` and its
+       ``--rows-per-file auto``;
+    2. the existing dataset, written by the bench through the job's sink (:mod:`bench.existing_keys`), its
+       first file's schema checked against the job's;
+    3. the job with ``--skip-existing`` on a manifest of the existing keys and the new ones, watched; its
+       summary's counts and its files' keys checked against the new keys.
+    """
+    work, batch_size = args.work, args.ten_million_batch
+    row_started = time.time()
+    common = ["--model", f"s3://{BUCKET}/models/{MODEL.name}", "--endpoint-url", endpoint,
+              "--input-shape", MODEL.shape_arg, "--batch-size", str(batch_size), "--top-k", "1",
+              "--progress-seconds", "30", "--assembly", "during"]
+
+    seed = "out/existing-seed/"
+    log_path = work / "existing-seed.log"
+    log(f"--existing-keys: the job on {SEED_KEYS} keys, for the dataset's fingerprint; log in {log_path}")
+    submit(["--input-manifest", str(_manifest(work, SEED_KEYS)), "--output", f"s3://{BUCKET}/{seed}", *common],
+           args, endpoint, log_path, f"the {SEED_KEYS}-key run")
+    seed_body = s3.get_object(Bucket=BUCKET, Key=f"{seed}part-00000.parquet")["Body"].read()
+    seed_summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{seed}_summary.json")["Body"].read())
+    rows_per_file = seed_summary["dataset"]["rows_per_file"]
+    _delete_prefix(s3, seed)
+
+    total, positions = existing_keys.layout(existing)
+    new = frozenset(positions.tolist())
+    prefix = f"out/existing-{existing}/"
+    log(f"--existing-keys: writing {existing:,} keys under s3://{BUCKET}/{prefix}, {rows_per_file:,} rows a file")
+    started = time.time()
+    files = existing_keys.write_dataset(s3, BUCKET, prefix, sorted_manifest_keys(total, new), rows_per_file,
+                                        existing_keys.provenance(seed_body))
+    write_seconds = time.time() - started
+    ours = pq.ParquetFile(io.BytesIO(s3.get_object(Bucket=BUCKET, Key=files[0]["key"])["Body"].read())).schema_arrow
+    if not ours.equals(pq.ParquetFile(io.BytesIO(seed_body)).schema_arrow, check_metadata=True):
+        raise RuntimeError(f"the bench's dataset files are not the job's: {ours} against the job's file")
+
+    manifest = _manifest(work, total)
+    log_path = work / f"existing-{existing}.log"
+    log(f"--existing-keys: --skip-existing over {total:,} keys ({len(new):,} new), batch {batch_size:,}; "
+        f"log in {log_path}")
+    watch, started, exited = submit(["--input-manifest", str(manifest), "--output", f"s3://{BUCKET}/{prefix}",
+                                     "--skip-existing", *common], args, endpoint, log_path,
+                                    f"the --skip-existing run over {total:,} keys")
+    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}_summary.json")["Body"].read())
+    (work / f"existing-{existing}.summary.json").write_text(json.dumps(summary, indent=2))
+    found = summary.get("existing") or {}
+    run_files = [key for key, _ in parallel_list.list_objects(s3, BUCKET, prefix)
+                 if (dataset.file_id(key, prefix) or (None,))[0] is not None]
+    scored = [k for key in sorted(run_files) for k in pq.read_table(
+        io.BytesIO(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()), columns=["key"]).column("key").to_pylist()]
+    expected = sorted(manifest_key(i) for i in new)
+    exact = (scored == expected and summary.get("predicted") == len(new) and summary.get("keys_listed") == total
+             and found.get("keys_in_output") == found.get("skipped") == found.get("rows_read") == existing
+             and found.get("new_keys") == len(new) and found.get("files_read") == len(files))
+    _delete_prefix(s3, prefix)
+    python, jvm = watch.peak("driver python"), watch.peak("driver JVM")
+    seconds = summary.get("seconds") or {}
+    row = {"existing": existing, "new": len(new), "total": total, "batch_size": batch_size,
+           "rows_per_file": rows_per_file, "files_written": len(files), "write_s": write_seconds,
+           "summary_existing": found, "predicted": summary.get("predicted"), "keys_listed": summary.get("keys_listed"),
+           "scored_keys_read_back": len(scored), "exactly_the_new_keys": exact,
+           "listing_s": seconds.get("listing"), "existing_s": seconds.get("existing"),
+           "model_check_s": seconds.get("model_check"), "plan_s": seconds.get("plan"), "spark_s": seconds.get("spark"),
+           "assembly_s": seconds.get("assembly"), "elapsed_s": summary.get("elapsed_seconds"),
+           "wall_s": exited - started, "row_wall_s": time.time() - row_started,
+           "driver_python_mib": python / MIB if python else None, "driver_jvm_mib": jvm / MIB if jvm else None,
+           "driver_total_mib": (python + jvm) / MIB if python and jvm else None}
+    log(f"--existing-keys: done in {row['row_wall_s']:.0f} s (the run {row['wall_s']:.0f} s)")
+    return row
+
+
+def existing_report(row: dict, args) -> str:
+    """The ``--existing-keys`` row: what was found and scored, the driver's peak against the memory targets."""
+    found, target = row["summary_existing"], TEN_MILLION_TARGETS["driver_total_mib"]
+    heap = emr_driver_memory() or "n/a"
+    overhead = emr_driver_memory(name="spark.driver.memoryOverhead") or "384m"
+    local = next((s.split("=", 1)[1] for s in args.spark_conf if s.startswith("spark.driver.memory=")), None)
+    lines = [f"--skip-existing over a dataset of {row['existing']:,} keys MEASURED: a manifest of {row['total']:,} "
+             f"keys, 1% new spread evenly, batch {row['batch_size']:,}, fake scorer:",
+             "| keys existing | keys new | find the new keys s | files read | rows read | keys scored "
+             "| exactly the new keys | driver python peak MiB | driver JVM peak MiB | python + JVM MiB "
+             "| job elapsed s | spark-submit wall s |",
+             "|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|",
+             f"| {row['existing']:,} | {row['new']:,} | {_cell(found.get('seconds'), 1)} | "
+             f"{_cell(found.get('files_read'), 0)} | {_cell(found.get('rows_read'), 0)} | "
+             f"{_cell(row['predicted'], 0)} | "
+             f"{'yes' if row['exactly_the_new_keys'] else 'NO'} | {_cell(row['driver_python_mib'], 0)} | "
+             f"{_cell(row['driver_jvm_mib'], 0)} | {_cell(row['driver_total_mib'], 0)} | "
+             f"{_cell(row['elapsed_s'], 1)} | {_cell(row['wall_s'], 1)} |",
+             f"  the dataset before: {row['files_written']:,} file{'s' * (row['files_written'] != 1)} of up to "
+             f"{row['rows_per_file']:,} rows (the job's --rows-per-file auto), written by the bench through the "
+             f"job's sink in {row['write_s']:.1f} s, with the fingerprint of a {SEED_KEYS}-key run of the job",
+             f"  summary existing: {json.dumps(found)}; keys listed {row['keys_listed']:,}, predicted "
+             f"{row['predicted']:,}; the run's files hold {row['scored_keys_read_back']:,} keys",
+             f"  driver stages s: manifest read {_cell(row['listing_s'], 1)}, finding the new keys "
+             f"{_cell(row['existing_s'], 1)}, model check {_cell(row['model_check_s'], 1)}, plan "
+             f"{_cell(row['plan_s'], 1)}, Spark job {_cell(row['spark_s'], 1)}, assembly {_cell(row['assembly_s'], 1)}",
+             f"  memory target: the driver's Python + JVM peak <= {target:,} MiB (the ten-million row's): "
+             f"{_verdict(row['driver_total_mib'], target)}; on EMR (conf/emr.yaml) spark.driver.memory is {heap} "
+             f"(the JVM's heap) and spark.driver.memoryOverhead {overhead}, where the Python driver lives: Python "
+             f"{_cell(row['driver_python_mib'], 0)} MiB of {mebibytes(overhead):,.0f} MiB: "
+             f"{_verdict(row['driver_python_mib'], mebibytes(overhead))}",
+             f"  the local driver JVM ran with spark.driver.memory {local or '1g (Spark default)'}; the row's wall "
+             f"time (the {SEED_KEYS}-key run, writing the dataset, the run): {row['row_wall_s']:.0f} s"]
+    if row["existing"] != TEN_MILLION:
+        lines.append(f"  (at {row['existing']:,} existing keys, not {TEN_MILLION:,}: the target is for ten million)")
+    return "\n".join(lines)
+
+
+def existing_row(s3, endpoint: str, args) -> str:
+    """``--existing-keys``: run the row (:func:`existing_point`), keep it in ``existing-keys.json``; its report."""
+    row = existing_point(s3, endpoint, args.existing_keys, args)
+    (args.work / "existing-keys.json").write_text(json.dumps(row, indent=2))
+    return existing_report(row, args)
+
+
+def _positive(text: str) -> int:
+    value = int(text.replace("_", ""))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give a positive key count")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Driver and per-task cost at scale, with a fake fast scorer.")
     parser.add_argument("--keys", default=None,
@@ -571,6 +765,10 @@ def main(argv=None) -> int:
                              "tail after the last task, against the assembly after the job")
     parser.add_argument("--hundred-million", action="store_true",
                         help="also --dry-run over 100,000,000 keys: read, plan every batch, print the plan")
+    parser.add_argument("--existing-keys", type=_positive, default=None, metavar="N",
+                        help="also run --skip-existing over a dataset that holds N keys (say 10000000) and a "
+                             "manifest of 1%% more: the time to find the new keys, the driver's peak; batch "
+                             "--ten-million-batch")
     parser.add_argument("--row-keys", type=int, default=None,
                         help="run the opt-in rows at this many keys instead, to check the bench at a small size")
     parser.add_argument("--quick", action="store_true", help="smoke run: 10,000 and 20,000 keys")
@@ -582,7 +780,7 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench-scale",
                         help="folder for the manifests, model, logs, summaries and results.json")
     args = parser.parse_args(argv)
-    opt_in = args.ten_million or args.hundred_million or args.tail_keys
+    opt_in = args.ten_million or args.hundred_million or args.tail_keys or args.existing_keys
     keys = args.keys if args.keys is not None else ("" if opt_in else "100000,1000000")
     counts = [10_000, 20_000] if args.quick else [int(x.replace("_", "")) for x in keys.split(",") if x]
     if (not counts and not opt_in) or min(counts, default=1) < 1:
@@ -616,6 +814,8 @@ def main(argv=None) -> int:
             tails.append(run_point(s3, endpoint, args.tail_keys, args, args.ten_million_batch, dataset=True))
             extra.append(tail_report(tails))
             (work / "tail.json").write_text(json.dumps(tails, indent=2))
+        if args.existing_keys:
+            extra.append(existing_row(s3, endpoint, args))
         if args.hundred_million:
             extra.append(hundred_million_report(dry_run_point(s3, endpoint, args.row_keys or HUNDRED_MILLION,
                                                               args)))

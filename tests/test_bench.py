@@ -8,10 +8,13 @@ summary, without Spark.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import ROOT
@@ -75,6 +78,48 @@ def test_bench_scale_extrapolation_and_task_overhead():
 
     assert list(scale.manifest_keys(2500)) == layout_keys("nested", 2500)
     assert scale.mebibytes("2g") == 2048 and scale.mebibytes("512m") == 512
+
+
+def test_bench_scale_existing_keys_layout_spreads_one_new_key_per_hundred():
+    from bench import existing_keys
+
+    total, positions = existing_keys.layout(100_000)
+    assert total == 101_000 and len(positions) == 1_000
+    assert positions[-1] == total - 1 and set(np.diff(positions).tolist()) == {101}  # evenly spread
+    total, positions = existing_keys.layout(150)  # 1.5 new keys round up to 2
+    assert total == 152 and positions.tolist() == [75, 151]
+    with pytest.raises(ValueError, match="at least 1"):
+        existing_keys.layout(0)
+
+
+def test_bench_scale_existing_dataset_is_the_jobs_and_skip_existing_finds_every_key(s3, moto_endpoint):
+    from bench import existing_keys, scale
+    from mxjob import config, existing, listing, parquet_view, results, sinks
+
+    bucket, prefix = "bench-existing", "prior/"
+    s3.create_bucket(Bucket=bucket)
+    total, positions = existing_keys.layout(1_000)
+    new = frozenset(positions.tolist())
+    every = list(scale.manifest_keys(total))  # in the manifest's order, which is not the keys' order
+    assert list(scale.sorted_manifest_keys(total, new)) == sorted(set(every) - {every[i] for i in new})
+    metadata = sinks.provenance({"fingerprint": {"task": "classify", "top_k": 1}})
+    files = existing_keys.write_dataset(s3, bucket, prefix, scale.sorted_manifest_keys(total, new), 300, metadata)
+    assert [(f["key"], f["rows"]) for f in files] == [(f"{prefix}part-0000{i}.parquet", rows)
+                                                      for i, rows in enumerate((300, 300, 300, 100))]
+    body = s3.get_object(Bucket=bucket, Key=files[0]["key"])["Body"].read()
+    written = pq.ParquetFile(io.BytesIO(body))
+    assert written.schema_arrow.names == parquet_view.parquet_schema(results.schema("classify")).names
+    assert existing_keys.provenance(body) == metadata
+    assert written.read().slice(0, 1).column("predictions").to_pylist()[0][0]["probability"] == 1.0  # the fake's
+    assert json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}_SUCCESS")["Body"].read())["rows"] == 1_000
+
+    cfg = config.resolve(config.merge_settings(
+        {"input": f"s3://{bucket}/imgs/", "model": f"s3://{bucket}/model/m", "output": f"s3://{bucket}/{prefix}",
+         "endpoint_url": moto_endpoint, "skip_existing": True}, {}))
+    found = existing.find(cfg, s3, listing.Listing.build(bucket, sorted(every), [1] * total))
+    assert found.in_output == 1_000 and len(found.files) == 4 and sum(f.rows for f in found.files) == 1_000
+    assert found.new.keys.to_pylist() == sorted(every[i] for i in new)
+    assert list(found.fingerprints) == [metadata["mxinfer.fingerprint"]]
 
 
 def test_task_cost_report_compares_ours_with_trivial_and_shows_autos_share():

@@ -22,7 +22,7 @@ import click
 import yaml
 
 from mxjob import settings as table
-from mxjob import sinks
+from mxjob import sinks, table_uri
 from mxjob.errors import first_line, plural
 from mxjob.model import ModelSpec
 from mxjob.option_types import parse_max_errors
@@ -70,7 +70,25 @@ class _JobConfigBase:
 
     @property
     def output_uri(self) -> str | None:
+        """The output as the user named it: ``s3://BUCKET/KEY``, or the Iceberg table's ``iceberg://`` URI."""
+        if self.output_table:
+            return self.output_table
         return f"s3://{self.output_bucket}/{self.output_key}" if self.output_key else None
+
+    @property
+    def table(self) -> bool:
+        """Whether the output is an Iceberg table (``--output iceberg://CATALOG/NAMESPACE.TABLE``).
+
+        Its home (``output_bucket``, ``output_key``: the prefix that holds the
+        run's status, summary, report and work) is found by the driver from
+        the table's location (:func:`mxjob.table_output.locate`).
+        """
+        return self.output_table is not None
+
+    @property
+    def cuts_files(self) -> bool:
+        """Whether the rows go into Parquet files cut at ``--rows-per-file``: a dataset's, or a table's."""
+        return self.dataset or self.table
 
     @property
     def summary_key(self) -> str:
@@ -80,7 +98,7 @@ class _JobConfigBase:
     @property
     def dataset(self) -> bool:
         """Whether the output is a Parquet dataset (``--output s3://B/PREFIX/``), not one object."""
-        return is_dataset(self.output_key)
+        return self.output_table is None and is_dataset(self.output_key)
 
     def job_spec(self) -> JobSpec:
         """What the executors need: every executor setting, the model (int8 once quantized) and the recipe."""
@@ -104,6 +122,8 @@ _RESOLVED_FIELDS = [
     #: --input-manifest: the keys come from this file instead of a listing.
     ("input_manifest", "str | None"),
     ("model", ModelSpec), ("output_bucket", "str | None"), ("output_key", "str | None"),
+    #: --output iceberg://CATALOG/NAMESPACE.TABLE; output_bucket and output_key are then its home, set by the driver.
+    ("output_table", "str | None"),
     #: jsonl or parquet (see :func:`sinks.output_format`).
     ("output_format", str), ("preprocess", Preprocess),
 ]
@@ -250,13 +270,15 @@ def resolve(settings: Settings) -> JobConfig:
     """
     in_bucket, in_prefix, input_manifest = resolve_input(settings)
     out_bucket, out_key = resolve_output(settings, in_bucket)
+    out_table = settings["output"] if settings["output"] and table_uri.is_table_uri(settings["output"]) else None
     check_run_mode(settings)
-    check_skip_existing(settings, out_key)
+    check_skip_existing(settings, out_key, out_table)
+    check_table_output(settings, out_table)
     plain = {s.name: settings[s.name] for s in table.going_to("driver", "executor")}
     return JobConfig(
         **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
-        output_bucket=out_bucket, output_key=out_key,
-        output_format=resolve_output_format(settings, out_key or ""),
+        output_bucket=out_bucket, output_key=out_key, output_table=out_table,
+        output_format="parquet" if out_table else resolve_output_format(settings, out_key or ""),
         model=resolve_model(settings), preprocess=resolve_preprocess(settings),
     )
 
@@ -293,6 +315,9 @@ def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str 
         raise click.UsageError(f"{name('output')} and {name(other)} both set the output: give either "
                                "--output s3://BUCKET/KEY or --output_s3_bucket/--output_s3_key")
     bucket = key = None
+    if s["output"] and table_uri.is_table_uri(s["output"]):
+        check_table_uri(s)
+        return None, None  # the table's home: found by the driver from its catalog
     if s["output"]:
         try:
             bucket, key = uris.parse_s3_uri(s["output"])
@@ -310,6 +335,14 @@ def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str 
     if key is None and not s["dry_run"]:
         raise click.UsageError("no output: give --output s3://BUCKET/KEY (for example predictions.jsonl)")
     return bucket, key
+
+
+def check_table_uri(s: Settings) -> None:
+    """``--output iceberg://...`` names a catalog, a namespace and a table (:func:`table_uri.parse_table_uri`)."""
+    try:
+        table_uri.parse_table_uri(s["output"])
+    except table_uri.TableUriError as exc:
+        raise click.UsageError(f"{s.name('output')}: {exc}") from None
 
 
 #: Output key endings that name a format; a key with none of them takes either.
@@ -371,8 +404,33 @@ def check_run_mode(s: Settings) -> None:
                                "--precision fp32 on GPUs")
 
 
-def check_skip_existing(s: Settings, out_key: str | None) -> None:
-    """``--skip-existing`` adds rows to a dataset: with one output object, or with ``--overwrite``, it is refused."""
+def check_table_output(s: Settings, out_table: str | None) -> None:
+    """The settings an Iceberg table output refuses, and those that apply to one only."""
+    if out_table is None:
+        for key in ("accept_other_fingerprint",):
+            if s[key]:
+                raise click.UsageError(f"{s.name(key)} applies to an Iceberg table output only (--output "
+                                       f"{table_uri.URI_FORM}): leave it out")
+        return
+    if s["output_format"] and s["output_format"] != "parquet":
+        raise click.UsageError(f"{s.name('output_format')} {s['output_format']}: an Iceberg table holds Parquet "
+                               "files; drop --output-format, or write JSON Lines to s3://BUCKET/KEY.jsonl")
+    if s["overwrite"]:
+        raise click.UsageError(
+            f"{s.name('overwrite')} does not apply to an Iceberg table: the job only adds to a table, and the table "
+            "keeps every snapshot. To score every key again into a table of its own, write to a new table "
+            f"(--output {out_table.rsplit('.', 1)[0]}.NEW_TABLE), or drop this one first (pyiceberg's "
+            "catalog.drop_table, or DROP TABLE in Spark or Athena); to add only the keys it lacks, use --skip-existing")
+    if s["rescore_errors"]:
+        raise click.UsageError(
+            f"{s.name('rescore_errors')} rewrites the files that hold error rows in place, which an Iceberg table "
+            "does not allow: with a table, score the failed keys again from an --input-manifest of their keys into "
+            "the table with --skip-existing after deleting their rows (DELETE FROM ... WHERE error IS NOT NULL)")
+
+
+def check_skip_existing(s: Settings, out_key: str | None, out_table: str | None = None) -> None:
+    """``--skip-existing`` adds rows to a dataset or a table: with one output object, or with ``--overwrite``, it is
+    refused."""
     if s["rescore_errors"] and not s["skip_existing"]:
         raise click.UsageError(f"{s.name('rescore_errors')} scores again the error rows that --skip-existing would "
                                "keep: give it with --skip-existing")
@@ -381,13 +439,13 @@ def check_skip_existing(s: Settings, out_key: str | None) -> None:
     if s["overwrite"]:
         raise click.UsageError(f"{s.name('skip_existing')} keeps the output's rows and adds the new keys', "
                                "--overwrite replaces the output: give one or the other")
-    if not is_dataset(out_key):
+    if out_table is None and not is_dataset(out_key):
         what = (f"{out_key!r} is one object, which every run writes whole, so a run cannot add rows to it"
                 if out_key else "this run has no output")
         raise click.UsageError(
             f"{s.name('skip_existing')} adds rows to a Parquet dataset, a prefix ending in '/' (--output "
-            f"s3://BUCKET/PREFIX/); {what}. Write to a dataset prefix, or give the keys to score in an "
-            "--input-manifest")
+            f"s3://BUCKET/PREFIX/), or to an Iceberg table (--output {table_uri.URI_FORM}); {what}. Write to a "
+            "dataset prefix or a table, or give the keys to score in an --input-manifest")
 
 
 def check_task_options(s: Settings) -> None:

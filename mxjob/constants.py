@@ -60,6 +60,8 @@ class DEFAULT:
     overwrite = False
     skip_existing = False
     rescore_errors = False
+    commit_seconds = 300
+    accept_other_fingerprint = False
     batch_size = 64
     task = 'classify'
     top_k = 5

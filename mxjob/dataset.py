@@ -215,12 +215,16 @@ class DatasetPlan:
     existing: object = None
     #: Whether the run scores again the keys whose row is an error (``--rescore-errors``).
     rescore_errors: bool = False
+    #: Whether the run adds to what the output holds (``--skip-existing``); a table's runs have a name without it.
+    skip_existing: bool = False
+    #: An Iceberg table's run: what it found of its earlier attempt (:class:`mxjob.table_output.Settled`).
+    settled: object = None
 
     def record(self) -> dict:
         """What ``_parts/job.json`` keeps for a resume: rows per file, the key list's digest, the run's name."""
         out = {"rows_per_file": self.rows_per_file, "why": self.why, "keys_sha256": self.keys_sha256}
         if self.run is not None:
-            out.update(run=self.run, skip_existing=True, rescore_errors=self.rescore_errors)
+            out.update(run=self.run, skip_existing=self.skip_existing, rescore_errors=self.rescore_errors)
         return out
 
 
@@ -253,15 +257,33 @@ def file_keys(keys, existing=None):
 
 
 def fresh_plan(given, auto: tuple[int, str], keys, run: str | None = None, existing=None,
-               rescore_errors: bool = False) -> DatasetPlan:
+               rescore_errors: bool = False, skip_existing: bool | None = None) -> DatasetPlan:
     """A first run's dataset: its rows per file, and the digest of the keys its files will hold.
 
     ``run`` and ``existing``: a ``--skip-existing`` run's name (:func:`new_run`) and what the earlier
-    files hold (:class:`mxjob.existing.Existing`).
+    files hold (:class:`mxjob.existing.Existing`). ``skip_existing``: whether the run adds to an output
+    (default: whether it has a name, as a dataset's runs do).
     """
     rows, why = rows_setting(given, auto)
     return DatasetPlan(rows, why, keys_digest(file_keys(keys, existing)), run=run, existing=existing,
-                       rescore_errors=rescore_errors)
+                       rescore_errors=rescore_errors,
+                       skip_existing=run is not None if skip_existing is None else skip_existing)
+
+
+def table_resume_plan(record: dict | None, given, auto: tuple[int, str], existing=None,
+                      skip_existing: bool = False) -> DatasetPlan:
+    """A resumed Iceberg table run's plan: the first attempt's name and rows per file (no files are kept by
+    index: the run's files are committed and their keys left out before the plan, by
+    :func:`mxjob.table_output.settle`)."""
+    record = record or {}
+    if bool(record.get("skip_existing")) != skip_existing:
+        raise JobError(skip_existing_mismatch(bool(record.get("skip_existing"))))
+    if record.get("run") is None:
+        raise JobError("cannot resume: the run being resumed did not write to an Iceberg table (its job.json names "
+                       "no run); resume it with the output it was started with")
+    rows, why = (int(record["rows_per_file"]), str(record.get("why") or "the first run's")) \
+        if "rows_per_file" in record else rows_setting(given, auto)
+    return DatasetPlan(rows, why, "", run=record["run"], existing=existing, skip_existing=skip_existing)
 
 
 def resume_plan(record: dict | None, given, auto: tuple[int, str], keys, found: Contents, existing=None,
@@ -283,14 +305,15 @@ def resume_plan(record: dict | None, given, auto: tuple[int, str], keys, found: 
     rescore_errors = bool(record.get("rescore_errors"))
     if "rows_per_file" not in record:
         rows, why = rows_setting(given, auto)
-        return DatasetPlan(rows, why, digest, run=run, existing=existing, rescore_errors=rescore_errors)
+        return DatasetPlan(rows, why, digest, run=run, existing=existing, rescore_errors=rescore_errors,
+                           skip_existing=skip_existing)
     rows = int(record["rows_per_file"])
     if isinstance(given, int) and given != rows:
         raise JobError(f"--rows-per-file {given}: the run being resumed cut its files at {rows:,} rows, and the "
                        f"files it wrote keep that; resume with --rows-per-file {rows} (or auto), or start again "
                        "with --overwrite")
     plan = DatasetPlan(rows, str(record.get("why") or "the first run's"), digest, run=run, existing=existing,
-                       rescore_errors=rescore_errors)
+                       rescore_errors=rescore_errors, skip_existing=skip_existing)
     if record.get("keys_sha256") == digest:
         plan.keep = found.run_files(run)
     return plan

@@ -63,6 +63,10 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     started = time.time()
     client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
     retry = yarn_attempt()[1] > 1
+    if cfg.table:  # the table's home, beside its location, holds the run's status, summary and work
+        from mxjob import table_output  # pyiceberg, for a table output only
+
+        cfg = table_output.locate(cfg)
     # The output first: seconds, where the listing may take hours. An output that is refused (it exists, or a
     # dataset's prefix holds objects the job did not write) or cannot be written ends the run before it writes
     # anything beside it: the status there is the run's that wrote that output, or no PUT could replace it.
@@ -152,12 +156,16 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
     seconds["listing"] = time.time() - monitor.started
-    found = None
-    if cfg.skip_existing:  # the run's keys are those the dataset lacks: the full listing goes now
-        found = existing.find(cfg, client, images)
+    found, settled = None, None
+    if cfg.table and not cfg.dry_run:  # a resumed table run: its whole files committed, their keys left out
+        images, settled = table_settle(cfg, client, images)
+    if cfg.skip_existing:  # the run's keys are those the output lacks: the full listing goes now
+        found = table_existing(cfg, images) if cfg.table else existing.find(cfg, client, images)
         images, seconds["existing"] = found.new, found.seconds
-        if not len(images) and not cfg.dry_run:
-            return existing.nothing_new(cfg, client, monitor, found, seconds)
+    elif settled is not None and settled.keys_written and not len(images):
+        found = existing.Existing(listed=settled.keys_written, new=images, in_output=settled.keys_written)
+    if found is not None and not len(images) and not cfg.dry_run:
+        return existing.nothing_new(cfg, client, monitor, found, seconds)
     check_started = time.time()
     monitor.enter("model_check")
     cfg, checked = check_on_driver(cfg, client, images)
@@ -172,6 +180,8 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
         plan = plan_output(cfg, client, work, images, checked.fingerprint, inputs=inputs)
+        if plan.dataset is not None:
+            plan.dataset.settled = settled
     except Completed as done:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
@@ -188,6 +198,20 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
         exc.work = work  # main() says what is durable and how to resume
         raise
     return planned_run(run, checked, sizing, scored, seconds)
+
+
+def table_settle(cfg: JobConfig, client, images: listing.Listing):
+    """:func:`mxjob.table_output.settle` (pyiceberg imported for a table output only)."""
+    from mxjob import table_output
+
+    return table_output.settle(cfg, client, images)
+
+
+def table_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
+    """:func:`mxjob.table_output.find_existing` (pyiceberg imported for a table output only)."""
+    from mxjob import table_output
+
+    return table_output.find_existing(cfg, images)
 
 
 @dataclass(frozen=True)
@@ -222,7 +246,8 @@ def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: t
         # the manifest's keys that got no line, by reason, and its repeated keys
         manifest=images.manifest, files=dict(monitor.where),
         dataset=None if counts.dataset is None else {**counts.dataset, "rows_per_file_why": plan.dataset.why},
-        existing=plan.dataset.existing.entry() if plan.dataset is not None and plan.dataset.existing else None))
+        existing=plan.dataset.existing.entry() if plan.dataset is not None and plan.dataset.existing else None,
+        table=counts.table))
     code = finish_run(run, summary, counts)
     monitor.write("succeeded", code, summary=summary)
     for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
@@ -271,9 +296,29 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
     cfg, precision = prepare_precision(cfg, client, images, classifier)
     summary = classifier.model_summary()
     fingerprint = job_fingerprint(cfg, classifier, carried_names(cfg, images))
-    # Only a dataset cuts files: the keys' mean length costs a pass over every key.
-    auto_rows = auto_rows_per_file(cfg, images, summary) if cfg.dataset else (0, "")
+    if cfg.table:  # created, or refused for other columns or another fingerprint, before any Spark work
+        open_table(cfg, classifier, images, fingerprint)
+    # Only a dataset or a table cuts files: the keys' mean length costs a pass over every key.
+    auto_rows = auto_rows_per_file(cfg, images, summary) if cfg.cuts_files else (0, "")
     return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows)
+
+
+def open_table(cfg: JobConfig, classifier: Predictor, images: listing.Listing, fingerprint: dict) -> None:
+    """Create the run's Iceberg table with the run's columns and fingerprint, or check it against them.
+
+    A dry run creates nothing: it checks a table that exists, and says what a new one would hold.
+    """
+    from mxjob import table_output  # pyiceberg, for a table output only
+    from mxjob.partition import result_schema
+
+    carried = carried_columns(cfg, images)
+    schema = table_output.table_schema(result_schema(cfg.job_spec(), classifier, get_handlers(cfg.handler_path)),
+                                       carried.schema if carried is not None else None)
+    if cfg.dry_run and table_output.target(cfg).table is None:
+        log.info("--dry-run: the Iceberg table %s does not exist; a run would create it with the columns %s",
+                 cfg.output_table, ", ".join(schema.names))
+        return
+    table_output.open_for_run(cfg, schema, fingerprint)
 
 
 def auto_rows_per_file(cfg: JobConfig, images, model_summary: dict) -> tuple[int, str]:
@@ -460,6 +505,16 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
     (:class:`sinks.DatasetSink`). With ``live``, the merge follows that
     run's batches as Spark makes them durable (:func:`merge.assemble`).
     """
+    if cfg.table:
+        from mxjob import table_output  # pyiceberg, for a table output only
+
+        settled = dataset_plan.settled
+        sink = table_output.TableSink(client, table_output.target(cfg).table, dataset_plan.run,
+                                      dataset_plan.rows_per_file, cfg.commit_seconds, sinks.provenance(work.read_job()),
+                                      first_index=settled.next_index if settled is not None else 0)
+        counts = _assemble(cfg, work, images, runs, live, sink)
+        counts.table = sink.summary_entry(cfg.output_uri, dataset_plan.why, settled)
+        return counts
     if cfg.dataset:
         return _assemble(cfg, work, images, runs, live, sinks.DatasetSink(
             client, cfg.output_bucket, cfg.output_key, dataset_plan.rows_per_file,

@@ -101,6 +101,9 @@ class Existing:
     sample: listing.Listing | None = None
     run: str | None = None
     seconds: float = 0.0
+    #: An Iceberg table's data files and rows read (a dataset's are counted from ``files``).
+    table_files: int | None = None
+    table_rows: int | None = None
 
     @property
     def rescored(self) -> int:
@@ -115,8 +118,10 @@ class Existing:
     def entry(self) -> dict:
         """The summary's and the dry run's ``existing`` entry."""
         return {"keys_in_output": self.in_output, "skipped": self.skipped, "rescored_errors": self.rescored,
-                "new_keys": len(self.new) - self.rescored, "files_read": len(self.files),
-                "rows_read": sum(f.rows for f in self.files), "seconds": round(self.seconds, 3)}
+                "new_keys": len(self.new) - self.rescored,
+                "files_read": len(self.files) if self.table_files is None else self.table_files,
+                "rows_read": sum(f.rows for f in self.files) if self.table_rows is None else self.table_rows,
+                "seconds": round(self.seconds, 3)}
 
 
 # ----------------------------------------------------------------------------
@@ -341,7 +346,9 @@ def nothing_new(cfg: JobConfig, client, monitor, found: Existing, seconds: dict)
     log.info("--skip-existing: nothing new to score: all %s listed keys have a row in %s; no Spark job, no new "
              "file", f"{found.listed:,}", cfg.output_uri)
     work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
-    if found.run is not None:  # a resumed run none of whose keys is listed any more: its files go, and its progress
+    if cfg.table and work.exists():  # a resumed table run whose files hold every listed key: its rows are committed
+        log.info("the run being resumed has every listed key in the table; removed its %d work objects", work.remove())
+    elif found.run is not None:  # a resumed run none of whose keys is listed any more: its files go, and its progress
         gone = writes.delete_objects(client, cfg.output_bucket, [
             key for key, _ in preflight.dataset_contents(cfg, client).run_files(found.run).values()])
         log.info("--skip-existing: the run being resumed has no listed key left; removed its %s and %d work objects",

@@ -38,6 +38,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
@@ -165,7 +166,7 @@ def _default_region() -> str:
 
 def open_table(catalog, identifier: str, schema: pa.Schema, fingerprint: dict, *,
                accept_other_fingerprint: bool = False,
-               override_hint: str = "accept_other_fingerprint=True") -> Table:
+               override_hint: str = "accept_other_fingerprint=True", location: str | None = None) -> Table:
     """The table this run writes to: created when absent, refused when it holds other rows.
 
     A new table gets ``schema``'s columns (pyiceberg converts the Arrow types)
@@ -190,6 +191,9 @@ def open_table(catalog, identifier: str, schema: pa.Schema, fingerprint: dict, *
     override_hint : str
         How the user says ``accept_other_fingerprint``, for the refusal's
         message (the job passes its flag).
+    location : str, optional
+        Where a new table goes (the catalog's default when not given); an
+        existing table keeps its own.
 
     Returns
     -------
@@ -216,7 +220,8 @@ def open_table(catalog, identifier: str, schema: pa.Schema, fingerprint: dict, *
         try:
             # The columns alone: the schema's metadata (the files' provenance) is no part of the table.
             columns = pa.schema(list(schema))
-            table = catalog.create_table(identifier, schema=columns, properties={FINGERPRINT: canonical})
+            table = catalog.create_table(identifier, schema=columns, location=location,
+                                         properties={FINGERPRINT: canonical})
             log.info("created the Iceberg table %s at %s", identifier, table.location())
             return table
         except TableAlreadyExistsError:  # another driver created it since: check it as any existing table
@@ -493,16 +498,20 @@ def existing_keys(table: Table, key_column: str = "key", *, with_errors: bool = 
         ``large_string``, in the table's file order; empty for a table with no
         rows. ``pyarrow.compute.is_in(keys, value_set=...)`` takes it as it is.
     """
+    return pa.chunked_array(list(key_batches(table, key_column, with_errors=with_errors)), pa.large_string())
+
+
+def key_batches(table: Table, key_column: str = "key", *, with_errors: bool = True) -> Iterator[pa.Array]:
+    """:func:`existing_keys` a batch at a time, each batch's keys one ``large_string`` array: for a caller that
+    looks them up as they come and keeps none (``mxjob.existing.KeyFilter``)."""
     names = [f.name for f in table.schema().fields]
     needed = [key_column] if with_errors else [key_column, ERROR_COLUMN]
     missing = [name for name in needed if name not in names]
     if missing:
         raise ValueError(f"the Iceberg table {_name(table)} has no {' and no '.join(missing)} column "
                          f"(its columns: {', '.join(names)})")
-    chunks = []
     for batch in table.scan(selected_fields=tuple(needed)).to_arrow_batch_reader():
         keys = batch.column(key_column)
         if not with_errors:
             keys = keys.filter(pc.is_null(batch.column(ERROR_COLUMN)))
-        chunks.append(keys.cast(pa.large_string()))  # the reader's type already: no copy
-    return pa.chunked_array(chunks, pa.large_string())
+        yield keys.cast(pa.large_string())  # the reader's type already: no copy

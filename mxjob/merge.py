@@ -59,6 +59,8 @@ class AssemblyCounts:
     part_listings: int = 0
     #: Batches of the followed run that only a listing found: their tasks' stats never told the merge.
     unannounced_batches: int = 0
+    #: An Iceberg table's files and commits (:meth:`mxjob.table_output.TableSink.summary_entry`), for the summary.
+    table: dict | None = None
 
 
 class AssemblyCancelled(Exception):
@@ -227,6 +229,8 @@ class _Selection:
         self.pieces: list[list] = []  # [batch, start, stop]
         self.last: list | None = None
         self.rows = 0
+        #: A sink that commits on a clock (an Iceberg table's) says when it wants the rows held so far.
+        self.due = getattr(sink, "due", None)
 
     def keep(self, batch: pa.RecordBatch, row: int) -> None:
         last = self.last
@@ -243,11 +247,17 @@ class _Selection:
         self._start(batch, start)
         self.last[2] = stop
         self.rows += stop - start
-        if self.rows >= WRITE_ROWS:
-            self.flush()
+        if self.rows >= WRITE_ROWS or (self.due is not None and self.due()):
+            self.flush()  # a whole part: what a commit that is due takes
 
     def _start(self, batch: pa.RecordBatch, row: int) -> None:
-        """A new slice, at ``row`` of ``batch``; every part must hold the same columns."""
+        """A new slice, at ``row`` of ``batch``; every part must hold the same columns.
+
+        A sink's commit that is due takes the rows held so far when the merge
+        moves on to another part: at part boundaries, never a row at a time.
+        """
+        if self.due is not None and self.last is not None and self.last[0] is not batch and self.due():
+            self.flush()
         if self.schema is None:
             self.schema = batch.schema
         elif batch.schema is not self.schema and batch.schema != self.schema:

@@ -41,6 +41,12 @@ def check_output(cfg: JobConfig, client, yarn_retry: bool = False) -> None:
     """
     if cfg.output_key:
         check_output_writable(cfg, client)
+        if cfg.table:  # a table's home holds only the job's own files; its rows are the table's
+            if not (cfg.resume or cfg.skip_existing or yarn_retry):
+                from mxjob import table_output  # pyiceberg, for a table output only
+
+                table_output.refuse_rows(cfg)
+            return
         found = dataset_contents(cfg, client) if cfg.dataset else None  # one listing for both checks
         if found is not None:  # objects the job did not write are refused whatever the flags
             dataset.refuse_foreign(found, cfg.output_uri)

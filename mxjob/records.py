@@ -277,6 +277,36 @@ class SummaryDataset:
 
 
 @record
+class SummaryTableResume:
+    """What a resumed table run found of its earlier attempt (:func:`mxjob.table_output.settle`)."""
+
+    run: Optional[str] = required("the run's id (in its files' names and its commits' summaries)")
+    files_committed_before: int = required("its files the table's history had committed before this attempt")
+    files_committed_on_resume: int = required("its whole files no commit named (a driver killed between an "
+                                              "upload and its commit), committed by this attempt, once")
+    keys_in_its_files: int = required("listed keys left out: its files held their rows already")
+
+
+@record
+class SummaryTable:
+    """An Iceberg table output: this run's files and commits (:meth:`mxjob.table_output.TableSink.summary_entry`)."""
+
+    table: str = required("the table, `iceberg://CATALOG/NAMESPACE.TABLE`")
+    location: str = required("the table's location")
+    run: str = required("the run's id: its files are `mxinfer-<run>-NNNNN.parquet`, its commits' snapshot summaries "
+                        "carry it as `mxinfer.run-id`")
+    files: int = required("data files this run committed")
+    rows: int = required("their rows")
+    bytes: int = required("their bytes")
+    commits: int = required("snapshots this run committed (every `commit_seconds`, and at the end)")
+    snapshot_ids: list[int] = required("their ids, oldest first")
+    commit_seconds: int = required("`--commit-seconds`")
+    rows_per_file: int = required("rows per file at most (a commit ends a file sooner)")
+    rows_per_file_why: str = required("how `--rows-per-file` was chosen")
+    resumed: SummaryTableResume = optional("what this attempt found of the run's earlier one", "a resumed run")
+
+
+@record
 class SummaryExisting:
     """What a `--skip-existing` run found in the dataset, and what it left out."""
 
@@ -346,6 +376,7 @@ class Summary:
     dataset: SummaryDataset = optional("the dataset's files", "a Parquet dataset output")
     existing: SummaryExisting = optional("the keys the dataset held already: `keys_listed` counts them, and "
                                          "`skipped` of them got no new row", "`--skip-existing`")
+    table: SummaryTable = optional("the Iceberg table's files and commits", "an Iceberg table output")
 
 
 # ----------------------------------------------------------------------------

@@ -121,21 +121,20 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
         work_exists = False
     resume = cfg.resume or (work_exists and not cfg.overwrite and yarn_retry(work))
     if work_exists and not resume:
-        refuse_progress(work)
-    appending = cfg.skip_existing and found is not None
+        refuse_progress(work, cfg.table)
+    appending = cfg.skip_existing and (found is not None or cfg.table)
     if output_exists and not cfg.overwrite and not (resume and work_exists) and not appending:
         refuse_existing_output(cfg, client, resume)
-    if appending and existing is not None:
+    if appending and existing is not None and found is not None:  # a table's fingerprint is its property's
         dataset.check_fingerprints(existing.fingerprints, fingerprint, cfg.output_uri)
     if found is not None and cfg.overwrite and not dry:
         clear_dataset(cfg, client, found)
     if work_exists:
         plan = resume_plan(work, images, fingerprint)
-        if found is not None:
-            plan.dataset = plan_dataset(cfg, client, work, images, inputs, dry, found)
+        plan.dataset = resumed_files(cfg, client, work, images, inputs, dry, found)
     else:
-        new = dataset.fresh_plan(cfg.rows_per_file, auto_rows, images, dataset.new_run(found) if appending else None,
-                                 existing, cfg.rescore_errors) if cfg.dataset else None
+        new = dataset.fresh_plan(cfg.rows_per_file, auto_rows, images, run_name(cfg, found, appending), existing,
+                                 cfg.rescore_errors, skip_existing=cfg.skip_existing) if cfg.cuts_files else None
         plan = fresh_plan(cfg, work, images, fingerprint, resume and not appending, dry, new)
         plan.dataset = new
     if not dry and (cfg.overwrite or work_exists):
@@ -143,13 +142,37 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
     return plan
 
 
-def refuse_progress(work: durable.WorkPrefix) -> NoReturn:
+def resumed_files(cfg: JobConfig, client, work: durable.WorkPrefix, images, inputs: dataset.PlanInputs, dry: bool,
+                  found: dataset.Contents | None) -> dataset.DatasetPlan | None:
+    """A resumed run's files: a dataset's (:func:`plan_dataset`), a table's, or none (one output object)."""
+    if found is not None:
+        return plan_dataset(cfg, client, work, images, inputs, dry, found)
+    if cfg.table:
+        return dataset.table_resume_plan((work.read_job() or {}).get("dataset"), cfg.rows_per_file,
+                                         inputs.auto_rows, inputs.existing, cfg.skip_existing)
+    return None
+
+
+def run_name(cfg: JobConfig, found: dataset.Contents | None, appending: bool) -> str | None:
+    """The name in a new run's file names: a table run's id, a ``--skip-existing`` dataset run's UTC start, else
+    ``None`` (``part-NNNNN.parquet``)."""
+    if cfg.table:
+        from mxjob import table_output  # pyiceberg, for a table output only
+
+        return table_output.new_run_id()
+    return dataset.new_run(found) if appending else None
+
+
+def refuse_progress(work: durable.WorkPrefix, table: bool = False) -> NoReturn:
     """Raise for an earlier run's progress that this run does not resume: ``--resume`` or ``--overwrite``."""
     runs = work.runs()
     done = sum(len(run.done) for run in runs)
-    raise JobError(f"{work.uri} holds an earlier run's progress ({plural(done, 'durable batch', 'durable batches')}"
-                   f" in {plural(len(runs), 'run')}); add --resume to finish it, or --overwrite to discard it "
-                   "and start again")
+    progress = (f"{work.uri} holds an earlier run's progress ({plural(done, 'durable batch', 'durable batches')} in "
+                f"{plural(len(runs), 'run')})")
+    if table:  # --overwrite does not apply to a table (mxjob.config.check_table_output)
+        raise JobError(f"{progress}; add --resume to finish it (the rows it committed to the table stay either "
+                       f"way), or delete {work.uri} to start a new run")
+    raise JobError(f"{progress}; add --resume to finish it, or --overwrite to discard it and start again")
 
 
 def refuse_existing_output(cfg: JobConfig, client, resume: bool) -> NoReturn:
@@ -159,6 +182,10 @@ def refuse_existing_output(cfg: JobConfig, client, resume: bool) -> NoReturn:
         raise Completed(cfg.output_uri)
     if (code := finished_by_this_application(cfg, client)) is not None:
         raise Completed(cfg.output_uri, code)
+    if cfg.table:
+        from mxjob import table_output  # pyiceberg, for a table output only
+
+        table_output.refuse_rows(cfg)
     raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
 
 
@@ -177,7 +204,13 @@ def existing_output(cfg: JobConfig, client,
     A dataset's prefix is listed once here, for the plan's every look at it. An
     unreadable output bucket raises :class:`JobError`.
     """
+    if cfg.table:  # the table's rows, from its catalog (which says what is wrong itself)
+        from mxjob import table_output  # pyiceberg, for a table output only
+
+        rows = table_output.target(cfg).rows
     try:
+        if cfg.table:
+            return rows > 0, work.exists(), None
         if cfg.dataset:
             found = preflight.dataset_contents(cfg, client)
             return found.output_exists, work.exists(), found

@@ -255,7 +255,9 @@ SETTINGS: tuple[Setting, ...] = (
     # --- output
     _s("output", "--output", "output",
        "Output object (the summary goes to KEY.summary.json), or with a trailing slash a Parquet dataset: files "
-       "PREFIX/part-NNNNN.parquet that appear as the job runs, PREFIX/_SUCCESS and PREFIX/_summary.json at its end.",
+       "PREFIX/part-NNNNN.parquet that appear as the job runs, PREFIX/_SUCCESS and PREFIX/_summary.json at its end; "
+       "or an Apache Iceberg table, iceberg://CATALOG/NAMESPACE.TABLE (a pyiceberg catalog: .pyiceberg.yaml or "
+       "PYICEBERG_CATALOG__<NAME>__* variables), created when absent, its files committed exactly once.",
        metavar="s3://BUCKET/KEY", to="resolve"),
     _s("output_s3_bucket", "--output_s3_bucket --output-s3-bucket", "output",
        f"Output bucket ({_ORIGINAL}).", show_default="the input bucket", to="resolve"),
@@ -283,14 +285,22 @@ SETTINGS: tuple[Setting, ...] = (
        "Replace an existing output, and discard an earlier run's progress under OUTPUT.parts/.", default=False,
        is_flag=True),
     _s("skip_existing", "--skip-existing", "output",
-       "With a dataset output (--output s3://BUCKET/PREFIX/) only: score only the listed keys that have no row in "
-       "it yet and add their rows as files of this run's own beside the earlier runs' (read once: the key column "
-       "of every file). Nothing new: exit 0 without a Spark job. Refused with a single-object output and with "
-       "--overwrite.", default=False, is_flag=True),
+       "With a dataset output (--output s3://BUCKET/PREFIX/) or an Iceberg table: score only the listed keys that "
+       "have no row in it yet and add their rows (a dataset: as files of this run's own beside the earlier runs'), "
+       "after reading its key column once. Nothing new: exit 0 without a Spark job. Refused with a single-object "
+       "output and with --overwrite.", default=False, is_flag=True),
     _s("rescore_errors", "--rescore-errors", "output",
        "With --skip-existing: also score again the keys whose row is an error; their new rows replace the error "
        "rows in the earlier files, each file rewritten whole under its own key once this run's files are "
        "complete.", default=False, is_flag=True),
+    _s("commit_seconds", "--commit-seconds", "output",
+       "With an Iceberg table output: commit the rows written so far at least this often while the job runs (each "
+       "commit a snapshot readers see), and at its end; 0: as soon as each file is written.", default=300,
+       type=count(0), metavar="SECONDS"),
+    _s("accept_other_fingerprint", "--accept-other-fingerprint", "output",
+       "With an Iceberg table output: add rows to a table whose rows were made with another model or other "
+       "settings (its mxinfer.fingerprint property differs, or it has none), instead of refusing. The table keeps "
+       "the fingerprint it was created with.", default=False, is_flag=True),
     # --- scoring
     _s("batch_size", "--batch-size --batch", "scoring",
        "Images per batch and per partition (one Spark task); auto: the driver measures its sample and picks a batch "

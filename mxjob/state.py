@@ -98,6 +98,8 @@ pools = ProcessCache("download pools", MAX_POOLS, on_evict=lambda pool: pool.shu
 lane_pools = ProcessCache("forward-lane pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))
 s3_clients = ProcessCache("S3 clients", MAX_S3_CLIENTS)
 s3_readers = ProcessCache("S3 readers", MAX_S3_READERS)
+#: Iceberg catalogs the driver keeps (``mxjob.table_output.catalog_of``): a run writes one table.
+catalogs = ProcessCache("Iceberg catalogs", 2)
 
 
 class Listeners:

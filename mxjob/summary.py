@@ -26,6 +26,8 @@ from mxjob.records import (
     Summary,
     SummaryDataset,
     SummaryExisting,
+    SummaryTable,
+    SummaryTableResume,
     Tasks,
     Threads,
     TimesIso,
@@ -97,6 +99,8 @@ class RunOutcome:
     files: dict = ABSENT
     dataset: dict | None = None
     existing: dict | None = None
+    #: An Iceberg table output's files and commits (:meth:`mxjob.table_output.TableSink.summary_entry`).
+    table: dict | None = None
 
 
 def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
@@ -174,7 +178,14 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         files=Files(**run.files) if run.files is not ABSENT else ABSENT,
         dataset=ABSENT if run.dataset is None else SummaryDataset(**run.dataset),
         existing=ABSENT if run.existing is None else SummaryExisting(**run.existing),
+        table=ABSENT if run.table is None else summary_table(run.table),
     ))
+
+
+def summary_table(entry: dict) -> SummaryTable:
+    """The summary's ``table`` record from :meth:`mxjob.table_output.TableSink.summary_entry`."""
+    resumed = entry.get("resumed")
+    return SummaryTable(**{**entry, "resumed": ABSENT if resumed is None else SummaryTableResume(**resumed)})
 
 
 #: What each of the summary's rates measures (``rates.what``).

@@ -38,6 +38,11 @@ DRIVER_FIELDS = {
     # skipped 0 (every key found was an error row, scored again): keys_listed stays the keys scored
     "existing": {"keys_in_output": 5, "skipped": 0, "rescored_errors": 5, "new_keys": 635, "files_read": 2,
                  "rows_read": 5, "seconds": 0.5},
+    "table": {"table": "iceberg://glue/ns.t", "location": "s3://b/wh/ns.db/t", "run": "20261126T101500Z-a1b2c3",
+              "files": 2, "rows": 640, "bytes": 4321, "commits": 2, "snapshot_ids": [11, 12], "commit_seconds": 300,
+              "rows_per_file": 500, "rows_per_file_why": "auto",
+              "resumed": {"run": "20261126T101500Z-a1b2c3", "files_committed_before": 1,
+                          "files_committed_on_resume": 1, "keys_in_its_files": 320}},
 }
 SPARK = {"version": "3.5.7", "master": "yarn", "deploy_mode": "cluster", "application_id": "application_1_0001",
          "executor_container": {"limit_mib": 3456, "memory_mib": 2048, "memory_overhead_mib": 1024,

@@ -41,8 +41,8 @@ $(LIGHT_STAMP): requirements-ops.txt requirements.txt
 venv-ops: $(LIGHT_STAMP) ## Create .venv-ops (about 330 MB) from requirements-ops.txt: what watch, check-job, upload and the emr-* targets run with where there is no .venv
 
 .PHONY: run-local
-run-local: $(STAMP) ## Run the job on local-cluster[2,1,1024] against a local moto S3 server (KEEP_S3=1: keep the server up to rerun by hand)
-	$(PY) -m demo.run_local $(if $(KEEP_S3),--keep-s3)
+run-local: $(STAMP) ## Run the job on local-cluster[2,1,1024] against a local moto S3 server (KEEP_S3=1: keep the server up to rerun by hand; ICEBERG=1: write an Iceberg table in a local SQL catalog)
+	$(PY) -m demo.run_local $(if $(KEEP_S3),--keep-s3) $(if $(ICEBERG),--iceberg)
 
 .PHONY: examples
 examples: $(STAMP) ## Write the files docs/library.md's examples read into run/examples/ (digits, a photo, a small detector), and the demo model into run/demo/model/ if missing; offline, no S3 or Spark

@@ -7,7 +7,12 @@ with ``--py-files``, keeps a copy of the output and its summary under
 accuracy, and stops the server (also when the job fails, and on Ctrl-C or
 SIGTERM). With ``--keep-s3`` (``make run-local KEEP_S3=1``) the server stays
 up until Ctrl-C or SIGTERM, and the ``make submit`` line printed after the run
-reruns the job against it.
+reruns the job against it. With ``--iceberg`` (``make run-local ICEBERG=1``)
+the output is the Apache Iceberg table ``iceberg://local/demo.digits`` in a
+SQL catalog on SQLite (``run/iceberg/catalog.db``, its files in the local S3
+bucket's ``warehouse/``), configured as a user would, by
+``PYICEBERG_CATALOG__LOCAL__*`` variables; a copy of its rows stays in
+``run/output/digits.parquet``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import functools
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,13 +92,17 @@ def spark_env(extra: dict | None = None, fake_aws: bool = True) -> dict:
     return env
 
 
-def rerun_command(job_args: list[str]) -> str:
+def rerun_command(job_args: list[str], env: dict | None = None) -> str:
     """What a user types to run the job again by hand, from any shell (see demo/submit.py).
 
     With ``--overwrite``: the run that printed it has written the output, and
-    the job refuses to replace an output without it.
+    the job refuses to replace an output without it; a ``--skip-existing``
+    run adds to its output instead. ``env``: variables the job needs that a
+    new shell lacks (the Iceberg catalog's), set in front of the command.
     """
-    return f"make submit ARGS={shlex.quote(shlex.join([*job_args, '--overwrite']))}"
+    extra = [] if "--skip-existing" in job_args else ["--overwrite"]
+    prefix = "".join(f"{name}={shlex.quote(value)} " for name, value in (env or {}).items())
+    return f"{prefix}make submit ARGS={shlex.quote(shlex.join([*job_args, *extra]))}"
 
 
 def submit_job(job_args: list[str]) -> int:
@@ -102,10 +112,10 @@ def submit_job(job_args: list[str]) -> int:
     return subprocess.call(command, env=spark_env(), cwd=str(ROOT))
 
 
-def keep_s3_message(endpoint: str, job_args: list[str]) -> str:
+def keep_s3_message(endpoint: str, job_args: list[str], env: dict | None = None) -> str:
     """What ``--keep-s3`` prints once the run is over: where the server stays, then how to rerun the job."""
     return (f"\n== the local S3 server stays at {endpoint} until Ctrl-C or SIGTERM;\n"
-            f"   rerun the job with:\n   {rerun_command(job_args)}")
+            f"   rerun the job with:\n   {rerun_command(job_args, env)}")
 
 
 class Terminated(Exception):
@@ -158,11 +168,28 @@ def demo_config() -> tuple[dict, str, str, str, str]:
     return config, bucket, image_prefix, model_key, output_key
 
 
-def main(keep_s3: bool = False) -> int:
+#: The table ``make run-local ICEBERG=1`` writes, and its catalog's name.
+ICEBERG_TABLE, ICEBERG_CATALOG = "iceberg://local/demo.digits", "local"
+
+
+def iceberg_env(work: Path, bucket: str) -> dict:
+    """The local SQL catalog's variables, a fresh catalog each run (the local S3 server starts empty each time)."""
+    folder = work / "iceberg"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    name = ICEBERG_CATALOG.upper()
+    return {f"PYICEBERG_CATALOG__{name}__URI": f"sqlite:///{folder / 'catalog.db'}",
+            f"PYICEBERG_CATALOG__{name}__WAREHOUSE": f"s3://{bucket}/warehouse"}
+
+
+def main(keep_s3: bool = False, iceberg: bool = False) -> int:
     started = time.time()
     work = ROOT / "run"
     work.mkdir(exist_ok=True)
     config, bucket, image_prefix, model_key, output_key = demo_config()
+    if iceberg:  # spark-submit's driver and this process read the catalog from the environment, as users set it
+        os.environ.update(iceberg_env(work, bucket))
+        config = {**config, "output": ICEBERG_TABLE}
 
     print("== making the demo model and images (scikit-learn digits, trained here)", flush=True)
     made = make_demo.make_demo(work / "demo")
@@ -179,28 +206,62 @@ def main(keep_s3: bool = False) -> int:
         print(f"   uploaded the model and {count} images to {config['input']}", flush=True)
 
         job_args = ["--config", "conf/demo.yaml", "--endpoint-url", endpoint]
+        if iceberg:  # --skip-existing: a rerun against the kept server adds only new images
+            job_args += ["--output", ICEBERG_TABLE, "--skip-existing"]
         code = submit_job(job_args)
         if code != 0:
             print(f"!! the job failed with exit code {code}", file=sys.stderr)
             return code
 
-        lines = s3.get_object(Bucket=bucket, Key=output_key)["Body"].read().decode().splitlines()
-        summary_text = s3.get_object(Bucket=bucket, Key=f"{output_key}.summary.json")["Body"].read().decode()
-        summary = json.loads(summary_text)
         # The server stops with this script: keep copies where the user can still read them.
         kept = work / "output"
         kept.mkdir(exist_ok=True)
-        (kept / Path(output_key).name).write_text("\n".join(lines) + "\n")
-        summary_copy = kept / f"{Path(output_key).name}.summary.json"
+        if iceberg:
+            lines, summary_text, sidecars = iceberg_output(endpoint, kept)
+        else:
+            lines = s3.get_object(Bucket=bucket, Key=output_key)["Body"].read().decode().splitlines()
+            (kept / Path(output_key).name).write_text("\n".join(lines) + "\n")
+            sidecars = f"{output_key}.", f"{Path(output_key).name}."
+            summary_text = s3.get_object(Bucket=bucket, Key=f"{output_key}.summary.json")["Body"].read().decode()
+        summary = json.loads(summary_text)
+        summary_copy = kept / f"{sidecars[1]}summary.json"
         summary_copy.write_text(summary_text)
-        report_copy = kept / f"{Path(output_key).name}.report.html"
-        s3.download_file(bucket, f"{output_key}.report.html", str(report_copy))
+        report_copy = kept / f"{sidecars[1]}report.html"
+        s3.download_file(bucket, f"{sidecars[0]}report.html", str(report_copy))
         if keep_s3:
             code = report(lines, summary, summary_copy, config, started)
-            print(keep_s3_message(endpoint, job_args), flush=True)
+            catalog = {k: v for k, v in os.environ.items() if k.startswith("PYICEBERG_CATALOG__")} if iceberg else None
+            print(keep_s3_message(endpoint, job_args, catalog), flush=True)
             print(f"\n== {wait_until_stopped()}: stopping the local S3 server", flush=True)
             return code
     return report(lines, summary, summary_copy, config, started)
+
+
+def iceberg_output(endpoint: str, kept: Path) -> tuple[list[str], str, tuple[str, str]]:
+    """The table's rows as JSON lines (for the accuracy), its run's summary, and where the report is.
+
+    Read with pyiceberg, as any reader of the table would; a copy of the
+    rows goes to ``run/output/digits.parquet``. Returns ``(lines, summary
+    JSON, (key prefix of the sidecars in the bucket, local name prefix))``.
+    """
+    import pyarrow.parquet as pq
+
+    from mxjob import iceberg_table, table_output
+
+    table = iceberg_table.load_catalog(ICEBERG_CATALOG, endpoint_url=endpoint).load_table("demo.digits")
+    rows = table.scan().to_arrow()
+    pq.write_table(rows, kept / "digits.parquet")
+    bucket, home = table_output.home_of(table.location())
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=FAKE_AWS_ENV["AWS_DEFAULT_REGION"],
+                      aws_access_key_id=FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=FAKE_AWS_ENV["AWS_SECRET_ACCESS_KEY"])
+    summary_text = s3.get_object(Bucket=bucket, Key=f"{home}_summary.json")["Body"].read().decode()
+    commits = iceberg_table.snapshot_summaries(table)
+    print(f"\n== the Iceberg table {ICEBERG_TABLE} at {table.location()}: {rows.num_rows} rows in "
+          f"{len(commits)} snapshots (read with pyiceberg; a copy in {(kept / 'digits.parquet').relative_to(ROOT)})")
+    lines = [json.dumps({k: v for k, v in row.items() if v is not None and v != []}, default=str)
+             for row in rows.sort_by("key").to_pylist()]
+    return lines, summary_text, (home + "_", "digits.")
 
 
 def report(lines: list[str], summary: dict, summary_copy: Path, config: dict, started: float) -> int:
@@ -232,7 +293,7 @@ def cli(argv: list[str]) -> int:
     """``python -m demo.run_local [--keep-s3]``: a SIGTERM at any point ends it through the same clean-up as Ctrl-C."""
     with sigterm_raises():
         try:
-            return main(keep_s3="--keep-s3" in argv)
+            return main(keep_s3="--keep-s3" in argv, iceberg="--iceberg" in argv)
         except Terminated:
             print("\n!! stopped by SIGTERM; the local S3 server is stopped", file=sys.stderr, flush=True)
             return 128 + signal.SIGTERM

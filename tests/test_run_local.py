@@ -83,3 +83,28 @@ def test_sigterm_during_the_run_goes_through_the_moto_servers_clean_up(tmp_path,
             timer.cancel()
     [server] = moto_processes
     assert server.poll() is not None
+
+
+
+def test_the_iceberg_rerun_line_sets_the_catalog_and_adds_to_the_table_instead_of_overwriting():
+    env = {"PYICEBERG_CATALOG__LOCAL__URI": "sqlite:////repo/run/iceberg/catalog.db",
+           "PYICEBERG_CATALOG__LOCAL__WAREHOUSE": "s3://demo-bucket/warehouse"}
+    args = [*JOB_ARGS, "--output", run_local.ICEBERG_TABLE, "--skip-existing"]
+    words = shlex.split(run_local.rerun_command(args, env))
+    assert words[:2] == [f"{k}={v}" for k, v in env.items()] and words[2:4] == ["make", "submit"]
+    assert shlex.split(words[4].split("=", 1)[1]) == args  # no --overwrite: a table is added to
+
+
+@pytest.mark.spark
+def test_run_local_iceberg_writes_the_demo_to_a_table_read_back_with_pyiceberg(capsys):
+    before = dict(os.environ)
+    try:
+        assert run_local.main(iceberg=True) == 0  # the demo's accuracy is as expected
+    finally:  # main sets the catalog's variables in this process, as a user's shell would
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+    printed = capsys.readouterr().out
+    assert f"the Iceberg table {run_local.ICEBERG_TABLE}" in printed and "360 rows in" in printed
+    assert "demo accuracy" in printed
+    assert (run_local.ROOT / "run" / "output" / "digits.parquet").is_file()
+    assert (run_local.ROOT / "run" / "output" / "digits.report.html").is_file()

@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -203,10 +203,11 @@ class WorkPrefix:
         return Run(number=number, prefix=prefix, batch_size=batch_size, batches=len(spans), keys=len(keys),
                    application=application, spans=tuple(spans))
 
-    def abort_uploads(self) -> int:
-        """Abort the uploads an earlier driver left open (the output's, a plan's); return how many."""
-        return writes.abort_uploads(self.client, self.bucket, self.output_key,
-                                   lambda key: key == self.output_key or key.startswith(self.prefix))
+    def abort_uploads(self, also: Callable[[str], bool] | None = None) -> int:
+        """Abort the uploads an earlier driver left open (the output's, a plan's, and those ``also`` accepts under
+        the output's key: a dataset's files); return how many."""
+        return writes.abort_uploads(self.client, self.bucket, self.output_key, lambda key: (
+            key == self.output_key or key.startswith(self.prefix) or (also is not None and also(key))))
 
     def remove(self) -> int:
         """Delete everything under the work prefix; return how many objects were deleted."""

@@ -138,7 +138,7 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
         plan = fresh_plan(cfg, work, images, fingerprint, resume and not appending, dry, new)
         plan.dataset = new
     if not dry and (cfg.overwrite or work_exists):
-        abort_left_uploads(work)
+        abort_left_uploads(work, cfg)
     return plan
 
 
@@ -189,9 +189,13 @@ def refuse_existing_output(cfg: JobConfig, client, resume: bool) -> NoReturn:
     raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
 
 
-def abort_left_uploads(work: durable.WorkPrefix) -> None:
-    """Abort the uploads a killed driver left open beside the output (never visible; S3 bills their parts)."""
-    aborted = work.abort_uploads()
+def abort_left_uploads(work: durable.WorkPrefix, cfg: JobConfig) -> None:
+    """Abort the uploads a killed driver left open beside the output, a dataset's files among them (never visible;
+    S3 bills their parts). A table's are its run's to abort (:func:`mxjob.table_output.settle`)."""
+    def dataset_file(key: str) -> bool:
+        return dataset.file_id(key, cfg.output_key) is not None
+
+    aborted = work.abort_uploads(dataset_file if cfg.dataset else None)
     if aborted:
         log.info("aborted %s an earlier driver left open (never visible; S3 bills their parts until then)",
                  plural(aborted, "incomplete upload"))

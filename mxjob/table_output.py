@@ -66,37 +66,41 @@ class Target:
         return int(summary.get("total-records", 0)) if summary is not None else 0
 
 
-def catalog_of(cfg: JobConfig):
-    """The run's pyiceberg catalog, loaded once per driver (:data:`mxjob.state.catalogs`)."""
-    name, _, _ = parse_table_uri(cfg.output_table)
+def catalog_of(uri: str, endpoint_url: str | None = None, region: str | None = None):
+    """The pyiceberg catalog of the table ``uri``, loaded once per process (:data:`mxjob.state.catalogs`)."""
+    name, _, _ = parse_table_uri(uri)
 
     def load():
         try:
-            return iceberg_table.load_catalog(name, endpoint_url=cfg.endpoint_url, region=cfg.region)
+            return iceberg_table.load_catalog(name, endpoint_url=endpoint_url, region=region)
         except ValueError as exc:  # no such catalog configured: the message says how to configure one
-            raise JobError(f"--output {cfg.output_table}: {exc}") from None
+            raise JobError(f"--output {uri}: {exc}") from None
         except Exception as exc:  # the catalog's database or service unreachable, bad properties
-            raise JobError(f"--output {cfg.output_table}: cannot load the pyiceberg catalog {name!r}: "
-                           f"{first_line(exc)}") from exc
+            raise JobError(f"--output {uri}: cannot load the pyiceberg catalog {name!r}: {first_line(exc)}") from exc
 
-    return state.catalogs.get((name, cfg.endpoint_url, cfg.region), load)
+    return state.catalogs.get((name, endpoint_url, region), load)
 
 
 def target(cfg: JobConfig) -> Target:
     """The run's table as the catalog has it now: loaded when it exists, else where it will be created."""
-    catalog = catalog_of(cfg)
-    _, namespace, name = parse_table_uri(cfg.output_table)
+    return find(cfg.output_table, cfg.endpoint_url, cfg.region)
+
+
+def find(uri: str, endpoint_url: str | None = None, region: str | None = None) -> Target:
+    """The table ``uri`` as its catalog has it now (:func:`target`, for any caller: ``mxjob.watch`` too)."""
+    catalog = catalog_of(uri, endpoint_url, region)
+    _, namespace, name = parse_table_uri(uri)
     identifier = f"{namespace}.{name}"
     try:
         table = catalog.load_table(identifier)
     except NoSuchTableError:
-        return Target(catalog, identifier, new_location(cfg, catalog, namespace, name))
+        return Target(catalog, identifier, new_location(uri, catalog, namespace, name))
     except Exception as exc:
-        raise JobError(f"cannot read the Iceberg table {cfg.output_table}: {first_line(exc)}") from exc
+        raise JobError(f"cannot read the Iceberg table {uri}: {first_line(exc)}") from exc
     return Target(catalog, identifier, table.location(), table)
 
 
-def new_location(cfg: JobConfig, catalog, namespace: str, name: str) -> str:
+def new_location(uri: str, catalog, namespace: str, name: str) -> str:
     """Where the catalog puts a new table, as pyiceberg's own catalogs choose it: the namespace's ``location``
     property and the table's name, else the catalog's ``warehouse``, ``NAMESPACE.db`` and the name. The job
     creates the table there explicitly (:func:`open_for_run`), so the home found now is the table's."""
@@ -109,7 +113,7 @@ def new_location(cfg: JobConfig, catalog, namespace: str, name: str) -> str:
     warehouse = catalog.properties.get("warehouse")
     if warehouse:
         return f"{warehouse.rstrip('/')}/{namespace}.db/{name}"
-    raise JobError(f"--output {cfg.output_table}: the table does not exist, and the catalog has no 'warehouse' "
+    raise JobError(f"--output {uri}: the table does not exist, and the catalog has no 'warehouse' "
                    f"property nor its namespace {namespace!r} a 'location' to create it in; set the catalog's "
                    "warehouse (PYICEBERG_CATALOG__<NAME>__WAREHOUSE=s3://BUCKET/warehouse), or create the table first")
 
@@ -259,6 +263,10 @@ def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Lis
     if run is None or found.table is None:  # the earlier attempt wrote no file (it never opened the table)
         return images, Settled(run=run)
     table = found.table
+    bucket, folder = uris.parse_s3_uri(data_path(table) + "/")
+    aborted = writes.abort_uploads(client, bucket, f"{folder}mxinfer-{run}-", lambda _key: True)
+    if aborted:  # the file a killed driver was writing: never visible, but S3 bills its parts until aborted
+        log.info("--resume: aborted %s the earlier attempt of run %s left open", plural(aborted, "upload"), run)
     files = run_files(client, table, run)
     done = committed_indices(table, run)
     left = sorted(set(files) - done)

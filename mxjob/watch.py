@@ -40,6 +40,7 @@ from mxjob.progress import duration
 from mxjob.s3 import clients, uris
 from mxjob.sidecar import output_of
 from mxjob.status import status_key
+from mxjob.table_uri import is_table_uri
 
 #: Exit code when the watch gives up: no status, or one that stopped changing.
 EXIT_NO_STATUS = 4
@@ -59,6 +60,23 @@ def status_location(uri: str) -> tuple[str, str]:
     if not key.strip("/"):
         raise uris.S3UriError(f"{uri!r} names no output; expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/")
     return bucket, status_key(output_of(key))
+
+
+def table_status(uri: str, endpoint_url: str | None, region: str | None) -> tuple[str, str]:
+    """``(bucket, key)`` of the status of the runs that write the Iceberg table ``uri``: in its home, beside the
+    table's location, found through its catalog (pyiceberg: the job's own venv; .venv-ops has none)."""
+    try:
+        from mxjob import table_output
+    except ImportError as exc:
+        raise uris.S3UriError(
+            f"{uri}: finding an Iceberg table's status needs pyiceberg ({exc}); watch its home instead, the "
+            "s3:// folder the job's log names (\"the runs' status, summary and work under s3://...\"): "
+            "<warehouse>/NAMESPACE.db/_mxinfer/TABLE/") from None
+    try:
+        bucket, home = table_output.home_of(table_output.find(uri, endpoint_url, region).location)
+    except table_output.JobError as exc:
+        raise uris.S3UriError(str(exc)) from None
+    return bucket, status_key(output_of(home))
 
 
 def is_loopback(endpoint_url: str | None) -> bool:
@@ -190,9 +208,10 @@ def watch(client, bucket: str, key: str, polling: Polling, echo=click.echo, slee
 @click.option("--stale-seconds", default=300.0, type=click.FloatRange(min=1),
               help="Give up (exit 4) if a running job's status does not change for this long.")
 def main(output, endpoint_url, region, every, wait_seconds, stale_seconds):
-    """Print the progress of the job writing OUTPUT (s3://bucket/key) until it ends; exit with its outcome."""
+    """Print the progress of the job writing OUTPUT (s3://bucket/key, or iceberg://CATALOG/NAMESPACE.TABLE) until it
+    ends; exit with its outcome."""
     try:
-        bucket, key = status_location(output)
+        bucket, key = table_status(output, endpoint_url, region) if is_table_uri(output) else status_location(output)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="OUTPUT") from exc
     try:

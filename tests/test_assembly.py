@@ -328,6 +328,20 @@ def test_an_upload_a_killed_driver_left_open_is_aborted_and_no_other(s3):
     assert left == [other] and not set(mine) & set(left)
 
 
+def test_a_dataset_file_a_killed_driver_was_writing_is_aborted_with_the_work_prefixs(s3):
+    from mxjob import config, resume
+
+    cfg = config.resolve(config.merge_settings({"input": f"s3://{BUCKET}/imgs/", "model": f"s3://{BUCKET}/m/d",
+                                                "output": f"s3://{BUCKET}/ds/"}, {}))
+    work = durable.WorkPrefix(s3, BUCKET, "ds/")
+    mine = [s3.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+            for key in ("ds/part-00003.parquet", "ds/part-20261126T101500Z-00001.parquet")]
+    other = s3.create_multipart_upload(Bucket=BUCKET, Key="ds/notes.txt")["UploadId"]
+    resume.abort_left_uploads(work, cfg)
+    left = [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=BUCKET, Prefix="ds/").get("Uploads", [])]
+    assert left == [other] and not set(mine) & set(left)
+
+
 def test_a_single_runs_parts_are_kept_whole_without_a_merge_row_by_row(s3, monkeypatch):
     keys = [f"p{i:03d}" for i in range(30)]
     work = durable.WorkPrefix(s3, BUCKET, "whole/out.jsonl")

@@ -460,3 +460,26 @@ def test_a_skip_existing_run_killed_part_way_is_finished_by_resume(incremental, 
     assert summary["existing"]["skipped"] == 250 and summary["resumed"] is True
     assert summary["scored"] + summary["reused"] == 60 and summary["reused"] >= 32
     assert summary["dataset"]["kept_from_an_earlier_run"] == len(killed)
+
+
+@pytest.mark.spark
+def test_rescore_errors_through_spark_submit_replaces_the_error_row_in_its_file(incremental):
+    """After the other tests: imgs/bad.png becomes a real PNG; --rescore-errors scores it again (with any key the
+    dataset lacks), and its new row takes the error row's place in the earlier file that held it."""
+    world, s3 = incremental, incremental["s3"]
+    (_, _), (test_x, _) = make_demo.digits_split()
+    s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=make_demo.digit_png(test_x[0]))
+    before = {row["key"]: row for row in dataset_rows(world["endpoint"], "inc/")}
+    assert before["imgs/bad.png"]["error"] is not None
+    listed = sorted(key for key, _ in parallel_list.list_objects(s3, BUCKET, "imgs/"))
+    ok(spark_submit(job_args(world["endpoint"], "inc/", "--skip-existing", "--rescore-errors")))
+    summary = summary_of(s3, "inc/")
+    new = len(set(listed) - set(before))
+    assert summary["existing"]["rescored_errors"] == 1 and summary["scored"] == new + 1
+    rows = dataset_rows(world["endpoint"], "inc/")
+    assert [row["key"] for row in rows] == listed  # every key once, the rescored one too
+    fixed = next(row for row in rows if row["key"] == "imgs/bad.png")
+    assert fixed["error"] is None and fixed["predictions"]
+    success = json.loads(s3.get_object(Bucket=BUCKET, Key="inc/_SUCCESS")["Body"].read())
+    [rewrote] = success["runs"][-1]["rewrote"]
+    assert rewrote["key"] in world["first"] and rewrote["replaced"] == 1  # the first run's file, in place

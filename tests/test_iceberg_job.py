@@ -136,6 +136,15 @@ def test_an_unconfigured_catalog_is_named_with_how_to_configure_it(in_env, moto_
         table_output.locate(cfg)
 
 
+def test_watch_finds_a_tables_status_through_its_catalog(in_env, moto_endpoint, runner):
+    from mxjob import watch
+
+    assert watch.table_status(table_uri("fresh"), moto_endpoint, None) == (
+        BUCKET, "warehouse/preds.db/_mxinfer/fresh/_status.json")
+    result = runner.invoke(watch.main, ["iceberg://nosuch/preds.t", "--endpoint-url", moto_endpoint])
+    assert result.exit_code == 2 and "no pyiceberg catalog named 'nosuch'" in result.output
+
+
 def test_a_new_tables_home_follows_the_catalogs_warehouse(in_env, moto_endpoint):
     cfg = table_output.locate(resolve(output=table_uri("fresh"), endpoint_url=moto_endpoint))
     assert (cfg.output_bucket, cfg.output_key) == (BUCKET, "warehouse/preds.db/_mxinfer/fresh/")
@@ -306,6 +315,25 @@ def test_fifty_new_images_alone_are_scored_into_the_table_then_nothing(runs):
 
 
 @pytest.mark.spark
+def test_spark_with_icebergs_own_runtime_reads_the_jobs_table_as_pyiceberg_does(runs, catalog_env):
+    """An independent reader: Spark 3.5 with iceberg-spark-runtime, through a JDBC catalog over the same SQLite
+    file (demo/iceberg_spark.py, make iceberg-spark), counts the same keys and error rows and the same commits."""
+    from demo import iceberg_spark
+
+    uri = catalog_env[f"PYICEBERG_CATALOG__{CATALOG.upper()}__URI"]
+    seen = iceberg_spark.spark_read(uri[len("sqlite:///"):], f"s3://{BUCKET}/warehouse", runs["endpoint"],
+                                    "preds.digits", keys=True)
+    table = load(runs["endpoint"], "digits")
+    keys = iceberg_table.existing_keys(table).to_pylist()
+    scored = set(iceberg_table.existing_keys(table, with_errors=False).to_pylist())
+    assert (seen["rows"], seen["distinct_keys"]) == (len(keys), len(set(keys))) == (250, 250)
+    assert seen["keys"] == sorted(keys) and seen["error_keys"] == sorted(set(keys) - scored) == ["imgs/bad.png"]
+    ours = [(c.snapshot_id, c.run_id, c.commit_id) for c in iceberg_table.snapshot_summaries(table)]
+    assert [(s["snapshot_id"], s["run_id"], s["commit_id"]) for s in seen["snapshots"]] == ours
+    assert seen["null_keys"]["predictions"] == ["imgs/bad.png"]  # the error row's null list, as written
+
+
+@pytest.mark.spark
 def test_a_run_that_would_write_every_key_again_is_refused(runs):
     plain = runs["plain"]
     assert plain.returncode == 1, (plain.stdout + plain.stderr)[-3000:]
@@ -342,6 +370,8 @@ def test_a_driver_killed_after_some_commits_is_finished_by_resume_every_key_once
     assert len(files) == len(set(files)) == sum(c.added_files for c in history)
     summary = home_summary(runs["s3"], endpoint, "killed")
     assert summary["resumed"] is True and summary["table"]["resumed"]["run"] == history[0].run_id
+    bucket, folder = table_output.data_path(table).split("://", 1)[1].split("/", 1)
+    assert not runs["s3"].list_multipart_uploads(Bucket=bucket, Prefix=folder).get("Uploads")  # none left open
 
 
 @pytest.mark.spark

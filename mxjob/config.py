@@ -421,11 +421,6 @@ def check_table_output(s: Settings, out_table: str | None) -> None:
             "keeps every snapshot. To score every key again into a table of its own, write to a new table "
             f"(--output {out_table.rsplit('.', 1)[0]}.NEW_TABLE), or drop this one first (pyiceberg's "
             "catalog.drop_table, or DROP TABLE in Spark or Athena); to add only the keys it lacks, use --skip-existing")
-    if s["rescore_errors"]:
-        raise click.UsageError(
-            f"{s.name('rescore_errors')} rewrites the files that hold error rows in place, which an Iceberg table "
-            "does not allow: with a table, score the failed keys again from an --input-manifest of their keys into "
-            "the table with --skip-existing after deleting their rows (DELETE FROM ... WHERE error IS NOT NULL)")
 
 
 def check_skip_existing(s: Settings, out_key: str | None, out_table: str | None = None) -> None:

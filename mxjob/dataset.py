@@ -271,7 +271,7 @@ def fresh_plan(given, auto: tuple[int, str], keys, run: str | None = None, exist
 
 
 def table_resume_plan(record: dict | None, given, auto: tuple[int, str], existing=None,
-                      skip_existing: bool = False) -> DatasetPlan:
+                      skip_existing: bool = False, rescore_errors: bool = False) -> DatasetPlan:
     """A resumed Iceberg table run's plan: the first attempt's name and rows per file (no files are kept by
     index: the run's files are committed and their keys left out before the plan, by
     :func:`mxjob.table_output.settle`)."""
@@ -281,9 +281,14 @@ def table_resume_plan(record: dict | None, given, auto: tuple[int, str], existin
     if record.get("run") is None:
         raise JobError("cannot resume: the run being resumed did not write to an Iceberg table (its job.json names "
                        "no run); resume it with the output it was started with")
+    if bool(record.get("rescore_errors")) != rescore_errors:
+        started = "with" if record.get("rescore_errors") else "without"
+        raise JobError(f"cannot resume: the run being resumed was started {started} --rescore-errors, and its key "
+                       "list depends on it; resume it as it was started")
     rows, why = (int(record["rows_per_file"]), str(record.get("why") or "the first run's")) \
         if "rows_per_file" in record else rows_setting(given, auto)
-    return DatasetPlan(rows, why, "", run=record["run"], existing=existing, skip_existing=skip_existing)
+    return DatasetPlan(rows, why, "", run=record["run"], existing=existing, skip_existing=skip_existing,
+                       rescore_errors=rescore_errors)
 
 
 def resume_plan(record: dict | None, given, auto: tuple[int, str], keys, found: Contents, existing=None,

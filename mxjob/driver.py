@@ -509,9 +509,11 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
         from mxjob import table_output  # pyiceberg, for a table output only
 
         settled = dataset_plan.settled
-        sink = table_output.TableSink(client, table_output.target(cfg).table, dataset_plan.run,
-                                      dataset_plan.rows_per_file, cfg.commit_seconds, sinks.provenance(work.read_job()),
-                                      first_index=settled.next_index if settled is not None else 0)
+        files = table_output.RunFiles(dataset_plan.run, dataset_plan.rows_per_file,
+                                      settled.next_index if settled is not None else 0,
+                                      getattr(dataset_plan.existing, "rescore", None))
+        sink = table_output.TableSink(client, table_output.target(cfg).table, files, cfg.commit_seconds,
+                                      sinks.provenance(work.read_job()))
         counts = _assemble(cfg, work, images, runs, live, sink)
         counts.table = sink.summary_entry(cfg.output_uri, dataset_plan.why, settled)
         return counts

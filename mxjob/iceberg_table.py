@@ -38,11 +38,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg import catalog as iceberg_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -50,8 +51,9 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
+from pyiceberg.expressions import In
 from pyiceberg.io import AWS_REGION, S3_ENDPOINT, S3_REGION
-from pyiceberg.io.pyarrow import pyarrow_to_schema
+from pyiceberg.io.pyarrow import parquet_file_to_data_file, pyarrow_to_schema
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import MappedField, NameMapping
 from pyiceberg.table.snapshots import ancestors_of
@@ -70,8 +72,8 @@ RUN_ID = "mxinfer.run-id"
 COMMIT_ID = "mxinfer.commit-id"
 #: A data file's name under the table's data path: one run's files, numbered.
 DATA_FILE_NAME = "mxinfer-{run_id}-{index:05d}.parquet"
-#: The column that is null on a scored row (:func:`mxjob.results.schema`).
-ERROR_COLUMN = "error"
+#: The column that is null on a scored row, and the key's (:func:`mxjob.results.schema`).
+ERROR_COLUMN, KEY_COLUMN = "error", "key"
 #: Attempts at a commit that meets a concurrent one, and the first pause between two, doubling after each:
 #: half a minute of pauses in all, for a table that other writers keep committing to.
 COMMIT_ATTEMPTS = 8
@@ -339,7 +341,8 @@ def _check_name(value: str, what: str) -> None:
                          "or digit")
 
 
-def commit_files(table: Table, paths: list[str], run_id: str, commit_id: str) -> Commit | None:
+def commit_files(table: Table, paths: list[str], run_id: str, commit_id: str,
+                 replace_errors_of: Collection[str] = ()) -> Commit | None:
     """Append uploaded Parquet files to the table in one snapshot, unless ``commit_id`` is committed already.
 
     Before each attempt the table is refreshed and its current history (the
@@ -366,6 +369,12 @@ def commit_files(table: Table, paths: list[str], run_id: str, commit_id: str) ->
     commit_id : str
         The same for the same files across retries and resumes (e.g. the
         run's id and the files' indices).
+    replace_errors_of : collection of str
+        Keys whose error rows in the table the files' rows replace
+        (``--rescore-errors``): in the same snapshot, each data file holding
+        such a row is replaced by a copy without it (:func:`_without_error_rows`),
+        so a reader sees a key's error row or its new row, never both and
+        never neither.
 
     Returns
     -------
@@ -403,7 +412,10 @@ def commit_files(table: Table, paths: list[str], run_id: str, commit_id: str) ->
                      found.snapshot_id)
             return None
         try:
-            table.add_files(paths, snapshot_properties=properties)
+            if replace_errors_of:
+                _add_replacing_errors(table, paths, properties, replace_errors_of, commit_id)
+            else:
+                table.add_files(paths, snapshot_properties=properties)
         except (CommitFailedException, CommitStateUnknownException) as exc:
             # Another writer committed since the refresh (or the catalog lost our answer): read the history
             # again, where this commit may now be, before trying again.
@@ -418,6 +430,59 @@ def commit_files(table: Table, paths: list[str], run_id: str, commit_id: str) ->
                  commit.added_files, commit.added_records)
         return commit
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _add_replacing_errors(table: Table, paths: list[str], properties: dict, keys: Collection[str],
+                          commit_id: str) -> None:
+    """Add ``paths`` and replace every data file holding an error row of ``keys`` by a copy without it, in one
+    overwrite snapshot (pyiceberg's public snapshot producer and ``parquet_file_to_data_file``, as ``add_files``
+    uses them). The files are rewritten by this module, not by pyiceberg's ``delete``, which reads an error row's
+    null list as an empty one (apache/iceberg-python#3833) and would write the other error rows back so."""
+    replaced = _without_error_rows(table, keys, commit_id)
+    with table.transaction() as transaction:
+        with transaction.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+            for old, new in replaced:
+                overwrite.delete_data_file(old)
+                if new is not None:
+                    overwrite.append_data_file(parquet_file_to_data_file(table.io, transaction.table_metadata, new))
+            for path in paths:
+                overwrite.append_data_file(parquet_file_to_data_file(table.io, transaction.table_metadata, path))
+
+
+#: A data file rewritten without the error rows a commit replaces: the commit's id (its ``/`` a ``-``) and a number.
+REWRITE_FILE_NAME = "mxinfer-{commit}-rewrite-{index:05d}.parquet"
+
+
+def _without_error_rows(table: Table, keys: Collection[str], commit_id: str) -> list[tuple]:
+    """``(data file, its copy's path or None)`` for each data file that holds an error row of ``keys``.
+
+    The candidates are the files whose key bounds admit one of ``keys``
+    (pyiceberg's scan planning); each is read whole with pyarrow, which keeps
+    its nulls, and written back without those rows under
+    :data:`REWRITE_FILE_NAME`, its schema and key-value metadata kept
+    (``None``: no row left, the file is only removed). The same commit id
+    gives the same names, so an attempt that failed leaves nothing behind
+    once the next one succeeds.
+    """
+    wanted = pa.array(sorted(set(keys)), pa.string())
+    out = []
+    tasks = table.scan(row_filter=In(KEY_COLUMN, set(wanted.to_pylist()))).plan_files()
+    for index, task in enumerate(tasks):
+        with table.io.new_input(task.file.file_path).open() as handle:
+            rows = pq.read_table(handle)
+        drop = pc.and_(pc.is_in(rows[KEY_COLUMN], value_set=wanted), pc.is_valid(rows[ERROR_COLUMN]))
+        if not pc.any(drop).as_py():
+            continue
+        kept = rows.filter(pc.invert(drop))
+        if not kept.num_rows:
+            out.append((task.file, None))
+            continue
+        name = REWRITE_FILE_NAME.format(commit=commit_id.replace("/", "-"), index=index)
+        path = table.location_provider().new_data_location(name)
+        with table.io.new_output(path).create(overwrite=True) as sink:
+            pq.write_table(kept, sink, compression="zstd")
+        out.append((task.file, path))
+    return out
 
 
 def _name(table: Table) -> str:
@@ -501,17 +566,22 @@ def existing_keys(table: Table, key_column: str = "key", *, with_errors: bool = 
     return pa.chunked_array(list(key_batches(table, key_column, with_errors=with_errors)), pa.large_string())
 
 
-def key_batches(table: Table, key_column: str = "key", *, with_errors: bool = True) -> Iterator[pa.Array]:
+def key_batches(table: Table, key_column: str = "key", *, with_errors: bool = True,
+                with_failed: bool = False) -> Iterator:
     """:func:`existing_keys` a batch at a time, each batch's keys one ``large_string`` array: for a caller that
-    looks them up as they come and keeps none (``mxjob.existing.KeyFilter``)."""
+    looks them up as they come and keeps none (``mxjob.existing.KeyFilter``). With ``with_failed``, each item is
+    ``(keys, failed)``, ``failed`` a boolean array: the row is an error."""
     names = [f.name for f in table.schema().fields]
-    needed = [key_column] if with_errors else [key_column, ERROR_COLUMN]
+    needed = [key_column] if with_errors and not with_failed else [key_column, ERROR_COLUMN]
     missing = [name for name in needed if name not in names]
     if missing:
         raise ValueError(f"the Iceberg table {_name(table)} has no {' and no '.join(missing)} column "
                          f"(its columns: {', '.join(names)})")
     for batch in table.scan(selected_fields=tuple(needed)).to_arrow_batch_reader():
         keys = batch.column(key_column)
+        if with_failed:
+            yield keys.cast(pa.large_string()), pc.is_valid(batch.column(ERROR_COLUMN))
+            continue
         if not with_errors:
             keys = keys.filter(pc.is_null(batch.column(ERROR_COLUMN)))
         yield keys.cast(pa.large_string())  # the reader's type already: no copy

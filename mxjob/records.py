@@ -303,6 +303,8 @@ class SummaryTable:
     commit_seconds: int = required("`--commit-seconds`")
     rows_per_file: int = required("rows per file at most (a commit ends a file sooner)")
     rows_per_file_why: str = required("how `--rows-per-file` was chosen")
+    error_rows_replaced: int = required("earlier error rows whose keys this run scored again and replaced in the "
+                                        "same commits (`--rescore-errors`)")
     resumed: SummaryTableResume = optional("what this attempt found of the run's earlier one", "a resumed run")
 
 

@@ -149,7 +149,7 @@ def resumed_files(cfg: JobConfig, client, work: durable.WorkPrefix, images, inpu
         return plan_dataset(cfg, client, work, images, inputs, dry, found)
     if cfg.table:
         return dataset.table_resume_plan((work.read_job() or {}).get("dataset"), cfg.rows_per_file,
-                                         inputs.auto_rows, inputs.existing, cfg.skip_existing)
+                                         inputs.auto_rows, inputs.existing, cfg.skip_existing, cfg.rescore_errors)
     return None
 
 

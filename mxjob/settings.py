@@ -291,8 +291,8 @@ SETTINGS: tuple[Setting, ...] = (
        "output and with --overwrite.", default=False, is_flag=True),
     _s("rescore_errors", "--rescore-errors", "output",
        "With --skip-existing: also score again the keys whose row is an error; their new rows replace the error "
-       "rows in the earlier files, each file rewritten whole under its own key once this run's files are "
-       "complete.", default=False, is_flag=True),
+       "rows: in a dataset, in the earlier files, each rewritten whole under its own key once this run's files are "
+       "complete; in an Iceberg table, in the commit that adds them.", default=False, is_flag=True),
     _s("commit_seconds", "--commit-seconds", "output",
        "With an Iceberg table output: commit the rows written so far at least this often while the job runs (each "
        "commit a snapshot readers see), and at its end; 0: as soon as each file is written.", default=300,

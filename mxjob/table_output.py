@@ -31,6 +31,7 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
@@ -272,17 +273,17 @@ def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Lis
     left = sorted(set(files) - done)
     out = Settled(run=run, files_before=len(done & set(files)), next_index=max(files, default=-1) + 1)
     if left:
+        # A --rescore-errors run's files replace the error rows of their keys: read which keys they hold.
+        replacing = (_file_keys(cfg, table, [files[i] for i in left]) if record.get("rescore_errors") else [])
         commit = iceberg_table.commit_files(table, [files[i][0] for i in left], run,
-                                            commit_id(run, left[0], left[-1]))
+                                            commit_id(run, left[0], left[-1]), replace_errors_of=replacing)
         out.committed_now = len(left)
         out.snapshot_id = commit.snapshot_id if commit is not None else None
         log.info("--resume: committed the %s the earlier attempt of run %s had written but not committed to %s "
                  "(snapshot %s)", plural(len(left), "whole file"), run, cfg.output_table, out.snapshot_id)
     if files and not cfg.skip_existing:
-        written = [existing.EarlierFile(uris.parse_s3_uri(uri)[1], size) for uri, size in files.values()]
         marks = existing.KeyFilter(images.keys)
-        bucket = uris.parse_s3_uri(data_path(table) + "/")[0]
-        for _, keys, _, _ in existing.read_keys(existing.output_filesystem(cfg), bucket, written, False):
+        for keys in _file_key_arrays(cfg, table, list(files.values())):
             marks.add(keys)
         hit = marks.finish()
         out.keys_written = int(hit.sum())
@@ -293,6 +294,29 @@ def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Lis
     return images, out
 
 
+def _file_key_arrays(cfg: JobConfig, table, files: list[tuple[str, int]]):
+    """The key column of each of the run's files (``(URI, bytes)``), read as ``--skip-existing`` reads a dataset's."""
+    written = [existing.EarlierFile(uris.parse_s3_uri(uri)[1], size) for uri, size in files]
+    bucket = uris.parse_s3_uri(data_path(table) + "/")[0]
+    for _, keys, _, _ in existing.read_keys(existing.output_filesystem(cfg), bucket, written, False):
+        yield keys
+
+
+def _file_keys(cfg: JobConfig, table, files: list[tuple[str, int]]) -> list[str]:
+    return [key for keys in _file_key_arrays(cfg, table, files) for key in keys.to_pylist()]
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """A run's files: its id, rows per file, the first new file's index (after an earlier attempt's), and the
+    ``--rescore-errors`` flags (one per row the sink receives)."""
+
+    run: str
+    rows_per_file: int
+    first_index: int = 0
+    rescore: object = None
+
+
 @dataclass
 class Commits:
     """The commits a run made, for the summary."""
@@ -300,6 +324,8 @@ class Commits:
     snapshots: list = field(default_factory=list)
     files: int = 0
     rows: int = 0
+    #: Error rows replaced by new rows (``--rescore-errors``).
+    replaced: int = 0
 
 
 class TableSink:
@@ -317,11 +343,16 @@ class TableSink:
     (:func:`settle`).
     """
 
-    def __init__(self, client, table, run: str, rows_per_file: int, commit_seconds: float,
-                 metadata: dict | None = None, first_index: int = 0):
-        self.client, self.table, self.run = client, table, run
-        self.rows_per_file, self.commit_seconds, self.metadata = rows_per_file, commit_seconds, metadata
-        self._index, self._rows = first_index, 0
+    def __init__(self, client, table, files: RunFiles, commit_seconds: float, metadata: dict | None = None):
+        self.client, self.table, self.run = client, table, files.run
+        #: ``--rescore-errors``: one flag per row written, in order (:attr:`mxjob.existing.Existing.rescore`); the
+        #: flagged keys' error rows in the table are replaced by their new rows in the commit that adds them.
+        rescore = files.rescore
+        self._rescore = rescore if rescore is not None and rescore.any() else None
+        self._position = 0
+        self._replacing: list[str] = []
+        self.rows_per_file, self.commit_seconds, self.metadata = files.rows_per_file, commit_seconds, metadata
+        self._index, self._rows = files.first_index, 0
         self._file: sinks.ParquetSink | None = None
         #: Files ended and not yet committed: ``(index, URI, rows, bytes)``.
         self._pending: list[tuple[int, str, int, int]] = []
@@ -336,6 +367,11 @@ class TableSink:
     def write(self, batches: list[pa.RecordBatch]) -> None:
         """Rows of the result model, in key order, continuing the previous call's."""
         for batch in batches:
+            if self._rescore is not None:
+                flags = self._rescore[self._position:self._position + batch.num_rows]
+                self._position += batch.num_rows
+                if flags.any():
+                    self._replacing.extend(batch.column("key").filter(pa.array(flags)).to_pylist())
             while batch.num_rows:
                 room = self.rows_per_file - self._rows
                 piece, batch = batch.slice(0, room), batch.slice(room)
@@ -366,14 +402,18 @@ class TableSink:
 
     def _commit(self) -> None:
         pending, self._pending = self._pending, []
+        replacing, self._replacing = self._replacing, []
         cid = commit_id(self.run, pending[0][0], pending[-1][0])
         try:
-            made = iceberg_table.commit_files(self.table, [uri for _, uri, _, _ in pending], self.run, cid)
+            made = iceberg_table.commit_files(self.table, [uri for _, uri, _, _ in pending], self.run, cid,
+                                              replace_errors_of=replacing)
         except Exception:
-            self._pending = pending + self._pending  # not committed: the next attempt (settle) commits them
+            # Not committed: the run's next attempt (settle) commits the files, and replaces what they replace.
+            self._pending, self._replacing = pending + self._pending, replacing + self._replacing
             raise
         if made is not None:
             self.commits.snapshots.append(made.snapshot_id)
+        self.commits.replaced += len(replacing)
         self.commits.files += len(pending)
         self.commits.rows += sum(rows for _, _, rows, _ in pending)
         self._last_commit = time.monotonic()
@@ -397,7 +437,7 @@ class TableSink:
                "files": self.commits.files, "rows": self.commits.rows, "bytes": self.bytes,
                "commits": len(self.commits.snapshots), "snapshot_ids": list(self.commits.snapshots),
                "commit_seconds": self.commit_seconds, "rows_per_file": self.rows_per_file,
-               "rows_per_file_why": why}
+               "rows_per_file_why": why, "error_rows_replaced": self.commits.replaced}
         if settled is not None and settled.run is not None:
             out["resumed"] = settled.entry()
         return out
@@ -415,18 +455,22 @@ def find_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
     if found.table is None or not found.rows:
         log.info("--skip-existing: the Iceberg table %s holds no row yet; every listed key is new", cfg.output_table)
         return existing.Existing(listed=len(images), new=images, sample=sample, seconds=time.time() - started)
-    marks, rows = existing.KeyFilter(images.keys), 0
+    marks, rows, errors = existing.KeyFilter(images.keys), 0, []
     try:
-        for keys in iceberg_table.key_batches(found.table):
+        for keys, failed in iceberg_table.key_batches(found.table, with_failed=True):
             rows += len(keys)
             marks.add(keys)
+            if cfg.rescore_errors and failed.true_count:
+                errors.append(keys.filter(failed))
     except (OSError, pa.ArrowException) as exc:
         raise JobError(f"--skip-existing: cannot read the keys of the Iceberg table {cfg.output_table}: "
                        f"{first_line(exc)}; the job needs s3:GetObject on its files") from exc
     hit = marks.finish()
-    new = images.filter(pa.array(~hit)) if hit.any() else images
+    error_keys = pa.concat_arrays(errors) if errors else None
+    owners = np.zeros(len(error_keys), dtype=np.int64) if error_keys is not None else None  # found at commit
+    new, rescore, _ = existing.select(images, hit, error_keys, owners)
     summary = found.table.current_snapshot().summary
-    out = existing.Existing(listed=len(images), new=new, in_output=int(hit.sum()), sample=sample,
+    out = existing.Existing(listed=len(images), new=new, in_output=int(hit.sum()), rescore=rescore, sample=sample,
                             seconds=time.time() - started, table_rows=rows,
                             table_files=int(summary.get("total-data-files", 0)) if summary is not None else 0)
     log.info("--skip-existing: %s of %s listed keys have a row in the Iceberg table %s (%s rows read in %.1f s); "

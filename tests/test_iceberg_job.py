@@ -23,6 +23,7 @@ import time
 from collections import Counter
 
 import click
+import numpy as np
 import pytest
 
 from demo import make_demo
@@ -108,7 +109,6 @@ def test_a_table_output_is_parquet_its_home_found_by_the_driver():
 
 @pytest.mark.parametrize(("flags", "message"), [
     ({"overwrite": True}, r"--overwrite does not apply to an Iceberg table.*iceberg://jobcat/preds\.NEW_TABLE"),
-    ({"skip_existing": True, "rescore_errors": True}, r"--rescore-errors rewrites the files .* in place"),
     ({"output_format": "jsonl"}, r"an Iceberg table holds Parquet files"),
 ])
 def test_what_a_table_cannot_do_is_refused_saying_what_to_do(flags, message):
@@ -201,7 +201,7 @@ def sink_table(in_env, moto_endpoint, request):
 
 def test_files_are_cut_at_rows_per_file_and_committed_together_at_close(sink_table):
     client, table = sink_table
-    sink = table_output.TableSink(client, table, "r1", rows_per_file=2, commit_seconds=3600)
+    sink = table_output.TableSink(client, table, table_output.RunFiles("r1", rows_per_file=2), commit_seconds=3600)
     sink.write([rows_batch(["a", "b", "c"])])
     sink.write([rows_batch(["d", "e"])])
     assert not iceberg_table.snapshot_summaries(table)  # not due: nothing committed yet
@@ -214,7 +214,7 @@ def test_files_are_cut_at_rows_per_file_and_committed_together_at_close(sink_tab
 
 def test_a_due_commit_ends_the_file_and_an_abort_leaves_whole_files_for_the_next_attempt(sink_table):
     client, table = sink_table
-    sink = table_output.TableSink(client, table, "r2", rows_per_file=100, commit_seconds=0)
+    sink = table_output.TableSink(client, table, table_output.RunFiles("r2", rows_per_file=100), commit_seconds=0)
     sink.write([rows_batch(["a", "b"])])  # due at once: its own file, its own commit
     sink.commit_seconds = 3600
     sink.write([rows_batch(["c"])])
@@ -226,6 +226,38 @@ def test_a_due_commit_ends_the_file_and_an_abort_leaves_whole_files_for_the_next
     assert [c.commit_id for c in iceberg_table.snapshot_summaries(table)] == ["r2/00000-00000"]
     files = table_output.run_files(client, table, "r2")
     assert sorted(files) == [0, 1] and table_output.committed_indices(table, "r2") == {0}
+
+
+def test_rescored_keys_new_rows_replace_their_error_rows_in_one_commit_other_nulls_kept(sink_table):
+    import pyarrow.parquet as pq
+
+    client, table = sink_table
+    first = rows_batch(["a"])
+    failed = results.Results(results.schema("classify"))
+    for key in ("b", "c"):
+        failed.fail(key, {"stage": "decode", "type": "OSError", "message": "bad"})
+    sink = table_output.TableSink(client, table, table_output.RunFiles("r3", rows_per_file=100), commit_seconds=3600)
+    sink.write([first, failed.record_batch()])
+    sink.close()
+    flags = np.array([True, False])  # b is rescored, d is new
+    later = table_output.TableSink(client, table, table_output.RunFiles("r4", rows_per_file=100, rescore=flags),
+                                   commit_seconds=3600)
+    later.write([rows_batch(["b", "d"])])
+    later.close()
+    assert later.commits.replaced == 1
+    rows = {r["key"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert sorted(rows) == ["a", "b", "c", "d"]  # every key once
+    assert rows["b"]["error"] is None and rows["c"]["error"]["message"] == "bad"
+    history = iceberg_table.snapshot_summaries(table)
+    assert [c.commit_id for c in history] == ["r3/00000-00000", "r4/00000-00000"]
+    assert history[-1].operation == "overwrite"
+    # the copy of r3's file, written without b's error row, keeps c's null list as null (pyiceberg reads it as [])
+    copies = [p for p in table.inspect.files().column("file_path").to_pylist() if "-rewrite-" in p]
+    [copy] = copies
+    with table.io.new_input(copy).open() as handle:
+        kept = pq.read_table(handle)
+    assert kept.column("key").to_pylist() == ["a", "c"] and kept.column("predictions").null_count == 1
+    assert iceberg_table.commit_files(table, [copy], "r4", "r4/00000-00000", replace_errors_of=["c"]) is None
 
 
 # ----------------------------------------------------------------------------
@@ -438,3 +470,20 @@ def test_another_fingerprint_is_refused_before_spark_unless_accepted(runs):
     ok(spark_submit([*job_args(endpoint, table_uri("fp")), *more, "--skip-existing", "--top-k", "3",
                      "--accept-other-fingerprint"], extra_env=env))
     assert [row["key"] for row in table_rows(endpoint, "fp")] == [f"more/{i}.png" for i in range(6)]
+
+
+@pytest.mark.spark
+def test_rescore_errors_replaces_the_error_row_of_a_key_scored_again(runs):
+    """Last: imgs/bad.png becomes a real PNG; --rescore-errors scores it again, and its new row replaces the error
+    row in the same commit."""
+    endpoint, env, s3 = runs["endpoint"], runs["env"], runs["s3"]
+    (_, _), (test_x, _) = make_demo.digits_split()
+    s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=make_demo.digit_png(test_x[0]))
+    ok(spark_submit(job_args(endpoint, table_uri("digits"), "--skip-existing", "--rescore-errors"), extra_env=env))
+    summary = home_summary(s3, endpoint, "digits")
+    assert summary["scored"] == 1 and summary["existing"]["rescored_errors"] == 1
+    assert summary["table"]["error_rows_replaced"] == 1
+    rows = table_rows(endpoint, "digits")
+    assert [row["key"] for row in rows] == runs["keys"]  # every key once
+    fixed = next(row for row in rows if row["key"] == "imgs/bad.png")
+    assert fixed["error"] is None and fixed["predictions"]

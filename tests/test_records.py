@@ -40,7 +40,7 @@ DRIVER_FIELDS = {
                  "rows_read": 5, "seconds": 0.5},
     "table": {"table": "iceberg://glue/ns.t", "location": "s3://b/wh/ns.db/t", "run": "20261126T101500Z-a1b2c3",
               "files": 2, "rows": 640, "bytes": 4321, "commits": 2, "snapshot_ids": [11, 12], "commit_seconds": 300,
-              "rows_per_file": 500, "rows_per_file_why": "auto",
+              "rows_per_file": 500, "rows_per_file_why": "auto", "error_rows_replaced": 0,
               "resumed": {"run": "20261126T101500Z-a1b2c3", "files_committed_before": 1,
                           "files_committed_on_resume": 1, "keys_in_its_files": 320}},
 }

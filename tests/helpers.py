@@ -126,3 +126,27 @@ def bucket_with_digits(endpoint: str, bucket: str, model_dir: Path, count: int) 
     for i, key in enumerate(keys):
         s3.put_object(Bucket=bucket, Key=key, Body=make_demo.digit_png(test_x[i]))
     return s3, keys
+
+
+def put_digits(s3, bucket: str, first: int, count: int) -> list[str]:
+    """Upload held-out demo digits ``first`` to ``first + count - 1`` as ``imgs/NNN.png`` in ``bucket``; their keys."""
+    from demo import make_demo
+
+    (_, _), (test_x, _) = make_demo.digits_split()
+    keys = [f"imgs/{i:03d}.png" for i in range(first, first + count)]
+    for i, key in zip(range(first, first + count), keys):
+        s3.put_object(Bucket=bucket, Key=key, Body=make_demo.digit_png(test_x[i]))
+    return keys
+
+
+def upload_data_file(s3, uri: str, batch, fingerprint: dict) -> None:
+    """One Parquet data file as the job writes it (its Parquet sink over a multipart upload, complete when closed),
+    with ``fingerprint`` in its metadata."""
+    from mxjob import sinks
+    from mxjob.s3 import uris, writes
+
+    bucket, key = uris.parse_s3_uri(uri, need_key=True)
+    writer = writes.MultipartWriter(s3, bucket, key, content_type=sinks.PARQUET_TYPE)
+    sink = sinks.ParquetSink(writer, sinks.provenance({"fingerprint": fingerprint}))
+    sink.write([batch])
+    sink.close()

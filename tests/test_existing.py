@@ -31,7 +31,7 @@ from demo.s3proxy import S3Proxy
 from mxjob import config, dataset, durable, existing, listing, preflight, records, report, resume, sinks
 from mxjob.errors import JobError
 from mxjob.s3 import parallel_list
-from tests.helpers import bucket_with_model, spark_submit, start_spark_submit
+from tests.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
 
 BUCKET = "existing-bucket"
 FINGERPRINT = {"task": "classify", "top_k": 2}
@@ -317,15 +317,6 @@ def job_args(endpoint: str, output: str, *extra: str) -> list[str]:
             "--rows-per-file", str(ROWS_PER_FILE), *extra]
 
 
-def put_digits(s3, first: int, count: int) -> list[str]:
-    """Upload held-out digits ``first`` to ``first + count - 1`` as ``imgs/NNN.png``; their keys."""
-    (_, _), (test_x, _) = make_demo.digits_split()
-    keys = [f"imgs/{i:03d}.png" for i in range(first, first + count)]
-    for i, key in zip(range(first, first + count), keys):
-        s3.put_object(Bucket=BUCKET, Key=key, Body=make_demo.digit_png(test_x[i]))
-    return keys
-
-
 def part_files(s3, prefix: str) -> dict[str, str]:
     """The dataset's files under ``prefix`` and their ETags."""
     return {key: s3.head_object(Bucket=BUCKET, Key=key)["ETag"]
@@ -348,11 +339,11 @@ def incremental(moto_endpoint, demo_dir):
     """A dataset over 200 keys (199 digits and a file that is no PNG), then 50 digits more with --skip-existing,
     then a run with nothing new; and one run over the 250 to another prefix."""
     s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
-    keys = put_digits(s3, 0, 199)
+    keys = put_digits(s3, BUCKET, 0, 199)
     s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=b"not a png")
     ok(spark_submit(job_args(moto_endpoint, "inc/")))
     first = part_files(s3, "inc/")
-    keys = sorted([*keys, "imgs/bad.png", *put_digits(s3, 199, 50)])
+    keys = sorted([*keys, "imgs/bad.png", *put_digits(s3, BUCKET, 199, 50)])
     second_log = ok(spark_submit(job_args(moto_endpoint, "inc/", "--skip-existing")))
     second = summary_of(s3, "inc/")
     after_second = part_files(s3, "inc/")
@@ -431,7 +422,7 @@ def test_a_skip_existing_run_killed_part_way_is_finished_by_resume(incremental, 
     world, s3 = incremental, incremental["s3"]
     os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
     earlier = part_files(s3, "fresh/")
-    keys = sorted([*world["keys"], *put_digits(s3, 249, 60)])
+    keys = sorted([*world["keys"], *put_digits(s3, BUCKET, 249, 60)])
     plan = dry_plan(stderr_runner, world["endpoint"], "fresh/")
     assert (plan["images"], plan["to_score"], plan["existing"]["skipped"]) == (310, 60, 250)
     args = job_args(world["endpoint"], "fresh/", "--skip-existing", "--rows-per-file", "16", "--batch-size", "8")

@@ -24,11 +24,12 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.glue import GlueCatalog
 
-from mxjob import iceberg_table, parquet_view, results, sinks
+from mxjob import iceberg_table, parquet_view, results
 from mxjob.iceberg_table import TableMismatchError
-from mxjob.s3 import uris, writes
+from tests.helpers import upload_data_file
 
 ROOT = Path(__file__).resolve().parent.parent
+
 BUCKET = "iceberg-glue-bucket"
 TABLE = "digits"
 FINGERPRINT = {"task": "classify", "top_k": 5, "model_params": "cd" * 32, "preprocess": {"size": 28}}
@@ -94,20 +95,11 @@ def rows_batch(keys: list[str], fail: frozenset = frozenset()) -> pa.RecordBatch
     return made.record_batch()
 
 
-def upload(s3, path: str, batch: pa.RecordBatch) -> None:
-    """One data file as the job writes it: its Parquet sink over a multipart upload, complete when closed."""
-    bucket, key = uris.parse_s3_uri(path, need_key=True)
-    writer = writes.MultipartWriter(s3, bucket, key, content_type="application/vnd.apache.parquet")
-    sink = sinks.ParquetSink(writer, sinks.provenance({"fingerprint": FINGERPRINT}))
-    sink.write([batch])
-    sink.close()
-
-
 def uploaded(s3, table, run_id: str, batches: list[pa.RecordBatch]) -> list[str]:
     """Upload one data file per batch where data_file_path() says; return their paths."""
     paths = [iceberg_table.data_file_path(table, run_id, i) for i in range(len(batches))]
     for path, batch in zip(paths, batches):
-        upload(s3, path, batch)
+        upload_data_file(s3, path, batch, FINGERPRINT)
     return paths
 
 

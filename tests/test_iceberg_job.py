@@ -31,7 +31,7 @@ from demo.s3proxy import S3Proxy
 from mxjob import config, iceberg_table, merge, records, results, table_output
 from mxjob.errors import JobError
 from mxjob.s3 import parallel_list
-from tests.helpers import bucket_with_model, spark_submit, start_spark_submit
+from tests.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
 
 BUCKET = "iceberg-job"
 CATALOG = "jobcat"
@@ -269,7 +269,7 @@ def runs(moto_endpoint, demo_dir, catalog_env):
     """200 keys (199 digits and a file that is no PNG) into a new table, committed a batch at a time, and the same
     job to JSON Lines; then 50 digits more with --skip-existing, a run with nothing new, and a plain run."""
     s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
-    keys = put_digits(s3, 0, 199)
+    keys = put_digits(s3, BUCKET, 0, 199)
     s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=b"not a png")
     env = dict(catalog_env)
     first_log = ok(spark_submit(job_args(moto_endpoint, table_uri("digits"), "--commit-seconds", "0"),
@@ -278,7 +278,7 @@ def runs(moto_endpoint, demo_dir, catalog_env):
     ok(spark_submit(job_args(moto_endpoint, f"s3://{BUCKET}/same.jsonl"), extra_env=env))
     rows_after_first = table_rows(moto_endpoint, "digits")
     history_after_first = iceberg_table.snapshot_summaries(load(moto_endpoint, "digits"))
-    keys = sorted([*keys, "imgs/bad.png", *put_digits(s3, 199, 50)])
+    keys = sorted([*keys, "imgs/bad.png", *put_digits(s3, BUCKET, 199, 50)])
     second_log = ok(spark_submit(job_args(moto_endpoint, table_uri("digits"), "--skip-existing"), extra_env=env))
     second = home_summary(s3, moto_endpoint, "digits")
     third = spark_submit(job_args(moto_endpoint, table_uri("digits"), "--skip-existing"), extra_env=env)
@@ -286,15 +286,6 @@ def runs(moto_endpoint, demo_dir, catalog_env):
     return {"s3": s3, "endpoint": moto_endpoint, "env": env, "keys": keys, "first": first, "first_log": first_log,
             "rows_after_first": rows_after_first, "history_after_first": history_after_first,
             "second": second, "second_log": second_log, "third": third, "plain": plain}
-
-
-def put_digits(s3, first: int, count: int) -> list[str]:
-    """Upload held-out digits ``first`` to ``first + count - 1`` as ``imgs/NNN.png``; their keys."""
-    (_, _), (test_x, _) = make_demo.digits_split()
-    keys = [f"imgs/{i:03d}.png" for i in range(first, first + count)]
-    for i, key in zip(range(first, first + count), keys):
-        s3.put_object(Bucket=BUCKET, Key=key, Body=make_demo.digit_png(test_x[i]))
-    return keys
 
 
 def jsonl_rows(s3, key: str) -> list[dict]:

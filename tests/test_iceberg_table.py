@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from mxjob import iceberg_table, parquet_view, results, sinks, table_uri
+from mxjob import iceberg_table, parquet_view, results, table_uri
 from mxjob.iceberg_table import TableMismatchError
-from mxjob.s3 import uris, writes
 from mxjob.table_uri import TableUriError
+from tests.helpers import upload_data_file
 
 BUCKET = "iceberg-bucket"
 IDENT = "preds.digits"
@@ -66,15 +66,6 @@ def rows_batch(keys: list[str], fail: frozenset = frozenset()) -> pa.RecordBatch
         else:
             made.add(key, results.prediction_entries([(i % 7, f"c{i % 7}", 0.25 + i / 100), (9, None, 0.125)]))
     return made.record_batch()
-
-
-def upload(s3, path: str, batch: pa.RecordBatch) -> None:
-    """One data file as the job writes it: its Parquet sink over a multipart upload, complete when closed."""
-    bucket, key = uris.parse_s3_uri(path, need_key=True)
-    writer = writes.MultipartWriter(s3, bucket, key, content_type="application/vnd.apache.parquet")
-    sink = sinks.ParquetSink(writer, sinks.provenance({"fingerprint": FINGERPRINT}))
-    sink.write([batch])
-    sink.close()
 
 
 def written_rows(*batches: pa.RecordBatch) -> list[dict]:
@@ -233,7 +224,7 @@ def test_files_are_committed_in_one_snapshot_and_read_back_as_written(table, s3)
     batches = [rows_batch(["a.png", "b.png", "c.png"], fail=frozenset({"b.png"})), rows_batch(["d.png", "e.png"])]
     paths = [iceberg_table.data_file_path(table, "r1", i) for i in range(2)]
     for path, batch in zip(paths, batches):
-        upload(s3, path, batch)
+        upload_data_file(s3, path, batch, FINGERPRINT)
 
     commit = iceberg_table.commit_files(table, paths, "r1", "r1:0-1")
 
@@ -253,7 +244,7 @@ def test_files_are_committed_in_one_snapshot_and_read_back_as_written(table, s3)
 
 def test_the_same_commit_id_again_commits_nothing(table, s3):
     path = iceberg_table.data_file_path(table, "r1", 0)
-    upload(s3, path, rows_batch(["a.png", "b.png"]))
+    upload_data_file(s3, path, rows_batch(["a.png", "b.png"]), FINGERPRINT)
     first = iceberg_table.commit_files(table, [path], "r1", "r1:0")
 
     assert iceberg_table.commit_files(table, [path], "r1", "r1:0") is None
@@ -264,10 +255,10 @@ def test_the_same_commit_id_again_commits_nothing(table, s3):
 def test_two_commit_ids_make_two_snapshots_with_their_summaries(table, s3):
     for i, keys in enumerate((["a.png", "b.png"], ["c.png"])):
         path = iceberg_table.data_file_path(table, "r1", i)
-        upload(s3, path, rows_batch(keys))
+        upload_data_file(s3, path, rows_batch(keys), FINGERPRINT)
         iceberg_table.commit_files(table, [path], "r1", f"r1:{i}")
     path = iceberg_table.data_file_path(table, "r2", 0)
-    upload(s3, path, rows_batch(["d.png"]))
+    upload_data_file(s3, path, rows_batch(["d.png"]), FINGERPRINT)
     iceberg_table.commit_files(table, [path], "r2", "r2:0")
 
     summaries = iceberg_table.snapshot_summaries(table)
@@ -282,7 +273,7 @@ def test_two_commit_ids_make_two_snapshots_with_their_summaries(table, s3):
 def test_a_crash_between_upload_and_commit_is_committed_once_by_the_next_driver(table, s3, env, moto_endpoint):
     paths = [iceberg_table.data_file_path(table, "r1", i) for i in range(2)]
     for i, path in enumerate(paths):
-        upload(s3, path, rows_batch([f"k{i}-{j}.png" for j in range(3)]))
+        upload_data_file(s3, path, rows_batch([f"k{i}-{j}.png" for j in range(3)]), FINGERPRINT)
     # The driver dies here: files uploaded, nothing committed. The next one loads everything afresh.
     catalog = iceberg_table.load_catalog("test", endpoint_url=moto_endpoint)
     again = iceberg_table.open_table(catalog, IDENT, SCHEMA, FINGERPRINT)
@@ -316,8 +307,8 @@ def interleave(monkeypatch, table, commit) -> list:
 
 def test_a_concurrent_commit_is_retried_after_reading_the_history_again(table, catalog, s3, monkeypatch, caplog):
     theirs, ours = (iceberg_table.data_file_path(table, run, 0) for run in ("other", "r1"))
-    upload(s3, theirs, rows_batch(["x.png"]))
-    upload(s3, ours, rows_batch(["a.png", "b.png"]))
+    upload_data_file(s3, theirs, rows_batch(["x.png"]), FINGERPRINT)
+    upload_data_file(s3, ours, rows_batch(["a.png", "b.png"]), FINGERPRINT)
     other = catalog.load_table(IDENT)
     calls = interleave(monkeypatch, table, lambda: iceberg_table.commit_files(other, [theirs], "other", "other:0"))
 
@@ -332,7 +323,7 @@ def test_a_concurrent_commit_is_retried_after_reading_the_history_again(table, c
 
 def test_a_twin_that_commits_the_same_id_first_leaves_nothing_to_commit(table, catalog, s3, monkeypatch):
     path = iceberg_table.data_file_path(table, "r1", 0)
-    upload(s3, path, rows_batch(["a.png", "b.png"]))
+    upload_data_file(s3, path, rows_batch(["a.png", "b.png"]), FINGERPRINT)
     twin = catalog.load_table(IDENT)
     interleave(monkeypatch, table, lambda: iceberg_table.commit_files(twin, [path], "r1", "r1:0"))
 
@@ -343,7 +334,7 @@ def test_a_twin_that_commits_the_same_id_first_leaves_nothing_to_commit(table, c
 
 def test_a_commit_that_keeps_conflicting_gives_up_after_its_attempts(table, s3, monkeypatch):
     path = iceberg_table.data_file_path(table, "r1", 0)
-    upload(s3, path, rows_batch(["a.png"]))
+    upload_data_file(s3, path, rows_batch(["a.png"]), FINGERPRINT)
     attempts = []
 
     def conflicting(*args, **kwargs):
@@ -359,7 +350,7 @@ def test_a_commit_that_keeps_conflicting_gives_up_after_its_attempts(table, s3, 
 
 def test_files_outside_the_tables_data_path_are_refused(table, s3):
     stray = f"s3://{BUCKET}/out.parts/r1/file.parquet"
-    upload(s3, stray, rows_batch(["a.png"]))
+    upload_data_file(s3, stray, rows_batch(["a.png"]), FINGERPRINT)
     with pytest.raises(ValueError, match=r"is not under the table's data path s3://.*/data/: write the data files "
                                          r"where data_file_path\(\) says"):
         iceberg_table.commit_files(table, [stray], "r1", "r1:0")
@@ -368,7 +359,7 @@ def test_files_outside_the_tables_data_path_are_refused(table, s3):
 
 def test_a_file_in_the_table_under_another_commit_id_is_refused(table, s3):
     path = iceberg_table.data_file_path(table, "r1", 0)
-    upload(s3, path, rows_batch(["a.png"]))
+    upload_data_file(s3, path, rows_batch(["a.png"]), FINGERPRINT)
     iceberg_table.commit_files(table, [path], "r1", "r1:0")
     with pytest.raises(ValueError, match=r"Cannot add files that are already referenced by table"):
         iceberg_table.commit_files(table, [path], "r1", "r1:other")
@@ -383,7 +374,7 @@ def test_existing_keys_with_and_without_their_error_rows(table, s3):
     assert len(iceberg_table.existing_keys(table)) == 0  # no snapshot yet
     for i, (keys, fail) in enumerate(((["a.png", "b.png", "c.png"], {"b.png"}), (["d.png", "e.png"], {"e.png"}))):
         path = iceberg_table.data_file_path(table, "r1", i)
-        upload(s3, path, rows_batch(keys, fail=frozenset(fail)))
+        upload_data_file(s3, path, rows_batch(keys, fail=frozenset(fail)), FINGERPRINT)
         iceberg_table.commit_files(table, [path], "r1", f"r1:{i}")
 
     every = iceberg_table.existing_keys(table)

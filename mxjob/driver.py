@@ -88,17 +88,21 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
 
 
 def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
-    """The SparkContext, started now in a thread of its own, as YARN's ApplicationMaster (cluster mode).
+    """The SparkContext, started now in a thread of its own, under spark-submit.
 
-    The ApplicationMaster fails an application whose driver has no
-    SparkContext after ``spark.yarn.am.waitTime`` (100 s by default): a long
-    listing or an int8 search did. Started first (:mod:`mxjob.spark_start`),
-    Spark's start also overlaps the listing, the model's check and the sample,
-    and the executors load the model meanwhile. Not yet in client mode: there a
-    SIGTERM to spark-submit's JVM alone then printed the JVM's stack traces on
-    its way down (tests/test_signals.py), so Spark starts at the job, as before.
+    Spark's start then overlaps the listing, the model's check and the
+    sample, and the executors load the model meanwhile (:mod:`mxjob.spark_start`):
+    the start-up of a small run is mostly that (``make bench-peers``). In
+    cluster mode it is needed too: YARN's ApplicationMaster fails an
+    application whose driver has no SparkContext after
+    ``spark.yarn.am.waitTime`` (100 s by default), which a long listing or an
+    int8 search reached. A client-mode dry run starts none: it runs no Spark
+    job, and no ApplicationMaster waits for one. In process (the library, no
+    spark-submit) Spark starts at the job.
     """
-    if "PYSPARK_GATEWAY_PORT" not in os.environ or not os.environ.get("CONTAINER_ID"):
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    if cfg.dry_run and not os.environ.get("CONTAINER_ID"):
         return None
     return SparkStart(cfg.app_name, spark_conf)
 

@@ -25,6 +25,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(PY) -m demo.jvm_options build
 	@touch $(STAMP)
 
 .PHONY: venv

@@ -34,7 +34,7 @@ from pathlib import Path
 import boto3
 import yaml
 
-from demo import make_demo
+from demo import jvm_options, make_demo
 from demo.s3local import FAKE_AWS_ENV, moto_server
 from deploy.package import build_zip
 
@@ -64,10 +64,15 @@ def py_files_zip() -> Path:
 def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]:
     """The spark-submit line: the same files and flags a cluster gets."""
     python_bin = Path(sys.executable).parent
+    # The JVMs' class-data sharing archives, where `make venv` made them (demo/jvm_options.py).
+    log4j = f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}"
+    driver_java = f"{log4j} {jvm_options.driver_options()}"
+    executor_java = jvm_options.executor_options()
     return [
         str(python_bin / "spark-submit"), "--master", master,
         "--properties-file", str(ROOT / "conf" / "spark-local.conf"),
-        "--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}",
+        "--driver-java-options", driver_java.strip(),
+        *(["--conf", f"spark.executor.defaultJavaOptions={executor_java}"] if executor_java else []),
         "--py-files", str(py_files_zip()),
         str(ROOT / "infer_main.py"), *job_args,
     ]
@@ -88,6 +93,7 @@ def spark_env(extra: dict | None = None, fake_aws: bool = True) -> dict:
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env.update(jvm_options.launcher_env())
     env.update(extra or {})
     return env
 

@@ -399,7 +399,8 @@ SETTINGS: tuple[Setting, ...] = (
        type=FiniteNumber(min=0), metavar="SECONDS"),
     # --- estimate
     _s("estimate_images", "--estimate-images", "estimate",
-       "Images the driver scores before the run (and in --dry-run) to estimate its time and cost; 0: no estimate.",
+       "Images the driver scores before the run (and in --dry-run) to estimate its time and cost, at most a "
+       "sixteenth of the keys to score (never under 8); 0: no estimate.",
        default=32, type=count(0)),
     _s("estimate_cluster", "--estimate-cluster", "estimate",
        "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor of VCPUS threads per node "

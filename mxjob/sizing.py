@@ -52,7 +52,7 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
     cost = cluster = None
     if cfg.estimate_images and to_score:
         cluster = run_cluster(cfg, spark_conf)
-        items = sample_items(images, cfg.estimate_images)
+        items = sample_items(images, sample_size(cfg.estimate_images, to_score))
         measured = replace(cfg, batch_size=bound_batch(cfg))  # a number, whatever auto will choose
         cost = measure(measured.job_spec(), items, cfg.endpoint_url)
     choice = choose_batch(cfg, cost, cluster, to_score)
@@ -145,6 +145,22 @@ def jvm_start_seconds() -> float | None:
     except Exception as exc:  # noqa: BLE001 - no psutil or no permission: the default stands in
         log.info("estimate: cannot time this host's JVM start (%s)", exc)
         return None
+
+
+#: A small run's sample is at most this share of its keys (and at least :data:`SAMPLE_FLOOR`), which is
+#: all the estimate needs of it: the full ``--estimate-images`` 32 of a 128-image run scored a quarter of the
+#: run on the driver, twice, while Spark's executors started beside it on the same cores (make bench-peers).
+SAMPLE_SHARE = 16
+SAMPLE_FLOOR = 8
+
+
+def sample_size(estimate_images: int, to_score: int) -> int:
+    """The sample's size: ``--estimate-images``, at most a sixteenth of the ``to_score`` keys but never under 8.
+
+    >>> sample_size(32, 100_000), sample_size(32, 128), sample_size(32, 40), sample_size(4, 40)
+    (32, 8, 8, 4)
+    """
+    return min(estimate_images, max(SAMPLE_FLOOR, to_score // SAMPLE_SHARE))
 
 
 def sample_items(images, count: int) -> list:

@@ -32,7 +32,9 @@ Not a test: it prints measurements. It
    Daft's processes; the moto server's CPU over the run; the rest of the
    machine's busy CPU beside them), reads
    every output back and compares each image's top-1 class with ours;
-4. measures the model's own limit (``bench.probes limit``: forward passes on
+4. measures, in each round, Spark's own floor on each of our masters (an empty
+   PySpark job through the job's spark-submit line: :data:`FLOOR_JOB`), and
+   the model's own limit (``bench.probes limit``: forward passes on
    decoded arrays, every core, batch 16) and the CPU the Python driver's
    imports take in a fresh process (``infer_main``, ``pyspark.sql``, ``mxnet``);
 5. prints one table: E = (N2 - N1) / (T_N2 - T_N1), images/s with the fixed
@@ -158,7 +160,7 @@ def process_group(name: str, cmdline: str) -> str | None:
         return None
     if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
         return "Python workers"
-    if "infer_main.py" in cmdline or "peer_spark_udf.py" in cmdline:
+    if "infer_main.py" in cmdline or "peer_spark_udf.py" in cmdline or FLOOR_SCRIPT in cmdline:
         return "Python driver"
     return "Daft" if "bench.peer_daft" in cmdline else None
 
@@ -342,6 +344,35 @@ def run_once(system: System, setup: Setup, n: int, round_: int) -> dict:
     return {"system": system.name, "n": n, "round": round_, "wall": wall, "cpu": cpu, "top1": best}
 
 
+#: Spark's own floor: an empty PySpark job (the SparkContext, one Python task per executor, the stop) through
+#: the job's spark-submit line (conf/spark-local.conf, the JVMs' archives), on the job's master: what no change
+#: to the job's own work can go under in that layout.
+FLOOR_SCRIPT = "spark_floor.py"
+FLOOR_JOB = """
+from pyspark import SparkContext
+sc = SparkContext()
+tasks = sc.defaultParallelism  # local-cluster: its executors' cores, one task each
+print("tasks", sc.parallelize(range(tasks), tasks).map(lambda x: x).count())
+sc.stop()
+"""
+
+
+def spark_floor(master: str, work: Path) -> dict:
+    """The wall time and CPU by group of :data:`FLOOR_JOB` on ``master``."""
+    script = work / FLOOR_SCRIPT
+    script.write_text(FLOOR_JOB)
+    argv = spark_submit_command([], master)
+    argv[-1] = str(script)  # in place of infer_main.py
+    started = time.perf_counter()
+    with open(work / "logs" / f"floor-{master}.log", "w") as log_file:
+        process = subprocess.Popen(argv, env=spark_env(), cwd=str(ROOT), stdout=log_file, stderr=subprocess.STDOUT)
+        with TreeCpu(process.pid) as tree:
+            code = process.wait()
+    if code != 0:
+        raise RuntimeError(f"the empty PySpark job on {master} exited {code}; see {log_file.name}")
+    return {"wall": time.perf_counter() - started, "cpu": cpu_by_group(tree.seen, "spark-submit's scripts")}
+
+
 def driver_import_cpu() -> float:
     """CPU seconds of the Python driver's imports (``infer_main``, ``pyspark.sql``, ``mxnet``) in a fresh process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -406,7 +437,14 @@ def run(args) -> dict:
                           aws_access_key_id="testing", aws_secret_access_key="testing")
         upload(s3, paths, args.sizes, prefix, model)
         setup = Setup(s3, endpoint, moto, model, work)
+        masters = sorted({s.master for s in systems if s.kind == "ours"})
+        results["floor"] = {master: [] for master in masters}
+        (work / "logs").mkdir(parents=True, exist_ok=True)
         for round_ in range(1, args.rounds + 1):
+            for master in masters:
+                log(f"round {round_}: Spark's floor on {master}, an empty PySpark job")
+                results["floor"][master].append(spark_floor(master, work))
+                log(f"  {results['floor'][master][-1]['wall']:.1f} s")
             for n in args.sizes:
                 for system in systems:
                     log(f"round {round_}, {n} images: {results['labels'][system.name]}")
@@ -544,14 +582,38 @@ def check_targets(results: dict, summary: dict) -> list[tuple[str, str, bool | N
         m1, m2 = median(s["wall"][n1]), median(s["wall"][n2])
         d1, d2 = median(daft["wall"][n1]), median(daft["wall"][n2])
         met = None if None in (m1, m2, d1, d2) else m2 <= d2 and m1 <= 1.5 * d1
-        out.append((name, words[1], met, f"{fmt(m2)} vs {fmt(d2)} s; {fmt(m1)} vs 1.5 x {fmt(d1)} s"))
+        floor = floor_of(results, SYSTEMS[name].master)
+        floor_words = f"; Spark's floor alone {floor['wall']:.1f} s" if floor else ""
+        out.append((name, words[1], met, f"{fmt(m2)} vs {fmt(d2)} s; {fmt(m1)} vs 1.5 x {fmt(d1)} s{floor_words}"))
         driver, jvm = s["cpu_n2"].get("Python driver", 0.0), s["cpu_n2"].get("driver JVM", 0.0)
         beyond = driver - results["driver_import_cpu"]
         out.append((name, words[2], beyond <= 5.0,
                     f"{driver:.1f} s, its imports {results['driver_import_cpu']:.1f}: {beyond:.1f} beyond "
                     f"(the driver's JVM apart: {jvm:.1f} s)"))
         mine_ms, daft_ms = 1000 * run_total(s) / n2, 1000 * run_total(daft) / n2
-        out.append((name, words[3], mine_ms <= 1.1 * daft_ms, f"{mine_ms:.1f} vs {daft_ms:.1f} ms"))
+        floor_words = (f"; Spark's floor alone {floor['cpu_total']:.1f} CPU-s, {1000 * floor['cpu_total'] / n2:.1f} ms "
+                       f"an image" if floor else "")
+        out.append((name, words[3], mine_ms <= 1.1 * daft_ms, f"{mine_ms:.1f} vs {daft_ms:.1f} ms{floor_words}"))
+    return out
+
+
+def floor_of(results: dict, master: str) -> dict | None:
+    """The median wall time and mean CPU (by group, and in all) of the floor runs on ``master``; ``None``: none."""
+    runs = results.get("floor", {}).get(master)
+    if not runs:
+        return None
+    cpu = {g: sum(r["cpu"].get(g, 0.0) for r in runs) / len(runs) for g in GROUPS}
+    return {"wall": statistics.median(r["wall"] for r in runs), "cpu": cpu, "cpu_total": sum(cpu.values())}
+
+
+def floor_lines(results: dict) -> list[str]:
+    out = []
+    for master in results.get("floor", {}):
+        floor = floor_of(results, master)
+        parts = ", ".join(f"{g} {v:.1f}" for g, v in floor["cpu"].items() if v >= 0.05)
+        out.append(f"Spark's own floor on {master}: an empty PySpark job (SparkContext, one Python task per "
+                   f"executor, stop) through the job's spark-submit line takes {floor['wall']:.1f} s and "
+                   f"{floor['cpu_total']:.1f} CPU-s ({parts}): no change to the job's own work goes under it.")
     return out
 
 
@@ -573,7 +635,7 @@ def report(results: dict) -> str:
             "(the rest of the machine: every other process's busy CPU meanwhile, this bench's sampling included; "
             "more than a few CPU-s means others shared the cores and the figures above mean little)"]
     out += ["", f"The Python driver's imports (infer_main, pyspark.sql, mxnet) alone take "
-            f"{results['driver_import_cpu']:.1f} CPU-s in a fresh process.", "", "Targets:"]
+            f"{results['driver_import_cpu']:.1f} CPU-s in a fresh process.", *floor_lines(results), "", "Targets:"]
     checks = check_targets(results, summary)
     words = {True: "met", False: "NOT met", None: "unknown"}
     out += [f"  {results['labels'][name]}: {target}: {words[met]} ({detail})" for name, target, met, detail in checks]

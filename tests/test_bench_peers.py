@@ -54,6 +54,7 @@ def test_e_is_unknown_for_a_round_whose_larger_job_was_not_slower_or_is_missing(
     ("python", "/w/.venv-peers/bin/python -m bench.peer_daft --input s3://b/*", "Daft"),
     ("python", "/w/.venv/bin/python /w/bench/peer_spark_udf.py --input s3://b/", "Python driver"),
     ("moto_server", "moto_server -H 127.0.0.1", None),
+    ("python", "/w/.venv/bin/python /w/run/peers/spark_floor.py", "Python driver"),
 ])
 def test_each_process_of_a_run_is_charged_to_its_group(name, cmdline, group):
     assert peers.process_group(name, cmdline) == group
@@ -218,3 +219,17 @@ def test_jpegs_leave_out_the_image_sets_pngs(tmp_path):
     assert {Image.open(p).format for p in paths} == {"JPEG"}
     assert bench_images.SIZE in {Image.open(p).size for p in paths}
 
+
+
+def test_spark_floor_is_printed_and_named_in_the_targets_it_bounds():
+    results = results_for([(40.0, 88.0), (42.0, 92.0)], [(11.0, 56.0), (11.5, 55.5)],
+                          driver_cpu=7.0, imports=3.0, ours_cpu=150.0, daft_cpu=93.0)
+    master = peers.SYSTEMS["ours"].master
+    results["floor"] = {master: [{"wall": 6.0, "cpu": {"driver JVM": 3.0, "executor JVMs": 2.0}},
+                                 {"wall": 7.0, "cpu": {"driver JVM": 4.0, "executor JVMs": 3.0}}]}
+    text = peers.report(results)
+    assert (f"Spark's own floor on {master}: an empty PySpark job (SparkContext, one Python task per executor, stop) "
+            "through the job's spark-submit line takes 6.5 s and 6.0 CPU-s (driver JVM 3.5, executor JVMs 2.5)") in text
+    details = [detail for _, _, _, detail in peers.check_targets(results, peers.summarize(results))]
+    assert details[1].endswith("; Spark's floor alone 6.5 s")
+    assert details[3].endswith(f"; Spark's floor alone 6.0 CPU-s, {6000 / N2:.1f} ms an image")

@@ -107,22 +107,30 @@ def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
     return SparkStart(cfg.app_name, spark_conf)
 
 
-def warm_up(start: SparkStart | None, cfg: JobConfig) -> None:
-    """Load the checked model in the executors' Python workers while the driver samples and plans.
+def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False) -> bool:
+    """Load the model in the executors' Python workers while the driver lists, checks, samples and plans.
 
     The run's ``JobSpec`` as its tasks will get it (bound at the micro-batch,
     the executors' thread plan), one warm-up task per executor
-    (:func:`mxjob.partition.warm_worker`). Not for int8 or a ``--handler``,
-    whose files the run ships to the executors only when its job starts.
+    (:func:`mxjob.partition.warm_worker`). ``early``: before the listing and
+    the driver's own check, when that check changes nothing the executors
+    load: not for int8 (the driver quantizes the model they load) or an
+    embedding whose layer the driver finds; a model the check then refuses
+    ends the run as before, the warm-up's work lost. Never for a
+    ``--handler``, whose file the run ships to the executors only when its
+    job starts. Whether the warm-up was started.
     """
     if start is None or cfg.dry_run or cfg.int8_model is not None or cfg.handler_file:
-        return
+        return False
+    if early and (cfg.precision != "fp32" or (cfg.task == "embed" and cfg.model.output_layer is None)):
+        return False
 
     def job_for(sc):
         job = replace(cfg, batch_size=bound_batch(cfg)).job_spec()
         return replace(job, thread_plan=thread_plan(sc)), expected_executors(dict(sc.getConf().getAll())) or 1
 
     start.warm(job_for, warm_worker)
+    return True
 
 
 def open_status(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool) -> RunMonitor:
@@ -156,6 +164,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     # The handler and the model's files before the listing too: seconds, where the listing may take hours.
     cfg = prepare_handler(cfg, client)
     preflight.check_model_files(cfg.model)
+    warmed = warm_up(start, cfg, early=True)  # the model as given: the executors load it while the driver lists
     monitor.enter("listing")
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
@@ -173,7 +182,8 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     check_started = time.time()
     monitor.enter("model_check")
     cfg, checked = check_on_driver(cfg, client, images)
-    warm_up(start, cfg)  # the executors load the model while the driver samples and plans
+    if not warmed:
+        warm_up(start, cfg)  # the checked model (int8's, the layer found): loaded while the driver samples and plans
     inputs = dataset.PlanInputs(checked.auto_rows, found)
     if cfg.dry_run:
         return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, inputs)

@@ -11,7 +11,8 @@ classes parsed and verified, mapped from one file: an empty PySpark job on
 here (``make bench-peers`` prints the floor it measures).
 
 :func:`build` makes the archives once, with a small PySpark job of the
-run's kind (``make venv`` runs it); they live in the venv, beside the jars
+run's kind (``make jvm-archives``, which every target that runs Spark here
+runs first: a no-op while they are current); they live in the venv, beside the jars
 they were made from, with :data:`KEY_FILE` saying which Java and which jars.
 :func:`driver_options`, :func:`executor_options` and :func:`launcher_env`
 name them only while that key still matches: a JVM given an archive of
@@ -160,7 +161,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["build", "show"])
     parser.add_argument("--folder", type=Path, default=ARCHIVE_DIR)
+    parser.add_argument("--if-stale", action="store_true",
+                        help="build only if an archive is missing or was made from another Java or other jars")
     args = parser.parse_args(argv)
+    if args.command == "build" and args.if_stale and all(archive(role, args.folder) for role in ROLES):
+        return 0
     if args.command == "show":
         for role in ROLES:
             print(f"{role}: {archive(role, args.folder) or 'none (made by: python -m demo.jvm_options build)'}")

@@ -65,3 +65,24 @@ def test_the_archives_make_venv_built_fit_the_jvms_spark_submit_starts(tmp_path)
     done = subprocess.run(command, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sum 90" in done.stdout
+
+
+def test_if_stale_builds_only_when_an_archive_is_missing_or_of_another_java_or_jars(tmp_path, monkeypatch, capsys):
+    built = []
+    monkeypatch.setattr(jvm_options, "build", lambda folder: built.append(folder) or {"driver": 2**20})
+    fake_archives(tmp_path / "current", jvm_options.current_key())
+    fake_archives(tmp_path / "stale", {**jvm_options.current_key(), "jars_sha256": "0" * 64})
+    for folder in ("current", "stale", "missing"):
+        assert jvm_options.main(["build", "--if-stale", "--folder", str(tmp_path / folder)]) == 0
+    assert built == [tmp_path / "stale", tmp_path / "missing"]
+    assert "class-data sharing archives for Spark's JVMs in" in capsys.readouterr().out
+
+
+def test_a_failed_build_says_spark_runs_without_the_archives_and_does_not_fail_the_install(monkeypatch, capsys):
+    def no_java(folder=None):
+        raise RuntimeError("no java binary or no pyspark/jars: nothing to archive")
+
+    monkeypatch.setattr(jvm_options, "build", no_java)
+    assert jvm_options.main(["build"]) == 0
+    assert capsys.readouterr().err == ("demo.jvm_options: no class-data sharing archives (no java binary or no "
+                                       "pyspark/jars: nothing to archive); Spark's JVMs start without them\n")

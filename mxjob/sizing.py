@@ -147,9 +147,9 @@ def jvm_start_seconds() -> float | None:
         return None
 
 
-#: A small run's sample is at most this share of its keys (and at least :data:`SAMPLE_FLOOR`), which is
-#: all the estimate needs of it: the full ``--estimate-images`` 32 of a 128-image run scored a quarter of the
-#: run on the driver, twice, while Spark's executors started beside it on the same cores (make bench-peers).
+#: A small run's sample is at most one ``SAMPLE_SHARE``-th of its keys (and at least :data:`SAMPLE_FLOOR`),
+#: all the estimate needs of it: the full ``--estimate-images`` 32 of a 128-image run had the driver score a
+#: quarter of the run (which the executors score again) while they started beside it on the same cores.
 SAMPLE_SHARE = 16
 SAMPLE_FLOOR = 8
 

@@ -96,15 +96,28 @@ def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
     cluster mode it is needed too: YARN's ApplicationMaster fails an
     application whose driver has no SparkContext after
     ``spark.yarn.am.waitTime`` (100 s by default), which a long listing or an
-    int8 search reached. A client-mode dry run starts none: it runs no Spark
-    job, and no ApplicationMaster waits for one. In process (the library, no
-    spark-submit) Spark starts at the job.
+    int8 search reached. In client mode it begins after the listing
+    (:func:`checked_run`): a run that fails there or finds nothing new then
+    starts no Spark at all (local-cluster's in-process workers print a stack
+    trace now and then when stopped as they start), and a dry run starts none.
+    In process (the library, no spark-submit) Spark starts at the job.
     """
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return None
-    if cfg.dry_run and not os.environ.get("CONTAINER_ID"):
+    cluster_mode = bool(os.environ.get("CONTAINER_ID"))
+    if cfg.dry_run and not cluster_mode:
         return None
-    return SparkStart(cfg.app_name, spark_conf)
+    return SparkStart(cfg.app_name, spark_conf, begin=cluster_mode)
+
+
+def begin_spark(start: SparkStart | None, cfg: JobConfig) -> bool:
+    """Once the listing found something to score: Spark begins starting in client mode (:func:`early_spark`), and
+    the executors load the model as given while the driver checks it, when the check changes nothing they load
+    (:func:`warm_up`). Whether they were sent to warm up."""
+    if start is None:
+        return False
+    start.begin()
+    return warm_up(start, cfg, early=True)
 
 
 def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False) -> bool:
@@ -112,8 +125,8 @@ def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False) -> bo
 
     The run's ``JobSpec`` as its tasks will get it (bound at the micro-batch,
     the executors' thread plan), one warm-up task per executor
-    (:func:`mxjob.partition.warm_worker`). ``early``: before the listing and
-    the driver's own check, when that check changes nothing the executors
+    (:func:`mxjob.partition.warm_worker`). ``early``: before the driver's
+    own check, when that check changes nothing the executors
     load: not for int8 (the driver quantizes the model they load) or an
     embedding whose layer the driver finds; a model the check then refuses
     ends the run as before, the warm-up's work lost. Never for a
@@ -164,7 +177,6 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     # The handler and the model's files before the listing too: seconds, where the listing may take hours.
     cfg = prepare_handler(cfg, client)
     preflight.check_model_files(cfg.model)
-    warmed = warm_up(start, cfg, early=True)  # the model as given: the executors load it while the driver lists
     monitor.enter("listing")
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
@@ -179,6 +191,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
         found = existing.Existing(listed=settled.keys_written, new=images, in_output=settled.keys_written)
     if found is not None and not len(images) and not cfg.dry_run:
         return existing.nothing_new(cfg, client, monitor, found, seconds)
+    warmed = begin_spark(start, cfg)
     check_started = time.time()
     monitor.enter("model_check")
     cfg, checked = check_on_driver(cfg, client, images)
@@ -202,7 +215,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
         return done.exit_code
     # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
     cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf,
-                           head_start=time.monotonic() - start.started if start is not None else 0.0)
+                           head_start=start.head_start() if start is not None else 0.0)
     monitor.context = {"options": cfg.options(), "fingerprint": checked.fingerprint}
     monitor.claim("planning")  # from the plan on the files are this run's, whoever's they were
     run = PlannedRun(cfg, client, work, images, plan, monitor)

@@ -4,7 +4,9 @@ Creating a SparkContext takes seconds (its scheduler, then the executors'
 launch: YARN containers, or local-cluster's processes), and the driver's own
 work before its first Spark job takes seconds to hours: the listing, the
 model's check, int8's quantization, the sample for the estimate. Started at
-the driver's first step (:class:`SparkStart`), the two overlap. In cluster
+the driver's first step in cluster mode, or once the listing found something
+to score in client mode (:class:`SparkStart`, ``mxjob.driver.early_spark``),
+the two overlap. In cluster
 mode it is more than speed: YARN's ApplicationMaster waits
 ``spark.yarn.am.waitTime`` (100 s by default) for the driver's SparkContext
 and fails the application when there is none by then, so a long listing or an
@@ -44,15 +46,30 @@ class SparkStart:
         ``--app-name``.
     spark_conf : dict, optional
         Settings on top of spark-submit's (the tests' and the bench's).
+    begin : bool
+        Start creating it now; else at :meth:`begin` (or the first :meth:`context`).
     """
 
-    def __init__(self, app_name: str, spark_conf: dict | None = None):
-        self.started = time.monotonic()
+    def __init__(self, app_name: str, spark_conf: dict | None = None, begin: bool = True):
+        self.started: float | None = None
+        self._args = (app_name, dict(spark_conf or {}))
         self._sc = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
-        threading.Thread(target=self._start, args=(app_name, dict(spark_conf or {})), name="spark-start",
-                         daemon=True).start()
+        # Held while the warm-up reads the context and sets its job group, and while the creation begins;
+        # stop() takes it to say "stopping".
+        self._lock = threading.Lock()
+        self._stopping = False
+        if begin:
+            self.begin()
+
+    def begin(self) -> None:
+        """Start creating the SparkContext in a daemon thread, unless that began already or the run has ended."""
+        with self._lock:
+            if self.started is not None or self._stopping:
+                return
+            self.started = time.monotonic()
+            threading.Thread(target=self._start, args=self._args, name="spark-start", daemon=True).start()
 
     def _start(self, app_name: str, spark_conf: dict) -> None:
         from pyspark import SparkConf, SparkContext
@@ -68,8 +85,15 @@ class SparkStart:
         finally:
             self._ready.set()
 
+    def head_start(self) -> float:
+        """Seconds since Spark began starting (0 before it began): what comes off the estimate's start-up."""
+        return time.monotonic() - self.started if self.started is not None else 0.0
+
     def context(self):
-        """The SparkContext, once created; its creation's exception if it failed."""
+        """The SparkContext, once created (begun now if it was not); its creation's exception if it failed."""
+        self.begin()
+        if self.started is None:
+            raise RuntimeError("the run ended before Spark started")
         self._ready.wait()
         if self._error is not None:
             raise self._error
@@ -90,19 +114,30 @@ class SparkStart:
         started = time.monotonic()
         try:
             sc = self.context()
-            job, tasks = job_for(sc)
-            sc.setJobGroup(WARM_GROUP, f"load the model in {tasks} executors' Python workers", interruptOnCancel=True)
+            with self._lock:
+                if self._stopping:  # the run ended first (a failed listing, nothing new): nothing to warm
+                    return
+                job, tasks = job_for(sc)
+                sc.setJobGroup(WARM_GROUP, f"load the model in {tasks} executors' Python workers",
+                               interruptOnCancel=True)
             sc.parallelize(range(tasks), tasks).foreachPartition(lambda _rows, j=job: warm_task(_partition_id(), j))
             log.info("the executors' Python workers loaded the model in %.1f s, while the driver planned",
                      time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - an optimisation: the run's tasks load the model themselves
-            log.info("warming the executors up did not finish (%s); the run's first tasks load the model",
-                     first_line(exc))
+            if self._stopping:  # cancelled by stop(), or its context stopped under it: the run has ended
+                log.debug("the warm-up ended with the run: %s", first_line(exc))
+            else:
+                log.info("warming the executors up did not finish (%s); the run's first tasks load the model",
+                         first_line(exc))
 
     def stop(self, timeout: float = 120.0) -> None:
         """Stop the SparkContext once it exists (``timeout`` at most): a run that needed no Spark job, or failed
         before it. In cluster mode YARN's ApplicationMaster then reports the application by the driver's exit
         code; after the run's own job (stopped already), this does nothing."""
+        with self._lock:  # a warm-up between its context and its job group finishes that first
+            self._stopping = True
+            if self.started is None:  # never begun: nothing to stop
+                return
         self._ready.wait(timeout)
         if self._sc is not None:
             try:

@@ -1,0 +1,125 @@
+"""SparkStart's warm-up against a run that ends first: it stays quiet and never touches a stopped context.
+
+A run that fails at its listing (or finds nothing new) stops the SparkContext
+started early while the warm-up thread may be reading it: the user then saw
+two lines about PySpark internals ("cannot list the executors...", "warming
+the executors up did not finish ('NoneType' object has no attribute
+'setJobGroup')") beside the run's one error. A fake context stands in for
+Spark here; tests/test_job.py runs the real one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from mxjob import spark_start
+from mxjob.spark_start import SparkStart
+
+
+class FakeContext:
+    def __init__(self):
+        self.calls: list[str] = []
+        self.stopped = False
+
+    def setJobGroup(self, group, description, interruptOnCancel=False):
+        assert not self.stopped, "setJobGroup on a stopped context"
+        self.calls.append("setJobGroup")
+
+    def parallelize(self, data, slices):
+        if self.stopped:  # what PySpark raises once stop() dropped its handles
+            raise AttributeError("'NoneType' object has no attribute 'sc'")
+        self.calls.append("parallelize")
+        return self
+
+    def foreachPartition(self, function):
+        self.calls.append("job")
+
+    def cancelJobGroup(self, group):
+        self.calls.append("cancel")
+
+    def stop(self):
+        self.stopped = True
+        self.calls.append("stop")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    context = FakeContext()
+
+    def start(self, app_name, conf):
+        self._sc = context
+        self._ready.set()
+
+    monkeypatch.setattr(SparkStart, "_start", start)
+    return context
+
+
+def test_a_warm_up_after_the_run_stopped_spark_does_nothing_and_says_nothing(fake, caplog):
+    start = SparkStart("app")
+    start.stop()
+    asked = []
+    with caplog.at_level(logging.DEBUG, logger=spark_start.__name__):
+        start._warm(lambda sc: asked.append(sc) or ("job", 2), lambda index, job: None)
+    assert asked == [] and fake.calls == ["cancel", "stop"]
+    assert caplog.records == []
+
+
+def test_a_stop_waits_for_a_warm_up_reading_the_context_and_its_end_is_only_a_debug_line(fake, caplog):
+    start = SparkStart("app")
+    inside, release = threading.Event(), threading.Event()
+
+    def job_for(sc):
+        inside.set()
+        release.wait(10)
+        return "job", 2
+
+    stopper = threading.Thread(target=start.stop)
+    with caplog.at_level(logging.DEBUG, logger=spark_start.__name__):
+        warmer = threading.Thread(target=start._warm, args=(job_for, lambda index, job: None))
+        warmer.start()
+        assert inside.wait(10)
+        stopper.start()
+        stopper.join(0.3)
+        assert stopper.is_alive() and not fake.stopped  # the stop waits while the warm-up reads the context
+        release.set()
+        stopper.join(10)
+        warmer.join(10)
+    # The group was set before the stop, never on a stopped context (FakeContext asserts that); its job ran
+    # before the stop or failed on the stopped context, which is a debug line, not the user's business.
+    assert fake.calls[0] == "setJobGroup" and fake.calls.index("stop") > 0
+    assert not any("did not finish" in r.getMessage() for r in caplog.records)
+    assert all(r.levelno == logging.DEBUG or "loaded the model" in r.getMessage() for r in caplog.records)
+
+
+def test_a_warm_up_that_fails_on_its_own_says_the_run_loads_the_model_itself(fake, caplog):
+    start = SparkStart("app")
+
+    def job_for(sc):
+        raise OSError("executor lost")
+
+    with caplog.at_level(logging.INFO, logger=spark_start.__name__):
+        start._warm(job_for, lambda index, job: None)
+    assert [r.getMessage() for r in caplog.records] == [
+        "warming the executors up did not finish (executor lost); the run's first tasks load the model"]
+
+
+def test_a_start_not_begun_starts_nothing_once_stopped_and_says_why_if_asked(monkeypatch):
+    begun = []
+    monkeypatch.setattr(SparkStart, "_start", lambda self, app_name, conf: begun.append(app_name))
+    start = SparkStart("app", begin=False)
+    assert start.head_start() == 0.0
+    start.stop()  # at once: nothing to wait for
+    start.begin()  # the run has ended: no Spark now
+    with pytest.raises(RuntimeError, match="the run ended before Spark started"):
+        start.context()
+    assert begun == []
+
+
+def test_begin_starts_the_context_once_and_the_head_start_counts_from_there(fake):
+    start = SparkStart("app", begin=False)
+    start.begin()
+    start.begin()
+    assert start.context() is fake and start.head_start() > 0.0

@@ -62,9 +62,9 @@ def py_files_zip() -> Path:
 
 
 def spark_submit_command(job_args: list[str], master: str = MASTER) -> list[str]:
-    """The spark-submit line: the same files and flags a cluster gets."""
+    """The spark-submit line: the same files and flags a cluster gets, and the local JVMs' archives."""
     python_bin = Path(sys.executable).parent
-    # The JVMs' class-data sharing archives, where `make venv` made them (demo/jvm_options.py).
+    # The JVMs' class-data sharing archives, where `make jvm-archives` made them (demo/jvm_options.py).
     log4j = f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}"
     driver_java = f"{log4j} {jvm_options.driver_options()}"
     executor_java = jvm_options.executor_options()
@@ -223,7 +223,7 @@ def main(keep_s3: bool = False, iceberg: bool = False) -> int:
         kept = work / "output"
         kept.mkdir(exist_ok=True)
         if iceberg:
-            lines, summary_text, sidecars = iceberg_output(endpoint, kept)
+            lines, summary_text, sidecars = iceberg_output(s3, endpoint, kept)
         else:
             lines = s3.get_object(Bucket=bucket, Key=output_key)["Body"].read().decode().splitlines()
             (kept / Path(output_key).name).write_text("\n".join(lines) + "\n")
@@ -243,11 +243,12 @@ def main(keep_s3: bool = False, iceberg: bool = False) -> int:
     return report(lines, summary, summary_copy, config, started)
 
 
-def iceberg_output(endpoint: str, kept: Path) -> tuple[list[str], str, tuple[str, str]]:
+def iceberg_output(s3, endpoint: str, kept: Path) -> tuple[list[str], str, tuple[str, str]]:
     """The table's rows as JSON lines (for the accuracy), its run's summary, and where the report is.
 
     Read with pyiceberg, as any reader of the table would; a copy of the
-    rows goes to ``run/output/digits.parquet``. Returns ``(lines, summary
+    rows goes to ``run/output/digits.parquet``; the summary is read with
+    ``s3``, the demo's client of the local server. Returns ``(lines, summary
     JSON, (key prefix of the sidecars in the bucket, local name prefix))``.
     """
     import pyarrow.parquet as pq
@@ -258,9 +259,6 @@ def iceberg_output(endpoint: str, kept: Path) -> tuple[list[str], str, tuple[str
     rows = table.scan().to_arrow()
     pq.write_table(rows, kept / "digits.parquet")
     bucket, home = table_output.home_of(table.location())
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=FAKE_AWS_ENV["AWS_DEFAULT_REGION"],
-                      aws_access_key_id=FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=FAKE_AWS_ENV["AWS_SECRET_ACCESS_KEY"])
     summary_text = s3.get_object(Bucket=bucket, Key=f"{home}_summary.json")["Body"].read().decode()
     commits = iceberg_table.snapshot_summaries(table)
     print(f"\n== the Iceberg table {ICEBERG_TABLE} at {table.location()}: {rows.num_rows} rows in "

@@ -374,10 +374,13 @@ def spark_floor(master: str, work: Path) -> dict:
 
 
 def driver_import_cpu() -> float:
-    """CPU seconds of the Python driver's imports (``infer_main``, ``pyspark.sql``, ``mxnet``) in a fresh process."""
+    """CPU seconds of the Python driver's imports (``infer_main``, ``pyspark.sql``, ``mxnet``) in a fresh process.
+
+    MXNet as the driver imports it: through ``mxjob.worker.import_mxnet``.
+    """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", "import infer_main, pyspark.sql, mxnet"], cwd=str(ROOT), env=spark_env(),
-                   check=True, capture_output=True)
+    code = "import infer_main, pyspark.sql; from mxjob.worker import import_mxnet; import_mxnet()"
+    subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=spark_env(), check=True, capture_output=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

@@ -29,6 +29,7 @@ from mxjob.device import mx_context
 from mxjob.errors import first_line, plural
 from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, decode_into, map_boxes
 from mxjob.s3 import clients, reads, uris
+from mxjob.worker import import_mxnet
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ class Predictor:
 
     def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
                  context: str | None = None):
+        import_mxnet()  # the first import in a worker: timed, and without scikit-learn
         import mxnet as mx
 
         spec = model if isinstance(model, ModelSpec) else ModelSpec.from_prefix(model)

@@ -11,6 +11,7 @@ divides its host's cores by the workers the host runs at once
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -168,23 +169,57 @@ def configure_threads(threads: int, lanes: int = 1) -> tuple[int | None, int]:
     return in_force, lanes
 
 
+#: What ``import mxnet`` tries and falls back from, for features the job does not use (:func:`without_modules`).
+MXNET_OPTIONAL = ("sklearn", "scipy")
+
+
 def import_mxnet() -> float | None:
     """Import MXNet in this process, timed; the seconds it took (kept in ``state.counters``).
 
     ``None`` when MXNet was loaded before, untimed.
 
-    Every Python worker pays this before its first batch (3-4 s on a 2-vCPU
-    AMD EPYC without VNNI, about half that with it), so the driver's own
-    import, timed here, is what :mod:`mxjob.estimate` counts for the
-    executors' start. The driver imports MXNet first through here.
+    Every Python worker pays this before its first batch (1-2 s on a 2-vCPU
+    AMD EPYC, without the optional packages of :data:`MXNET_OPTIONAL`), so
+    the driver's own import, timed here, is what :mod:`mxjob.estimate`
+    counts for the executors' start. The driver imports MXNet first through
+    here, a worker when it loads its first model (:class:`mxjob.model.Predictor`).
     """
     if "mxnet" in sys.modules:
         return state.counters.mxnet_import_seconds
     started = time.perf_counter()
-    import mxnet  # noqa: F401 - loaded for its cost; callers import it where they use it
+    with without_modules(*MXNET_OPTIONAL):
+        import mxnet  # noqa: F401 - loaded for its cost; callers import it where they use it
 
     state.counters.mxnet_import_seconds = time.perf_counter() - started
     return state.counters.mxnet_import_seconds
+
+
+@contextlib.contextmanager
+def without_modules(*names: str):
+    """Within the block, ``import`` of each of ``names`` fails as if it were not installed; after it, it works again.
+
+    For MXNet's import, which tries three optional packages it falls back
+    from when they are absent, for features this job never uses:
+    ``mxnet.model`` tries scikit-learn only to make the legacy ``FeedForward``
+    an estimator (which loads SciPy and pandas too); ``mxnet.contrib.quantization``
+    tries ``scipy.stats`` for the ``entropy`` calibration (the job calibrates
+    int8 with ``naive``); ``mxnet.ndarray.sparse`` tries ``scipy.sparse`` for
+    ``asscipy``. Where they are installed (the dev venv; requirements.txt
+    has none of them) those tries cost 1 CPU-s of a 2.3 s import on a 2-vCPU
+    AMD EPYC, in the driver and in every Python worker. ``None`` in
+    ``sys.modules`` is Python's documented way to make an import raise
+    ``ImportError`` (the import system's reference, "The module cache"). A
+    module already loaded is left as it is.
+    """
+    hidden = [name for name in names if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def freeze_long_lived() -> None:

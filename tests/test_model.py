@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import mxnet as mx
 import numpy as np
@@ -17,6 +21,7 @@ from mxjob import merge, state
 from tests.helpers import scored_lines
 
 SHAPE = make_demo.INPUT_SHAPE
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def digit_batch(n: int, seed: int = 0) -> np.ndarray:
@@ -299,3 +304,31 @@ def test_a_wrong_input_shape_names_the_shape_the_checkpoint_records(tmp_path):
                 {})
     with pytest.raises(mxinfer.ModelError, match="the checkpoint records input shape 3,5,6: set --input-shape"):
         mxinfer.Predictor(str(tmp_path / "m"), (3, 8, 8), batch_size=1)
+
+
+def test_without_modules_hides_a_module_for_the_block_only(tmp_path, monkeypatch):
+    from mxjob.worker import without_modules
+
+    (tmp_path / "mxinfer_probe_module.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with without_modules("mxinfer_probe_module"):
+        with pytest.raises(ImportError, match="mxinfer_probe_module"):
+            import mxinfer_probe_module
+    import mxinfer_probe_module
+
+    assert mxinfer_probe_module.VALUE == 7
+    with without_modules("mxinfer_probe_module"):  # already loaded: left as it is
+        import mxinfer_probe_module as again
+    assert again is mxinfer_probe_module
+
+
+def test_a_fresh_process_imports_mxnet_without_scikit_learn_or_scipy_and_can_import_them_after():
+    # scikit-learn and SciPy are installed here (the tests' photos); mxnet would load them and pandas.
+    code = ("import sys; from mxjob.model import Predictor; from mxjob.worker import import_mxnet\n"
+            "seconds = import_mxnet()\n"
+            "print(seconds > 0, *(name in sys.modules for name in ('sklearn', 'scipy', 'pandas')))\n"
+            "import mxnet.model, sklearn.base, scipy.stats\n"
+            "print(mxnet.model.BASE_ESTIMATOR is object, sklearn.base.__name__, scipy.stats.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
+    assert out == ["True", "False", "False", "False", "True", "sklearn.base", "scipy.stats"]

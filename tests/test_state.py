@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import os
 import subprocess
 import sys
 import threading
@@ -106,15 +108,36 @@ def test_the_py_files_zip_holds_every_module_and_imports_from_itself_alone(tmp_p
     archive = build_zip(tmp_path / "job.zip")
     names = zipfile.ZipFile(archive).namelist()
     package = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "mxjob").rglob("*.py"))
-    assert names == ["mxinfer.py", "utils.py", *package]
-    assert [m.as_posix() for m in zip_members()] == names
+    sources = ["mxinfer.py", "utils.py", *package]
+    assert names == [name for source in sources for name in (source, source + "c")]  # each .py, then its .pyc
+    assert [m.as_posix() for m in zip_members()] == sources
     assert build_zip(tmp_path / "again.zip").read_bytes() == archive.read_bytes()  # same sources, same bytes
-    # From an empty folder, with only the zip on the path: every module imports.
+    # From an empty folder, with only the zip on the path: every module imports, from its compiled code.
     modules = ["mxinfer", "utils", *[n[:-3].replace("/", ".").removesuffix(".__init__") for n in package]]
-    code = f"import importlib; [importlib.import_module(m) for m in {modules}]"
+    code = f"import importlib; print(*(importlib.import_module(m).__file__ for m in {modules}))"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(archive)}, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
+    files = result.stdout.split()
+    assert len(files) == len(modules) and all(f.startswith(str(archive)) and f.endswith(".pyc") for f in files)
+
+
+def test_a_compiled_module_in_the_py_files_zip_is_used_only_with_its_own_source(tmp_path):
+    # A .pyc beside a different source (a zip mended by hand) is not used: the source is what runs.
+    archive = build_zip(tmp_path / "job.zip")
+    mended = tmp_path / "mended.zip"
+    with zipfile.ZipFile(archive) as old, zipfile.ZipFile(mended, "w") as new:
+        for info in old.infolist():
+            data = old.read(info)
+            if info.filename == "utils.py":
+                data += b"\nMENDED = 'by hand'\n"
+            new.writestr(info, data)
+    code = "import utils; print(utils.__file__, getattr(utils, 'MENDED', None), sep='|')"
+    for path, loaded in ((archive, ["utils.pyc", "None"]), (mended, ["utils.py", "by hand"])):
+        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(path)}, check=True)
+        file, value = result.stdout.split("|")
+        assert [file.rsplit("/", 1)[-1], value.strip()] == loaded
 
 
 def test_outside_yarn_a_driver_that_started_no_spark_starts_none_at_exit(monkeypatch):
@@ -130,3 +153,15 @@ def test_outside_yarn_a_driver_that_started_no_spark_starts_none_at_exit(monkeyp
     monkeypatch.setattr(state.counters, "spark_contexts", 1)  # it ran its Spark job
     cluster.satisfy_application_master()
     assert started == []
+
+
+def test_another_python_version_ignores_the_zips_compiled_modules_and_imports_the_sources(tmp_path):
+    # EMR 7 runs Python 3.9: a zip built by another version still imports there, from its sources.
+    other = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9")))
+    if not other or sys.version_info[:2] == (3, 9):
+        pytest.skip("needs a Python 3.9 beside a Python of another version")
+    archive = build_zip(tmp_path / "job.zip")
+    code = "import sys, mxjob.errors; print(sys.version_info[:2] == (3, 9), mxjob.errors.__file__)"
+    result = subprocess.run([other[-1], "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(archive)}, check=True)
+    assert result.stdout.split() == ["True", f"{archive}/mxjob/errors.py"]

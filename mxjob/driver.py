@@ -33,7 +33,7 @@ from mxjob.dry_run import dry_run
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
 from mxjob.handlers import HandlerError, get_handlers, model_class
 from mxjob.int8_prep import prepare_precision
-from mxjob.model import Classifier, Embedder, ModelError, Predictor
+from mxjob.model import Classifier, Embedder, ModelError, Predictor, get_model
 from mxjob.partition import warm_worker
 from mxjob.resume import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list, reads, uris, writes
@@ -200,7 +200,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     inputs = dataset.PlanInputs(checked.auto_rows, found)
     if cfg.dry_run:
         return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, inputs)
-    checked.classifier = None  # checked: the driver needs the model no more
+    checked.classifier = None  # checked: the driver needs the model no more (its cache keeps it for the sample)
     seconds["model_check"] = time.time() - check_started
     plan_started = time.time()
     monitor.enter("planning")
@@ -631,8 +631,10 @@ def load_model_on_driver(cfg: JobConfig) -> Predictor:
     except HandlerError as exc:
         raise JobError(f"--handler: {exc}") from exc
     try:
-        # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory.
-        return kind(cfg.model, cfg.preprocess.input_shape, bound_batch(cfg), context="cpu")
+        # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory; and
+        # through the worker's cache, where the driver's sample (mxjob.sizing.measure) finds it instead of
+        # reading and binding the model a second time. size_run drops it.
+        return get_model(replace(cfg.model, context="cpu"), cfg.preprocess.input_shape, bound_batch(cfg), kind)
     except ModelError as exc:
         raise JobError(f"model: {exc}") from exc
     except FileNotFoundError as exc:

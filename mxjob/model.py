@@ -660,9 +660,10 @@ def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type =
                      time.perf_counter() - started)
             return model
         state.counters.model_loads += 1
+        state.counters.model_load_seconds = time.perf_counter() - started
         log.info("loaded model %s (%s, batch %d) in %.2fs; loads in this worker: %d",
                  spec.symbol_uri, model.model_summary()["head"], batch_size,
-                 time.perf_counter() - started, state.counters.model_loads)
+                 state.counters.model_load_seconds, state.counters.model_loads)
         return model
 
     return state.models.get((kind, spec, tuple(input_shape), int(batch_size), int(lane)), load)

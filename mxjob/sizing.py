@@ -55,6 +55,7 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
         items = sample_items(images, sample_size(cfg.estimate_images, to_score))
         measured = replace(cfg, batch_size=bound_batch(cfg))  # a number, whatever auto will choose
         cost = measure(measured.job_spec(), items, cfg.endpoint_url)
+    state.models.clear()  # the driver's copy (its check's, kept for the sample): the executors' copy is theirs
     choice = choose_batch(cfg, cost, cluster, to_score)
     log.info("batch size %d: %s", choice.chosen, choice.why)
     cfg = replace(cfg, batch_size=choice.chosen)
@@ -173,21 +174,23 @@ def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     """The :class:`SampleCost` of scoring ``items`` on the driver, as an executor would.
 
     Runs :func:`mxjob.partition.score_partition` twice on the driver: one
-    image first (the model loads: its wall time is the load), then the
-    sample, whose process CPU time is what an executor would spend. The
-    driver's copy of the model is dropped afterwards.
+    image first (the model loads: its wall time is the load, with the first
+    forward pass's), then the sample, whose process CPU time is what an
+    executor would spend. The driver's check has usually loaded the model
+    into this process's cache already (:func:`mxjob.driver.load_model_on_driver`):
+    that load's seconds then count as this one's.
     """
     job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
     server = local_server_process(endpoint_url)
-    try:
-        load_started = time.perf_counter()
-        [(_, _, first_part, first_stats)] = score_partition(0, items[:1], job)
-        load_seconds = time.perf_counter() - load_started
-        server_cpu = _cpu_seconds(server)
-        [(_, _, _, stats)] = score_partition(0, items, job)
-        server_cpu = _cpu_seconds(server) - server_cpu
-    finally:
-        state.models.clear()  # the executors' copy is theirs; the driver keeps none for the run
+    loads = state.counters.model_loads
+    load_started = time.perf_counter()
+    [(_, _, first_part, first_stats)] = score_partition(0, items[:1], job)
+    load_seconds = time.perf_counter() - load_started
+    if state.counters.model_loads == loads and state.counters.model_load_seconds is not None:
+        load_seconds += state.counters.model_load_seconds  # the check's load, found in the cache
+    server_cpu = _cpu_seconds(server)
+    [(_, _, _, stats)] = score_partition(0, items, job)
+    server_cpu = _cpu_seconds(server) - server_cpu
     n = max(1, len(items))
     return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
                       cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -210,3 +211,32 @@ def test_a_run_with_auto_says_its_batch_and_why_in_the_log_and_the_summary(moto_
     assert choice["per_image_seconds"] > 0 and choice["task_overhead_seconds"] == estimate.TASK_OVERHEAD_SECONDS
     assert "2 executors get 4 batches each: 60 / 8 images" in choice["why"]
     assert "batch size 16: capped so that 2 executors get 4 batches each" in result.stdout + result.stderr
+
+
+def test_the_driver_loads_the_model_once_for_its_check_and_its_sample(moto_endpoint, demo_dir, monkeypatch):
+    """The sample scores with the check's copy, from the process's cache; the check's load counts as the sample's."""
+    from mxjob import driver, state
+    from tests.helpers import bucket_with_model
+
+    bucket = "driver-loads"
+    s3 = bucket_with_model(moto_endpoint, bucket, demo_dir / "model")
+    pngs = sorted((demo_dir / "images").rglob("*.png"))[:8]
+    keys = []
+    for path in pngs:
+        s3.put_object(Bucket=bucket, Key=f"imgs/{path.name}", Body=path.read_bytes())
+        keys.append((f"imgs/{path.name}", path.stat().st_size))
+    cfg = config.resolve(config.merge_settings(
+        {"input": f"s3://{bucket}/imgs/", "model": f"s3://{bucket}/model/digits", "output": f"s3://{bucket}/o.jsonl",
+         "endpoint_url": moto_endpoint, "input_shape": "3,32,32", "std": "255", "estimate_images": 8,
+         "estimate_cluster": "2x1"}, {}))
+    cfg = replace(cfg, input_bucket=bucket)
+    monkeypatch.setattr(state, "models", state.ProcessCache("models", state.MAX_MODELS))
+    monkeypatch.setattr(state, "counters", state.Counters())
+    checked = driver.load_model_on_driver(cfg)
+    assert (state.counters.model_loads, len(state.models)) == (1, 1)
+    load_seconds = state.counters.model_load_seconds
+    _, sized = sizing.size_run(cfg, keys, len(keys))
+    assert state.counters.model_loads == 1  # the sample found the check's copy
+    assert len(state.models) == 0  # and the driver keeps none for the run
+    assert sized.estimate["sample_images"] == 8 and sized.estimate["model_load_seconds"] > load_seconds > 0
+    assert checked.num_classes == 10

@@ -31,25 +31,38 @@ def zip_members(root: Path = ROOT) -> list[Path]:
 def build_zip(path: str | Path, root: Path = ROOT) -> Path:
     """Write the zip to ``path`` and return it; the same sources give the same bytes (fixed timestamps).
 
-    Beside each ``.py`` goes its ``.pyc``, compiled by this Python, where
+    Beside each ``.py`` goes its ``.pyc`` (:func:`compiled`), where
     ``zipimport`` looks first: Python cannot cache what it compiles from a
     zip, so without them the driver and every Python worker compile the
     sources at each start (0.3 CPU-s for the driver's modules on a 2-vCPU
-    AMD EPYC). They are hash-checked against the source beside them (a stale
-    one is never used) and carry no timestamp; another Python version
-    ignores them for their magic number and compiles the sources, as before:
-    build the zip with the cluster's Python (EMR 7: 3.9) to give it them.
+    AMD EPYC). Another Python version ignores them for their magic number
+    and compiles the sources, as before: build the zip with the cluster's
+    Python (EMR 7: 3.9) to give it them.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive, tempfile.TemporaryDirectory() as folder:
         for member in zip_members(root):
-            name = member.as_posix()
-            _add(archive, name, (root / member).read_bytes())
-            compiled = py_compile.compile(str(root / member), cfile=str(Path(folder) / "member.pyc"), dfile=name,
-                                          doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
-            _add(archive, name + "c", Path(compiled).read_bytes())
+            name, source = member.as_posix(), (root / member).read_bytes()
+            _add(archive, name, source)
+            _add(archive, name + "c", compiled(source, name, folder))
     return path
+
+
+def compiled(source: bytes, name: str, folder: str) -> bytes:
+    """``source``'s code as this Python's ``.pyc``, hash-checked and without a timestamp; ``name`` in its tracebacks.
+
+    Checked against the hash of the source beside it in the zip at each
+    import (``zipimport`` does), so a ``.pyc`` that no longer matches its
+    source is never run; and with no timestamp, the same source gives the
+    same bytes. ``folder``: a scratch folder for py_compile's two files.
+    Raises ``py_compile.PyCompileError`` for a source this Python cannot compile.
+    """
+    source_path, pyc_path = Path(folder) / "member.py", Path(folder) / "member.pyc"
+    source_path.write_bytes(source)
+    py_compile.compile(str(source_path), cfile=str(pyc_path), dfile=name, doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    return pyc_path.read_bytes()
 
 
 def _add(archive: zipfile.ZipFile, name: str, data: bytes) -> None:

@@ -97,6 +97,8 @@ pools = ProcessCache("download pools", MAX_POOLS, on_evict=lambda pool: pool.shu
 #: Forward-lane pools a worker keeps, by lane count (``mxjob.partition``): a job uses one.
 lane_pools = ProcessCache("forward-lane pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))
 s3_clients = ProcessCache("S3 clients", MAX_S3_CLIENTS)
+#: The boto3 session the cached S3 clients are made from (``clients.cached_client``), one per process id.
+s3_sessions = ProcessCache("S3 sessions", 1)
 s3_readers = ProcessCache("S3 readers", MAX_S3_READERS)
 #: Iceberg catalogs the driver keeps (``mxjob.table_output.catalog_of``): a run writes one table.
 catalogs = ProcessCache("Iceberg catalogs", 2)

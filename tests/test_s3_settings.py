@@ -255,3 +255,23 @@ def test_s3_client_never_hands_out_the_lean_readers_hooked_client(bucket, moto_e
     reader._sent.request = None
     # The botocore reader hooks nothing, so it may share the plain client.
     assert object_reader.s3_reader(moto_endpoint, max_attempts=4, kind="botocore").client is plain
+
+
+def test_the_cached_clients_of_a_process_share_one_session_and_its_loaded_service_model(monkeypatch):
+    # botocore parses S3's service model once a session: a second client with other settings parses nothing.
+    import botocore.loaders
+
+    from mxjob import state
+
+    monkeypatch.setattr(state, "s3_clients", state.ProcessCache("S3 clients", state.MAX_S3_CLIENTS))
+    monkeypatch.setattr(state, "s3_sessions", state.ProcessCache("S3 sessions", 1))
+    loaded = []
+    real = botocore.loaders.JSONFileLoader.load_file
+    monkeypatch.setattr(botocore.loaders.JSONFileLoader, "load_file",
+                        lambda self, path: loaded.append(path) or real(self, path))
+    first, _ = clients.cached_client("http://127.0.0.1:9", "us-east-1", 3, 10)
+    models = [p for p in loaded if "service-2" in p]  # the model and its extras
+    second, _ = clients.cached_client("http://127.0.0.1:9", "us-east-1", 5, 20, purpose="other")
+    assert first is not second and models and [p for p in loaded if "service-2" in p] == models
+    assert len(state.s3_sessions) == 1
+    assert second.meta.config.retries["total_max_attempts"] == 5

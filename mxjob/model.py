@@ -199,7 +199,7 @@ class Predictor:
 
     def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
                  context: str | None = None):
-        import_mxnet()  # the first import in a worker: timed, and without scikit-learn
+        import_mxnet()  # the first import in a worker: timed, and without the optional packages it would load
         import mxnet as mx
 
         spec = model if isinstance(model, ModelSpec) else ModelSpec.from_prefix(model)

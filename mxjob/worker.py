@@ -209,7 +209,9 @@ def without_modules(*names: str):
     AMD EPYC, in the driver and in every Python worker. ``None`` in
     ``sys.modules`` is Python's documented way to make an import raise
     ``ImportError`` (the import system's reference, "The module cache"). A
-    module already loaded is left as it is.
+    module already loaded is left as it is. The block hides them from the
+    process's other threads too, for the second MXNet's import takes: none
+    of the job's imports one of them.
     """
     hidden = [name for name in names if name not in sys.modules]
     for name in hidden:

@@ -194,7 +194,7 @@ class WorkPrefix:
                                                                            pa.int64())}))
         prefix = self.run_prefix(number)
         with writes.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
-                                   content_type="application/vnd.apache.arrow.stream") as writer:
+                                   content_type="application/vnd.apache.arrow.stream", lazy=True) as writer:
             spans = plan_file.write_plan(keys, batch_size, writer.write)
         meta = {"batch_size": batch_size, "batches": len(spans), "keys": len(keys), "application": application,
                 "started": time.time()}

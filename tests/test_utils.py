@@ -165,6 +165,31 @@ def test_multipart_writer_aborts_on_error_leaving_no_object_and_no_parts(s3_mock
     assert s3_mock.list_multipart_uploads(Bucket="bkt").get("Uploads", []) == []
 
 
+def test_a_lazy_writer_puts_an_object_under_one_part_in_one_request_and_streams_a_larger_one(s3_mock):
+    calls = []
+    s3_mock.meta.events.register("before-call.s3.*", lambda model, **_: calls.append(model.name))
+    with writes.MultipartWriter(s3_mock, "bkt", "out/small.arrows", content_type="x/small", lazy=True) as writer:
+        writer.write(b"a few kB of plan")
+        assert "Contents" not in s3_mock.list_objects_v2(Bucket="bkt", Prefix="out/")
+    assert calls[-1] == "PutObject" and "CreateMultipartUpload" not in calls
+    small = s3_mock.get_object(Bucket="bkt", Key="out/small.arrows")
+    assert small["Body"].read() == b"a few kB of plan" and small["ContentType"] == "x/small"
+    calls.clear()
+    chunk = b"z" * (1024 * 1024)
+    with writes.MultipartWriter(s3_mock, "bkt", "out/large.arrows", part_bytes=writes.MIN_PART_BYTES,
+                                lazy=True) as writer:
+        for _ in range(6):
+            writer.write(chunk)
+    assert calls[0] == "CreateMultipartUpload" and calls.count("UploadPart") == 2 and "PutObject" not in calls
+    assert s3_mock.get_object(Bucket="bkt", Key="out/large.arrows")["Body"].read() == chunk * 6
+    with pytest.raises(RuntimeError, match="failed"):  # failed before its first part: nothing to abort, no object
+        with writes.MultipartWriter(s3_mock, "bkt", "out/failed.arrows", lazy=True) as writer:
+            writer.write(b"partial")
+            raise RuntimeError("failed")
+    assert "Contents" not in s3_mock.list_objects_v2(Bucket="bkt", Prefix="out/failed")
+    assert s3_mock.list_multipart_uploads(Bucket="bkt").get("Uploads", []) == []
+
+
 def test_multipart_writer_needs_a_writable_bucket(s3_mock):
     with pytest.raises(botocore.exceptions.ClientError, match="NoSuchBucket"):
         writes.MultipartWriter(s3_mock, "no-such-bucket", "k")

@@ -55,6 +55,9 @@ class MultipartWriter:
     is aborted and no parts are left behind. Memory holds one part at most.
     Creating the upload is itself a check that the job may write the key, which
     is why the driver opens the writer before it starts any Spark work.
+    ``lazy``: the upload is created with its first part instead, and an object
+    that never fills one is written with one PUT at :meth:`close` (one request
+    where an upload takes three: the run's plan, a few kB for a small run).
 
     Examples
     --------
@@ -67,15 +70,19 @@ class MultipartWriter:
     PARTS_PER_SIZE = 1000
 
     def __init__(self, client, bucket: str, key: str, part_bytes: int = 8 * MIN_PART_BYTES // 5,
-                 content_type: str = "application/x-ndjson"):
+                 content_type: str = "application/x-ndjson", lazy: bool = False):
         if part_bytes < MIN_PART_BYTES:
             raise ValueError(f"part_bytes must be at least {MIN_PART_BYTES} (S3's minimum part size)")
         self.client, self.bucket, self.key, self.part_bytes = client, bucket, key, part_bytes
+        self.content_type = content_type
         self._buffer = bytearray()
         self._parts: list[dict] = []
         self.bytes_written = 0
-        self.upload_id = client.create_multipart_upload(
-            Bucket=bucket, Key=key, ContentType=content_type
+        self.upload_id = None if lazy else self._create()
+
+    def _create(self) -> str:
+        return self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=self.key, ContentType=self.content_type
         )["UploadId"]
 
     def write(self, data: bytes) -> None:
@@ -86,6 +93,8 @@ class MultipartWriter:
             del self._buffer[: self.part_bytes]
 
     def _upload_part(self, data: bytes) -> None:
+        if self.upload_id is None:  # lazy: the first part creates the upload
+            self.upload_id = self._create()
         number = len(self._parts) + 1
         response = self.client.upload_part(
             Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=data
@@ -96,6 +105,11 @@ class MultipartWriter:
 
     def close(self) -> None:
         """Upload what is buffered and complete the upload: the object appears now."""
+        if self.upload_id is None and not self._parts:  # lazy, and under one part: one PUT
+            self.client.put_object(Bucket=self.bucket, Key=self.key, Body=bytes(self._buffer),
+                                   ContentType=self.content_type)
+            self._buffer.clear()
+            return
         if self._buffer or not self._parts:
             self._upload_part(bytes(self._buffer))
             self._buffer.clear()

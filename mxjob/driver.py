@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob import dataset, durable, existing, extsort, listing, manifest, merge, preflight, sinks
+from mxjob import dataset, durable, existing, extsort, listing, manifest, merge, preflight, sinks, state
 from mxjob.assembly import Assembly
 from mxjob.cluster import SparkStop, expected_executors, run_spark, thread_plan
 from mxjob.config import JobConfig, allowed_errors
@@ -327,7 +327,19 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[Jo
         open_table(cfg, classifier, images, fingerprint)
     # Only a dataset or a table cuts files: the keys' mean length costs a pass over every key.
     auto_rows = auto_rows_per_file(cfg, images, summary) if cfg.cuts_files else (0, "")
+    keep_for_sample(cfg, classifier)
     return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows)
+
+
+def keep_for_sample(cfg: JobConfig, classifier: Predictor) -> None:
+    """Drop the check's copy of the model from the process's cache unless the driver's sample scores with it.
+
+    The sample loads the model the executors load: int8's quantized one, or
+    an embedding's with the layer the check found, are other models; the
+    check's copy would then only double the driver's memory while it samples.
+    """
+    if replace(cfg.job_spec().model, context="cpu") != classifier.spec:
+        state.models.clear()
 
 
 def open_table(cfg: JobConfig, classifier: Predictor, images: listing.Listing, fingerprint: dict) -> None:

@@ -240,3 +240,22 @@ def test_the_driver_loads_the_model_once_for_its_check_and_its_sample(moto_endpo
     assert len(state.models) == 0  # and the driver keeps none for the run
     assert sized.estimate["sample_images"] == 8 and sized.estimate["model_load_seconds"] > load_seconds > 0
     assert checked.num_classes == 10
+
+
+def test_the_checks_copy_stays_cached_only_for_a_sample_that_scores_with_it(moto_endpoint, demo_dir, monkeypatch):
+    """int8's quantized model, or an embedding's found layer, is another model: the check's copy is dropped."""
+    from mxjob import driver, state
+    from tests.helpers import bucket_with_model
+
+    bucket = "driver-keeps"
+    bucket_with_model(moto_endpoint, bucket, demo_dir / "model")
+    cfg = config.resolve(config.merge_settings(
+        {"input": f"s3://{bucket}/imgs/", "model": f"s3://{bucket}/model/digits", "output": f"s3://{bucket}/o.jsonl",
+         "endpoint_url": moto_endpoint, "input_shape": "3,32,32", "std": "255"}, {}))
+    monkeypatch.setattr(state, "models", state.ProcessCache("models", state.MAX_MODELS))
+    checked = driver.load_model_on_driver(cfg)
+    driver.keep_for_sample(cfg, checked)
+    assert len(state.models) == 1
+    quantized = replace(cfg, int8_model=replace(cfg.model, params_uri=f"s3://{bucket}/int8/digits-0000.params"))
+    driver.keep_for_sample(quantized, checked)
+    assert len(state.models) == 0

@@ -52,12 +52,15 @@ def spark_zips(home: Path) -> list[Path]:
 
 
 def is_compiled(path: Path) -> bool:
-    """Whether every ``.py`` of the zip has a ``.pyc`` beside it of this Python's bytecode (its magic number)."""
+    """Whether :func:`compile_zip` ran on the zip with this Python: it holds ``.pyc``, all of this Python's bytecode.
+
+    Not "a ``.pyc`` for every source": one this Python cannot compile keeps
+    its source alone, and the zip would be compiled again at every ``make``.
+    """
     with zipfile.ZipFile(path) as archive:
-        names = set(archive.namelist())
-        sources = [name for name in names if name.endswith(".py")]
-        return bool(sources) and all(
-            name + "c" in names and archive.read(name + "c")[:4] == importlib.util.MAGIC_NUMBER for name in sources)
+        compiled_names = [name for name in archive.namelist() if name.endswith(".pyc")]
+        return bool(compiled_names) and all(
+            archive.read(name)[:4] == importlib.util.MAGIC_NUMBER for name in compiled_names)
 
 
 def compile_zip(path: Path) -> int:

@@ -70,3 +70,19 @@ def test_show_names_each_zip_and_what_makes_it(home, capsys):
     spark_zips.main(["show", "--home", str(home)])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.endswith("sources only (made by: make spark-zips)") for line in lines)
+
+
+def test_a_source_this_python_cannot_compile_keeps_its_source_and_the_zip_counts_as_compiled(tmp_path):
+    lib = tmp_path / "python" / "lib"
+    lib.mkdir(parents=True)
+    with zipfile.ZipFile(lib / "pyspark.zip", "w") as archive:
+        archive.writestr("pyspark/__init__.py", "VALUE = 1\n")
+        archive.writestr("pyspark/future.py", "def f(:\n")  # not Python this version can compile
+        archive.writestr("pyspark/data.txt", "kept\n")
+    assert spark_zips.compile_zip(lib / "pyspark.zip") == 1
+    names = zipfile.ZipFile(lib / "pyspark.zip").namelist()
+    assert sorted(names) == ["pyspark/__init__.py", "pyspark/__init__.pyc", "pyspark/data.txt", "pyspark/future.py"]
+    assert spark_zips.is_compiled(lib / "pyspark.zip")  # so --if-stale leaves it alone from now on
+    stamp = (lib / "pyspark.zip").stat().st_mtime_ns
+    spark_zips.main(["compile", "--if-stale", "--home", str(tmp_path)])
+    assert (lib / "pyspark.zip").stat().st_mtime_ns == stamp

@@ -24,8 +24,9 @@ def no_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    # A client an earlier test cached (with the fake keys) would hide the missing credentials.
+    # A client or session an earlier test cached (with the fake keys) would hide the missing credentials.
     monkeypatch.setattr(state, "s3_clients", state.ProcessCache("S3 clients", state.MAX_S3_CLIENTS))
+    monkeypatch.setattr(state, "s3_sessions", state.ProcessCache("S3 sessions", 1))
 
 
 def test_watch_without_credentials_against_real_s3_says_so_in_one_line(no_credentials, stderr_runner):

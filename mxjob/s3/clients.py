@@ -84,8 +84,9 @@ def cached_client(endpoint_url: str | None, region: str | None, max_attempts: in
     def make() -> tuple:
         config = client_config(max_attempts, max_pool_connections, read_timeout)
         # One session for all of them: botocore loads S3's service model and endpoint rules once a session
-        # (0.06 CPU-s a client otherwise; a driver or worker makes three or four). Made under the cache's
-        # lock, one client at a time, as a boto3 session needs.
+        # (0.06 CPU-s a client otherwise; a driver or worker makes three or four), and resolves the
+        # credentials once a process (refreshing an instance role's). Made under the cache's lock, one
+        # client at a time, as a boto3 session needs.
         session = state.s3_sessions.get(os.getpid(), boto3.session.Session)
         client = session.client("s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config)
         # The session resolved these for the client and keeps them (refreshing

@@ -27,8 +27,12 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
 	@touch $(STAMP)
 
+# What every target that runs the venv's Spark makes first: the JVMs' archives and the compiled Python zips
+# below, each a no-op once made.
+LOCAL_SPARK := jvm-archives spark-zips
+
 .PHONY: venv
-venv: $(STAMP) jvm-archives spark-zips ## Create .venv from the pinned requirements (done by the other targets when needed)
+venv: $(STAMP) $(LOCAL_SPARK) ## Create .venv from the pinned requirements (done by the other targets when needed)
 
 # Spark's JVMs start from class-data sharing archives made from the venv's jars (demo/jvm_options.py,
 # about 15 s once); made again when the Java or the jars change, a no-op otherwise.
@@ -51,7 +55,7 @@ $(LIGHT_STAMP): requirements-ops.txt requirements.txt
 venv-ops: $(LIGHT_STAMP) ## Create .venv-ops (about 330 MB) from requirements-ops.txt: what watch, check-job, upload and the emr-* targets run with where there is no .venv
 
 .PHONY: run-local
-run-local: $(STAMP) jvm-archives spark-zips ## Run the job on local-cluster[2,1,1024] against a local moto S3 server (KEEP_S3=1: keep the server up to rerun by hand; ICEBERG=1: write an Iceberg table in a local SQL catalog)
+run-local: $(STAMP) $(LOCAL_SPARK) ## Run the job on local-cluster[2,1,1024] against a local moto S3 server (KEEP_S3=1: keep the server up to rerun by hand; ICEBERG=1: write an Iceberg table in a local SQL catalog)
 	$(PY) -m demo.run_local $(if $(KEEP_S3),--keep-s3) $(if $(ICEBERG),--iceberg)
 
 .PHONY: examples
@@ -59,7 +63,7 @@ examples: $(STAMP) ## Write the files docs/library.md's examples read into run/e
 	$(PY) -m demo.examples run/examples run/demo
 
 .PHONY: submit
-submit: $(STAMP) jvm-archives spark-zips ## spark-submit the job on local-cluster[2,1,1024] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'. make itself exits 2 on any failure: the job's code is on the last line, and the printed == line, run by hand, exits with it
+submit: $(STAMP) $(LOCAL_SPARK) ## spark-submit the job on local-cluster[2,1,1024] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'. make itself exits 2 on any failure: the job's code is on the last line, and the printed == line, run by hand, exits with it
 	$(PY) -m demo.submit $(ARGS)
 
 # --- a real YARN on this machine: docs/running.md, "On a real YARN here" ---
@@ -89,7 +93,7 @@ iceberg-spark: $(STAMP) ## A second reader of the Iceberg output: pyiceberg writ
 	$(PY) -m demo.iceberg_spark --self-check
 
 .PHONY: test
-test: $(STAMP) jvm-archives spark-zips ## Run ruff, the import layers and every test (unit and spark-submit integration); installs chromium (report tests) as root
+test: $(STAMP) $(LOCAL_SPARK) ## Run ruff, the import layers and every test (unit and spark-submit integration); installs chromium (report tests) as root
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed and not root: the report's browser tests will be skipped" >&2; }
 	$(VENV)/bin/ruff check .
@@ -115,7 +119,7 @@ docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/setti
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: $(STAMP) jvm-archives spark-zips ## Throughput (L, S, E) and memory on this machine, printed as a table (about 4 min; BENCH_ARGS=--quick; BENCH_ARGS='--tasks embed,detect': embed and detect rows beside classify on the first --models model, five more spark-submit runs)
+bench: $(STAMP) $(LOCAL_SPARK) ## Throughput (L, S, E) and memory on this machine, printed as a table (about 4 min; BENCH_ARGS=--quick; BENCH_ARGS='--tasks embed,detect': embed and detect rows beside classify on the first --models model, five more spark-submit runs)
 	$(PY) -m bench.run_bench $(BENCH_ARGS)
 
 .PHONY: bench-int8
@@ -131,11 +135,11 @@ bench-listing: $(STAMP) ## Parallel vs sequential listing of 200,000 keys on mot
 	$(PY) -m bench.listing $(BENCH_ARGS)
 
 .PHONY: bench-manifest
-bench-manifest: $(STAMP) jvm-archives spark-zips ## A job from a manifest of 100,000 keys, half missing: one line per key (long; BENCH_ARGS='--keys 2000')
+bench-manifest: $(STAMP) $(LOCAL_SPARK) ## A job from a manifest of 100,000 keys, half missing: one line per key (long; BENCH_ARGS='--keys 2000')
 	$(PY) -m bench.manifest_job $(BENCH_ARGS)
 
 .PHONY: bench-scale
-bench-scale: $(STAMP) jvm-archives spark-zips ## Driver time and memory, per-task overhead at 100,000 and 1,000,000 keys, fake fast scorer (long; BENCH_ARGS=--quick)
+bench-scale: $(STAMP) $(LOCAL_SPARK) ## Driver time and memory, per-task overhead at 100,000 and 1,000,000 keys, fake fast scorer (long; BENCH_ARGS=--quick)
 	$(PY) -m bench.scale $(BENCH_ARGS)
 
 .PHONY: bench-worker
@@ -143,7 +147,7 @@ bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, st
 	$(PY) -m bench.worker_steps $(BENCH_ARGS)
 
 .PHONY: bench-estimate
-bench-estimate: $(STAMP) jvm-archives spark-zips ## The estimate against the measured time: --dry-run's projection beside the run, 128 and 1,280 JPEGs, and the EMR layout modelled (about 2 min; BENCH_ARGS='--sizes 16,64 --layout 10x16 --node-price 0.96')
+bench-estimate: $(STAMP) $(LOCAL_SPARK) ## The estimate against the measured time: --dry-run's projection beside the run, 128 and 1,280 JPEGs, and the EMR layout modelled (about 2 min; BENCH_ARGS='--sizes 16,64 --layout 10x16 --node-price 0.96')
 	$(PY) -m bench.estimate_check $(BENCH_ARGS)
 
 # The peers' own venv: Daft needs Python 3.10+, so it is a bench dependency only, never the job's.
@@ -159,7 +163,7 @@ $(PEERS_STAMP): bench/requirements-peers.txt requirements.txt
 	@touch $(PEERS_STAMP)
 
 .PHONY: bench-peers
-bench-peers: $(STAMP) jvm-archives spark-zips $(PEERS_STAMP) ## This job (two layouts) beside Daft and Spark's predict_batch_udf on the same images, model, recipe and S3 stand-in: E, whole-job time at 128 and 1,280 images, CPU by process, top-1 agreement, targets, CPU (about 20 min; makes .venv-peers; BENCH_ARGS='--sizes 8,16 --rounds 1')
+bench-peers: $(STAMP) $(LOCAL_SPARK) $(PEERS_STAMP) ## This job (two layouts) beside Daft and Spark's predict_batch_udf on the same images, model, recipe and S3 stand-in: E, whole-job time at 128 and 1,280 images, CPU by process, top-1 agreement, targets, CPU (about 20 min; makes .venv-peers; BENCH_ARGS='--sizes 8,16 --rounds 1')
 	$(PY) -m bench.peers $(BENCH_ARGS)
 
 # --- EMR deploy ---

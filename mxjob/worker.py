@@ -198,8 +198,8 @@ def import_mxnet() -> float | None:
 def without_modules(*names: str):
     """Within the block, ``import`` of each of ``names`` fails as if it were not installed; after it, it works again.
 
-    For MXNet's import, which tries three optional packages it falls back
-    from when they are absent, for features this job never uses:
+    For MXNet's import, which tries two optional packages three times, and
+    falls back when they are absent, for features this job never uses:
     ``mxnet.model`` tries scikit-learn only to make the legacy ``FeedForward``
     an estimator (which loads SciPy and pandas too); ``mxnet.contrib.quantization``
     tries ``scipy.stats`` for the ``entropy`` calibration (the job calibrates

@@ -98,7 +98,8 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, start: SparkStart
     (:class:`SparkStop`, for the caller to wait on); after one that failed,
     before this returns.
     """
-    sc = (start or SparkStart(cfg.app_name)).context()
+    start = start or SparkStart(cfg.app_name)
+    sc = start.context()
     main_thread = threading.current_thread() is threading.main_thread()
     if signal.getsignal(signal.SIGTERM) is signals.raise_interrupted and main_thread:
         # PySpark's SparkContext puts its own SIGINT handler in (cancel the jobs, then
@@ -132,13 +133,16 @@ def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, start: SparkStart
         sc.setJobGroup(group, f"score {run.batches} batches")
         return rdd.mapPartitionsWithIndex(score).sum()
 
+    start.before_run(sc)  # a warm-up's tasks first: the run's then find the model loaded
     try:
         run_cancellable(sc, score_batches)
+        start.run_ended()
         stop.set()
         reporter.tick(final=True)  # a job shorter than the first tick still prints a line
         fold = stats.value
         fold.lost_task_attempts = lost_task_attempts(sc, group)
     except BaseException as exc:
+        start.run_ended()
         stop.set()
         finished = stats.value  # the tasks that did finish: their workers' memory, for the message below
         # Asked before the stop below, which would make every failure look like the JVM's shutdown.

@@ -18,7 +18,11 @@ executor's Python worker (:func:`mxjob.partition.warm_worker`): MXNet's
 import and the model's load then overlap with the driver's sample and plan
 instead of delaying the first batch. Python workers are reused between tasks
 (``spark.python.worker.reuse``, Spark's default), so the run's tasks find the
-model in their worker's cache.
+model in their worker's cache. Spark's FIFO scheduler launches an earlier
+job's tasks first, so the run's job waits for the warm-up's to be submitted
+(:meth:`SparkStart.before_run`; both wait for the same executors to
+register): a run's job that came first left the warm-up queued behind it,
+its tasks loading the model themselves, and the warm-up killed by the stop.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ log = logging.getLogger(__name__)
 
 #: The warm-up job's group: a job of its own, never counted among the run's tasks.
 WARM_GROUP = "mxinfer-warm-up"
+#: Seconds the run's job waits for the warm-up's to reach Spark's scheduler once the warm-up is about to submit
+#: it (a few Py4J calls: the function pickled, the RDD made), or to be about to once the run's job is ready.
+SUBMIT_WAIT_SECONDS = 5.0
 
 
 class SparkStart:
@@ -60,6 +67,10 @@ class SparkStart:
         # stop() takes it to say "stopping".
         self._lock = threading.Lock()
         self._stopping = False
+        self._warming: threading.Thread | None = None
+        # Set by the warm-up once it is about to submit its job, or will submit none.
+        self._submitting = threading.Event()
+        self._run_began = False
         if begin:
             self.begin()
 
@@ -108,7 +119,9 @@ class SparkStart:
         logged and forgotten: the run's own tasks load the model as before,
         and report its failure as before.
         """
-        threading.Thread(target=self._warm, args=(job_for, warm_task), name="spark-warm-up", daemon=True).start()
+        self._warming = threading.Thread(target=self._warm, args=(job_for, warm_task), name="spark-warm-up",
+                                         daemon=True)
+        self._warming.start()
 
     def _warm(self, job_for: Callable, warm_task: Callable) -> None:
         started = time.monotonic()
@@ -118,8 +131,12 @@ class SparkStart:
                 if self._stopping:  # the run ended first (a failed listing, nothing new): nothing to warm
                     return
                 job, tasks = job_for(sc)
+                if self._run_began:  # the run's job went without it (before_run waited its longest)
+                    log.debug("no warm-up: the run's tasks load the model")
+                    return
                 sc.setJobGroup(WARM_GROUP, f"load the model in {tasks} executors' Python workers",
                                interruptOnCancel=True)
+                self._submitting.set()
             sc.parallelize(range(tasks), tasks).foreachPartition(lambda _rows, j=job: warm_task(_partition_id(), j))
             log.info("the executors' Python workers loaded the model in %.1f s, while the driver planned",
                      time.monotonic() - started)
@@ -129,6 +146,38 @@ class SparkStart:
             else:
                 log.info("warming the executors up did not finish (%s); the run's first tasks load the model",
                          first_line(exc))
+        finally:
+            self._submitting.set()
+
+    def before_run(self, sc, wait_seconds: float = SUBMIT_WAIT_SECONDS) -> None:
+        """Just before the run's own job: let a warm-up's job reach Spark's scheduler first.
+
+        Spark's FIFO scheduler launches the tasks of the job submitted first
+        first: the warm-up's then load the model once per executor and the
+        run's find it. Both threads wait for the executors to register
+        (:func:`mxjob.cluster.thread_plan`), so this waits milliseconds, for
+        the warm-up's few Py4J calls (Spark's public status tracker tells
+        when its job exists), and at most ``wait_seconds`` for each step; a
+        warm-up that has not begun to submit by then submits nothing.
+        """
+        warming = self._warming
+        if warming is None:
+            return
+        self._submitting.wait(wait_seconds)
+        with self._lock:  # from here a warm-up that has not begun to submit submits nothing
+            self._run_began = True
+        if self._submitting.is_set():
+            tracker = sc.statusTracker()
+            deadline = time.monotonic() + wait_seconds
+            while (warming.is_alive() and not tracker.getJobIdsForGroup(WARM_GROUP)
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+
+    def run_ended(self) -> None:
+        """The run's job has ended: a warm-up still running (a one-batch run can outpace its second task) ends
+        with the SparkContext's stop, and says so only at debug level."""
+        with self._lock:
+            self._stopping = True
 
     def stop(self, timeout: float = 120.0) -> None:
         """Stop the SparkContext once it exists (``timeout`` at most): a run that needed no Spark job, or failed

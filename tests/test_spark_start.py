@@ -23,6 +23,9 @@ class FakeContext:
     def __init__(self):
         self.calls: list[str] = []
         self.stopped = False
+        self.submitted = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
 
     def setJobGroup(self, group, description, interruptOnCancel=False):
         assert not self.stopped, "setJobGroup on a stopped context"
@@ -36,6 +39,14 @@ class FakeContext:
 
     def foreachPartition(self, function):
         self.calls.append("job")
+        self.submitted.set()
+        self.release.wait(10)  # a real job runs until its tasks end
+
+    def statusTracker(self):
+        return self
+
+    def getJobIdsForGroup(self, group):
+        return [0] if group == spark_start.WARM_GROUP and self.submitted.is_set() else []
 
     def cancelJobGroup(self, group):
         self.calls.append("cancel")
@@ -123,3 +134,61 @@ def test_begin_starts_the_context_once_and_the_head_start_counts_from_there(fake
     start.begin()
     start.begin()
     assert start.context() is fake and start.head_start() > 0.0
+
+
+def test_the_runs_job_waits_for_the_warm_ups_job_to_reach_the_scheduler(fake):
+    # Spark's FIFO scheduler launches the job submitted first first: the warm-up's tasks load the model, the
+    # run's find it. A run's job that went first left the warm-up queued behind it and killed by the stop.
+    fake.release.clear()
+    start = SparkStart("app")
+    ready, pickling = threading.Event(), threading.Event()
+
+    def job_for(sc):
+        ready.set()
+        return "job", 2
+
+    original = fake.parallelize
+
+    def slow_parallelize(data, slices):  # the warm-up's Py4J calls before its job exists
+        pickling.set()
+        threading.Event().wait(0.3)
+        return original(data, slices)
+
+    fake.parallelize = slow_parallelize
+    start.warm(job_for, lambda index, job: None)
+    assert pickling.wait(10)
+    start.before_run(fake)
+    assert fake.submitted.is_set() and fake.calls[-1] == "job"
+    fake.release.set()
+
+
+def test_a_warm_up_not_yet_submitting_when_the_run_begins_submits_nothing(fake, caplog):
+    start = SparkStart("app")
+    start._warming = threading.Thread(target=lambda: None)  # a warm-up thread not yet at its job
+    start._warming.start()
+    start.before_run(fake, wait_seconds=0.05)
+    with caplog.at_level(logging.DEBUG, logger=spark_start.__name__):
+        start._warm(lambda sc: ("job", 2), lambda index, job: None)
+    assert "job" not in fake.calls and "setJobGroup" not in fake.calls
+    assert [r.getMessage() for r in caplog.records] == ["no warm-up: the run's tasks load the model"]
+
+
+def test_a_warm_up_ending_after_the_runs_job_is_only_a_debug_line(fake, caplog):
+    # A one-batch run can end while the warm-up's second task still loads: the stop then kills the warm-up.
+    start = SparkStart("app")
+
+    def killed_by_the_stop(function):
+        start.run_ended()
+        raise OSError("Job 1 cancelled because SparkContext was shut down")
+
+    fake.foreachPartition = killed_by_the_stop
+    with caplog.at_level(logging.DEBUG, logger=spark_start.__name__):
+        start._warm(lambda sc: ("job", 2), lambda index, job: None)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, "the warm-up ended with the run: Job 1 cancelled because SparkContext was shut down")]
+
+
+def test_before_run_without_a_warm_up_waits_for_nothing(fake):
+    start = SparkStart("app")
+    start.before_run(fake, wait_seconds=30)  # returns at once: no warm-up was started
+    assert fake.calls == []

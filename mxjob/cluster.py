@@ -13,7 +13,7 @@ from dataclasses import replace
 from mxjob import container_memory, durable, rerun, signals, state
 from mxjob.config import JobConfig
 from mxjob.container_memory import ExecutorContainer
-from mxjob.errors import JobError, first_line
+from mxjob.errors import JobError, first_line, spark_failure_reason
 from mxjob.partition import score_into
 from mxjob.progress import Reporter
 from mxjob.spark_start import SparkStart
@@ -394,14 +394,3 @@ def plan_threads(conf: dict, hosts: list[str]) -> ThreadPlan:
         counts[host] = counts.get(host, 0) + 1
     return ThreadPlan(omp_from_user="spark.executorEnv.OMP_NUM_THREADS" in conf,
                               executors_by_host=tuple(sorted(counts.items())), tasks_per_executor=tasks)
-
-
-def spark_failure_reason(exc: BaseException) -> str:
-    """The Python exception line inside a Py4J error, not 200 lines of JVM stack."""
-    text = str(exc)
-    python_lines = [line.strip() for line in text.splitlines()
-                    if line.strip() and ("Error:" in line or "Exception:" in line)
-                    and not line.strip().startswith(("at ", "py4j", "org.apache", "Caused by: org.apache"))]
-    if python_lines:
-        return python_lines[-1][:1000]
-    return first_line(exc)[:1000]

@@ -13,6 +13,17 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def spark_failure_reason(exc: BaseException) -> str:
+    """The Python exception line inside a Py4J error, not 200 lines of JVM stack."""
+    text = str(exc)
+    python_lines = [line.strip() for line in text.splitlines()
+                    if line.strip() and ("Error:" in line or "Exception:" in line)
+                    and not line.strip().startswith(("at ", "py4j", "org.apache", "Caused by: org.apache"))]
+    if python_lines:
+        return python_lines[-1][:1000]
+    return first_line(exc)[:1000]
+
+
 def plural(count: int, singular: str, plural_form: str | None = None) -> str:
     """``1 bucket``, ``2 buckets``: the count and the word in the right number (``plural_form`` if not ``-s``)."""
     return f"{count} {singular if count == 1 else plural_form or singular + 's'}"

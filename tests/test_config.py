@@ -13,7 +13,7 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import cluster, config, errors, listing, option_types, plan_file, records, sinks, sizing
+from mxjob import config, errors, listing, option_types, plan_file, records, sinks, sizing
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -341,7 +341,7 @@ def test_spark_failure_reason_finds_the_python_error():
     text = ("An error occurred while calling o45.collect.\n: org.apache.spark.SparkException: Job aborted\n"
             "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
             "mxinfer.ModelError: weights missing\n\tat org.apache.spark.api.python.X\n")
-    assert cluster.spark_failure_reason(RuntimeError(text)) == "mxinfer.ModelError: weights missing"
+    assert errors.spark_failure_reason(RuntimeError(text)) == "mxinfer.ModelError: weights missing"
 
 
 # --- against the local S3 server, without Spark

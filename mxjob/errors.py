@@ -14,9 +14,9 @@ def first_line(exc: BaseException) -> str:
 
 
 def spark_failure_reason(exc: BaseException) -> str:
-    """The Python exception line inside a Py4J error, not 200 lines of JVM stack."""
+    """The Python exception line inside a Py4J error (else the JVM's exception line), not 200 lines of JVM stack."""
     text = str(exc)
-    python_lines = [line.strip() for line in text.splitlines()
+    python_lines = [line.strip().removeprefix(": ") for line in text.splitlines()
                     if line.strip() and ("Error:" in line or "Exception:" in line)
                     and not line.strip().startswith(("at ", "py4j", "org.apache", "Caused by: org.apache"))]
     if python_lines:

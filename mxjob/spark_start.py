@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 
 from mxjob import state
-from mxjob.errors import first_line
+from mxjob.errors import spark_failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +142,10 @@ class SparkStart:
                      time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - an optimisation: the run's tasks load the model themselves
             if self._stopping:  # cancelled by stop(), or its context stopped under it: the run has ended
-                log.debug("the warm-up ended with the run: %s", first_line(exc))
+                log.debug("the warm-up ended with the run: %s", spark_failure_reason(exc))
             else:
                 log.info("warming the executors up did not finish (%s); the run's first tasks load the model",
-                         first_line(exc))
+                         spark_failure_reason(exc))
         finally:
             self._submitting.set()
 

@@ -344,6 +344,15 @@ def test_spark_failure_reason_finds_the_python_error():
     assert errors.spark_failure_reason(RuntimeError(text)) == "mxinfer.ModelError: weights missing"
 
 
+def test_spark_failure_reason_without_a_python_error_gives_the_jvms_line():
+    # A job the SparkContext's stop cancelled: Py4J's first line names only the JVM call that failed.
+    text = ("An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+            ": org.apache.spark.SparkException: Job 1 cancelled because SparkContext was shut down\n"
+            "\tat org.apache.spark.scheduler.DAGScheduler.cleanUpAfterSchedulerStop(DAGScheduler.scala:1253)\n")
+    assert errors.spark_failure_reason(RuntimeError(text)) == (
+        "org.apache.spark.SparkException: Job 1 cancelled because SparkContext was shut down")
+
+
 # --- against the local S3 server, without Spark
 
 

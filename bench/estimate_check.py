@@ -35,7 +35,7 @@ from bench import models
 from bench.worker_steps import cpu_model
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3local import FAKE_AWS_ENV, moto_server
-from mxjob import batchsize, estimate
+from mxjob import batchsize, estimate, measure
 
 BUCKET = "estimate-check"
 
@@ -83,7 +83,7 @@ def run_size(s3, endpoint: str, size: int, layout: str, price: float) -> dict:
 
 def backfill(modelled: dict, images: int, layout: str, price: float) -> list[tuple[str, estimate.Estimate, int]]:
     """The sample's cost projected onto ``layout`` for ``images``, with and without the stand-in's CPU."""
-    sample = estimate.SampleCost(images=modelled["sample_images"], scored=modelled["sample_images"],
+    sample = measure.SampleCost(images=modelled["sample_images"], scored=modelled["sample_images"],
                                  cpu_seconds_per_image=modelled["cpu_seconds_per_image"],
                                  s3_server_cpu_seconds_per_image=modelled["s3_server_cpu_seconds_per_image"],
                                  model_load_seconds=modelled["model_load_seconds"])

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from mxjob import sizing
+from mxjob.measure import local_server_process
 from mxjob.s3 import clients
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,7 +137,7 @@ def measure(endpoint: str, tasks: int, out: Path) -> None:
     sc.setLogLevel("WARN")
     plan = thread_plan(sc)  # waits for the executors to register
     executors = expected_executors(dict(sc.getConf().getAll())) or 1
-    driver_jvm, server = psutil.Process().parent(), sizing.local_server_process(endpoint)
+    driver_jvm, server = psutil.Process().parent(), local_server_process(endpoint)
     results = {"master": sc.master, "executors": executors}
     warm = 4 * executors
     # Both kinds warm before either is timed: the workers forked, ours' modules imported and clients made.

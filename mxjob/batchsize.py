@@ -7,7 +7,7 @@ the part's PUT), whatever its size; at 64 images of a fast model that is a
 large share of the task. :func:`choose_batch_size` picks the smallest batch
 for which that cost is at most :data:`OVERHEAD_SHARE` of a task, given the
 time an image takes on one executor (measured by the driver on its sample,
-the same measurement as the estimate: :class:`mxjob.estimate.SampleCost`).
+the same measurement as the estimate: :class:`mxjob.measure.SampleCost`).
 
 Memory does not grow with the batch: a task holds at most ``--max-in-flight``
 decoded images and its lines, and the forward pass is bound at

@@ -27,6 +27,10 @@ import math
 import os
 import re
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the record only: mxjob.measure scores, the estimate projects
+    from mxjob.measure import SampleCost
 
 log = logging.getLogger(__name__)
 
@@ -229,25 +233,6 @@ def cluster_cost(core_nodes: int, node_price: float, job_seconds: float, *, star
              "idle_usd": core_nodes * node_price * idle}
     return Cost(node_price=node_price, core_nodes=core_nodes, master_nodes=master_nodes, start_up_hours=start,
                 job_hours=job, idle_hours=idle, **parts, total_usd=sum(parts.values()))
-
-
-@dataclass(frozen=True)
-class SampleCost:
-    """What scoring the driver's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
-
-    ``cpu_seconds_per_image`` counts a local S3 stand-in's CPU too (of which
-    ``s3_server_cpu_seconds_per_image``; 0 against real S3); ``scored`` are
-    the sample's images that got predictions rather than error lines.
-    """
-
-    images: int
-    scored: int
-    cpu_seconds_per_image: float
-    s3_server_cpu_seconds_per_image: float
-    model_load_seconds: float
-    #: The first image's ``(part, stats)`` from :func:`mxjob.partition.score_partition` (the model's load included):
-    #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
-    first: tuple | None = None
 
 
 @dataclass(frozen=True)

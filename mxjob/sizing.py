@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-import urllib.parse
 from dataclasses import dataclass, replace
 
 from mxjob import batchsize, constants, estimate, listing, state
 from mxjob.config import JobConfig
-from mxjob.estimate import SampleCost
-from mxjob.partition import score_partition
+from mxjob.measure import SampleCost, measure
 from mxjob.worker import import_mxnet
 
 log = logging.getLogger(__name__)
@@ -168,66 +165,6 @@ def sample_items(images, count: int) -> list:
     """``count`` keys evenly spaced over the sorted listing (the ``i * n // count``-th of ``n``)."""
     n = min(count, len(images))
     return [images[i * len(images) // n] for i in range(n)] if n else []
-
-
-def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
-    """The :class:`SampleCost` of scoring ``items`` on the driver, as an executor would.
-
-    Runs :func:`mxjob.partition.score_partition` twice on the driver: one
-    image first (the model loads: its wall time is the load, with the first
-    forward pass's), then the sample, whose process CPU time is what an
-    executor would spend. The driver's check has usually loaded the model
-    into this process's cache already (:func:`mxjob.driver.load_model_on_driver`):
-    that load's seconds then count as this one's.
-    """
-    job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
-    server = local_server_process(endpoint_url)
-    loads = state.counters.model_loads
-    load_started = time.perf_counter()
-    [(_, _, first_part, first_stats)] = score_partition(0, items[:1], job)
-    load_seconds = time.perf_counter() - load_started
-    if state.counters.model_loads == loads and state.counters.model_load_seconds is not None:
-        load_seconds += state.counters.model_load_seconds  # the check's load, found in the cache
-    server_cpu = _cpu_seconds(server)
-    [(_, _, _, stats)] = score_partition(0, items, job)
-    server_cpu = _cpu_seconds(server) - server_cpu
-    n = max(1, len(items))
-    return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
-                      cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
-                      s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
-                      first=(first_part, first_stats))
-
-
-def local_server_process(endpoint_url: str | None):
-    """The process of an S3 endpoint on this machine (moto in ``make run-local``), or ``None``.
-
-    A local stand-in shares the cores the job runs on, so its CPU is part of
-    what an image costs here (real S3 costs the cluster none).
-    """
-    if not endpoint_url:
-        return None
-    parsed = urllib.parse.urlparse(endpoint_url)
-    if parsed.hostname not in ("127.0.0.1", "localhost", "::1") or not parsed.port:
-        return None
-    try:
-        import psutil
-
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == parsed.port and conn.pid:
-                return psutil.Process(conn.pid)
-    except Exception as exc:  # noqa: BLE001 - no psutil, or no permission: the estimate leaves the server out
-        log.info("estimate: the CPU of the S3 endpoint %s is left out (%s)", endpoint_url, exc)
-    return None
-
-
-def _cpu_seconds(process) -> float:
-    if process is None:
-        return 0.0
-    try:
-        times = process.cpu_times()
-        return times.user + times.system
-    except Exception:  # noqa: BLE001 - the server ended: nothing more to count
-        return 0.0
 
 
 def spark_conf_in_force() -> dict:

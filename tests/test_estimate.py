@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import infer_main
-from mxjob import estimate, sizing
+from mxjob import estimate, measure, sizing
 from tests.helpers import ROOT
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -86,7 +86,7 @@ def test_the_emr_layout_is_estimated_as_the_cluster_it_runs_on(host_vcpus):
 
 def project(images=5120, batch=64, cluster="1x4", cpu=0.05, price=None):
     shape = estimate.parse_cluster(cluster) if isinstance(cluster, str) else cluster
-    sample = estimate.SampleCost(images=0, scored=0, cpu_seconds_per_image=cpu, s3_server_cpu_seconds_per_image=0.0,
+    sample = measure.SampleCost(images=0, scored=0, cpu_seconds_per_image=cpu, s3_server_cpu_seconds_per_image=0.0,
                                  model_load_seconds=2.0)
     return estimate.project(sample, images, batch, shape, start_seconds=9.0, node_price=price)
 
@@ -187,8 +187,8 @@ def test_sample_items_are_evenly_spaced_and_deterministic():
 
 
 def test_no_local_server_for_remote_or_missing_endpoints():
-    assert sizing.local_server_process(None) is None
-    assert sizing.local_server_process("https://s3.us-east-1.amazonaws.com") is None
+    assert measure.local_server_process(None) is None
+    assert measure.local_server_process("https://s3.us-east-1.amazonaws.com") is None
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -12,6 +12,7 @@ instead of starting Spark (:mod:`mxjob.dry_run`).
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import os
@@ -33,12 +34,13 @@ from mxjob.dry_run import dry_run
 from mxjob.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
 from mxjob.handlers import HandlerError, get_handlers, model_class
 from mxjob.int8_prep import prepare_precision
-from mxjob.model import Classifier, Embedder, ModelError, Predictor, get_model
-from mxjob.partition import warm_worker
+from mxjob.measure import SampleCost, combined
+from mxjob.model import Predictor, get_model
+from mxjob.model_check import ModelFacts, WarmReport, load_failure, warm_and_check
 from mxjob.resume import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list, reads, uris, writes
 from mxjob.signals import Interrupted
-from mxjob.sizing import Sizing, bound_batch, size_run
+from mxjob.sizing import Sizing, bound_batch, sample_items, sample_size, size_run
 from mxjob.spark_start import SparkStart
 from mxjob.stats import StatsFold
 from mxjob.status import RunMonitor
@@ -110,28 +112,40 @@ def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
     return SparkStart(cfg.app_name, spark_conf, begin=cluster_mode)
 
 
-def begin_spark(start: SparkStart | None, cfg: JobConfig) -> bool:
+def begin_spark(start: SparkStart | None, cfg: JobConfig, images: listing.Listing) -> bool:
     """Once the listing found something to score: Spark begins starting in client mode (:func:`early_spark`), and
-    the executors load the model as given while the driver checks it, when the check changes nothing they load
-    (:func:`warm_up`). Whether they were sent to warm up."""
+    the executors load the model as given, when the driver's check changes nothing they load (:func:`warm_up`);
+    one of them then checks it and measures the estimate's sample on ``images``' keys (:func:`executors_check`).
+    Whether they were sent to warm up."""
     if start is None:
         return False
     start.begin()
-    return warm_up(start, cfg, early=True)
+    sample = sample_items(images, sample_size(cfg.estimate_images, len(images))) if executors_check(cfg) else None
+    return warm_up(start, cfg, early=True, sample=sample)
 
 
-def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False) -> bool:
+def executors_check(cfg: JobConfig) -> bool:
+    """Whether an executor's warm-up checks the model and measures the sample, so the driver never loads MXNet.
+
+    For the runs whose warm-up starts before the driver's check (:func:`warm_up`'s ``early``) on CPUs: the
+    driver's sample measured a CPU's cost, and an executor measures with the copy it loaded for the run.
+    """
+    return cfg.model.context == "cpu"
+
+
+def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False, sample: list | None = None) -> bool:
     """Load the model in the executors' Python workers while the driver lists, checks, samples and plans.
 
     The run's ``JobSpec`` as its tasks will get it (bound at the micro-batch,
     the executors' thread plan), one warm-up task per executor
-    (:func:`mxjob.partition.warm_worker`). ``early``: before the driver's
+    (:func:`mxjob.model_check.warm_and_check`). ``early``: before the driver's
     own check, when that check changes nothing the executors
     load: not for int8 (the driver quantizes the model they load) or an
     embedding whose layer the driver finds; a model the check then refuses
-    ends the run as before, the warm-up's work lost. Never for a
-    ``--handler``, whose file the run ships to the executors only when its
-    job starts. Whether the warm-up was started.
+    ends the run as before, the warm-up's work lost. ``sample``: the first
+    task checks the model and measures it on those keys for the driver
+    (:func:`check_on_driver`). Never for a ``--handler``, whose file the run
+    ships to the executors only when its job starts. Whether the warm-up was started.
     """
     if start is None or cfg.dry_run or cfg.int8_model is not None or cfg.handler_file:
         return False
@@ -142,7 +156,8 @@ def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False) -> bo
         job = replace(cfg, batch_size=bound_batch(cfg)).job_spec()
         return replace(job, thread_plan=thread_plan(sc)), expected_executors(dict(sc.getConf().getAll())) or 1
 
-    start.warm(job_for, warm_worker)
+    start.warm(job_for, functools.partial(warm_and_check, sample=sample, endpoint_url=cfg.endpoint_url,
+                                          check=sample is not None))
     return True
 
 
@@ -191,10 +206,10 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
         found = existing.Existing(listed=settled.keys_written, new=images, in_output=settled.keys_written)
     if found is not None and not len(images) and not cfg.dry_run:
         return existing.nothing_new(cfg, client, monitor, found, seconds)
-    warmed = begin_spark(start, cfg)
+    warmed = begin_spark(start, cfg, images)
     check_started = time.time()
     monitor.enter("model_check")
-    cfg, checked = check_on_driver(cfg, client, images)
+    cfg, checked = check_on_driver(cfg, client, images, start if warmed and executors_check(cfg) else None)
     if not warmed:
         warm_up(start, cfg)  # the checked model (int8's, the layer found): loaded while the driver samples and plans
     inputs = dataset.PlanInputs(checked.auto_rows, found)
@@ -215,7 +230,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
         return done.exit_code
     # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
     cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf,
-                           head_start=start.head_start() if start is not None else 0.0)
+                           head_start=start.head_start() if start is not None else 0.0, measured=checked.sample_cost)
     monitor.context = {"options": cfg.options(), "fingerprint": checked.fingerprint}
     monitor.claim("planning")  # from the plan on the files are this run's, whoever's they were
     run = PlannedRun(cfg, client, work, images, plan, monitor)
@@ -298,37 +313,74 @@ def spark_summary(spark_stop: SparkStop | None) -> dict | None:
 class DriverCheck:
     """What the driver's checks found: the model loaded here, its summary, the precision report, the fingerprint."""
 
+    #: The model the driver loaded for its check; ``None`` when an executor checked it (:func:`executors_check`).
     classifier: Predictor | None
     model_summary: dict
     precision: dict
     fingerprint: dict
     #: ``--rows-per-file auto``'s ``(rows, why)`` for this model and key list (used by a dataset output only).
     auto_rows: tuple = (0, "")
+    #: The estimate's sample, measured by the executor that checked the model; ``None``: the driver measures it.
+    sample_cost: SampleCost | None = None
 
 
-def check_on_driver(cfg: JobConfig, client, images: listing.Listing) -> tuple[JobConfig, DriverCheck]:
+def check_on_driver(cfg: JobConfig, client, images: listing.Listing,
+                    start: SparkStart | None = None) -> tuple[JobConfig, DriverCheck]:
     """Load the model, check --top-k against it, quantize for int8, and take the run's fingerprint.
 
-    On the driver first: a bad checkpoint, shape or labels file fails now,
-    with its cause, instead of in every task after the cluster spun up.
+    Before any batch: a bad checkpoint, shape or labels file fails now,
+    with its cause, instead of in every task. With ``start``, one executor's
+    warm-up has loaded and checked the model and measured the sample
+    (:func:`mxjob.model_check.warm_and_check`): its report stands for the
+    driver's load, which happens here only if the warm-up could not tell.
     """
-    classifier = load_model_on_driver(cfg)
+    report = executors_report(start)
+    if report is not None and report.failure is not None:
+        raise JobError(report.failure)
+    classifier = load_model_on_driver(cfg) if report is None else None
+    model = ModelFacts.of(classifier) if report is None else report.facts
     readers = float16_readers(cfg)
     if readers:
         log.warning("%s", readers)
-    if isinstance(classifier, Classifier) and cfg.top_k > classifier.num_classes:
-        raise JobError(f"--top-k {cfg.top_k} is larger than the model's {classifier.num_classes} classes")
-    if isinstance(classifier, Embedder):  # the layer found, not None: executors and the fingerprint name it
-        cfg = replace(cfg, model=replace(cfg.model, output_layer=classifier.output_layer))
+    if model.num_classes is not None and cfg.top_k > model.num_classes:
+        raise JobError(f"--top-k {cfg.top_k} is larger than the model's {model.num_classes} classes")
+    if model.output_layer is not None:  # an embedding's layer, found: the executors and the fingerprint name it
+        cfg = replace(cfg, model=replace(cfg.model, output_layer=model.output_layer))
     cfg, precision = prepare_precision(cfg, client, images, classifier)
-    summary = classifier.model_summary()
-    fingerprint = job_fingerprint(cfg, classifier, carried_names(cfg, images))
+    summary = model.model_summary()
+    fingerprint = job_fingerprint(cfg, model, carried_names(cfg, images))
     if cfg.table:  # created, or refused for other columns or another fingerprint, before any Spark work
-        open_table(cfg, classifier, images, fingerprint)
+        open_table(cfg, model, images, fingerprint)
     # Only a dataset or a table cuts files: the keys' mean length costs a pass over every key.
     auto_rows = auto_rows_per_file(cfg, images, summary) if cfg.cuts_files else (0, "")
-    keep_for_sample(cfg, classifier)
-    return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows)
+    if classifier is not None:
+        keep_for_sample(cfg, classifier)
+    return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows,
+                            report.cost if report is not None else None)
+
+
+def executors_report(start: SparkStart | None) -> WarmReport | None:
+    """The report of the warm-up task that checked the model (:func:`begin_spark`); ``None`` without one.
+
+    Waits for the warm-up's job. A warm-up that failed (an executor lost, a
+    task error) was logged by :class:`SparkStart`; the driver then checks the
+    model itself, as it did before the executors could.
+    """
+    if start is None:
+        return None
+    reports = start.wait_reports() or []
+    # A load that failed on any executor first: the run's tasks there would fail the same way.
+    checked = [r for r in reports if r.failure is not None] + [r for r in reports if r.facts is not None]
+    if not checked:
+        log.info("the executors did not check the model; the driver checks it")
+        return None
+    report = replace(checked[0], cost=combined([r.cost for r in reports]))  # each task measured its share
+    if report.cost is not None:
+        log.info("an executor checked the model and measured the estimate's sample on %d images as it warmed up; "
+                 "the driver loads no MXNet", report.cost.images)
+    elif report.failure is None:
+        log.info("an executor checked the model as it warmed up; the driver loads no MXNet")
+    return report
 
 
 def keep_for_sample(cfg: JobConfig, classifier: Predictor) -> None:
@@ -644,14 +696,10 @@ def load_model_on_driver(cfg: JobConfig) -> Predictor:
         raise JobError(f"--handler: {exc}") from exc
     try:
         # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory; and
-        # through the worker's cache, where the driver's sample (mxjob.sizing.measure) finds it instead of
+        # through the worker's cache, where the driver's sample (mxjob.measure.measure) finds it instead of
         # reading and binding the model a second time. size_run drops it.
         return get_model(replace(cfg.model, context="cpu"), cfg.preprocess.input_shape, bound_batch(cfg), kind)
-    except ModelError as exc:
-        raise JobError(f"model: {exc}") from exc
-    except FileNotFoundError as exc:
-        raise JobError(f"model file missing: {exc}") from exc
     except Exception as exc:
-        raise JobError(f"cannot load the model ({cfg.model.symbol_uri}): {first_line(exc)}") from exc
+        raise JobError(load_failure(exc, cfg.model.symbol_uri)) from exc
 
 

@@ -32,15 +32,23 @@ class SampleCost:
     cpu_seconds_per_image: float
     s3_server_cpu_seconds_per_image: float
     model_load_seconds: float
+    #: Seconds the measuring process took to import MXNet (``None``: imported before, untimed): each
+    #: executor's Python worker pays about as much before its first batch (:func:`mxjob.worker.import_mxnet`).
+    mxnet_import_seconds: float | None = None
+    #: The local S3 stand-in's CPU seconds so far when the sample began and when it ended (``None`` without
+    #: one): where several processes measured shares of one sample at once (:func:`combined`), the server's
+    #: CPU over their common window, counted once.
+    server_cpu_window: tuple[float, float] | None = None
     #: The first image's ``(part, stats)`` from :func:`mxjob.partition.score_partition` (the model's load included):
     #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
     first: tuple | None = None
 
 
 def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
-    """The :class:`SampleCost` of scoring ``items`` on the driver, as an executor would.
+    """The :class:`SampleCost` of scoring ``items`` in this process, as an executor scores a batch.
 
-    Runs :func:`mxjob.partition.score_partition` twice on the driver: one
+    On the driver, or in an executor's warm-up (:mod:`mxjob.model_check`).
+    Runs :func:`mxjob.partition.score_partition` twice: one
     image first (the model loads: its wall time is the load, with the first
     forward pass's), then the sample, whose process CPU time is what an
     executor would spend. The driver's check has usually loaded the model
@@ -55,14 +63,43 @@ def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     load_seconds = time.perf_counter() - load_started
     if state.counters.model_loads == loads and state.counters.model_load_seconds is not None:
         load_seconds += state.counters.model_load_seconds  # the check's load, found in the cache
-    server_cpu = _cpu_seconds(server)
+    window_start = _cpu_seconds(server)
     [(_, _, _, stats)] = score_partition(0, items, job)
-    server_cpu = _cpu_seconds(server) - server_cpu
+    window_end = _cpu_seconds(server)
+    server_cpu = window_end - window_start
     n = max(1, len(items))
     return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
                       cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
                       s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
+                      mxnet_import_seconds=state.counters.mxnet_import_seconds,
+                      server_cpu_window=(window_start, window_end) if server is not None else None,
                       first=(first_part, first_stats))
+
+
+def combined(costs: list[SampleCost | None]) -> SampleCost | None:
+    """One :class:`SampleCost` of the shares of one sample that several processes measured at the same time.
+
+    Their own CPU adds up; a local S3 stand-in's is its CPU over the shares'
+    common window (each share's window saw the others' requests too); the
+    model's load and MXNet's import are the slowest process's, as the run's
+    start waits for its slowest executor. ``None`` when none measured.
+    """
+    costs = [cost for cost in costs if cost is not None]
+    if not costs:
+        return None
+    images = sum(cost.images for cost in costs)
+    own = sum((cost.cpu_seconds_per_image - cost.s3_server_cpu_seconds_per_image) * max(1, cost.images)
+              for cost in costs)
+    windows = [cost.server_cpu_window for cost in costs if cost.server_cpu_window is not None]
+    server = max(end for _, end in windows) - min(start for start, _ in windows) if windows else 0.0
+    imports = [cost.mxnet_import_seconds for cost in costs if cost.mxnet_import_seconds is not None]
+    n = max(1, images)
+    return SampleCost(images=images, scored=sum(cost.scored for cost in costs),
+                      cpu_seconds_per_image=(own + server) / n, s3_server_cpu_seconds_per_image=server / n,
+                      model_load_seconds=max(cost.model_load_seconds for cost in costs),
+                      mxnet_import_seconds=max(imports) if imports else None,
+                      server_cpu_window=(min(start for start, _ in windows), max(end for _, end in windows))
+                      if windows else None)
 
 
 def local_server_process(endpoint_url: str | None):

@@ -507,16 +507,14 @@ def _score_detect(model, keys, inputs, job, handlers, out: results.Results) -> N
 _SCORERS = {"classify": _score_classify, "custom": _score_custom, "embed": _score_embed, "detect": _score_detect}
 
 
-def warm_worker(index: int, job: JobSpec) -> int:
+def warm_worker(index: int, job: JobSpec) -> list[Predictor]:
     """Ready this Python worker for the run's tasks: its threads set, MXNet imported, the model in its cache.
 
     What :func:`score_partition` does first, without a batch: the run's tasks
-    then find the model loaded (the worker is reused between tasks). Runs as
-    the warm-up job's task (:meth:`mxjob.spark_start.SparkStart.warm`); returns
-    the models this worker has loaded.
+    then find the model loaded (the worker is reused between tasks). Runs in
+    the warm-up job's task (:func:`mxjob.model_check.warm_and_check`); returns
+    each forward lane's copy of the model.
     """
     _, lanes = configure_threads(*_threads_and_lanes(job))
     kind = model_class(get_handlers(job.handler), job.task)
-    for lane in range(lanes):
-        load_model(job, index, kind, lane)
-    return state.counters.model_loads
+    return [load_model(job, index, kind, lane) for lane in range(lanes)]

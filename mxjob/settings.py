@@ -399,8 +399,9 @@ SETTINGS: tuple[Setting, ...] = (
        type=FiniteNumber(min=0), metavar="SECONDS"),
     # --- estimate
     _s("estimate_images", "--estimate-images", "estimate",
-       "Images the driver scores before the run (and in --dry-run) to estimate its time and cost, at most a "
-       "sixteenth of the keys to score (never under 8); 0: no estimate.",
+       "Images scored before the run (by the executors as they load the model, else and in --dry-run by the "
+       "driver) to estimate its time and cost, at most a sixteenth of the keys to score (never under 8); "
+       "0: no estimate.",
        default=32, type=count(0)),
     _s("estimate_cluster", "--estimate-cluster", "estimate",
        "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor of VCPUS threads per node "

@@ -9,13 +9,13 @@ its projection (:func:`mxjob.estimate.project`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, replace
 
 from mxjob import batchsize, constants, estimate, listing, state
 from mxjob.config import JobConfig
 from mxjob.measure import SampleCost, measure
-from mxjob.worker import import_mxnet
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ class Sizing:
     first: tuple | None = None
 
 
-def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
-             spark_conf: dict | None = None, head_start: float = 0.0) -> tuple[JobConfig, Sizing]:
+def size_run(cfg: JobConfig, images: listing.Listing, to_score: int, spark_conf: dict | None = None,
+             head_start: float = 0.0, measured: SampleCost | None = None) -> tuple[JobConfig, Sizing]:
     """Measure the sample once, choose the batch size, project the run: ``(cfg with the batch size, sizing)``.
 
     ``--estimate-images`` keys spread over the listing are scored on the
@@ -45,13 +45,21 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int,
     so every ``JobSpec`` built from it carries an int. ``head_start``: the
     seconds Spark has been starting already (the driver starts it first,
     :mod:`mxjob.spark_start`), which come off the run's start-up.
+    ``measured``: the sample's cost as the executors measured it in their
+    warm-up (:mod:`mxjob.model_check`); the driver then scores nothing, and
+    the start-up is behind the run: its executors have loaded the model.
     """
+    if measured is not None:
+        head_start = math.inf
     cost = cluster = None
     if cfg.estimate_images and to_score:
         cluster = run_cluster(cfg, spark_conf)
-        items = sample_items(images, sample_size(cfg.estimate_images, to_score))
-        measured = replace(cfg, batch_size=bound_batch(cfg))  # a number, whatever auto will choose
-        cost = measure(measured.job_spec(), items, cfg.endpoint_url)
+        if measured is not None:
+            cost = measured
+        else:
+            items = sample_items(images, sample_size(cfg.estimate_images, to_score))
+            bound = replace(cfg, batch_size=bound_batch(cfg))  # a number, whatever auto will choose
+            cost = measure(bound.job_spec(), items, cfg.endpoint_url)
     state.models.clear()  # the driver's copy (its check's, kept for the sample): the executors' copy is theirs
     choice = choose_batch(cfg, cost, cluster, to_score)
     log.info("batch size %d: %s", choice.chosen, choice.why)
@@ -99,7 +107,7 @@ def estimate_run(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Clus
     """
     if cost is None:
         return None
-    start = estimate.start_seconds(cost.model_load_seconds, jvm_start_seconds(), import_mxnet())
+    start = estimate.start_seconds(cost.model_load_seconds, jvm_start_seconds(), cost.mxnet_import_seconds)
     if not cfg.estimate_cluster:
         start = max(0.0, start - head_start)
     projected = estimate.project(cost, to_score, cfg.batch_size, cluster, start_seconds=start,

@@ -71,6 +71,8 @@ class SparkStart:
         # Set by the warm-up once it is about to submit its job, or will submit none.
         self._submitting = threading.Event()
         self._run_began = False
+        #: What each warm-up task returned, once its job ended; ``None`` until then, or when it failed.
+        self.reports: list | None = None
         if begin:
             self.begin()
 
@@ -115,7 +117,8 @@ class SparkStart:
 
         ``job_for(sc)`` returns ``(job, tasks)``: the run's ``JobSpec`` as the
         executors will get it, and how many tasks (one per executor);
-        ``warm_task(index, job)`` runs on each. A warm-up that fails is
+        ``warm_task(index, tasks, job)`` runs on each, and what it returns is in
+        :attr:`reports` (:meth:`wait_reports`). A warm-up that fails is
         logged and forgotten: the run's own tasks load the model as before,
         and report its failure as before.
         """
@@ -137,7 +140,8 @@ class SparkStart:
                 sc.setJobGroup(WARM_GROUP, f"load the model in {tasks} executors' Python workers",
                                interruptOnCancel=True)
                 self._submitting.set()
-            sc.parallelize(range(tasks), tasks).foreachPartition(lambda _rows, j=job: warm_task(_partition_id(), j))
+            self.reports = sc.parallelize(range(tasks), tasks).mapPartitions(
+                lambda _rows, j=job, n=tasks: [warm_task(_partition_id(), n, j)]).collect()
             log.info("the executors' Python workers loaded the model in %.1f s, while the driver planned",
                      time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - an optimisation: the run's tasks load the model themselves
@@ -148,6 +152,17 @@ class SparkStart:
                          spark_failure_reason(exc))
         finally:
             self._submitting.set()
+
+    def wait_reports(self, poll_seconds: float = 0.2) -> list | None:
+        """Wait for the warm-up's job to end: what its tasks returned, or ``None`` (none started, or it failed).
+
+        Waits in steps of ``poll_seconds``, between which the main thread runs
+        its signal handlers (a SIGTERM must not wait for the executors).
+        """
+        warming = self._warming
+        while warming is not None and warming.is_alive():
+            warming.join(poll_seconds)
+        return self.reports
 
     def before_run(self, sc, wait_seconds: float = SUBMIT_WAIT_SECONDS) -> None:
         """Just before the run's own job: let a warm-up's job reach Spark's scheduler first.

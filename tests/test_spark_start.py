@@ -37,10 +37,15 @@ class FakeContext:
         self.calls.append("parallelize")
         return self
 
-    def foreachPartition(self, function):
+    def mapPartitions(self, function):
+        self.function = function
+        return self
+
+    def collect(self):
         self.calls.append("job")
         self.submitted.set()
         self.release.wait(10)  # a real job runs until its tasks end
+        return list(self.function(iter([])))
 
     def statusTracker(self):
         return self
@@ -73,7 +78,7 @@ def test_a_warm_up_after_the_run_stopped_spark_does_nothing_and_says_nothing(fak
     start.stop()
     asked = []
     with caplog.at_level(logging.DEBUG, logger=spark_start.__name__):
-        start._warm(lambda sc: asked.append(sc) or ("job", 2), lambda index, job: None)
+        start._warm(lambda sc: asked.append(sc) or ("job", 2), lambda index, tasks, job: None)
     assert asked == [] and fake.calls == ["cancel", "stop"]
     assert caplog.records == []
 
@@ -89,7 +94,7 @@ def test_a_stop_waits_for_a_warm_up_reading_the_context_and_its_end_is_only_a_de
 
     stopper = threading.Thread(target=start.stop)
     with caplog.at_level(logging.DEBUG, logger=spark_start.__name__):
-        warmer = threading.Thread(target=start._warm, args=(job_for, lambda index, job: None))
+        warmer = threading.Thread(target=start._warm, args=(job_for, lambda index, tasks, job: None))
         warmer.start()
         assert inside.wait(10)
         stopper.start()
@@ -112,7 +117,7 @@ def test_a_warm_up_that_fails_on_its_own_says_the_run_loads_the_model_itself(fak
         raise OSError("executor lost")
 
     with caplog.at_level(logging.INFO, logger=spark_start.__name__):
-        start._warm(job_for, lambda index, job: None)
+        start._warm(job_for, lambda index, tasks, job: None)
     assert [r.getMessage() for r in caplog.records] == [
         "warming the executors up did not finish (executor lost); the run's first tasks load the model"]
 
@@ -155,7 +160,7 @@ def test_the_runs_job_waits_for_the_warm_ups_job_to_reach_the_scheduler(fake):
         return original(data, slices)
 
     fake.parallelize = slow_parallelize
-    start.warm(job_for, lambda index, job: None)
+    start.warm(job_for, lambda index, tasks, job: None)
     assert pickling.wait(10)
     start.before_run(fake)
     assert fake.submitted.is_set() and fake.calls[-1] == "job"
@@ -168,7 +173,7 @@ def test_a_warm_up_not_yet_submitting_when_the_run_begins_submits_nothing(fake, 
     start._warming.start()
     start.before_run(fake, wait_seconds=0.05)
     with caplog.at_level(logging.DEBUG, logger=spark_start.__name__):
-        start._warm(lambda sc: ("job", 2), lambda index, job: None)
+        start._warm(lambda sc: ("job", 2), lambda index, tasks, job: None)
     assert "job" not in fake.calls and "setJobGroup" not in fake.calls
     assert [r.getMessage() for r in caplog.records] == ["no warm-up: the run's tasks load the model"]
 
@@ -177,13 +182,13 @@ def test_a_warm_up_ending_after_the_runs_job_is_only_a_debug_line(fake, caplog):
     # A one-batch run can end while the warm-up's second task still loads: the stop then kills the warm-up.
     start = SparkStart("app")
 
-    def killed_by_the_stop(function):
+    def killed_by_the_stop():
         start.run_ended()
         raise OSError("Job 1 cancelled because SparkContext was shut down")
 
-    fake.foreachPartition = killed_by_the_stop
+    fake.collect = killed_by_the_stop
     with caplog.at_level(logging.DEBUG, logger=spark_start.__name__):
-        start._warm(lambda sc: ("job", 2), lambda index, job: None)
+        start._warm(lambda sc: ("job", 2), lambda index, tasks, job: None)
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.DEBUG, "the warm-up ended with the run: Job 1 cancelled because SparkContext was shut down")]
 
@@ -192,3 +197,4 @@ def test_before_run_without_a_warm_up_waits_for_nothing(fake):
     start = SparkStart("app")
     start.before_run(fake, wait_seconds=30)  # returns at once: no warm-up was started
     assert fake.calls == []
+

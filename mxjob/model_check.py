@@ -1,0 +1,108 @@
+"""The model's check where the model is loaded anyway: what the driver needs of it, and how a load's failure reads.
+
+The driver checks the model before any batch is scored: it loads, its labels
+match its classes, ``--top-k`` fits, and the run's fingerprint, table schema
+and summary name its facts (:class:`ModelFacts`). When the executors load the
+model early (:mod:`mxjob.spark_start`'s warm-up), one of them makes that check
+and measures the estimate's sample (:func:`warm_and_check`), so the driver
+never imports MXNet, loads the model or scores the sample itself: on a
+two-core host those were about 3 CPU-seconds beside the executors' own start.
+The driver falls back to its own check when the warm-up cannot answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mxjob import state
+from mxjob.errors import first_line
+from mxjob.measure import SampleCost, measure
+from mxjob.model import ModelError
+from mxjob.partition import JobSpec, warm_worker
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the driver's checks and records read of a loaded model, with no MXNet: picklable, a few kB.
+
+    Read the way a :class:`mxjob.model.Predictor` is (``labels``,
+    ``num_classes``, ``dimension``, ``output_layer``, :meth:`model_summary`),
+    by :func:`mxjob.resume.job_fingerprint` and
+    :func:`mxjob.partition.result_schema`. ``num_classes`` is a classifier's
+    (``None`` for another kind), ``dimension`` and ``output_layer`` an
+    embedder's.
+    """
+
+    kind: str
+    summary: dict
+    labels: tuple[str, ...] | None = None
+    num_classes: int | None = None
+    dimension: int | None = None
+    output_layer: str | None = None
+
+    @classmethod
+    def of(cls, model) -> ModelFacts:
+        """The facts of a loaded :class:`mxjob.model.Predictor`."""
+        labels = getattr(model, "labels", None)
+        return cls(kind=type(model).__name__, summary=model.model_summary(),
+                   labels=tuple(labels) if labels else None, num_classes=getattr(model, "num_classes", None),
+                   dimension=getattr(model, "dimension", None), output_layer=getattr(model, "output_layer", None))
+
+    def model_summary(self) -> dict:
+        """The summary's ``model``: :meth:`mxjob.model.Predictor.model_summary` as the model gave it."""
+        return dict(self.summary)
+
+
+def load_failure(exc: BaseException, symbol_uri: str) -> str:
+    """The one line that says why the model did not load, the same on the driver and in an executor's check."""
+    if isinstance(exc, ModelError):
+        return f"model: {exc}"
+    if isinstance(exc, FileNotFoundError):
+        return f"model file missing: {exc}"
+    return f"cannot load the model ({symbol_uri}): {first_line(exc)}"
+
+
+@dataclass(frozen=True)
+class WarmReport:
+    """What one warm-up task did: the models its worker holds; for the checking task, the check and the sample.
+
+    ``failure``: the model did not load (:func:`load_failure`'s line), where
+    the driver's own check would have refused the run; ``facts`` and
+    ``cost`` are then ``None``. ``cost``: this task's share of the sample
+    (``None`` without one); only the checking task has ``facts``.
+    """
+
+    index: int
+    loads: int
+    facts: ModelFacts | None = None
+    cost: SampleCost | None = None
+    failure: str | None = None
+
+
+def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = None,
+                   endpoint_url: str | None = None, check: bool = False) -> WarmReport:
+    """Load the model into this worker (each lane's copy); with ``check``, check it and score a share of ``sample``.
+
+    Task ``index`` of the warm-up job's ``tasks`` (:meth:`mxjob.spark_start.SparkStart.warm`):
+    the run's tasks then find the model in their worker's cache. With
+    ``check``, a task whose load fails reports why instead of failing (Spark
+    would retry it, printing its errors before the driver's one line), task
+    0 reports the model's facts for the driver, and each task scores
+    every ``tasks``-th key of ``sample`` (listing items) from its
+    ``index``-th, as :func:`mxjob.measure.measure` does on the driver: the
+    driver combines the shares (:func:`mxjob.measure.combined`). A share's
+    first image also builds the forward pass's kernels that the run's first
+    batch would otherwise wait for.
+    """
+    if not check:
+        warm_worker(index, job)
+        return WarmReport(index, state.counters.model_loads)
+    try:
+        models = warm_worker(index, job)
+    except ModelError as exc:  # load_model words it for a task's error; the check words the cause as the driver does
+        # Every task: a retried task would print Spark's errors and Python's stacks before the driver's one line.
+        return WarmReport(index, state.counters.model_loads,
+                          failure=load_failure(exc.__cause__ or exc, job.model.symbol_uri))
+    share = list(sample[index::tasks]) if sample else []
+    cost = measure(job, share, endpoint_url) if share else None
+    return WarmReport(index, state.counters.model_loads, ModelFacts.of(models[0]) if index == 0 else None, cost)

@@ -1,0 +1,237 @@
+"""The model's check in an executor's warm-up: the driver's facts and failures, word for word, and the sample's cost.
+
+Under spark-submit the executors load the model early (mxjob.spark_start); one
+of them checks it and measures the estimate's sample (warm_and_check), so the
+driver never imports MXNet. Here the executor's side runs in this process, as
+a warm-up task would run it, against the driver's own check of the same model.
+tests/test_job.py runs it through Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from dataclasses import replace
+
+import pytest
+
+from mxjob import config, driver, measure, model_check, resume, state
+from mxjob.errors import JobError
+from mxjob.measure import SampleCost
+from mxjob.model_check import ModelFacts, WarmReport, warm_and_check
+from mxjob.partition import result_schema
+from mxjob.sizing import bound_batch
+from tests.helpers import bucket_with_model
+
+BUCKET = "model-check"
+
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    """A worker's state of its own; the threads' variables a first load sets in the environment are put back."""
+    monkeypatch.setattr(state, "models", state.ProcessCache("models", state.MAX_MODELS))
+    monkeypatch.setattr(state, "counters", state.Counters())
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def digits(moto_endpoint, demo_dir):
+    """The demo model under s3://model-check/model/, and 8 of its digits under imgs/: ``(client, keys)``."""
+    s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
+    keys = []
+    for path in sorted((demo_dir / "images").rglob("*.png"))[:8]:
+        s3.put_object(Bucket=BUCKET, Key=f"imgs/{path.name}", Body=path.read_bytes())
+        keys.append((f"imgs/{path.name}", path.stat().st_size))
+    return s3, keys
+
+
+def job_config(moto_endpoint, model="model/digits", **changes):
+    cfg = config.resolve(config.merge_settings(
+        {"input": f"s3://{BUCKET}/imgs/", "model": f"s3://{BUCKET}/{model}", "output": f"s3://{BUCKET}/o.jsonl",
+         "endpoint_url": moto_endpoint, "input_shape": "3,32,32", "std": "255", **changes}, {}))
+    return replace(cfg, input_bucket=BUCKET)
+
+
+def executor_job(cfg):
+    """The ``JobSpec`` the warm-up ships (mxjob.driver.warm_up): bound at the micro-batch."""
+    return replace(cfg, batch_size=bound_batch(cfg)).job_spec()
+
+
+def test_the_checking_task_reports_what_the_drivers_own_check_reads(moto_endpoint, digits, fresh_state):
+    _, keys = digits
+    cfg = job_config(moto_endpoint)
+    report = warm_and_check(0, 1, executor_job(cfg), sample=keys[:4], endpoint_url=moto_endpoint, check=True)
+    local = driver.load_model_on_driver(cfg)
+    assert report.failure is None and report.facts == ModelFacts.of(local)
+    assert (report.facts.kind, report.facts.num_classes) == ("Classifier", 10)
+    assert report.facts.model_summary() == local.model_summary()
+    # What the run records from the model is the same from the executor's facts as from the driver's model.
+    assert resume.job_fingerprint(cfg, report.facts) == resume.job_fingerprint(cfg, local)
+    assert report.cost.images == report.cost.scored == 4 and report.cost.cpu_seconds_per_image > 0
+    assert report.cost.model_load_seconds > 0
+    # It comes back through Spark's collect: picklable, and a few kB.
+    assert pickle.loads(pickle.dumps(report)) == report and len(pickle.dumps(report)) < 16_000
+
+
+def test_an_embedders_facts_give_the_same_table_schema_as_the_model(moto_endpoint, digits, fresh_state):
+    cfg = job_config(moto_endpoint, task="embed")
+    job = executor_job(cfg)
+    report = warm_and_check(0, 2, job, check=True)
+    local = driver.load_model_on_driver(cfg)
+    assert report.facts.dimension == local.dimension and report.facts.output_layer == local.output_layer
+    assert report.facts.num_classes is None and report.cost is None  # no sample asked for: nothing measured
+    assert result_schema(job, report.facts, None) == result_schema(job, local, None)
+
+
+def test_each_task_measures_its_share_of_the_sample_and_only_the_first_checks_the_model(moto_endpoint, digits,
+                                                                                       fresh_state):
+    _, keys = digits
+    job = executor_job(job_config(moto_endpoint))
+    second = warm_and_check(1, 3, job, sample=keys, endpoint_url=moto_endpoint, check=True)
+    assert second.facts is None and second.failure is None and second.loads == 1
+    assert second.cost.images == 3  # keys 1, 4 and 7 of 8
+    third = warm_and_check(2, 3, job, sample=keys[:2], endpoint_url=moto_endpoint, check=True)
+    assert third.cost is None  # no key of a 2-key sample is the third task's
+    plain = warm_and_check(1, 3, job, sample=keys, endpoint_url=moto_endpoint)
+    assert plain == WarmReport(1, 1)  # not asked to check: it only loads (the model was cached already)
+
+
+def test_shares_measured_at_once_combine_into_one_sample_counting_the_servers_cpu_once():
+    first = SampleCost(images=4, scored=4, cpu_seconds_per_image=0.05, s3_server_cpu_seconds_per_image=0.01,
+                       model_load_seconds=0.4, mxnet_import_seconds=1.1, server_cpu_window=(10.0, 10.04))
+    second = SampleCost(images=4, scored=3, cpu_seconds_per_image=0.06, s3_server_cpu_seconds_per_image=0.015,
+                        model_load_seconds=0.6, mxnet_import_seconds=None, server_cpu_window=(10.01, 10.07))
+    both = measure.combined([first, None, second])
+    # Own CPU: 4 x 0.04 + 4 x 0.045 = 0.34 s; the server's over the common window 10.00-10.07: 0.07 s, once.
+    assert (both.images, both.scored) == (8, 7)
+    assert both.s3_server_cpu_seconds_per_image == pytest.approx(0.07 / 8)
+    assert both.cpu_seconds_per_image == pytest.approx((0.34 + 0.07) / 8)
+    assert (both.model_load_seconds, both.mxnet_import_seconds) == (0.6, 1.1)  # the slowest executor's start
+    alone = measure.combined([first])
+    assert (alone.images, alone.scored, alone.server_cpu_window) == (4, 4, (10.0, 10.04))
+    assert alone.cpu_seconds_per_image == pytest.approx(0.05)
+    assert alone.s3_server_cpu_seconds_per_image == pytest.approx(0.01)
+    assert measure.combined([None]) is None
+    # Against real S3 there is no server to count: the shares' own CPU only.
+    real = [replace(c, s3_server_cpu_seconds_per_image=0.0, server_cpu_window=None) for c in (first, second)]
+    assert measure.combined(real).cpu_seconds_per_image == pytest.approx((4 * 0.05 + 4 * 0.06) / 8)
+
+
+def test_a_model_the_driver_refuses_is_refused_by_the_executors_check_in_the_same_words(moto_endpoint, digits,
+                                                                                        fresh_state):
+    s3, _ = digits
+    s3.put_object(Bucket=BUCKET, Key="bad/synset.txt", Body=b"zero\none\ntwo\n")
+    for name in ("digits-symbol.json", "digits-0000.params"):
+        s3.copy_object(Bucket=BUCKET, Key=f"bad/{name}", CopySource={"Bucket": BUCKET, "Key": f"model/{name}"})
+    cfg = job_config(moto_endpoint, model="bad/digits")
+    with pytest.raises(JobError) as refused:
+        driver.load_model_on_driver(cfg)
+    report = warm_and_check(0, 2, executor_job(cfg), check=True)
+    assert report.facts is None and report.cost is None
+    assert report.failure == str(refused.value)
+    # The other tasks report it too rather than fail: Spark would retry them, printing errors and stacks.
+    assert warm_and_check(1, 2, executor_job(cfg), check=True).failure == report.failure
+    assert report.failure.startswith("model: labels file s3://model-check/bad/synset.txt has 3 lines but the model "
+                                     "has 10 classes")
+
+
+@pytest.mark.parametrize(("exc", "line"), [
+    (FileNotFoundError("s3://b/m-0000.params does not exist"), "model file missing: s3://b/m-0000.params does not "
+                                                               "exist"),
+    (model_check.ModelError("input shape (3, 8, 8) does not fit"), "model: input shape (3, 8, 8) does not fit"),
+    (ValueError("unexpected end of JSON\nat line 3"), "cannot load the model (s3://b/m-symbol.json): unexpected end "
+                                                      "of JSON"),
+])
+def test_a_loads_failure_reads_the_same_wherever_it_happened(exc, line):
+    assert model_check.load_failure(exc, "s3://b/m-symbol.json") == line
+
+
+class Reported:
+    """A started Spark whose warm-up has ended with ``reports`` (``None``: it failed)."""
+
+    def __init__(self, reports):
+        self.reports = reports
+
+    def wait_reports(self):
+        return self.reports
+
+
+def facts_and_cost(moto_endpoint, digits):
+    _, keys = digits
+    report = warm_and_check(0, 1, executor_job(job_config(moto_endpoint)), sample=keys[:2], endpoint_url=moto_endpoint,
+                            check=True)
+    state.models.clear()
+    return report
+
+
+def test_the_driver_takes_the_executors_report_and_loads_no_model(moto_endpoint, digits, fresh_state, monkeypatch,
+                                                                  caplog):
+    s3, keys = digits
+    report = facts_and_cost(moto_endpoint, digits)
+
+    def refused(cfg):
+        raise AssertionError("the driver loaded the model")
+
+    monkeypatch.setattr(driver, "load_model_on_driver", refused)
+    cfg = job_config(moto_endpoint)
+    with caplog.at_level(logging.INFO, logger=driver.__name__):
+        _, checked = driver.check_on_driver(cfg, s3, keys, Reported([WarmReport(1, 1), report]))
+    assert checked.classifier is None and checked.sample_cost == measure.combined([report.cost])
+    assert checked.model_summary == report.facts.summary
+    assert checked.fingerprint == resume.job_fingerprint(cfg, report.facts)
+    assert "an executor checked the model and measured the estimate's sample on 2 images" in caplog.text
+
+
+def test_the_driver_refuses_the_run_with_the_executors_failure(moto_endpoint, digits, monkeypatch):
+    s3, keys = digits
+    monkeypatch.setattr(driver, "load_model_on_driver", lambda cfg: pytest.fail("the driver loaded the model"))
+    failed = WarmReport(0, 0, failure="model: labels file s3://x/synset.txt has 3 lines but the model has 10 classes")
+    with pytest.raises(JobError, match=r"^model: labels file s3://x/synset\.txt has 3 lines"):
+        driver.check_on_driver(job_config(moto_endpoint), s3, keys, Reported([failed]))
+
+
+def test_a_failure_on_any_executor_refuses_the_run(moto_endpoint, digits, fresh_state, monkeypatch):
+    s3, keys = digits
+    report = facts_and_cost(moto_endpoint, digits)
+    failed = WarmReport(1, 0, failure="cannot load the model (s3://x/m-symbol.json): Connect timeout")
+    with pytest.raises(JobError, match=r"^cannot load the model \(s3://x/m-symbol\.json\): Connect timeout$"):
+        driver.check_on_driver(job_config(moto_endpoint), s3, keys, Reported([report, failed]))
+
+
+def test_a_warm_up_that_could_not_tell_leaves_the_check_to_the_driver(moto_endpoint, digits, fresh_state, caplog):
+    s3, keys = digits
+    with caplog.at_level(logging.INFO, logger=driver.__name__):
+        _, checked = driver.check_on_driver(job_config(moto_endpoint), s3, keys, Reported(None))
+    assert checked.classifier is not None and checked.sample_cost is None
+    assert state.counters.model_loads == 1
+    assert "the executors did not check the model; the driver checks it" in caplog.text
+
+
+def test_the_estimate_counts_the_measuring_processs_mxnet_import(moto_endpoint, digits, fresh_state):
+    # The driver imports no MXNet when an executor measured: the sample's cost carries that executor's import.
+    cost = SampleCost(images=4, scored=4, cpu_seconds_per_image=0.01, s3_server_cpu_seconds_per_image=0.0,
+                      model_load_seconds=0.5, mxnet_import_seconds=7.0)
+    cfg = job_config(moto_endpoint, estimate_cluster="2x1")
+    _, keys = digits
+    _, sized = driver.size_run(cfg, keys, len(keys), measured=cost)
+    slow = sized.estimate["start_seconds"]
+    _, sized = driver.size_run(cfg, keys, len(keys), measured=replace(cost, mxnet_import_seconds=1.0))
+    assert slow - sized.estimate["start_seconds"] == pytest.approx(6.0)
+    assert state.counters.model_loads == 0  # measured elsewhere: nothing scored here
+
+
+def test_a_sample_the_executors_measured_leaves_no_start_up_in_the_estimate(moto_endpoint, digits, fresh_state):
+    # They measured it once warm: the run's first batch waits for no JVM, import or load any more.
+    cost = SampleCost(images=4, scored=4, cpu_seconds_per_image=0.01, s3_server_cpu_seconds_per_image=0.0,
+                      model_load_seconds=0.5, mxnet_import_seconds=1.0)
+    _, keys = digits
+    cfg = job_config(moto_endpoint)
+    _, warm = driver.size_run(cfg, keys, len(keys), {"spark.master": "local-cluster[2,1,1024]"}, measured=cost)
+    assert warm.estimate["start_seconds"] == 0.0
+    # Another cluster's estimate (--estimate-cluster) still starts cold.
+    _, other = driver.size_run(replace(cfg, estimate_cluster="2x1"), keys, len(keys), measured=cost)
+    assert other.estimate["start_seconds"] >= 1.5

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from mxjob import spark_start
+from mxjob import cluster, spark_start
 from mxjob.spark_start import SparkStart
 
 
@@ -198,3 +198,60 @@ def test_before_run_without_a_warm_up_waits_for_nothing(fake):
     start.before_run(fake, wait_seconds=30)  # returns at once: no warm-up was started
     assert fake.calls == []
 
+
+# --- the SparkContext's stop after the run's job (mxjob.cluster.SparkStop)
+
+
+class BlockingServer:
+    """PySpark's accumulator server as far as its stop goes: its shutdown waits for its handler's next look."""
+
+    def __init__(self):
+        self.begun, self.release, self.done = threading.Event(), threading.Event(), threading.Event()
+
+    def shutdown(self):
+        self.begun.set()
+        self.release.wait(10)  # the handler's poll: up to a second in PySpark
+        self.done.set()
+
+
+class StoppingContext:
+    """What SparkContext.stop does: the JVM's context, then the accumulator server's shutdown, waited for."""
+
+    def __init__(self, server: bool = True):
+        self.stopped = threading.Event()
+        if server:
+            self._accumulatorServer = BlockingServer()
+
+    def stop(self):
+        server = getattr(self, "_accumulatorServer", None)
+        if server is not None:
+            server.shutdown()
+        self.stopped.set()
+
+
+def test_after_the_runs_job_the_stop_does_not_wait_for_the_accumulator_servers_poll():
+    sc = StoppingContext()
+    server = sc._accumulatorServer
+    stopping = cluster.SparkStop(sc, job_ended=True)
+    assert sc.stopped.wait(10) and stopping.wait(10) is not None  # stopped while the server still polls
+    assert server.begun.is_set() and not server.done.is_set()
+    server.release.set()
+    assert server.done.wait(10)  # and the server shut down in the background after all
+
+
+def test_after_a_failure_or_a_signal_the_stop_is_pysparks_own():
+    # Tasks of a failed job may still report: the stop then waits for the server, as PySpark's does.
+    sc = StoppingContext()
+    stopping = cluster.SparkStop(sc)
+    assert not sc.stopped.wait(0.3)
+    sc._accumulatorServer.release.set()
+    assert stopping.wait(10) is not None and sc.stopped.is_set()
+
+
+def test_a_pyspark_without_the_private_server_handle_stops_as_its_public_stop_does(caplog):
+    sc = StoppingContext(server=False)
+    with caplog.at_level(logging.DEBUG, logger=cluster.__name__):
+        assert cluster.release_accumulator_server(sc) is False
+        assert cluster.SparkStop(sc, job_ended=True).wait(10) is not None
+    assert sc.stopped.is_set()
+    assert "PySpark has no SparkContext._accumulatorServer.shutdown" in caplog.text

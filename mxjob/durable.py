@@ -48,15 +48,16 @@ class ResumeError(Exception):
     """The work prefix and this run do not fit together; the message says what to do."""
 
 
-def fingerprint(settings: dict, files: dict[str, bytes | None]) -> dict:
+def fingerprint(settings: dict, files: dict[str, bytes | str | None]) -> dict:
     """What every line of the output depends on: the settings as given, and files by SHA-256.
 
     Two runs whose fingerprints are equal write the same row for the same
     image, so their parts may be merged into one output. ``part_format`` is
     the parts' format (:data:`results.FORMAT`): a resume never reads parts of another.
+    A file is its bytes, or (a ``str``) the SHA-256 hex digest whoever read them took.
     """
-    digests = {name: (hashlib.sha256(data).hexdigest() if data is not None else None)
-               for name, data in files.items()}
+    digests = {name: (data if isinstance(data, str) else hashlib.sha256(data).hexdigest() if data is not None
+                      else None) for name, data in files.items()}
     return {**{k: _plain(v) for k, v in settings.items()}, **digests, "part_format": results.FORMAT}
 
 

@@ -11,6 +11,7 @@ every later task (``spark.python.worker.reuse=true``, Spark's default).
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import json
 import logging
@@ -210,8 +211,13 @@ class Predictor:
         self.batch_size = int(batch_size)
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        symbol_json = spec.read(spec.symbol_uri).decode("utf-8")
+        symbol_bytes = spec.read(spec.symbol_uri)
+        symbol_json = symbol_bytes.decode("utf-8")
         params = spec.read(spec.params_uri)
+        #: SHA-256 of each file this model was loaded from, by URI: the run's fingerprint names them
+        #: (:func:`mxjob.resume.job_fingerprint`) without reading them a second time.
+        self.file_digests = {spec.symbol_uri: hashlib.sha256(symbol_bytes).hexdigest(),
+                             spec.params_uri: hashlib.sha256(params).hexdigest()}
         try:
             symbol = mx.sym.load_json(symbol_json)
             saved = mx.nd.load_frombuffer(params)

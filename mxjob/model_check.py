@@ -26,7 +26,7 @@ class ModelFacts:
     """What the driver's checks and records read of a loaded model, with no MXNet: picklable, a few kB.
 
     Read the way a :class:`mxjob.model.Predictor` is (``labels``,
-    ``num_classes``, ``dimension``, ``output_layer``, :meth:`model_summary`),
+    ``num_classes``, ``dimension``, ``output_layer``, ``file_digests``, :meth:`model_summary`),
     by :func:`mxjob.resume.job_fingerprint` and
     :func:`mxjob.partition.result_schema`. ``num_classes`` is a classifier's
     (``None`` for another kind), ``dimension`` and ``output_layer`` an
@@ -39,6 +39,8 @@ class ModelFacts:
     num_classes: int | None = None
     dimension: int | None = None
     output_layer: str | None = None
+    #: SHA-256 of the model's files, by URI, as the model was loaded from them (``Predictor.file_digests``).
+    file_digests: dict | None = None
 
     @classmethod
     def of(cls, model) -> ModelFacts:
@@ -46,7 +48,8 @@ class ModelFacts:
         labels = getattr(model, "labels", None)
         return cls(kind=type(model).__name__, summary=model.model_summary(),
                    labels=tuple(labels) if labels else None, num_classes=getattr(model, "num_classes", None),
-                   dimension=getattr(model, "dimension", None), output_layer=getattr(model, "output_layer", None))
+                   dimension=getattr(model, "dimension", None), output_layer=getattr(model, "output_layer", None),
+                   file_digests=dict(getattr(model, "file_digests", None) or {}) or None)
 
     def model_summary(self) -> dict:
         """The summary's ``model``: :meth:`mxjob.model.Predictor.model_summary` as the model gave it."""

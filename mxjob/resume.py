@@ -21,6 +21,7 @@ from mxjob import dataset, durable, extsort, listing, preflight, settings
 from mxjob.config import JobConfig
 from mxjob.errors import JobError, first_line, plural
 from mxjob.model import Predictor
+from mxjob.model_check import ModelFacts
 from mxjob.s3 import access, reads, writes
 from mxjob.status import status_key
 
@@ -75,7 +76,7 @@ def carried_names(cfg: JobConfig, images) -> list[str]:
     return names + (["etag", "size"] if cfg.with_object_metadata else [])
 
 
-def job_fingerprint(cfg: JobConfig, classifier: Predictor, carried: list[str] = ()) -> dict:
+def job_fingerprint(cfg: JobConfig, classifier: Predictor | ModelFacts, carried: list[str] = ()) -> dict:
     """:func:`durable.fingerprint` of this run: settings, model files, labels and handler by content.
 
     ``carried`` (:func:`carried_names`) is in it when the rows carry any column, so that a resume
@@ -83,9 +84,12 @@ def job_fingerprint(cfg: JobConfig, classifier: Predictor, carried: list[str] = 
     """
     labels = getattr(classifier, "labels", None)
     handler = cfg.handler_path
+    # The model's files as the check loaded them (on the driver, or in an executor: mxjob.model_check), by
+    # digest: the driver reads no model file a second time (a few hundred MB for some models).
+    known = getattr(classifier, "file_digests", None) or {}
     files = {
-        "model_symbol": cfg.model.read(cfg.model.symbol_uri),
-        "model_params": cfg.model.read(cfg.model.params_uri),
+        "model_symbol": known.get(cfg.model.symbol_uri) or cfg.model.read(cfg.model.symbol_uri),
+        "model_params": known.get(cfg.model.params_uri) or cfg.model.read(cfg.model.params_uri),
         "labels": "\n".join(labels).encode("utf-8") if labels else None,
         "handler": reads.read_uri(handler) if handler else None,
         # The quantized model itself: calibrated on the job's own sample, it is part of what made the lines.

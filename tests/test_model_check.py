@@ -235,3 +235,20 @@ def test_a_sample_the_executors_measured_leaves_no_start_up_in_the_estimate(moto
     # Another cluster's estimate (--estimate-cluster) still starts cold.
     _, other = driver.size_run(replace(cfg, estimate_cluster="2x1"), keys, len(keys), measured=cost)
     assert other.estimate["start_seconds"] >= 1.5
+
+
+def test_the_fingerprint_takes_the_model_files_digests_from_the_load_and_reads_no_file(moto_endpoint, digits,
+                                                                                      fresh_state, monkeypatch):
+    from types import SimpleNamespace
+
+    from mxjob.model import ModelSpec
+
+    cfg = job_config(moto_endpoint)
+    facts = warm_and_check(0, 1, executor_job(cfg), check=True).facts
+    assert set(facts.file_digests) == {cfg.model.symbol_uri, cfg.model.params_uri}
+    read_from_s3 = resume.job_fingerprint(cfg, SimpleNamespace(labels=facts.labels))  # no digests: it reads them
+    reads = []
+    original = ModelSpec.read
+    monkeypatch.setattr(ModelSpec, "read", lambda self, uri: reads.append(uri) or original(self, uri))
+    assert resume.job_fingerprint(cfg, facts) == read_from_s3
+    assert reads == []  # neither the symbol nor the parameters downloaded again for it

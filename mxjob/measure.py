@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SampleCost:
-    """What scoring the driver's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
+    """What scoring the estimate's sample cost: the one measurement the estimate and ``--batch-size auto`` share.
 
     ``cpu_seconds_per_image`` counts a local S3 stand-in's CPU too (of which
     ``s3_server_cpu_seconds_per_image``; 0 against real S3); ``scored`` are
@@ -51,9 +51,11 @@ def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     Runs :func:`mxjob.partition.score_partition` twice: one
     image first (the model loads: its wall time is the load, with the first
     forward pass's), then the sample, whose process CPU time is what an
-    executor would spend. The driver's check has usually loaded the model
-    into this process's cache already (:func:`mxjob.driver.load_model_on_driver`):
-    that load's seconds then count as this one's.
+    executor would spend. The model is usually in this process's cache
+    already (the driver's check, :func:`mxjob.driver.load_model_on_driver`,
+    or the warm-up's load): that load's seconds then count as this one's.
+    On the CPU: the executors measure only for a CPU run
+    (:func:`mxjob.driver.executors_check`), the driver has no GPU to use.
     """
     job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
     server = local_server_process(endpoint_url)

@@ -18,7 +18,11 @@ around the model cost:
 - ``partition.score_inputs``: no forward pass; every key gets the row
   ``{"key": KEY, "predictions": [{"class_id": 0, "probability": 1.0}]}``
   (:data:`FAKE_PREDICTIONS`, which the bench looks for in the output to prove
-  the fake ran).
+  the fake ran);
+- ``model_check.warm_and_check``: the warm-up "loads" the stand-in and
+  reports no check, so the driver checks the small real model and measures
+  the sample itself (``mxjob.driver.executors_report``), as it would
+  without the executors' check.
 
 Everything else is the job's: ``score_partition`` itself (how a task gets its
 keys, its thread pool and prefetching, the S3 client), the per-batch gzip PUT
@@ -34,7 +38,7 @@ import threading
 
 import numpy as np
 
-from mxjob import partition, state
+from mxjob import model_check, partition, state
 
 #: Every key's predictions under the fake scorer (a random-weight model never gives exactly 1.0).
 FAKE_PREDICTIONS = [{"class_id": 0, "probability": 1.0}]
@@ -85,10 +89,17 @@ def fake_score_inputs(model, keys, inputs, job, handlers, out) -> None:
         out.add(key, entries)
 
 
-def patch(module=partition) -> None:
+def fake_warm_and_check(index, tasks, job, *args, **kwargs) -> model_check.WarmReport:
+    """The warm-up's task with the stand-in model: loaded, but no check and no sample for the driver."""
+    partition.warm_worker(index, job)
+    return model_check.WarmReport(index, state.counters.model_loads)
+
+
+def patch(module=partition, checks=model_check) -> None:
     module._fetch_and_decode = fake_fetch_and_decode
     module.get_model = fake_get_model
     module.score_inputs = fake_score_inputs
+    checks.warm_and_check = fake_warm_and_check
 
 
 if __name__ == "__main__":

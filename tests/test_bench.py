@@ -488,3 +488,28 @@ def test_decode_alternatives_agreement_and_the_gate_verdict():
     assert lines[0] == "CPU: a CPU"
     assert "| simplejpeg, scaled | 1.75 | +0.75 | 0.0500 / 1.900 | 0.750 (below the 0.99 gate) | 0.500 |" in lines
     assert "| recipe | 2.50 | +0.00 | 0.0000 / 0.000 | 1.000 | 1.000 |" in lines
+
+
+def test_bench_scales_fake_daemon_leaves_the_model_check_to_the_driver(monkeypatch, caplog):
+    """Its executors hold a stand-in, not the model: their warm-up reports no check; the driver checks the real one."""
+    import logging
+    import os
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from bench import fake_daemon
+    from mxjob import config, driver, model_check, partition, state
+
+    monkeypatch.setattr(state, "counters", state.Counters())
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the threads' variables a first load sets, put back
+    tasks, checks = SimpleNamespace(), SimpleNamespace()
+    fake_daemon.patch(tasks, checks)  # what the daemon patches, here on stand-ins of the two modules
+    monkeypatch.setattr(partition, "get_model", tasks.get_model)
+    cfg = config.resolve(config.merge_settings({"input": "s3://in/", "model": "s3://m/r18", "output": "s3://o/p.jsonl",
+                                                "batch_size": 8}, {}))
+    report = checks.warm_and_check(0, 2, replace(cfg, batch_size=8).job_spec(), sample=[("k", 1)], check=True)
+    assert report == model_check.WarmReport(0, 1)
+    started = SimpleNamespace(wait_reports=lambda: [report])
+    with caplog.at_level(logging.INFO, logger=driver.__name__):
+        assert driver.executors_report(started) is None
+    assert "the executors did not check the model; the driver checks it" in caplog.text

@@ -65,6 +65,20 @@ def load_failure(exc: BaseException, symbol_uri: str) -> str:
     return f"cannot load the model ({symbol_uri}): {first_line(exc)}"
 
 
+def executor_failure(exc: ModelError, symbol_uri: str) -> str:
+    """The line for a load that failed in an executor (:func:`mxjob.partition.load_model`'s ``ModelError``).
+
+    A bad model (a ``ModelError`` or a missing file underneath) reads as the
+    driver's own check says it (:func:`load_failure`); anything else (access
+    denied, the network) as ``load_model`` says it: the executor's host, the
+    file, the error, since the driver may well read what the executors cannot.
+    """
+    cause = exc.__cause__
+    if isinstance(cause, (ModelError, FileNotFoundError)):
+        return load_failure(cause, symbol_uri)
+    return str(exc)
+
+
 @dataclass(frozen=True)
 class WarmReport:
     """What one warm-up task did: the models its worker holds; for the checking task, the check and the sample.
@@ -102,10 +116,8 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
         return WarmReport(index, state.counters.model_loads)
     try:
         models = warm_worker(index, job)
-    except ModelError as exc:  # load_model words it for a task's error; the check words the cause as the driver does
-        # Every task: a retried task would print Spark's errors and Python's stacks before the driver's one line.
-        return WarmReport(index, state.counters.model_loads,
-                          failure=load_failure(exc.__cause__ or exc, job.model.symbol_uri))
+    except ModelError as exc:  # every task: a retried task would print Spark's errors and stacks before the line
+        return WarmReport(index, state.counters.model_loads, failure=executor_failure(exc, job.model.symbol_uri))
     share = list(sample[index::tasks]) if sample else []
     cost = measure(job, share, endpoint_url) if share else None
     return WarmReport(index, state.counters.model_loads, ModelFacts.of(models[0]) if index == 0 else None, cost)

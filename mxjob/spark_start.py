@@ -142,8 +142,9 @@ class SparkStart:
                 self._submitting.set()
             self.reports = sc.parallelize(range(tasks), tasks).mapPartitions(
                 lambda _rows, j=job, n=tasks: [warm_task(_partition_id(), n, j)]).collect()
-            log.info("the executors' Python workers loaded the model in %.1f s, while the driver planned",
-                     time.monotonic() - started)
+            if not any(getattr(report, "failure", None) for report in self.reports):  # else the driver says why
+                log.info("the executors' Python workers loaded the model in %.1f s, while the driver planned",
+                         time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - an optimisation: the run's tasks load the model themselves
             if self._stopping:  # cancelled by stop(), or its context stopped under it: the run has ended
                 log.debug("the warm-up ended with the run: %s", spark_failure_reason(exc))

@@ -513,3 +513,22 @@ def test_bench_scales_fake_daemon_leaves_the_model_check_to_the_driver(monkeypat
     with caplog.at_level(logging.INFO, logger=driver.__name__):
         assert driver.executors_report(started) is None
     assert "the executors did not check the model; the driver checks it" in caplog.text
+
+
+def test_the_large_photos_report_says_when_the_watch_saw_no_cpu_in_the_tasks_window():
+    # Warm executors score the eight photos between two of the watch's 0.2 s samples: all roles read 0 CPU.
+    from bench import run_bench
+
+    results = {
+        "machine": {"cores": 2},
+        "models": {"resnet20": {"L": {"images_per_second": 2700.0, "cpu_ms_per_image": 0.7}}},
+        "large": {"images": 8, "bytes": 40e6, "model": "resnet20", "batch": 4,
+                  "decode": {"draft_cpu_ms_per_image": 9.3, "exact_cpu_ms_per_image": 57.4,
+                             "mean_abs_difference": 0.01, "max_abs_difference": 0.2},
+                  "S": {"images_per_second": 28.5},
+                  "E": {"E": 52.2, "E_steady": None, "cpu_ms_per_image": {"python worker": 0.0, "driver JVM": 0.0},
+                        "summary": {"seconds": {"download": 0.1, "decode": 0.1, "forward": 0.0, "wait": 0.0,
+                                                "task": 0.2, "spark": 0.4}}}},
+    }
+    lines = run_bench.report_large(results)
+    assert any("CPU per image in E, by process: not measured" in line and "0.4 s on 2 cores" in line for line in lines)

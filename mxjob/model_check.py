@@ -57,7 +57,7 @@ class ModelFacts:
 
 
 def load_failure(exc: BaseException, symbol_uri: str) -> str:
-    """The one line that says why the model did not load, the same on the driver and in an executor's check."""
+    """The one line that says why the model did not load on the driver; an executor's check says a bad model so too."""
     if isinstance(exc, ModelError):
         return f"model: {exc}"
     if isinstance(exc, FileNotFoundError):
@@ -83,8 +83,8 @@ def executor_failure(exc: ModelError, symbol_uri: str) -> str:
 class WarmReport:
     """What one warm-up task did: the models its worker holds; for the checking task, the check and the sample.
 
-    ``failure``: the model did not load (:func:`load_failure`'s line), where
-    the driver's own check would have refused the run; ``facts`` and
+    ``failure``: the model did not load (:func:`executor_failure`'s line),
+    and the driver refuses the run with it; ``facts`` and
     ``cost`` are then ``None``. ``cost``: this task's share of the sample
     (``None`` without one); only the checking task has ``facts``.
     """

@@ -58,6 +58,16 @@ def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     (:func:`mxjob.driver.executors_check`), the driver has no GPU to use.
     """
     job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
+    tasks_run = state.counters.tasks_run
+    try:
+        return _measure(job, items, endpoint_url)
+    finally:
+        # Not one of this worker's tasks: the run's first task stays its first (the progress's ETA waits for
+        # each executor's first task to end, and the summary tells it apart by that number).
+        state.counters.tasks_run = tasks_run
+
+
+def _measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     server = local_server_process(endpoint_url)
     loads = state.counters.model_loads
     load_started = time.perf_counter()

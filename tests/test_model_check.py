@@ -73,6 +73,8 @@ def test_the_checking_task_reports_what_the_drivers_own_check_reads(moto_endpoin
     assert resume.job_fingerprint(cfg, report.facts) == resume.job_fingerprint(cfg, local)
     assert report.cost.images == report.cost.scored == 4 and report.cost.cpu_seconds_per_image > 0
     assert report.cost.model_load_seconds > 0
+    # The sample is no task of the worker's: the run's first task is still its first (the ETA waits for those).
+    assert state.counters.tasks_run == 0
     # It comes back through Spark's collect: picklable, and a few kB.
     assert pickle.loads(pickle.dumps(report)) == report and len(pickle.dumps(report)) < 16_000
 

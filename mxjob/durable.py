@@ -56,9 +56,15 @@ def fingerprint(settings: dict, files: dict[str, bytes | str | None]) -> dict:
     the parts' format (:data:`results.FORMAT`): a resume never reads parts of another.
     A file is its bytes, or (a ``str``) the SHA-256 hex digest whoever read them took.
     """
-    digests = {name: (data if isinstance(data, str) else hashlib.sha256(data).hexdigest() if data is not None
-                      else None) for name, data in files.items()}
+    digests = {name: _digest(data) for name, data in files.items()}
     return {**{k: _plain(v) for k, v in settings.items()}, **digests, "part_format": results.FORMAT}
+
+
+def _digest(data: bytes | str | None) -> str | None:
+    """A file's SHA-256 hex digest: taken here from its bytes, or already taken by whoever read them (a ``str``)."""
+    if data is None or isinstance(data, str):
+        return data
+    return hashlib.sha256(data).hexdigest()
 
 
 def _plain(value):

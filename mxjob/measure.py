@@ -32,6 +32,9 @@ class SampleCost:
     cpu_seconds_per_image: float
     s3_server_cpu_seconds_per_image: float
     model_load_seconds: float
+    #: Images the timed pass scored: the sample's, repeated up to whole micro-batches (:func:`whole_micro_batches`);
+    #: ``None``: the sample's own ``images``.
+    timed: int | None = None
     #: Seconds the measuring process took to import MXNet (``None``: imported before, untimed): each
     #: executor's Python worker pays about as much before its first batch (:func:`mxjob.worker.import_mxnet`).
     mxnet_import_seconds: float | None = None
@@ -43,6 +46,29 @@ class SampleCost:
     #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
     first: tuple | None = None
 
+    @property
+    def timed_images(self) -> int:
+        """How many images the per-image CPU is the mean of."""
+        return self.images if self.timed is None else self.timed
+
+
+def whole_micro_batches(items: list, micro_batch: int) -> list:
+    """``items`` repeated, in turn, up to a whole number of ``micro_batch``-image forward passes.
+
+    A run's batches are whole micro-batches (``--batch-size auto`` picks a
+    multiple), but a small sample is not: its last forward pass is padded to
+    the model's bound batch and costs what a full one costs, so 4 images
+    measured alone cost 16 images' forward pass and the estimate 3-4 times
+    the run's CPU per image. Repeated, each image is fetched and decoded
+    again, as a batch of other images would be.
+
+    >>> whole_micro_batches(["a", "b", "c"], 4), whole_micro_batches(["a", "b"], 2), whole_micro_batches([], 4)
+    (['a', 'b', 'c', 'a'], ['a', 'b'], [])
+    """
+    if not items or micro_batch <= 1:
+        return list(items)
+    passes = -(-len(items) // micro_batch)
+    return [items[i % len(items)] for i in range(passes * micro_batch)]
 
 def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     """The :class:`SampleCost` of scoring ``items`` in this process, as an executor scores a batch.
@@ -54,6 +80,7 @@ def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     executor would spend. The model is usually in this process's cache
     already (the driver's check, :func:`mxjob.driver.load_model_on_driver`,
     or the warm-up's load): that load's seconds then count as this one's.
+    The timed pass scores whole micro-batches (:func:`whole_micro_batches`).
     On the CPU: the executors measure only for a CPU run
     (:func:`mxjob.driver.executors_check`), the driver has no GPU to use.
     """
@@ -75,12 +102,15 @@ def _measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     load_seconds = time.perf_counter() - load_started
     if state.counters.model_loads == loads and state.counters.model_load_seconds is not None:
         load_seconds += state.counters.model_load_seconds  # the check's load, found in the cache
+    timed = whole_micro_batches(items, job.forward_batch)
     window_start = _cpu_seconds(server)
-    [(_, _, _, stats)] = score_partition(0, items, job)
+    [(_, _, _, stats)] = score_partition(0, timed, job)
     window_end = _cpu_seconds(server)
     server_cpu = window_end - window_start
-    n = max(1, len(items))
-    return SampleCost(images=len(items), scored=len(items) - sum(stats.errors.values()),
+    n = max(1, len(timed))
+    # The repeats fail as their images do: the sample's share without an error line, in whole images.
+    scored = round(len(items) * (n - sum(stats.errors.values())) / n)
+    return SampleCost(images=len(items), scored=scored, timed=len(timed),
                       cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
                       s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
                       mxnet_import_seconds=state.counters.mxnet_import_seconds,
@@ -100,13 +130,14 @@ def combined(costs: list[SampleCost | None]) -> SampleCost | None:
     if not costs:
         return None
     images = sum(cost.images for cost in costs)
-    own = sum((cost.cpu_seconds_per_image - cost.s3_server_cpu_seconds_per_image) * max(1, cost.images)
+    timed = sum(cost.timed_images for cost in costs)
+    own = sum((cost.cpu_seconds_per_image - cost.s3_server_cpu_seconds_per_image) * max(1, cost.timed_images)
               for cost in costs)
     windows = [cost.server_cpu_window for cost in costs if cost.server_cpu_window is not None]
     server = max(end for _, end in windows) - min(start for start, _ in windows) if windows else 0.0
     imports = [cost.mxnet_import_seconds for cost in costs if cost.mxnet_import_seconds is not None]
-    n = max(1, images)
-    return SampleCost(images=images, scored=sum(cost.scored for cost in costs),
+    n = max(1, timed)
+    return SampleCost(images=images, scored=sum(cost.scored for cost in costs), timed=timed,
                       cpu_seconds_per_image=(own + server) / n, s3_server_cpu_seconds_per_image=server / n,
                       model_load_seconds=max(cost.model_load_seconds for cost in costs),
                       mxnet_import_seconds=max(imports) if imports else None,

@@ -104,12 +104,14 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
     the run's tasks then find the model in their worker's cache. With
     ``check``, a task whose load fails reports why instead of failing (Spark
     would retry it, printing its errors before the driver's one line), task
-    0 reports the model's facts for the driver, and each task scores
-    every ``tasks``-th key of ``sample`` (listing items) from its
-    ``index``-th, as :func:`mxjob.measure.measure` does on the driver: the
-    driver combines the shares (:func:`mxjob.measure.combined`). A share's
-    first image also builds the forward pass's kernels that the run's first
-    batch would otherwise wait for.
+    0 reports the model's facts for the driver, and the first
+    :func:`measurers` tasks score a share of ``sample`` (listing items)
+    each, every ``measurers``-th key from their ``index``-th, as
+    :func:`mxjob.measure.measure` does on the driver: the driver combines
+    the shares (:func:`mxjob.measure.combined`). A share's first image also
+    builds the forward pass's kernels that the run's first batch would
+    otherwise wait for (a tenth of a second for a ResNet-18; the other tasks
+    leave that to it).
     """
     if not check:
         warm_worker(index, job)
@@ -118,6 +120,19 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
         models = warm_worker(index, job)
     except ModelError as exc:  # every task: a retried task would print Spark's errors and stacks before the line
         return WarmReport(index, state.counters.model_loads, failure=executor_failure(exc, job.model.symbol_uri))
-    share = list(sample[index::tasks]) if sample else []
+    count = measurers(len(sample or ()), tasks, job.forward_batch)
+    share = list(sample[index::count]) if index < count else []
     cost = measure(job, share, endpoint_url) if share else None
     return WarmReport(index, state.counters.model_loads, ModelFacts.of(models[0]) if index == 0 else None, cost)
+
+
+def measurers(sample: int, tasks: int, micro_batch: int) -> int:
+    """How many warm-up tasks score a share of a ``sample``-image sample: one a micro-batch, at most ``tasks``.
+
+    A share is timed in whole micro-batches (:func:`mxjob.measure.whole_micro_batches`): the 8 images of
+    a 128-image run's sample in one share cost one forward pass, where 4 in each of two cost two.
+
+    >>> measurers(32, 2, 16), measurers(8, 2, 16), measurers(32, 100, 16), measurers(0, 2, 16), measurers(40, 8, 1)
+    (2, 1, 2, 0, 8)
+    """
+    return min(tasks, -(-sample // max(1, micro_batch)))

@@ -92,14 +92,46 @@ def test_an_embedders_facts_give_the_same_table_schema_as_the_model(moto_endpoin
 def test_each_task_measures_its_share_of_the_sample_and_only_the_first_checks_the_model(moto_endpoint, digits,
                                                                                        fresh_state):
     _, keys = digits
-    job = executor_job(job_config(moto_endpoint))
+    job = executor_job(job_config(moto_endpoint, micro_batch_size=2))  # 8 keys: up to 4 shares of 2
     second = warm_and_check(1, 3, job, sample=keys, endpoint_url=moto_endpoint, check=True)
     assert second.facts is None and second.failure is None and second.loads == 1
-    assert second.cost.images == 3  # keys 1, 4 and 7 of 8
+    assert (second.cost.images, second.cost.timed) == (3, 4)  # keys 1, 4 and 7 of 8, timed as two passes of 2
     third = warm_and_check(2, 3, job, sample=keys[:2], endpoint_url=moto_endpoint, check=True)
-    assert third.cost is None  # no key of a 2-key sample is the third task's
+    assert third.cost is None  # a 2-key sample is one micro-batch: the first task's alone
     plain = warm_and_check(1, 3, job, sample=keys, endpoint_url=moto_endpoint)
     assert plain == WarmReport(1, 1)  # not asked to check: it only loads (the model was cached already)
+
+
+def test_a_sample_smaller_than_a_micro_batch_is_timed_as_one_whole_forward_pass_by_one_task(
+        moto_endpoint, digits, fresh_state, monkeypatch):
+    """A share shorter than the bound batch would cost a whole forward pass for its few images (the estimate of a
+    128-image run came out 3 times the run's CPU per image): it is repeated up to a whole micro-batch instead."""
+    _, keys = digits
+    passes = []
+    score = measure.score_partition
+    monkeypatch.setattr(measure, "score_partition", lambda index, items, job: passes.append(list(items)) or
+                        score(index, items, job))
+    job = executor_job(job_config(moto_endpoint, micro_batch_size=16))
+    first = warm_and_check(0, 2, job, sample=keys[:6], endpoint_url=moto_endpoint, check=True)
+    assert passes == [keys[:1], [keys[i % 6] for i in range(16)]]  # the load's image, then one whole pass, in turn
+    assert (first.cost.images, first.cost.timed, first.cost.scored) == (6, 16, 6)
+    assert first.facts is not None
+    # The second task leaves the sample to the first: it loads the model and scores nothing.
+    second = warm_and_check(1, 2, job, sample=keys[:6], endpoint_url=moto_endpoint, check=True)
+    assert second.cost is None and second.failure is None and len(passes) == 2
+    assert measure.combined([first.cost, second.cost]).timed_images == 16
+
+
+def test_whole_micro_batches_repeat_the_sample_in_turn_and_the_measurers_take_one_micro_batch_each():
+    assert measure.whole_micro_batches(["a", "b", "c"], 4) == ["a", "b", "c", "a"]
+    assert measure.whole_micro_batches(["a", "b", "c", "d", "e"], 2) == ["a", "b", "c", "d", "e", "a"]
+    assert measure.whole_micro_batches(["a", "b"], 2) == ["a", "b"]
+    assert measure.whole_micro_batches(["a", "b"], 1) == ["a", "b"]
+    assert measure.whole_micro_batches([], 16) == []
+    # The default sample (32) and micro-batch (16): two shares; a 128-image run's 8: one; never more than tasks.
+    assert [model_check.measurers(n, tasks, 16) for n, tasks in ((32, 2), (8, 2), (32, 100), (17, 8), (0, 2))] == \
+        [2, 1, 2, 2, 0]
+    assert model_check.measurers(40, 8, 1) == 8
 
 
 def test_shares_measured_at_once_combine_into_one_sample_counting_the_servers_cpu_once():
@@ -121,6 +153,10 @@ def test_shares_measured_at_once_combine_into_one_sample_counting_the_servers_cp
     # Against real S3 there is no server to count: the shares' own CPU only.
     real = [replace(c, s3_server_cpu_seconds_per_image=0.0, server_cpu_window=None) for c in (first, second)]
     assert measure.combined(real).cpu_seconds_per_image == pytest.approx((4 * 0.05 + 4 * 0.06) / 8)
+    # A share timed on its images repeated weighs as the images its pass scored.
+    repeated = measure.combined([real[0], replace(real[1], timed=12)])
+    assert (repeated.images, repeated.timed_images) == (8, 16)
+    assert repeated.cpu_seconds_per_image == pytest.approx((4 * 0.05 + 12 * 0.06) / 16)
 
 
 def test_a_model_the_driver_refuses_is_refused_by_the_executors_check_in_the_same_words(moto_endpoint, digits,

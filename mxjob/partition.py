@@ -320,9 +320,14 @@ def write_results(job: JobSpec, index: int, client, batch: pa.RecordBatch, seen:
     if job.parts_prefix is None:
         return data
     # Durable before Spark hears the task is done: a dead driver loses nothing this task scored.
-    client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index), Body=data,
-                      ContentType="application/vnd.apache.arrow.stream", ContentEncoding="zstd")
+    put_part(client, job.output_bucket, part_key(job.parts_prefix, index), data)
     return None
+
+
+def put_part(client, bucket: str, key: str, data: bytes) -> None:
+    """PUT a part's bytes (:func:`part_format.write_part`): one request, atomic."""
+    client.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/vnd.apache.arrow.stream",
+                      ContentEncoding="zstd")
 
 
 def _task_done() -> None:

@@ -120,7 +120,10 @@ def begin_spark(start: SparkStart | None, cfg: JobConfig, images: listing.Listin
     if start is None:
         return False
     start.begin()
-    sample = sample_items(images, sample_size(cfg.estimate_images, len(images))) if executors_check(cfg) else None
+    # A fresh run keeps the sample's rows (keep_sample); a resume's sample may hold keys scored already.
+    kept = not cfg.resume and yarn_attempt()[1] <= 1
+    size = sample_size(cfg.estimate_images, len(images), bound_batch(cfg), kept=kept)
+    sample = sample_items(images, size) if executors_check(cfg) else None
     return warm_up(start, cfg, early=True, sample=sample)
 
 
@@ -228,6 +231,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
         return done.exit_code
+    plan = keep_sample(work, plan, checked.sample_cost)
     # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
     cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf,
                            head_start=start.head_start() if start is not None else 0.0, measured=checked.sample_cost)
@@ -240,6 +244,31 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
         exc.work = work  # main() says what is durable and how to resume
         raise
     return planned_run(run, checked, sizing, scored, seconds)
+
+
+def keep_sample(work: durable.WorkPrefix, plan: durable.Plan, cost: SampleCost | None) -> durable.Plan:
+    """The plan without the keys whose rows the executors' warm-up scored for the estimate, those rows kept.
+
+    The warm-up's shares of the sample (:func:`mxjob.model_check.warm_and_check`) scored each image once, as a
+    task would, with the run's model and settings: their rows become a run of their own under the work prefix
+    (:meth:`durable.WorkPrefix.keep_sample`), numbered after this one's, and the run's Spark job leaves their
+    keys out.
+    For a fresh run only: a resume's sample may hold keys an earlier run made durable.
+    """
+    shares = cost.kept if cost is not None else ()
+    if not shares or plan.runs or plan.resumed or isinstance(plan.todo, extsort.SpilledListing):
+        return plan  # (a key list spilled to disk stays there: a sample is nothing beside it)
+    keys = pa.array([key for share in shares for key in share.keys], listing.KEY_TYPE)
+    sampled = pc.is_in(plan.todo.keys, value_set=keys)
+    if pc.sum(sampled).as_py() != len(keys) or len(keys) >= len(plan.todo):
+        return plan  # not all keys this plan scores; or all of them (a run of a few keys: its tasks score them)
+    application, _ = yarn_attempt()
+    # Numbered after this run, which keeps the number it has without a sample: a first run's batches are
+    # under OUTPUT.parts/run-0001/ whatever it sampled.
+    run = work.keep_sample(plan.number + 1, shares, application)
+    left = pc.invert(sampled)
+    left = left.combine_chunks() if isinstance(left, pa.ChunkedArray) else left
+    return replace(plan, runs=[run], todo=plan.todo.filter(left), sample=tuple(shares))
 
 
 def table_settle(cfg: JobConfig, client, images: listing.Listing):
@@ -281,7 +310,8 @@ def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: t
     if stats.last_end is not None:  # the output is whole now: how long after the last task's end
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, RunOutcome(
-        images=len(images), batches=plan.todo.num_batches(cfg.batch_size), fold=stats, counts=counts,
+        images=len(images), batches=plan.todo.num_batches(cfg.batch_size) + len(plan.sample), fold=stats,
+        counts=counts,
         elapsed=time.time() - monitor.started, model_summary=checked.model_summary, seconds=seconds, plan=plan,
         fingerprint=checked.fingerprint, spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys,
         precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
@@ -449,7 +479,9 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
     cfg, client, work, images, plan, monitor = run.cfg, run.client, run.work, run.images, run.plan, run.monitor
     batches = plan.todo.num_batches(cfg.batch_size)
     log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
-             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "", batches, cfg.batch_size)
+             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else
+             f"{plan.sampled} scored for the estimate as the executors warmed up (kept), " if plan.sample else "",
+             batches, cfg.batch_size)
     stats, spark_stop = StatsFold(), None
 
     def merge(runs, live):
@@ -517,9 +549,13 @@ def durable_status(work: durable.WorkPrefix | None) -> str:
         return f"could not read {work.uri} ({first_line(exc)})"
     if not runs:
         return f"nothing was durable yet under {work.uri}"
-    last = runs[-1]
+    last = durable.latest_run(runs) or runs[-1]
+    # This run's kept sample is the run numbered after it (durable.WorkPrefix.keep_sample).
+    sample = next((run for run in runs if run.sample and run.number == last.number + 1 and run.done), None)
+    earlier = [run for run in runs if run is not last and run is not sample]
     return (f"{len(last.done)} of {last.batches} batches of this run are durable under {work.uri}"
-            + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
+            + (f", and its estimate's sample ({sample.keys} images)" if sample is not None else "")
+            + (f" (and {sum(len(r.done) for r in earlier)} of earlier runs)" if earlier else ""))
 
 
 # ----------------------------------------------------------------------------

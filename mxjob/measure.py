@@ -11,11 +11,23 @@ import logging
 import time
 import urllib.parse
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from mxjob import state
 from mxjob.partition import score_partition
 
 log = logging.getLogger(__name__)
+
+
+class KeptShare(NamedTuple):
+    """A share of the sample scored once per image: its rows, which the run keeps instead of scoring them again."""
+
+    #: The share's keys, in key order (a contiguous run of the sorted sample).
+    keys: tuple
+    #: The rows as a task's part (:func:`mxjob.part_format.write_part`): one record batch sorted by key.
+    part: bytes
+    #: Error rows by stage, as a task counts them (:attr:`mxjob.stats.TaskStats.errors`).
+    errors: dict
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,9 @@ class SampleCost:
     #: The first image's ``(part, stats)`` from :func:`mxjob.partition.score_partition` (the model's load included):
     #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
     first: tuple | None = None
+    #: The timed pass's rows, when it scored each of the sample's images once: the run keeps them
+    #: (:func:`mxjob.driver.keep_sample`); one :class:`KeptShare` per share, in key order. Empty otherwise.
+    kept: tuple = ()
 
     @property
     def timed_images(self) -> int:
@@ -104,7 +119,7 @@ def _measure(job, items: list, endpoint_url: str | None) -> SampleCost:
         load_seconds += state.counters.model_load_seconds  # the check's load, found in the cache
     timed = whole_micro_batches(items, job.forward_batch)
     window_start = _cpu_seconds(server)
-    [(_, _, _, stats)] = score_partition(0, timed, job)
+    [(_, _, part, stats)] = score_partition(0, timed, job)
     window_end = _cpu_seconds(server)
     server_cpu = window_end - window_start
     n = max(1, len(timed))
@@ -115,7 +130,9 @@ def _measure(job, items: list, endpoint_url: str | None) -> SampleCost:
                       s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
                       mxnet_import_seconds=state.counters.mxnet_import_seconds,
                       server_cpu_window=(window_start, window_end) if server is not None else None,
-                      first=(first_part, first_stats))
+                      first=(first_part, first_stats),
+                      kept=(KeptShare(tuple(key for key, _ in items), part, dict(stats.errors)),)
+                      if len(timed) == len(items) else ())
 
 
 def combined(costs: list[SampleCost | None]) -> SampleCost | None:
@@ -136,13 +153,14 @@ def combined(costs: list[SampleCost | None]) -> SampleCost | None:
     windows = [cost.server_cpu_window for cost in costs if cost.server_cpu_window is not None]
     server = max(end for _, end in windows) - min(start for start, _ in windows) if windows else 0.0
     imports = [cost.mxnet_import_seconds for cost in costs if cost.mxnet_import_seconds is not None]
+    kept = sorted((share for cost in costs for share in cost.kept), key=lambda share: share.keys[0])
     n = max(1, timed)
     return SampleCost(images=images, scored=sum(cost.scored for cost in costs), timed=timed,
                       cpu_seconds_per_image=(own + server) / n, s3_server_cpu_seconds_per_image=server / n,
                       model_load_seconds=max(cost.model_load_seconds for cost in costs),
                       mxnet_import_seconds=max(imports) if imports else None,
                       server_cpu_window=(min(start for start, _ in windows), max(end for _, end in windows))
-                      if windows else None)
+                      if windows else None, kept=tuple(kept))
 
 
 def local_server_process(endpoint_url: str | None):

@@ -106,9 +106,9 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
     would retry it, printing its errors before the driver's one line), task
     0 reports the model's facts for the driver, and the first
     :func:`measurers` tasks score a share of ``sample`` (listing items)
-    each, every ``measurers``-th key from their ``index``-th, as
-    :func:`mxjob.measure.measure` does on the driver: the driver combines
-    the shares (:func:`mxjob.measure.combined`). A share's first image also
+    each (:func:`sample_share`), as :func:`mxjob.measure.measure` does on
+    the driver: the driver combines the shares (:func:`mxjob.measure.combined`)
+    and keeps their rows for the run. A share's first image also
     builds the forward pass's kernels that the run's first batch would
     otherwise wait for (a tenth of a second for a ResNet-18; the other tasks
     leave that to it).
@@ -120,8 +120,7 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
         models = warm_worker(index, job)
     except ModelError as exc:  # every task: a retried task would print Spark's errors and stacks before the line
         return WarmReport(index, state.counters.model_loads, failure=executor_failure(exc, job.model.symbol_uri))
-    count = measurers(len(sample or ()), tasks, job.forward_batch)
-    share = list(sample[index::count]) if index < count else []
+    share = sample_share(list(sample or ()), index, tasks, job.forward_batch)
     cost = measure(job, share, endpoint_url) if share else None
     return WarmReport(index, state.counters.model_loads, ModelFacts.of(models[0]) if index == 0 else None, cost)
 
@@ -136,3 +135,20 @@ def measurers(sample: int, tasks: int, micro_batch: int) -> int:
     (2, 1, 2, 0, 8)
     """
     return min(tasks, -(-sample // max(1, micro_batch)))
+
+
+def sample_share(sample: list, index: int, tasks: int, micro_batch: int) -> list:
+    """Task ``index``'s share of the sorted ``sample``: whole micro-batches of consecutive keys, the last one short.
+
+    Consecutive keys, so that the shares' rows are batches of one run in key order (the merge reads a run's
+    batches in order); each share but the last whole micro-batches, so that each image is timed once and its
+    row kept (:func:`mxjob.measure.whole_micro_batches` repeats none of them).
+
+    >>> [sample_share(list(range(40)), i, 2, 16) for i in range(3)]
+    [[0, ..., 31], [32, ..., 39], []]
+    """
+    count = measurers(len(sample), tasks, micro_batch)
+    if index >= count:
+        return []
+    size = -(-len(sample) // (count * micro_batch)) * micro_batch
+    return sample[index * size:(index + 1) * size]

@@ -193,7 +193,7 @@ class Tasks:
     first_start: Optional[float] = required("the first task's start (epoch seconds); `null` when none ran")
     last_end: Optional[float] = required("the last task's end (epoch seconds); `null` when none ran")
     seconds: Optional[float] = required("the window's length")
-    images_per_second: Optional[float] = required("keys scored / `seconds`")
+    images_per_second: Optional[float] = required("keys the tasks scored / `seconds`")
     first_start_iso: Optional[str] = required("`first_start` as ISO 8601 local time")
     last_end_iso: Optional[str] = required("`last_end` as ISO 8601 local time")
 
@@ -243,7 +243,8 @@ class Threads:
 class Rates:
     """Each images/s figure, named, and what it measures."""
 
-    images_per_second_spark: Optional[float] = required("keys scored / `seconds.spark`: the run's throughput")
+    images_per_second_spark: Optional[float] = required("keys the Spark job scored / `seconds.spark`: the run's "
+                                                          "throughput")
     images_per_second_tasks: Optional[float] = required("= `tasks.images_per_second`")
     images_per_second_elapsed: Optional[float] = required("= `images_per_second`")
     what: dict[str, str] = required("what each of the three measures, in words")
@@ -337,7 +338,9 @@ class Summary:
     predicted: int = required("keys with predictions")
     failed: int = required("keys whose line is an error")
     reused: int = required("keys whose line an earlier, interrupted run made durable")
-    scored: int = required("keys scored in this run")
+    scored: int = required("keys scored in this run, `sampled` included")
+    sampled: int = required("of them, the estimate's sample: scored as the executors warmed up, before the Spark "
+                            "job, and kept")
     resumed: bool = required("whether this run went on from an earlier one's durable batches")
     runs: int = required("runs that scored the output, this one included")
     errors_by_stage: ErrorsByStage = required("failed keys by stage")
@@ -414,8 +417,9 @@ class Status:
     summary: str = required("where the summary goes")
     report: str = required("the report beside it")
     status: str = required("this file")
-    batches: Done = optional("batches done and in the run", "once the batches run")
-    keys: Done = optional("keys done and in the run", "once the batches run")
+    batches: Done = optional("batches done and in the run's Spark job (not a resume's reused ones, nor the "
+                             "estimate's sample the run kept: the summary's `sampled`)", "once the batches run")
+    keys: Done = optional("keys done and in the run's Spark job", "once the batches run")
     errors: int = optional("keys failed so far", "once the batches run")
     images_per_second: Optional[float] = optional("keys done / seconds since the first task started",
                                                   "once the batches run")

@@ -57,7 +57,7 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int, spark_conf:
         if measured is not None:
             cost = measured
         else:
-            items = sample_items(images, sample_size(cfg.estimate_images, to_score))
+            items = sample_items(images, sample_size(cfg.estimate_images, to_score, bound_batch(cfg)))
             bound = replace(cfg, batch_size=bound_batch(cfg))  # a number, whatever auto will choose
             cost = measure(bound.job_spec(), items, cfg.endpoint_url)
     state.models.clear()  # the driver's copy (its check's, kept for the sample): the executors' copy is theirs
@@ -160,13 +160,27 @@ SAMPLE_SHARE = 16
 SAMPLE_FLOOR = 8
 
 
-def sample_size(estimate_images: int, to_score: int) -> int:
-    """The sample's size: ``--estimate-images``, at most a sixteenth of the ``to_score`` keys but never under 8.
+def sample_size(estimate_images: int, to_score: int, micro_batch: int = 1, kept: bool = False) -> int:
+    """The sample's size: ``--estimate-images``, at most a sixteenth of the ``to_score`` keys (``kept``: half)
+    but never under 8; in whole ``micro_batch``-image forward passes where that is at most ``--estimate-images``
+    and half the keys.
 
-    >>> sample_size(32, 100_000), sample_size(32, 128), sample_size(32, 40), sample_size(4, 40)
-    (32, 8, 8, 4)
+    A forward pass costs the same for a short micro-batch as for a whole one (the model is bound at the
+    micro-batch), so whole ones measure more images for the same forward passes. ``kept``: the executors
+    score the sample and the run keeps its rows (:func:`mxjob.driver.keep_sample`), so that it costs the
+    run nothing: then it is not a sixteenth but up to half of a small run.
+
+    >>> sample_size(32, 100_000, 16), sample_size(32, 128, 16), sample_size(32, 40, 16), sample_size(4, 40, 16)
+    (32, 16, 16, 4)
+    >>> sample_size(32, 128, 16, kept=True), sample_size(32, 40, 16, kept=True), sample_size(32, 20, 16, kept=True)
+    (32, 16, 10)
     """
-    return min(estimate_images, max(SAMPLE_FLOOR, to_score // SAMPLE_SHARE))
+    size = min(estimate_images, max(SAMPLE_FLOOR, to_score // (2 if kept else SAMPLE_SHARE)))
+    step, limit = max(1, micro_batch), min(estimate_images, to_score // 2)
+    up = -(-size // step) * step
+    if up <= limit:
+        return up
+    return min(size, limit) // step * step or size
 
 
 def sample_items(images, count: int) -> list:

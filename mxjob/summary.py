@@ -129,10 +129,10 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
     # Throughput while tasks ran: from the first task's start to the last one's end
     # (elapsed_seconds also counts listing, Spark start-up and the assembly).
     window = fold.last_end - fold.first_start if fold.first_start is not None else None
-    scored = fold.keys
+    scored = fold.keys + plan.sampled  # the sample's keys the run kept were scored before its Spark job
     tasks = Tasks(first_start=fold.first_start, last_end=fold.last_end,
                   seconds=round(window, 3) if window else None,
-                  images_per_second=round(scored / window, 2) if window else None,
+                  images_per_second=round(fold.keys / window, 2) if window else None,
                   first_start_iso=iso(fold.first_start), last_end_iso=iso(fold.last_end))
     stage_seconds = Seconds(**{k: round(sum(e[k] for e in fold.executors.values()), 3) for k in fold.STAGES},
                             **{k: round(v, 3) for k, v in run.seconds.items()})
@@ -145,8 +145,10 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         skipped_keys=SkippedKeys(**run.skipped_keys) if run.skipped_keys is not None else None,
         predicted=counts.predicted, failed=counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
-        reused=images - len(plan.todo), scored=scored, resumed=plan.resumed, runs=plan.number,
-        errors_by_stage=ErrorsByStage(**fold.errors), batches=run.batches, batch_size=cfg.batch_size,
+        reused=images - len(plan.todo) - plan.sampled, scored=scored, sampled=plan.sampled, resumed=plan.resumed,
+        runs=plan.invocations,
+        errors_by_stage=ErrorsByStage(**sample_errors(fold.errors, plan.sample)), batches=run.batches,
+        batch_size=cfg.batch_size,
         elapsed_seconds=round(elapsed, 3), images_per_second=images_per_second,
         seconds=stage_seconds,
         assembly=Assembly(parts_read=counts.parts_read, bytes_read=counts.bytes_read,
@@ -169,7 +171,7 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         threads=thread_fit(fold),
         # Beside the machine fields, what a person reads: the rates, named (images_per_second and
         # tasks.images_per_second stay), and what the seconds sum.
-        rates=Rates(images_per_second_spark=round(scored / spark_seconds, 2) if spark_seconds else None,
+        rates=Rates(images_per_second_spark=round(fold.keys / spark_seconds, 2) if spark_seconds else None,
                     images_per_second_tasks=tasks.images_per_second,
                     images_per_second_elapsed=images_per_second, what=RATES),
         seconds_what=SECONDS_WHAT,
@@ -182,6 +184,15 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
     ))
 
 
+def sample_errors(errors: dict, sample: tuple) -> dict:
+    """The tasks' error rows by stage, with those of the sample's rows the run kept (:attr:`durable.Plan.sample`)."""
+    total = dict(errors)
+    for share in sample:
+        for stage, count in share.errors.items():
+            total[stage] = total.get(stage, 0) + count
+    return total
+
+
 def summary_table(entry: dict) -> SummaryTable:
     """The summary's ``table`` record from :meth:`mxjob.table_output.TableSink.summary_entry`."""
     resumed = entry.get("resumed")
@@ -190,9 +201,9 @@ def summary_table(entry: dict) -> SummaryTable:
 
 #: What each of the summary's rates measures (``rates.what``).
 RATES = {
-    "images_per_second_spark": "keys scored / seconds of the Spark job (from submitting it to its last task's end, "
-                               "with the executors' start-up and model loads): the run's throughput",
-    "images_per_second_tasks": "keys scored / seconds from the first task's start to the last task's end",
+    "images_per_second_spark": "keys the Spark job scored / seconds of the Spark job (from submitting it to its "
+                               "last task's end, with the executors' start-up and model loads): the run's throughput",
+    "images_per_second_tasks": "keys the tasks scored / seconds from the first task's start to the last task's end",
     "images_per_second_elapsed": "keys scored / elapsed_seconds (the whole run: listing, model check, Spark, "
                                  "assembly)",
 }

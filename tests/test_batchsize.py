@@ -158,15 +158,16 @@ def test_the_per_image_time_is_the_cpu_over_each_executors_threads(measured):
     assert sized.choice["chosen"] == 768
 
 
-def test_a_small_runs_sample_is_a_sixteenth_of_its_keys_and_never_under_eight(measured):
-    # 32 of 128 keys would score a quarter of the run on the driver before Spark's executors get it.
+def test_a_small_runs_sample_is_a_sixteenth_of_its_keys_never_under_eight_in_whole_forward_passes(measured):
+    # 32 of 128 keys would score a quarter of the run on the driver before Spark's executors get it; its
+    # eighth (8) is rounded up to a whole micro-batch (16), which costs the same forward pass.
     sizing.size_run(resolved(estimate_cluster="2x1"), KEYS[:128], 128)
     sizing.size_run(resolved(estimate_cluster="2x1"), KEYS[:40], 40)
     sizing.size_run(resolved(estimate_cluster="2x1"), KEYS[:1000], 1000)
     sizing.size_run(resolved(estimate_cluster="2x1", estimate_images=4), KEYS[:40], 40)
-    assert [len(sample) for _, sample in measured] == [8, 8, 32, 4]
+    assert [len(sample) for _, sample in measured] == [16, 16, 32, 4]
     # Spread over the listing as before: the i * n // count-th keys.
-    assert [key for key, _ in measured[0][1]] == [f"k{i:06d}" for i in range(0, 128, 16)]
+    assert [key for key, _ in measured[0][1]] == [f"k{i:06d}" for i in range(0, 128, 8)]
 
 
 def test_auto_without_a_measurement_falls_back_to_the_librarys_batch(measured):

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-from mxjob import config, driver, measure, model_check, resume, state
+from mxjob import config, driver, measure, model_check, part_format, resume, state
 from mxjob.errors import JobError
 from mxjob.measure import SampleCost
 from mxjob.model_check import ModelFacts, WarmReport, warm_and_check
@@ -95,7 +95,13 @@ def test_each_task_measures_its_share_of_the_sample_and_only_the_first_checks_th
     job = executor_job(job_config(moto_endpoint, micro_batch_size=2))  # 8 keys: up to 4 shares of 2
     second = warm_and_check(1, 3, job, sample=keys, endpoint_url=moto_endpoint, check=True)
     assert second.facts is None and second.failure is None and second.loads == 1
-    assert (second.cost.images, second.cost.timed) == (3, 4)  # keys 1, 4 and 7 of 8, timed as two passes of 2
+    # Consecutive keys in whole micro-batches: keys 4 to 7 of 8 (the first task's are 0 to 3), each timed once.
+    assert (second.cost.images, second.cost.timed) == (4, 4)
+    [kept] = second.cost.kept
+    assert kept.keys == tuple(key for key, _ in keys[4:8]) and kept.errors == {"download": 0, "decode": 0,
+                                                                                "predict": 0}
+    rows = part_format.read_part(kept.part)
+    assert rows.column("key").to_pylist() == list(kept.keys)  # the rows a task would have written for them
     third = warm_and_check(2, 3, job, sample=keys[:2], endpoint_url=moto_endpoint, check=True)
     assert third.cost is None  # a 2-key sample is one micro-batch: the first task's alone
     plain = warm_and_check(1, 3, job, sample=keys, endpoint_url=moto_endpoint)
@@ -115,6 +121,7 @@ def test_a_sample_smaller_than_a_micro_batch_is_timed_as_one_whole_forward_pass_
     first = warm_and_check(0, 2, job, sample=keys[:6], endpoint_url=moto_endpoint, check=True)
     assert passes == [keys[:1], [keys[i % 6] for i in range(16)]]  # the load's image, then one whole pass, in turn
     assert (first.cost.images, first.cost.timed, first.cost.scored) == (6, 16, 6)
+    assert first.cost.kept == ()  # rows of repeated images: the run scores these keys itself
     assert first.facts is not None
     # The second task leaves the sample to the first: it loads the model and scores nothing.
     second = warm_and_check(1, 2, job, sample=keys[:6], endpoint_url=moto_endpoint, check=True)
@@ -132,6 +139,12 @@ def test_whole_micro_batches_repeat_the_sample_in_turn_and_the_measurers_take_on
     assert [model_check.measurers(n, tasks, 16) for n, tasks in ((32, 2), (8, 2), (32, 100), (17, 8), (0, 2))] == \
         [2, 1, 2, 2, 0]
     assert model_check.measurers(40, 8, 1) == 8
+    # Each measuring task's share: consecutive keys, whole micro-batches but the last (the run keeps them whole).
+    sample = list(range(40))
+    assert [model_check.sample_share(sample, i, 2, 16) for i in range(3)] == [sample[:32], sample[32:], []]
+    assert [model_check.sample_share(sample[:32], i, 4, 16) for i in range(3)] == [sample[:16], sample[16:32], []]
+    assert [model_check.sample_share(sample[:8], i, 3, 2) for i in range(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [], []]
+    assert model_check.sample_share([], 0, 2, 16) == []
 
 
 def test_shares_measured_at_once_combine_into_one_sample_counting_the_servers_cpu_once():

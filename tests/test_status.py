@@ -178,7 +178,8 @@ def test_an_unclaimed_monitor_leaves_the_status_to_the_run_that_wrote_it():
 
 
 class Work:
-    """A work prefix (:class:`durable.WorkPrefix`'s ``runs``) whose one run has ``done`` of its 40 batches durable."""
+    """A work prefix (:class:`durable.WorkPrefix`'s ``runs``) whose run has ``done`` of its 40 batches durable, and
+    its estimate's sample, kept as the run numbered after it (two batches, both durable)."""
 
     uri = "s3://b/out.jsonl.parts/"
 
@@ -189,7 +190,9 @@ class Work:
         if self.done is None:
             raise OSError("S3 is gone")
         return [durable.Run(number=1, prefix="p/", batch_size=4, batches=40, keys=160, application=None,
-                            done=frozenset(range(self.done)))]
+                            done=frozenset(range(self.done))),
+                durable.Run(number=2, prefix="s/", batch_size=4, batches=2, keys=8, application=None,
+                            done=frozenset({0, 1}), sample=True)]
 
 
 def ticked_monitor(client) -> status.RunMonitor:

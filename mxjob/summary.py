@@ -186,11 +186,7 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
 
 def sample_errors(errors: dict, sample: tuple) -> dict:
     """The tasks' error rows by stage, with those of the sample's rows the run kept (:attr:`durable.Plan.sample`)."""
-    total = dict(errors)
-    for share in sample:
-        for stage, count in share.errors.items():
-            total[stage] = total.get(stage, 0) + count
-    return total
+    return {stage: count + sum(share.errors.get(stage, 0) for share in sample) for stage, count in errors.items()}
 
 
 def summary_table(entry: dict) -> SummaryTable:

@@ -206,12 +206,14 @@ class WorkPrefix:
         """The keys of ``run`` in batch order."""
         return pa.chunked_array([batch.column(0) for batch in self.run_batches(run)], listing.KEY_TYPE)
 
-    def start_run(self, number: int, keys, batch_size: int, application: str | None, sample: bool = False) -> Run:
+    def start_run(self, number: int, keys, batch_size: int | Sequence[int], application: str | None,
+                  sample: bool = False) -> Run:
         """Record run ``number``'s plan before any of its batches is scored.
 
         ``keys`` (a :class:`listing.Listing`, or key strings) in batch order
         stream into ``plan.arrows`` (:func:`plan_file.write_plan`); the returned
         run's ``spans`` say where each batch is in it, for the tasks.
+        ``batch_size``: keys per batch, or each batch's own (a kept sample's shares).
         ``sample``: the run holds a kept sample (:meth:`keep_sample`).
         """
         if not isinstance(keys, listing.Listing):
@@ -223,23 +225,24 @@ class WorkPrefix:
         with writes.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
                                    content_type="application/vnd.apache.arrow.stream", lazy=True) as writer:
             spans = plan_file.write_plan(keys, batch_size, writer.write)
-        meta = {"batch_size": batch_size, "batches": len(spans), "keys": len(keys), "application": application,
+        size = batch_size if isinstance(batch_size, int) else max(batch_size)
+        meta = {"batch_size": size, "batches": len(spans), "keys": len(keys), "application": application,
                 "started": time.time(), **({"sample": True} if sample else {})}
         # run.json last: a run without it never started, and resume ignores it.
         writes.put_text(self.client, self.bucket, prefix + "run.json", json.dumps(meta) + "\n")
-        return Run(number=number, prefix=prefix, batch_size=batch_size, batches=len(spans), keys=len(keys),
+        return Run(number=number, prefix=prefix, batch_size=size, batches=len(spans), keys=len(keys),
                    application=application, spans=tuple(spans), sample=sample)
 
     def keep_sample(self, number: int, shares: Sequence, application: str | None) -> Run:
         """Record the sample's rows scored in the executors' warm-up as run ``number``, every batch durable.
 
-        ``shares`` (:class:`mxjob.measure.KeptShare`) in key order, each but
-        the last of one size: a run whose batches are the shares. Its
-        ``run.json`` goes first, as any run's plan: a driver that dies before
-        the parts are written leaves their keys to a resume.
+        ``shares`` (:class:`mxjob.measure.KeptShare`) in key order: a run
+        whose batches are the shares, whatever their sizes. Its ``run.json``
+        goes first, as any run's plan: a driver that dies before the parts
+        are written leaves their keys to a resume.
         """
         keys = [key for share in shares for key in share.keys]
-        run = self.start_run(number, keys, len(shares[0].keys), application, sample=True)
+        run = self.start_run(number, keys, [len(share.keys) for share in shares], application, sample=True)
         for index, share in enumerate(shares):
             put_part(self.client, self.bucket, part_key(run.prefix, index), share.part)
         return replace(run, done=frozenset(range(len(shares))))

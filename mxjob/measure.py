@@ -85,7 +85,7 @@ def whole_micro_batches(items: list, micro_batch: int) -> list:
     passes = -(-len(items) // micro_batch)
     return [items[i % len(items)] for i in range(passes * micro_batch)]
 
-def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
+def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False) -> SampleCost:
     """The :class:`SampleCost` of scoring ``items`` in this process, as an executor scores a batch.
 
     On the driver, or in an executor's warm-up (:mod:`mxjob.model_check`).
@@ -96,27 +96,33 @@ def measure(job, items: list, endpoint_url: str | None) -> SampleCost:
     already (the driver's check, :func:`mxjob.driver.load_model_on_driver`,
     or the warm-up's load): that load's seconds then count as this one's.
     The timed pass scores whole micro-batches (:func:`whole_micro_batches`).
-    On the CPU: the executors measure only for a CPU run
+    ``warm_batch`` (an executor's warm-up, whose rows the run keeps): with two
+    micro-batches of ``items`` or more, the first pass is the first
+    micro-batch, not one image padded to one, and its rows are kept too; the
+    rest is timed. On the CPU: the executors measure only for a CPU run
     (:func:`mxjob.driver.executors_check`), the driver has no GPU to use.
     """
     job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
     tasks_run = state.counters.tasks_run
     try:
-        return _measure(job, items, endpoint_url)
+        return _measure(job, items, endpoint_url, warm_batch)
     finally:
         # Not one of this worker's tasks: the run's first task stays its first (the progress's ETA waits for
         # each executor's first task to end, and the summary tells it apart by that number).
         state.counters.tasks_run = tasks_run
 
 
-def _measure(job, items: list, endpoint_url: str | None) -> SampleCost:
+def _measure(job, items: list, endpoint_url: str | None, warm_batch: bool) -> SampleCost:
     server = local_server_process(endpoint_url)
     loads = state.counters.model_loads
     load_started = time.perf_counter()
-    [(_, _, first_part, first_stats)] = score_partition(0, items[:1], job)
+    # The first forward pass builds the model's kernels, and its time is the load's, not an image's.
+    warm = job.forward_batch if warm_batch and 1 < job.forward_batch <= len(items) // 2 else 1
+    [(_, _, first_part, first_stats)] = score_partition(0, items[:warm], job)
     load_seconds = time.perf_counter() - load_started
     if state.counters.model_loads == loads and state.counters.model_load_seconds is not None:
         load_seconds += state.counters.model_load_seconds  # the check's load, found in the cache
+    warmed, items = (items[:warm], items[warm:]) if warm > 1 else ([], items)
     timed = whole_micro_batches(items, job.forward_batch)
     window_start = _cpu_seconds(server)
     [(_, _, part, stats)] = score_partition(0, timed, job)
@@ -131,8 +137,12 @@ def _measure(job, items: list, endpoint_url: str | None) -> SampleCost:
                       mxnet_import_seconds=state.counters.mxnet_import_seconds,
                       server_cpu_window=(window_start, window_end) if server is not None else None,
                       first=(first_part, first_stats),
-                      kept=(KeptShare(tuple(key for key, _ in items), part, dict(stats.errors)),)
-                      if len(timed) == len(items) else ())
+                      kept=((KeptShare(_keys(warmed), first_part, dict(first_stats.errors)),) if warmed else ())
+                      + ((KeptShare(_keys(items), part, dict(stats.errors)),) if len(timed) == len(items) else ()))
+
+
+def _keys(items: list) -> tuple:
+    return tuple(key for key, _ in items)
 
 
 def combined(costs: list[SampleCost | None]) -> SampleCost | None:

@@ -108,10 +108,10 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
     :func:`measurers` tasks score a share of ``sample`` (listing items)
     each (:func:`sample_share`), as :func:`mxjob.measure.measure` does on
     the driver: the driver combines the shares (:func:`mxjob.measure.combined`)
-    and keeps their rows for the run. A share's first image also
-    builds the forward pass's kernels that the run's first batch would
-    otherwise wait for (a tenth of a second for a ResNet-18; the other tasks
-    leave that to it).
+    and keeps their rows for the run. A share's first forward pass (its first
+    micro-batch, or one image of a short share) also builds the kernels that
+    the run's first batch would otherwise wait for (a tenth of a second for a
+    ResNet-18; the other tasks leave that to it).
     """
     if not check:
         warm_worker(index, job)
@@ -121,20 +121,23 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
     except ModelError as exc:  # every task: a retried task would print Spark's errors and stacks before the line
         return WarmReport(index, state.counters.model_loads, failure=executor_failure(exc, job.model.symbol_uri))
     share = sample_share(list(sample or ()), index, tasks, job.forward_batch)
-    cost = measure(job, share, endpoint_url) if share else None
+    cost = measure(job, share, endpoint_url, warm_batch=True) if share else None
     return WarmReport(index, state.counters.model_loads, ModelFacts.of(models[0]) if index == 0 else None, cost)
 
 
 def measurers(sample: int, tasks: int, micro_batch: int) -> int:
-    """How many warm-up tasks score a share of a ``sample``-image sample: one a micro-batch, at most ``tasks``.
+    """How many warm-up tasks score a share of a ``sample``-image sample: one per two micro-batches, at most
+    ``tasks``.
 
     A share is timed in whole micro-batches (:func:`mxjob.measure.whole_micro_batches`): the 8 images of
-    a 128-image run's sample in one share cost one forward pass, where 4 in each of two cost two.
+    a 128-image run's sample in one share cost one forward pass, where 4 in each of two cost two. Two: the
+    first builds the task's kernels, untimed (:func:`mxjob.measure.measure`'s ``warm_batch``), the second
+    is timed.
 
-    >>> measurers(32, 2, 16), measurers(8, 2, 16), measurers(32, 100, 16), measurers(0, 2, 16), measurers(40, 8, 1)
+    >>> measurers(64, 2, 16), measurers(8, 2, 16), measurers(64, 100, 16), measurers(0, 2, 16), measurers(40, 8, 1)
     (2, 1, 2, 0, 8)
     """
-    return min(tasks, -(-sample // max(1, micro_batch)))
+    return min(tasks, -(-sample // (2 * max(1, micro_batch))))
 
 
 def sample_share(sample: list, index: int, tasks: int, micro_batch: int) -> list:
@@ -146,6 +149,8 @@ def sample_share(sample: list, index: int, tasks: int, micro_batch: int) -> list
 
     >>> [sample_share(list(range(40)), i, 2, 16) for i in range(3)]
     [[0, ..., 31], [32, ..., 39], []]
+    >>> [sample_share(list(range(20)), i, 2, 16) for i in range(2)]
+    [[0, ..., 19], []]
     """
     count = measurers(len(sample), tasks, micro_batch)
     if index >= count:

@@ -168,15 +168,18 @@ def sample_size(estimate_images: int, to_score: int, micro_batch: int = 1, kept:
     A forward pass costs the same for a short micro-batch as for a whole one (the model is bound at the
     micro-batch), so whole ones measure more images for the same forward passes. ``kept``: the executors
     score the sample and the run keeps its rows (:func:`mxjob.driver.keep_sample`), so that it costs the
-    run nothing: then it is not a sixteenth but up to half of a small run.
+    run nothing: then it is not a sixteenth but up to half of a small run, and twice ``--estimate-images``,
+    as each measuring executor first scores a micro-batch of its share untimed, which builds the model's
+    kernels (:func:`mxjob.measure.measure`'s ``warm_batch``).
 
     >>> sample_size(32, 100_000, 16), sample_size(32, 128, 16), sample_size(32, 40, 16), sample_size(4, 40, 16)
     (32, 16, 16, 4)
     >>> sample_size(32, 128, 16, kept=True), sample_size(32, 40, 16, kept=True), sample_size(32, 20, 16, kept=True)
-    (32, 16, 10)
+    (64, 16, 10)
     """
-    size = min(estimate_images, max(SAMPLE_FLOOR, to_score // (2 if kept else SAMPLE_SHARE)))
-    step, limit = max(1, micro_batch), min(estimate_images, to_score // 2)
+    most = 2 * estimate_images if kept else estimate_images
+    size = min(most, max(SAMPLE_FLOOR, to_score // (2 if kept else SAMPLE_SHARE)))
+    step, limit = max(1, micro_batch), min(most, to_score // 2)
     up = -(-size // step) * step
     if up <= limit:
         return up

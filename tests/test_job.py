@@ -213,7 +213,8 @@ def test_model_is_loaded_once_per_python_worker_and_reused(logits_run):
     # (mxjob.spark_start): the run's tasks found it in their worker.
     assert "the executors' Python workers loaded the model in" in output(result), output(result)[-3000:]
     # One of them checked the model and measured the estimate's sample for the driver, which loaded none.
-    assert "an executor checked the model and measured the estimate's sample on 16 images" in output(result)
+    # 16 keys: a micro-batch of 8 to build the kernels, then 8 timed; both kept.
+    assert "an executor checked the model and measured the estimate's sample on 8 images" in output(result)
     assert "mxjob.model: loaded model" not in output(result)
     workers = summary["python_workers"]
     assert sum(w["batches"] for w in workers.values()) == 4  # and the sample's two, kept (see below)
@@ -230,7 +231,7 @@ def test_summary_reports_counts_timing_model_and_options(logits_run):
     assert set(summary["seconds"]) >= {"download", "decode", "forward", "wait", "write", "spark", "assembly"}
     assert '"keys_listed": 44' in output(result)  # also logged by the driver
     # Nothing lost or retried in an undisturbed run, and each batch's stats counted once: 44 keys, of which the
-    # estimate's sample of 16 (up to half a small run: two micro-batches of 8, one per executor), scored and kept
+    # estimate's sample of 16 (up to half a small run: two micro-batches of 8 on one executor), scored and kept
     # as the executors warmed up, and 28 in the Spark job's 4 batches of 8.
     assert (summary["lost_task_attempts"], summary["retried_batches"]) == (0, 0)
     assert (summary["scored"], summary["sampled"], summary["reused"], summary["runs"]) == (44, 16, 0, 1)

@@ -78,13 +78,16 @@ def _round_down(n: int, step: int) -> int:
 
 
 def choose_batch_size(per_image_seconds: float, task_overhead_seconds: float, executors: int, keys: int,
-                      micro_batch: int, *, maximum: int = MAX_BATCH) -> BatchChoice:
+                      micro_batch: int, *, maximum: int = MAX_BATCH, lanes: int = 1) -> BatchChoice:
     """The batch for ``keys`` images at ``per_image_seconds`` each on one of ``executors`` executors.
 
     The smallest multiple of ``micro_batch`` that keeps ``task_overhead_seconds``
     at most :data:`OVERHEAD_SHARE` of a task; then no more than leaves
     :data:`WAVES` batches per executor, and no more than ``maximum``, both
     rounded down to a multiple of ``micro_batch`` but never below it.
+    With several forward ``lanes`` an executor scores that many micro-batches
+    at once, so the batch is a multiple of all of them: one micro-batch
+    would leave the other lanes' threads idle for the whole task.
 
     Examples
     --------
@@ -97,19 +100,24 @@ def choose_batch_size(per_image_seconds: float, task_overhead_seconds: float, ex
         raise ValueError(f"per_image_seconds and micro_batch must be positive, got {per_image_seconds} "
                          f"and {micro_batch}")
     need = math.ceil((1 - OVERHEAD_SHARE) / OVERHEAD_SHARE * task_overhead_seconds / per_image_seconds)
-    batch = _round_up(max(need, 1), micro_batch)
+    unit = micro_batch * max(1, lanes)
+    of = (f"the micro-batch {micro_batch}" if unit == micro_batch else
+          f"the micro-batch {micro_batch} times the executors' {lanes} forward lanes ({unit})")
+    batch = _round_up(max(need, 1), unit)
     overhead = (f"{OVERHEAD_SHARE:.0%} of a task for Spark's {task_overhead_seconds:g} s per task needs {need} "
                 f"images of {1000 * per_image_seconds:.4g} ms")
-    why = f"{overhead}, rounded up to a multiple of the micro-batch {micro_batch}"
+    why = f"{overhead}, rounded up to a multiple of {of}"
     if batch == micro_batch and need < micro_batch:
         why = f"one micro-batch: {overhead}"
-    spread = _round_down(keys // (WAVES * max(1, executors)), micro_batch)
+    elif batch == unit and need < unit:
+        why = f"one micro-batch for each of the executors' {lanes} forward lanes: {overhead}"
+    spread = _round_down(keys // (WAVES * max(1, executors)), unit)
     if batch > spread:
         batch = spread
         why = (f"capped so that {executors} executors get {WAVES} batches each: {keys} / {WAVES * executors} "
-               f"images, a multiple of the micro-batch {micro_batch} and at least one ({overhead})")
+               f"images, a multiple of {of} and at least one ({overhead})")
     if batch > maximum:
-        batch = _round_down(maximum, micro_batch)
+        batch = _round_down(maximum, unit)
         why = f"the largest batch auto picks, {maximum} ({overhead})"
     return BatchChoice(batch, constants.AUTO, why, per_image_seconds, task_overhead_seconds)
 

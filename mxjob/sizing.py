@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from mxjob import batchsize, constants, estimate, listing, state
 from mxjob.config import JobConfig
 from mxjob.measure import SampleCost, measure
+from mxjob.worker import worker_lanes
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,11 @@ def choose_batch(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Clus
         reason = ("--estimate-images 0 measures nothing" if not cfg.estimate_images else
                   "nothing to score" if not to_score else "no sample image could be scored")
         return batchsize.unmeasured(reason, overhead)
-    return batchsize.choose_batch_size(per_image, overhead, cluster.executors, to_score, cfg.micro_batch_size)
+    # The executors' forward lanes (mxjob.partition's), for the threads each will have.
+    lanes = worker_lanes(cfg.forward_lanes, cfg.threads or max(1, int(cluster.threads)),
+                         gpu=str(cfg.model.context).startswith("gpu"), handlers=cfg.handler_path is not None)
+    return batchsize.choose_batch_size(per_image, overhead, cluster.executors, to_score, cfg.micro_batch_size,
+                                       lanes=lanes)
 
 
 def bound_batch(cfg: JobConfig) -> int:

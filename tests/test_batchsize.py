@@ -62,6 +62,25 @@ def test_an_input_too_small_for_the_waves_gets_one_micro_batch_a_task():
     assert choose(0.002, keys=50, executors=4).chosen == 16
 
 
+def test_an_executor_of_several_forward_lanes_gets_a_micro_batch_for_each_lane():
+    """One micro-batch a task would leave the other lanes' threads idle: a 64-image run on one executor of two
+    lanes (local-cluster[1,1,...] on 2 vCPUs) took 0.7 s a task of 16 where 32 took 0.8 s."""
+    small = batchsize.choose_batch_size(0.03, 0.25, 1, 64, 16, lanes=2)
+    assert small.chosen == 32 and "the micro-batch 16 times the executors' 2 forward lanes (32)" in small.why
+    slow = batchsize.choose_batch_size(10.0, 0.25, 1, 100_000, 16, lanes=4)
+    assert slow.chosen == 64 and slow.why.startswith("one micro-batch for each of the executors' 4 forward lanes")
+    assert batchsize.choose_batch_size(0.002, 0.2, 2, 100_000, 16, lanes=4).chosen % 64 == 0
+    assert batchsize.choose_batch_size(0.03, 0.25, 1, 64, 16).chosen == 16  # one lane: as before
+
+
+def test_the_run_sizes_batches_for_the_executors_forward_lanes(measured):
+    # One node of 2 vCPUs, one executor of 2 threads: two lanes of one thread (mxjob.worker.worker_lanes).
+    cfg, _ = sizing.size_run(resolved(estimate_cluster="1x2"), KEYS[:64], 64)
+    assert cfg.batch_size == 32
+    cfg, _ = sizing.size_run(resolved(estimate_cluster="1x2", forward_lanes=1), KEYS[:64], 64)
+    assert cfg.batch_size == 16
+
+
 def test_a_bad_measurement_is_refused():
     with pytest.raises(ValueError, match="must be positive"):
         choose(0.0)

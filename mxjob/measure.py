@@ -54,11 +54,12 @@ class SampleCost:
     #: one): where several processes measured shares of one sample at once (:func:`combined`), the server's
     #: CPU over their common window, counted once.
     server_cpu_window: tuple[float, float] | None = None
-    #: The first image's ``(part, stats)`` from :func:`mxjob.partition.score_partition` (the model's load included):
-    #: the dry run's sample line, so it needs no third load of the model. ``None`` when not kept.
+    #: The first pass's ``(part, stats)`` from :func:`mxjob.partition.score_partition` (the model's load included),
+    #: whose first row is the sample's first image: the dry run's sample line, so it needs no third load of the
+    #: model. ``None`` when not kept.
     first: tuple | None = None
-    #: The timed pass's rows, when it scored each of the sample's images once: the run keeps them
-    #: (:func:`mxjob.driver.keep_sample`); one :class:`KeptShare` per share, in key order. Empty otherwise.
+    #: The rows scored once per image (a warm-up's first micro-batch, and the timed pass without repeats): the
+    #: run keeps them (:func:`mxjob.driver.keep_sample`); :class:`KeptShare` s in key order. Empty otherwise.
     kept: tuple = ()
 
     @property
@@ -84,6 +85,7 @@ def whole_micro_batches(items: list, micro_batch: int) -> list:
         return list(items)
     passes = -(-len(items) // micro_batch)
     return [items[i % len(items)] for i in range(passes * micro_batch)]
+
 
 def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False) -> SampleCost:
     """The :class:`SampleCost` of scoring ``items`` in this process, as an executor scores a batch.
@@ -122,23 +124,24 @@ def _measure(job, items: list, endpoint_url: str | None, warm_batch: bool) -> Sa
     load_seconds = time.perf_counter() - load_started
     if state.counters.model_loads == loads and state.counters.model_load_seconds is not None:
         load_seconds += state.counters.model_load_seconds  # the check's load, found in the cache
-    warmed, items = (items[:warm], items[warm:]) if warm > 1 else ([], items)
-    timed = whole_micro_batches(items, job.forward_batch)
+    warmed, rest = (items[:warm], items[warm:]) if warm > 1 else ([], items)
+    timed = whole_micro_batches(rest, job.forward_batch)
     window_start = _cpu_seconds(server)
     [(_, _, part, stats)] = score_partition(0, timed, job)
     window_end = _cpu_seconds(server)
     server_cpu = window_end - window_start
+    kept = [KeptShare(_keys(warmed), first_part, dict(first_stats.errors))] if warmed else []
+    if len(timed) == len(rest):  # each image scored once (no repeats): rows the run can keep
+        kept.append(KeptShare(_keys(rest), part, dict(stats.errors)))
     n = max(1, len(timed))
     # The repeats fail as their images do: the sample's share without an error line, in whole images.
-    scored = round(len(items) * (n - sum(stats.errors.values())) / n)
-    return SampleCost(images=len(items), scored=scored, timed=len(timed),
+    scored = round(len(rest) * (n - sum(stats.errors.values())) / n)
+    return SampleCost(images=len(rest), scored=scored, timed=len(timed),
                       cpu_seconds_per_image=(stats.seconds["cpu"] + server_cpu) / n,
                       s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
                       mxnet_import_seconds=state.counters.mxnet_import_seconds,
                       server_cpu_window=(window_start, window_end) if server is not None else None,
-                      first=(first_part, first_stats),
-                      kept=((KeptShare(_keys(warmed), first_part, dict(first_stats.errors)),) if warmed else ())
-                      + ((KeptShare(_keys(items), part, dict(stats.errors)),) if len(timed) == len(items) else ()))
+                      first=(first_part, first_stats), kept=tuple(kept))
 
 
 def _keys(items: list) -> tuple:

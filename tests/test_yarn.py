@@ -77,9 +77,10 @@ def status_of(s3, key: str) -> dict:
     return json.loads(read(s3, f"{key}.status.json"))
 
 
-def durable_parts(s3, output_key: str) -> int:
-    """Batches whose lines are durable: the part objects of every run under the output's work prefix."""
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{output_key}.parts/run-")
+def durable_parts(s3, output_key: str, run: str = "") -> int:
+    """Batches whose lines are durable: the part objects of every run under the output's work prefix, or of
+    ``run`` alone (``"0001/"``: a first run's Spark job, without the estimate's sample it kept, run 2)."""
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{output_key}.parts/run-{run}")
     return sum("/part-" in obj["Key"] for page in pages for obj in page.get("Contents", ()))
 
 
@@ -146,9 +147,10 @@ def driver_process(app_id: str, attempt: int = 1) -> int | None:
     return None
 
 
-def wait_for_parts(s3, submission: Submission, output_key: str, at_least: int, timeout: float = 240.0) -> int:
+def wait_for_parts(s3, submission: Submission, output_key: str, at_least: int, timeout: float = 240.0,
+                   run: str = "") -> int:
     deadline = time.monotonic() + timeout
-    while (done := durable_parts(s3, output_key)) < at_least:
+    while (done := durable_parts(s3, output_key, run)) < at_least:
         assert submission.process.poll() is None, submission.output()[-3000:]
         assert time.monotonic() < deadline, f"only {done} parts durable in time:\n{submission.output()[-2000:]}"
         time.sleep(0.1)
@@ -156,13 +158,14 @@ def wait_for_parts(s3, submission: Submission, output_key: str, at_least: int, t
 
 
 @contextlib.contextmanager
-def slow_run(world, tmp_path: Path, output_key: str, parts: int):
+def slow_run(world, tmp_path: Path, output_key: str, parts: int, run: str = ""):
     """The job through a 50 ms S3 proxy with one download thread, so that its batches become durable one by one;
-    yields ``(submission, application id, parts durable)`` once ``parts`` are, and stops the proxy after the block."""
+    yields ``(submission, application id, parts durable)`` once ``parts`` are (of ``run``'s alone: see
+    :func:`durable_parts`), and stops the proxy after the block."""
     with S3Proxy(world["endpoint"], latency=0.05) as proxy:
         submission = Submission(tmp_path, proxy.endpoint, job_args(output_key, "--io-threads", "1"))
         app_id = submission.app_id()
-        yield submission, app_id, wait_for_parts(world["s3"], submission, output_key, parts)
+        yield submission, app_id, wait_for_parts(world["s3"], submission, output_key, parts, run=run)
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +373,9 @@ def test_the_documented_memory_settings_finish_it_with_a_real_model_in_forward_l
 # Last: it leaves the local YARN one node short (the next module's local_yarn starts a whole one).
 def test_a_lost_node_loses_no_line_and_doubles_none(local_yarn, world, reference, tmp_path):
     output_key = "lost-node/out.jsonl"
-    with slow_run(world, tmp_path, output_key, 3) as (submission, app_id, _):
+    # Three of the Spark job's own batches durable, so that its tasks are running on the node that goes: the
+    # estimate's sample the run kept (run 2) is durable before the job starts.
+    with slow_run(world, tmp_path, output_key, 3, run="0001/") as (submission, app_id, _):
         report = yarn_local.app_report(app_id)
         driver_node = report[f"container.container_{app_id[len('application_'):]}_01_000001.node"]
         executor_nodes = {value for key, value in report.items() if key.endswith(".node")} - {driver_node}

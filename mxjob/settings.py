@@ -400,8 +400,9 @@ SETTINGS: tuple[Setting, ...] = (
     # --- estimate
     _s("estimate_images", "--estimate-images", "estimate",
        "Images scored before the run (by the executors as they load the model, else and in --dry-run by the "
-       "driver) to estimate its time and cost, at most a sixteenth of the keys to score (never under 8); "
-       "0: no estimate.",
+       "driver) to estimate its time and cost, at most a sixteenth of the keys to score (never under 8), in "
+       "whole micro-batches; a fresh run keeps the rows its executors scored, and then scores up to twice as "
+       "many, at most half the keys; 0: no estimate.",
        default=32, type=count(0)),
     _s("estimate_cluster", "--estimate-cluster", "estimate",
        "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor of VCPUS threads per node "

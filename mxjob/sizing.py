@@ -114,7 +114,9 @@ def estimate_run(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Clus
         return None
     start = estimate.start_seconds(cost.model_load_seconds, jvm_start_seconds(), cost.mxnet_import_seconds)
     if not cfg.estimate_cluster:
-        start = max(0.0, start - head_start)
+        # What Spark's start left, and at least the run's own job's: its submission and first task's launch, about a
+        # task's overhead (a warm 28-image job's tasks took 0.42 s of its 1.05 s).
+        start = max(estimate.TASK_OVERHEAD_SECONDS, start - head_start)
     projected = estimate.project(cost, to_score, cfg.batch_size, cluster, start_seconds=start,
                                  node_price=cfg.node_price)
     price = "" if projected.cost is None else f", about {projected.cost.describe()}"

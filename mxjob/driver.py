@@ -266,9 +266,7 @@ def keep_sample(work: durable.WorkPrefix, plan: durable.Plan, cost: SampleCost |
     # Numbered after this run, which keeps the number it has without a sample: a first run's batches are
     # under OUTPUT.parts/run-0001/ whatever it sampled.
     run = work.keep_sample(plan.number + 1, shares, application)
-    left = pc.invert(sampled)
-    left = left.combine_chunks() if isinstance(left, pa.ChunkedArray) else left
-    return replace(plan, runs=[run], todo=plan.todo.filter(left), sample=tuple(shares))
+    return replace(plan, runs=[run], todo=plan.todo.filter(pc.invert(sampled)), sample=tuple(shares))
 
 
 def table_settle(cfg: JobConfig, client, images: listing.Listing):

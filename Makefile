@@ -55,7 +55,7 @@ $(LIGHT_STAMP): requirements-ops.txt requirements.txt
 venv-ops: $(LIGHT_STAMP) ## Create .venv-ops (about 330 MB) from requirements-ops.txt: what watch, check-job, upload and the emr-* targets run with where there is no .venv
 
 .PHONY: run-local
-run-local: $(STAMP) $(LOCAL_SPARK) ## Run the job on local-cluster[2,1,1024] against a local moto S3 server (KEEP_S3=1: keep the server up to rerun by hand; ICEBERG=1: write an Iceberg table in a local SQL catalog)
+run-local: $(STAMP) $(LOCAL_SPARK) ## Run the job on local-cluster[1,1,2048] (one executor for this host, as EMR runs one per node) against a local moto S3 server (KEEP_S3=1: keep the server up to rerun by hand; ICEBERG=1: write an Iceberg table in a local SQL catalog)
 	$(PY) -m demo.run_local $(if $(KEEP_S3),--keep-s3) $(if $(ICEBERG),--iceberg)
 
 .PHONY: examples
@@ -63,7 +63,7 @@ examples: $(STAMP) ## Write the files docs/library.md's examples read into run/e
 	$(PY) -m demo.examples run/examples run/demo
 
 .PHONY: submit
-submit: $(STAMP) $(LOCAL_SPARK) ## spark-submit the job on local-cluster[2,1,1024] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'. make itself exits 2 on any failure: the job's code is on the last line, and the printed == line, run by hand, exits with it
+submit: $(STAMP) $(LOCAL_SPARK) ## spark-submit the job on local-cluster[1,1,2048] from any shell, printing the whole command: ARGS='--config conf/demo.yaml --endpoint-url URL'. make itself exits 2 on any failure: the job's code is on the last line, and the printed == line, run by hand, exits with it
 	$(PY) -m demo.submit $(ARGS)
 
 # --- a real YARN on this machine: docs/running.md, "On a real YARN here" ---
@@ -163,7 +163,7 @@ $(PEERS_STAMP): bench/requirements-peers.txt requirements.txt
 	@touch $(PEERS_STAMP)
 
 .PHONY: bench-peers
-bench-peers: $(STAMP) $(LOCAL_SPARK) $(PEERS_STAMP) ## This job (two layouts) beside Daft and Spark's predict_batch_udf on the same images, model, recipe and S3 stand-in: E, whole-job time at 128 and 1,280 images, CPU by process, top-1 agreement, targets, CPU (about 20 min; makes .venv-peers; BENCH_ARGS='--sizes 8,16 --rounds 1')
+bench-peers: $(STAMP) $(LOCAL_SPARK) $(PEERS_STAMP) ## This job (three layouts) beside Daft and Spark's predict_batch_udf on the same images, model, recipe and S3 stand-in: E, whole-job time at 128 and 1,280 images, CPU by process, top-1 agreement, targets, CPU (about 20 min; makes .venv-peers; BENCH_ARGS='--sizes 8,16 --rounds 1')
 	$(PY) -m bench.peers $(BENCH_ARGS)
 
 # --- EMR deploy ---

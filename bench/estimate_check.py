@@ -3,8 +3,8 @@
 Not a test: it prints measurements (``make bench-estimate``). Against a moto
 S3 server on this machine it uploads the first N JPEGs of ``bench/images.py``'s
 set for each size and ResNet-18 (random weights, ``bench/models.py``), then
-per size runs the job twice through spark-submit on ``local-cluster[2,1,1024]``
-(``conf/spark-local.conf``, as ``make run-local``): a ``--dry-run`` with
+per size runs the job twice through spark-submit on ``make run-local``'s master
+(``demo.run_local.MASTER``, ``conf/spark-local.conf``): a ``--dry-run`` with
 ``--estimate-cluster NODESxVCPUS --node-price P`` (the EMR layout, modelled),
 and the run itself, whose summary holds the estimate for the cluster it ran
 on (``estimate.wall_seconds``) and what it took (``elapsed_seconds``, from the
@@ -33,7 +33,7 @@ import boto3
 from bench import images as bench_images
 from bench import models
 from bench.worker_steps import cpu_model
-from demo.run_local import spark_env, spark_submit_command
+from demo.run_local import MASTER, spark_env, spark_submit_command
 from demo.s3local import FAKE_AWS_ENV, moto_server
 from mxjob import batchsize, estimate, measure
 
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         rows = [run_size(s3, endpoint, size, args.layout, args.node_price) for size in sizes]
     name, vnni = cpu_model()
     print(f"CPU: {name}, AVX-512 VNNI: {'yes' if vnni else 'no'}; ResNet-18 (random weights), 3x224x224 JPEGs of "
-          "about 500x375, local-cluster[2,1,1024], moto on the same cores")
+          f"about 500x375, {MASTER}, moto on the same cores")
     print("| images | estimate here | measured (driver start to end) | spark-submit wall | estimate / measured |"
           " CPU per image (sample) |")
     print("|---:|---:|---:|---:|---:|---:|")

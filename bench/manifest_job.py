@@ -5,7 +5,7 @@ prints measurements. It trains the demo model, starts moto in this process
 (``ThreadedMotoServer``, filled through its backend: faster than PUTs over
 HTTP), stores real digit PNGs under half of ``--keys`` keys and nothing under
 the other half, writes a plain-text manifest of all of them (no sizes), runs
-the job through ``spark-submit`` on ``local-cluster[2,1,1024]``, and checks
+the job through ``spark-submit`` on ``make run-local``'s master, and checks
 that the output has exactly one line per key: predictions for the stored
 ones, a ``NoSuchKey`` download error for the missing ones.
 

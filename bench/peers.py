@@ -12,8 +12,11 @@ Not a test: it prints measurements. It
    system, the whole job from a cold start, writing each image's top 5
    classes as Parquet back to the bucket:
 
-   - ``ours``: this job through ``spark-submit`` on ``local-cluster[2,1,2048]``
-     (two one-core executors), its defaults;
+   - ``ours``: this job through ``spark-submit`` on ``make run-local``'s master
+     (``demo.run_local.MASTER``: one executor for the host, as EMR runs one per
+     node, its Python worker on both cores in two forward lanes), its defaults;
+   - ``two-executors``: the same on ``local-cluster[2,1,2048]``, two one-core
+     executors (a JVM and a Python worker each, one lane each);
    - ``original-shape``: the same on ``local-cluster[1,1,6144]``, the original
      mxnet-spark job's shape (one executor, MXNet on both cores);
    - ``daft``: ``bench/peer_daft.py`` in ``.venv-peers`` (Daft needs Python
@@ -79,7 +82,7 @@ from bench import models as bench_models  # noqa: E402
 from bench import pretrained  # noqa: E402
 from bench.int8_search import cpu_description  # noqa: E402
 from bench.run_bench import cpu_seconds, probe  # noqa: E402
-from demo.run_local import spark_env, spark_submit_command  # noqa: E402
+from demo.run_local import MASTER, spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import moto_server  # noqa: E402
 
 BUCKET = "bench"
@@ -105,7 +108,8 @@ class System:
 
 
 SYSTEMS = {s.name: s for s in (
-    System("ours", "this job, local-cluster[2,1,2048]", "ours", "local-cluster[2,1,2048]"),
+    System("ours", f"this job, make run-local's {MASTER}", "ours", MASTER),
+    System("two-executors", "this job, two executors local-cluster[2,1,2048]", "ours", "local-cluster[2,1,2048]"),
     System("original-shape", "this job, the original's shape local-cluster[1,1,6144]", "ours",
            "local-cluster[1,1,6144]"),
     System("daft", "Daft {version}, download + a class UDF holding the module", "daft"),

@@ -5,7 +5,7 @@ Not a test: it prints measurements. For each ``--keys`` count it
 1. writes a manifest, a local CSV of ``bucket,key,size`` rows
    (ImageNet-like keys, as ``bench.listing.layout_keys`` makes them); no object is
    stored under those keys, because the executors never fetch one;
-2. runs the real job through ``spark-submit`` on ``local-cluster[2,1,1024]``
+2. runs the real job through ``spark-submit`` on ``make run-local``'s master (``--master``)
    with ``conf/spark-local.conf``, built as ``demo/run_local.py`` builds it,
    with ``--input-manifest``, against a moto S3 server (``demo/s3local.py``)
    that holds only the model and receives the output;

@@ -1,7 +1,7 @@
 """``make run-local``: the whole job on this machine, exactly as on EMR but for the master.
 
 Starts a moto S3 server on a free loopback port, makes the demo model and
-images, uploads them, runs ``spark-submit --master 'local-cluster[2,1,1024]'``
+images, uploads them, runs ``spark-submit --master 'local-cluster[1,1,2048]'``
 with ``--py-files``, keeps a copy of the output and its summary under
 ``run/output/``, prints some predictions, the summary and the demo's
 accuracy, and stops the server (also when the job fails, and on Ctrl-C or
@@ -39,7 +39,10 @@ from demo.s3local import FAKE_AWS_ENV, moto_server
 from deploy.package import build_zip
 
 ROOT = Path(__file__).resolve().parent.parent
-MASTER = "local-cluster[2,1,1024]"
+#: One executor for this host, as EMR runs one per node (conf/emr.yaml): its Python worker takes the host's
+#: cores in forward lanes (mxjob.worker). Two one-core executors on two vCPUs (the layout before) paid a second
+#: JVM and a second MXNet start for nothing: make bench-peers prints both layouts.
+MASTER = "local-cluster[1,1,2048]"
 
 
 #: Where run-local, make submit and the tests keep the --py-files zip: it outlives the run, so

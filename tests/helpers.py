@@ -17,6 +17,10 @@ from PIL import Image
 from demo.run_local import spark_env, spark_submit_command
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The integration tests' master: two executors, not make run-local's one, so that the warm-up's shares,
+#: the merge of parts from two workers and a lost executor are what the suite runs. make run-local's own
+#: layout (demo.run_local.MASTER) runs in tests/test_run_local.py and tests/test_submit.py.
+MASTER = "local-cluster[2,1,1024]"
 
 
 def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
@@ -88,14 +92,14 @@ def start_spark_submit(job_args: list[str], extra_env: dict | None = None) -> su
     kill or a terminal's Ctrl-C does: the JVM, the Python driver and (on
     local-cluster) the executors it started go together.
     """
-    return subprocess.Popen(spark_submit_command(job_args), env=spark_env(extra_env), cwd=str(ROOT),
+    return subprocess.Popen(spark_submit_command(job_args, MASTER), env=spark_env(extra_env), cwd=str(ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def spark_submit(job_args: list[str], timeout: int = 600, extra_env: dict | None = None,
                  cwd: Path = ROOT, master: str | None = None) -> subprocess.CompletedProcess:
-    """Run the job through spark-submit on local-cluster (``master``, else ``make run-local``'s)."""
-    command = spark_submit_command(job_args, master) if master else spark_submit_command(job_args)
+    """Run the job through spark-submit on local-cluster (``master``, else :data:`MASTER`)."""
+    command = spark_submit_command(job_args, master or MASTER)
     return subprocess.run(command, check=False, env=spark_env(extra_env), cwd=str(cwd),
                           capture_output=True, text=True, timeout=timeout)
 

@@ -173,7 +173,7 @@ def test_the_bench_refuses_an_unknown_system():
     result = subprocess.run([sys.executable, "-m", "bench.peers", "--systems", "ours,ray"], cwd=str(ROOT),
                             capture_output=True, text=True, check=False)
     assert result.returncode == 2
-    assert "--systems: unknown ray; choose from ours, original-shape, daft, spark-udf" in result.stderr
+    assert "--systems: unknown ray; choose from ours, two-executors, original-shape, daft, spark-udf" in result.stderr
 
 
 @pytest.mark.skipif(not peers.PEERS_PYTHON.exists(), reason=".venv-peers is not made (make bench-peers makes it)")

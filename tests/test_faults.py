@@ -29,7 +29,16 @@ from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import Faults, S3Proxy
 from mxjob import durable, listing, partition
 from mxjob.s3 import access, clients, parallel_list
-from tests.helpers import ROOT, bucket_with_model, encode, make_s3_client, part_lines, scored_lines, spark_submit
+from tests.helpers import (
+    MASTER,
+    ROOT,
+    bucket_with_model,
+    encode,
+    make_s3_client,
+    part_lines,
+    scored_lines,
+    spark_submit,
+)
 from tests.test_decode import png_declaring
 
 BUCKET = "fault-bucket"
@@ -398,7 +407,7 @@ def test_canary_credentials_appear_in_no_process_list_log_or_event_log(bucket, m
         "", "spark.eventLog.enabled true", f"spark.eventLog.dir file://{events}",
         # A user who ships the key in Spark's own config: redaction must hide it.
         f"spark.executorEnv.AWS_SECRET_ACCESS_KEY {secret}", ""]))
-    command = spark_submit_command(job_args(moto_endpoint, "canary/", "out/canary.jsonl", "--batch-size", "4"))
+    command = spark_submit_command(job_args(moto_endpoint, "canary/", "out/canary.jsonl", "--batch-size", "4"), MASTER)
     command[command.index("--properties-file") + 1] = str(properties)
     env = spark_env({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret})
     env.pop("AWS_SESSION_TOKEN", None)

@@ -19,7 +19,7 @@ import mxinfer
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from mxjob import state, udf
-from tests.helpers import ROOT
+from tests.helpers import MASTER, ROOT
 
 SHAPE = make_demo.INPUT_SHAPE
 
@@ -107,7 +107,7 @@ def udf_run(tmp_path_factory, logits_prefix):
         (images / f"{i:02d}.png").write_bytes(png)
     (images / "bad.png").write_bytes(b"<html>403</html>")
     out = work / "out.json"
-    command = spark_submit_command([str(images), str(logits_prefix), str(out)])
+    command = spark_submit_command([str(images), str(logits_prefix), str(out)], MASTER)
     command[command.index(str(ROOT / "infer_main.py"))] = str(ROOT / "tests" / "udf_job.py")
     result = subprocess.run(command, env=spark_env(), cwd=str(work), capture_output=True, text=True,
                             timeout=600, check=False)

@@ -148,6 +148,32 @@ def test_model_cache_keys_on_the_device():
     assert LOADS == ["gpu:0", "gpu:1"]
 
 
+def test_a_second_lane_binds_lane_zeros_model_again_without_reading_its_files(logits_prefix, monkeypatch):
+    from mxjob.s3 import reads
+
+    read = []
+    real_read = reads.read_uri
+    monkeypatch.setattr(reads, "read_uri", lambda uri, client=None: read.append(uri) or real_read(uri, client))
+    spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix))
+    first = mxinfer.get_model(spec, SHAPE, 4, mxinfer.Classifier)
+    files = list(read)
+    assert spec.params_uri in files and spec.symbol_uri in files
+    second = mxinfer.get_model(spec, SHAPE, 4, mxinfer.Classifier, lane=1)
+    assert read == files  # nothing read again: not the weights, the graph or the labels
+    assert second is not first and second._module is not first._module and second._lock is not first._lock
+    assert mxinfer.get_model(spec, SHAPE, 4, mxinfer.Classifier, lane=1) is second  # cached as lane 0 is
+    assert second.labels == first.labels and second.file_digests == first.file_digests
+    batches = digit_batches(3)
+    expected = [first.probabilities(b) for b in batches]
+    # The copy's own executor gives lane 0's very numbers, also while lane 0 runs passes of its own at once.
+    done = threading.Thread(target=lambda: [first.probabilities(b) for b in batches * 20])
+    done.start()
+    got = [second.probabilities(b) for b in batches * 20]
+    done.join()
+    for i, probs in enumerate(got):
+        np.testing.assert_array_equal(probs, expected[i % 3])
+
+
 class Loaded(Exception):
     """Stops score_partition right after it chose the model's device."""
 

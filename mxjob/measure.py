@@ -87,6 +87,24 @@ def whole_micro_batches(items: list, micro_batch: int) -> list:
     return [items[i % len(items)] for i in range(passes * micro_batch)]
 
 
+def warm_images(share: int, micro_batch: int, lanes: int) -> int:
+    """How many of a warm-up's ``share`` of the sample it scores first, untimed, building the kernels.
+
+    A micro-batch on each of the worker's ``lanes`` at once, so that every
+    lane's copy of the model builds its kernels there, not in the timed pass
+    (and no lane idles meanwhile); fewer lanes' worth when that would leave
+    fewer images to time than it takes; one image when even one micro-batch
+    would (the timed pass then scores what is left: :func:`whole_micro_batches`).
+
+    >>> warm_images(64, 16, 2), warm_images(48, 16, 2), warm_images(16, 16, 2), warm_images(64, 1, 2)
+    (32, 16, 1, 1)
+    """
+    if micro_batch <= 1:
+        return 1
+    fits = [k * micro_batch for k in range(max(1, lanes), 0, -1) if k * micro_batch <= share // 2]
+    return fits[0] if fits else 1
+
+
 def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False) -> SampleCost:
     """The :class:`SampleCost` of scoring ``items`` in this process, as an executor scores a batch.
 
@@ -100,8 +118,8 @@ def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False
     The timed pass scores whole micro-batches (:func:`whole_micro_batches`).
     ``warm_batch`` (an executor's warm-up, whose rows the run keeps): with two
     micro-batches of ``items`` or more, the first pass is the first
-    micro-batch, not one image padded to one, and its rows are kept too; the
-    rest is timed. On the CPU: the executors measure only for a CPU run
+    micro-batch of each forward lane (:func:`warm_images`), not one image
+    padded to one, and its rows are kept too; the rest is timed. On the CPU: the executors measure only for a CPU run
     (:func:`mxjob.driver.executors_check`), the driver has no GPU to use.
     """
     job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
@@ -119,7 +137,7 @@ def _measure(job, items: list, endpoint_url: str | None, warm_batch: bool) -> Sa
     loads = state.counters.model_loads
     load_started = time.perf_counter()
     # The first forward pass builds the model's kernels, and its time is the load's, not an image's.
-    warm = job.forward_batch if warm_batch and 1 < job.forward_batch <= len(items) // 2 else 1
+    warm = warm_images(len(items), job.forward_batch, state.counters.lanes) if warm_batch else 1
     [(_, _, first_part, first_stats)] = score_partition(0, items[:warm], job)
     load_seconds = time.perf_counter() - load_started
     if state.counters.model_loads == loads and state.counters.model_load_seconds is not None:

@@ -109,6 +109,29 @@ def test_each_task_measures_its_share_of_the_sample_and_only_the_first_checks_th
     assert plain == WarmReport(1, 1)  # not asked to check: it only loads (the model was cached already)
 
 
+def test_a_worker_of_two_lanes_builds_each_lanes_kernels_on_a_micro_batch_of_its_own_before_it_times(
+        moto_endpoint, digits, fresh_state, monkeypatch):
+    """One micro-batch of the share on each lane at once, untimed: the second lane's first pass, which builds its
+    kernels, no longer falls in the timed pass, and no lane idles while the other warms up."""
+    _, keys = digits
+    # What configure_threads leaves in a worker of two forward lanes (one executor on two vCPUs).
+    state.counters.threads_set, state.counters.threads, state.counters.lanes = True, 2, 2
+    passes = []
+    score = measure.score_partition
+    monkeypatch.setattr(measure, "score_partition", lambda index, items, job: passes.append(list(items)) or
+                        score(index, items, job))
+    job = executor_job(job_config(moto_endpoint, micro_batch_size=2))
+    report = warm_and_check(0, 1, job, sample=keys, endpoint_url=moto_endpoint, check=True)  # 8 keys, one task
+    assert passes == [keys[:4], keys[4:]]  # two micro-batches, one a lane, then the other two, timed
+    assert (report.cost.images, report.cost.timed, report.cost.scored) == (4, 4, 4)
+    warmed, timed = report.cost.kept
+    assert (warmed.keys, timed.keys) == (tuple(key for key, _ in keys[:4]), tuple(key for key, _ in keys[4:]))
+    assert report.loads == 1  # lane 1 bound lane 0's model again
+    # Fewer lanes' worth when a micro-batch each would leave less to time; one image when even one would.
+    assert [measure.warm_images(n, 16, 2) for n in (64, 48, 16)] == [32, 16, 1]
+    assert measure.warm_images(64, 16, 1) == 16 and measure.warm_images(64, 1, 2) == 1
+
+
 def test_a_sample_smaller_than_a_micro_batch_is_timed_as_one_whole_forward_pass_by_one_task(
         moto_endpoint, digits, fresh_state, monkeypatch):
     """A share shorter than the bound batch would cost a whole forward pass for its few images (the estimate of a

@@ -119,7 +119,8 @@ def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False
     ``warm_batch`` (an executor's warm-up, whose rows the run keeps): with two
     micro-batches of ``items`` or more, the first pass is the first
     micro-batch of each forward lane (:func:`warm_images`), not one image
-    padded to one, and its rows are kept too; the rest is timed. On the CPU: the executors measure only for a CPU run
+    padded to one, and its rows are kept too; the rest is timed. On the CPU:
+    the executors measure only for a CPU run
     (:func:`mxjob.driver.executors_check`), the driver has no GPU to use.
     """
     job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)

@@ -99,10 +99,8 @@ def warm_images(share: int, micro_batch: int, lanes: int) -> int:
     >>> warm_images(64, 16, 2), warm_images(48, 16, 2), warm_images(16, 16, 2), warm_images(64, 1, 2)
     (32, 16, 1, 1)
     """
-    if micro_batch <= 1:
-        return 1
-    fits = [k * micro_batch for k in range(max(1, lanes), 0, -1) if k * micro_batch <= share // 2]
-    return fits[0] if fits else 1
+    lanes_warmed = min(max(1, lanes), share // 2 // max(1, micro_batch))
+    return lanes_warmed * micro_batch if micro_batch > 1 and lanes_warmed else 1
 
 
 def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False) -> SampleCost:

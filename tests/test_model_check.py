@@ -56,6 +56,16 @@ def job_config(moto_endpoint, model="model/digits", **changes):
     return replace(cfg, input_bucket=BUCKET)
 
 
+@pytest.fixture
+def passes(monkeypatch) -> list:
+    """The items of each ``score_partition`` pass that ``mxjob.measure`` runs, in order (the passes still run)."""
+    seen: list = []
+    score = measure.score_partition
+    monkeypatch.setattr(measure, "score_partition", lambda index, items, job: seen.append(list(items)) or
+                        score(index, items, job))
+    return seen
+
+
 def executor_job(cfg):
     """The ``JobSpec`` the warm-up ships (mxjob.driver.warm_up): bound at the micro-batch."""
     return replace(cfg, batch_size=bound_batch(cfg)).job_spec()
@@ -110,16 +120,12 @@ def test_each_task_measures_its_share_of_the_sample_and_only_the_first_checks_th
 
 
 def test_a_worker_of_two_lanes_builds_each_lanes_kernels_on_a_micro_batch_of_its_own_before_it_times(
-        moto_endpoint, digits, fresh_state, monkeypatch):
+        moto_endpoint, digits, fresh_state, passes):
     """One micro-batch of the share on each lane at once, untimed: the second lane's first pass, which builds its
     kernels, no longer falls in the timed pass, and no lane idles while the other warms up."""
     _, keys = digits
     # What configure_threads leaves in a worker of two forward lanes (one executor on two vCPUs).
     state.counters.threads_set, state.counters.threads, state.counters.lanes = True, 2, 2
-    passes = []
-    score = measure.score_partition
-    monkeypatch.setattr(measure, "score_partition", lambda index, items, job: passes.append(list(items)) or
-                        score(index, items, job))
     job = executor_job(job_config(moto_endpoint, micro_batch_size=2))
     report = warm_and_check(0, 1, job, sample=keys, endpoint_url=moto_endpoint, check=True)  # 8 keys, one task
     assert passes == [keys[:4], keys[4:]]  # two micro-batches, one a lane, then the other two, timed
@@ -133,14 +139,10 @@ def test_a_worker_of_two_lanes_builds_each_lanes_kernels_on_a_micro_batch_of_its
 
 
 def test_a_sample_smaller_than_a_micro_batch_is_timed_as_one_whole_forward_pass_by_one_task(
-        moto_endpoint, digits, fresh_state, monkeypatch):
+        moto_endpoint, digits, fresh_state, passes):
     """A share shorter than the bound batch would cost a whole forward pass for its few images (the estimate of a
     128-image run came out 3 times the run's CPU per image): it is repeated up to a whole micro-batch instead."""
     _, keys = digits
-    passes = []
-    score = measure.score_partition
-    monkeypatch.setattr(measure, "score_partition", lambda index, items, job: passes.append(list(items)) or
-                        score(index, items, job))
     job = executor_job(job_config(moto_endpoint, micro_batch_size=16))
     first = warm_and_check(0, 2, job, sample=keys[:6], endpoint_url=moto_endpoint, check=True)
     assert passes == [keys[:1], [keys[i % 6] for i in range(16)]]  # the load's image, then one whole pass, in turn

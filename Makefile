@@ -101,9 +101,9 @@ test: $(STAMP) $(LOCAL_SPARK) ## Run ruff, the import layers and every test (uni
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: watch
-watch: $(OPS_STAMP) ## Print a running job's progress until it ends: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]. make itself exits 2 on any failure: the job's code is on the last line, and .venv/bin/python -m mxjob.watch OUTPUT (.venv-ops/bin/python without .venv) exits with it
+watch: $(OPS_STAMP) ## Print a running job's progress until it ends: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]. make itself exits 2 on any failure: the job's code is on the last line, and .venv/bin/python -m mxjob.reporting.watch OUTPUT (.venv-ops/bin/python without .venv) exits with it
 	@[[ "$(OUTPUT)" == s3://?* ]] || { echo "set OUTPUT=s3://bucket/key (the job's --output)" >&2; exit 2; }
-	$(OPS_PY) -m mxjob.watch "$(OUTPUT)" $(if $(ENDPOINT),--endpoint-url "$(ENDPOINT)")
+	$(OPS_PY) -m mxjob.reporting.watch "$(OUTPUT)" $(if $(ENDPOINT),--endpoint-url "$(ENDPOINT)")
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, and the import layers of .importlinter (import-linter)
@@ -111,9 +111,9 @@ lint: $(STAMP) ## ruff, and the import layers of .importlinter (import-linter)
 	$(VENV)/bin/lint-imports --no-cache
 
 .PHONY: docs
-docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/settings.py), docs/output.md's Parquet columns and Athena tables, and the summary's, status file's (docs/output.md) and dry-run plan's (docs/configuration.md) field tables (mxjob/output_docs.py, mxjob/records.py)
-	$(PY) -m mxjob.settings .
-	$(PY) -m mxjob.output_docs .
+docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/options/settings.py), docs/output.md's Parquet columns and Athena tables, and the summary's, status file's (docs/output.md) and dry-run plan's (docs/configuration.md) field tables (mxjob/reporting/output_docs.py, mxjob/reporting/records.py)
+	$(PY) -m mxjob.options.settings .
+	$(PY) -m mxjob.reporting.output_docs .
 
 # --- benchmarks: docs/performance.md and docs/input.md say what they measure ---
 BENCH_ARGS ?=

@@ -19,15 +19,15 @@ or with the original article's flags::
         --output_s3_bucket B --output_s3_key predictions.jsonl
 
 This file only wires: it reads the options and the YAML once into a
-:class:`mxjob.config.JobConfig`, runs :func:`mxjob.driver.run_job`, and turns
+:class:`mxjob.options.config.JobConfig`, runs :func:`mxjob.run.driver.run_job`, and turns
 what ends the run into an exit code and one line for the user. The run itself:
 the driver lists the keys, writes the run's plan (whole batches, the last one
 short) to the work prefix beside the output, and runs one Spark partition per
 batch; executors (``spark.executor.cores=1``: MXNet uses the node's cores
 itself) read their batch's keys from the plan, download, decode and score them
-and write their lines to S3 (:func:`mxjob.partition.score_partition`); the
+and write their lines to S3 (:func:`mxjob.executor.partition.score_partition`); the
 driver then merges every line into the output in key order, each key once
-(:func:`mxjob.merge.assemble`), and writes a summary next to it. Exit codes:
+(:func:`mxjob.outputs.merge.assemble`), and writes a summary next to it. Exit codes:
 0 done, 1 failed, 2 usage error, 3 done but more failed images than
 ``--max-errors`` allows.
 """
@@ -43,12 +43,13 @@ from collections.abc import Sequence
 import click
 from click.core import ParameterSource
 
-from mxjob import config, rerun, signals
-from mxjob.cluster import satisfy_application_master
-from mxjob.config import JobConfig, load_yaml, merge_settings, resolve
-from mxjob.driver import durable_status, run_job
-from mxjob.errors import EXIT_FAILED, JobError
-from mxjob.signals import Interrupted
+from mxjob.core.errors import EXIT_FAILED, JobError
+from mxjob.options import config
+from mxjob.options.config import JobConfig, load_yaml, merge_settings, resolve
+from mxjob.run import rerun, signals
+from mxjob.run.cluster import satisfy_application_master
+from mxjob.run.driver import durable_status, run_job
+from mxjob.run.signals import Interrupted
 
 log = logging.getLogger("infer_main")  # not __name__: spark-submit runs this file as __main__
 
@@ -88,7 +89,7 @@ class _Console:
 
 def resume_command(argv: Sequence[str], jvm_cmdline: Sequence[str] | None = None) -> str:
     """The command line that resumes this run: the same spark-submit options and arguments, ``--overwrite``
-    dropped, ``--resume`` added (:func:`mxjob.rerun.resume_command`)."""
+    dropped, ``--resume`` added (:func:`mxjob.run.rerun.resume_command`)."""
     return rerun.resume_command(argv, jvm_cmdline, os.getcwd())
 
 

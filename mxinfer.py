@@ -5,21 +5,21 @@ Shipped to the executors in ``mxinfer_job.zip`` (``--py-files``, built by
 concern per module:
 
 ===================  ==========================================================
-``mxjob.preprocess``  encoded bytes to the model's input (:func:`decode_image`, :func:`decode_into`)
-``mxjob.model``       the checkpoint, :class:`Predictor` / :class:`Classifier` /
+``mxjob.model.preprocess``  encoded bytes to the model's input (:func:`decode_image`, :func:`decode_into`)
+``mxjob.model.model``       the checkpoint, :class:`Predictor` / :class:`Classifier` /
                       :class:`ImageClassifier` / :class:`Embedder` / :class:`ImageEmbedder` /
                       :class:`ObjectDetector`, top-k, the per-worker model cache
-``mxjob.results``     the result model: one Arrow record batch per batch, one schema per task
-``mxjob.part_format`` a batch's part, as a task writes it to S3 (Arrow IPC, zstd)
-``mxjob.jsonl_view``  the JSON Lines view of a batch
-``mxjob.device``      ``cpu`` / ``gpu`` / ``gpu:N``, one grammar
-``mxjob.int8``        oneDNN post-training quantization and the agreement check
-``mxjob.handlers``    a user's ``input_handler`` / ``output_handler``
-``mxjob.udf``         :func:`model_udf`, the DataFrame function
-``mxjob.worker``      threads and memory of a Python worker
-``mxjob.partition``   :func:`score_partition`, what each Spark task runs
-``mxjob.stats``       the tasks' stats, folded in one accumulator
-``mxjob.state``       every piece of per-process state (caches, counters)
+``mxjob.results.results``     the result model: one Arrow record batch per batch, one schema per task
+``mxjob.results.part_format`` a batch's part, as a task writes it to S3 (Arrow IPC, zstd)
+``mxjob.results.jsonl_view``  the JSON Lines view of a batch
+``mxjob.model.device``      ``cpu`` / ``gpu`` / ``gpu:N``, one grammar
+``mxjob.int8.int8``        oneDNN post-training quantization and the agreement check
+``mxjob.model.handlers``    a user's ``input_handler`` / ``output_handler``
+``mxjob.executor.udf``         :func:`model_udf`, the DataFrame function
+``mxjob.model.worker``      threads and memory of a Python worker
+``mxjob.executor.partition``   :func:`score_partition`, what each Spark task runs
+``mxjob.executor.stats``       the tasks' stats, folded in one accumulator
+``mxjob.core.state``       every piece of per-process state (caches, counters)
 ===================  ==========================================================
 
 The public API below is what the job itself runs, so a notebook gets the same
@@ -34,12 +34,14 @@ BILINEAR)`` (or short side to ``H*256/224`` then a centre crop) -> float32
 CHW -> ``(x - mean) / std`` on 0-255 values.
 """
 
-from mxjob.constants import DECODE_MODES, PRECISIONS, RESIZE_MODES, TASKS
-from mxjob.device import choose_context, task_context
-from mxjob.errors import first_line
-from mxjob.handlers import HandlerError, Handlers, load_handlers
-from mxjob.int8 import agreement, quantize_int8
-from mxjob.model import (
+from mxjob.core.constants import DECODE_MODES, PRECISIONS, RESIZE_MODES, TASKS
+from mxjob.core.errors import first_line
+from mxjob.executor.partition import JobSpec, score_partition
+from mxjob.executor.udf import model_udf, score_images, udf_return_type
+from mxjob.int8.int8 import agreement, quantize_int8
+from mxjob.model.device import choose_context, task_context
+from mxjob.model.handlers import HandlerError, Handlers, load_handlers
+from mxjob.model.model import (
     Classifier,
     Embedder,
     ImageClassifier,
@@ -54,8 +56,7 @@ from mxjob.model import (
     softmax,
     top_classes,
 )
-from mxjob.partition import JobSpec, score_partition
-from mxjob.preprocess import (
+from mxjob.model.preprocess import (
     Geometry,
     ImageTooLargeError,
     Preprocess,
@@ -65,7 +66,6 @@ from mxjob.preprocess import (
     draft_size,
     map_boxes,
 )
-from mxjob.udf import model_udf, score_images, udf_return_type
 
 __all__ = [
     "DECODE_MODES",

@@ -1,7 +1,7 @@
 """``make bench-recipes``: faster decodes than the recipe, what each saves and what it does to a real model's answers.
 
 Not a test, and not an option of the job: it measures why the recipe
-(``mxjob.preprocess``, docs/performance.md "Preprocessing: check our
+(``mxjob.model.preprocess``, docs/performance.md "Preprocessing: check our
 numbers") stays as it is although it alone costs a 500x375 JPEG most of
 the 3 ms of worker CPU per image the job aims at beyond the forward pass.
 Each alternative decodes the same JPEGs (quality 90, about 500x375:
@@ -9,7 +9,7 @@ distinct random views of the nine real photos scikit-learn and
 scikit-image ship, ``bench.images.photo_views``) to EfficientNet-Lite0's
 3x224x224 input:
 
-* ``recipe``: :func:`mxjob.preprocess.decode_image` (Pillow's libjpeg-turbo,
+* ``recipe``: :func:`mxjob.model.preprocess.decode_image` (Pillow's libjpeg-turbo,
   ``draft``, BILINEAR resize);
 * ``simplejpeg, full scale``: libjpeg-turbo through simplejpeg at full
   scale, then the recipe's resize: is it the recipe's input, and cheaper?
@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 from bench import images, pretrained  # noqa: E402
 from bench.int8_search import cpu_description  # noqa: E402
 from bench.worker_steps import best_ms  # noqa: E402
-from mxjob.preprocess import Preprocess, decode_image, normalise_into  # noqa: E402
+from mxjob.model.preprocess import Preprocess, decode_image, normalise_into  # noqa: E402
 
 #: The top-1 agreement ``--precision int8`` needs by default (``--min-agreement``): the same bar here.
 GATE = 0.99
@@ -83,10 +83,10 @@ def alternatives(prep: Preprocess) -> dict:
 
 def predictions(prefix: Path, arrays: np.ndarray, batch: int = 50) -> np.ndarray:
     """EfficientNet-Lite0's logits for ``arrays`` (N, 3, 224, 224), fp32, on the CPU: bound and run as the
-    driver's int8 search does (:func:`mxjob.int8_search.bind`, :func:`mxjob.int8_search.forward`)."""
+    driver's int8 search does (:func:`mxjob.int8.int8_search.bind`, :func:`mxjob.int8.int8_search.forward`)."""
     import mxnet as mx
 
-    from mxjob.int8_search import bind, forward
+    from mxjob.int8.int8_search import bind, forward
 
     symbol, args, aux = mx.model.load_checkpoint(str(prefix), 0)
     return forward(bind(symbol, args, aux, "data", arrays.shape[1:], batch), arrays, batch)

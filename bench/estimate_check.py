@@ -35,7 +35,8 @@ from bench import models
 from bench.worker_steps import cpu_model
 from demo.run_local import MASTER, spark_env, spark_submit_command
 from demo.s3local import FAKE_AWS_ENV, moto_server
-from mxjob import batchsize, estimate, measure
+from mxjob.executor import measure
+from mxjob.planning import batchsize, estimate
 
 BUCKET = "estimate-check"
 

@@ -1,15 +1,15 @@
 """The ``--existing-keys N`` row of ``make bench-scale``: a dataset that already holds N keys, then new ones.
 
-``--skip-existing`` (:mod:`mxjob.existing`) reads the key column of every
+``--skip-existing`` (:mod:`mxjob.outputs.existing`) reads the key column of every
 file under the output's prefix and leaves those keys out of the run. To
 measure that at ten million keys without scoring them first, the bench writes
 the earlier run's dataset itself, in the job's own layout: the rows the fake
 scorer would have made (:data:`bench.fake_daemon.FAKE_PREDICTIONS`), in key
-order, through the job's own sink (:class:`mxjob.sinks.DatasetSink`:
+order, through the job's own sink (:class:`mxjob.outputs.sinks.DatasetSink`:
 ``part-NNNNN.parquet`` of ``rows_per_file`` rows, zstd, its row groups, one
 multipart upload a file, ``_SUCCESS``), with the ``mxinfer.fingerprint`` of a
 real run of the job (:func:`provenance`), so that the run's fingerprint check
-(:func:`mxjob.dataset.check_fingerprints`) passes as it would after a real
+(:func:`mxjob.outputs.dataset.check_fingerprints`) passes as it would after a real
 first run. The manifest then lists those keys and 1% more
 (:func:`layout`), spread evenly through it, as new images in many folders.
 """
@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.fake_daemon import FAKE_PREDICTIONS
-from mxjob import results, sinks
+from mxjob.outputs import sinks
+from mxjob.results import results
 
 #: One new key for this many existing ones: the manifest lists 1% more keys than the dataset holds.
 EXISTING_PER_NEW = 100

@@ -4,10 +4,10 @@
 ``--conf spark.python.daemon.module=bench.fake_daemon`` and
 ``--conf spark.executorEnv.PYTHONPATH=<repo root>``. Each executor then starts
 this module (``python -m bench.fake_daemon``) instead of ``pyspark.daemon``:
-it imports ``mxjob.partition``, patches it, and runs PySpark's own daemon
+it imports ``mxjob.executor.partition``, patches it, and runs PySpark's own daemon
 (:func:`pyspark.daemon.manager`). The daemon forks the Python workers, so
 every worker finds the patched module already in ``sys.modules`` when it
-unpickles ``mxjob.partition.score_into``. Nothing in the job's code knows.
+unpickles ``mxjob.executor.partition.score_into``. Nothing in the job's code knows.
 
 What is fake, so that a task costs only what Spark and the job's own code
 around the model cost:
@@ -21,7 +21,7 @@ around the model cost:
   the fake ran);
 - ``model_check.warm_and_check``: the warm-up "loads" the stand-in and
   reports no check, so the driver checks the small real model and measures
-  the sample itself (``mxjob.driver.executors_report``), as it would
+  the sample itself (``mxjob.run.driver.executors_report``), as it would
   without the executors' check.
 
 Everything else is the job's: ``score_partition`` itself (how a task gets its
@@ -38,7 +38,8 @@ import threading
 
 import numpy as np
 
-from mxjob import model_check, partition, state
+from mxjob.core import state
+from mxjob.executor import model_check, partition
 
 #: Every key's predictions under the fake scorer (a random-weight model never gives exactly 1.0).
 FAKE_PREDICTIONS = [{"class_id": 0, "probability": 1.0}]

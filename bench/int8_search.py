@@ -49,7 +49,7 @@ def cpu_description() -> str:
 
 def photo_arrays(count: int, seed: int) -> np.ndarray:
     """``count`` views of the real photos, decoded as the job decodes them for EfficientNet-Lite0."""
-    from mxjob.preprocess import decode_image
+    from mxjob.model.preprocess import decode_image
 
     preprocess = pretrained.preprocess()
     return np.stack([decode_image(data, preprocess) for data in images.photo_views(count, seed)])
@@ -57,9 +57,9 @@ def photo_arrays(count: int, seed: int) -> np.ndarray:
 
 def run(held_out: int, budget: float, min_agreement: float, batch: int, seed: int, work: Path) -> dict:
     """Export the model, make the views, run the search as the driver does; the result as a dict."""
-    from mxjob.int8 import weight_layers
-    from mxjob.int8_search import SampleArrays, SearchGoal, quantize_auto
-    from mxjob.model import ModelSpec
+    from mxjob.int8.int8 import weight_layers
+    from mxjob.int8.int8_search import SampleArrays, SearchGoal, quantize_auto
+    from mxjob.model.model import ModelSpec
 
     prefix = pretrained.export(work)
     arrays = photo_arrays(2 * held_out, seed)

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from demo.s3local import FAKE_AWS_ENV  # noqa: E402
-from mxjob import listing  # noqa: E402
+from mxjob.inputs import listing  # noqa: E402
 
 BUCKET = "bench-listing"
 PREFIX = "images/"

@@ -5,7 +5,7 @@ Daft needs Python 3.10 or later, so it is never a dependency of the job.
 
 The pipeline: ``daft.from_glob_path`` lists the images, ``.download()`` fetches
 them, a ``@daft.func`` decodes each with the job's own recipe
-(``mxjob.preprocess.decode_image``, so every system gets the same model input),
+(``mxjob.model.preprocess.decode_image``, so every system gets the same model input),
 a ``@daft.cls`` class holds the MXNet module (``bench/peer_mxnet.py``, loaded
 once per instance, as the docs' class UDFs hold a model) and scores batches of
 ``--batch`` images,
@@ -35,7 +35,7 @@ import daft  # noqa: E402
 from daft import DataType  # noqa: E402
 
 from bench.peer_mxnet import Module, peer_arguments  # noqa: E402
-from mxjob.preprocess import Preprocess, decode_image  # noqa: E402
+from mxjob.model.preprocess import Preprocess, decode_image  # noqa: E402
 
 TOP = DataType.list(DataType.struct({"class_id": DataType.int32(), "probability": DataType.float32()}))
 

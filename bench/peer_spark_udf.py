@@ -6,7 +6,7 @@ a DataFrame holds each image as a flattened float array, and the helper
 calls ``make_predict_fn`` once per Python worker and the returned function on
 batches of ``--batch`` images reshaped to the input shape. The MXNet module
 is ``bench/peer_mxnet.py``'s; a pandas UDF GETs each image and decodes it
-with the job's own recipe (``mxjob.preprocess.decode_image``).
+with the job's own recipe (``mxjob.model.preprocess.decode_image``).
 
 Spark reads and writes ``s3a://`` only with the S3A connector's jars, which
 this machine has not got, so the driver lists the keys and PUTs the Parquet
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     @F.pandas_udf(ArrayType(FloatType()))
     def load(batch_keys: pd.Series) -> pd.Series:
-        from mxjob.preprocess import Preprocess, decode_image
+        from mxjob.model.preprocess import Preprocess, decode_image
 
         client = boto3.client("s3", endpoint_url=endpoint)
         prep = Preprocess(input_shape=shape, mean=mean, std=std)

@@ -381,7 +381,7 @@ def driver_import_cpu() -> float:
     """CPU seconds of the Python driver's imports (``infer_main``, ``pyspark.sql``) in a fresh process.
 
     No MXNet: under spark-submit an executor's warm-up checks the model for
-    the driver (``mxjob.model_check``), so the bench's runs import none there.
+    the driver (``mxjob.executor.model_check``), so the bench's runs import none there.
     """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     code = "import infer_main, pyspark.sql"

@@ -38,7 +38,7 @@ _STORAGE_DTYPES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "Hal
 
 def preprocess():
     """The job's recipe for this network: ``INPUT_SHAPE``, ``MEAN`` and ``STD``, the job's defaults otherwise."""
-    from mxjob.preprocess import Preprocess
+    from mxjob.model.preprocess import Preprocess
 
     return Preprocess(input_shape=INPUT_SHAPE, mean=tuple(float(x) for x in MEAN.split(",")),
                       std=tuple(float(x) for x in STD.split(",")))

@@ -44,13 +44,15 @@ sys.path.insert(0, str(ROOT))
 
 import mxinfer  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
-from mxjob import config, part_format, worker  # noqa: E402
-from mxjob import results as result_model  # noqa: E402
-from mxjob.driver import assemble_output, load_model_on_driver  # noqa: E402
-from mxjob.partition import part_key  # noqa: E402
+from mxjob.executor.partition import part_key  # noqa: E402
+from mxjob.executor.stats import StatsFold  # noqa: E402
+from mxjob.model import worker  # noqa: E402
+from mxjob.options import config  # noqa: E402
+from mxjob.reporting.summary import RunOutcome, summarize  # noqa: E402
+from mxjob.results import part_format  # noqa: E402
+from mxjob.results import results as result_model  # noqa: E402
+from mxjob.run.driver import assemble_output, load_model_on_driver  # noqa: E402
 from mxjob.s3 import clients, object_reader, writes  # noqa: E402
-from mxjob.stats import StatsFold  # noqa: E402
-from mxjob.summary import RunOutcome, summarize  # noqa: E402
 
 #: Predictions per key in the fake results, and the driver probe's --top-k: the two must agree.
 TOP_K = 5
@@ -165,7 +167,7 @@ def _listing(results: int, bucket: str = "bench"):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from mxjob import listing
+    from mxjob.inputs import listing
 
     index = pa.array(np.arange(results, dtype=np.int64))
     keys = pc.binary_join_element_wise(
@@ -179,15 +181,15 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     """Leave under the work prefix what a run's executors would have left for ``results`` keys.
 
     The run's plan (``durable.WorkPrefix.start_run``) and one part per
-    batch (``mxjob.partition.part_key``, :func:`mxjob.part_format.write_part`) with the
+    batch (``mxjob.executor.partition.part_key``, :func:`mxjob.results.part_format.write_part`) with the
     real classifier's top-k rows (random probabilities over its classes
     instead of a forward pass), written to S3 with a few threads. Made in a
     process of its own, so the driver probe holds only what a driver holds.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from mxjob import durable
-    from mxjob.model import top_classes
+    from mxjob.model.model import top_classes
+    from mxjob.outputs import durable
 
     classifier = mxinfer.Classifier(model, shape, 1)
     images = _listing(results, bucket)
@@ -229,7 +231,7 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     parts, nothing of the results passes through the driver before the
     assembly.
     """
-    from mxjob import durable
+    from mxjob.outputs import durable
 
 
     before = worker.memory_bytes()

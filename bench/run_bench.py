@@ -76,8 +76,8 @@ from bench import tasks as bench_tasks  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
 from demo.s3proxy import S3Proxy  # noqa: E402
-from mxjob import worker  # noqa: E402
-from mxjob.stats import StatsFold  # noqa: E402
+from mxjob.executor.stats import StatsFold  # noqa: E402
+from mxjob.model import worker  # noqa: E402
 
 BUCKET = "bench"
 MIB = 1024 * 1024
@@ -710,7 +710,7 @@ def cpu_split(summary: dict, l_cost: float) -> str:
     """The in-task CPU per image by thread, after each worker's first task: where "beyond the forward pass" goes.
 
     The summary's ``seconds`` split the workers' in-task CPU (``cpu``) into
-    :data:`mxjob.stats.StatsFold.CPU_PARTS`: their download threads' GETs
+    :data:`mxjob.executor.stats.StatsFold.CPU_PARTS`: their download threads' GETs
     (``download_cpu``) and decoding (``decode_cpu``), the task's own thread
     (``task_thread_cpu``: the model's Python side, results, the part) and the
     rest, MXNet's threads: the forward pass as the job runs it, against L's

@@ -12,7 +12,7 @@ Not a test: it prints measurements. For each ``--keys`` count it
 3. with a **fake fast scorer** on the executors (``bench/fake_daemon.py``,
    through ``spark.python.daemon.module``): no S3 GET, no decoding, no MXNet;
    every key gets the same top-1 line. Everything else is real: the task
-   itself, its per-batch PUT of the part (mxjob.part_format) to S3, the driver (reading the
+   itself, its per-batch PUT of the part (mxjob.results.part_format) to S3, the driver (reading the
    manifest, loading a real small model for its model check, planning, the
    Spark job, the assembly of the output, the summary). The bench checks
    the output's first line to prove the fake ran;
@@ -74,7 +74,7 @@ Two opt-in rows measure instead of extrapolating:
 at a small size.
 
 A third, ``--existing-keys N`` (say 10,000,000), measures ``--skip-existing``
-(mxjob/existing.py) over a dataset that already holds N keys: the job on 100
+(mxjob/outputs/existing.py) over a dataset that already holds N keys: the job on 100
 keys gives the dataset its fingerprint and rows per file, the bench writes N
 keys' rows through the job's own sink (``bench/existing_keys.py``), then runs
 the job with ``--skip-existing`` on a manifest of those keys and 1% more, spread
@@ -115,7 +115,7 @@ import psutil
 import pyarrow.parquet as pq
 import yaml
 
-from mxjob import dataset
+from mxjob.outputs import dataset
 from mxjob.s3 import parallel_list
 
 ROOT = Path(__file__).resolve().parent.parent

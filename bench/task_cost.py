@@ -7,8 +7,8 @@ with ``conf/spark-local.conf``, the executors' Python workers started by
 
 - **trivial**: ``sc.parallelize(range(n), n).mapPartitions(count).sum()``,
   ``n`` tasks of one element each: what any PySpark task costs;
-- **ours**: ``n`` batches of one key each through :func:`mxjob.partition.score_into`,
-  as ``mxjob.cluster.run_spark`` runs them (the JobSpec in the closure, a
+- **ours**: ``n`` batches of one key each through :func:`mxjob.executor.partition.score_into`,
+  as ``mxjob.run.cluster.run_spark`` runs them (the JobSpec in the closure, a
   ranged GET of the run's plan, the stats accumulator, the part's PUT), with
   the fake daemon's instant fetch, decode and model: everything a task costs
   beyond its images.
@@ -19,7 +19,7 @@ job's wall time times the executors, over the tasks) and the CPU of each
 process kind while the job ran, polled with psutil: the Python workers, the
 executors' JVMs, the driver (its JVM and Python) and the S3 stand-in. Then
 ``ours / trivial``, and at the batch ``--batch-size auto`` picks (with
-:data:`mxjob.estimate.TASK_OVERHEAD_SECONDS`) for a few models' costs per
+:data:`mxjob.planning.estimate.TASK_OVERHEAD_SECONDS`) for a few models' costs per
 image, the share of a task that the measured per-task cost takes.
 
 Usage::
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from mxjob.measure import local_server_process
+from mxjob.executor.measure import local_server_process
 from mxjob.s3 import clients
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,12 +104,12 @@ def timed(run, tasks: int, executors: int, driver_jvm, server) -> dict:
 
 
 def our_job(sc, endpoint: str, tasks: int, number: int, plan):
-    """A callable that runs ``tasks`` one-key batches of ours, as ``mxjob.cluster.run_spark`` does."""
-    from mxjob import durable
-    from mxjob.model import ModelSpec
-    from mxjob.partition import JobSpec, score_into
-    from mxjob.preprocess import Preprocess
-    from mxjob.stats import StatsAccumulator, StatsFold
+    """A callable that runs ``tasks`` one-key batches of ours, as ``mxjob.run.cluster.run_spark`` does."""
+    from mxjob.executor.partition import JobSpec, score_into
+    from mxjob.executor.stats import StatsAccumulator, StatsFold
+    from mxjob.model.model import ModelSpec
+    from mxjob.model.preprocess import Preprocess
+    from mxjob.outputs import durable
 
     work = durable.WorkPrefix(clients.s3_client(endpoint, None), BUCKET, "out/task-cost.jsonl")
     run = work.start_run(number, [f"k/{i:06d}.jpg" for i in range(tasks)], 1, None)
@@ -131,7 +131,7 @@ def measure(endpoint: str, tasks: int, out: Path) -> None:
     """Warm up, then time ``tasks`` trivial tasks and ``tasks`` of ours; write the results to ``out``."""
     from pyspark import SparkConf, SparkContext
 
-    from mxjob.cluster import expected_executors, thread_plan
+    from mxjob.run.cluster import expected_executors, thread_plan
 
     sc = SparkContext.getOrCreate(SparkConf().setAppName("task-cost"))
     sc.setLogLevel("WARN")
@@ -185,7 +185,7 @@ def run(tasks: int, work: Path, master: str = "local-cluster[2,1,1024]") -> dict
 
 def auto_shares(per_task_seconds: float, executors: int) -> list[dict]:
     """For each of :data:`MODEL_MS`: auto's batch (from the constant) and the measured per-task cost's share of it."""
-    from mxjob import batchsize, estimate
+    from mxjob.planning import batchsize, estimate
 
     rows = []
     for name, ms in MODEL_MS.items():

@@ -11,16 +11,16 @@ the machine moves the figures little. Each figure is the best of
   local moto server: the client's CPU only (the server's is not the worker's);
   botocore's ``get_object`` beside it; and the lean GET's SigV4 signing alone
   and with the send (:func:`signer_ms`);
-* the recipe's steps (``mxjob.preprocess``): open, draft, JPEG decode, EXIF
+* the recipe's steps (``mxjob.model.preprocess``): open, draft, JPEG decode, EXIF
   transpose, RGB conversion, resize, array, CHW transpose, float conversion
   and normalisation, batch assembly, each on the previous step's output;
-* end to end: :func:`mxjob.preprocess.decode_image` then ``np.stack`` (how
+* end to end: :func:`mxjob.model.preprocess.decode_image` then ``np.stack`` (how
   the job assembles its micro-batches), and ``decode_into`` rows of a
   preallocated batch (the library's option that saves the stack);
-* the Python glue of ``mxjob.partition``: the pool's futures, the result
+* the Python glue of ``mxjob.executor.partition``: the pool's futures, the result
   tuples and the timing sums per image, with the download and the decoding
   replaced by stubs (CPU of every thread of the process);
-* the whole task, in process: :func:`mxjob.partition.score_partition` over
+* the whole task, in process: :func:`mxjob.executor.partition.score_partition` over
   one batch of the photos served by the local moto server, with the model
   replaced by a classifier whose forward pass costs nothing (ImageNet's 1,000
   classes, labelled, precomputed logits): CPU of every thread per image, and
@@ -64,9 +64,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench import images as bench_images  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
-from mxjob import jsonl_view, partition, preprocess  # noqa: E402
-from mxjob.model import Classifier, ModelSpec  # noqa: E402
-from mxjob.preprocess import Preprocess, decode_image, draft_size, to_rgb  # noqa: E402
+from mxjob.executor import partition  # noqa: E402
+from mxjob.model import preprocess  # noqa: E402
+from mxjob.model.model import Classifier, ModelSpec  # noqa: E402
+from mxjob.model.preprocess import Preprocess, decode_image, draft_size, to_rgb  # noqa: E402
+from mxjob.results import jsonl_view  # noqa: E402
 
 BUCKET = "bench-worker-steps"
 
@@ -180,7 +182,7 @@ def recipe_floor(datas: list[bytes], prep: Preprocess, repeats: int = 3) -> dict
     """What the recipe alone costs per image on this CPU: the floor under the worker's own work.
 
     For every image of ``datas`` and for its JPEGs alone (the unit of #22's
-    target): ``recipe_ms``, :func:`mxjob.preprocess.decode_image` whole (best
+    target): ``recipe_ms``, :func:`mxjob.model.preprocess.decode_image` whole (best
     of ``repeats`` passes, CPU of the calling thread), and of it
     ``decoder_and_resize_ms``, the decoder's ``load()`` (libjpeg-turbo; zlib
     for a PNG) and Pillow's BILINEAR resize: the two steps the recipe fixes

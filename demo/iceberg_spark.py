@@ -1,6 +1,6 @@
 """``make iceberg-spark``: Spark reads the job's Iceberg table through Iceberg's own Java library, a second reader.
 
-The job writes its Iceberg tables with pyiceberg (``mxjob.iceberg_table``):
+The job writes its Iceberg tables with pyiceberg (``mxjob.outputs.iceberg_table``):
 Parquet files of its own writer, committed with ``add_files`` into a SQL
 catalog. This module reads such a table with another implementation of
 every part of that: Spark 3.5 (the pyspark of ``.venv``) with Iceberg's
@@ -367,7 +367,7 @@ def pyiceberg_view(table, *, keys: bool = False) -> dict:
     From ``iceberg_table.existing_keys`` (with and without the error rows)
     and ``iceberg_table.snapshot_summaries``, after a refresh.
     """
-    from mxjob import iceberg_table
+    from mxjob.outputs import iceberg_table
 
     table.refresh()
     every = iceberg_table.existing_keys(table, KEY_COLUMN).to_pylist()
@@ -405,7 +405,7 @@ def sample_batch(keys: list[str], fail: set[str]):
     """A classify record batch of the job's result model, ``fail``'s keys error rows, and a carried column."""
     import pyarrow as pa
 
-    from mxjob import part_format, results
+    from mxjob.results import part_format, results
 
     made = results.Results(results.schema("classify"))
     for i, key in enumerate(keys):
@@ -426,7 +426,8 @@ def write_sample_table(catalog, s3, identifier: str, commits=SAMPLE_COMMITS, run
     ``iceberg_table.data_file_path`` and committed with ``commit_files``
     (commit id ``RUN:FIRST-LAST`` of the files' indices). Returns the table.
     """
-    from mxjob import iceberg_table, parquet_view, sinks
+    from mxjob.outputs import iceberg_table, sinks
+    from mxjob.results import parquet_view
     from mxjob.s3 import uris, writes
 
     first = sample_batch(*commits[0][0])
@@ -455,7 +456,7 @@ def self_check() -> int:
     import boto3
 
     from demo.s3local import FAKE_AWS_ENV, moto_server
-    from mxjob import iceberg_table
+    from mxjob.outputs import iceberg_table
 
     fetch_jars()  # before moto starts: a missing mvn or java is said at once
     _java()

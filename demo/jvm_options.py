@@ -47,7 +47,7 @@ ROLES = ("launcher", "driver", "executor")
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 #: The training job: the SparkContext, an accumulator, a Python mapPartitions, a sum and the status
-#: tracker, as mxjob.cluster uses them, so the archive holds the classes a run loads.
+#: tracker, as mxjob.run.cluster uses them, so the archive holds the classes a run loads.
 TRAINING_JOB = """
 from pyspark import SparkConf, SparkContext
 sc = SparkContext(conf=SparkConf().setAppName("mxinfer-cds-training"))

@@ -40,7 +40,7 @@ from deploy.package import build_zip
 
 ROOT = Path(__file__).resolve().parent.parent
 #: One executor for this host, as EMR runs one per node (conf/emr.yaml): its Python worker takes the host's
-#: cores in forward lanes (mxjob.worker). Two one-core executors on two vCPUs (the layout before) paid a second
+#: cores in forward lanes (mxjob.model.worker). Two one-core executors on two vCPUs (the layout before) paid a second
 #: JVM and a second MXNet start for nothing: make bench-peers prints both layouts.
 MASTER = "local-cluster[1,1,2048]"
 
@@ -256,7 +256,7 @@ def iceberg_output(s3, endpoint: str, kept: Path) -> tuple[list[str], str, tuple
     """
     import pyarrow.parquet as pq
 
-    from mxjob import iceberg_table, table_output
+    from mxjob.outputs import iceberg_table, table_output
 
     table = iceberg_table.load_catalog(ICEBERG_CATALOG, endpoint_url=endpoint).load_table("demo.digits")
     rows = table.scan().to_arrow()

@@ -27,7 +27,7 @@ import sys
 import time
 
 from demo.run_local import ROOT, spark_env, spark_submit_command
-from mxjob.errors import exit_line
+from mxjob.core.errors import exit_line
 
 #: Seconds spark-submit has to stop after a forwarded SIGTERM or SIGINT (the driver writes its last status and
 #: prints the resume command) before it is killed.

@@ -364,7 +364,7 @@ def run_job_command(
 
 
 def _job_cli() -> tuple[click.Command, Any]:
-    """``infer_main.main`` and ``mxjob.config``, imported from the checkout's root.
+    """``infer_main.main`` and ``mxjob.options.config``, imported from the checkout's root.
 
     This file runs as a script, with ``deploy/`` on ``sys.path``, not the root
     the job's modules live in; imported here, not at the top, because only the
@@ -373,7 +373,7 @@ def _job_cli() -> tuple[click.Command, Any]:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import infer_main
-    from mxjob import config
+    from mxjob.options import config
 
     return infer_main.main, config
 
@@ -381,7 +381,7 @@ def _job_cli() -> tuple[click.Command, Any]:
 def check_job_args(args: Sequence[str], job_file: Path | None = None) -> str | None:
     """Check the job's options, and its config file if it is here, as ``infer_main.py`` reads them.
 
-    The job's own click parser and :func:`mxjob.config.merge_settings` take
+    The job's own click parser and :func:`mxjob.options.config.merge_settings` take
     the options, so an unknown one or a bad value is refused with the job's
     message; nothing is listed, no model is read, and Spark does not start.
 
@@ -392,7 +392,7 @@ def check_job_args(args: Sequence[str], job_file: Path | None = None) -> str | N
     job_file : Path, optional
         The local copy of the job config the step reads (``make upload
         JOB=``). Then the file and the options are resolved together
-        (:func:`mxjob.config.resolve`), as the job will: a missing input,
+        (:func:`mxjob.options.config.resolve`), as the job will: a missing input,
         model or output, or options that exclude each other, are refused too.
         Without it (the config is on S3), the options are checked alone: their
         names, types and ranges.

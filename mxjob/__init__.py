@@ -1,17 +1,14 @@
-"""The job's code, one concern per module; ``mxinfer`` (executors, library) and ``infer_main`` (driver CLI) sit on top.
+"""The job's code, one package per stage; ``mxinfer`` (executors, library) and ``infer_main`` (driver CLI) sit on top.
 
-Executor side: ``partition`` (one Spark task: download, decode, score, write),
-``preprocess``, ``model``, ``results`` (one schema per task), ``part_format``
-(a batch's durable part), ``jsonl_view``, ``device``, ``int8``, ``handlers``,
-``udf``, ``worker`` (threads and memory), ``state`` (per-process caches),
-``stats``, ``errors``.
-Driver side: ``settings`` (every option, declared once), ``config`` (the YAML
-layer and the resolved settings), ``driver`` (the run from listing to
-summary), ``manifest`` (with ``manifest_text`` and ``inventory``), ``sizing``,
-``estimate`` and ``batchsize`` (the sample, the estimate, the batch),
-``int8_prep``, ``dry_run``, ``cluster`` (the Spark job), ``merge`` and
-``sinks`` (the output; ``parquet_view`` and ``athena_table``), ``dataset``,
-``summary``, ``status``, ``report``, ``signals``; ``s3`` holds the S3 access
-of both sides. docs/layout.md maps every module. ``make package`` zips this
-package with ``mxinfer.py`` and ``utils.py`` into the ``--py-files`` zip.
+``core`` (constants, errors, per-process state) and ``s3`` (every S3 call)
+serve all; ``model`` (the checkpoint, the recipe, the device, threads),
+``results`` (one schema per task and its views), ``inputs`` (the key list,
+manifests) and ``executor`` (one Spark task: download, decode, score, write)
+are what the executors and the library run. The driver adds ``options``
+(every option, declared once, and the resolved settings), ``int8``,
+``planning`` (the sample, the batch size, the estimate), ``outputs`` (the
+work prefix, the merge, the sinks, datasets and tables), ``run`` (the run's
+sequence and its Spark job) and ``reporting`` (summary, status, report,
+watch). docs/layout.md maps every module. ``make package`` zips this package
+with ``mxinfer.py`` and ``utils.py`` into the ``--py-files`` zip.
 """

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from demo import make_demo
 from demo.s3local import FAKE_AWS_ENV, moto_server
-from mxjob import state
+from mxjob.core import state
 from tests.helpers import make_s3_client
 
 

@@ -31,8 +31,8 @@ def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
 
 
 def part_lines(data: bytes) -> list[str]:
-    """The JSON lines of a part (``mxjob.part_format``): its record batch in the JSON Lines view."""
-    from mxjob import jsonl_view, part_format
+    """The JSON lines of a part (``mxjob.results.part_format``): its record batch in the JSON Lines view."""
+    from mxjob.results import jsonl_view, part_format
 
     return jsonl_view.json_lines(part_format.read_part(data))
 
@@ -45,7 +45,7 @@ def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None
     """
     import json
 
-    from mxjob import part_format, results
+    from mxjob.results import part_format, results
 
     out = results.Results(results.schema("classify"))
     for line in lines:
@@ -62,8 +62,9 @@ def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None
 def scored_lines(model, keys: list[str], inputs: list, handlers=None, **job) -> list[str]:
     """The JSON lines a task writes for ``keys`` scored together, in their order: one forward pass of ``model``
     (``partition.score_inputs``, with ``handlers`` if given), then the part's JSON Lines view."""
-    from mxjob import jsonl_view, partition, results
-    from mxjob.preprocess import Preprocess
+    from mxjob.executor import partition
+    from mxjob.model.preprocess import Preprocess
+    from mxjob.results import jsonl_view, results
 
     spec = partition.JobSpec(model=getattr(model, "spec", None), preprocess=Preprocess(), bucket="", **job)
     out = results.Results(partition.result_schema(spec, model, handlers))
@@ -146,7 +147,7 @@ def put_digits(s3, bucket: str, first: int, count: int) -> list[str]:
 def upload_data_file(s3, uri: str, batch, fingerprint: dict) -> None:
     """One Parquet data file as the job writes it (its Parquet sink over a multipart upload, complete when closed),
     with ``fingerprint`` in its metadata."""
-    from mxjob import sinks
+    from mxjob.outputs import sinks
     from mxjob.s3 import uris, writes
 
     bucket, key = uris.parse_s3_uri(uri, need_key=True)

@@ -13,7 +13,8 @@ import pytest
 
 import mxinfer
 from demo import make_demo
-from mxjob import partition, state
+from mxjob.core import state
+from mxjob.executor import partition
 
 SHAPE = make_demo.INPUT_SHAPE
 

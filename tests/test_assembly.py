@@ -1,4 +1,4 @@
-"""The assembly while the Spark job runs (mxjob.assembly, merge.LiveRun), without Spark but the last test.
+"""The assembly while the Spark job runs (mxjob.outputs.assembly, merge.LiveRun), without Spark but the last test.
 
 Parts are written by a thread of the test, and each task's stats applied as
 the driver's accumulator server applies them, while the assembly follows the
@@ -22,10 +22,12 @@ from collections import Counter
 import pytest
 
 from demo.s3proxy import S3Proxy
-from mxjob import durable, merge, partition, sinks, state
-from mxjob.assembly import Assembly
+from mxjob.core import state
+from mxjob.executor import partition
+from mxjob.executor.stats import StatsAccumulator, StatsFold
+from mxjob.outputs import durable, merge, sinks
+from mxjob.outputs.assembly import Assembly
 from mxjob.s3 import access, writes
-from mxjob.stats import StatsAccumulator, StatsFold
 from tests.helpers import bucket_with_digits, lines_part, make_s3_client, spark_submit
 
 BUCKET = "assembly-bucket"
@@ -329,7 +331,8 @@ def test_an_upload_a_killed_driver_left_open_is_aborted_and_no_other(s3):
 
 
 def test_a_dataset_file_a_killed_driver_was_writing_is_aborted_with_the_work_prefixs(s3):
-    from mxjob import config, resume
+    from mxjob.options import config
+    from mxjob.outputs import resume
 
     cfg = config.resolve(config.merge_settings({"input": f"s3://{BUCKET}/imgs/", "model": f"s3://{BUCKET}/m/d",
                                                 "output": f"s3://{BUCKET}/ds/"}, {}))

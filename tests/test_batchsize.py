@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from mxjob import batchsize, config, estimate, sizing
+from mxjob.options import config
+from mxjob.planning import batchsize, estimate, sizing
 
 BASE = {"input": "s3://in/photos/", "model": "s3://m/r18", "output": "s3://out/p.jsonl"}
 #: Spark's per-task cost in these tests: known, so every expected batch is arithmetic.
@@ -74,7 +75,7 @@ def test_an_executor_of_several_forward_lanes_gets_a_micro_batch_for_each_lane()
 
 
 def test_the_run_sizes_batches_for_the_executors_forward_lanes(measured):
-    # One node of 2 vCPUs, one executor of 2 threads: two lanes of one thread (mxjob.worker.worker_lanes).
+    # One node of 2 vCPUs, one executor of 2 threads: two lanes of one thread (mxjob.model.worker.worker_lanes).
     cfg, _ = sizing.size_run(resolved(estimate_cluster="1x2"), KEYS[:64], 64)
     assert cfg.batch_size == 32
     cfg, _ = sizing.size_run(resolved(estimate_cluster="1x2", forward_lanes=1), KEYS[:64], 64)
@@ -149,7 +150,7 @@ KEYS = [(f"k{i:06d}", 100) for i in range(100_000)]
 
 def test_auto_measures_once_and_the_estimate_uses_the_chosen_batch(measured, caplog):
     cfg = resolved(batch_size="auto", estimate_cluster="2x1", micro_batch_size=16)
-    with caplog.at_level(logging.INFO, logger="mxjob.sizing"):
+    with caplog.at_level(logging.INFO, logger="mxjob.planning.sizing"):
         chosen_cfg, sized = sizing.size_run(cfg, KEYS, len(KEYS))
     [(bound, sample)] = measured  # one measurement, bound at the micro-batch, for both
     assert bound == 16 and len(sample) == cfg.estimate_images
@@ -236,7 +237,8 @@ def test_a_run_with_auto_says_its_batch_and_why_in_the_log_and_the_summary(moto_
 
 def test_the_driver_loads_the_model_once_for_its_check_and_its_sample(moto_endpoint, demo_dir, monkeypatch):
     """The sample scores with the check's copy, from the process's cache; the check's load counts as the sample's."""
-    from mxjob import driver, state
+    from mxjob.core import state
+    from mxjob.run import driver
     from tests.helpers import bucket_with_model
 
     bucket = "driver-loads"
@@ -265,7 +267,8 @@ def test_the_driver_loads_the_model_once_for_its_check_and_its_sample(moto_endpo
 
 def test_the_checks_copy_stays_cached_only_for_a_sample_that_scores_with_it(moto_endpoint, demo_dir, monkeypatch):
     """int8's quantized model, or an embedding's found layer, is another model: the check's copy is dropped."""
-    from mxjob import driver, state
+    from mxjob.core import state
+    from mxjob.run import driver
     from tests.helpers import bucket_with_model
 
     bucket = "driver-keeps"

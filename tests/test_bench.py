@@ -94,7 +94,10 @@ def test_bench_scale_existing_keys_layout_spreads_one_new_key_per_hundred():
 
 def test_bench_scale_existing_dataset_is_the_jobs_and_skip_existing_finds_every_key(s3, moto_endpoint):
     from bench import existing_keys, scale
-    from mxjob import config, existing, listing, parquet_view, results, sinks
+    from mxjob.inputs import listing
+    from mxjob.options import config
+    from mxjob.outputs import existing, sinks
+    from mxjob.results import parquet_view, results
 
     bucket, prefix = "bench-existing", "prior/"
     s3.create_bucket(Bucket=bucket)
@@ -456,7 +459,7 @@ def test_simplejpeg_at_full_scale_then_the_recipes_resize_is_the_recipe_bit_for_
     import numpy as np
 
     from bench import decode_alternatives, images, pretrained
-    from mxjob.preprocess import decode_image
+    from mxjob.model.preprocess import decode_image
 
     prep = pretrained.preprocess()
     full = decode_alternatives.simplejpeg_decoder(prep, scaled=False)
@@ -498,7 +501,10 @@ def test_bench_scales_fake_daemon_leaves_the_model_check_to_the_driver(monkeypat
     from types import SimpleNamespace
 
     from bench import fake_daemon
-    from mxjob import config, driver, model_check, partition, state
+    from mxjob.core import state
+    from mxjob.executor import model_check, partition
+    from mxjob.options import config
+    from mxjob.run import driver
 
     monkeypatch.setattr(state, "counters", state.Counters())
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the threads' variables a first load sets, put back

@@ -17,8 +17,8 @@ from PIL import Image
 from bench import images as bench_images
 from bench import models as bench_models
 from bench import peers
-from mxjob.model import ImageClassifier
-from mxjob.preprocess import Preprocess
+from mxjob.model.model import ImageClassifier
+from mxjob.model.preprocess import Preprocess
 from tests.helpers import ROOT, make_s3_client
 
 N1, N2 = 128, 1280

@@ -17,8 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mxjob import driver, durable, extsort, listing, manifest, manifest_text, merge, partition, plan_file, resume, sinks
-from mxjob.config import merge_settings, resolve
+from mxjob.executor import partition
+from mxjob.inputs import extsort, listing, manifest, manifest_text, plan_file
+from mxjob.options.config import merge_settings, resolve
+from mxjob.outputs import durable, merge, resume, sinks
+from mxjob.run import driver
 from mxjob.s3 import parallel_list, writes
 from tests.helpers import bucket_with_digits, lines_part, spark_submit
 
@@ -123,7 +126,7 @@ def test_carried_columns_follow_their_keys_through_a_sort_out_of_core(tmp_path, 
     path = tmp_path / "keys.csv"
     path.write_text(csv_text(rows))
     in_memory = manifest.read_manifest(str(path), suffixes=SUFFIXES)
-    with caplog.at_level("INFO", logger="mxjob.manifest"):
+    with caplog.at_level("INFO", logger="mxjob.inputs.manifest"):
         spilled = manifest.read_manifest(str(path), suffixes=SUFFIXES, spill=extsort.Spill(4096))
     assert "sorted out of core" in caplog.text
     assert spilled.carried == in_memory.carried == ["product_id", "shop"]

@@ -1,6 +1,6 @@
 """A failed Spark job is an interruption only when PySpark's own JVM handles say the JVM is stopping.
 
-``mxjob.cluster.jvm_shutting_down`` asks spark-submit's JVM through PySpark's
+``mxjob.run.cluster.jvm_shutting_down`` asks spark-submit's JVM through PySpark's
 private handles (``SparkContext._jvm``, ``SparkContext._jsc``). A handle that
 ``SparkContext.stop()`` dropped, or a JVM that no longer answers, makes the
 failure an interruption (exit 143); an ``AttributeError`` from anything else,
@@ -21,8 +21,10 @@ import pyspark
 import pytest
 from py4j.protocol import Py4JError
 
-from mxjob import cluster, config, rerun, signals, state
-from mxjob.errors import JobError
+from mxjob.core import state
+from mxjob.core.errors import JobError
+from mxjob.options import config
+from mxjob.run import cluster, rerun, signals
 
 
 def jvm(in_shutdown=False, stopped=False):

@@ -13,7 +13,12 @@ import yaml
 
 import infer_main
 import mxinfer
-from mxjob import config, errors, listing, option_types, plan_file, records, sinks, sizing
+from mxjob.core import errors
+from mxjob.inputs import listing, plan_file
+from mxjob.options import config, option_types
+from mxjob.outputs import sinks
+from mxjob.planning import sizing
+from mxjob.reporting import records
 from tests.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -333,7 +338,7 @@ def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, 
 
 @pytest.mark.parametrize("sizes, batches", [([2, 6, 1], [2, 6, 1]), ([4, 4], [4, 4, 1]), ([3, 3, 3, 3], [3, 3, 3])])
 def test_plan_cuts_batches_of_the_sizes_given_then_the_rest_in_one(sizes, batches):
-    """A kept sample's shares (mxjob.durable.WorkPrefix.keep_sample): each its own batch, whatever its size."""
+    """A kept sample's shares (mxjob.outputs.durable.WorkPrefix.keep_sample): each its own batch, whatever its size."""
     images = listing.Listing.build("b", [f"k{i}" for i in range(9)], list(range(9)))
     stream = bytearray()
     spans = plan_file.write_plan(images, sizes, stream.extend)
@@ -465,7 +470,7 @@ def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, 
 
 
 def test_dry_run_plan_holds_the_estimate_for_the_cluster_asked(small_world, stderr_runner, caplog):
-    caplog.set_level(logging.INFO, logger="mxjob.sizing")
+    caplog.set_level(logging.INFO, logger="mxjob.planning.sizing")
     result = stderr_runner.invoke(infer_main.main, [
         *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://cfg-bucket/dry/e.jsonl", "--dry-run",
         "--estimate-cluster", "10x16", "--node-price", "0.5", "--estimate-images", "4"])
@@ -478,7 +483,7 @@ def test_dry_run_plan_holds_the_estimate_for_the_cluster_asked(small_world, stde
     assert (estimate["sample_images"], estimate["vcpus"], estimate["images"]) == (4, 160, plan["to_score"])
     assert estimate["cpu_seconds_per_image"] > 0 and estimate["wall_seconds"] > 0
     # The whole cluster (10 core nodes and the master) at 0.5 USD a node-hour, from start-up to idle timeout.
-    from mxjob.estimate import CLUSTER_START_SECONDS, IDLE_TIMEOUT_SECONDS
+    from mxjob.planning.estimate import CLUSTER_START_SECONDS, IDLE_TIMEOUT_SECONDS
 
     hours = (CLUSTER_START_SECONDS + estimate["wall_seconds"] + IDLE_TIMEOUT_SECONDS) / 3600
     assert estimate["cost_usd"] == pytest.approx(11 * 0.5 * hours, abs=0.01)

@@ -1,5 +1,6 @@
-"""Unit tests for :mod:`mxjob.container_memory` (an executor's YARN container and the advice when YARN kills one) and
-for :func:`mxjob.resume.finished_by_this_application` (a later YARN attempt ending as the earlier one did)."""
+"""Unit tests for :mod:`mxjob.run.container_memory` (an executor's YARN container and the advice when YARN kills
+one) and for :func:`mxjob.outputs.resume.finished_by_this_application` (a later YARN attempt ending as the earlier
+one did)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import types
 
 import pytest
 
-from mxjob.container_memory import (
+from mxjob.outputs.resume import finished_by_this_application
+from mxjob.reporting.status import status_key
+from mxjob.run.container_memory import (
     JVM_BEYOND_HEAP_MIB,
     MIB,
     ExecutorContainer,
@@ -19,8 +22,6 @@ from mxjob.container_memory import (
     size_mib,
     suggested_overhead_mib,
 )
-from mxjob.resume import finished_by_this_application
-from mxjob.status import status_key
 
 #: The reason Spark gives when YARN kills an executor's container for its memory (a container of 640 MiB).
 KILLED_REASON = (

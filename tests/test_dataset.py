@@ -1,4 +1,4 @@
-"""A Parquet dataset as the output (mxjob.dataset, mxjob.sidecar): ``--output s3://BUCKET/PREFIX/``.
+"""A Parquet dataset as the output (mxjob.outputs.dataset, mxjob.outputs.sidecar): ``--output s3://BUCKET/PREFIX/``.
 
 Without Spark: the keys beside an output, the sink's files (boundaries,
 rows, schema and metadata equal to one Parquet object's, ``_SUCCESS``, an
@@ -25,10 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from demo.s3proxy import S3Proxy
-from mxjob import config, dataset, preflight, records, results, sinks
-from mxjob.errors import JobError
+from mxjob.core.errors import JobError
+from mxjob.options import config
+from mxjob.outputs import dataset, preflight, sinks
+from mxjob.outputs.sidecar import is_dataset, output_of, side_key
+from mxjob.reporting import records
+from mxjob.results import results
 from mxjob.s3 import access, parallel_list, uris, writes
-from mxjob.sidecar import is_dataset, output_of, side_key
 from tests.helpers import bucket_with_digits, spark_submit, start_spark_submit
 
 BUCKET = "dataset-bucket"
@@ -151,7 +154,7 @@ def test_a_changed_key_list_keeps_nothing_and_another_rows_per_file_is_refused()
 
 
 def test_the_key_digest_ignores_chunking_and_sees_every_key():
-    from mxjob import listing
+    from mxjob.inputs import listing
 
     keys = [f"img/{i}.jpg" for i in range(50)] + ["é/ü.jpg"]
     one = dataset.keys_digest(keys)
@@ -293,7 +296,7 @@ def test_a_dataset_read_while_running_after_a_kill_and_after_resume(s3, world):
 
 
 def test_watch_finds_the_status_of_an_object_and_of_a_dataset():
-    from mxjob import watch
+    from mxjob.reporting import watch
 
     assert watch.status_location("s3://b/out/p.jsonl") == ("b", "out/p.jsonl.status.json")
     assert watch.status_location("s3://b/out/p.jsonl.status.json") == ("b", "out/p.jsonl.status.json")

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 import mxinfer
-from mxjob import config
+from mxjob.options import config
 from tests.helpers import encode
 
 PREP = mxinfer.Preprocess(input_shape=(3, 24, 32))

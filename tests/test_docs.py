@@ -191,7 +191,8 @@ def test_make_help_says_make_exits_2_and_where_the_jobs_code_is_for_submit_and_w
     listed = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout
     lines = {line.split()[0]: line for line in listed.splitlines() if line.strip()}
-    for target, direct in (("submit", "the printed == line"), ("watch", ".venv/bin/python -m mxjob.watch OUTPUT")):
+    for target, direct in (("submit", "the printed == line"),
+                           ("watch", ".venv/bin/python -m mxjob.reporting.watch OUTPUT")):
         line = lines[target]
         assert "exit with its code" not in line, line
         assert "make itself exits 2 on any failure" in line and "the last line" in line, line

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 import infer_main
-from mxjob import estimate, measure, sizing
+from mxjob.executor import measure
+from mxjob.planning import estimate, sizing
 from tests.helpers import ROOT
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -40,7 +41,8 @@ def test_cluster_from_local_cluster_master_is_this_host():
 
 def test_cluster_from_executor_instances_on_nodes_like_the_driver():
     # Without spark.executorEnv.OMP_NUM_THREADS the job divides a node's vCPUs among its Python workers
-    # (mxjob.worker.worker_threads): 20 one-core executors fill 3 nodes of 8 vCPUs, 7 a node, 8 // 7 = 1 thread each.
+    # (mxjob.model.worker.worker_threads): 20 one-core executors fill 3 nodes of 8 vCPUs, 7 a node,
+    # 8 // 7 = 1 thread each.
     conf = {"spark.master": "yarn", "spark.executor.instances": "20", "spark.executor.cores": "1"}
     cluster = estimate.cluster_from_conf(conf, host_vcpus=8)
     assert (cluster.nodes, cluster.vcpus, cluster.executors) == (3, 20, 20)
@@ -167,7 +169,7 @@ def test_start_up_is_the_hosts_jvm_starts_mxnets_import_and_the_models_load():
 
 
 def test_jvm_start_is_the_gap_after_a_java_parents_start_and_none_under_another_parent(tmp_path):
-    script = "from mxjob import sizing; print(sizing.jvm_start_seconds())"
+    script = "from mxjob.planning import sizing; print(sizing.jvm_start_seconds())"
     # A parent named java that takes 0.6 s to start its Python child, as spark-submit's JVM does.
     java = tmp_path / "java"
     java.write_text(f'#!/bin/sh\nsleep 0.6\n"{sys.executable}" -c "{script}"\n')

@@ -1,4 +1,4 @@
-"""``--skip-existing`` and ``--rescore-errors`` on a dataset output (mxjob/existing.py, dataset.py, sinks.py).
+"""``--skip-existing`` and ``--rescore-errors`` on a dataset output (mxjob/outputs/existing.py, dataset.py, sinks.py).
 
 Without Spark: the filter on Arrow arrays (special characters, nothing there,
 a million keys), the selection of error rows to score again, the refusals
@@ -28,8 +28,11 @@ import pytest
 
 from demo import make_demo
 from demo.s3proxy import S3Proxy
-from mxjob import config, dataset, durable, existing, listing, preflight, records, report, resume, sinks
-from mxjob.errors import JobError
+from mxjob.core.errors import JobError
+from mxjob.inputs import listing
+from mxjob.options import config
+from mxjob.outputs import dataset, durable, existing, preflight, resume, sinks
+from mxjob.reporting import records, report
 from mxjob.s3 import parallel_list
 from tests.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
 
@@ -45,7 +48,7 @@ def s3(moto_buckets):
 
 def rows_batch(keys: list[str], fail: frozenset = frozenset(), class_id: int = 1) -> pa.RecordBatch:
     """A classify record batch of the result model, one row per key; keys in ``fail`` are error rows."""
-    from mxjob import results
+    from mxjob.results import results
 
     made = results.Results(results.schema("classify"))
     for key in keys:

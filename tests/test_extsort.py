@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import infer_main
-from mxjob import extsort, listing, manifest, plan_file
+from mxjob.inputs import extsort, listing, manifest, plan_file
 from tests.helpers import make_s3_client
 
 SUFFIXES = (".jpg", "PNG")
@@ -135,7 +135,7 @@ PEAK_BOUND = 56 << 20
 MEMORY_PROBE = """
 import sys
 import pyarrow as pa
-from mxjob import extsort, manifest
+from mxjob.inputs import extsort, manifest
 images = manifest.read_manifest(sys.argv[1], suffixes=[".jpeg"], spill=extsort.Spill(4 << 20, in_memory=False))
 peak = pa.default_memory_pool().max_memory()
 print(len(images), peak, images.load().nbytes)

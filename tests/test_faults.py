@@ -27,7 +27,9 @@ import mxinfer
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import Faults, S3Proxy
-from mxjob import durable, listing, partition
+from mxjob.executor import partition
+from mxjob.inputs import listing
+from mxjob.outputs import durable
 from mxjob.s3 import access, clients, parallel_list
 from tests.helpers import (
     MASTER,
@@ -366,8 +368,9 @@ def test_weights_unreachable_from_executors_fail_fast_with_the_cause_and_leave_n
     params_reads = []
 
     def deny_params(method: str, path: str) -> bool:
-        # The executors load the model as they warm up and one checks it for the driver (mxjob.model_check); the
-        # driver reads no parameters itself (the fingerprint takes their digest from that load).
+        # The executors load the model as they warm up and one checks it for the driver
+        # (mxjob.executor.model_check); the driver reads no parameters itself (the fingerprint takes their digest
+        # from that load).
         if method == "GET" and path.endswith("/model/digits-0000.params"):
             params_reads.append(path)
             return True

@@ -22,8 +22,9 @@ import pytest
 import infer_main
 import mxinfer
 from demo import make_demo
-from mxjob import config, driver
-from mxjob.handlers import get_handlers
+from mxjob.model.handlers import get_handlers
+from mxjob.options import config
+from mxjob.run import driver
 from tests.helpers import ROOT, bucket_with_model, make_s3_client, part_lines, scored_lines, spark_submit
 
 SHAPE = make_demo.INPUT_SHAPE

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import mxjob
-from mxjob.constants import TASKS
+from mxjob.core.constants import TASKS
 from tests.helpers import ROOT
 from tests.test_docs import ISSUE
 

@@ -1,4 +1,4 @@
-"""An Iceberg table in the Glue catalog (mxjob.iceberg_table), against moto's Glue, without Spark.
+"""An Iceberg table in the Glue catalog (mxjob.outputs.iceberg_table), against moto's Glue, without Spark.
 
 The catalog is configured as on EMR, by ``PYICEBERG_CATALOG__GLUE__...``
 environment variables (``type``, ``client.region``, ``warehouse``), plus
@@ -24,8 +24,9 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.glue import GlueCatalog
 
-from mxjob import iceberg_table, parquet_view, results
-from mxjob.iceberg_table import TableMismatchError
+from mxjob.outputs import iceberg_table
+from mxjob.outputs.iceberg_table import TableMismatchError
+from mxjob.results import parquet_view, results
 from tests.helpers import upload_data_file
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,5 @@
-"""``--output iceberg://CATALOG/NAMESPACE.TABLE`` through the whole job (mxjob/table_output.py, iceberg_table.py).
+"""``--output iceberg://CATALOG/NAMESPACE.TABLE`` through the whole job (mxjob/outputs/table_output.py,
+iceberg_table.py).
 
 A SQL catalog on SQLite (in the test's folder, configured by
 ``PYICEBERG_CATALOG__JOBCAT__*`` variables as a user would), its tables' files
@@ -28,8 +29,11 @@ import pytest
 
 from demo import make_demo
 from demo.s3proxy import S3Proxy
-from mxjob import config, iceberg_table, merge, records, results, table_output
-from mxjob.errors import JobError
+from mxjob.core.errors import JobError
+from mxjob.options import config
+from mxjob.outputs import iceberg_table, merge, table_output
+from mxjob.reporting import records
+from mxjob.results import results
 from mxjob.s3 import parallel_list
 from tests.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
 
@@ -137,7 +141,7 @@ def test_an_unconfigured_catalog_is_named_with_how_to_configure_it(in_env, moto_
 
 
 def test_watch_finds_a_tables_status_through_its_catalog(in_env, moto_endpoint, runner):
-    from mxjob import watch
+    from mxjob.reporting import watch
 
     assert watch.table_status(table_uri("fresh"), moto_endpoint, None) == (
         BUCKET, "warehouse/preds.db/_mxinfer/fresh/_status.json")

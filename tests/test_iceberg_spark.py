@@ -18,7 +18,7 @@ import time
 import pytest
 
 from demo import iceberg_spark
-from mxjob import iceberg_table
+from mxjob.outputs import iceberg_table
 
 BUCKET = "iceberg-spark-bucket"
 IDENT = "preds.digits"

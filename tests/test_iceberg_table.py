@@ -1,9 +1,9 @@
-"""An Iceberg table as the output (mxjob.iceberg_table), without Spark.
+"""An Iceberg table as the output (mxjob.outputs.iceberg_table), without Spark.
 
 A SQL catalog on SQLite in the test's tmp_path, configured as a pyiceberg
 user would (``PYICEBERG_CATALOG__TEST__...`` environment variables), with its
 warehouse on the session's moto S3. The data files are written by the job's
-own Parquet writer (:class:`mxjob.sinks.ParquetSink` over a multipart
+own Parquet writer (:class:`mxjob.outputs.sinks.ParquetSink` over a multipart
 upload), then committed: the table read back equals the rows written, a
 commit id is committed once however often it is retried (after a crash on
 either side of the commit, or beside a concurrent writer), and the keys
@@ -19,9 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from mxjob import iceberg_table, parquet_view, results, table_uri
-from mxjob.iceberg_table import TableMismatchError
-from mxjob.table_uri import TableUriError
+from mxjob.outputs import iceberg_table, table_uri
+from mxjob.outputs.iceberg_table import TableMismatchError
+from mxjob.outputs.table_uri import TableUriError
+from mxjob.results import parquet_view, results
 from tests.helpers import upload_data_file
 
 BUCKET = "iceberg-bucket"

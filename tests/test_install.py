@@ -27,8 +27,13 @@ pytestmark = pytest.mark.install
 #: utils.py stays out of the wheel: a top-level ``utils`` would shadow a user's own (the zip still carries it).
 MODULES = {"infer_main.py", "mxinfer.py"}
 #: Left out of the copy the wheel is built from: virtualenvs, git's data, build output, caches.
-SKIPPED = shutil.ignore_patterns(".venv", ".venv-ops", ".git", "build", "dist", "run", "*.egg-info", "__pycache__",
-                                 ".pytest_cache", ".ruff_cache", "spark-warehouse", "metastore_db")
+_SKIPPED = shutil.ignore_patterns(".venv", ".venv-ops", ".git", "build", "dist", "*.egg-info", "__pycache__",
+                                  ".pytest_cache", ".ruff_cache", "spark-warehouse", "metastore_db")
+
+
+def skipped(folder: str, names: list[str]) -> set[str]:
+    """:data:`_SKIPPED` anywhere, and the checkout's own ``run/`` (make run-local's output), not ``mxjob/run/``."""
+    return set(_SKIPPED(folder, names)) | ({"run"} if Path(folder) == ROOT else set())
 
 
 def fresh_env() -> dict[str, str]:
@@ -41,7 +46,7 @@ def fresh_env() -> dict[str, str]:
 def wheel(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"
-    shutil.copytree(ROOT, source, ignore=SKIPPED)
+    shutil.copytree(ROOT, source, ignore=skipped)
     out = tmp / "out"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                     "-q", "-w", str(out), str(source)], check=True, timeout=300, env=fresh_env())

@@ -12,9 +12,11 @@ import pytest
 import infer_main
 import mxinfer
 from demo import make_demo
-from mxjob import config, errors, int8_prep
-from mxjob.int8 import agreement_refusal, int8_excluded, weight_layers
-from mxjob.int8_search import SearchResult, Trial
+from mxjob.core import errors
+from mxjob.int8 import int8_prep
+from mxjob.int8.int8 import agreement_refusal, int8_excluded, weight_layers
+from mxjob.int8.int8_search import SearchResult, Trial
+from mxjob.options import config
 from tests.helpers import bucket_with_effnet, bucket_with_model, spark_submit
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}

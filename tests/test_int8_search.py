@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import mxinfer
-from mxjob import config, errors, int8_prep, int8_search
+from mxjob.core import errors
+from mxjob.int8 import int8_prep, int8_search
+from mxjob.options import config
 
 SHAPE = (3, 32, 32)
 CHANNELS = 32

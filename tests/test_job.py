@@ -210,12 +210,12 @@ def test_the_estimate_is_within_half_again_of_the_spark_jobs_time(logits_run):
 def test_model_is_loaded_once_per_python_worker_and_reused(logits_run):
     result, _, summary = logits_run
     # In client mode too, Spark started once the listing found keys and its executors loaded the model
-    # (mxjob.spark_start): the run's tasks found it in their worker.
+    # (mxjob.run.spark_start): the run's tasks found it in their worker.
     assert "the executors' Python workers loaded the model in" in output(result), output(result)[-3000:]
     # One of them checked the model and measured the estimate's sample for the driver, which loaded none.
     # 16 keys: a micro-batch of 8 to build the kernels, then 8 timed; both kept.
     assert "an executor checked the model and measured the estimate's sample on 8 images" in output(result)
-    assert "mxjob.model: loaded model" not in output(result)
+    assert "mxjob.model.model: loaded model" not in output(result)
     workers = summary["python_workers"]
     assert sum(w["batches"] for w in workers.values()) == 4  # and the sample's two, kept (see below)
     assert len(workers) < 6  # some worker ran several batches ...

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mxjob import constants, settings
+from mxjob.core import constants
+from mxjob.options import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -37,10 +38,10 @@ def test_the_import_contracts_hold():
 
 
 @pytest.mark.parametrize(("module", "added", "contract"), [
-    ("partition.py", "from mxjob import settings", "Executor code"),
-    ("preprocess.py", "import click", "Executor code"),
-    ("s3/reads.py", "from mxjob import config", "The S3 layer"),
-    ("estimate.py", "from mxjob.partition import score_partition", "The estimate only projects"),
+    ("executor/partition.py", "from mxjob.options import settings", "Executor code"),
+    ("model/preprocess.py", "import click", "Executor code"),
+    ("s3/reads.py", "from mxjob.options import config", "The S3 layer"),
+    ("planning/estimate.py", "from mxjob.executor.partition import score_partition", "The estimate only projects"),
 ])
 def test_an_import_across_a_layer_breaks_its_contract(tree_copy, module, added, contract):
     path = tree_copy / "mxjob" / module
@@ -52,22 +53,23 @@ def test_an_import_across_a_layer_breaks_its_contract(tree_copy, module, added, 
 
 
 def test_the_constants_module_imports_nothing():
-    tree = ast.parse((ROOT / "mxjob" / "constants.py").read_text())
+    tree = ast.parse((ROOT / "mxjob" / "core" / "constants.py").read_text())
     assert not [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def test_the_constants_defaults_are_generated_from_the_table():
-    path = ROOT / "mxjob" / "constants.py"
+    path = ROOT / "mxjob" / "core" / "constants.py"
     assert path.read_text() == settings.constants_text(path.read_text()), \
-        "mxjob/constants.py's defaults differ from mxjob/settings.py's SETTINGS: run make docs"
+        "mxjob/core/constants.py's defaults differ from mxjob/options/settings.py's SETTINGS: run make docs"
     assert {s.name: s.library_default for s in settings.SETTINGS} == {
         name: value for name, value in vars(constants.DEFAULT).items() if not name.startswith("_")}
 
 
-@pytest.mark.parametrize("module", ["mxinfer", "utils", "mxjob.partition", "mxjob.udf"])
+@pytest.mark.parametrize("module", ["mxinfer", "utils", "mxjob.executor.partition", "mxjob.executor.udf"])
 def test_the_library_and_the_executors_import_no_option_table(module):
     code = (f"import sys, {module}; "
-            "print(sorted(m for m in ('click', 'mxjob.settings', 'mxjob.config', 'yaml') if m in sys.modules))")
+            "print(sorted(m for m in ('click', 'mxjob.options.settings', 'mxjob.options.config', 'yaml') "
+            "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             check=True)
     assert result.stdout.strip() == "[]"

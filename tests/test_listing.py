@@ -9,7 +9,7 @@ import botocore.exceptions
 import pyarrow as pa
 import pytest
 
-from mxjob import listing
+from mxjob.inputs import listing
 from mxjob.s3 import lean_list, parallel_list
 from tests.helpers import make_s3_client
 
@@ -163,7 +163,8 @@ def test_a_cut_off_page_is_still_retried_by_botocore(bucket, moto_endpoint):
 
 
 def test_a_prefix_listing_counts_and_names_the_keys_that_are_not_images(bucket, moto_endpoint):
-    from mxjob import config, driver
+    from mxjob.options import config
+    from mxjob.run import driver
 
     for key in ("mixed/a.jpg", "mixed/notes.txt", "mixed/b.PNG", "mixed/README"):
         bucket.put_object(Bucket=BUCKET, Key=key, Body=b"x")

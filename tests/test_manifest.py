@@ -14,7 +14,7 @@ import pyarrow.parquet
 import pytest
 
 import infer_main
-from mxjob import manifest, manifest_text
+from mxjob.inputs import manifest, manifest_text
 from tests.helpers import bucket_with_digits, make_s3_client, spark_submit
 
 BUCKET = "manifest-images"
@@ -400,7 +400,7 @@ MEMORY_PROBE = """
 import re, sys
 import psutil
 import pyarrow as pa
-from mxjob import manifest
+from mxjob.inputs import manifest
 base = psutil.Process().memory_info().rss
 images = manifest.read_manifest(sys.argv[1], suffixes=[".jpeg"])
 with open("/proc/self/status") as status:

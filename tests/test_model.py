@@ -17,7 +17,8 @@ from PIL import Image
 
 import mxinfer
 from demo import make_demo
-from mxjob import merge, state
+from mxjob.core import state
+from mxjob.outputs import merge
 from tests.helpers import scored_lines
 
 SHAPE = make_demo.INPUT_SHAPE
@@ -221,7 +222,10 @@ def test_a_classifiers_summary_names_the_labels_file_it_read_and_the_count(logit
 
 
 def test_the_run_summary_names_the_labels_file_the_lines_used(logits_prefix):
-    from mxjob import config, durable, stats, summary
+    from mxjob.executor import stats
+    from mxjob.options import config
+    from mxjob.outputs import durable
+    from mxjob.reporting import summary
 
     cfg = config.resolve(config.merge_settings({"input": "s3://b/in/", "model": str(logits_prefix),
                                                 "output": "s3://b/o.jsonl"}, {}))
@@ -307,7 +311,7 @@ def test_a_wrong_input_shape_names_the_shape_the_checkpoint_records(tmp_path):
 
 
 def test_without_modules_hides_a_module_for_the_block_only(tmp_path, monkeypatch):
-    from mxjob.worker import without_modules
+    from mxjob.model.worker import without_modules
 
     (tmp_path / "mxinfer_probe_module.py").write_text("VALUE = 7\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -324,7 +328,7 @@ def test_without_modules_hides_a_module_for_the_block_only(tmp_path, monkeypatch
 
 def test_a_fresh_process_imports_mxnet_without_scikit_learn_or_scipy_and_can_import_them_after():
     # scikit-learn and SciPy are installed here (the tests' photos); mxnet would load them and pandas.
-    code = ("import sys; from mxjob.model import Predictor; from mxjob.worker import import_mxnet\n"
+    code = ("import sys; from mxjob.model.model import Predictor; from mxjob.model.worker import import_mxnet\n"
             "seconds = import_mxnet()\n"
             "print(seconds > 0, *(name in sys.modules for name in ('sklearn', 'scipy', 'pandas')))\n"
             "import mxnet.model, sklearn.base, scipy.stats\n"

@@ -1,6 +1,6 @@
 """The model's check in an executor's warm-up: the driver's facts and failures, word for word, and the sample's cost.
 
-Under spark-submit the executors load the model early (mxjob.spark_start); one
+Under spark-submit the executors load the model early (mxjob.run.spark_start); one
 of them checks it and measures the estimate's sample (warm_and_check), so the
 driver never imports MXNet. Here the executor's side runs in this process, as
 a warm-up task would run it, against the driver's own check of the same model.
@@ -16,12 +16,18 @@ from dataclasses import replace
 
 import pytest
 
-from mxjob import config, driver, estimate, measure, model_check, part_format, resume, state
-from mxjob.errors import JobError
-from mxjob.measure import SampleCost
-from mxjob.model_check import ModelFacts, WarmReport, warm_and_check
-from mxjob.partition import result_schema
-from mxjob.sizing import bound_batch
+from mxjob.core import state
+from mxjob.core.errors import JobError
+from mxjob.executor import measure, model_check
+from mxjob.executor.measure import SampleCost
+from mxjob.executor.model_check import ModelFacts, WarmReport, warm_and_check
+from mxjob.executor.partition import result_schema
+from mxjob.options import config
+from mxjob.outputs import resume
+from mxjob.planning import estimate
+from mxjob.planning.sizing import bound_batch
+from mxjob.results import part_format
+from mxjob.run import driver
 from tests.helpers import bucket_with_model
 
 BUCKET = "model-check"
@@ -58,7 +64,8 @@ def job_config(moto_endpoint, model="model/digits", **changes):
 
 @pytest.fixture
 def passes(monkeypatch) -> list:
-    """The items of each ``score_partition`` pass that ``mxjob.measure`` runs, in order (the passes still run)."""
+    """The items of each ``score_partition`` pass that ``mxjob.executor.measure`` runs, in order (the passes still
+    run)."""
     seen: list = []
     score = measure.score_partition
     monkeypatch.setattr(measure, "score_partition", lambda index, items, job: seen.append(list(items)) or
@@ -67,7 +74,7 @@ def passes(monkeypatch) -> list:
 
 
 def executor_job(cfg):
-    """The ``JobSpec`` the warm-up ships (mxjob.driver.warm_up): bound at the micro-batch."""
+    """The ``JobSpec`` the warm-up ships (mxjob.run.driver.warm_up): bound at the micro-batch."""
     return replace(cfg, batch_size=bound_batch(cfg)).job_spec()
 
 
@@ -321,7 +328,7 @@ def test_the_fingerprint_takes_the_model_files_digests_from_the_load_and_reads_n
                                                                                       fresh_state, monkeypatch):
     from types import SimpleNamespace
 
-    from mxjob.model import ModelSpec
+    from mxjob.model.model import ModelSpec
 
     cfg = job_config(moto_endpoint)
     facts = warm_and_check(0, 1, executor_job(cfg), check=True).facts

@@ -142,7 +142,8 @@ def job_file(tmp_path_factory) -> Path:
 def entry_points(job_file: Path) -> dict[str, tuple[tuple[str, ...], str]]:
     """What the light venv runs, and a line of its output: the watch, and deploy/emr.py's job check."""
     return {
-        "watch --help": (("-m", "mxjob.watch", "--help"), "Usage: python -m mxjob.watch [OPTIONS] OUTPUT"),
+        "watch --help": (("-m", "mxjob.reporting.watch", "--help"),
+                         "Usage: python -m mxjob.reporting.watch [OPTIONS] OUTPUT"),
         "emr.py --help": (("deploy/emr.py", "--help"), "Create an EMR cluster for the inference job"),
         "emr.py check-job": (("deploy/emr.py", "check-job", "--job-file", str(job_file), "--", "--top-k", "3"),
                              "infer_main.py accepts them"),
@@ -174,7 +175,7 @@ def test_the_hiding_runner_refuses_a_package_outside_the_ops_file(tmp_path):
 
 #: Each target with the variables it needs, and the command it runs in its venv (``{venv}``).
 TARGETS = {
-    "watch": (["OUTPUT=s3://b/out.jsonl"], "{venv}/bin/python -m mxjob.watch "),
+    "watch": (["OUTPUT=s3://b/out.jsonl"], "{venv}/bin/python -m mxjob.reporting.watch "),
     "check-job": (["JOB=job.yaml"], "{venv}/bin/python deploy/emr.py check-job "),
     "upload": (["S3=s3://b/p", "JOB=job.yaml"], "{venv}/bin/aws s3 cp --recursive "),
     "emr-cluster": (["S3=s3://b/p"], "{venv}/bin/python deploy/emr.py create-cluster "),

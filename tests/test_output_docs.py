@@ -1,6 +1,7 @@
-"""Reading the output: the Athena table of each task's Parquet (mxjob.athena_table.athena_ddl), the generated parts of
-docs/output.md and docs/configuration.md (mxjob/output_docs.py: Parquet columns, the records' fields), and the
-reading code blocks of docs/output.md, run as they are written (docs/library.md's: tests/test_examples.py).
+"""Reading the output: the Athena table of each task's Parquet (mxjob.results.athena_table.athena_ddl), the generated
+parts of docs/output.md and docs/configuration.md (mxjob/reporting/output_docs.py: Parquet columns, the records'
+fields), and the reading code blocks of docs/output.md, run as they are written (docs/library.md's:
+tests/test_examples.py).
 
 No Athena here: each statement is checked against the Parquet file pyarrow writes through the job's own Parquet view
 (parquet_view.parquet_schema and parquet_batch), leaf column by leaf column, not by running it.
@@ -17,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mxjob import athena_table, output_docs, parquet_view, part_format, records, results
+from mxjob.reporting import output_docs, records
+from mxjob.results import athena_table, parquet_view, part_format, results
 from tests.test_tasks import CLASSES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,7 +183,8 @@ def test_float16_is_what_the_parquet_file_holds(tmp_path):
 
 def test_docs_output_page_parts_are_generated_from_the_result_model():
     page = (ROOT / output_docs.PAGE).read_text(encoding="utf-8")
-    assert output_docs.render(page) == page, "docs/output.md's generated parts differ from mxjob.results: `make docs`"
+    assert output_docs.render(page) == page, \
+        "docs/output.md's generated parts differ from mxjob.results.results: `make docs`"
 
 
 def test_a_stale_part_is_found_and_made_anew_and_missing_markers_are_refused():
@@ -196,7 +199,8 @@ def test_a_stale_part_is_found_and_made_anew_and_missing_markers_are_refused():
 def test_the_records_field_tables_are_generated_from_their_declarations():
     for where in (output_docs.PAGE, output_docs.CONFIG_PAGE):
         page = (ROOT / where).read_text(encoding="utf-8")
-        assert output_docs.render(page, where) == page, f"{where}'s field tables differ from mxjob.records: `make docs`"
+        assert output_docs.render(page, where) == page, \
+            f"{where}'s field tables differ from mxjob.reporting.records: `make docs`"
         for name, record in output_docs.RECORD_PARTS[where]:
             part = page[page.index(f"<!-- generated: {name} "):page.index(f"<!-- end generated: {name}")]
             for field, type_, _, _ in records.field_rows(record):

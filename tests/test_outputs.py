@@ -16,8 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mxjob import driver, durable, listing, merge, part_format, partition, results, sinks
-from mxjob.config import merge_settings, resolve
+from mxjob.executor import partition
+from mxjob.inputs import listing
+from mxjob.options.config import merge_settings, resolve
+from mxjob.outputs import durable, merge, sinks
+from mxjob.results import part_format, results
+from mxjob.run import driver
 from mxjob.s3 import writes
 
 BUCKET = "outputs-bucket"

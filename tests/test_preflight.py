@@ -1,11 +1,14 @@
-"""The checks that need no listing refuse a run before the listing starts (mxjob/preflight.py)."""
+"""The checks that need no listing refuse a run before the listing starts (mxjob/outputs/preflight.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mxjob import driver, durable, errors, manifest, preflight, resume
-from mxjob.config import merge_settings, resolve
+from mxjob.core import errors
+from mxjob.inputs import manifest
+from mxjob.options.config import merge_settings, resolve
+from mxjob.outputs import durable, preflight, resume
+from mxjob.run import driver
 from mxjob.s3 import clients, parallel_list
 from tests.helpers import bucket_with_model
 

@@ -22,7 +22,7 @@ import pytest
 
 from demo.s3local import free_port
 from demo.s3proxy import Faults, S3Proxy
-from mxjob import config
+from mxjob.options import config
 from mxjob.s3 import clients, object_reader, reads
 
 BUCKET = "reader-bucket"

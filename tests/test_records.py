@@ -1,4 +1,5 @@
-"""The run's records, each declared once in mxjob/records.py: the summary, the status file and the dry-run plan.
+"""The run's records, each declared once in mxjob/reporting/records.py: the summary, the status file and the
+dry-run plan.
 
 Here: what the builders make checks against its declaration, and the checker refuses a bad document naming the
 field. What real runs write is checked where those runs are: test_report.py's run on local-cluster (the summary
@@ -16,12 +17,15 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from mxjob import config, durable, listing, records, status
-from mxjob.measure import KeptShare
-from mxjob.merge import AssemblyCounts
-from mxjob.progress import Progress, Tick
-from mxjob.stats import StatsFold, TaskStats
-from mxjob.summary import RunOutcome, summarize
+from mxjob.executor.measure import KeptShare
+from mxjob.executor.stats import StatsFold, TaskStats
+from mxjob.inputs import listing
+from mxjob.options import config
+from mxjob.outputs import durable
+from mxjob.outputs.merge import AssemblyCounts
+from mxjob.reporting import records, status
+from mxjob.reporting.progress import Progress, Tick
+from mxjob.reporting.summary import RunOutcome, summarize
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 WHERE = {"output": "s3://o/k.jsonl", "summary": "s3://o/k.jsonl.summary.json",

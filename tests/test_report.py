@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mxjob import config, durable, merge, records, report, status, summary, watch
-from mxjob.progress import Progress, Reporter, Tick, Ticks, estimate_remaining
-from mxjob.stats import StatsFold, TaskStats
+from mxjob.executor.stats import StatsFold, TaskStats
+from mxjob.options import config
+from mxjob.outputs import durable, merge
+from mxjob.reporting import records, report, status, summary, watch
+from mxjob.reporting.progress import Progress, Reporter, Tick, Ticks, estimate_remaining
 
 T0 = 1_700_000_000.0
 CHROMIUM = shutil.which("chromium")
@@ -127,7 +129,7 @@ def test_eta_of_a_finished_job_is_zero_and_of_a_slow_start_is_estimating_before_
 def test_a_job_shorter_than_the_first_tick_logs_one_progress_line_at_its_end(caplog):
     fold = fake_fold(3)
     reporter = Reporter(lambda: fold, batches=6, keys=fold.keys, every=15.0, executors=2)
-    with caplog.at_level("INFO", logger="mxjob.progress"):
+    with caplog.at_level("INFO", logger="mxjob.reporting.progress"):
         reporter.tick(final=True)
     [line] = [r.getMessage() for r in caplog.records]
     assert line.startswith("progress: 6 of 6 batches done (100%)") and line.endswith("done")
@@ -166,7 +168,7 @@ def test_a_failed_status_put_warns_once_and_the_job_goes_on(caplog):
             raise PermissionError("AccessDenied")
 
     monitor = status.RunMonitor(Refusing(), "b", "out.jsonl", T0, None, {})
-    with caplog.at_level("WARNING", logger="mxjob.status"):
+    with caplog.at_level("WARNING", logger="mxjob.reporting.status"):
         monitor.write("running")
         monitor.write("running")
     assert [r.getMessage() for r in caplog.records] == [
@@ -349,8 +351,9 @@ def test_status_watch_and_report_of_a_real_run(tmp_path, moto_endpoint, demo_dir
             "--input", f"s3://{SPARK_BUCKET}/imgs/", "--model", f"s3://{SPARK_BUCKET}/model/digits",
             "--output", output, "--endpoint-url", proxy.endpoint, "--input-shape", "3,32,32", "--std", "255",
             "--batch-size", "2", "--io-threads", "1", "--progress-seconds", "1", "--max-errors", "5"])
-        watcher = subprocess.Popen([sys.executable, "-m", "mxjob.watch", output, "--endpoint-url", moto_endpoint,
-                                    "--every", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        watcher = subprocess.Popen([sys.executable, "-m", "mxjob.reporting.watch", output, "--endpoint-url",
+                                    moto_endpoint, "--every", "0.5"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True,
                                    env={**os.environ}, cwd=str(Path(__file__).resolve().parent.parent))
         seen = []
         deadline = time.time() + 300

@@ -1,4 +1,4 @@
-"""The resume command: complete and copyable (mxjob/rerun.py)."""
+"""The resume command: complete and copyable (mxjob/run/rerun.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import infer_main
-from mxjob import rerun
+from mxjob.run import rerun
 from tests.helpers import ROOT
 
 JAVA = ["/usr/lib/jvm/java-17/bin/java", "-cp", "/opt/spark/conf/:/opt/spark/jars/*", "-Xmx1g", rerun.SUBMIT_CLASS]

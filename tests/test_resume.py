@@ -26,8 +26,12 @@ from PIL import Image
 import infer_main
 from demo import make_demo
 from demo.s3proxy import S3Proxy
-from mxjob import driver, durable, errors, listing, measure, merge, partition, resume, signals, sinks
-from mxjob.config import JobConfig, merge_settings, resolve
+from mxjob.core import errors
+from mxjob.executor import measure, partition
+from mxjob.inputs import listing
+from mxjob.options.config import JobConfig, merge_settings, resolve
+from mxjob.outputs import durable, merge, resume, sinks
+from mxjob.run import driver, signals
 from mxjob.s3 import access, writes
 from tests.helpers import bucket_with_model, lines_part, part_lines, spark_submit, start_spark_submit
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from demo import run_yarn, yarn_local
-from mxjob.container_memory import ExecutorContainer, size_mib
+from mxjob.run.container_memory import ExecutorContainer, size_mib
 
 
 def container_mib(conf: dict, role: str) -> float:

@@ -26,9 +26,12 @@ import yaml
 import infer_main
 from demo import make_demo
 from demo.s3proxy import Faults, S3Proxy
-from mxjob import config, driver, listing, state
-from mxjob.errors import JobError
-from mxjob.model import Classifier, ModelSpec
+from mxjob.core import state
+from mxjob.core.errors import JobError
+from mxjob.inputs import listing
+from mxjob.model.model import Classifier, ModelSpec
+from mxjob.options import config
+from mxjob.run import driver
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list
 from tests.helpers import bucket_with_model
 
@@ -261,7 +264,7 @@ def test_the_cached_clients_of_a_process_share_one_session_and_its_loaded_servic
     # botocore parses S3's service model once a session: a second client with other settings parses nothing.
     import botocore.loaders
 
-    from mxjob import state
+    from mxjob.core import state
 
     monkeypatch.setattr(state, "s3_clients", state.ProcessCache("S3 clients", state.MAX_S3_CLIENTS))
     monkeypatch.setattr(state, "s3_sessions", state.ProcessCache("S3 sessions", 1))

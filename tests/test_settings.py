@@ -12,8 +12,12 @@ import pytest
 import yaml
 
 import mxinfer
-from mxjob import config, listing, option_types, partition, resume, settings, sizing
-from mxjob.partition import JobSpec
+from mxjob.executor import partition
+from mxjob.executor.partition import JobSpec
+from mxjob.inputs import listing
+from mxjob.options import config, option_types, settings
+from mxjob.outputs import resume
+from mxjob.planning import sizing
 from mxjob.s3 import clients, parallel_list
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +88,7 @@ def test_job_spec_carries_every_executor_setting_of_the_run_and_pickles():
     for s in settings.going_to("executor"):
         assert getattr(spec, s.name) == getattr(cfg, s.name), s.name
     assert pickle.loads(pickle.dumps(spec)) == spec  # as Spark ships it to the executors
-    assert type(spec).__module__ == "mxjob.partition" and type(spec).__qualname__ == "JobSpec"
+    assert type(spec).__module__ == "mxjob.executor.partition" and type(spec).__qualname__ == "JobSpec"
 
 
 def test_a_new_setting_reaches_every_destination_from_its_declaration_alone(monkeypatch):
@@ -102,14 +106,14 @@ def test_a_new_setting_reaches_every_destination_from_its_declaration_alone(monk
     assert merged["decode_threads"] == 7
     with pytest.raises(click.BadParameter, match="is not a whole number"):
         config.merge_settings({}, {**BASE, "decode_threads": 2.5})
-    # JobConfig, as mxjob.config makes it.
+    # JobConfig, as mxjob.options.config makes it.
     cfg_cls = settings.make_settings_dataclass("JobConfig", config.JobConfig.__mro__[1],
-                                               settings.going_to("driver", "executor"), "mxjob.config",
+                                               settings.going_to("driver", "executor"), "mxjob.options.config",
                                                with_defaults=False)
     assert "decode_threads" in {f.name for f in fields(cfg_cls)}
     # JobSpec, from the constants make docs generates (the executors read no table).
     generated: dict = {}
-    exec(settings.constants_text((ROOT / "mxjob" / "constants.py").read_text()), generated)
+    exec(settings.constants_text((ROOT / "mxjob" / "core" / "constants.py").read_text()), generated)
     assert generated["EXECUTOR_SETTINGS"][-1] == "decode_threads" and generated["DEFAULT"].decode_threads == 3
     spec_cls = partition.job_spec_class(generated["EXECUTOR_SETTINGS"], generated["DEFAULT"])
     assert spec_cls(model=None, preprocess=None, bucket="b").decode_threads == 3

@@ -19,7 +19,7 @@ import pytest
 
 from demo import make_demo
 from demo.s3proxy import S3Proxy
-from mxjob import signals
+from mxjob.run import signals
 from tests.helpers import bucket_with_model, start_spark_submit
 
 pytestmark = pytest.mark.spark

@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from mxjob import cluster, spark_start
-from mxjob.spark_start import SparkStart
+from mxjob.run import cluster, spark_start
+from mxjob.run.spark_start import SparkStart
 
 
 class FakeContext:
@@ -199,7 +199,7 @@ def test_before_run_without_a_warm_up_waits_for_nothing(fake):
     assert fake.calls == []
 
 
-# --- the SparkContext's stop after the run's job (mxjob.cluster.SparkStop)
+# --- the SparkContext's stop after the run's job (mxjob.run.cluster.SparkStop)
 
 
 class BlockingServer:

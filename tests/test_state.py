@@ -12,7 +12,8 @@ import zipfile
 import pytest
 
 from deploy.package import build_zip, zip_members
-from mxjob import device, state
+from mxjob.core import state
+from mxjob.model import device
 from tests.helpers import ROOT
 
 
@@ -142,7 +143,7 @@ def test_a_compiled_module_in_the_py_files_zip_is_used_only_with_its_own_source(
 
 def test_outside_yarn_a_driver_that_started_no_spark_starts_none_at_exit(monkeypatch):
     # Only YARN's ApplicationMaster needs a SparkContext from every driver; a test or a laptop run does not.
-    from mxjob import cluster
+    from mxjob.run import cluster
 
     monkeypatch.delenv("CONTAINER_ID", raising=False)
     monkeypatch.setattr(state.counters, "spark_contexts", 0)
@@ -161,7 +162,7 @@ def test_another_python_version_ignores_the_zips_compiled_modules_and_imports_th
     if not other or sys.version_info[:2] == (3, 9):
         pytest.skip("needs a Python 3.9 beside a Python of another version")
     archive = build_zip(tmp_path / "job.zip")
-    code = "import sys, mxjob.errors; print(sys.version_info[:2] == (3, 9), mxjob.errors.__file__)"
+    code = "import sys, mxjob.core.errors; print(sys.version_info[:2] == (3, 9), mxjob.core.errors.__file__)"
     result = subprocess.run([other[-1], "-c", code], cwd=tmp_path, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(archive)}, check=True)
-    assert result.stdout.split() == ["True", f"{archive}/mxjob/errors.py"]
+    assert result.stdout.split() == ["True", f"{archive}/mxjob/core/errors.py"]

@@ -1,4 +1,5 @@
-"""The status file beside the output is the run's from the moment the run may write the output (mxjob/status.py).
+"""The status file beside the output is the run's from the moment the run may write the output
+(mxjob/reporting/status.py).
 
 Against the session's moto server, without Spark: each run here fails
 before its plan, where the model's files are only looked for (HEAD), so
@@ -14,12 +15,13 @@ import time
 import pytest
 
 import infer_main
-from mxjob import durable, records, status, watch
-from mxjob.errors import EXIT_FAILED, JobError
-from mxjob.progress import Progress, Tick
+from mxjob.core.errors import EXIT_FAILED, JobError
+from mxjob.executor.stats import StatsFold
+from mxjob.outputs import durable
+from mxjob.reporting import records, status, watch
+from mxjob.reporting.progress import Progress, Tick
+from mxjob.run.signals import Interrupted
 from mxjob.s3 import parallel_list
-from mxjob.signals import Interrupted
-from mxjob.stats import StatsFold
 
 BUCKET = "status-bucket"
 MODEL = f"s3://{BUCKET}/model/fake"

@@ -24,8 +24,11 @@ from PIL import Image, ImageOps
 import infer_main
 import mxinfer
 from demo.examples import random_detector
-from mxjob import config, driver, errors, jsonl_view, parquet_view, part_format, results
-from mxjob.preprocess import Geometry, Preprocess, decode_image_geometry, map_boxes
+from mxjob.core import errors
+from mxjob.model.preprocess import Geometry, Preprocess, decode_image_geometry, map_boxes
+from mxjob.options import config
+from mxjob.results import jsonl_view, parquet_view, part_format, results
+from mxjob.run import driver
 from tests.helpers import bucket_with_effnet, encode, make_s3_client, spark_submit
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}

@@ -13,10 +13,17 @@ import numpy as np
 import pytest
 
 import mxinfer
-from mxjob import cluster, config, durable, jsonl_view, listing, merge, part_format, partition, results, state, worker
-from mxjob.records import to_json
-from mxjob.stats import StatsAccumulator, StatsFold, TaskStats
-from mxjob.summary import RunOutcome, summarize, thread_fit
+from mxjob.core import state
+from mxjob.executor import partition
+from mxjob.executor.stats import StatsAccumulator, StatsFold, TaskStats
+from mxjob.inputs import listing
+from mxjob.model import worker
+from mxjob.options import config
+from mxjob.outputs import durable, merge
+from mxjob.reporting.records import to_json
+from mxjob.reporting.summary import RunOutcome, summarize, thread_fit
+from mxjob.results import jsonl_view, part_format, results
+from mxjob.run import cluster
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 

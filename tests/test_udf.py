@@ -18,7 +18,8 @@ import pytest
 import mxinfer
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
-from mxjob import state, udf
+from mxjob.core import state
+from mxjob.executor import udf
 from tests.helpers import MASTER, ROOT
 
 SHAPE = make_demo.INPUT_SHAPE

@@ -1,4 +1,4 @@
-"""``python -m mxjob.watch``: without AWS credentials (one line for real S3, moto's keys for a local server),
+"""``python -m mxjob.reporting.watch``: without AWS credentials (one line for real S3, moto's keys for a local server),
 and on the statuses a run writes before its plan (running, and failed with the job's code)."""
 
 from __future__ import annotations
@@ -9,8 +9,11 @@ import os
 
 import pytest
 
-from mxjob import config, driver, state, status, watch
-from mxjob.errors import EXIT_FAILED, EXIT_USAGE, JobError
+from mxjob.core import state
+from mxjob.core.errors import EXIT_FAILED, EXIT_USAGE, JobError
+from mxjob.options import config
+from mxjob.reporting import status, watch
+from mxjob.run import driver
 
 BUCKET = "watch-bucket"
 

@@ -16,7 +16,7 @@ import botocore.parsers
 import botocore.session
 import botocore.utils
 
-from mxjob import constants, state
+from mxjob.core import constants, state
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import botocore.parsers
 import botocore.session
 import botocore.utils
 
-from mxjob import constants, state
+from mxjob.core import constants, state
 from mxjob.s3 import clients
 
 _fallback_lock = threading.Lock()

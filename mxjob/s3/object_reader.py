@@ -33,7 +33,7 @@ import botocore.parsers
 import botocore.session
 import botocore.utils
 
-from mxjob import constants, state
+from mxjob.core import constants, state
 from mxjob.s3.clients import S3_MAX_ATTEMPTS, S3_POOL_CONNECTIONS, cached_client, s3_client
 from mxjob.s3.reads import BODY_READ_ERRORS, IOStats, _etag, _short_body, read_object, too_large
 
@@ -247,7 +247,7 @@ def _error_code(body: bytes) -> tuple[str | None, str | None]:
     return root.findtext("Code"), root.findtext("Message")
 
 
-#: ``--s3-reader`` choices (declared in :mod:`mxjob.constants`).
+#: ``--s3-reader`` choices (declared in :mod:`mxjob.core.constants`).
 S3_READERS = constants.S3_READERS
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import pyarrow as pa
 
-from mxjob import constants
+from mxjob.core import constants
 
 #: Arrow type of the key column: 64-bit offsets, so fifty million keys of 60
 #: bytes (3 GB of text) still fit one column.

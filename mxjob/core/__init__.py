@@ -1,0 +1,1 @@
+"""What every layer reads: the settings' choices and defaults, what a failure looks like, and per-process state."""

@@ -1,0 +1,716 @@
+"""The model: a checkpoint (:class:`ModelSpec`), bound once as a :class:`Predictor`, and top-k.
+
+:class:`Predictor` maps NCHW float32 arrays to the model's outputs;
+:class:`Classifier` adds labels, softmax and top-k; :class:`ImageClassifier`
+takes encoded images and decodes them as the job does. :func:`get_model` is
+the per-worker cache the job and the UDF load through (held in
+:mod:`mxjob.core.state`), so a Python worker binds a model once and reuses it for
+every later task (``spark.python.worker.reuse=true``, Spark's default).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+import io
+import json
+import logging
+import os
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from PIL import Image
+
+from mxjob.core import constants, state
+from mxjob.core.errors import first_line, plural
+from mxjob.model.device import mx_context
+from mxjob.model.preprocess import Geometry, Preprocess, decode_image_geometry, decode_into, map_boxes
+from mxjob.model.worker import import_mxnet
+from mxjob.s3 import clients, reads, uris
+
+log = logging.getLogger(__name__)
+
+# Graph heads that already end in a probability distribution; any other head is
+# treated as logits and gets a softmax.
+SOFTMAX_OPS = frozenset({"SoftmaxOutput", "softmax", "SoftmaxActivation", "Softmax"})
+
+
+class ModelError(Exception):
+    """A checkpoint that cannot serve this job (missing weight, wrong shape, ...)."""
+
+
+# ----------------------------------------------------------------------------
+# Top-k
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise softmax, stable for large logits."""
+    shifted = x - x.max(axis=1, keepdims=True)
+    e = np.exp(shifted)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def top_classes(probabilities: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+    """Per row, the ``k`` largest ``(class_id, probability)``, highest first.
+
+    Ties keep the lower class id first, so results are deterministic: the
+    first ``k`` of a stable sort of the row, highest first. Only the few
+    classes at or above each row's ``k``-th largest value are sorted (a
+    partition finds it), not all of them: 0.008 instead of 0.042 ms of CPU
+    per row of ImageNet's 1,000 classes.
+    """
+    classes = probabilities.shape[1]
+    k = min(k, classes)
+    if k == 0 or not np.isfinite(probabilities).all():  # a row that is not finite fails; its order is the sort's
+        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+        return [[(int(c), float(row[c])) for c in idx] for row, idx in zip(probabilities, order)]
+    kth = np.partition(probabilities, classes - k, axis=1)[:, classes - k]
+    out = []
+    for row, threshold in zip(probabilities, kth):
+        # Every class above the k-th value, and those equal to it in class order: a stable sort keeps that order.
+        candidates = np.flatnonzero(row >= threshold)
+        out.append([(int(c), float(row[c])) for c in candidates[np.argsort(-row[candidates], kind="stable")[:k]]])
+    return out
+
+
+def parse_labels(text: str) -> list[str]:
+    """One label per line; an ImageNet synset id in front (``n02123045 tabby``) is dropped."""
+    labels = []
+    for line in text.splitlines():
+        line = line.strip()
+        head, _, rest = line.partition(" ")
+        if rest and len(head) == 9 and head[0] == "n" and head[1:].isdigit():
+            line = rest.strip()
+        labels.append(line)
+    while labels and not labels[-1]:
+        labels.pop()
+    return labels
+
+
+# ----------------------------------------------------------------------------
+# The checkpoint and the bound module
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a checkpoint lives; plain strings so it pickles to executors.
+
+    ``labels_uri`` of ``None`` means: ``synset.txt`` beside the symbol file if it
+    exists, else class ids only; ``""`` means no labels.
+    """
+
+    symbol_uri: str
+    params_uri: str
+    labels_uri: str | None = None
+    data_name: str = constants.DEFAULT.data_name
+    context: str = constants.DEFAULT.context
+    endpoint_url: str | None = None
+    region: str | None = None
+    #: Attempts per S3 read of the model's files (``--s3-max-attempts``).
+    s3_max_attempts: int = constants.DEFAULT.s3_max_attempts
+    #: The layer an :class:`Embedder` returns (``--output-layer``); ``None``: the last FullyConnected's input.
+    output_layer: str | None = constants.DEFAULT.output_layer
+
+    @classmethod
+    def from_prefix(cls, prefix: str, epoch: int = 0, **kwargs) -> ModelSpec:
+        """``prefix-symbol.json`` and ``prefix-%04d.params``, as MXNet's checkpoints."""
+        return cls(f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params", **kwargs)
+
+    #: The files are local to the driver, which shipped them with ``SparkContext.addFile``
+    #: (the job's int8 checkpoint); a Spark task reads its copy, found by name.
+    shipped: bool = False
+
+    def read(self, uri: str) -> bytes:
+        """The bytes of one of the model's files (``uri`` as :func:`reads.read_uri` takes it).
+
+        An ``s3://`` file is read with ``endpoint_url``, ``region`` and
+        ``s3_max_attempts``; a shipped file from the task's local copy.
+        """
+        if self.shipped and state.spark_task() is not None:
+            from pyspark import SparkFiles
+
+            uri = SparkFiles.get(os.path.basename(uri))
+        client = (clients.s3_client(self.endpoint_url, self.region, max_attempts=self.s3_max_attempts)
+                  if uris.is_s3_uri(uri) else None)
+        return reads.read_uri(uri, client)
+
+    def shipped_files(self) -> list[str]:
+        """The local files a Spark job must ``addFile`` for this model: none unless ``shipped``."""
+        if not self.shipped:
+            return []
+        return [uri for uri in (self.symbol_uri, self.params_uri, self.labels_uri) if uri]
+
+
+def read_labels(spec: ModelSpec) -> tuple[list[str] | None, str | None]:
+    """``(labels, uri)`` from ``spec.labels_uri``, else ``synset.txt`` beside the symbol file if it exists.
+
+    A labels file named explicitly must exist; the implicit one is optional.
+    """
+    uri = spec.labels_uri
+    explicit = uri is not None
+    if uri is None:
+        uri = uris.sibling_uri(spec.symbol_uri, "synset.txt")
+    if not uri:
+        return None, None
+    try:
+        return parse_labels(spec.read(uri).decode("utf-8")), uri
+    except FileNotFoundError:
+        if explicit:
+            raise ModelError(f"labels file {uri} does not exist") from None
+        return None, uri
+    except Exception as exc:
+        # Without s3:ListBucket, S3 answers a missing object with AccessDenied;
+        # the implicit synset.txt is optional, so go on with class ids only.
+        if explicit or "AccessDenied" not in str(exc):
+            raise
+        log.warning("cannot read %s (%s); results carry class ids only; set --labels to "
+                    "name a labels file", uri, first_line(exc))
+        return None, uri
+
+
+def _head_op(symbol_json: str) -> str:
+    graph = json.loads(symbol_json)
+    head = graph["heads"][0][0]
+    return graph["nodes"][head]["op"]
+
+
+class Predictor:
+    """A bound MXNet Module that maps NCHW float32 arrays to the model's outputs.
+
+    Parameters
+    ----------
+    model : ModelSpec or str
+        The checkpoint, or a checkpoint prefix (``prefix-symbol.json``,
+        ``prefix-0000.params``).
+    input_shape : tuple of int
+        ``(C, H, W)`` of one input.
+    batch_size : int
+        The batch the module is bound at; :meth:`predict` pads or splits.
+
+    Examples
+    --------
+    >>> p = Predictor("file:///models/resnet18", (3, 224, 224), batch_size=8)  # doctest: +SKIP
+    >>> p.predict(np.zeros((3, 3, 224, 224), np.float32))[0].shape  # doctest: +SKIP
+    (3, 1000)
+    """
+
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
+                 context: str | None = None):
+        import_mxnet()  # the first import in a worker: timed, and without the optional packages it would load
+        import mxnet as mx
+
+        spec = model if isinstance(model, ModelSpec) else ModelSpec.from_prefix(model)
+        if context is not None:
+            spec = replace(spec, context=context)
+        self.spec = spec
+        self.input_shape = tuple(int(x) for x in input_shape)
+        self.batch_size = int(batch_size)
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        symbol_bytes = spec.read(spec.symbol_uri)
+        symbol_json = symbol_bytes.decode("utf-8")
+        params = spec.read(spec.params_uri)
+        #: SHA-256 of each file this model was loaded from, by URI: the run's fingerprint names them
+        #: (:func:`mxjob.outputs.resume.job_fingerprint`) without reading them a second time.
+        self.file_digests = {spec.symbol_uri: hashlib.sha256(symbol_bytes).hexdigest(),
+                             spec.params_uri: hashlib.sha256(params).hexdigest()}
+        try:
+            symbol = mx.sym.load_json(symbol_json)
+            saved = mx.nd.load_frombuffer(params)
+        except mx.base.MXNetError as exc:
+            raise ModelError(f"cannot load checkpoint {spec.symbol_uri} / {spec.params_uri}: "
+                             f"{first_line(exc)}") from exc
+        arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
+        aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
+        symbol, symbol_json = self._select_output(symbol, symbol_json)
+        self.head_op = _head_op(symbol_json)
+        self.output_is_probability = self.head_op in SOFTMAX_OPS
+        self._check(symbol, arg_params, aux_params)
+        self._ctx = mx_context(spec.context)
+        self._symbol = symbol
+        self._mx = mx
+        self._module = self._bind(arg_params, aux_params)
+        self._lock = threading.Lock()
+
+    def _bind(self, arg_params: dict, aux_params: dict):
+        """A Module of this model bound for inference at ``(batch_size, *input_shape)``, holding these weights."""
+        label_names = [n for n in self._symbol.list_arguments() if n.endswith("_label")]
+        module = self._mx.mod.Module(self._symbol, data_names=[self.spec.data_name], label_names=label_names,
+                                     context=self._ctx)
+        with warnings.catch_warnings():
+            # Inference binds no label shapes; Module warns that they differ from label_names.
+            warnings.filterwarnings("ignore", message="Data provided by label_shapes")
+            module.bind(data_shapes=[(self.spec.data_name, (self.batch_size, *self.input_shape))], for_training=False)
+        module.set_params(arg_params, aux_params, allow_missing=False, allow_extra=True)
+        return module
+
+    def bound_copy(self) -> Predictor:
+        """This model bound again apart, for a forward pass at the same time as this one's (a forward lane).
+
+        The copy has its own executor, arrays and lock, and this model's
+        weights, labels and file digests: nothing is read or checked again. A
+        lane that loaded the model itself would download the weights once more
+        (each lane of a 16-vCPU node's four, a few hundred MB for a larger
+        model), hash and parse them: 0.2 s of CPU here for ResNet-18's 47 MB,
+        against 0.03 s for the copy.
+        """
+        twin = copy.copy(self)
+        twin._module = self._bind(*self._module.get_params())
+        twin._lock = threading.Lock()
+        return twin
+
+    def _select_output(self, symbol, symbol_json: str) -> tuple:
+        """The graph to bind and its JSON: the whole model here; one layer's output in :class:`Embedder`."""
+        return symbol, symbol_json
+
+    def _check(self, symbol, arg_params, aux_params) -> None:
+        """Fail on the driver, with a useful message, before any image is read."""
+        spec = self.spec
+        arguments = symbol.list_arguments()
+        if spec.data_name not in arguments:
+            inputs = [a for a in arguments if a not in arg_params and not a.endswith("_label")]
+            raise ModelError(f"the model has no input named {spec.data_name!r}; its inputs are {inputs} "
+                             "(set data_name)")
+        shape = (self.batch_size, *self.input_shape)
+        try:
+            arg_shapes, out_shapes, aux_shapes = symbol.infer_shape(**{spec.data_name: shape})
+        except Exception as exc:  # MXNetError; infer_shape raises several kinds
+            raise ModelError(f"the model rejects input shape {self.input_shape} (C,H,W): {first_line(exc)}; "
+                             f"{self._wanted_shape(symbol, arg_params, aux_params)}") from exc
+        needed = {n: s for n, s in zip(arguments, arg_shapes) if n != spec.data_name and not n.endswith("_label")}
+        missing = sorted(set(needed) - set(arg_params))
+        if missing:
+            raise ModelError(f"{spec.params_uri} lacks {plural(len(missing), 'weight')} the graph needs: "
+                             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        for name, want in list(needed.items()) + list(zip(symbol.list_auxiliary_states(), aux_shapes)):
+            have = (arg_params.get(name) if name in arg_params else aux_params.get(name))
+            if have is None:
+                raise ModelError(f"{spec.params_uri} lacks auxiliary state {name}")
+            if tuple(have.shape) != tuple(want):
+                raise ModelError(f"weight {name} has shape {tuple(have.shape)} but the graph needs "
+                                 f"{tuple(want)} for input shape {self.input_shape}; "
+                                 f"{self._wanted_shape(symbol, arg_params, aux_params)}")
+        self.output_shapes = [tuple(s[1:]) for s in out_shapes]
+        self.num_params = int(sum(int(np.prod(v.shape)) for v in arg_params.values()))
+
+    #: Square input sizes tried when the checkpoint does not record its shape:
+    #: those of common ImageNet-style and small models.
+    _COMMON_SIZES = (224, 299, 227, 256, 32, 28, 64, 96, 112, 128, 160, 192, 240, 288, 320, 331, 384, 512)
+
+    def _wanted_shape(self, symbol, arg_params: dict, aux_params: dict) -> str:
+        """What to set ``--input-shape`` to: the shape the checkpoint records, else one its weights fit.
+
+        A data variable made with ``mx.sym.var(name, shape=...)`` records its
+        shape in the symbol file. Otherwise the first ``(C, H, W)`` whose
+        inferred weight shapes all match the saved ones is named: the given
+        H and W with 3 or 1 channels first, then common square sizes. A graph
+        that pools globally fits any size, so H and W are then the given ones.
+        """
+        recorded = symbol.attr_dict().get(self.spec.data_name, {}).get("__shape__")
+        if recorded:
+            try:
+                dims = tuple(int(d) for d in ast.literal_eval(recorded))[-3:]
+            except (ValueError, SyntaxError, TypeError):
+                dims = ()
+            if len(dims) == 3 and min(dims) > 0:
+                return f"the checkpoint records input shape {','.join(map(str, dims))}: set --input-shape to it"
+        saved = {**arg_params, **aux_params}
+        given_c, given_h, given_w = self.input_shape
+        channels = dict.fromkeys((given_c, 3, 1))
+        sizes = dict.fromkeys([(given_h, given_w)] + [(n, n) for n in self._COMMON_SIZES])
+        for height, width in sizes:
+            for c in channels:
+                shape = (1, c, height, width)
+                try:
+                    arg_shapes, _, aux_shapes = symbol.infer_shape(**{self.spec.data_name: shape})
+                except Exception:  # noqa: BLE001 - MXNetError: this shape does not fit; try the next
+                    continue
+                inferred = dict(zip(symbol.list_arguments(), arg_shapes))
+                inferred.update(zip(symbol.list_auxiliary_states(), aux_shapes))
+                if all(tuple(inferred[n]) == tuple(v.shape) for n, v in saved.items() if n in inferred):
+                    return (f"its weights fit input shape {c},{height},{width} (C,H,W): set --input-shape "
+                            "to that, or to what it was trained on")
+        return "set --input-shape to what it was trained on"
+
+    def predict(self, array: np.ndarray) -> list[np.ndarray]:
+        """Run the model on ``array`` (N, C, H, W) float32 of any length N.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            One array per model output, each with exactly N rows.
+        """
+        if not isinstance(array, np.ndarray) or array.ndim != 4:
+            raise ValueError(f"expected a 4-d NCHW numpy array, got {getattr(array, 'shape', type(array))}")
+        if tuple(array.shape[1:]) != self.input_shape:
+            raise ValueError(f"expected shape (N, {', '.join(map(str, self.input_shape))}), got {array.shape}")
+        if array.dtype != np.float32:
+            raise ValueError(f"expected dtype float32, got {array.dtype}")
+        n = array.shape[0]
+        chunks = []
+        for start in range(0, n, self.batch_size):
+            chunk = array[start: start + self.batch_size]
+            rows = chunk.shape[0]
+            if rows < self.batch_size:
+                chunk = np.concatenate([chunk, np.zeros((self.batch_size - rows, *self.input_shape), np.float32)])
+            chunks.append((self._forward(chunk), rows))
+        if not chunks:
+            return [np.zeros((0, *s), np.float32) for s in self.output_shapes]
+        return [np.concatenate([outs[i][:rows] for outs, rows in chunks]) for i in range(len(chunks[0][0]))]
+
+    def _forward(self, batch: np.ndarray) -> list[np.ndarray]:
+        data = self._mx.io.DataBatch([self._input_array(batch)])
+        with self._lock:
+            self._module.forward(data, is_train=False)
+            # Synchronous: once the outputs are read, the forward pass has copied ``batch`` into its input.
+            return [o.asnumpy() for o in self._module.get_outputs()]
+
+    def _input_array(self, batch: np.ndarray):
+        """``batch`` as the NDArray the module copies into its bound input: on the CPU, without a copy of its own.
+
+        ``mx.nd.array`` would allocate an NDArray and copy the micro-batch into
+        it (9.6 MB at 16 x 3 x 224 x 224) before the module copies it again
+        into its bound input: on a 2-vCPU AMD EPYC without VNNI that first copy
+        cost the task's thread about 0.5 ms per image (0.80 to 0.26 ms in
+        process, 0.8 to 0.3 in ``make bench``); the module's own copy, which
+        now reads the micro-batch colder, took back most of it in ``make
+        bench`` (docs/performance.md). ``mx.nd.from_numpy`` wraps the
+        numpy memory instead (DLPack; it marks the array it is given read-only,
+        so it gets a view and the caller's array stays writeable); the memory
+        is read only by the module's copy, which is done when :meth:`_forward`
+        returns. A GPU context copies it to the device there. Where the
+        wrapping is refused (an array that is not C-contiguous), the copy.
+        """
+        mx = self._mx
+        if self._ctx.device_type == "cpu" and batch.flags["C_CONTIGUOUS"]:
+            return mx.nd.from_numpy(batch.view(), zero_copy=True)
+        return mx.nd.array(batch, ctx=self._ctx)
+
+    def model_summary(self) -> dict:
+        """Parameter count, input and output names and shapes, classes, head kind."""
+        return {
+            "parameters": self.num_params,
+            "inputs": {self.spec.data_name: list(self.input_shape)},
+            "outputs": {name: list(shape) for name, shape in zip(self._symbol.list_outputs(), self.output_shapes)},
+            # A class-score head has one axis of length > 1, e.g. (1000,) or (1000, 1, 1);
+            # a detector's (anchors, 6) has no number of classes to tell.
+            "num_classes": (int(np.prod(self.output_shapes[0]))
+                            if self.output_shapes and sum(d > 1 for d in self.output_shapes[0]) <= 1 else None),
+            "head": "softmax" if self.output_is_probability else "logits",
+            "head_op": self.head_op,
+        }
+
+
+class Classifier(Predictor):
+    """A :class:`Predictor` whose first output is class scores; adds labels and top-k.
+
+    Labels come from ``spec.labels_uri``; when that is ``None``, from
+    ``synset.txt`` beside the symbol file if it exists.
+    """
+
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
+                 context: str | None = None):
+        super().__init__(model, input_shape, batch_size, context)
+        self.num_classes = int(np.prod(self.output_shapes[0]))
+        #: The labels file read (``synset.txt`` beside the model when --labels is not given), or None.
+        self.labels_uri: str | None = None
+        self.labels = self._load_labels()
+
+    def model_summary(self) -> dict:
+        """:meth:`Predictor.model_summary`, with the labels file the lines' labels came from and its count."""
+        return {**super().model_summary(), "labels": self.labels_uri if self.labels else None,
+                "labels_count": len(self.labels) if self.labels else 0}
+
+    def _load_labels(self) -> list[str] | None:
+        labels, uri = read_labels(self.spec)
+        self.labels_uri = uri if labels is not None else None
+        if labels is not None and len(labels) != self.num_classes:
+            raise ModelError(f"labels file {uri} has {len(labels)} lines but the model has "
+                             f"{self.num_classes} classes")
+        return labels
+
+    def probabilities(self, array: np.ndarray) -> np.ndarray:
+        scores = self.predict(array)[0].reshape(array.shape[0], -1).astype(np.float64)
+        return scores if self.output_is_probability else softmax(scores)
+
+    def classify(self, array: np.ndarray,
+                 top_k: int = constants.DEFAULT.top_k) -> list[list[tuple[int, str | None, float]]]:
+        """Per row, ``(class_id, label, probability)`` for the ``top_k`` classes, highest first."""
+        return [self.labelled(row) for row in top_classes(self.probabilities(array), top_k)]
+
+    def labelled(self, row: list[tuple[int, float]]) -> list[tuple[int, str | None, float]]:
+        """A row of :func:`top_classes` with each class's label (``None`` without labels)."""
+        return [(c, self.labels[c] if self.labels else None, p) for c, p in row]
+
+
+class ImageClassifier(Classifier):
+    """A :class:`Classifier` that takes encoded images, decoded exactly as the job does."""
+
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
+                 context: str | None = None, preprocess: Preprocess | None = None):
+        super().__init__(model, input_shape, batch_size, context)
+        self.preprocess = _preprocess_for(self, preprocess)
+
+    def to_array(self, images: Sequence) -> np.ndarray:
+        """Encoded bytes, file paths or PIL images as one NCHW batch, decoded as the job decodes."""
+        return _images_array(images, self.preprocess)
+
+    def classify_images(self, images: Sequence, top_k: int = constants.DEFAULT.top_k):
+        """Classify encoded bytes, file paths or PIL images."""
+        return self.classify(self.to_array(images), top_k)
+
+
+def encoded(image) -> bytes:
+    """An image given as encoded bytes, a file path or a PIL image, as encoded bytes (a PIL image as PNG)."""
+    if isinstance(image, Image.Image):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return buffer.getvalue()
+    if isinstance(image, (str, os.PathLike)):
+        with open(image, "rb") as handle:
+            return handle.read()
+    return bytes(image)
+
+
+def _images_array(images: Sequence, preprocess: Preprocess) -> np.ndarray:
+    """Encoded bytes, file paths or PIL images (:func:`encoded`) as one float32 NCHW batch, decoded as the job
+    decodes (:func:`decode_into`, each into its row); ``(0, C, H, W)`` for none."""
+    batch = np.empty((len(images), *preprocess.input_shape), np.float32)
+    for row, image in zip(batch, images):
+        decode_into(encoded(image), preprocess, row)
+    return batch
+
+
+def _preprocess_for(predictor: Predictor, preprocess: Preprocess | None) -> Preprocess:
+    """``preprocess``, or the default recipe at the predictor's input shape; it must take that shape."""
+    preprocess = preprocess or Preprocess(input_shape=predictor.input_shape)
+    if tuple(preprocess.input_shape) != predictor.input_shape:
+        raise ValueError("preprocess.input_shape must match input_shape")
+    return preprocess
+
+
+# ----------------------------------------------------------------------------
+# Embeddings: one layer's output
+
+
+def layer_names(symbol_json: str) -> list[str]:
+    """The names of the graph's operator nodes (its layers), in graph order."""
+    return [node["name"] for node in json.loads(symbol_json)["nodes"] if node["op"] != "null"]
+
+
+def default_output_layer(symbol_json: str) -> str:
+    """The data input of the graph's last FullyConnected node: the features a classifier's head reads.
+
+    ``flatten`` (or the global pooling) in a ResNet or an EfficientNet. Raises
+    :class:`ModelError` for a graph without a FullyConnected node.
+    """
+    nodes = json.loads(symbol_json)["nodes"]
+    dense = [node for node in nodes if node["op"] == "FullyConnected"]
+    if not dense:
+        raise ModelError("the model has no FullyConnected layer to take the embedding before; name a layer "
+                         f"with --output-layer (its last layers: {', '.join(layer_names(symbol_json)[-5:])})")
+    return nodes[dense[-1]["inputs"][0][0]]["name"]
+
+
+def output_layer_symbol(symbol, symbol_json: str, name: str | None):
+    """``(layer name, the symbol of its output)``; a name not in the graph raises :class:`ModelError`.
+
+    ``name`` is a node name (``flatten0``) or its output's (``flatten0_output``);
+    ``None`` is :func:`default_output_layer`. The message of an unknown name
+    lists the nearest layer names.
+    """
+    import difflib
+
+    name = name or default_output_layer(symbol_json)
+    internals = symbol.get_internals()
+    outputs = internals.list_outputs()
+    for candidate in (name, f"{name}_output"):
+        if candidate in outputs:
+            return name, internals[candidate]
+    nearest = difflib.get_close_matches(name, layer_names(symbol_json), n=5, cutoff=0.0)
+    raise ModelError(f"the model has no layer named {name!r}; the nearest are {', '.join(nearest)}")
+
+
+class Embedder(Predictor):
+    """A :class:`Predictor` that returns one layer's output, flattened to one vector per image.
+
+    The layer is ``spec.output_layer`` (``--output-layer``), by default the
+    input of the last FullyConnected layer (:func:`default_output_layer`). The
+    graph is cut there, so the layers after it never run.
+
+    Examples
+    --------
+    >>> e = Embedder("file:///models/resnet18", (3, 224, 224), batch_size=8)  # doctest: +SKIP
+    >>> e.embed(np.zeros((3, 3, 224, 224), np.float32)).shape  # doctest: +SKIP
+    (3, 512)
+    """
+
+    def _select_output(self, symbol, symbol_json: str) -> tuple:
+        self.output_layer, layer = output_layer_symbol(symbol, symbol_json, self.spec.output_layer)
+        return layer, layer.tojson()
+
+    @property
+    def dimension(self) -> int:
+        """The length of one vector."""
+        return int(np.prod(self.output_shapes[0]))
+
+    def embed(self, array: np.ndarray, normalize: bool = False, dtype: str = "float32") -> np.ndarray:
+        """The vectors of ``array`` (N, C, H, W): ``(N, D)`` of ``dtype``, L2-normalised if ``normalize``."""
+        out = self.predict(array)[0].reshape(array.shape[0], -1).astype(np.float32)
+        if normalize:
+            # A zero vector stays zero rather than becoming NaN.
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), np.finfo(np.float32).tiny)
+        return out.astype(dtype)
+
+
+class ImageEmbedder(Embedder):
+    """An :class:`Embedder` that takes encoded images, decoded exactly as the job does."""
+
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
+                 context: str | None = None, preprocess: Preprocess | None = None):
+        super().__init__(model, input_shape, batch_size, context)
+        self.preprocess = _preprocess_for(self, preprocess)
+
+    def embed_images(self, images: Sequence, normalize: bool = False, dtype: str = "float32") -> np.ndarray:
+        """Embed encoded bytes, file paths or PIL images: ``(N, D)``."""
+        return self.embed(_images_array(images, self.preprocess), normalize, dtype)
+
+
+# ----------------------------------------------------------------------------
+# Detection: MXNet's (batch, anchors, 6) layout
+
+
+class ObjectDetector(Predictor):
+    """A :class:`Predictor` whose output is MXNet's detection layout; boxes in the pixels of each image.
+
+    The model's first output is ``(batch, anchors, 6)``: ``class_id, score,
+    xmin, ymin, xmax, ymax``, coordinates in 0..1 of the model's input and
+    ``class_id`` -1 for suppressed rows, as ``mx.sym.contrib.MultiBoxDetection``
+    gives. Labels are optional (``synset.txt`` beside the model, or ``spec.labels_uri``).
+    :meth:`detect_images` decodes as the job does and maps each box back onto
+    the image as its EXIF orientation shows it.
+
+    Examples
+    --------
+    >>> d = ObjectDetector("file:///models/ssd", (3, 300, 300), batch_size=4)  # doctest: +SKIP
+    >>> d.detect_images(["cat.jpg"], min_score=0.5)[0]["detections"][0]  # doctest: +SKIP
+    {'class_id': 7, 'label': 'cat', 'score': 0.91, 'box': [12.0, 30.5, 410.0, 388.0]}
+    """
+
+    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
+                 context: str | None = None, preprocess: Preprocess | None = None):
+        super().__init__(model, input_shape, batch_size, context)
+        shape = self.output_shapes[0]
+        if len(shape) != 2 or shape[1] != 6:
+            name = self._symbol.list_outputs()[0]
+            raise ModelError(f"--task detect needs a model whose output is MXNet's detection layout (batch, anchors, "
+                             f"6); its output {name} has shape {(self.batch_size, *shape)}")
+        self.labels, _ = read_labels(self.spec)
+        self.preprocess = _preprocess_for(self, preprocess)
+
+    def label(self, class_id: int) -> str | None:
+        """The label of ``class_id``; ``None`` without labels or beyond them."""
+        return self.labels[class_id] if self.labels and 0 <= class_id < len(self.labels) else None
+
+    def detect(self, array: np.ndarray, geometries: Sequence[Geometry],
+               min_score: float = constants.DEFAULT.min_score,
+               max_detections: int = constants.DEFAULT.max_detections) -> list[list[tuple]]:
+        """Per row of ``array``, ``(class_id, label, score, box)`` best first, ``box`` in pixels of its image.
+
+        ``geometries`` (one per row, from :func:`decode_image_geometry`) say
+        where each input came from. Suppressed rows (class -1) and scores
+        under ``min_score`` are left out; at most ``max_detections`` remain.
+        """
+        rows = self.predict(array)[0]
+        return [self.image_detections(row, geometry, min_score, max_detections)
+                for row, geometry in zip(rows, geometries)]
+
+    def image_detections(self, row: np.ndarray, geometry: Geometry, min_score: float,
+                         max_detections: int) -> list[tuple]:
+        """One image's ``(anchors, 6)`` output as :meth:`detect` returns it."""
+        if not np.isfinite(row).all():
+            raise FloatingPointError("model output is not finite")
+        kept = row[(row[:, 0] >= 0) & (row[:, 1] >= min_score)]
+        kept = kept[np.argsort(-kept[:, 1], kind="stable")][:max_detections]
+        boxes = map_boxes(kept[:, 2:6], geometry)
+        return [(int(d[0]), self.label(int(d[0])), float(np.float32(d[1])), [float(v) for v in box])
+                for d, box in zip(kept, boxes)]
+
+    def detect_images(self, images: Sequence, min_score: float = constants.DEFAULT.min_score,
+                      max_detections: int = constants.DEFAULT.max_detections) -> list[dict]:
+        """Detect in encoded bytes, file paths or PIL images: per image ``image_size`` and ``detections``.
+
+        Each detection is a dict of ``class_id``, ``label`` (``None`` without
+        labels), ``score`` and ``box`` (``xmin, ymin, xmax, ymax`` in pixels of
+        the image as its EXIF orientation shows it), best first.
+        """
+        decoded = [decode_image_geometry(encoded(image), self.preprocess) for image in images]
+        if not decoded:
+            return []
+        found = self.detect(np.stack([a for a, _ in decoded]), [g for _, g in decoded], min_score, max_detections)
+        return [{"image_size": [g.width, g.height],
+                 "detections": [{"class_id": c, "label": label, "score": score, "box": box}
+                                for c, label, score, box in dets]}
+                for (_, g), dets in zip(decoded, found)]
+
+
+def get_classifier(spec: ModelSpec, input_shape: tuple, batch_size: int) -> Classifier:
+    """This Python worker's classifier for ``spec``, loaded on first use and then reused.
+
+    Relies on ``spark.python.worker.reuse=true`` (Spark's default): the worker
+    process, and so its cache (:data:`mxjob.core.state.models`), outlives the task.
+    Keyed by everything that changes the bound module, the device
+    (``spec.context``) included.
+    """
+    return get_model(spec, input_shape, batch_size, Classifier)
+
+
+def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type = Classifier,
+              lane: int = 0) -> Predictor:
+    """:func:`get_classifier` for any of the classes: ``Predictor`` serves models that are no classifiers.
+
+    ``lane`` > 0 is another copy of the same model, bound apart, for a forward pass at the same time as
+    lane 0's (``--forward-lanes``).
+    """
+    # Lane 0's model, got before the cache's (non-reentrant) lock: another lane binds it again, so the files are
+    # read once per worker.
+    first = get_model(spec, input_shape, batch_size, kind) if lane else None
+
+    def load() -> Predictor:
+        started = time.perf_counter()
+        if first is not None:
+            model = first.bound_copy()
+            log.info("bound lane %d's copy of model %s in %.2fs", lane, spec.symbol_uri,
+                     time.perf_counter() - started)
+            return model
+        model = kind(spec, input_shape, batch_size)
+        state.counters.model_loads += 1
+        state.counters.model_load_seconds = time.perf_counter() - started
+        log.info("loaded model %s (%s, batch %d) in %.2fs; loads in this worker: %d",
+                 spec.symbol_uri, model.model_summary()["head"], batch_size,
+                 state.counters.model_load_seconds, state.counters.model_loads)
+        return model
+
+    return state.models.get((kind, spec, tuple(input_shape), int(batch_size), int(lane)), load)
+
+
+def top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: int) -> list[tuple]:
+    """One forward pass over ``arrays``; per row ``(top-k, None)`` or ``(None, the exception that failed it)``.
+
+    The top-k is :meth:`Classifier.classify`'s row: ``(class_id, label,
+    probability)``, highest first. A failed forward pass fails every row; a
+    row whose scores are not finite fails alone. The job's lines and the UDF's
+    rows are both made from this.
+    """
+    try:
+        probs = classifier.probabilities(np.stack(arrays))
+    except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
+        return [(None, exc)] * len(arrays)
+    finite = np.isfinite(probs).all(axis=1)
+    return [(classifier.labelled(row), None) if ok else (None, FloatingPointError("model output is not finite"))
+            for ok, row in zip(finite, top_classes(probs, top_k))]

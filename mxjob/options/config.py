@@ -1,0 +1,487 @@
+"""The job's settings resolved: the YAML layer, :func:`merge_settings`, :func:`resolve` and :class:`JobConfig`.
+
+Read once at the edge (``infer_main.main``) into a frozen :class:`JobConfig`;
+everything after it takes plain values. Every option is declared once, in
+:data:`mxjob.options.settings.SETTINGS`: ``--help`` (:data:`OPTIONS`), the YAML layer
+(:func:`merge_settings` converts each value with its option's type), the
+fields of :class:`JobConfig` and of the executors' ``JobSpec`` all come from
+that table. :func:`resolve` checks the settings together and builds what
+several of them make at once: the input, the output, the model, the recipe.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import math
+import os
+from dataclasses import asdict, fields
+from typing import Any
+
+import click
+import yaml
+
+from mxjob.core.errors import first_line, plural
+from mxjob.executor.partition import JobSpec
+from mxjob.model.model import ModelSpec
+from mxjob.model.preprocess import Preprocess
+from mxjob.options import settings as table
+from mxjob.options.option_types import parse_max_errors
+from mxjob.options.settings import REFUSED_SECRETS, SECRETS_MESSAGE
+from mxjob.outputs import sinks, table_uri
+from mxjob.outputs.sidecar import is_dataset, side_key
+from mxjob.s3 import clients, reads, uris
+
+#: ``infer_main.main``'s parameters: ``--config``, one option per setting, the refused key options.
+OPTIONS: list[click.Option] = table.click_options()
+#: Every option the command line and --config take, by its setting name.
+PARAMS: dict[str, click.Parameter] = {p.name: p for p in OPTIONS if p.expose_value and p.name != "config_uri"}
+#: Every setting's default, as the job uses it.
+DEFAULTS: dict[str, Any] = {s.name: s.default for s in table.SETTINGS}
+
+
+# ----------------------------------------------------------------------------
+# Configuration: read once at the edge into a frozen dataclass
+
+
+class _JobConfigBase:
+    """The resolved, validated settings of one run.
+
+    One field per setting that goes to the driver or the executors
+    (:data:`mxjob.options.settings.SETTINGS`, ``to="driver"`` or ``"executor"``),
+    plus what :func:`resolve` makes of the others: the input bucket and
+    prefix or manifest, the output bucket, key and format, the model and the
+    preprocessing recipe. Two fields are not options: ``handler_file`` (the
+    driver's local copy of ``--handler``, made by ``prepare_handler``, which
+    Spark ships to the executors) and ``int8_model`` (the job's int8
+    checkpoint, local to the driver; made by ``prepare_precision``).
+    """
+
+    @property
+    def handler_path(self) -> str | None:
+        """The handler file the driver loads and ships: its local copy once made, else --handler as given."""
+        return self.handler_file or self.handler
+
+    @property
+    def input_uri(self) -> str:
+        if self.input_manifest:
+            return self.input_manifest
+        return f"s3://{self.input_bucket}/{self.input_prefix}"
+
+    @property
+    def output_uri(self) -> str | None:
+        """The output as the user named it: ``s3://BUCKET/KEY``, or the Iceberg table's ``iceberg://`` URI."""
+        if self.output_table:
+            return self.output_table
+        return f"s3://{self.output_bucket}/{self.output_key}" if self.output_key else None
+
+    @property
+    def table(self) -> bool:
+        """Whether the output is an Iceberg table (``--output iceberg://CATALOG/NAMESPACE.TABLE``).
+
+        Its home (``output_bucket``, ``output_key``: the prefix that holds the
+        run's status, summary, report and work) is found by the driver from
+        the table's location (:func:`mxjob.outputs.table_output.locate`).
+        """
+        return self.output_table is not None
+
+    @property
+    def cuts_files(self) -> bool:
+        """Whether the rows go into Parquet files cut at ``--rows-per-file``: a dataset's, or a table's."""
+        return self.dataset or self.table
+
+    @property
+    def summary_key(self) -> str:
+        """``KEY.summary.json`` beside one output object, ``PREFIX/_summary.json`` in a dataset."""
+        return side_key(self.output_key, "summary.json")
+
+    @property
+    def dataset(self) -> bool:
+        """Whether the output is a Parquet dataset (``--output s3://B/PREFIX/``), not one object."""
+        return self.output_table is None and is_dataset(self.output_key)
+
+    def job_spec(self) -> JobSpec:
+        """What the executors need: every executor setting, the model (int8 once quantized) and the recipe."""
+        return JobSpec(model=self.int8_model or self.model, preprocess=self.preprocess, bucket=self.input_bucket,
+                       handler=self.handler_path, json_lines=self.output_format == "jsonl",
+                       **{s.name: getattr(self, s.name) for s in table.going_to("executor")})
+
+    def options(self) -> dict:
+        """The settings as plain JSON values, for the summary."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
+        return out
+
+
+#: What :func:`resolve` makes of the ``to="resolve"``, ``"model"`` and ``"preprocess"`` settings.
+_RESOLVED_FIELDS = [
+    #: None until the manifest names it (run_job sets it from the listing).
+    ("input_bucket", "str | None"), ("input_prefix", str),
+    #: --input-manifest: the keys come from this file instead of a listing.
+    ("input_manifest", "str | None"),
+    ("model", ModelSpec), ("output_bucket", "str | None"), ("output_key", "str | None"),
+    #: --output iceberg://CATALOG/NAMESPACE.TABLE; output_bucket and output_key are then its home, set by the driver.
+    ("output_table", "str | None"),
+    #: jsonl or parquet (see :func:`sinks.output_format`).
+    ("output_format", str), ("preprocess", Preprocess),
+]
+
+JobConfig = table.make_settings_dataclass(
+    "JobConfig", _JobConfigBase, table.going_to("driver", "executor"), __name__, with_defaults=False,
+    extra=[*_RESOLVED_FIELDS, ("handler_file", "str | None", None), ("int8_model", "ModelSpec | None", None)])
+
+
+def allowed_errors(max_errors: str, keys: int) -> int:
+    number, percent = parse_max_errors(max_errors)
+    return math.floor(number * keys / 100) if percent else int(number)
+
+
+def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = None,
+              max_attempts: int | None = None) -> dict:
+    """Read a YAML config from a path or any URI :func:`reads.read_uri` takes (s3:// in cluster mode).
+
+    An s3:// file is read with the command line's ``--endpoint-url``,
+    ``--region`` and ``--s3-max-attempts`` (``max_attempts`` ``None``:
+    :data:`clients.S3_MAX_ATTEMPTS`). Returns the raw mapping;
+    :func:`merge_settings` converts each value.
+    """
+    try:
+        attempts = clients.S3_MAX_ATTEMPTS if max_attempts is None else max_attempts
+        client = clients.s3_client(endpoint_url, region, max_attempts=attempts) if uris.is_s3_uri(uri) else None
+        text = reads.read_uri(uri, client).decode("utf-8")
+    except (OSError, uris.S3UriError) as exc:
+        raise click.UsageError(f"cannot read --config {uri}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - botocore errors: no such bucket, access denied
+        raise click.UsageError(f"cannot read --config {uri}: {first_line(exc)}") from None
+    stream = io.StringIO(text)
+    stream.name = uri  # YAML's error marks name the file, not "<unicode string>"
+    try:
+        data = yaml.safe_load(stream) or {}
+    except yaml.YAMLError as exc:
+        raise click.UsageError(f"--config {uri} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise click.UsageError(f"--config {uri} must be a mapping of option: value")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    secrets = sorted(set(data) & set(REFUSED_SECRETS))
+    if secrets:
+        raise click.UsageError(f"--config {uri} sets {', '.join(secrets)}. {SECRETS_MESSAGE}")
+    unknown = sorted(set(data) - set(DEFAULTS))
+    if unknown:
+        raise click.UsageError(f"--config {uri} has {plural(len(unknown), 'unknown option')}: "
+                               f"{'; '.join(map(unknown_key, unknown))}; known options are those of --help "
+                               "(with _ for -)")
+    return data
+
+
+def unknown_key(key: str) -> str:
+    """``key``, with the option it is probably a misspelling of: ``batchsize (did you mean batch_size?)``."""
+    close = difflib.get_close_matches(key, list(DEFAULTS), n=2)
+    return f"{key} (did you mean {' or '.join(close)}?)" if close else key
+
+
+class Settings(dict):
+    """Merged option values, each converted by its option's click type.
+
+    :meth:`name` says how the user wrote an option, so a message about a YAML
+    value names its key and file, and one about a command-line value its flag.
+    ``given`` holds the settings the YAML or the command line set (the others
+    are defaults). ``notes`` are lines for the INFO log, which the CLI
+    configures only once the settings are resolved (their ``log_level``).
+    """
+
+    def __init__(self, values: dict, names: dict[str, str], given: frozenset = frozenset(),
+                 notes: tuple[str, ...] = ()):
+        super().__init__(values)
+        self.names = names
+        self.given = given
+        self.notes = notes
+
+    def name(self, key: str) -> str:
+        return self.names.get(key) or option_flag(key)
+
+
+def option_flag(key: str) -> str:
+    """The first long flag of the option that sets ``key`` (``batch_size`` -> ``--batch-size``)."""
+    return PARAMS[key].opts[0] if key in PARAMS else f"--{key.replace('_', '-')}"
+
+
+def convert_option(key: str, value, hint: str):
+    """``value`` converted by the click type of the option ``key``; a bad one raises ``BadParameter`` naming ``hint``.
+    """
+    try:
+        return PARAMS[key].type.convert(value, None, None)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint=hint) from None
+
+
+def merge_settings(cli: dict, yaml_settings: dict, config: str = "--config") -> Settings:
+    """The defaults, then the YAML, then the options given on the command line, all typed.
+
+    Every value goes through its option's click type, so the YAML layer has
+    the command line's types and ranges; a YAML ``null`` keeps the default.
+    The YAML's options of a task other than the command line's ``--task`` are
+    left out (:func:`yielding_to_task`), each with a line in ``notes``.
+    """
+    values: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    given: set[str] = set()
+    for key, default in DEFAULTS.items():
+        values[key] = None if default is None else convert_option(key, default, f"the default of {option_flag(key)}")
+    left_out = yielding_to_task(cli, yaml_settings)
+    for key, value in yaml_settings.items():
+        if value is not None and key not in left_out:
+            names[key] = f"{key} in {config}"
+            given.add(key)
+            values[key] = convert_option(key, value, f"{key!r} in {config}")
+    for key, value in cli.items():
+        if value is not None:
+            names.pop(key, None)
+            given.add(key)
+            values[key] = convert_option(key, value, f"'{option_flag(key)}'")
+    notes = tuple(f"{key} in {config} applies to --task {table.TASK_ONLY[key]} only: left out, since the command "
+                  f"line chose --task {cli['task']}" for key in left_out)
+    return Settings(values, names, frozenset(given), notes)
+
+
+def yielding_to_task(cli: dict, yaml_settings: dict) -> list[str]:
+    """The YAML's task-only options that the command line's ``--task`` overrides: for another task, not on the CLI.
+
+    A file is shared by runs (``conf/demo.yaml`` sets classify's ``top_k``);
+    choosing another task on the command line overrides the file's task, and
+    so its options for that task. Given with another task on the command line
+    itself, or in the same file as that task, they are still refused
+    (:func:`check_task_options`).
+    """
+    task = cli.get("task")
+    if task is None:
+        return []
+    return sorted(key for key, value in yaml_settings.items()
+                  if value is not None and cli.get(key) is None and table.TASK_ONLY.get(key, task) != task)
+
+
+def resolve(settings: Settings) -> JobConfig:
+    """Check the merged settings together into a :class:`JobConfig`; a problem raises ``click.UsageError``.
+
+    Settings that go to the driver or the executors are copied as they are;
+    the others are read by one named step each: the input, the output, the
+    model, the preprocessing recipe.
+    """
+    in_bucket, in_prefix, input_manifest = resolve_input(settings)
+    out_bucket, out_key = resolve_output(settings, in_bucket)
+    out_table = settings["output"] if settings["output"] and table_uri.is_table_uri(settings["output"]) else None
+    check_run_mode(settings)
+    check_skip_existing(settings, out_key, out_table)
+    check_table_output(settings, out_table)
+    plain = {s.name: settings[s.name] for s in table.going_to("driver", "executor")}
+    return JobConfig(
+        **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
+        output_bucket=out_bucket, output_key=out_key, output_table=out_table,
+        output_format="parquet" if out_table else resolve_output_format(settings, out_key or ""),
+        model=resolve_model(settings), preprocess=resolve_preprocess(settings),
+    )
+
+
+def resolve_input(s: Settings) -> tuple[str | None, str, str | None]:
+    """``(bucket, prefix, manifest)``: from --input, the original's --bucket/--prefix, or --input-manifest."""
+    name = s.name
+    if s["input"] and s["bucket"]:
+        raise click.UsageError(f"{name('input')} and {name('bucket')} both set the input: give either "
+                               "--input s3://BUCKET/PREFIX or --bucket/--prefix, not both")
+    if s["input"]:
+        try:
+            bucket, prefix = uris.parse_s3_uri(s["input"])
+        except uris.S3UriError as exc:
+            raise click.UsageError(f"{name('input')}: {exc}") from None
+    elif s["bucket"]:
+        bucket, prefix = s["bucket"], s["prefix"] or ""
+    elif s["input_manifest"]:
+        bucket, prefix = None, ""  # the manifest names the bucket
+    else:
+        raise click.UsageError("no input: give --input s3://BUCKET/PREFIX (or --bucket and --prefix), "
+                               "or --input-manifest URI")
+    manifest = str(s["input_manifest"]) if s["input_manifest"] else None
+    if manifest and "://" not in manifest and not os.path.isfile(manifest):
+        raise click.UsageError(f"--input-manifest {manifest}: no such file (in cluster mode give an s3:// URI)")
+    return bucket, prefix, manifest
+
+
+def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str | None]:
+    """``(bucket, key)``: from --output, or --output_s3_bucket (default: the input's) and --output_s3_key."""
+    name = s.name
+    if s["output"] and (s["output_s3_key"] or s["output_s3_bucket"]):
+        other = "output_s3_key" if s["output_s3_key"] else "output_s3_bucket"
+        raise click.UsageError(f"{name('output')} and {name(other)} both set the output: give either "
+                               "--output s3://BUCKET/KEY or --output_s3_bucket/--output_s3_key")
+    bucket = key = None
+    if s["output"] and table_uri.is_table_uri(s["output"]):
+        check_table_uri(s)
+        return None, None  # the table's home: found by the driver from its catalog
+    if s["output"]:
+        try:
+            bucket, key = uris.parse_s3_uri(s["output"])
+        except uris.S3UriError as exc:
+            raise click.UsageError(f"{name('output')}: {exc}") from None
+        if not key.strip("/"):
+            raise click.UsageError(f"{name('output')}: {s['output']!r} names no object and no prefix; expected "
+                                   "s3://BUCKET/KEY (one object) or s3://BUCKET/PREFIX/ (a Parquet dataset)")
+    elif s["output_s3_key"]:
+        bucket, key = s["output_s3_bucket"] or in_bucket, s["output_s3_key"].lstrip("/")
+        if bucket is None:
+            raise click.UsageError("--output_s3_key needs --output_s3_bucket with --input-manifest (or use --output)")
+    elif s["output_s3_bucket"]:
+        raise click.UsageError(f"{name('output_s3_bucket')} needs --output_s3_key")
+    if key is None and not s["dry_run"]:
+        raise click.UsageError("no output: give --output s3://BUCKET/KEY (for example predictions.jsonl)")
+    return bucket, key
+
+
+def check_table_uri(s: Settings) -> None:
+    """``--output iceberg://...`` names a catalog, a namespace and a table (:func:`table_uri.parse_table_uri`)."""
+    try:
+        table_uri.parse_table_uri(s["output"])
+    except table_uri.TableUriError as exc:
+        raise click.UsageError(f"{s.name('output')}: {exc}") from None
+
+
+#: Output key endings that name a format; a key with none of them takes either.
+FORMAT_SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz", ".ndjson"), "parquet": (".parquet",)}
+
+
+def resolve_output_format(s: Settings, key: str) -> str:
+    """--output-format, else the one the key's suffix names; a format the key's suffix contradicts is refused.
+
+    A ``.gz`` key gets gzipped JSON Lines; Parquet under a ``.gz`` name is refused (:func:`refuse_gzipped_parquet`).
+    """
+    fmt = _output_format(s, key)
+    refuse_gzipped_parquet(s, key, fmt)
+    return fmt
+
+
+def refuse_gzipped_parquet(s: Settings, key: str, fmt: str) -> None:
+    """A Parquet output (an object, a dataset's prefix, or a ``.parquet.gz`` key) whose name ends in ``.gz``.
+
+    Parquet compresses its own columns, and no Parquet reader opens a file
+    inside gzip: the job writes no such file, and a ``.gz`` name over plain
+    Parquet would mislead every reader that picks gzip by the suffix.
+    """
+    name = key.rstrip("/")
+    if not sinks.is_gzip(name) or not (fmt == "parquet" or name[:-len(".gz")].lower().endswith(".parquet")):
+        return
+    what = "the prefix of a Parquet dataset" if is_dataset(key) else "a Parquet output"
+    drop = f" and drop {s.name('output_format')}" if s["output_format"] == "parquet" else ""
+    raise click.UsageError(f"the output {key!r} ends in .gz but is {what}: Parquet compresses its own columns "
+                           "(zstd), and pyarrow, Spark and Athena cannot read Parquet inside gzip. Drop the .gz to "
+                           f"write Parquet, or for gzipped JSON Lines give an output key ending in .jsonl.gz{drop}")
+
+
+def _output_format(s: Settings, key: str) -> str:
+    requested = s["output_format"]
+    if is_dataset(key):
+        if requested and requested != "parquet":
+            raise click.UsageError(f"{s.name('output_format')} {requested}: an output ending in '/' ({key!r}) is a "
+                                   "Parquet dataset, a folder of Parquet files; for JSON Lines give one object "
+                                   "(--output s3://BUCKET/predictions.jsonl), or drop --output-format")
+        return "parquet"
+    named = [fmt for fmt, suffixes in FORMAT_SUFFIXES.items() if key.lower().endswith(suffixes)]
+    if requested and named and named[0] != requested:
+        suffix = next(x for x in FORMAT_SUFFIXES[named[0]] if key.lower().endswith(x))
+        wanted = FORMAT_SUFFIXES[requested][0]
+        raise click.UsageError(f"{s.name('output_format')} {requested} does not match the output key {key!r}, "
+                               f"whose {suffix} suffix says {named[0]}: end the key in {wanted}, or drop "
+                               f"--output-format (the key's suffix chooses), or give --output-format {named[0]}")
+    return sinks.output_format(requested, key)
+
+
+def check_run_mode(s: Settings) -> None:
+    """The settings that exclude each other: --resume and --overwrite; int8 on a GPU; another task's options."""
+    check_task_options(s)
+    if s["resume"] and s["overwrite"]:
+        raise click.UsageError("give --resume (finish an earlier run) or --overwrite (start again), not both")
+    if s["precision"] == "int8" and s["context"] != "cpu":
+        raise click.UsageError(f"{s.name('precision')} int8 runs on CPUs (oneDNN); use --context cpu, or "
+                               "--precision fp32 on GPUs")
+
+
+def check_table_output(s: Settings, out_table: str | None) -> None:
+    """The settings an Iceberg table output refuses, and those that apply to one only."""
+    if out_table is None:
+        for key in ("accept_other_fingerprint",):
+            if s[key]:
+                raise click.UsageError(f"{s.name(key)} applies to an Iceberg table output only (--output "
+                                       f"{table_uri.URI_FORM}): leave it out")
+        return
+    if s["output_format"] and s["output_format"] != "parquet":
+        raise click.UsageError(f"{s.name('output_format')} {s['output_format']}: an Iceberg table holds Parquet "
+                               "files; drop --output-format, or write JSON Lines to s3://BUCKET/KEY.jsonl")
+    if s["overwrite"]:
+        raise click.UsageError(
+            f"{s.name('overwrite')} does not apply to an Iceberg table: the job only adds to a table, and the table "
+            "keeps every snapshot. To score every key again into a table of its own, write to a new table "
+            f"(--output {out_table.rsplit('.', 1)[0]}.NEW_TABLE), or drop this one first (pyiceberg's "
+            "catalog.drop_table, or DROP TABLE in Spark or Athena); to add only the keys it lacks, use --skip-existing")
+
+
+def check_skip_existing(s: Settings, out_key: str | None, out_table: str | None = None) -> None:
+    """``--skip-existing`` adds rows to a dataset or a table: with one output object, or with ``--overwrite``, it is
+    refused."""
+    if s["rescore_errors"] and not s["skip_existing"]:
+        raise click.UsageError(f"{s.name('rescore_errors')} scores again the error rows that --skip-existing would "
+                               "keep: give it with --skip-existing")
+    if not s["skip_existing"]:
+        return
+    if s["overwrite"]:
+        raise click.UsageError(f"{s.name('skip_existing')} keeps the output's rows and adds the new keys', "
+                               "--overwrite replaces the output: give one or the other")
+    if out_table is None and not is_dataset(out_key):
+        what = (f"{out_key!r} is one object, which every run writes whole, so a run cannot add rows to it"
+                if out_key else "this run has no output")
+        raise click.UsageError(
+            f"{s.name('skip_existing')} adds rows to a Parquet dataset, a prefix ending in '/' (--output "
+            f"s3://BUCKET/PREFIX/), or to an Iceberg table (--output {table_uri.URI_FORM}); {what}. Write to a "
+            "dataset prefix or a table, or give the keys to score in an --input-manifest")
+
+
+def check_task_options(s: Settings) -> None:
+    """Refuse an option of one task given with another (``--top-k`` with ``--task embed``): it would do nothing."""
+    for key, task in table.TASK_ONLY.items():
+        if key in s.given and s["task"] != task:
+            raise click.UsageError(f"{s.name(key)} applies to --task {task} only, and this run's task is "
+                                   f"{s['task']}: leave it out")
+
+
+def resolve_model(s: Settings) -> ModelSpec:
+    """The :class:`ModelSpec`: --model PREFIX, or the original's --sym_url/--param_url; labels; the model settings."""
+    name = s.name
+    if s["model"] and (s["sym_url"] or s["param_url"]):
+        raise click.UsageError(f"{name('model')} and {name('sym_url' if s['sym_url'] else 'param_url')} both "
+                               "set the model: give either --model PREFIX or --sym_url and --param_url")
+    if s["labels"] and s["label_url"]:
+        raise click.UsageError(f"{name('labels')} and {name('label_url')} both set the labels: give one")
+    kwargs = {
+        # "" means no labels at all; None means synset.txt beside the model if it exists.
+        "labels_uri": s["labels"] if s["labels"] is not None else s["label_url"],
+        "endpoint_url": s["endpoint_url"], "region": s["region"], "s3_max_attempts": s["s3_max_attempts"],
+        **{m.name: s[m.name] for m in table.going_to("model")},
+    }
+    if s["model"]:
+        return ModelSpec.from_prefix(s["model"], s["epoch"], **kwargs)
+    if s["sym_url"] and s["param_url"]:
+        return ModelSpec(s["sym_url"], s["param_url"], **kwargs)
+    raise click.UsageError("no model: give --model PREFIX (PREFIX-symbol.json, PREFIX-0000.params) "
+                           "or --sym_url and --param_url")
+
+
+def resolve_preprocess(s: Settings) -> Preprocess:
+    """The :class:`Preprocess` recipe from the ``to="preprocess"`` settings, checked together."""
+    name = s.name
+    channels = s["input_shape"][0]
+    if channels not in (1, 3):
+        raise click.UsageError(f"{name('input_shape')}: C (the first of C,H,W) must be 3 (RGB) or 1 "
+                               f"(greyscale), got {channels}")
+    for key in ("mean", "std"):
+        if len(s[key]) not in (1, channels):
+            raise click.UsageError(f"{name(key)} needs 1 or {channels} values (one per channel of "
+                                   f"{name('input_shape')}), got {len(s[key])}")
+    return Preprocess(**{p.name: s[p.name] for p in table.going_to("preprocess")})

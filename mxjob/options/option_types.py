@@ -1,0 +1,211 @@
+"""The option types: the command line and the YAML layer convert through the same ones.
+
+Each is a click type, so a value means the same and fails the same with the
+same message in both (``mxjob.options.config.merge_settings``). :mod:`mxjob.options.settings`
+declares which setting takes which.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import click
+
+from mxjob.core.constants import (
+    AUTO,
+)
+from mxjob.model.device import parse_context
+from mxjob.planning.estimate import parse_cluster
+
+
+class WholeNumber(click.IntRange):
+    """``click.IntRange`` that refuses a non-whole number instead of cutting it.
+
+    click's own ``INT`` calls ``int(8.9)`` and gets 8; a YAML ``batch_size: 8.9``
+    or ``top_k: 2.7`` must be refused, not silently changed. ``True`` is no
+    number either, though Python says ``int(True) == 1``.
+    """
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            self.fail(f"{value!r} is not a whole number", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class BatchSize(WholeNumber):
+    """``--batch-size``: a whole number of at least 1, or ``auto`` (the driver measures and picks one).
+
+    The command line and the YAML both take ``auto`` in any case; every other
+    value goes through :class:`WholeNumber`, and a refusal says both forms.
+    """
+
+    name = "integer"
+
+    def __init__(self):
+        super().__init__(min=1)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == AUTO:
+            return AUTO
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            self.fail(f"{exc.message.rstrip('.')}; give a whole number of at least 1, or auto", param, ctx)
+
+
+class FiniteNumber(click.FloatRange):
+    """``click.FloatRange`` that refuses booleans, NaN and infinities."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, bool):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class NumberList(click.ParamType):
+    """Comma-separated numbers, or a YAML list, to a tuple: ``"3,224,224"`` -> ``(3, 224, 224)``.
+
+    Parameters
+    ----------
+    kind : {int, float}
+        Whole numbers at least 1 (``int``), or any finite numbers (``float``).
+    count : int, optional
+        The exact number of values.
+    nonzero : bool
+        Refuse zeros (a divisor).
+    """
+
+    name = "numbers"
+
+    def __init__(self, kind: type = float, count: int | None = None, nonzero: bool = False):
+        self.kind, self.count, self.nonzero = kind, count, nonzero
+        self._element = WholeNumber(min=1) if kind is int else FiniteNumber()
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            parts = list(value)
+        else:
+            parts = [p for p in str(value).replace(" ", "").split(",") if p]
+        what = "whole numbers of at least 1" if self.kind is int else "numbers"
+        try:
+            numbers = tuple(self._element.convert(p, None, None) for p in parts)
+        except click.BadParameter:
+            self.fail(f"needs comma-separated {what}, got {value!r}", param, ctx)
+        if self.count is not None and len(numbers) != self.count:
+            self.fail(f"needs {self.count} comma-separated {what}, got {value!r}", param, ctx)
+        if not numbers:
+            self.fail("needs at least one number", param, ctx)
+        if self.nonzero and any(n == 0 for n in numbers):
+            self.fail(f"values must be non-zero, got {value!r}", param, ctx)
+        return numbers
+
+
+class Suffixes(click.ParamType):
+    """Comma-separated key suffixes, or a YAML list, to a tuple of strings."""
+
+    name = "suffixes"
+
+    def convert(self, value, param, ctx):
+        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+        suffixes = tuple(s for s in (str(x).strip() for x in items) if s)
+        if not suffixes:
+            self.fail("no suffix given, so no key could match; give some, such as .jpg,.png", param, ctx)
+        return suffixes
+
+
+class Names(click.ParamType):
+    """Comma-separated names, or a YAML list, to a tuple of strings; empty is allowed."""
+
+    name = "names"
+
+    def convert(self, value, param, ctx):
+        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+        return tuple(s for s in (str(x).strip() for x in items) if s)
+
+
+class OptionalText(click.ParamType):
+    """Text where ``""`` means unset (``None``): ``--endpoint-url ''`` is boto3's default endpoint."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        return str(value) or None
+
+
+class CheckedText(click.ParamType):
+    """Text, stripped, once ``check`` accepts it; ``check`` raises ``ValueError`` saying what is wrong.
+
+    Parameters
+    ----------
+    name : str
+        How ``--help`` shows the value (``N|P%``).
+    check : callable
+        Called with the text; its ``ValueError`` becomes the option's error.
+    """
+
+    def __init__(self, name: str, check):
+        self.name, self.check = name, check
+
+    def convert(self, value, param, ctx):
+        try:
+            self.check(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value).strip()
+
+
+def cluster_shape(text: str) -> None:
+    """``NODESxVCPUS`` (``10x16``), as :func:`mxjob.planning.estimate.parse_cluster` reads it."""
+    parse_cluster(text)
+
+
+class DeviceContext(click.ParamType):
+    """``cpu``, ``gpu`` or ``gpu:N``, checked by the grammar the executors use."""
+
+    name = "context"
+
+    def convert(self, value, param, ctx):
+        try:
+            parse_context(str(value))
+        except ValueError:
+            self.fail(f"must be cpu, gpu or gpu:N, got {value!r}", param, ctx)
+        return str(value)
+
+
+class HandlerFile(click.ParamType):
+    """A ``.py`` file: a local path that exists, or a URI the driver downloads; ``""`` is none."""
+
+    name = "FILE.py"
+
+    def convert(self, value, param, ctx):
+        path = str(value)
+        if not path:
+            return None
+        if not path.endswith(".py"):
+            self.fail(f"must be a Python file ending in .py, got {path!r}", param, ctx)
+        if "://" not in path and not os.path.isfile(path):
+            self.fail(f"{path}: no such file (in cluster mode give an s3:// URI)", param, ctx)
+        return path
+
+
+def parse_max_errors(value) -> tuple[float, bool]:
+    """``"10"`` -> (10, False); ``"2.5%"`` -> (2.5, True); anything else raises ``ValueError``."""
+    text = str(value).strip()
+    percent = text.endswith("%")
+    try:
+        number = float(text.rstrip("%"))
+    except ValueError:
+        raise ValueError(f"must be a count (10) or a percentage (1%), got {value!r}") from None
+    if not math.isfinite(number) or number < 0 or (percent and number > 100):
+        raise ValueError(f"out of range (0 or more, at most 100%), got {value!r}")
+    return number, percent
+
+
+def count(minimum: int = 1) -> WholeNumber:
+    return WholeNumber(min=minimum)

@@ -1,0 +1,601 @@
+"""Every setting of the job, declared once: :data:`SETTINGS`.
+
+Each :class:`Setting` says its flags, type and range, default, help, YAML key
+(its ``name``), where it goes (:attr:`Setting.to`) and whether it is part of
+the fingerprint that ``--resume`` compares. Everything else is derived from
+this table:
+
+- the click options of ``infer_main.main`` (:func:`click_options`) and so ``--help``;
+- the YAML layer (``mxjob.options.config.merge_settings`` converts each value with the option's type);
+- :class:`mxjob.options.config.JobConfig`'s fields and :class:`mxjob.executor.partition.JobSpec`'s
+  option fields (:func:`make_settings_dataclass`);
+- the library's defaults (``Preprocess``, ``ModelSpec``, ``Classifier``, ``model_udf`` take :data:`DEFAULT`);
+- the fingerprint's settings (``mxjob.outputs.resume.line_settings``);
+- ``conf/defaults.yaml`` and ``docs/options.md`` (:func:`defaults_yaml`,
+  :func:`options_markdown`; ``make docs`` writes both, ``tests/test_settings.py`` checks them).
+
+Adding an executor option is three edits: its :class:`Setting` here with
+``to="executor"``, the executor code that reads ``job.<name>``, and a test;
+then ``make docs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import textwrap
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from mxjob.core import constants
+from mxjob.core.constants import (
+    ASSEMBLY_MODES,
+    AUTO,
+    DECODE_MODES,
+    EMBEDDING_DTYPES,
+    OUTPUT_FORMATS,
+    PRECISIONS,
+    RESIZE_MODES,
+    S3_READERS,
+    TASKS,
+)
+from mxjob.options.option_types import (
+    BatchSize,
+    CheckedText,
+    DeviceContext,
+    FiniteNumber,
+    HandlerFile,
+    Names,
+    NumberList,
+    OptionalText,
+    Suffixes,
+    cluster_shape,
+    count,
+    parse_max_errors,
+)
+
+# ----------------------------------------------------------------------------
+# The choices some settings take are declared in mxjob.core.constants (no imports), so that the executors,
+# the library and the S3 layer read them without this table; the modules that act on them import them.
+
+#: Where a setting goes (:attr:`Setting.to`).
+DESTINATIONS = ("driver", "executor", "model", "preprocess", "resolve")
+#: The sections of ``--help``'s reference, ``conf/defaults.yaml`` and ``docs/options.md``, in order.
+SECTIONS = ("input", "model", "output", "scoring", "preprocessing", "S3", "failures", "executors", "int8", "estimate",
+            "run")
+
+REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
+                   "aws_session_token")
+SECRETS_MESSAGE = (
+    "AWS keys are not accepted as options: they would show in the process list, the Spark UI "
+    "and the logs. Credentials come from boto3's default chain: the EMR instance role on a "
+    "cluster, or AWS_PROFILE / environment variables / ~/.aws on a laptop."
+)
+
+
+# ----------------------------------------------------------------------------
+# The table
+
+
+def _int8_only(values: dict) -> bool:
+    """In the fingerprint only when the run is int8: an fp32 run's lines do not depend on it."""
+    return values["precision"] == "int8"
+
+
+def _object_metadata_only(values: dict) -> bool:
+    """In the fingerprint only when on: the lines of a run without it are as they always were."""
+    return bool(values["with_object_metadata"])
+
+
+#: What the options table's Resume column says of a setting in the fingerprint under a condition.
+_FINGERPRINT_WHEN = {_int8_only: "int8 only", _object_metadata_only: "when on"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One option of the job: the command line's ``--flag`` and the YAML's ``name:``.
+
+    Parameters
+    ----------
+    name : str
+        The setting's name: its YAML key, its ``JobConfig`` (and ``JobSpec``) field.
+    flags : tuple of str
+        Command-line flags, the canonical long one first (``"--dry-run/--no-dry-run"`` for a switch).
+    section : str
+        One of :data:`SECTIONS`: where the docs and ``conf/defaults.yaml`` list it.
+    help : str
+        One sentence or two for ``--help`` and the docs.
+    default : object
+        The value when nothing sets it, as the job uses it (a tuple, not ``"3,224,224"``).
+        ``None``: unset (``show_default`` says what that means).
+    type : click.ParamType, optional
+        Converts and checks the command line's and the YAML's values alike; ``None``: text.
+    to : str
+        Where the value goes (:data:`DESTINATIONS`): ``driver``, a :class:`~mxjob.options.config.JobConfig`
+        field; ``executor``, a ``JobConfig`` field and a :class:`~mxjob.executor.partition.JobSpec` field
+        the executors read; ``model``, a :class:`~mxjob.model.model.ModelSpec` field; ``preprocess``, a
+        :class:`~mxjob.model.preprocess.Preprocess` field; ``resolve``, read only by
+        :func:`mxjob.options.config.resolve` to make other fields (input, output, model files).
+    fingerprint : bool or callable
+        Whether the value changes what a line says about an image, so that a
+        ``--resume`` with another value is refused; a callable of the settings
+        decides per run (``_int8_only``).
+    task : str, optional
+        The one task (:data:`TASKS`) the setting means something for: given
+        explicitly with another task it is refused (:data:`TASK_ONLY`), and it
+        is in the fingerprint of that task's runs only.
+    """
+
+    name: str
+    flags: tuple
+    section: str
+    help: str
+    default: Any = None
+    type: click.ParamType | None = None
+    to: str = "driver"
+    fingerprint: Any = False
+    task: str | None = None
+    metavar: str | None = None
+    #: What ``--help`` says the default is, when not the default itself (``None`` defaults).
+    show_default: str | None = None
+    #: A ``--flag`` that takes no value (``--resume``).
+    is_flag: bool = False
+    #: The library's value, when the job's default is decided at run time: ``batch_size``'s ``auto``
+    #: is a choice the driver makes, so ``Classifier``, ``model_udf`` and ``JobSpec`` take the number
+    #: the job falls back to when nothing could be measured. ``None``: the default itself.
+    fallback: Any = None
+
+    @property
+    def library_default(self) -> Any:
+        """The default the library and an executor's ``JobSpec`` use: :attr:`fallback`, else :attr:`default`."""
+        return self.default if self.fallback is None else self.fallback
+
+    def __post_init__(self):
+        if self.to not in DESTINATIONS:
+            raise ValueError(f"{self.name}: to must be one of {DESTINATIONS}, got {self.to!r}")
+        if self.section not in SECTIONS:
+            raise ValueError(f"{self.name}: section must be one of {SECTIONS}, got {self.section!r}")
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"{self.name}: task must be one of {TASKS}, got {self.task!r}")
+        if self.fingerprint and self.to == "resolve":  # line_settings reads only what reaches a JobConfig
+            raise ValueError(f"{self.name}: a to='resolve' setting cannot be in the fingerprint")
+
+    @property
+    def flag(self) -> str:
+        """The canonical flag: ``--batch-size``."""
+        return self.flags[0].split("/")[0]
+
+    def in_fingerprint(self, values: dict) -> bool:
+        """Whether this run's fingerprint holds the setting (``values``: every setting of the run)."""
+        if self.task is not None and values["task"] != self.task:
+            return False  # another task's lines do not depend on it
+        return self.fingerprint(values) if callable(self.fingerprint) else bool(self.fingerprint)
+
+    def default_text(self) -> str | None:
+        """The default as a command line would give it (``"3,224,224"``); ``None`` when unset."""
+        value = self.default
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (tuple, list)):
+            return ",".join(_number(v) for v in value)
+        return _number(value)
+
+    def click_option(self) -> click.Option:
+        """This setting as the command line's option."""
+        flags = [*self.flags, self.name]  # named as the table names it, whatever the flags
+        kwargs: dict[str, Any] = {"help": self.help}
+        if self.is_flag:
+            kwargs.update(is_flag=True, default=bool(self.default))
+        else:
+            text = self.default_text()
+            kwargs["default"] = self.default if isinstance(self.default, bool) else text
+            if self.type is not None:
+                kwargs["type"] = self.type
+        if self.metavar:
+            kwargs["metavar"] = self.metavar
+        if self.show_default is not None:
+            kwargs["show_default"] = self.show_default
+        elif self.default in ("", ()):
+            kwargs["show_default"] = False if self.default == "" else "none"
+        return click.Option(flags, **kwargs)
+
+
+def _number(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _s(name, flags, section, help, **kwargs) -> Setting:
+    return Setting(name, tuple(flags.split()) if isinstance(flags, str) else tuple(flags), section, help, **kwargs)
+
+
+#: Where the flags with ``_`` in their names come from: kept so that its commands still run.
+_ORIGINAL = "from the original mxnet-spark job's command line"
+
+#: Every setting, in the order ``--help`` and the docs show them.
+SETTINGS: tuple[Setting, ...] = (
+    # --- input
+    _s("input", "--input", "input", "Where the images are.", metavar="s3://BUCKET/PREFIX", to="resolve"),
+    _s("bucket", "--bucket", "input",
+       f"Input bucket ({_ORIGINAL}; use with --prefix).", to="resolve"),
+    _s("prefix", "--prefix", "input", f"Input key prefix ({_ORIGINAL}; use with --bucket).", default="",
+       to="resolve"),
+    _s("input_manifest", "--input-manifest", "input",
+       "Score the keys this file names (path or s3://) instead of listing: text (a key or s3://B/K a line), CSV "
+       "(bucket,key[,size]) or an S3 Inventory manifest.json; --input then filters by bucket and prefix.",
+       metavar="URI", to="resolve"),
+    _s("list_concurrency", "--list-concurrency", "input",
+       "List calls in flight while listing --input: enough to hide S3's per-page latency, far below its request "
+       "rate per prefix.", default=16, type=count()),
+    _s("suffixes", "--suffixes", "input", "Comma-separated image suffixes, case-insensitive.",
+       default=(".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"), type=Suffixes()),
+    _s("limit", "--limit", "input", "Score only the first N keys (sorted).", type=count()),
+    # --- model
+    _s("model", "--model", "model", "Checkpoint prefix: URI-symbol.json and URI-%04d.params.", metavar="URI",
+       to="resolve"),
+    _s("epoch", "--epoch", "model", "Checkpoint epoch in the params file name.", default=0, type=count(0),
+       to="resolve"),
+    _s("labels", "--labels", "model", "Labels file, one per class; '' for none.", metavar="URI",
+       show_default="synset.txt beside the model, if any", to="resolve"),
+    _s("sym_url", "--sym_url --sym-url", "model", f"Symbol JSON ({_ORIGINAL}).", metavar="URI", to="resolve"),
+    _s("param_url", "--param_url --param-url", "model", f"Params file ({_ORIGINAL}).", metavar="URI", to="resolve"),
+    _s("label_url", "--label_url --label-url", "model", f"Labels file ({_ORIGINAL}).", metavar="URI", to="resolve"),
+    _s("data_name", "--data-name", "model", "Name of the model's input.", default="data", to="model",
+       fingerprint=True),
+    _s("context", "--context", "model",
+       "cpu, gpu (the GPU Spark assigned to the task, else partition modulo GPUs) or gpu:N.", default="cpu",
+       type=DeviceContext(), to="model"),
+    _s("handler", "--handler", "model",
+       "Python file (path or s3://) defining input_handler(key, data) and/or output_handler(key, outputs).",
+       metavar="URI", type=HandlerFile()),
+    # --- output
+    _s("output", "--output", "output",
+       "Output object (the summary goes to KEY.summary.json), or with a trailing slash a Parquet dataset: files "
+       "PREFIX/part-NNNNN.parquet that appear as the job runs, PREFIX/_SUCCESS and PREFIX/_summary.json at its end; "
+       "or an Apache Iceberg table, iceberg://CATALOG/NAMESPACE.TABLE (a pyiceberg catalog: .pyiceberg.yaml or "
+       "PYICEBERG_CATALOG__<NAME>__* variables), created when absent, its files committed exactly once.",
+       metavar="s3://BUCKET/KEY", to="resolve"),
+    _s("output_s3_bucket", "--output_s3_bucket --output-s3-bucket", "output",
+       f"Output bucket ({_ORIGINAL}).", show_default="the input bucket", to="resolve"),
+    _s("output_s3_key", "--output_s3_key --output-s3-key", "output", f"Output key ({_ORIGINAL}).", to="resolve"),
+    _s("output_format", "--output-format", "output", "Output as JSON Lines or Parquet.",
+       type=click.Choice(OUTPUT_FORMATS, case_sensitive=False),
+       show_default="parquet if the output key ends in .parquet, else jsonl",
+       to="resolve"),
+    _s("with_object_metadata", "--with-object-metadata", "output",
+       "Add each object's etag and size in bytes to every output row, as the GET that scored it read them (for an "
+       "image whose download failed: the listing's, or null where a manifest names none).",
+       default=False, is_flag=True, fingerprint=_object_metadata_only, to="executor"),
+    _s("rows_per_file", "--rows-per-file", "output",
+       "Rows in each file of a dataset output (--output s3://BUCKET/PREFIX/); auto: files of about 128 MiB, from the "
+       "size of a row (the keys, --top-k, the vector's length). A resume keeps the first run's number.",
+       default=AUTO, type=BatchSize(), metavar="N|auto", to="driver"),
+    _s("assembly", "--assembly", "output",
+       "When the driver merges the batches' results into the output: during the Spark job, following the batches "
+       "as they become durable, so that little is left to do when the last task ends; or after it (the driver's CPU "
+       "stays free while the job runs).", default="during", type=click.Choice(ASSEMBLY_MODES, case_sensitive=False)),
+    _s("resume", "--resume", "output",
+       "Finish an interrupted run: reuse the lines it made durable under OUTPUT.parts/ and score only the keys "
+       "without one.", default=False, is_flag=True),
+    _s("overwrite", "--overwrite", "output",
+       "Replace an existing output, and discard an earlier run's progress under OUTPUT.parts/.", default=False,
+       is_flag=True),
+    _s("skip_existing", "--skip-existing", "output",
+       "With a dataset output (--output s3://BUCKET/PREFIX/) or an Iceberg table: score only the listed keys that "
+       "have no row in it yet and add their rows (a dataset: as files of this run's own beside the earlier runs'), "
+       "after reading its key column once. Nothing new: exit 0 without a Spark job. Refused with a single-object "
+       "output and with --overwrite.", default=False, is_flag=True),
+    _s("rescore_errors", "--rescore-errors", "output",
+       "With --skip-existing: also score again the keys whose row is an error; their new rows replace the error "
+       "rows: in a dataset, in the earlier files, each rewritten whole under its own key once this run's files are "
+       "complete; in an Iceberg table, in the commit that adds them.", default=False, is_flag=True),
+    _s("commit_seconds", "--commit-seconds", "output",
+       "With an Iceberg table output: commit the rows written so far at least this often while the job runs (each "
+       "commit a snapshot readers see), and at its end; 0: as soon as each file is written.", default=300,
+       type=count(0), metavar="SECONDS"),
+    _s("accept_other_fingerprint", "--accept-other-fingerprint", "output",
+       "With an Iceberg table output: add rows to a table whose rows were made with another model or other "
+       "settings (its mxinfer.fingerprint property differs, or it has none), instead of refusing. The table keeps "
+       "the fingerprint it was created with.", default=False, is_flag=True),
+    # --- scoring
+    _s("batch_size", "--batch-size --batch", "scoring",
+       "Images per batch and per partition (one Spark task); auto: the driver measures its sample and picks a batch "
+       "that keeps Spark's per-task cost under 5% of a task, with several batches per executor (64 when nothing "
+       "is measured).", default=AUTO, fallback=64, type=BatchSize(), metavar="N|auto", to="executor"),
+    _s("task", "--task", "scoring",
+       "classify: the top-k classes; embed: one layer's output as a vector; detect: boxes from a model whose output "
+       "is MXNet's detection layout (batch, anchors, 6).", default="classify", type=click.Choice(TASKS),
+       to="executor", fingerprint=True),
+    _s("top_k", "--top-k", "scoring", "Predictions per image (classify).", default=5, type=count(), to="executor",
+       fingerprint=True, task="classify"),
+    _s("output_layer", "--output-layer", "scoring",
+       "embed: the layer whose output is the vector (a name of the symbol's graph).", metavar="NAME",
+       show_default="the input of the model's last FullyConnected layer", to="model", fingerprint=True, task="embed"),
+    _s("embedding_dtype", "--embedding-dtype", "scoring", "embed: the vectors' element type.", default="float32",
+       type=click.Choice(EMBEDDING_DTYPES), to="executor", fingerprint=True, task="embed"),
+    _s("normalize", "--normalize", "scoring", "embed: scale each vector to unit length (L2).", default=False,
+       is_flag=True, to="executor", fingerprint=True, task="embed"),
+    _s("min_score", "--min-score", "scoring", "detect: boxes scoring less are left out.", default=0.3,
+       type=FiniteNumber(min=0, max=1), to="executor", fingerprint=True, task="detect"),
+    _s("max_detections", "--max-detections", "scoring", "detect: at most this many boxes per image, best first.",
+       default=100, type=count(), to="executor", fingerprint=True, task="detect"),
+    # --- preprocessing
+    _s("input_shape", "--input-shape", "preprocessing", "Model input shape; C is 3 (RGB) or 1 (greyscale).",
+       default=(3, 224, 224), type=NumberList(int, count=3), metavar="C,H,W", to="preprocess", fingerprint=True),
+    _s("mean", "--mean", "preprocessing", "Subtracted from 0-255 pixel values, per channel or one for all.",
+       default=(0.0,), type=NumberList(float), metavar="R,G,B", to="preprocess", fingerprint=True),
+    _s("std", "--std", "preprocessing", "Divides after the mean, per channel or one for all.",
+       default=(1.0,), type=NumberList(float, nonzero=True), metavar="R,G,B", to="preprocess", fingerprint=True),
+    _s("resize", "--resize", "preprocessing", "stretch to H x W, or short side to H*256/224 then centre crop.",
+       default="stretch", type=click.Choice(RESIZE_MODES, case_sensitive=False), to="preprocess", fingerprint=True),
+    _s("max_image_pixels", "--max-image-pixels", "preprocessing",
+       "Larger images become error lines, undecoded (a 64 MP photo passes).", default=64_000_000, type=count(),
+       to="preprocess", fingerprint=True),
+    _s("decode", "--decode", "preprocessing",
+       "draft: a JPEG at least twice the model's size is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling), then "
+       "resized; exact: every pixel.", default="draft", type=click.Choice(DECODE_MODES, case_sensitive=False),
+       to="preprocess",
+       fingerprint=True),
+    # --- S3
+    _s("endpoint_url", "--endpoint-url", "S3", "S3-compatible endpoint (moto, MinIO); executors use it too.",
+       metavar="URL", type=OptionalText(), to="executor"),
+    _s("region", "--region", "S3", "AWS region of the buckets.", show_default="boto3's", type=OptionalText(),
+       to="executor"),
+    _s("s3_max_attempts", "--s3-max-attempts", "S3",
+       "Attempts per S3 request (botocore standard retries), for every S3 client of the job.",
+       default=5, type=count(), to="executor"),
+    _s("s3_reader", "--s3-reader", "S3",
+       "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
+       "parser, both with botocore's internals; botocore: only boto3's public API.",
+       default=S3_READERS[0], type=click.Choice(S3_READERS, case_sensitive=False),
+       to="executor"),
+    # --- failures
+    _s("max_errors", "--max-errors", "failures",
+       "Exit 3 if more images than this fail (still writing all output).", default="1%",
+       type=CheckedText("N|P%", parse_max_errors)),
+    _s("max_object_bytes", "--max-object-bytes", "failures", "Larger objects become error lines, undownloaded.",
+       default=50 * 1024 * 1024, type=count(), to="executor", fingerprint=True),
+    # --- executors
+    _s("io_threads", "--io-threads", "executors",
+       "Download and decode threads per executor: enough requests in flight to hide S3's latency.", default=16,
+       type=count(), to="executor"),
+    _s("max_in_flight", "--max-in-flight", "executors",
+       "Images downloaded or decoded ahead of the model, per executor (bounds memory).", default=128,
+       type=count(), to="executor"),
+    _s("micro_batch_size", "--micro-batch-size", "executors",
+       "Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first "
+       "ones while the rest download.", default=16, type=count(), to="executor"),
+    _s("threads", "--threads", "executors", "MXNet/OpenMP threads per executor.", type=count(), to="executor",
+       show_default="spark.executorEnv.OMP_NUM_THREADS if set, else the host's cores divided among its executors"),
+    _s("forward_lanes", "--forward-lanes", "executors",
+       "Forward passes an executor runs at once, each on its own copy of the model with --threads / lanes "
+       "MXNet threads: a pass on several threads stalls whenever one of them is preempted, independent passes "
+       "do not. Each lane adds a copy of the model and its activations to the executor's memory.",
+       type=count(), to="executor",
+       show_default="the largest divisor of the threads up to 4; 1 on a GPU or with --handler"),
+    # --- int8
+    _s("precision", "--precision", "int8",
+       "int8: quantize the model once (oneDNN), calibrated on the job's own images, and run only if it agrees "
+       "with fp32 (--min-agreement).", default="fp32", type=click.Choice(PRECISIONS, case_sensitive=False),
+       to="executor",
+       fingerprint=True),
+    _s("calibration_images", "--calibration-images", "int8",
+       "int8: images to calibrate on, and as many held out to check agreement; evenly spaced over the sorted "
+       "listing.", default=256, type=count(), fingerprint=_int8_only),
+    _s("min_agreement", "--min-agreement", "int8",
+       "int8: the share of held-out images whose top-1 class must match fp32's, or the job refuses to run.",
+       default=0.99, type=FiniteNumber(min=0, max=1)),
+    _s("int8_exclude", "--int8-exclude", "int8",
+       "int8: layers (names or shell patterns, e.g. '*conv0*') kept in fp32; 'auto': the driver searches for the "
+       "fewest that pass --min-agreement while int8 stays faster than fp32 (--int8-search-seconds).", default=(),
+       type=Names(), metavar="LAYER,...|auto", fingerprint=_int8_only),
+    _s("int8_search_seconds", "--int8-search-seconds", "int8",
+       "int8: the time --int8-exclude auto may spend trying configurations on the driver, after its one "
+       "calibration pass; when it runs out, the job refuses with the best configuration found.", default=120.0,
+       type=FiniteNumber(min=0), metavar="SECONDS"),
+    # --- estimate
+    _s("estimate_images", "--estimate-images", "estimate",
+       "Images scored before the run (by the executors as they load the model, else and in --dry-run by the "
+       "driver) to estimate its time and cost, at most a sixteenth of the keys to score (never under 8), in "
+       "whole micro-batches; a fresh run keeps the rows its executors scored, and then scores up to twice as "
+       "many, at most half the keys; 0: no estimate.",
+       default=32, type=count(0)),
+    _s("estimate_cluster", "--estimate-cluster", "estimate",
+       "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor of VCPUS threads per node "
+       "(the layout conf/emr.yaml makes).",
+       type=CheckedText("NxVCPUS", cluster_shape),
+       show_default="the Spark configuration in force (its executors times their threads)"),
+    _s("node_price", "--node-price", "estimate",
+       "USD per node-hour, core and master nodes alike: the estimate then gives what the cluster bills, from its "
+       "start-up to its idle timeout, part by part.",
+       type=FiniteNumber(min=0), metavar="USD"),
+    # --- run
+    _s("dry_run", "--dry-run/--no-dry-run", "run",
+       "List, plan, load the model, score one image, check the output may be written; no Spark job. The plan is "
+       "one JSON object on the last line of standard output.", default=False),
+    _s("app_name", "--app-name", "run", "Spark application name.", default="mxnet-batch-inference"),
+    _s("log_level", "--log-level", "run", "Driver log level.", default="INFO",
+       type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case_sensitive=False)),
+    _s("progress_seconds", "--progress-seconds", "run", "Seconds between progress lines.", default=15.0,
+       type=FiniteNumber(min=1)),
+)
+
+#: Every setting by name.
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+#: The settings that mean something for one task only (:attr:`Setting.task`): given explicitly with another
+#: task, they are refused (a --config file's yield to a --task on the command line: ``config.yielding_to_task``).
+TASK_ONLY: dict[str, str] = {s.name: s.task for s in SETTINGS if s.task is not None}
+
+
+#: Every setting's default as the library uses it (:attr:`Setting.library_default`): ``DEFAULT.batch_size``
+#: is 64, the job's fallback, where the job's own default is ``auto``. Generated into :mod:`mxjob.core.constants`
+#: (:func:`constants_text`), where the executors and the library read it without this table.
+DEFAULT = constants.DEFAULT
+
+
+def going_to(*destinations: str) -> tuple[Setting, ...]:
+    """The settings whose :attr:`Setting.to` is one of ``destinations``, in table order."""
+    return tuple(s for s in SETTINGS if s.to in destinations)
+
+
+def _refuse_secret(ctx, param, value):
+    if value is not None:
+        raise click.BadParameter(SECRETS_MESSAGE, ctx=ctx, param=param)
+    return value
+
+
+def click_options() -> list[click.Option]:
+    """``--config``, every setting's option, and the refused key options: ``infer_main.main``'s parameters."""
+    return [
+        click.Option(["--config", "config_uri"], metavar="URI",
+                     help="YAML file of options (path or s3://); the command line overrides it."),
+        *(s.click_option() for s in SETTINGS),
+        click.Option(["--access_key", "--access-key", "access_key"], hidden=True, expose_value=False,
+                     callback=_refuse_secret),
+        click.Option(["--secret_key", "--secret-key", "secret_key"], hidden=True, expose_value=False,
+                     callback=_refuse_secret),
+    ]
+
+
+def make_settings_dataclass(name: str, base: type, settings: Iterable[Setting], module: str,
+                            extra: Iterable[tuple] = (), with_defaults: bool = True) -> type:
+    """A frozen dataclass ``name``: ``base``'s fields, then one field per setting, then ``extra``.
+
+    This is how ``JobConfig`` and ``JobSpec`` get a field for each setting
+    without a declaration of their own: the table is the declaration. With
+    ``with_defaults``, each field's default is the setting's (the library's
+    defaults are the job's, or :attr:`Setting.library_default` where the
+    job decides at run time). The class is made importable as
+    ``module.name`` so that it pickles to the executors.
+    """
+    fields: list[tuple] = []
+    for s in settings:
+        metadata = {"help": s.help, "flag": s.flag}
+        if with_defaults:
+            fields.append((s.name, Any, dataclasses.field(default=s.library_default, metadata=metadata)))
+        else:
+            fields.append((s.name, Any, dataclasses.field(metadata=metadata)))
+    cls = dataclasses.make_dataclass(name, [*fields, *extra], bases=(base,), frozen=True,
+                                     namespace={"__doc__": base.__doc__})
+    cls.__module__ = module
+    cls.__qualname__ = name
+    return cls
+
+
+# ----------------------------------------------------------------------------
+# What is generated from the table: conf/defaults.yaml and docs/options.md
+
+
+def constants_text(current: str) -> str:
+    """``mxjob/core/constants.py`` with its generated part (below the marker) made from the table.
+
+    Every setting's library default as a class attribute of ``DEFAULT`` (a
+    namespace with no imports), and the executor settings' names in table
+    order, which :class:`mxjob.executor.partition.JobSpec` takes as its option fields.
+    """
+    head = current[:current.index(CONSTANTS_MARKER) + len(CONSTANTS_MARKER)]
+    lines = ["", "", "class DEFAULT:",
+             '    """Every setting\'s default as the library and the executors use it '
+             '(``Setting.library_default``)."""', ""]
+    lines += [f"    {s.name} = {s.library_default!r}" for s in SETTINGS]
+    executor = ", ".join(f'"{s.name}"' for s in going_to("executor"))
+    lines += ["", "", "#: The settings an executor reads (``to=\"executor\"``): ``JobSpec``'s option fields, "
+              "in table order.",
+              *textwrap.wrap(f"EXECUTOR_SETTINGS = ({executor})", 118, subsequent_indent="    ",
+                             break_on_hyphens=False)]
+    return head + "\n".join(lines) + "\n"
+
+
+#: The line of ``mxjob/core/constants.py`` after which :func:`constants_text` writes.
+CONSTANTS_MARKER = ("# ---- generated from mxjob/options/settings.py's SETTINGS by `make docs`; "
+                    "do not edit below this line")
+
+
+def defaults_yaml() -> str:
+    """``conf/defaults.yaml``: every setting with its default and help, grouped by section."""
+    import yaml
+
+    lines = [
+        "# Every job option with its default. Copy what you change into your own YAML",
+        "# and pass it with --config (a path, or s3://... in cluster mode); options on",
+        "# the command line override the file. Keys are the long option names with",
+        '# "_" for "-", and go through the same types and ranges as the command line.',
+        "# Generated from SETTINGS in mxjob/options/settings.py by `make docs`; do not edit by hand.",
+    ]
+    for section in SECTIONS:
+        lines += ["", f"# --- {section}"]
+        for s in SETTINGS:
+            if s.section != section:
+                continue
+            value = list(s.default) if isinstance(s.default, tuple) else s.default
+            dumped = yaml.safe_dump({s.name: value}, default_flow_style=True, width=1000).strip()
+            if dumped.startswith("{") and dumped.endswith("}"):
+                dumped = dumped[1:-1]
+            note = s.help if s.show_default is None else f"{s.help} Unset: {s.show_default}."
+            first, *rest = textwrap.wrap(note, 110 - 30) or [""]
+            lines.append(f"{dumped:<27} # {first}")
+            lines += [f"{'':<27} # {more}" for more in rest]
+    return "\n".join(lines) + "\n"
+
+
+def options_markdown() -> str:
+    """``docs/options.md``: every option's flags, default and help, one table per section."""
+    out = [
+        "# Options",
+        "",
+        "<!-- Generated from SETTINGS in mxjob/options/settings.py by `make docs`; tests/test_settings.py keeps it "
+        "equal. -->",
+        "",
+        "Every option can be given on the command line (`--batch-size 128`) or in a YAML file passed with "
+        "`--config` (`batch_size: 128`: the long name with `_` for `-`); the command line wins over the file, "
+        "the file over the default. [`conf/defaults.yaml`](../conf/defaults.yaml) lists every one with its default. "
+        "Values from the file go through the same types and ranges as the command line. "
+        "`--config URI` itself takes a path or an `s3://` URI.",
+        "",
+        "**Goes to** says where a setting acts: the driver, the executors, the model or the preprocessing recipe. "
+        "**Resume** marks the settings that change what a line says about an image: `--resume` refuses to "
+        "continue a run with a different value (see [Resume](resume.md)).",
+    ]
+    for section in SECTIONS:
+        out += ["", f"## {section[0].upper()}{section[1:]}", "",
+                "| Option | Default | Goes to | Resume | What it does |", "|---|---|---|---|---|"]
+        for s in SETTINGS:
+            if s.section != section:
+                continue
+            flags = ", ".join(f"`{f}`" for f in s.flags)
+            shown = s.default_text()
+            if s.is_flag or isinstance(s.default, bool):
+                shown = "off" if not s.default else "on"
+            default_cell = f"`{shown}`" if shown else (s.show_default or ("empty" if shown == "" else "unset"))
+            if s.default == ():
+                default_cell = "none"
+            resume = ("" if not s.fingerprint else f"{s.task} only" if s.task is not None
+                      else "yes" if s.fingerprint is True else _FINGERPRINT_WHEN[s.fingerprint])
+            goes = {"resolve": "driver"}.get(s.to, s.to)
+            out.append(f"| {flags} | {_cell(default_cell)} | {goes} | {resume} | {_cell(s.help)} |")
+    return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+if __name__ == "__main__":  # python -m mxjob.options.settings ROOT: write the generated files (make docs)
+    import sys
+
+    root = sys.argv[1] if len(sys.argv) > 1 else "."
+    constants_path = os.path.join(root, "mxjob", "core", "constants.py")
+    with open(constants_path, encoding="utf-8") as handle:
+        constants_now = handle.read()
+    for path, text in ((os.path.join(root, "conf", "defaults.yaml"), defaults_yaml()),
+                       (os.path.join(root, "docs", "options.md"), options_markdown()),
+                       (constants_path, constants_text(constants_now))):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        print(f"wrote {path}")

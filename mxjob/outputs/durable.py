@@ -1,0 +1,293 @@
+"""Durable progress: the work prefix beside the output, its runs and parts, and what a resume still has to score.
+
+A run never holds its results in the driver. Each executor writes its batch's
+results to S3 as soon as it has scored them (``mxjob.executor.partition.score_partition``), under
+a *work prefix* that belongs to the output object::
+
+    OUTPUT.parts/job.json                        what every row depends on (the fingerprint)
+    OUTPUT.parts/run-0001/run.json               one run's plan: batch size, batch count, keys, app id
+    OUTPUT.parts/run-0001/plan.arrows            that run's keys in batch order, a record batch per batch
+    OUTPUT.parts/run-0001/part-00000012.arrows.zst  batch 12's results: one record batch sorted by key
+                                                    (mxjob.results.results: an Arrow IPC stream in a zstd frame)
+    OUTPUT.parts/run-0002/...                       the estimate's sample that run 1's executors scored as they
+                                                    warmed up, kept (run.json says "sample": true)
+
+:mod:`mxjob.outputs.merge` merges the runs' parts into the output (:mod:`mxjob.outputs.sinks`)
+while Spark scores the batches or after; once every listed key has its row,
+the work prefix is removed. A driver that dies before then leaves the parts;
+``--resume`` plans only the keys that have no row yet (:func:`remaining_keys`)
+as a new run, and the merge reads the old runs' parts with the new one's, so
+the output is the one an uninterrupted run would have written.
+
+This module runs on the driver only. It lists and reads S3 through the
+client it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mxjob.executor.partition import part_key, put_part
+from mxjob.inputs import listing, plan_file
+from mxjob.outputs.sidecar import side_key
+from mxjob.results import results
+from mxjob.s3 import parallel_list, reads, writes
+
+#: A run's keys in batch order (:func:`plan_file.write_plan`), beside its ``run.json``.
+PLAN_NAME = "plan.arrows"
+_RUN = re.compile(r"run-(\d{4,})/(.+)$")
+PART_PATTERN = re.compile(r"part-(\d{8})\.arrows\.zst$")
+
+
+class ResumeError(Exception):
+    """The work prefix and this run do not fit together; the message says what to do."""
+
+
+def fingerprint(settings: dict, files: dict[str, bytes | str | None]) -> dict:
+    """What every line of the output depends on: the settings as given, and files by SHA-256.
+
+    Two runs whose fingerprints are equal write the same row for the same
+    image, so their parts may be merged into one output. ``part_format`` is
+    the parts' format (:data:`results.FORMAT`): a resume never reads parts of another.
+    A file is its bytes, or (a ``str``) the SHA-256 hex digest whoever read them took.
+    """
+    digests = {name: _digest(data) for name, data in files.items()}
+    return {**{k: _plain(v) for k, v in settings.items()}, **digests, "part_format": results.FORMAT}
+
+
+def _digest(data: bytes | str | None) -> str | None:
+    """A file's SHA-256 hex digest: taken here from its bytes, or already taken by whoever read them (a ``str``)."""
+    if data is None or isinstance(data, str):
+        return data
+    return hashlib.sha256(data).hexdigest()
+
+
+def _plain(value):
+    """The value as JSON gives it back (tuples as lists), so a fingerprint equals its own round trip."""
+    return json.loads(json.dumps(value))
+
+
+#: The fingerprint's file entries (compared by digest, named as files in messages).
+_FILES = ("model_symbol", "model_params", "labels", "handler", "int8_params")
+
+
+def differences(earlier: dict, now: dict) -> list[str]:
+    """One phrase per fingerprint entry that differs, e.g. ``top_k: 3 then, 5 now``."""
+    out = []
+    for name in sorted(set(earlier) | set(now)):
+        before, after = earlier.get(name), now.get(name)
+        if before != after:
+            if name in _FILES:
+                out.append(f"{name} (a different file: sha256 {str(before)[:12]} then, {str(after)[:12]} now)")
+            else:
+                out.append(f"{name}: {json.dumps(before)} then, {json.dumps(after)} now")
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run recorded under the work prefix: its plan and which of its batches are durable."""
+
+    number: int
+    prefix: str
+    batch_size: int
+    batches: int
+    keys: int
+    application: str | None
+    done: frozenset = field(default_factory=frozenset)
+    #: ``(offset, length)`` of each batch in the run's plan; known to the run that wrote it only.
+    spans: tuple = ()
+    #: The estimate's sample, scored as the executors warmed up and kept (:meth:`WorkPrefix.keep_sample`): a
+    #: part of the run numbered before it (the same invocation), whose plan leaves these keys out.
+    sample: bool = False
+
+
+@dataclass
+class Plan:
+    """What this run does: the earlier runs it reuses and the keys it scores (a :class:`listing.Listing`)."""
+
+    runs: list
+    todo: listing.Listing
+    number: int
+    resumed: bool
+    #: For a dataset output: its :class:`mxjob.outputs.dataset.DatasetPlan`.
+    dataset: object = None
+    #: The sample's rows this run kept (:class:`mxjob.executor.measure.KeptShare`), recorded as run ``number + 1``
+    #: (in ``runs``); ``todo`` leaves their keys out.
+    sample: tuple = ()
+
+    @property
+    def sampled(self) -> int:
+        """Keys of this run's kept sample: scored by this run, before its Spark job."""
+        return sum(len(share.keys) for share in self.sample)
+
+    @property
+    def invocations(self) -> int:
+        """Runs that scored the output, this one included: a kept sample is a part of the run before it."""
+        return sum(not run.sample for run in self.runs) + 1
+
+
+class WorkPrefix:
+    """The work prefix of one output object: what earlier runs made durable, and the next run's plan."""
+
+    def __init__(self, client, bucket: str, output_key: str):
+        self.client, self.bucket, self.output_key = client, bucket, output_key
+        self.prefix = side_key(output_key, "parts/")
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def _objects(self, prefix: str) -> list[tuple[str, int]]:
+        return list(parallel_list.list_objects(self.client, self.bucket, prefix))
+
+    def exists(self) -> bool:
+        """Whether anything is under the work prefix."""
+        page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+        return bool(page.get("KeyCount"))
+
+    def read_job(self) -> dict | None:
+        """``job.json`` (the fingerprint the first run recorded), or ``None``."""
+        try:
+            return json.loads(reads.read_object(self.client, self.bucket, self.prefix + "job.json"))
+        except self.client.exceptions.NoSuchKey:
+            return None
+
+    def write_job(self, fingerprint_: dict, output_uri: str, dataset: dict | None = None) -> None:
+        """Record the fingerprint (and a dataset output's rows per file and key list digest) for resumes."""
+        body = {"output": output_uri, "created": time.time(), "fingerprint": fingerprint_}
+        if dataset is not None:
+            body["dataset"] = dataset
+        writes.put_text(self.client, self.bucket, self.prefix + "job.json", json.dumps(body, indent=2) + "\n")
+
+    def runs(self) -> list[Run]:
+        """Every recorded run, oldest first, with the batches each made durable."""
+        files: dict[int, dict[str, str]] = {}
+        for key, _ in self._objects(self.prefix + "run-"):
+            match = _RUN.match(key[len(self.prefix):])
+            if match:
+                files.setdefault(int(match.group(1)), {})[match.group(2)] = key
+        runs = []
+        for number in sorted(files):
+            names = files[number]
+            if "run.json" not in names:
+                continue  # the driver died while starting this run: it scored nothing
+            meta = json.loads(reads.read_object(self.client, self.bucket, names["run.json"]))
+            done = frozenset(int(m.group(1)) for m in map(PART_PATTERN.match, names) if m)
+            runs.append(Run(number=number, prefix=self.run_prefix(number), batch_size=meta["batch_size"],
+                            batches=meta["batches"], keys=meta["keys"], application=meta.get("application"),
+                            done=done, sample=bool(meta.get("sample"))))
+        return runs
+
+    def run_prefix(self, number: int) -> str:
+        return f"{self.prefix}run-{number:04d}/"
+
+    def plan_key(self, run: Run) -> str:
+        """The key of ``run``'s plan (its keys in batch order) in the output bucket."""
+        return run.prefix + PLAN_NAME
+
+    def run_batches(self, run: Run) -> Iterator[pa.RecordBatch]:
+        """The keys (and sizes) of ``run``, one record batch per batch of the run, streamed from its plan."""
+        body = self.client.get_object(Bucket=self.bucket, Key=self.plan_key(run))["Body"]
+        try:
+            yield from plan_file.read_plan(body)
+        finally:
+            body.close()
+
+    def run_keys(self, run: Run) -> pa.ChunkedArray:
+        """The keys of ``run`` in batch order."""
+        return pa.chunked_array([batch.column(0) for batch in self.run_batches(run)], listing.KEY_TYPE)
+
+    def start_run(self, number: int, keys, batch_size: int | Sequence[int], application: str | None,
+                  sample: bool = False) -> Run:
+        """Record run ``number``'s plan before any of its batches is scored.
+
+        ``keys`` (a :class:`listing.Listing`, or key strings) in batch order
+        stream into ``plan.arrows`` (:func:`plan_file.write_plan`); the returned
+        run's ``spans`` say where each batch is in it, for the tasks.
+        ``batch_size``: keys per batch, or each batch's own (a kept sample's shares).
+        ``sample``: the run holds a kept sample (:meth:`keep_sample`).
+        """
+        if not isinstance(keys, listing.Listing):
+            keys = list(keys)
+            keys = listing.Listing(self.bucket, pa.table({"key": pa.array(keys, listing.KEY_TYPE),
+                                                          "size": pa.array([listing.UNKNOWN_SIZE] * len(keys),
+                                                                           pa.int64())}))
+        prefix = self.run_prefix(number)
+        with writes.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
+                                   content_type="application/vnd.apache.arrow.stream", lazy=True) as writer:
+            spans = plan_file.write_plan(keys, batch_size, writer.write)
+        size = batch_size if isinstance(batch_size, int) else max(batch_size)
+        meta = {"batch_size": size, "batches": len(spans), "keys": len(keys), "application": application,
+                "started": time.time(), **({"sample": True} if sample else {})}
+        # run.json last: a run without it never started, and resume ignores it.
+        writes.put_text(self.client, self.bucket, prefix + "run.json", json.dumps(meta) + "\n")
+        return Run(number=number, prefix=prefix, batch_size=size, batches=len(spans), keys=len(keys),
+                   application=application, spans=tuple(spans), sample=sample)
+
+    def keep_sample(self, number: int, shares: Sequence, application: str | None) -> Run:
+        """Record the sample's rows scored in the executors' warm-up as run ``number``, every batch durable.
+
+        ``shares`` (:class:`mxjob.executor.measure.KeptShare`) in key order: a run
+        whose batches are the shares, whatever their sizes. Its ``run.json``
+        goes first, as any run's plan: a driver that dies before the parts
+        are written leaves their keys to a resume.
+        """
+        keys = [key for share in shares for key in share.keys]
+        run = self.start_run(number, keys, [len(share.keys) for share in shares], application, sample=True)
+        for index, share in enumerate(shares):
+            put_part(self.client, self.bucket, part_key(run.prefix, index), share.part)
+        return replace(run, done=frozenset(range(len(shares))))
+
+    def abort_uploads(self, also: Callable[[str], bool] | None = None) -> int:
+        """Abort the uploads an earlier driver left open (the output's, a plan's, and those ``also`` accepts under
+        the output's key: a dataset's files); return how many."""
+        return writes.abort_uploads(self.client, self.bucket, self.output_key, lambda key: (
+            key == self.output_key or key.startswith(self.prefix) or (also is not None and also(key))))
+
+    def remove(self) -> int:
+        """Delete everything under the work prefix; return how many objects were deleted."""
+        return writes.delete_objects(self.client, self.bucket, [key for key, _ in self._objects(self.prefix)])
+
+
+def latest_run(runs: Sequence[Run]) -> Run | None:
+    """The last run of ``runs`` (oldest first) that scored batches on Spark: a kept sample numbered after its own
+    run (:meth:`WorkPrefix.keep_sample`) is not it. ``None`` without one."""
+    return next((run for run in reversed(runs) if not run.sample), None)
+
+
+def remaining_keys(work: WorkPrefix, runs: Sequence[Run], keys) -> pa.Array:
+    """For each of ``keys`` (a :class:`listing.Listing`, or key strings), whether it still needs scoring.
+
+    A boolean Arrow array: true where no earlier run made the key's line
+    durable. Only the durable batches' keys are read, one run's plan at a time.
+    """
+    column = keys.keys if isinstance(keys, listing.Listing) else pa.array(list(keys), listing.KEY_TYPE)
+    done = [chunk for run in runs if run.done for chunk in _done_keys(work, run)]
+    if not done:
+        return pa.array(np.ones(len(column), dtype=bool))
+    scored = pc.is_in(column, value_set=pa.concat_arrays(done))
+    return pc.invert(scored.combine_chunks() if isinstance(scored, pa.ChunkedArray) else scored)
+
+
+def _done_keys(work: WorkPrefix, run: Run) -> list[pa.Array]:
+    return [batch.column(0) for index, batch in enumerate(work.run_batches(run)) if index in run.done]
+
+
+# ----------------------------------------------------------------------------
+# Assembly
+
+
+# ----------------------------------------------------------------------------
+# Output formats
+
+

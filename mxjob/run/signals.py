@@ -1,0 +1,35 @@
+"""SIGTERM and SIGINT on the driver: one exception, raised once, that ``infer_main`` turns into a resume hint."""
+
+from __future__ import annotations
+
+import signal
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT reached the driver (a ``BaseException``, like ``KeyboardInterrupt``).
+
+    ``what`` says how, when it was not this process's own signal (``Interrupted by ...``).
+    """
+
+    def __init__(self, signum: int, what: str | None = None):
+        super().__init__(what or signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: How a run ends that spark-submit's JVM stopped under it: a SIGTERM or Ctrl-C to the JVM alone runs its
+#: shutdown hook, which stops the SparkContext (``mxjob.run.cluster.jvm_shutting_down``). Not a failure.
+JVM_SHUTDOWN = "a shutdown of spark-submit's JVM (SIGTERM or Ctrl-C to it)"
+
+
+#: Signals this driver received: the JVM gets a terminal's Ctrl-C or YARN's SIGTERM
+#: too, and its failure may reach the main thread before the signal's exception does.
+received: list[int] = []
+
+
+def raise_interrupted(signum, _frame):
+    """The driver's SIGTERM and SIGINT handler: note the signal, ignore any second one, raise :class:`Interrupted`."""
+    received.append(signum)
+    # One interruption is enough: the clean-up below must not be cut short by a second one.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)

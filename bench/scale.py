@@ -180,7 +180,7 @@ class Watch(ProcessWatch):
 
 
 # ----------------------------------------------------------------------------
-# Arithmetic (tests/test_bench.py checks it on a hand-made summary)
+# Arithmetic (tests/bench/test_bench.py checks it on a hand-made summary)
 
 
 def task_overhead(summary: dict, executors: int) -> dict:

@@ -4,7 +4,7 @@ Integration tests run the real job through ``spark-submit`` on
 ``local-cluster[2,1,1024]``; each such run is a session fixture whose output
 several tests read, so the suite starts Spark only a handful of times. The
 helpers the tests call (``encode``, ``make_s3_client``, ``spark_submit``, ...)
-are in ``tests/helpers.py``: a test module never imports this file.
+are in ``tests/support/helpers.py``: a test module never imports this file.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from demo import make_demo
 from demo.s3local import FAKE_AWS_ENV, moto_server
 from mxjob.core import state
-from tests.helpers import make_s3_client
+from tests.support.helpers import make_s3_client
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ The executors, the library and the S3 layer read their defaults here, so
 none of them imports the option table (:mod:`mxjob.options.settings`, with click
 and the driver's checks). The choices are declared here, by hand; the
 defaults below the marker are generated from :data:`mxjob.options.settings.SETTINGS`
-by ``make docs``, and ``tests/test_settings.py`` fails when they differ:
+by ``make docs``, and ``tests/unit/options/test_settings.py`` fails when they differ:
 the table stays the one declaration of a setting.
 """
 

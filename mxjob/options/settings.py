@@ -12,7 +12,7 @@ this table:
 - the library's defaults (``Preprocess``, ``ModelSpec``, ``Classifier``, ``model_udf`` take :data:`DEFAULT`);
 - the fingerprint's settings (``mxjob.outputs.resume.line_settings``);
 - ``conf/defaults.yaml`` and ``docs/options.md`` (:func:`defaults_yaml`,
-  :func:`options_markdown`; ``make docs`` writes both, ``tests/test_settings.py`` checks them).
+  :func:`options_markdown`; ``make docs`` writes both, ``tests/unit/options/test_settings.py`` checks them).
 
 Adding an executor option is three edits: its :class:`Setting` here with
 ``to="executor"``, the executor code that reads ``job.<name>``, and a test;
@@ -548,8 +548,8 @@ def options_markdown() -> str:
     out = [
         "# Options",
         "",
-        "<!-- Generated from SETTINGS in mxjob/options/settings.py by `make docs`; tests/test_settings.py keeps it "
-        "equal. -->",
+        "<!-- Generated from SETTINGS in mxjob/options/settings.py by `make docs`; "
+        "tests/unit/options/test_settings.py keeps it equal. -->",
         "",
         "Every option can be given on the command line (`--batch-size 128`) or in a YAML file passed with "
         "`--config` (`batch_size: 128`: the long name with `_` for `-`); the command line wins over the file, "

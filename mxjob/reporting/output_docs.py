@@ -7,7 +7,7 @@ Each part is made from the result model (:func:`mxjob.results.results.schema`,
 (:func:`mxjob.reporting.records.field_table`), so the pages cannot drift from what the job
 writes. It sits in the page between two marker comments::
 
-    <!-- generated: embed (make docs; tests/test_output_docs.py keeps it equal) -->
+    <!-- generated: embed (make docs; tests/unit/reporting/test_output_docs.py keeps it equal) -->
     ...
     <!-- end generated: embed -->
 
@@ -93,7 +93,7 @@ def part(example: Example) -> str:
 
 
 def _markers(name: str) -> tuple[str, str]:
-    return (f"<!-- generated: {name} (make docs; tests/test_output_docs.py keeps it equal) -->",
+    return (f"<!-- generated: {name} (make docs; tests/unit/reporting/test_output_docs.py keeps it equal) -->",
             f"<!-- end generated: {name} -->")
 
 

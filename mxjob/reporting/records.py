@@ -49,7 +49,8 @@ def optional(doc: str, when: str) -> Any:
 
 
 def choice(doc: str, choices: tuple, when: Optional[str] = None) -> Any:
-    """A string field that is one of ``choices`` (``doc`` names each: tests/test_records.py checks it)."""
+    """A string field that is one of ``choices`` (``doc`` names each: tests/unit/reporting/test_records.py checks
+    it)."""
     return dataclasses.field(default=ABSENT, metadata={"doc": doc, "when": when, "choices": choices})
 
 

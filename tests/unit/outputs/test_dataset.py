@@ -1,0 +1,325 @@
+"""A Parquet dataset as the output (mxjob.outputs.dataset, mxjob.outputs.sidecar): ``--output s3://BUCKET/PREFIX/``.
+
+Without Spark: the keys beside an output, the sink's files (boundaries,
+rows, schema and metadata equal to one Parquet object's, ``_SUCCESS``, an
+abort leaves no file), the key list's digest, ``auto``'s rows per file, the
+resume plan, and the refusals. Through spark-submit: a dataset read with
+pyarrow.dataset while the job runs and after its driver is SIGKILLed sees
+whole rows only and no key twice; ``--resume`` finishes it, keeping the
+files already written, and its rows equal the single Parquet object's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+
+import click
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from demo.s3proxy import S3Proxy
+from mxjob.core.errors import JobError
+from mxjob.options import config
+from mxjob.outputs import dataset, preflight, sinks
+from mxjob.outputs.sidecar import is_dataset, output_of, side_key
+from mxjob.reporting import records
+from mxjob.results import results
+from mxjob.s3 import access, parallel_list, uris, writes
+from tests.support.helpers import bucket_with_digits, spark_submit, start_spark_submit
+
+BUCKET = "dataset-bucket"
+BASE = {"input": "s3://in/p/", "model": "s3://m/r"}
+
+
+@pytest.fixture(scope="module")
+def s3(moto_buckets):
+    return moto_buckets
+
+
+def rows_batch(keys: list[str], fail: set = frozenset()) -> pa.RecordBatch:
+    """A classify record batch of the result model, one row per key; keys in ``fail`` are error rows."""
+    made = results.Results(results.schema("classify"))
+    for i, key in enumerate(keys):
+        if key in fail:
+            made.fail(key, {"stage": "decode", "type": "OSError", "message": "bad"})
+        else:
+            made.add(key, results.prediction_entries([(i % 7, f"c{i % 7}", 0.5)]))
+    return made.record_batch()
+
+
+# ----------------------------------------------------------------------------
+# Keys beside the output
+
+
+def test_the_keys_beside_an_object_and_a_dataset():
+    assert [side_key("a/out.jsonl", n) for n in ("parts/", "summary.json", "status.json", "report.html")] == [
+        "a/out.jsonl.parts/", "a/out.jsonl.summary.json", "a/out.jsonl.status.json", "a/out.jsonl.report.html"]
+    assert [side_key("a/p/", n) for n in ("parts/", "summary.json", "status.json", "report.html", "SUCCESS")] == [
+        "a/p/_parts/", "a/p/_summary.json", "a/p/_status.json", "a/p/_report.html", "a/p/_SUCCESS"]
+    assert is_dataset("a/p/") and not is_dataset("a/p.parquet")
+    with pytest.raises(ValueError, match="has no _SUCCESS"):
+        side_key("a/out.jsonl", "SUCCESS")
+    assert output_of("a/p/_status.json") == "a/p/" and output_of("a/out.jsonl.status.json") == "a/out.jsonl"
+
+
+def test_a_trailing_slash_is_a_parquet_dataset_and_json_lines_there_is_refused():
+    cfg = config.resolve(config.merge_settings({**BASE, "output": "s3://o/preds/"}, {}))
+    assert cfg.dataset and cfg.output_format == "parquet" and cfg.summary_key == "preds/_summary.json"
+    with pytest.raises(click.UsageError, match=r"an output ending in '/' .* is a Parquet dataset"):
+        config.resolve(config.merge_settings({**BASE, "output": "s3://o/preds/", "output_format": "jsonl"}, {}))
+
+
+# ----------------------------------------------------------------------------
+# The sink
+
+
+def parquet_object(s3, key: str, batches: list[pa.RecordBatch], metadata: dict) -> pa.Table:
+    """The same rows through the single-object Parquet sink."""
+    sink = sinks.ParquetSink(writes.MultipartWriter(s3, BUCKET, key), metadata)
+    sink.write(batches)
+    sink.close()
+    return pq.read_table(io.BytesIO(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
+
+
+def read_file(s3, key: str) -> pa.Table:
+    return pq.read_table(io.BytesIO(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
+
+
+def test_the_sink_cuts_files_at_rows_per_file_each_like_the_single_object(s3):
+    keys = [f"k{i:03d}" for i in range(23)]
+    batches = [rows_batch(keys[:5], fail={"k003"}), rows_batch(keys[5:17]), rows_batch(keys[17:])]
+    metadata = {"mxinfer.fingerprint": '{"task": "classify"}', "mxinfer.task": "classify"}
+    sink = sinks.DatasetSink(s3, BUCKET, "sink/", 10, metadata)
+    sink.write(batches[:2])
+    assert [f["rows"] for f in sink.files] == [10]  # the first file is whole and visible before the end
+    assert access.object_exists(s3, BUCKET, "sink/part-00000.parquet")
+    sink.write(batches[2:])
+    sink.close()
+    assert [(f["key"], f["rows"]) for f in sink.files] == [
+        ("sink/part-00000.parquet", 10), ("sink/part-00001.parquet", 10), ("sink/part-00002.parquet", 3)]
+    whole = parquet_object(s3, "sink-one.parquet", batches, metadata)
+    files = [read_file(s3, f["key"]) for f in sink.files]
+    assert pa.concat_tables(files).equals(whole)
+    assert all(f.schema.metadata[b"mxinfer.task"] == b"classify" for f in files)
+    success = json.loads(s3.get_object(Bucket=BUCKET, Key="sink/_SUCCESS")["Body"].read())
+    assert success["rows"] == 23 and [f["key"] for f in success["files"]] == [f["key"] for f in sink.files]
+    assert [f["bytes"] for f in success["files"]] == [
+        s3.head_object(Bucket=BUCKET, Key=f["key"])["ContentLength"] for f in sink.files]
+
+
+def test_an_aborted_sink_leaves_its_whole_files_and_no_partial_one(s3):
+    keys = [f"a{i:02d}" for i in range(15)]
+    sink = sinks.DatasetSink(s3, BUCKET, "abort/", 10, {})
+    sink.write([rows_batch(keys)])
+    sink.abort()
+    listed = [k for k, _ in parallel_list.list_objects(s3, BUCKET, "abort/")]
+    assert listed == ["abort/part-00000.parquet"]
+    assert not s3.list_multipart_uploads(Bucket=BUCKET, Prefix="abort/").get("Uploads")
+
+
+def test_files_an_earlier_run_completed_are_kept_and_not_written_again(s3):
+    keys = [f"r{i:02d}" for i in range(25)]
+    first = sinks.DatasetSink(s3, BUCKET, "keep/", 10, {})
+    first.write([rows_batch(keys[:12])])
+    first.abort()  # the driver died: file 0 is whole
+    before = s3.head_object(Bucket=BUCKET, Key="keep/part-00000.parquet")
+    found = dataset.contents(s3, BUCKET, "keep/")
+    plan = dataset.resume_plan({"rows_per_file": 10, "keys_sha256": dataset.keys_digest(keys)}, "auto",
+                               (999, "auto"), keys, found)
+    assert plan.rows_per_file == 10 and set(plan.keep) == {0}
+    again = sinks.DatasetSink(s3, BUCKET, "keep/", plan.rows_per_file, {}, plan.keep)
+    again.write([rows_batch(keys)])
+    again.close()
+    after = s3.head_object(Bucket=BUCKET, Key="keep/part-00000.parquet")
+    assert (after["ETag"], after["LastModified"]) == (before["ETag"], before["LastModified"])
+    assert [f["kept"] for f in again.files] == [True, False, False]
+    assert pa.concat_tables([read_file(s3, f["key"]) for f in again.files]).column("key").to_pylist() == keys
+
+
+def test_a_changed_key_list_keeps_nothing_and_another_rows_per_file_is_refused():
+    keys = ["a", "b", "c"]
+    found = dataset.Contents(files={"p/part-00000.parquet": 10}, prefix="p/")
+    record = {"rows_per_file": 2, "keys_sha256": dataset.keys_digest(keys)}
+    assert dataset.resume_plan(record, "auto", (5, ""), ["a", "b", "c", "d"], found).keep == {}
+    assert dataset.resume_plan(record, 2, (5, ""), keys, found).keep == {0: ("p/part-00000.parquet", 10)}
+    with pytest.raises(JobError, match=r"cut its files at 2 rows.*resume with --rows-per-file 2"):
+        dataset.resume_plan(record, 3, (5, ""), keys, found)
+
+
+def test_the_key_digest_ignores_chunking_and_sees_every_key():
+    from mxjob.inputs import listing
+
+    keys = [f"img/{i}.jpg" for i in range(50)] + ["é/ü.jpg"]
+    one = dataset.keys_digest(keys)
+    table = pa.table({"key": pa.chunked_array([pa.array(keys[:7], listing.KEY_TYPE),
+                                               pa.array(keys[7:], listing.KEY_TYPE)]),
+                      "size": pa.array([1] * len(keys), pa.int64())})
+    chunked = listing.Listing("b", table)
+    sliced = listing.Listing("b", pa.table({"key": pa.array(["x", *keys], listing.KEY_TYPE).slice(1),
+                                            "size": pa.array([1] * len(keys), pa.int64())}))
+    assert dataset.keys_digest(chunked) == one == dataset.keys_digest(sliced)
+    assert dataset.keys_digest([*keys[:-1], "é/ü.jpeg"]) != one
+    assert dataset.keys_digest(["ab", "c"]) != dataset.keys_digest(["a", "bc"])
+
+
+def test_auto_rows_per_file_follow_the_rows_size():
+    embed, why = dataset.auto_rows_per_file("embed", 40, 5, 1280, 4)
+    half, _ = dataset.auto_rows_per_file("embed", 40, 5, 1280, 2)
+    classify, _ = dataset.auto_rows_per_file("classify", 40, 5, None, 4)
+    assert embed == 128 * 2**20 // (40 + 1280 * 4 + dataset.ROW_OVERHEAD_BYTES) // 1000 * 1000
+    assert embed < half < classify <= dataset.AUTO_ROWS[1]
+    assert "1280 values of 4 bytes" in why
+    assert dataset.auto_rows_per_file("embed", 40, 5, 10**8, 4)[0] == dataset.AUTO_ROWS[0]
+
+
+def test_the_parquet_sink_bounds_a_row_group_in_bytes(s3, monkeypatch):
+    monkeypatch.setattr(sinks, "PARQUET_ROW_GROUP_BYTES", 1)  # every write is a row group of its own
+    keys = [f"g{i}" for i in range(6)]
+    sink = sinks.ParquetSink(writes.MultipartWriter(s3, BUCKET, "groups.parquet"), {})
+    for start in range(0, 6, 2):
+        sink.write([rows_batch(keys[start:start + 2])])
+    sink.close()
+    meta = pq.ParquetFile(io.BytesIO(s3.get_object(Bucket=BUCKET, Key="groups.parquet")["Body"].read())).metadata
+    assert meta.num_row_groups == 3 and meta.num_rows == 6
+
+
+# ----------------------------------------------------------------------------
+# Refusals before any listing
+
+
+def dataset_config(prefix: str, *flags: str) -> config.JobConfig:
+    values = {"input": f"s3://{BUCKET}/imgs/", "model": f"s3://{BUCKET}/model/digits",
+              "output": f"s3://{BUCKET}/{prefix}", **{f: True for f in flags}}
+    return config.resolve(config.merge_settings(values, {}))
+
+
+def test_objects_the_job_did_not_write_are_refused_whatever_the_flags(s3):
+    s3.put_object(Bucket=BUCKET, Key="foreign/notes.txt", Body=b"mine")
+    for flags in ((), ("overwrite",), ("resume",)):
+        with pytest.raises(JobError, match=r"holds 1 object the job did not write \(for example 'notes.txt'\)"):
+            preflight.check_before_listing(dataset_config("foreign/", *flags), s3)
+
+
+def test_an_existing_dataset_is_refused_without_overwrite(s3):
+    s3.put_object(Bucket=BUCKET, Key="done/part-00000.parquet", Body=b"x")
+    with pytest.raises(JobError, match=r"s3://dataset-bucket/done/ \(or its summary\) already exists; add --overwrite"):
+        preflight.refuse_existing_output(dataset_config("done/"), s3)
+    s3.put_object(Bucket=BUCKET, Key="status-only/_status.json", Body=b"{}")
+    preflight.refuse_existing_output(dataset_config("status-only/"), s3)  # a status alone is no output
+
+
+# ----------------------------------------------------------------------------
+# Through spark-submit
+
+IMAGES = 96
+BATCH = 8
+ROWS_PER_FILE = 16
+
+
+@pytest.fixture(scope="module")
+def world(moto_endpoint, demo_dir):
+    s3, keys = bucket_with_digits(moto_endpoint, BUCKET, demo_dir / "model", IMAGES)
+    s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=b"not a png")
+    return {"endpoint": moto_endpoint, "keys": sorted([*keys, "imgs/bad.png"])}
+
+
+def job_args(endpoint: str, output: str, *extra: str) -> list[str]:
+    return ["--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits", "--output",
+            f"s3://{BUCKET}/{output}", "--endpoint-url", endpoint, "--input-shape", "3,32,32", "--std", "255",
+            "--batch-size", str(BATCH), "--top-k", "2", "--progress-seconds", "1", "--max-errors", "1",
+            "--rows-per-file", str(ROWS_PER_FILE), *extra]
+
+
+def read_dataset(endpoint: str, prefix: str) -> pa.Table:
+    """The dataset as a reader sees it now: pyarrow.dataset over the prefix (hidden ``_`` names skipped)."""
+    fs = pafs.S3FileSystem(endpoint_override=endpoint, access_key="testing", secret_key="testing",
+                           region="us-east-1", scheme="http")
+    return ds.dataset(f"{BUCKET}/{prefix}", format="parquet", filesystem=fs).to_table()
+
+
+def assert_whole_rows_once(table: pa.Table, keys: list[str]) -> None:
+    got = table.column("key").to_pylist()
+    assert len(got) == len(set(got)), "a key twice"
+    assert set(got) <= set(keys)
+    assert got == keys[:len(got)]  # files are whole and in key order: a prefix of the key list
+
+
+@pytest.mark.spark
+def test_a_dataset_read_while_running_after_a_kill_and_after_resume(s3, world):
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    with S3Proxy(world["endpoint"], latency=0.05) as proxy:
+        process = start_spark_submit(job_args(proxy.endpoint, "live/", "--io-threads", "1"))
+        seen, deadline = [], time.time() + 300
+        while time.time() < deadline and process.poll() is None:
+            files = [k for k, _ in parallel_list.list_objects(s3, BUCKET, "live/part-")]
+            if files and not seen:
+                seen.append(read_dataset(world["endpoint"], "live/"))  # while the job runs
+            if len(files) >= 2:
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        process.communicate(timeout=120)
+    assert seen and 0 < seen[0].num_rows < len(world["keys"])
+    assert_whole_rows_once(seen[0], world["keys"])
+    after_kill = read_dataset(world["endpoint"], "live/")
+    assert_whole_rows_once(after_kill, world["keys"])
+    assert after_kill.num_rows % ROWS_PER_FILE == 0 and after_kill.num_rows >= 2 * ROWS_PER_FILE
+    kept = {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"]
+            for k, _ in parallel_list.list_objects(s3, BUCKET, "live/part-")}
+
+    result = spark_submit(job_args(world["endpoint"], "live/", "--resume"))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    final = read_dataset(world["endpoint"], "live/")
+    assert final.column("key").to_pylist() == world["keys"]
+    assert {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in kept} == kept  # not written again
+    summary = json.loads(s3.get_object(Bucket=BUCKET, Key="live/_summary.json")["Body"].read())
+    records.from_json(records.Summary, summary)  # a resumed dataset run's: its dataset entry too
+    assert summary["resumed"] is True and summary["dataset"]["kept_from_an_earlier_run"] == len(kept)
+    assert summary["dataset"]["files"] == -(-len(world["keys"]) // ROWS_PER_FILE)
+    success = json.loads(s3.get_object(Bucket=BUCKET, Key="live/_SUCCESS")["Body"].read())
+    assert success["rows"] == len(world["keys"])
+    assert not list(parallel_list.list_objects(s3, BUCKET, "live/_parts/"))
+
+    # The same job to one Parquet object: the same rows.
+    single = spark_submit(job_args(world["endpoint"], "one.parquet"))
+    assert single.returncode == 0, (single.stdout + single.stderr)[-3000:]
+    one = pq.read_table(io.BytesIO(s3.get_object(Bucket=BUCKET, Key="one.parquet")["Body"].read()))
+    assert final.select(one.column_names).to_pylist() == one.to_pylist()
+    assert final.filter(pa.compute.is_valid(final.column("error"))).column("key").to_pylist() == ["imgs/bad.png"]
+
+
+def test_watch_finds_the_status_of_an_object_and_of_a_dataset():
+    from mxjob.reporting import watch
+
+    assert watch.status_location("s3://b/out/p.jsonl") == ("b", "out/p.jsonl.status.json")
+    assert watch.status_location("s3://b/out/p.jsonl.status.json") == ("b", "out/p.jsonl.status.json")
+    assert watch.status_location("s3://b/classes/") == ("b", "classes/_status.json")
+    assert watch.status_location("s3://b/classes/_status.json") == ("b", "classes/_status.json")
+    with pytest.raises(uris.S3UriError, match="names no output"):
+        watch.status_location("s3://b/")
+
+
+def test_a_dry_run_of_a_dataset_says_its_rows_per_file_and_files(world, stderr_runner):
+    import infer_main
+
+    result = stderr_runner.invoke(infer_main.main, [*job_args(world["endpoint"], "dry/"), "--dry-run"])
+    assert result.exit_code == 0, result.stderr[-2000:]
+    plan = json.loads(result.stdout.strip().splitlines()[-1])
+    records.from_json(records.Plan, plan)  # its dataset entry too
+    assert plan["dataset"] == {"rows_per_file": ROWS_PER_FILE, "why": "--rows-per-file",
+                               "files": -(-len(world["keys"]) // ROWS_PER_FILE), "files_kept": 0}
+    auto = stderr_runner.invoke(infer_main.main, [*job_args(world["endpoint"], "dry/"), "--dry-run",
+                                                  "--rows-per-file", "auto"])
+    assert auto.exit_code == 0, auto.stderr[-2000:]
+    # auto: from these keys' mean length and --top-k 2, as the driver's check measured them
+    mean_key = sum(len(k.encode()) for k in world["keys"]) / len(world["keys"])
+    expected, why = dataset.auto_rows_per_file("classify", mean_key, 2, None, 4)
+    assert json.loads(auto.stdout.strip().splitlines()[-1])["dataset"] == {
+        "rows_per_file": expected, "why": why, "files": 1, "files_kept": 0}

@@ -1,0 +1,481 @@
+"""``--skip-existing`` and ``--rescore-errors`` on a dataset output (mxjob/outputs/existing.py, dataset.py, sinks.py).
+
+Without Spark: the filter on Arrow arrays (special characters, nothing there,
+a million keys), the selection of error rows to score again, the refusals
+(one output object, ``--overwrite``, a resume of the other kind, other
+settings), each run's file names, earlier runs' files accepted where objects
+the job did not write are refused, and the files of two runs read back on the
+moto server: keys found, error rows rewritten in place, ``_SUCCESS``'s
+sections. Through spark-submit: 200 images, then 50 more with
+``--skip-existing`` (exactly the 50 scored, every key once, rows equal to one
+run over the 250), then a run with nothing new; and a ``--skip-existing`` run
+killed part-way, then resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import click
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pytest
+
+from demo import make_demo
+from demo.s3proxy import S3Proxy
+from mxjob.core.errors import JobError
+from mxjob.inputs import listing
+from mxjob.options import config
+from mxjob.outputs import dataset, durable, existing, preflight, resume, sinks
+from mxjob.reporting import records, report
+from mxjob.s3 import parallel_list
+from tests.support.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
+
+BUCKET = "existing-bucket"
+FINGERPRINT = {"task": "classify", "top_k": 2}
+METADATA = sinks.provenance({"fingerprint": FINGERPRINT})
+
+
+@pytest.fixture(scope="module")
+def s3(moto_buckets):
+    return moto_buckets
+
+
+def rows_batch(keys: list[str], fail: frozenset = frozenset(), class_id: int = 1) -> pa.RecordBatch:
+    """A classify record batch of the result model, one row per key; keys in ``fail`` are error rows."""
+    from mxjob.results import results
+
+    made = results.Results(results.schema("classify"))
+    for key in keys:
+        if key in fail:
+            made.fail(key, {"stage": "decode", "type": "OSError", "message": "bad"})
+        else:
+            made.add(key, results.prediction_entries([(class_id, f"c{class_id}", 0.5)]))
+    return made.record_batch()
+
+
+def listed(keys: list[str]) -> listing.Listing:
+    return listing.Listing.build("b", keys, [1] * len(keys))
+
+
+def config_for(output: str, endpoint: str | None = None, **flags) -> config.JobConfig:
+    values = {"input": f"s3://{BUCKET}/imgs/", "model": f"s3://{BUCKET}/model/digits",
+              "output": f"s3://{BUCKET}/{output}", **flags}
+    if endpoint:
+        values["endpoint_url"] = endpoint
+    return config.resolve(config.merge_settings(values, {}))
+
+
+# ----------------------------------------------------------------------------
+# The filter, on Arrow arrays
+
+
+def test_the_filter_marks_exactly_the_listed_keys_some_file_holds_special_characters_too():
+    keys = sorted(["a b.jpg", "é/ü.jpg", "x\u00a0y.png", "k%2F.jpg", "日本/画像.jpg", "quote'\".jpg", "z.jpg"])
+    marks = existing.KeyFilter(listed(keys).keys, group_keys=2)  # groups of two keys: several look-ups
+    marks.add(pa.array(["é/ü.jpg", "not listed.jpg"]))
+    marks.add(pa.array(["日本/画像.jpg"], pa.large_string()))
+    marks.add(pa.array([], pa.string()))
+    marks.add(pa.array(["quote'\".jpg", "a b.jpg"]))
+    found = marks.finish()
+    assert [k for k, hit in zip(keys, found) if hit] == sorted(["é/ü.jpg", "日本/画像.jpg", "quote'\".jpg", "a b.jpg"])
+    new, rescore, owner = existing.select(listed(keys), found)
+    assert new.keys.to_pylist() == ["k%2F.jpg", "x\u00a0y.png", "z.jpg"] and rescore is None and owner is None
+
+
+def test_an_empty_dataset_leaves_every_key_to_score():
+    images = listed(["a.jpg", "b.jpg"])
+    found = existing.KeyFilter(images.keys).finish()
+    assert not found.any()
+    assert existing.select(images, found)[0].keys.to_pylist() == ["a.jpg", "b.jpg"]
+
+
+def test_a_million_listed_keys_against_a_million_existing_in_seconds():
+    n = 1_000_000
+    keys = pa.array([f"photos/{i % 997:03d}/{i:08d}.jpg" for i in range(n)], pa.large_string())
+    images = listing.Listing.build("b", keys, pa.array(np.ones(n, dtype=np.int64)))
+    # What the dataset holds: every key but each 7th, in files of 100,000 keys, as a first run wrote them.
+    sorted_keys = images.keys.combine_chunks()
+    held = sorted_keys.filter(pa.array(np.arange(n) % 7 != 0)).cast(pa.string())
+    started = time.perf_counter()
+    marks = existing.KeyFilter(images.keys)
+    for start in range(0, len(held), 100_000):
+        marks.add(held.slice(start, 100_000))
+    new, _, _ = existing.select(images, marks.finish())
+    seconds = time.perf_counter() - started
+    assert new.keys.combine_chunks().equals(sorted_keys.filter(pa.array(np.arange(n) % 7 == 0)))
+    assert seconds < 20, f"{seconds:.1f} s to filter a million keys"
+
+
+def test_rescore_errors_selects_the_error_rows_keys_with_the_file_holding_each():
+    images = listed(["a", "b", "c", "d", "e", "f"])
+    found = np.array([True, True, True, True, False, False])  # a-d have a row, e and f are new
+    errors = pa.array(["d", "b", "gone"])  # error rows in files 1, 0 and 1; "gone" is listed no more
+    new, rescore, owner = existing.select(images, found, errors, np.array([1, 0, 1]))
+    assert new.keys.to_pylist() == ["b", "d", "e", "f"]
+    assert rescore.tolist() == [True, True, False, False] and owner.tolist() == [0, 1]
+
+
+# ----------------------------------------------------------------------------
+# Refusals before any work
+
+
+@pytest.mark.parametrize("output", ["out.jsonl", "out.jsonl.gz", "out.parquet"])
+def test_skip_existing_with_one_output_object_is_refused_saying_why(output):
+    with pytest.raises(click.UsageError, match=r"--skip-existing adds rows to a Parquet dataset, a prefix ending in "
+                                               r"'/'.*is one object, which every run writes whole"):
+        config_for(output, skip_existing=True)
+
+
+def test_skip_existing_with_overwrite_and_rescore_errors_alone_are_refused():
+    with pytest.raises(click.UsageError, match=r"--skip-existing keeps the output's rows .* --overwrite replaces"):
+        config_for("preds/", skip_existing=True, overwrite=True)
+    with pytest.raises(click.UsageError, match=r"--rescore-errors .* give it with --skip-existing"):
+        config_for("preds/", rescore_errors=True)
+    assert config_for("preds/", skip_existing=True, rescore_errors=True, resume=True).skip_existing
+
+
+def test_a_resume_of_the_other_kind_of_run_is_refused():
+    found = dataset.Contents(prefix="p/")
+    with pytest.raises(JobError, match=r"was a --skip-existing run .* resume it with --skip-existing"):
+        dataset.resume_plan({"rows_per_file": 2, "skip_existing": True, "run": "20260101T000000Z"}, "auto",
+                            (5, ""), ["a"], found)
+    with pytest.raises(JobError, match=r"was not a --skip-existing run"):
+        dataset.resume_plan({"rows_per_file": 2}, "auto", (5, ""), ["a"], found, skip_existing=True)
+
+
+def test_rows_made_with_other_settings_are_not_added():
+    dataset.check_fingerprints({json.dumps(FINGERPRINT, sort_keys=True): "p/part-00000.parquet"}, FINGERPRINT, "s3://b/p/")
+    with pytest.raises(JobError, match=r"made with other settings .* top_k: 2 then, 5 now \(in part-00000.parquet\)"):
+        dataset.check_fingerprints({json.dumps(FINGERPRINT): "p/part-00000.parquet"}, {**FINGERPRINT, "top_k": 5},
+                                   "s3://b/p/")
+    with pytest.raises(JobError, match=r"part-x.parquet in s3://b/p/ has no mxinfer.fingerprint"):
+        dataset.check_fingerprints({None: "p/part-x.parquet"}, FINGERPRINT, "s3://b/p/")
+
+
+# ----------------------------------------------------------------------------
+# File names
+
+
+def test_each_run_names_its_files_apart_and_later_than_every_earlier_run():
+    assert dataset.file_key("p/", 3) == "p/part-00003.parquet"
+    assert dataset.file_key("p/", 3, "20261126T071846Z") == "p/part-20261126T071846Z-00003.parquet"
+    assert dataset.file_id("p/part-20261126T071846Z-00003.parquet", "p/") == ("20261126T071846Z", 3)
+    assert dataset.file_id("p/part-00003.parquet", "p/") == (None, 3)
+    assert dataset.file_id("p/part-2026-00003.parquet", "p/") is None
+    found = dataset.Contents(files={"p/part-00000.parquet": 1, "p/part-20261126T071846Z-00000.parquet": 1},
+                             prefix="p/")
+    assert dataset.new_run(dataset.Contents(prefix="p/"), now=0) == "19700101T000000Z"
+    # A clock behind the latest run's (or a second run within the same second): the next second after it.
+    assert dataset.new_run(found, now=0) == "20261126T071847Z"
+    later = dataset.new_run(found, now=1_900_000_000)
+    assert later == "20300317T174640Z" and later > "20261126T071846Z"
+    names = {dataset.file_key("p/", i, run) for run in (None, "20261126T071846Z", later) for i in range(3)}
+    assert len(names) == 9
+    assert found.runs() == [None, "20261126T071846Z"]
+    assert found.run_files("20261126T071846Z") == {0: ("p/part-20261126T071846Z-00000.parquet", 1)}
+
+
+def test_earlier_runs_files_are_the_dataset_and_other_objects_are_still_refused(s3):
+    for key in ("both/part-00000.parquet", "both/part-20261126T071846Z-00000.parquet", "both/_SUCCESS"):
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    found = dataset.contents(s3, BUCKET, "both/")
+    assert sorted(found.files) == ["both/part-00000.parquet", "both/part-20261126T071846Z-00000.parquet"]
+    dataset.refuse_foreign(found, "s3://b/both/")  # no error: both runs' files are the job's
+    preflight.check_output(config_for("both/", skip_existing=True), s3)  # neither refused as existing
+    s3.put_object(Bucket=BUCKET, Key="both/part-2026-00000.parquet", Body=b"x")
+    with pytest.raises(JobError, match=r"holds 1 object the job did not write \(for example "
+                                       r"'part-2026-00000.parquet'\)"):
+        preflight.check_output(config_for("both/", skip_existing=True), s3)
+
+
+# ----------------------------------------------------------------------------
+# Two runs' files on S3
+
+
+def write_files(s3, prefix: str, keys: list[str], rows_per_file: int, fail=frozenset(),
+                appending=None) -> sinks.DatasetSink:
+    sink = sinks.DatasetSink(s3, BUCKET, prefix, rows_per_file, METADATA, appending=appending)
+    sink.write([rows_batch(keys, fail)])
+    sink.close()
+    return sink
+
+
+def read_dataset(endpoint: str, prefix: str) -> pa.Table:
+    fs = pafs.S3FileSystem(endpoint_override=endpoint, access_key="testing", secret_key="testing",
+                           region="us-east-1", scheme="http")
+    return ds.dataset(f"{BUCKET}/{prefix}", format="parquet", filesystem=fs).to_table()
+
+
+def test_a_second_run_finds_the_first_runs_keys_and_adds_files_of_its_own(s3, moto_endpoint):
+    first = [f"k{i:03d}" for i in range(0, 40, 2)]  # 20 keys, k019... odd ones come later
+    write_files(s3, "two/", first, 8, fail=frozenset({"k004", "k030"}))
+    cfg = config_for("two/", moto_endpoint, skip_existing=True)
+    images = listed([f"k{i:03d}" for i in range(40)])
+    found = existing.find(cfg, s3, images)
+    assert found.listed == 40 and found.in_output == 20 and found.skipped == 20 and found.rescored == 0
+    assert found.new.keys.to_pylist() == [f"k{i:03d}" for i in range(1, 40, 2)]
+    assert [(f.key, f.rows) for f in found.files] == [("two/part-00000.parquet", 8), ("two/part-00001.parquet", 8),
+                                                      ("two/part-00002.parquet", 4)]
+    assert found.fingerprints == {json.dumps(FINGERPRINT, sort_keys=True): "two/part-00000.parquet"}
+    assert found.entry() == {"keys_in_output": 20, "skipped": 20, "rescored_errors": 0, "new_keys": 20,
+                             "files_read": 3, "rows_read": 20, "seconds": round(found.seconds, 3)}
+    records.from_json(records.SummaryExisting, found.entry())
+
+    plan = dataset.fresh_plan(8, (0, ""), found.new, dataset.new_run(dataset.contents(s3, BUCKET, "two/")), found)
+    sink = write_files(s3, "two/", found.new.keys.to_pylist(), 8, appending=plan)
+    assert [f["key"] for f in sink.files] == [f"two/part-{plan.run}-0000{i}.parquet" for i in range(3)]
+    table = read_dataset(moto_endpoint, "two/")
+    assert sorted(table.column("key").to_pylist()) == images.keys.to_pylist()  # each key once
+    success = json.loads(s3.get_object(Bucket=BUCKET, Key="two/_SUCCESS")["Body"].read())
+    assert success["rows"] == 40 and len(success["files"]) == 6
+    assert [(r["run"], len(r["files"]), r["rows"]) for r in success["runs"]] == [(None, 3, 20), (plan.run, 3, 20)]
+    assert sinks.summary_of(sink)["run"] == plan.run
+
+    # Nothing new now; and a resume of the second run leaves its own files out of what exists.
+    assert len(existing.find(cfg, s3, images).new) == 0
+    work = durable.WorkPrefix(s3, BUCKET, "two/")
+    work.write_job(FINGERPRINT, cfg.output_uri, plan.record())
+    try:
+        with pytest.raises(JobError, match=r"holds an earlier run's progress .* add --resume"):
+            existing.find(cfg, s3, images)
+        again = existing.find(config_for("two/", moto_endpoint, skip_existing=True, resume=True), s3, images)
+        assert again.new.keys.to_pylist() == found.new.keys.to_pylist() and again.run == plan.run
+        with pytest.raises(JobError, match=r"started without --rescore-errors"):
+            existing.find(config_for("two/", moto_endpoint, skip_existing=True, resume=True, rescore_errors=True),
+                          s3, images)
+    finally:
+        work.remove()
+
+
+def test_rescored_errors_replace_their_rows_in_the_earlier_files_in_place(s3, moto_endpoint):
+    first = [f"r{i:02d}" for i in range(12)]
+    write_files(s3, "rescore/", first, 5, fail=frozenset({"r01", "r07", "r08"}))
+    cfg = config_for("rescore/", moto_endpoint, skip_existing=True, rescore_errors=True)
+    images = listed([*first, "r12", "r13"])
+    found = existing.find(cfg, s3, images)
+    assert found.new.keys.to_pylist() == ["r01", "r07", "r08", "r12", "r13"]
+    assert found.rescored == 3 and found.skipped == 9 and found.owner.tolist() == [0, 1, 1]
+    plan = dataset.fresh_plan(5, (0, ""), found.new, dataset.new_run(dataset.contents(s3, BUCKET, "rescore/")),
+                              found, rescore_errors=True)
+    assert plan.keys_sha256 == dataset.keys_digest(["r12", "r13"])  # the run's files hold only the new keys
+    untouched = s3.head_object(Bucket=BUCKET, Key="rescore/part-00002.parquet")["ETag"]
+    sink = sinks.DatasetSink(s3, BUCKET, "rescore/", 5, METADATA, appending=plan)
+    sink.write([rows_batch(found.new.keys.to_pylist(), fail=frozenset({"r08"}), class_id=3)])
+    sink.close()
+    assert [f["key"] for f in sink.files] == [f"rescore/part-{plan.run}-00000.parquet"]
+    assert [(f["key"], f["replaced"]) for f in sink.rewritten] == [("rescore/part-00000.parquet", 1),
+                                                                   ("rescore/part-00001.parquet", 2)]
+    assert s3.head_object(Bucket=BUCKET, Key="rescore/part-00002.parquet")["ETag"] == untouched
+    table = read_dataset(moto_endpoint, "rescore/")
+    rows = {row["key"]: row for row in table.to_pylist()}
+    assert sorted(table.column("key").to_pylist()) == images.keys.to_pylist()  # each key once
+    assert rows["r01"]["error"] is None and rows["r01"]["predictions"][0]["class_id"] == 3
+    assert rows["r07"]["error"] is None and rows["r08"]["error"]["stage"] == "decode"  # failed again: its new row
+    assert rows["r00"]["predictions"][0]["class_id"] == 1  # the rows beside them as they were
+    rewritten = read_dataset(moto_endpoint, "rescore/part-00001.parquet")
+    assert rewritten.column("key").to_pylist() == first[5:10]  # still its keys, in order
+    assert rewritten.schema.metadata[b"mxinfer.fingerprint"] == METADATA["mxinfer.fingerprint"].encode()
+    success = json.loads(s3.get_object(Bucket=BUCKET, Key="rescore/_SUCCESS")["Body"].read())
+    assert [r["key"] for r in success["runs"][-1]["rewrote"]] == ["rescore/part-00000.parquet",
+                                                                   "rescore/part-00001.parquet"]
+    assert [f["bytes"] for f in success["files"]] == [
+        s3.head_object(Bucket=BUCKET, Key=f["key"])["ContentLength"] for f in success["files"]]
+    # What the next --rescore-errors run finds: only r08's error row is left.
+    assert existing.find(cfg, s3, images).new.keys.to_pylist() == ["r08"]
+
+
+def test_a_skip_existing_plan_appends_where_a_plain_run_is_refused(s3, moto_endpoint):
+    write_files(s3, "plan/", ["p0", "p1"], 8)
+    images = listed(["p0", "p1", "p2"])
+    with pytest.raises(JobError, match=r"already exists; add --overwrite"):
+        resume.plan_output(config_for("plan/", moto_endpoint), s3, durable.WorkPrefix(s3, BUCKET, "plan/"),
+                           images, FINGERPRINT, dry=True)
+    cfg = config_for("plan/", moto_endpoint, skip_existing=True)
+    found = existing.find(cfg, s3, images)
+    plan = resume.plan_output(cfg, s3, durable.WorkPrefix(s3, BUCKET, "plan/"), found.new, FINGERPRINT, dry=True,
+                              inputs=dataset.PlanInputs((8, "given"), found))
+    assert plan.todo.keys.to_pylist() == ["p2"] and plan.dataset.run and not plan.resumed
+    with pytest.raises(JobError, match=r"made with other settings"):
+        resume.plan_output(cfg, s3, durable.WorkPrefix(s3, BUCKET, "plan/"), found.new, {**FINGERPRINT, "top_k": 3},
+                           dry=True, inputs=dataset.PlanInputs((8, "given"), found))
+
+
+# ----------------------------------------------------------------------------
+# Through spark-submit
+
+BATCH = 32
+ROWS_PER_FILE = 64
+
+
+def job_args(endpoint: str, output: str, *extra: str) -> list[str]:
+    return ["--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits", "--output",
+            f"s3://{BUCKET}/{output}", "--endpoint-url", endpoint, "--input-shape", "3,32,32", "--std", "255",
+            "--batch-size", str(BATCH), "--top-k", "2", "--progress-seconds", "1", "--max-errors", "1",
+            "--rows-per-file", str(ROWS_PER_FILE), *extra]
+
+
+def part_files(s3, prefix: str) -> dict[str, str]:
+    """The dataset's files under ``prefix`` and their ETags."""
+    return {key: s3.head_object(Bucket=BUCKET, Key=key)["ETag"]
+            for key, _ in parallel_list.list_objects(s3, BUCKET, prefix + "part-")}
+
+
+def summary_of(s3, prefix: str) -> dict:
+    summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}_summary.json")["Body"].read())
+    records.from_json(records.Summary, summary)
+    return summary
+
+
+def ok(result) -> str:
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def incremental(moto_endpoint, demo_dir):
+    """A dataset over 200 keys (199 digits and a file that is no PNG), then 50 digits more with --skip-existing,
+    then a run with nothing new; and one run over the 250 to another prefix."""
+    s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
+    keys = put_digits(s3, BUCKET, 0, 199)
+    s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=b"not a png")
+    ok(spark_submit(job_args(moto_endpoint, "inc/")))
+    first = part_files(s3, "inc/")
+    keys = sorted([*keys, "imgs/bad.png", *put_digits(s3, BUCKET, 199, 50)])
+    second_log = ok(spark_submit(job_args(moto_endpoint, "inc/", "--skip-existing")))
+    second = summary_of(s3, "inc/")
+    after_second = part_files(s3, "inc/")
+    third = spark_submit(job_args(moto_endpoint, "inc/", "--skip-existing"))
+    ok(spark_submit(job_args(moto_endpoint, "fresh/")))
+    return {"s3": s3, "endpoint": moto_endpoint, "keys": keys, "first": first, "second": second,
+            "second_log": second_log, "after_second": after_second, "third": third}
+
+
+def dataset_rows(endpoint: str, prefix: str) -> list[dict]:
+    """Every row of the dataset as a reader sees it, sorted by key (rows carry no run-specific column)."""
+    return sorted(read_dataset(endpoint, prefix).to_pylist(), key=lambda row: row["key"])
+
+
+@pytest.mark.spark
+def test_fifty_new_images_are_scored_alone_and_the_dataset_equals_one_run_over_all(incremental):
+    world, s3 = incremental, incremental["s3"]
+    second = world["second"]
+    assert second["scored"] == 50 and second["predicted"] + second["failed"] == 50 and second["failed"] == 0
+    assert second["keys_listed"] == 250 and second["reused"] == 0
+    assert second["existing"]["skipped"] == 200 and second["existing"]["new_keys"] == 50
+    assert second["existing"]["files_read"] == len(world["first"]) == -(-200 // ROWS_PER_FILE)
+    # The estimate's sample, 16 of the 50 (a micro-batch), was scored and kept as the executors warmed up: one
+    # batch of the run's, the other 34 in batches of 32.
+    assert second["sampled"] == 16 and second["batches"] == 1 + -(-34 // BATCH)
+    assert "200 of 250 listed keys have a row" in world["second_log"]
+    run = second["dataset"]["run"]
+    added = {k: e for k, e in world["after_second"].items() if k not in world["first"]}
+    assert sorted(added) == [f"inc/part-{run}-00000.parquet"] and second["dataset"]["files"] == 1
+    assert {k: world["after_second"][k] for k in world["first"]} == world["first"]  # the first run's, untouched
+    rows = dataset_rows(world["endpoint"], "inc/")
+    assert [row["key"] for row in rows] == world["keys"]  # every key once
+    assert rows == dataset_rows(world["endpoint"], "fresh/")  # as one run over all 250 wrote them
+    success = json.loads(s3.get_object(Bucket=BUCKET, Key="inc/_SUCCESS")["Body"].read())
+    assert [(r["run"], len(r["files"]), r["rows"]) for r in success["runs"]] == [
+        (None, len(world["first"]), 200), (run, 1, 50)]
+    assert not list(parallel_list.list_objects(s3, BUCKET, "inc/_parts/"))
+
+
+@pytest.mark.spark
+def test_a_run_with_nothing_new_scores_nothing_and_adds_no_file(incremental):
+    world, s3 = incremental, incremental["s3"]
+    log_text = ok(world["third"])
+    assert "nothing new to score: all 250 listed keys have a row" in log_text
+    assert part_files(s3, "inc/") == world["after_second"]  # no file added, none rewritten
+    summary = summary_of(s3, "inc/")
+    assert summary["scored"] == 0 and summary["spark"] is None and summary["keys_listed"] == 250
+    assert summary["existing"]["skipped"] == 250 and "dataset" not in summary
+    assert summary["seconds"]["model_check"] == 0  # ended after the listing: no model loaded
+    status = json.loads(s3.get_object(Bucket=BUCKET, Key="inc/_status.json")["Body"].read())
+    assert (status["state"], status["exit_code"]) == ("succeeded", 0)
+    assert report.headline({"summary": summary, "status": status}).count('data-field="summary.existing.skipped" '
+                                                                        'data-value="250"') == 1
+
+
+def dry_plan(runner, endpoint: str, output: str) -> dict:
+    """The plan a --skip-existing dry run prints (in this process: no Spark), checked against its schema."""
+    import infer_main
+
+    result = runner.invoke(infer_main.main, [*job_args(endpoint, output, "--skip-existing"), "--dry-run"])
+    assert result.exit_code == 0, result.stderr[-2000:]
+    plan = json.loads(result.stdout.strip().splitlines()[-1])
+    records.from_json(records.Plan, plan)
+    return plan
+
+
+@pytest.mark.spark
+def test_a_dry_run_says_how_many_keys_exist_and_how_many_are_new(incremental, stderr_runner):
+    plan = dry_plan(stderr_runner, incremental["endpoint"], "inc/")
+    assert (plan["images"], plan["to_score"], plan["batches"]) == (250, 0, 0)
+    assert plan["existing"]["keys_in_output"] == 250 and plan["existing"]["new_keys"] == 0
+    assert plan["first_key"] == "imgs/000.png"  # nothing new: the sample is the first key listed
+    assert part_files(incremental["s3"], "inc/") == incremental["after_second"]  # a dry run writes nothing
+
+
+@pytest.mark.spark
+def test_a_skip_existing_run_killed_part_way_is_finished_by_resume(incremental, stderr_runner):
+    world, s3 = incremental, incremental["s3"]
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    earlier = part_files(s3, "fresh/")
+    keys = sorted([*world["keys"], *put_digits(s3, BUCKET, 249, 60)])
+    plan = dry_plan(stderr_runner, world["endpoint"], "fresh/")
+    assert (plan["images"], plan["to_score"], plan["existing"]["skipped"]) == (310, 60, 250)
+    args = job_args(world["endpoint"], "fresh/", "--skip-existing", "--rows-per-file", "16", "--batch-size", "8")
+    with S3Proxy(world["endpoint"], latency=0.05) as proxy:
+        process = start_spark_submit([*job_args(proxy.endpoint, "fresh/", "--skip-existing", "--io-threads", "1"),
+                                      "--rows-per-file", "16", "--batch-size", "8"])
+        deadline = time.time() + 300
+        while time.time() < deadline and process.poll() is None:
+            if len(list(parallel_list.list_objects(s3, BUCKET, "fresh/part-2"))) >= 2:  # this run's files
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        output, _ = process.communicate(timeout=120)
+    killed = {k: e for k, e in part_files(s3, "fresh/").items() if k not in earlier}
+    assert len(killed) >= 2, f"the run ended before it could be killed part-way: {output[-3000:]}"
+    between = dataset_rows(world["endpoint"], "fresh/")
+    assert len({row["key"] for row in between}) == len(between)  # never a key twice, killed or not
+    assert {k: e for k, e in part_files(s3, "fresh/").items() if k in earlier} == earlier
+
+    ok(spark_submit([*args, "--resume"]))
+    rows = dataset_rows(world["endpoint"], "fresh/")
+    assert [row["key"] for row in rows] == keys  # every key once
+    after = part_files(s3, "fresh/")
+    assert {k: after[k] for k in earlier} == earlier and {k: after[k] for k in killed} == killed
+    summary = summary_of(s3, "fresh/")
+    assert summary["existing"]["skipped"] == 250 and summary["resumed"] is True
+    assert summary["scored"] + summary["reused"] == 60 and summary["reused"] >= 32
+    assert summary["dataset"]["kept_from_an_earlier_run"] == len(killed)
+
+
+@pytest.mark.spark
+def test_rescore_errors_through_spark_submit_replaces_the_error_row_in_its_file(incremental):
+    """After the other tests: imgs/bad.png becomes a real PNG; --rescore-errors scores it again (with any key the
+    dataset lacks), and its new row takes the error row's place in the earlier file that held it."""
+    world, s3 = incremental, incremental["s3"]
+    (_, _), (test_x, _) = make_demo.digits_split()
+    s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=make_demo.digit_png(test_x[0]))
+    before = {row["key"]: row for row in dataset_rows(world["endpoint"], "inc/")}
+    assert before["imgs/bad.png"]["error"] is not None
+    listed = sorted(key for key, _ in parallel_list.list_objects(s3, BUCKET, "imgs/"))
+    ok(spark_submit(job_args(world["endpoint"], "inc/", "--skip-existing", "--rescore-errors")))
+    summary = summary_of(s3, "inc/")
+    new = len(set(listed) - set(before))
+    assert summary["existing"]["rescored_errors"] == 1 and summary["scored"] == new + 1
+    rows = dataset_rows(world["endpoint"], "inc/")
+    assert [row["key"] for row in rows] == listed  # every key once, the rescored one too
+    fixed = next(row for row in rows if row["key"] == "imgs/bad.png")
+    assert fixed["error"] is None and fixed["predictions"]
+    success = json.loads(s3.get_object(Bucket=BUCKET, Key="inc/_SUCCESS")["Body"].read())
+    [rewrote] = success["runs"][-1]["rewrote"]
+    assert rewrote["key"] in world["first"] and rewrote["replaced"] == 1  # the first run's file, in place

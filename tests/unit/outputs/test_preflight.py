@@ -1,0 +1,107 @@
+"""The checks that need no listing refuse a run before the listing starts (mxjob/outputs/preflight.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mxjob.core import errors
+from mxjob.inputs import manifest
+from mxjob.options.config import merge_settings, resolve
+from mxjob.outputs import durable, preflight, resume
+from mxjob.run import driver
+from mxjob.s3 import clients, parallel_list
+from tests.support.helpers import bucket_with_model
+
+BUCKET = "preflight-bucket"
+
+
+@pytest.fixture(scope="module")
+def world(moto_endpoint, demo_dir):
+    s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
+    s3.put_object(Bucket=BUCKET, Key="done/out.jsonl", Body=b"yesterday's results\n")
+    return s3
+
+
+@pytest.fixture
+def listed(monkeypatch):
+    """Every call of the listing or the manifest reader: a huge input's listing that must never start."""
+    calls: list[str] = []
+
+    def huge_listing(*args, **kwargs):
+        calls.append("list_prefix")
+        raise AssertionError("listed")
+
+    def huge_manifest(*args, **kwargs):
+        calls.append("read_manifest")
+        raise AssertionError("read the manifest")
+
+    monkeypatch.setattr(parallel_list, "list_prefix", huge_listing)
+    monkeypatch.setattr(manifest, "read_manifest", huge_manifest)
+    return calls
+
+
+def job(endpoint: str, **options) -> object:
+    values = {"input": f"s3://{BUCKET}/imgs/", "model": f"s3://{BUCKET}/model/digits",
+              "output": f"s3://{BUCKET}/new/out.jsonl", "endpoint_url": endpoint, "input_shape": "3,32,32",
+              "precision": "int8", **options}
+    return resolve(merge_settings(values, {}))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"output": f"s3://{BUCKET}/done/out.jsonl"},
+     rf"s3://{BUCKET}/done/out\.jsonl \(or its summary\) already exists; add --overwrite to replace it"),
+    ({"output": "s3://no-such-output-bucket/out.jsonl"},
+     r"cannot write s3://no-such-output-bucket/out\.jsonl: .*NoSuchBucket.*; the job needs an existing bucket"),
+    ({"model": f"s3://{BUCKET}/model/nothing"},
+     rf"model file missing: s3://{BUCKET}/model/nothing-symbol\.json does not exist"),
+    ({"epoch": 7}, rf"model file missing: s3://{BUCKET}/model/digits-0007\.params does not exist"),
+    ({"labels": f"s3://{BUCKET}/model/labels.txt"},
+     rf"labels file missing: s3://{BUCKET}/model/labels\.txt does not exist"),
+    ({"input": None, "input_manifest": "s3://preflight-bucket/keys.txt", "output": f"s3://{BUCKET}/done/out.jsonl"},
+     "already exists"),
+], ids=["existing-output", "no-output-bucket", "no-symbol", "no-params", "no-labels", "manifest-existing-output"])
+def test_a_run_the_cheap_checks_refuse_is_refused_before_any_listing(world, moto_endpoint, listed, options,
+                                                                     message):
+    with pytest.raises(errors.JobError, match=message):
+        driver.run_job(job(moto_endpoint, **options))
+    assert listed == []
+
+
+#: A loopback port nothing listens on (discard): every connection is refused at once.
+DOWN_ENDPOINT = "http://127.0.0.1:9"
+
+
+def test_an_s3_endpoint_that_is_down_is_named_before_any_listing_not_the_permissions(listed):
+    with pytest.raises(errors.JobError) as refused:
+        driver.run_job(job(DOWN_ENDPOINT, s3_max_attempts=1))
+    message = str(refused.value)
+    assert f"the S3 endpoint {DOWN_ENDPOINT} cannot be reached" in message and "--endpoint-url" in message
+    assert "s3:PutObject" not in message and "existing bucket" not in message
+    assert listed == []
+
+
+def test_an_s3_endpoint_that_is_down_while_the_output_is_looked_for_is_named_not_the_permissions():
+    cfg = job(DOWN_ENDPOINT, s3_max_attempts=1)
+    client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=1)
+    with pytest.raises(errors.JobError) as refused:
+        resume.existing_output(cfg, client, durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
+    message = str(refused.value)
+    assert message.startswith(f"cannot write s3://{BUCKET}/new/out.jsonl: the S3 endpoint {DOWN_ENDPOINT} "
+                              "cannot be reached")
+    assert "s3:PutObject" not in message and "s3:ListBucket" not in message
+
+
+def test_overwrite_and_resume_pass_the_existing_output_check_on_to_the_listing(world, moto_endpoint, listed):
+    for flag in ("overwrite", "resume"):
+        with pytest.raises(errors.JobError, match="cannot list"):
+            driver.run_job(job(moto_endpoint, output=f"s3://{BUCKET}/done/out.jsonl", **{flag: True}))
+    assert listed == ["list_prefix", "list_prefix"]
+    assert world.get_object(Bucket=BUCKET, Key="done/out.jsonl")["Body"].read() == b"yesterday's results\n"
+
+
+def test_local_model_files_are_checked_too(tmp_path, logits_prefix):
+    spec = resolve(merge_settings({"input": "s3://b/i/", "model": str(logits_prefix), "output": "s3://b/o.jsonl"},
+                                  {})).model
+    preflight.check_model_files(spec)  # present: no error
+    with pytest.raises(errors.JobError, match=r"model file missing: .*/nothing-symbol\.json does not exist"):
+        preflight.check_model_files(type(spec).from_prefix(str(tmp_path / "nothing")))

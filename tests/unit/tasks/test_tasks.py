@@ -1,0 +1,385 @@
+"""--task embed and --task detect: the result model's views, box mapping, refusals, and both through spark-submit.
+
+``embed`` runs on the real pretrained EfficientNet-Lite0 (``bench/pretrained.py``)
+and real photos; every vector is compared with a plain MXNet Module bound on
+the layer's internal output. ``detect`` runs on a small SSD-style graph made
+in ``demo/examples.py`` (``MultiBoxPrior`` + ``MultiBoxDetection``, fixed random weights); every
+box is compared with the same graph's output mapped back by hand.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image, ImageOps
+
+import infer_main
+import mxinfer
+from demo.examples import random_detector
+from mxjob.core import errors
+from mxjob.model.preprocess import Geometry, Preprocess, decode_image_geometry, map_boxes
+from mxjob.options import config
+from mxjob.results import jsonl_view, parquet_view, part_format, results
+from mxjob.run import driver
+from tests.support.helpers import bucket_with_effnet, encode, make_s3_client, spark_submit
+
+BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
+DETECT_SHAPE = (3, 64, 64)
+CLASSES = ("cat", "dog")
+
+
+# ----------------------------------------------------------------------------
+# The result model's views
+
+
+def test_each_kind_has_its_schema_and_json_lines_view():
+    embed = results.Results(results.schema("embed", dimension=3, dtype="float16"))
+    embed.add("b", np.array([0.5, 1.0, -2.0], np.float32))
+    embed.fail("a", {"stage": "decode", "type": "ValueError", "message": "bad"})
+    batch = part_format.read_part(part_format.write_part(embed.record_batch()))
+    assert batch.schema.field("embedding").type == pa.list_(pa.float16(), 3)
+    assert jsonl_view.json_lines(batch) == [
+        '{"key": "a", "error": {"stage": "decode", "type": "ValueError", "message": "bad"}}',
+        '{"key": "b", "embedding": [0.5, 1, -2]}']
+    detect = results.Results(results.schema("detect"))
+    detect.add("k", ([40, 30], results.detection_entries([(1, None, 0.75, [1.5, 2.0, 30.25, 29.0])])))
+    [line] = jsonl_view.json_lines(detect.record_batch())
+    assert line == ('{"key": "k", "image_size": [40, 30], "detections": [{"class_id": 1, "score": 0.75, '
+                    '"box": [1.5, 2, 30.25, 29]}]}')
+    parquet = parquet_view.parquet_schema(results.schema("detect"), {"mxinfer.task": "detect"})
+    # Fixed-size lists go to Parquet as plain lists: pyarrow 20 cannot read a null fixed-size list back.
+    box_as_list = pa.struct([f.with_type(pa.list_(pa.float32())) if f.name == "box" else f for f in results.DETECTION])
+    assert parquet.field("detections").type == pa.list_(box_as_list)
+    assert parquet.field("image_size").type == pa.list_(pa.int32())
+    assert parquet.metadata == {b"mxinfer.task": b"detect"}
+
+
+def test_a_custom_rows_error_member_fills_the_error_column_only_when_it_is_the_jobs_shape():
+    error = {"stage": "predict", "type": "X", "message": "m"}
+    assert results.custom_value('{"error": {}}', {"error": error}) == (None, error)
+    assert results.custom_value('{"a": 1}', {"error": error, "a": 1}) == ('{"a": 1}', error)
+    assert results.custom_value('{"error": "no"}', {"error": "no"}) == ('{"error": "no"}', None)
+
+
+# ----------------------------------------------------------------------------
+# Boxes back onto the image
+
+
+def test_map_boxes_stretch_and_crop_windows_and_clips_to_the_image():
+    whole = Geometry(200, 100, (0.0, 0.0, 200.0, 100.0))
+    np.testing.assert_allclose(map_boxes(np.array([[0.1, 0.2, 0.5, 1.2]]), whole), [[20, 20, 100, 100]])
+    crop = Geometry(200, 100, (50.0, 0.0, 150.0, 100.0))
+    np.testing.assert_allclose(map_boxes(np.array([[0.0, 0.5, 1.0, 1.0], [-0.9, 0, 2, 1]]), crop),
+                               [[50, 50, 150, 100], [0, 0, 200, 100]])
+
+
+def oriented_jpeg(orientation: int, size=(120, 80)) -> bytes:
+    """A JPEG whose stored pixels have a white block in their top-left quarter, with an EXIF orientation."""
+    pixels = np.zeros((size[1], size[0], 3), np.uint8)
+    pixels[: size[1] // 2, : size[0] // 2] = 255
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode(Image.fromarray(pixels), "JPEG", quality=95, exif=exif.tobytes())
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("resize", ["stretch", "short-side-crop"])
+def test_the_geometry_follows_every_exif_orientation(orientation, resize):
+    data = oriented_jpeg(orientation)
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+    prep = Preprocess((3, 32, 32), resize=resize)
+    array, geometry = decode_image_geometry(data, prep)
+    np.testing.assert_array_equal(array, mxinfer.decode_image(data, prep))  # the same pixels as the job's
+    assert (geometry.width, geometry.height) == upright.size
+    # The white block, found in the model's input, maps back onto the block in the upright image.
+    white = np.argwhere(array.mean(axis=0) > 200)
+    (top, left), (bottom, right) = white.min(axis=0), white.max(axis=0) + 1
+    box = map_boxes(np.array([[left / 32, top / 32, right / 32, bottom / 32]]), geometry)[0]
+    block = np.argwhere(np.asarray(upright.convert("L")) > 128)
+    (want_top, want_left), (want_bottom, want_right) = block.min(axis=0), block.max(axis=0) + 1
+    width, height = upright.size
+    window = (0, 0, width, height)
+    if resize == "short-side-crop":  # the centre crop, by hand: the short side to 37, then 32x32 in the middle
+        scale = round(32 * 256 / 224) / min(width, height)
+        new_w, new_h = round(width * scale), round(height * scale)
+        left, top = (new_w - 32) // 2, (new_h - 32) // 2
+        window = (left * width / new_w, top * height / new_h, (left + 32) * width / new_w, (top + 32) * height / new_h)
+    want = [max(want_left, window[0]), max(want_top, window[1]), min(want_right, window[2]),
+            min(want_bottom, window[3])]
+    np.testing.assert_allclose(box, want, atol=5)
+
+
+def test_draft_decoding_keeps_the_geometry_of_exact_decoding():
+    big = oriented_jpeg(6, size=(1200, 800))
+    _, draft = decode_image_geometry(big, Preprocess((3, 64, 64), resize="short-side-crop"))
+    _, exact = decode_image_geometry(big, Preprocess((3, 64, 64), resize="short-side-crop", decode="exact"))
+    assert (draft.width, draft.height) == (exact.width, exact.height) == (800, 1200)
+    np.testing.assert_allclose(draft.window, exact.window, atol=8)  # within one pixel at 1/8 scale
+
+
+# ----------------------------------------------------------------------------
+# The models
+
+
+def ssd(prefix: Path) -> Path:
+    """demo/examples.py's tiny SSD-style detector on DETECT_SHAPE for CLASSES, with fixed random weights."""
+    return random_detector(prefix, DETECT_SHAPE, CLASSES)
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory) -> Path:
+    return ssd(tmp_path_factory.mktemp("ssd") / "ssd")
+
+
+def run_cli(runner, *args):
+    return runner.invoke(infer_main.main, ["--input", "s3://no-such-bucket-t/i/", "--output",
+                                           "s3://no-such-bucket-t/o.jsonl", *args])
+
+
+def test_top_k_with_embed_is_refused_and_so_is_another_tasks_option():
+    with pytest.raises(infer_main.click.UsageError, match="--top-k applies to --task classify only"):
+        config.resolve(config.merge_settings({**BASE, "task": "embed", "top_k": 3}, {}))
+    # From the file, with the file's own task (with the command line's, it is left out:
+    # tests/unit/options/test_config.py).
+    with pytest.raises(infer_main.click.UsageError, match="min_score in --config applies to --task detect"):
+        config.resolve(config.merge_settings(BASE, {"task": "embed", "min_score": 0.5}))
+    assert config.resolve(config.merge_settings({**BASE, "task": "embed"}, {})).task == "embed"
+
+
+@pytest.mark.parametrize("dtype, output, warned", [("float16", "o.parquet", True), ("float32", "o.parquet", False),
+                                                    ("float16", "o.jsonl", False)])
+def test_float16_embeddings_in_parquet_warn_that_spark_and_athena_cannot_read_them(dtype, output, warned):
+    cfg = config.resolve(config.merge_settings(
+        {**BASE, "task": "embed", "embedding_dtype": dtype, "output": f"s3://b/{output}"}, {}))
+    message = driver.float16_readers(cfg)
+    assert (message is not None) == warned
+    assert not warned or "Spark 3.5 and Athena cannot read Parquet's FLOAT16" in message
+
+
+def test_an_unknown_output_layer_names_the_nearest_layers(logits_prefix):
+    spec = mxinfer.ModelSpec.from_prefix(str(logits_prefix), output_layer="dense0_fwdd")
+    with pytest.raises(mxinfer.ModelError, match=r"no layer named 'dense0_fwdd'; the nearest are dense0_fwd"):
+        mxinfer.Embedder(spec, (3, 32, 32), 2)
+
+
+def test_detect_on_a_classifier_names_its_output_shape(logits_prefix):
+    with pytest.raises(mxinfer.ModelError, match=r"detection layout \(batch, anchors, 6\); its output "
+                                                 r"\S+ has shape \(2, 10\)"):
+        mxinfer.ObjectDetector(str(logits_prefix), (3, 32, 32), 2)
+
+
+def test_the_driver_refuses_an_unknown_layer_before_any_spark_work(logits_prefix, demo_dir, moto_endpoint, runner):
+    s3 = make_s3_client(moto_endpoint)
+    s3.create_bucket(Bucket="task-refusals")
+    s3.put_object(Bucket="task-refusals", Key="i/a.png", Body=(demo_dir / "images").rglob("*.png").__next__()
+                  .read_bytes())
+    args = ["--input", "s3://task-refusals/i/", "--output", "s3://task-refusals/o.jsonl", "--endpoint-url",
+            moto_endpoint, "--model", str(logits_prefix), "--input-shape", "3,32,32"]
+    result = runner.invoke(infer_main.main, [*args, "--task", "embed", "--output-layer", "flaten"])
+    assert result.exit_code == errors.EXIT_FAILED and "no layer named 'flaten'; the nearest are" in result.output
+    result = runner.invoke(infer_main.main, [*args, "--task", "detect"])
+    assert result.exit_code == errors.EXIT_FAILED and "has shape (16, 10)" in result.output
+    # Nothing scored: no output, no work prefix; only the status and report that say why the run failed.
+    listed = [obj["Key"] for obj in s3.list_objects_v2(Bucket="task-refusals", Prefix="o.jsonl").get("Contents", [])]
+    assert sorted(listed) == ["o.jsonl.report.html", "o.jsonl.status.json"]
+
+
+def test_the_embedder_cuts_the_graph_at_the_input_of_the_last_dense_layer(logits_prefix):
+    embedder = mxinfer.Embedder(str(logits_prefix), (3, 32, 32), 4)
+    graph = json.loads(Path(f"{logits_prefix}-symbol.json").read_text())["nodes"]
+    dense = [n for n in graph if n["op"] == "FullyConnected"][-1]
+    assert embedder.output_layer == graph[dense["inputs"][0][0]]["name"]
+    vectors = embedder.embed(np.zeros((3, 3, 32, 32), np.float32), normalize=True, dtype="float16")
+    assert vectors.shape == (3, embedder.dimension) and vectors.dtype == np.float16
+
+
+# ----------------------------------------------------------------------------
+# detect through spark-submit
+
+
+def detect_images() -> dict[str, bytes]:
+    rng = np.random.RandomState(3)
+
+    def noise(w, h):
+        return Image.fromarray(rng.randint(0, 255, (h, w, 3), np.uint8))
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # turned a quarter: the file is 120x90, the upright image 90x120
+    return {"d/rotated.jpg": encode(noise(120, 90), "JPEG", quality=95, exif=exif.tobytes()),
+            "d/tall.png": encode(noise(100, 140), "PNG"),
+            "d/square.jpg": encode(noise(90, 90), "JPEG", quality=95),
+            "d/broken.jpg": b"not an image"}
+
+
+def by_hand(data: bytes, row: np.ndarray, min_score: float) -> tuple[list, list]:
+    """docs/output.md's mapping, written out: the upright image, the short side to 73, the centre 64x64."""
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+    width, height = upright.size
+    short = round(64 * 256 / 224)
+    scale = short / min(width, height)
+    new_w, new_h = max(64, round(width * scale)), max(64, round(height * scale))
+    left, top = (new_w - 64) // 2, (new_h - 64) // 2
+    kept = row[(row[:, 0] >= 0) & (row[:, 1] >= min_score)]
+    kept = kept[np.argsort(-kept[:, 1], kind="stable")]
+    boxes = [[min(max((left + d[2] * 64) * width / new_w, 0), width), min(max((top + d[3] * 64) * height / new_h, 0),
+              height), min(max((left + d[4] * 64) * width / new_w, 0), width),
+              min(max((top + d[5] * 64) * height / new_h, 0), height)] for d in kept]
+    return [width, height], [(int(d[0]), float(d[1]), box) for d, box in zip(kept, boxes)]
+
+
+@pytest.mark.spark
+def test_detect_job_writes_boxes_in_pixels_of_the_upright_image(moto_endpoint, detector):
+    s3 = make_s3_client(moto_endpoint)
+    s3.create_bucket(Bucket="detect-job")
+    for path in detector.parent.iterdir():
+        s3.put_object(Bucket="detect-job", Key=f"model/{path.name}", Body=path.read_bytes())
+    objects = detect_images()
+    for key, data in objects.items():
+        s3.put_object(Bucket="detect-job", Key=key, Body=data)
+    min_score = 0.34
+    result = spark_submit(["--input", "s3://detect-job/d/", "--model", "s3://detect-job/model/ssd", "--output",
+                           "s3://detect-job/out/boxes.jsonl", "--endpoint-url", moto_endpoint, "--task", "detect",
+                           "--input-shape", "3,64,64", "--std", "255", "--resize", "short-side-crop",
+                           "--min-score", str(min_score), "--batch-size", "2", "--max-errors", "1"])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    rows = {r["key"]: r for r in map(json.loads, s3.get_object(Bucket="detect-job", Key="out/boxes.jsonl")[
+        "Body"].read().decode().splitlines())}
+    assert rows["d/broken.jpg"]["error"]["stage"] == "decode"
+    module = mx.mod.Module(mx.sym.load(f"{detector}-symbol.json"), label_names=None)
+    module.bind(data_shapes=[("data", (1, *DETECT_SHAPE))], for_training=False)
+    saved = mx.nd.load(f"{detector}-0000.params")
+    module.set_params({k[4:]: v for k, v in saved.items()}, {})
+    prep = Preprocess(DETECT_SHAPE, std=(255.0,), resize="short-side-crop")
+    found = 0
+    for key in ("d/rotated.jpg", "d/tall.png", "d/square.jpg"):
+        module.forward(mx.io.DataBatch([mx.nd.array(mxinfer.decode_image(objects[key], prep)[np.newaxis])]),
+                       is_train=False)
+        size, want = by_hand(objects[key], module.get_outputs()[0].asnumpy()[0], min_score)
+        got = rows[key]
+        assert got["image_size"] == size
+        assert [(d["class_id"], d["label"]) for d in got["detections"]] == [(c, CLASSES[c]) for c, _, _ in want]
+        np.testing.assert_allclose([d["score"] for d in got["detections"]], [s for _, s, _ in want], atol=1e-5)
+        np.testing.assert_allclose([d["box"] for d in got["detections"]] or np.zeros((0, 4)),
+                                   [b for _, _, b in want] or np.zeros((0, 4)), atol=1e-3)
+        assert all(d["score"] >= min_score and d["class_id"] >= 0 for d in got["detections"])
+        found += len(want)
+    assert rows["d/rotated.jpg"]["image_size"] == [90, 120] and found > 0
+
+
+# ----------------------------------------------------------------------------
+# embed through spark-submit on EfficientNet-Lite0
+
+
+@pytest.fixture(scope="module")
+def effnet_world(moto_endpoint, tmp_path_factory):
+    from bench import images, pretrained
+
+    s3, prefix = bucket_with_effnet(moto_endpoint, "embed-job", tmp_path_factory.mktemp("effnet-embed"))
+    photos = {f"photos/{i:02d}.jpg": data for i, data in enumerate(images.photo_views(5, seed=11))}
+    for key, data in photos.items():
+        s3.put_object(Bucket="embed-job", Key=key, Body=data)
+    args = ["--endpoint-url", moto_endpoint, "--model", "s3://embed-job/model/effnet", "--input",
+            "s3://embed-job/photos/", "--mean", pretrained.MEAN, "--std", pretrained.STD, "--task", "embed",
+            "--batch-size", "3"]
+    return {"s3": s3, "prefix": prefix, "photos": photos, "args": args, "pretrained": pretrained}
+
+
+def reference_vectors(world, normalize: bool) -> dict[str, np.ndarray]:
+    """The layer the FullyConnected head reads, from a plain Module on the documented recipe."""
+    prefix, pretrained = world["prefix"], world["pretrained"]
+    graph = json.loads(Path(f"{prefix}-symbol.json").read_text())["nodes"]
+    layer = graph[[n for n in graph if n["op"] == "FullyConnected"][-1]["inputs"][0][0]]["name"]
+    symbol = mx.sym.load(f"{prefix}-symbol.json").get_internals()[layer + "_output"]
+    module = mx.mod.Module(symbol, label_names=None)
+    module.bind(data_shapes=[("data", (1, *pretrained.INPUT_SHAPE))], for_training=False)
+    saved = mx.nd.load(f"{prefix}-0000.params")
+    module.set_params({k[4:]: v for k, v in saved.items() if k.startswith("arg:")},
+                      {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}, allow_extra=True)
+    prep = Preprocess(pretrained.INPUT_SHAPE, mean=(127.0,) * 3, std=(128.0,) * 3)
+    out = {}
+    for key, data in world["photos"].items():
+        module.forward(mx.io.DataBatch([mx.nd.array(mxinfer.decode_image(data, prep)[np.newaxis])]), is_train=False)
+        vector = module.get_outputs()[0].asnumpy().reshape(-1)
+        out[key] = vector / np.linalg.norm(vector) if normalize else vector
+    return out
+
+
+@pytest.mark.spark
+def test_embed_job_writes_the_layers_vectors_as_json_lines_and_parquet(effnet_world):
+    s3 = effnet_world["s3"]
+    result = spark_submit([*effnet_world["args"], "--normalize", "--output", "s3://embed-job/out/v.jsonl"])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    normalized = reference_vectors(effnet_world, normalize=True)
+    rows = [json.loads(x) for x in s3.get_object(Bucket="embed-job", Key="out/v.jsonl")["Body"].read().splitlines()]
+    assert [r["key"] for r in rows] == sorted(effnet_world["photos"])
+    for row in rows:
+        np.testing.assert_allclose(row["embedding"], normalized[row["key"]], atol=1e-4)
+    summary = json.loads(s3.get_object(Bucket="embed-job", Key="out/v.jsonl.summary.json")["Body"].read())
+    assert summary["fingerprint"]["task"] == "embed" and summary["fingerprint"]["output_layer"]
+
+    result = spark_submit([*effnet_world["args"], "--embedding-dtype", "float16",
+                           "--output", "s3://embed-job/out/v.parquet"])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    table = pq.read_table(io.BytesIO(s3.get_object(Bucket="embed-job", Key="out/v.parquet")["Body"].read()))
+    plain = reference_vectors(effnet_world, normalize=False)
+    dimension = len(next(iter(plain.values())))
+    assert table.schema.field("embedding").type == pa.list_(pa.float16())
+    assert dimension == 1280 and set(pc.list_value_length(table["embedding"]).to_pylist()) == {dimension}
+    fingerprint = json.loads(table.schema.metadata[b"mxinfer.fingerprint"])
+    assert fingerprint["task"] == "embed" and fingerprint["embedding_dtype"] == "float16"
+    assert fingerprint["model_params"] and fingerprint["preprocess"]["mean"] == [127.0, 127.0, 127.0]
+    for key, vector in zip(table.column("key").to_pylist(), table.column("embedding").to_pylist()):
+        want = plain[key]
+        np.testing.assert_allclose(np.asarray(vector, np.float32), want.astype(np.float16).astype(np.float32),
+                                   rtol=2e-3, atol=2e-3 * np.abs(want).max())
+
+
+def test_a_parts_lines_are_the_json_view_of_its_own_columns_for_every_kind():
+    made = {kind: results.Results(results.schema(kind)) for kind in ("classify", "custom", "detect")}
+    made["embed"] = results.Results(results.schema("embed", dimension=2))
+    made["classify"].add("a", results.prediction_entries([(3, "tabby, \"cat\"", 0.123456789)]))
+    made["custom"].add("a", ('{"boxes": [1.5]}', None))
+    made["embed"].add("a", np.array([0.25, 1e-7], np.float32))
+    made["detect"].add("a", ([3, 4], []))
+    for kind, rows in made.items():
+        rows.fail("b", {"stage": "download", "type": "OSError", "message": "gone"})
+        part = part_format.read_part(part_format.write_part(rows.record_batch()))
+        assert results.kind_of(part.schema) == kind
+        assert part.column(results.LINE.name).to_pylist() == jsonl_view.json_lines(part_format.model_columns(part))
+        assert [json.loads(x)["key"] for x in jsonl_view.json_lines(part)] == ["a", "b"]
+
+
+def test_top_labels_count_each_rows_first_class_by_label_else_id():
+    rows = results.Results(results.schema("classify"))
+    rows.add("a", results.prediction_entries([(3, "cat", 0.9), (1, "dog", 0.1)]))
+    rows.add("b", results.prediction_entries([(3, "cat", 0.6)]))
+    rows.add("c", results.prediction_entries([(7, None, 0.5)]))
+    rows.add("d", [])
+    rows.fail("e", {"stage": "decode", "type": "OSError", "message": "bad"})
+    assert results.top_labels(rows.record_batch()) == {"cat": 2, "7": 1}
+    assert results.top_labels(results.Results(results.schema("embed", dimension=2)).record_batch()) == {}
+
+
+def test_a_part_without_lines_has_the_same_schema_and_renders_the_same_lines():
+    made = {kind: results.Results(results.schema(kind)) for kind in ("classify", "custom", "detect")}
+    made["embed"] = results.Results(results.schema("embed", dimension=2, dtype="float16"))
+    made["classify"].add("a", results.prediction_entries([(3, "tabby, \"cat\"", 0.123456789), (1, None, 0.5)]))
+    made["custom"].add("a", ('{"boxes": [1.5], "note": "é"}', None))
+    made["embed"].add("a", np.array([0.25, 1e-7], np.float32))
+    made["detect"].add("a", ([3, 4], results.detection_entries([(2, "dog", 0.5, [0.5, 1.0, 2.0, 3.25])])))
+    for kind, rows in made.items():
+        rows.fail("b", {"stage": "download", "type": "OSError", "message": "gone\nfor good"})
+        with_lines = part_format.read_part(part_format.write_part(rows.record_batch()))
+        without = part_format.read_part(part_format.write_part(rows.record_batch(), lines=False))
+        assert without.schema == with_lines.schema, kind
+        assert without.column(results.LINE.name).null_count == without.num_rows == 2, kind
+        assert jsonl_view.json_lines(without) == jsonl_view.json_lines(with_lines), kind
+        assert jsonl_view.json_lines(without.slice(1)) == jsonl_view.json_lines(with_lines)[1:], kind

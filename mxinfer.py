@@ -6,7 +6,7 @@ concern per module:
 
 ===================  ==========================================================
 ``mxjob.model.preprocess``  encoded bytes to the model's input (:func:`decode_image`, :func:`decode_into`)
-``mxjob.model.model``       the checkpoint, :class:`Predictor` / :class:`Classifier` /
+``mxjob.model.predictor``       the checkpoint, :class:`Predictor` / :class:`Classifier` /
                       :class:`ImageClassifier` / :class:`Embedder` / :class:`ImageEmbedder` /
                       :class:`ObjectDetector`, top-k, the per-worker model cache
 ``mxjob.results.results``     the result model: one Arrow record batch per batch, one schema per task
@@ -41,21 +41,7 @@ from mxjob.executor.udf import model_udf, score_images, udf_return_type
 from mxjob.int8.int8 import agreement, quantize_int8
 from mxjob.model.device import choose_context, task_context
 from mxjob.model.handlers import HandlerError, Handlers, load_handlers
-from mxjob.model.model import (
-    Classifier,
-    Embedder,
-    ImageClassifier,
-    ImageEmbedder,
-    ModelError,
-    ModelSpec,
-    ObjectDetector,
-    Predictor,
-    get_classifier,
-    get_model,
-    parse_labels,
-    softmax,
-    top_classes,
-)
+from mxjob.model.predictor import ModelError, ModelSpec, Predictor, get_model, parse_labels
 from mxjob.model.preprocess import (
     Geometry,
     ImageTooLargeError,
@@ -66,6 +52,9 @@ from mxjob.model.preprocess import (
     draft_size,
     map_boxes,
 )
+from mxjob.tasks.classify import Classifier, ImageClassifier, get_classifier, softmax, top_classes
+from mxjob.tasks.detect import ObjectDetector
+from mxjob.tasks.embed import Embedder, ImageEmbedder
 
 __all__ = [
     "DECODE_MODES",

@@ -59,7 +59,7 @@ def run(held_out: int, budget: float, min_agreement: float, batch: int, seed: in
     """Export the model, make the views, run the search as the driver does; the result as a dict."""
     from mxjob.int8.int8 import weight_layers
     from mxjob.int8.int8_search import SampleArrays, SearchGoal, quantize_auto
-    from mxjob.model.model import ModelSpec
+    from mxjob.model.predictor import ModelSpec
 
     prefix = pretrained.export(work)
     arrays = photo_arrays(2 * held_out, seed)

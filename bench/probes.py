@@ -188,8 +188,8 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from mxjob.model.model import top_classes
     from mxjob.outputs import durable
+    from mxjob.tasks.classify import top_classes
 
     classifier = mxinfer.Classifier(model, shape, 1)
     images = _listing(results, bucket)

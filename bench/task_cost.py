@@ -107,7 +107,7 @@ def our_job(sc, endpoint: str, tasks: int, number: int, plan):
     """A callable that runs ``tasks`` one-key batches of ours, as ``mxjob.run.cluster.run_spark`` does."""
     from mxjob.executor.partition import JobSpec, score_into
     from mxjob.executor.stats import StatsAccumulator, StatsFold
-    from mxjob.model.model import ModelSpec
+    from mxjob.model.predictor import ModelSpec
     from mxjob.model.preprocess import Preprocess
     from mxjob.outputs import durable
 

@@ -66,9 +66,10 @@ from bench import images as bench_images  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
 from mxjob.executor import partition  # noqa: E402
 from mxjob.model import preprocess  # noqa: E402
-from mxjob.model.model import Classifier, ModelSpec  # noqa: E402
+from mxjob.model.predictor import ModelSpec  # noqa: E402
 from mxjob.model.preprocess import Preprocess, decode_image, draft_size, to_rgb  # noqa: E402
 from mxjob.results import jsonl_view  # noqa: E402
+from mxjob.tasks.classify import Classifier  # noqa: E402
 
 BUCKET = "bench-worker-steps"
 

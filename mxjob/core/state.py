@@ -168,7 +168,7 @@ class Counters:
 
     #: Models this process has loaded (a reused worker loads once).
     model_loads: int = 0
-    #: Seconds the last of them took to load and bind (``mxjob.model.model.get_model``); ``None``: none loaded.
+    #: Seconds the last of them took to load and bind (``mxjob.model.predictor.get_model``); ``None``: none loaded.
     model_load_seconds: float | None = None
     #: Tasks this Python worker has run; the summary plots its memory against it.
     tasks_run: int = 0

@@ -18,14 +18,14 @@ from mxjob.core import state
 from mxjob.core.errors import first_line
 from mxjob.executor.measure import SampleCost, measure
 from mxjob.executor.partition import JobSpec, warm_worker
-from mxjob.model.model import ModelError
+from mxjob.model.predictor import ModelError
 
 
 @dataclass(frozen=True)
 class ModelFacts:
     """What the driver's checks and records read of a loaded model, with no MXNet: picklable, a few kB.
 
-    Read the way a :class:`mxjob.model.model.Predictor` is (``labels``,
+    Read the way a :class:`mxjob.model.predictor.Predictor` is (``labels``,
     ``num_classes``, ``dimension``, ``output_layer``, ``file_digests``, :meth:`model_summary`),
     by :func:`mxjob.outputs.resume.job_fingerprint` and
     :func:`mxjob.executor.partition.result_schema`. ``num_classes`` is a classifier's
@@ -44,7 +44,7 @@ class ModelFacts:
 
     @classmethod
     def of(cls, model) -> ModelFacts:
-        """The facts of a loaded :class:`mxjob.model.model.Predictor`."""
+        """The facts of a loaded :class:`mxjob.model.predictor.Predictor`."""
         labels = getattr(model, "labels", None)
         return cls(kind=type(model).__name__, summary=model.model_summary(),
                    labels=tuple(labels) if labels else None, num_classes=getattr(model, "num_classes", None),
@@ -52,7 +52,7 @@ class ModelFacts:
                    file_digests=dict(getattr(model, "file_digests", None) or {}) or None)
 
     def model_summary(self) -> dict:
-        """The summary's ``model``: :meth:`mxjob.model.model.Predictor.model_summary` as the model gave it."""
+        """The summary's ``model``: :meth:`mxjob.model.predictor.Predictor.model_summary` as the model gave it."""
         return dict(self.summary)
 
 

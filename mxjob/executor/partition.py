@@ -31,7 +31,7 @@ from mxjob.executor.stats import ERROR_EXAMPLES, StatsFold, TaskStats
 from mxjob.inputs import plan_file
 from mxjob.model.device import task_context
 from mxjob.model.handlers import Handlers, get_handlers, model_class
-from mxjob.model.model import ModelError, ModelSpec, Predictor, get_model, top_k_or_errors
+from mxjob.model.predictor import ModelError, ModelSpec, Predictor, get_model
 from mxjob.model.preprocess import Preprocess, decode_image, decode_image_geometry
 from mxjob.model.worker import (
     ThreadPlan,
@@ -44,6 +44,7 @@ from mxjob.model.worker import (
 )
 from mxjob.results import part_format, results
 from mxjob.s3 import object_reader, reads
+from mxjob.tasks.classify import top_k_or_errors
 
 log = logging.getLogger(__name__)
 

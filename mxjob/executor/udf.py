@@ -14,9 +14,10 @@ import pyarrow as pa
 
 from mxjob.core import constants
 from mxjob.model.device import parse_context, task_context
-from mxjob.model.model import Classifier, ModelSpec, get_classifier, top_k_or_errors
+from mxjob.model.predictor import ModelSpec
 from mxjob.model.preprocess import Preprocess, decode_image
 from mxjob.results import results
+from mxjob.tasks.classify import Classifier, get_classifier, top_k_or_errors
 
 
 def udf_schema(kind: str = "classify") -> pa.Schema:

@@ -16,7 +16,7 @@ import numpy as np
 
 from mxjob.core.errors import plural
 from mxjob.int8 import int8_search
-from mxjob.model.model import ModelError, ModelSpec
+from mxjob.model.predictor import ModelError, ModelSpec
 
 #: The layers oneDNN quantizes, by their op in the fp32 graph; --int8-exclude names them.
 WEIGHT_OPS = ("Convolution", "FullyConnected")

@@ -24,11 +24,12 @@ from mxjob.int8 import int8_search
 from mxjob.int8.int8 import agreement, agreement_refusal, int8_excluded, quantize_int8, sample_too_small, weight_layers
 from mxjob.int8.int8_search import SampleArrays, SearchGoal, quantize_auto
 from mxjob.model.handlers import get_handlers
-from mxjob.model.model import Classifier, ModelError, Predictor
+from mxjob.model.predictor import ModelError, Predictor
 from mxjob.model.preprocess import decode_image
 from mxjob.options.config import JobConfig
 from mxjob.planning.sizing import bound_batch
 from mxjob.s3 import reads
+from mxjob.tasks.classify import Classifier
 
 log = logging.getLogger(__name__)
 

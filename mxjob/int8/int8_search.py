@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mxjob.model.model import ModelError, ModelSpec, softmax
+from mxjob.model.predictor import ModelError, ModelSpec
+from mxjob.tasks.classify import softmax
 
 #: ``--int8-exclude auto``: the value that asks for the search instead of naming layers.
 AUTO = "auto"

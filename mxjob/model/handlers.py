@@ -12,7 +12,10 @@ import numpy as np
 
 from mxjob.core import state
 from mxjob.core.errors import first_line
-from mxjob.model.model import Classifier, Embedder, ObjectDetector, Predictor
+from mxjob.model.predictor import Predictor
+from mxjob.tasks.classify import Classifier
+from mxjob.tasks.detect import ObjectDetector
+from mxjob.tasks.embed import Embedder
 
 
 class HandlerError(Exception):

@@ -182,7 +182,7 @@ def import_mxnet() -> float | None:
     AMD EPYC, without the optional packages of :data:`MXNET_OPTIONAL`), so
     the driver's own import, timed here, is what :mod:`mxjob.planning.estimate`
     counts for the executors' start. The driver imports MXNet first through
-    here, a worker when it loads its first model (:class:`mxjob.model.model.Predictor`).
+    here, a worker when it loads its first model (:class:`mxjob.model.predictor.Predictor`).
     """
     if "mxnet" in sys.modules:
         return state.counters.mxnet_import_seconds

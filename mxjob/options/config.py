@@ -23,7 +23,7 @@ import yaml
 
 from mxjob.core.errors import first_line, plural
 from mxjob.executor.partition import JobSpec
-from mxjob.model.model import ModelSpec
+from mxjob.model.predictor import ModelSpec
 from mxjob.model.preprocess import Preprocess
 from mxjob.options import settings as table
 from mxjob.options.option_types import parse_max_errors

@@ -116,7 +116,7 @@ class Setting:
     to : str
         Where the value goes (:data:`DESTINATIONS`): ``driver``, a :class:`~mxjob.options.config.JobConfig`
         field; ``executor``, a ``JobConfig`` field and a :class:`~mxjob.executor.partition.JobSpec` field
-        the executors read; ``model``, a :class:`~mxjob.model.model.ModelSpec` field; ``preprocess``, a
+        the executors read; ``model``, a :class:`~mxjob.model.predictor.ModelSpec` field; ``preprocess``, a
         :class:`~mxjob.model.preprocess.Preprocess` field; ``resolve``, read only by
         :func:`mxjob.options.config.resolve` to make other fields (input, output, model files).
     fingerprint : bool or callable

@@ -15,7 +15,7 @@ import os
 import urllib.parse
 
 from mxjob.core.errors import JobError, first_line
-from mxjob.model.model import ModelSpec
+from mxjob.model.predictor import ModelSpec
 from mxjob.options.config import JobConfig
 from mxjob.outputs import dataset
 from mxjob.s3 import access, clients, uris

@@ -20,7 +20,7 @@ from typing import NoReturn
 from mxjob.core.errors import JobError, first_line, plural
 from mxjob.executor.model_check import ModelFacts
 from mxjob.inputs import extsort, listing
-from mxjob.model.model import Predictor
+from mxjob.model.predictor import Predictor
 from mxjob.options import settings
 from mxjob.options.config import JobConfig
 from mxjob.outputs import dataset, durable, preflight

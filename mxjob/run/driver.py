@@ -37,7 +37,7 @@ from mxjob.core.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
 from mxjob.model.handlers import HandlerError, get_handlers, model_class
 from mxjob.int8.int8_prep import prepare_precision
 from mxjob.executor.measure import SampleCost, combined
-from mxjob.model.model import Predictor, get_model
+from mxjob.model.predictor import Predictor, get_model
 from mxjob.executor.model_check import ModelFacts, WarmReport, load_failure, warm_and_check
 from mxjob.outputs.resume import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list, reads, uris, writes

@@ -14,7 +14,7 @@ from mxjob.results import jsonl_view, part_format
 from mxjob.inputs import plan_file
 from mxjob.options.config import JobConfig
 from mxjob.outputs.dataset import NO_INPUTS, PlanInputs
-from mxjob.model.model import Classifier
+from mxjob.tasks.classify import Classifier
 from mxjob.executor.partition import score_partition
 from mxjob.reporting.records import ABSENT, Plan, PlanDataset, SummaryExisting, to_json
 from mxjob.outputs.resume import Completed, plan_output

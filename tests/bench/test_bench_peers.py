@@ -17,8 +17,8 @@ from PIL import Image
 from bench import images as bench_images
 from bench import models as bench_models
 from bench import peers
-from mxjob.model.model import ImageClassifier
 from mxjob.model.preprocess import Preprocess
+from mxjob.tasks.classify import ImageClassifier
 from tests.support.helpers import ROOT, make_s3_client
 
 N1, N2 = 128, 1280

@@ -215,7 +215,7 @@ def test_model_is_loaded_once_per_python_worker_and_reused(logits_run):
     # One of them checked the model and measured the estimate's sample for the driver, which loaded none.
     # 16 keys: a micro-batch of 8 to build the kernels, then 8 timed; both kept.
     assert "an executor checked the model and measured the estimate's sample on 8 images" in output(result)
-    assert "mxjob.model.model: loaded model" not in output(result)
+    assert "mxjob.model.predictor: loaded model" not in output(result)
     workers = summary["python_workers"]
     assert sum(w["batches"] for w in workers.values()) == 4  # and the sample's two, kept (see below)
     assert len(workers) < 6  # some worker ran several batches ...

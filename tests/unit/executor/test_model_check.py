@@ -328,7 +328,7 @@ def test_the_fingerprint_takes_the_model_files_digests_from_the_load_and_reads_n
                                                                                       fresh_state, monkeypatch):
     from types import SimpleNamespace
 
-    from mxjob.model.model import ModelSpec
+    from mxjob.model.predictor import ModelSpec
 
     cfg = job_config(moto_endpoint)
     facts = warm_and_check(0, 1, executor_job(cfg), check=True).facts

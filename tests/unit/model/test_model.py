@@ -328,7 +328,7 @@ def test_without_modules_hides_a_module_for_the_block_only(tmp_path, monkeypatch
 
 def test_a_fresh_process_imports_mxnet_without_scikit_learn_or_scipy_and_can_import_them_after():
     # scikit-learn and SciPy are installed here (the tests' photos); mxnet would load them and pandas.
-    code = ("import sys; from mxjob.model.model import Predictor; from mxjob.model.worker import import_mxnet\n"
+    code = ("import sys; from mxjob.model.predictor import Predictor; from mxjob.model.worker import import_mxnet\n"
             "seconds = import_mxnet()\n"
             "print(seconds > 0, *(name in sys.modules for name in ('sklearn', 'scipy', 'pandas')))\n"
             "import mxnet.model, sklearn.base, scipy.stats\n"

@@ -29,10 +29,11 @@ from demo.s3proxy import Faults, S3Proxy
 from mxjob.core import state
 from mxjob.core.errors import JobError
 from mxjob.inputs import listing
-from mxjob.model.model import Classifier, ModelSpec
+from mxjob.model.predictor import ModelSpec
 from mxjob.options import config
 from mxjob.run import driver
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list
+from mxjob.tasks.classify import Classifier
 from tests.support.helpers import bucket_with_model
 
 BUCKET = "s3-settings-bucket"

@@ -1,11 +1,11 @@
-"""The model: a checkpoint (:class:`ModelSpec`), bound once as a :class:`Predictor`, and top-k.
+"""The model: a checkpoint (:class:`ModelSpec`), bound once as a :class:`Predictor`.
 
-:class:`Predictor` maps NCHW float32 arrays to the model's outputs;
-:class:`Classifier` adds labels, softmax and top-k; :class:`ImageClassifier`
-takes encoded images and decodes them as the job does. :func:`get_model` is
-the per-worker cache the job and the UDF load through (held in
-:mod:`mxjob.core.state`), so a Python worker binds a model once and reuses it for
-every later task (``spark.python.worker.reuse=true``, Spark's default).
+:class:`Predictor` maps NCHW float32 arrays to the model's outputs; each
+task's class adds what its task makes of them (:mod:`mxjob.tasks`).
+:func:`get_model` is the per-worker cache the job and the UDF load through
+(held in :mod:`mxjob.core.state`), so a Python worker binds a model once and
+reuses it for every later task (``spark.python.worker.reuse=true``, Spark's
+default).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from PIL import Image
 from mxjob.core import constants, state
 from mxjob.core.errors import first_line, plural
 from mxjob.model.device import mx_context
-from mxjob.model.preprocess import Geometry, Preprocess, decode_image_geometry, decode_into, map_boxes
+from mxjob.model.preprocess import Preprocess, decode_into
 from mxjob.model.worker import import_mxnet
 from mxjob.s3 import clients, reads, uris
 
@@ -42,40 +42,6 @@ SOFTMAX_OPS = frozenset({"SoftmaxOutput", "softmax", "SoftmaxActivation", "Softm
 
 class ModelError(Exception):
     """A checkpoint that cannot serve this job (missing weight, wrong shape, ...)."""
-
-
-# ----------------------------------------------------------------------------
-# Top-k
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise softmax, stable for large logits."""
-    shifted = x - x.max(axis=1, keepdims=True)
-    e = np.exp(shifted)
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def top_classes(probabilities: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
-    """Per row, the ``k`` largest ``(class_id, probability)``, highest first.
-
-    Ties keep the lower class id first, so results are deterministic: the
-    first ``k`` of a stable sort of the row, highest first. Only the few
-    classes at or above each row's ``k``-th largest value are sorted (a
-    partition finds it), not all of them: 0.008 instead of 0.042 ms of CPU
-    per row of ImageNet's 1,000 classes.
-    """
-    classes = probabilities.shape[1]
-    k = min(k, classes)
-    if k == 0 or not np.isfinite(probabilities).all():  # a row that is not finite fails; its order is the sort's
-        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
-        return [[(int(c), float(row[c])) for c in idx] for row, idx in zip(probabilities, order)]
-    kth = np.partition(probabilities, classes - k, axis=1)[:, classes - k]
-    out = []
-    for row, threshold in zip(probabilities, kth):
-        # Every class above the k-th value, and those equal to it in class order: a stable sort keeps that order.
-        candidates = np.flatnonzero(row >= threshold)
-        out.append([(int(c), float(row[c])) for c in candidates[np.argsort(-row[candidates], kind="stable")[:k]]])
-    return out
 
 
 def parse_labels(text: str) -> list[str]:
@@ -406,65 +372,6 @@ class Predictor:
         }
 
 
-class Classifier(Predictor):
-    """A :class:`Predictor` whose first output is class scores; adds labels and top-k.
-
-    Labels come from ``spec.labels_uri``; when that is ``None``, from
-    ``synset.txt`` beside the symbol file if it exists.
-    """
-
-    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
-                 context: str | None = None):
-        super().__init__(model, input_shape, batch_size, context)
-        self.num_classes = int(np.prod(self.output_shapes[0]))
-        #: The labels file read (``synset.txt`` beside the model when --labels is not given), or None.
-        self.labels_uri: str | None = None
-        self.labels = self._load_labels()
-
-    def model_summary(self) -> dict:
-        """:meth:`Predictor.model_summary`, with the labels file the lines' labels came from and its count."""
-        return {**super().model_summary(), "labels": self.labels_uri if self.labels else None,
-                "labels_count": len(self.labels) if self.labels else 0}
-
-    def _load_labels(self) -> list[str] | None:
-        labels, uri = read_labels(self.spec)
-        self.labels_uri = uri if labels is not None else None
-        if labels is not None and len(labels) != self.num_classes:
-            raise ModelError(f"labels file {uri} has {len(labels)} lines but the model has "
-                             f"{self.num_classes} classes")
-        return labels
-
-    def probabilities(self, array: np.ndarray) -> np.ndarray:
-        scores = self.predict(array)[0].reshape(array.shape[0], -1).astype(np.float64)
-        return scores if self.output_is_probability else softmax(scores)
-
-    def classify(self, array: np.ndarray,
-                 top_k: int = constants.DEFAULT.top_k) -> list[list[tuple[int, str | None, float]]]:
-        """Per row, ``(class_id, label, probability)`` for the ``top_k`` classes, highest first."""
-        return [self.labelled(row) for row in top_classes(self.probabilities(array), top_k)]
-
-    def labelled(self, row: list[tuple[int, float]]) -> list[tuple[int, str | None, float]]:
-        """A row of :func:`top_classes` with each class's label (``None`` without labels)."""
-        return [(c, self.labels[c] if self.labels else None, p) for c, p in row]
-
-
-class ImageClassifier(Classifier):
-    """A :class:`Classifier` that takes encoded images, decoded exactly as the job does."""
-
-    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
-                 context: str | None = None, preprocess: Preprocess | None = None):
-        super().__init__(model, input_shape, batch_size, context)
-        self.preprocess = _preprocess_for(self, preprocess)
-
-    def to_array(self, images: Sequence) -> np.ndarray:
-        """Encoded bytes, file paths or PIL images as one NCHW batch, decoded as the job decodes."""
-        return _images_array(images, self.preprocess)
-
-    def classify_images(self, images: Sequence, top_k: int = constants.DEFAULT.top_k):
-        """Classify encoded bytes, file paths or PIL images."""
-        return self.classify(self.to_array(images), top_k)
-
-
 def encoded(image) -> bytes:
     """An image given as encoded bytes, a file path or a PIL image, as encoded bytes (a PIL image as PNG)."""
     if isinstance(image, Image.Image):
@@ -477,7 +384,7 @@ def encoded(image) -> bytes:
     return bytes(image)
 
 
-def _images_array(images: Sequence, preprocess: Preprocess) -> np.ndarray:
+def images_array(images: Sequence, preprocess: Preprocess) -> np.ndarray:
     """Encoded bytes, file paths or PIL images (:func:`encoded`) as one float32 NCHW batch, decoded as the job
     decodes (:func:`decode_into`, each into its row); ``(0, C, H, W)`` for none."""
     batch = np.empty((len(images), *preprocess.input_shape), np.float32)
@@ -486,7 +393,7 @@ def _images_array(images: Sequence, preprocess: Preprocess) -> np.ndarray:
     return batch
 
 
-def _preprocess_for(predictor: Predictor, preprocess: Preprocess | None) -> Preprocess:
+def preprocess_for(predictor: Predictor, preprocess: Preprocess | None) -> Preprocess:
     """``preprocess``, or the default recipe at the predictor's input shape; it must take that shape."""
     preprocess = preprocess or Preprocess(input_shape=predictor.input_shape)
     if tuple(preprocess.input_shape) != predictor.input_shape:
@@ -494,183 +401,7 @@ def _preprocess_for(predictor: Predictor, preprocess: Preprocess | None) -> Prep
     return preprocess
 
 
-# ----------------------------------------------------------------------------
-# Embeddings: one layer's output
-
-
-def layer_names(symbol_json: str) -> list[str]:
-    """The names of the graph's operator nodes (its layers), in graph order."""
-    return [node["name"] for node in json.loads(symbol_json)["nodes"] if node["op"] != "null"]
-
-
-def default_output_layer(symbol_json: str) -> str:
-    """The data input of the graph's last FullyConnected node: the features a classifier's head reads.
-
-    ``flatten`` (or the global pooling) in a ResNet or an EfficientNet. Raises
-    :class:`ModelError` for a graph without a FullyConnected node.
-    """
-    nodes = json.loads(symbol_json)["nodes"]
-    dense = [node for node in nodes if node["op"] == "FullyConnected"]
-    if not dense:
-        raise ModelError("the model has no FullyConnected layer to take the embedding before; name a layer "
-                         f"with --output-layer (its last layers: {', '.join(layer_names(symbol_json)[-5:])})")
-    return nodes[dense[-1]["inputs"][0][0]]["name"]
-
-
-def output_layer_symbol(symbol, symbol_json: str, name: str | None):
-    """``(layer name, the symbol of its output)``; a name not in the graph raises :class:`ModelError`.
-
-    ``name`` is a node name (``flatten0``) or its output's (``flatten0_output``);
-    ``None`` is :func:`default_output_layer`. The message of an unknown name
-    lists the nearest layer names.
-    """
-    import difflib
-
-    name = name or default_output_layer(symbol_json)
-    internals = symbol.get_internals()
-    outputs = internals.list_outputs()
-    for candidate in (name, f"{name}_output"):
-        if candidate in outputs:
-            return name, internals[candidate]
-    nearest = difflib.get_close_matches(name, layer_names(symbol_json), n=5, cutoff=0.0)
-    raise ModelError(f"the model has no layer named {name!r}; the nearest are {', '.join(nearest)}")
-
-
-class Embedder(Predictor):
-    """A :class:`Predictor` that returns one layer's output, flattened to one vector per image.
-
-    The layer is ``spec.output_layer`` (``--output-layer``), by default the
-    input of the last FullyConnected layer (:func:`default_output_layer`). The
-    graph is cut there, so the layers after it never run.
-
-    Examples
-    --------
-    >>> e = Embedder("file:///models/resnet18", (3, 224, 224), batch_size=8)  # doctest: +SKIP
-    >>> e.embed(np.zeros((3, 3, 224, 224), np.float32)).shape  # doctest: +SKIP
-    (3, 512)
-    """
-
-    def _select_output(self, symbol, symbol_json: str) -> tuple:
-        self.output_layer, layer = output_layer_symbol(symbol, symbol_json, self.spec.output_layer)
-        return layer, layer.tojson()
-
-    @property
-    def dimension(self) -> int:
-        """The length of one vector."""
-        return int(np.prod(self.output_shapes[0]))
-
-    def embed(self, array: np.ndarray, normalize: bool = False, dtype: str = "float32") -> np.ndarray:
-        """The vectors of ``array`` (N, C, H, W): ``(N, D)`` of ``dtype``, L2-normalised if ``normalize``."""
-        out = self.predict(array)[0].reshape(array.shape[0], -1).astype(np.float32)
-        if normalize:
-            # A zero vector stays zero rather than becoming NaN.
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), np.finfo(np.float32).tiny)
-        return out.astype(dtype)
-
-
-class ImageEmbedder(Embedder):
-    """An :class:`Embedder` that takes encoded images, decoded exactly as the job does."""
-
-    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
-                 context: str | None = None, preprocess: Preprocess | None = None):
-        super().__init__(model, input_shape, batch_size, context)
-        self.preprocess = _preprocess_for(self, preprocess)
-
-    def embed_images(self, images: Sequence, normalize: bool = False, dtype: str = "float32") -> np.ndarray:
-        """Embed encoded bytes, file paths or PIL images: ``(N, D)``."""
-        return self.embed(_images_array(images, self.preprocess), normalize, dtype)
-
-
-# ----------------------------------------------------------------------------
-# Detection: MXNet's (batch, anchors, 6) layout
-
-
-class ObjectDetector(Predictor):
-    """A :class:`Predictor` whose output is MXNet's detection layout; boxes in the pixels of each image.
-
-    The model's first output is ``(batch, anchors, 6)``: ``class_id, score,
-    xmin, ymin, xmax, ymax``, coordinates in 0..1 of the model's input and
-    ``class_id`` -1 for suppressed rows, as ``mx.sym.contrib.MultiBoxDetection``
-    gives. Labels are optional (``synset.txt`` beside the model, or ``spec.labels_uri``).
-    :meth:`detect_images` decodes as the job does and maps each box back onto
-    the image as its EXIF orientation shows it.
-
-    Examples
-    --------
-    >>> d = ObjectDetector("file:///models/ssd", (3, 300, 300), batch_size=4)  # doctest: +SKIP
-    >>> d.detect_images(["cat.jpg"], min_score=0.5)[0]["detections"][0]  # doctest: +SKIP
-    {'class_id': 7, 'label': 'cat', 'score': 0.91, 'box': [12.0, 30.5, 410.0, 388.0]}
-    """
-
-    def __init__(self, model, input_shape=constants.DEFAULT.input_shape, batch_size: int = constants.DEFAULT.batch_size,
-                 context: str | None = None, preprocess: Preprocess | None = None):
-        super().__init__(model, input_shape, batch_size, context)
-        shape = self.output_shapes[0]
-        if len(shape) != 2 or shape[1] != 6:
-            name = self._symbol.list_outputs()[0]
-            raise ModelError(f"--task detect needs a model whose output is MXNet's detection layout (batch, anchors, "
-                             f"6); its output {name} has shape {(self.batch_size, *shape)}")
-        self.labels, _ = read_labels(self.spec)
-        self.preprocess = _preprocess_for(self, preprocess)
-
-    def label(self, class_id: int) -> str | None:
-        """The label of ``class_id``; ``None`` without labels or beyond them."""
-        return self.labels[class_id] if self.labels and 0 <= class_id < len(self.labels) else None
-
-    def detect(self, array: np.ndarray, geometries: Sequence[Geometry],
-               min_score: float = constants.DEFAULT.min_score,
-               max_detections: int = constants.DEFAULT.max_detections) -> list[list[tuple]]:
-        """Per row of ``array``, ``(class_id, label, score, box)`` best first, ``box`` in pixels of its image.
-
-        ``geometries`` (one per row, from :func:`decode_image_geometry`) say
-        where each input came from. Suppressed rows (class -1) and scores
-        under ``min_score`` are left out; at most ``max_detections`` remain.
-        """
-        rows = self.predict(array)[0]
-        return [self.image_detections(row, geometry, min_score, max_detections)
-                for row, geometry in zip(rows, geometries)]
-
-    def image_detections(self, row: np.ndarray, geometry: Geometry, min_score: float,
-                         max_detections: int) -> list[tuple]:
-        """One image's ``(anchors, 6)`` output as :meth:`detect` returns it."""
-        if not np.isfinite(row).all():
-            raise FloatingPointError("model output is not finite")
-        kept = row[(row[:, 0] >= 0) & (row[:, 1] >= min_score)]
-        kept = kept[np.argsort(-kept[:, 1], kind="stable")][:max_detections]
-        boxes = map_boxes(kept[:, 2:6], geometry)
-        return [(int(d[0]), self.label(int(d[0])), float(np.float32(d[1])), [float(v) for v in box])
-                for d, box in zip(kept, boxes)]
-
-    def detect_images(self, images: Sequence, min_score: float = constants.DEFAULT.min_score,
-                      max_detections: int = constants.DEFAULT.max_detections) -> list[dict]:
-        """Detect in encoded bytes, file paths or PIL images: per image ``image_size`` and ``detections``.
-
-        Each detection is a dict of ``class_id``, ``label`` (``None`` without
-        labels), ``score`` and ``box`` (``xmin, ymin, xmax, ymax`` in pixels of
-        the image as its EXIF orientation shows it), best first.
-        """
-        decoded = [decode_image_geometry(encoded(image), self.preprocess) for image in images]
-        if not decoded:
-            return []
-        found = self.detect(np.stack([a for a, _ in decoded]), [g for _, g in decoded], min_score, max_detections)
-        return [{"image_size": [g.width, g.height],
-                 "detections": [{"class_id": c, "label": label, "score": score, "box": box}
-                                for c, label, score, box in dets]}
-                for (_, g), dets in zip(decoded, found)]
-
-
-def get_classifier(spec: ModelSpec, input_shape: tuple, batch_size: int) -> Classifier:
-    """This Python worker's classifier for ``spec``, loaded on first use and then reused.
-
-    Relies on ``spark.python.worker.reuse=true`` (Spark's default): the worker
-    process, and so its cache (:data:`mxjob.core.state.models`), outlives the task.
-    Keyed by everything that changes the bound module, the device
-    (``spec.context``) included.
-    """
-    return get_model(spec, input_shape, batch_size, Classifier)
-
-
-def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type = Classifier,
+def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type,
               lane: int = 0) -> Predictor:
     """:func:`get_classifier` for any of the classes: ``Predictor`` serves models that are no classifiers.
 
@@ -699,18 +430,3 @@ def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type =
     return state.models.get((kind, spec, tuple(input_shape), int(batch_size), int(lane)), load)
 
 
-def top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: int) -> list[tuple]:
-    """One forward pass over ``arrays``; per row ``(top-k, None)`` or ``(None, the exception that failed it)``.
-
-    The top-k is :meth:`Classifier.classify`'s row: ``(class_id, label,
-    probability)``, highest first. A failed forward pass fails every row; a
-    row whose scores are not finite fails alone. The job's lines and the UDF's
-    rows are both made from this.
-    """
-    try:
-        probs = classifier.probabilities(np.stack(arrays))
-    except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
-        return [(None, exc)] * len(arrays)
-    finite = np.isfinite(probs).all(axis=1)
-    return [(classifier.labelled(row), None) if ok else (None, FloatingPointError("model output is not finite"))
-            for ok, row in zip(finite, top_classes(probs, top_k))]

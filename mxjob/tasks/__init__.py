@@ -1,0 +1,1 @@
+"""The tasks: what the model makes of each image, one module each."""

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 import click
 from click.core import ParameterSource
 
+from mxjob import tasks
 from mxjob.core.errors import EXIT_FAILED, JobError
 from mxjob.options import config
 from mxjob.options.config import JobConfig, load_yaml, merge_settings, resolve
@@ -93,28 +94,37 @@ def resume_command(argv: Sequence[str], jvm_cmdline: Sequence[str] | None = None
     return rerun.resume_command(argv, jvm_cmdline, os.getcwd())
 
 
+#: ``--help``'s text above the options; ``{tasks}`` is one line per task (:func:`help_text`).
+HELP = """Score every image under an S3 prefix (or in a manifest) with an MXNet model on Spark, into S3.
+
+One result per image, errors included, sorted by key. The task (--task):
+
+\b
+{tasks}
+
+The output (--output), with a summary beside it (KEY.summary.json, PREFIX/_summary.json):
+
+\b
+  s3://BUCKET/KEY.jsonl       JSON Lines, one line per image (KEY.jsonl.gz: gzipped)
+  s3://BUCKET/KEY.parquet     one Parquet object (a key with no suffix: --output-format parquet)
+  s3://BUCKET/PREFIX/         a Parquet dataset: part files that appear as the job runs
+
+Credentials come from boto3's default chain (the instance role on EMR);
+no option takes AWS keys.
+"""
+
+
+def help_text() -> str:
+    """:data:`HELP` with each registered task (:mod:`mxjob.tasks`) on a line of its own, the default marked."""
+    default = config.DEFAULTS["task"]
+    return HELP.format(tasks="\n".join(f"  {t.name:<9} {t.summary}{'; the default' if t.name == default else ''}"
+                                        for t in map(tasks.get, tasks.names())))
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
-                                 "show_default": True}, params=config.OPTIONS)
+                                 "show_default": True}, params=config.OPTIONS, help=help_text())
 def main(config_uri, **values):
-    """Score every image under an S3 prefix (or in a manifest) with an MXNet model on Spark, into S3.
-
-    One result per image, errors included, sorted by key. The task (--task):
-
-    \b
-      classify  the top-k labels of each image and their probabilities (--top-k); the default
-      embed     a vector per image: one layer's output (--output-layer)
-      detect    boxes per image, each with its class and score (--min-score, --max-detections)
-
-    The output (--output), with a summary beside it (KEY.summary.json, PREFIX/_summary.json):
-
-    \b
-      s3://BUCKET/KEY.jsonl       JSON Lines, one line per image (KEY.jsonl.gz: gzipped)
-      s3://BUCKET/KEY.parquet     one Parquet object (a key with no suffix: --output-format parquet)
-      s3://BUCKET/PREFIX/         a Parquet dataset: part files that appear as the job runs
-
-    Credentials come from boto3's default chain (the instance role on EMR);
-    no option takes AWS keys.
-    """
+    """The job's command line (:data:`HELP`): read the options and the YAML once, run the job, exit with its code."""
     ctx = click.get_current_context()
     given = {k: v for k, v in values.items()
              if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}

@@ -4,23 +4,21 @@ Shipped to the executors in ``mxinfer_job.zip`` (``--py-files``, built by
 ``make package``) beside the ``mxjob`` package that holds the code, one
 concern per module:
 
-===================  ==========================================================
-``mxjob.model.preprocess``  encoded bytes to the model's input (:func:`decode_image`, :func:`decode_into`)
-``mxjob.model.predictor``       the checkpoint, :class:`Predictor` / :class:`Classifier` /
-                      :class:`ImageClassifier` / :class:`Embedder` / :class:`ImageEmbedder` /
-                      :class:`ObjectDetector`, top-k, the per-worker model cache
-``mxjob.results.results``     the result model: one Arrow record batch per batch, one schema per task
-``mxjob.results.part_format`` a batch's part, as a task writes it to S3 (Arrow IPC, zstd)
-``mxjob.results.jsonl_view``  the JSON Lines view of a batch
-``mxjob.model.device``      ``cpu`` / ``gpu`` / ``gpu:N``, one grammar
-``mxjob.int8.int8``        oneDNN post-training quantization and the agreement check
-``mxjob.model.handlers``    a user's ``input_handler`` / ``output_handler``
+=============================  ==========================================================
+``mxjob.model.preprocess``     encoded bytes to the model's input (:func:`decode_image`, :func:`decode_into`)
+``mxjob.model.predictor``      the checkpoint (:class:`Predictor`), the per-worker model cache
+``mxjob.tasks``                each task: :class:`Classifier` / :class:`ImageClassifier` (top-k),
+                               :class:`Embedder` / :class:`ImageEmbedder`, :class:`ObjectDetector`
+``mxjob.results``              the result model: one Arrow record batch per batch; a part; its JSON lines
+``mxjob.model.device``         ``cpu`` / ``gpu`` / ``gpu:N``, one grammar
+``mxjob.int8.int8``            oneDNN post-training quantization and the agreement check
+``mxjob.model.handlers``       a user's ``input_handler`` / ``output_handler``
 ``mxjob.executor.udf``         :func:`model_udf`, the DataFrame function
-``mxjob.model.worker``      threads and memory of a Python worker
+``mxjob.model.worker``         threads and memory of a Python worker
 ``mxjob.executor.partition``   :func:`score_partition`, what each Spark task runs
 ``mxjob.executor.stats``       the tasks' stats, folded in one accumulator
-``mxjob.core.state``       every piece of per-process state (caches, counters)
-===================  ==========================================================
+``mxjob.core.state``           every piece of per-process state (caches, counters)
+=============================  ==========================================================
 
 The public API below is what the job itself runs, so a notebook gets the same
 numbers as a backfill.
@@ -34,7 +32,8 @@ BILINEAR)`` (or short side to ``H*256/224`` then a centre crop) -> float32
 CHW -> ``(x - mean) / std`` on 0-255 values.
 """
 
-from mxjob.core.constants import DECODE_MODES, PRECISIONS, RESIZE_MODES, TASKS
+from mxjob import tasks
+from mxjob.core.constants import DECODE_MODES, PRECISIONS, RESIZE_MODES
 from mxjob.core.errors import first_line
 from mxjob.executor.partition import JobSpec, score_partition
 from mxjob.executor.udf import model_udf, score_images, udf_return_type
@@ -55,6 +54,9 @@ from mxjob.model.preprocess import (
 from mxjob.tasks.classify import Classifier, ImageClassifier, get_classifier, softmax, top_classes
 from mxjob.tasks.detect import ObjectDetector
 from mxjob.tasks.embed import Embedder, ImageEmbedder
+
+#: The tasks ``--task`` takes (:mod:`mxjob.tasks`).
+TASKS = tasks.names()
 
 __all__ = [
     "DECODE_MODES",

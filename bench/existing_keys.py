@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from bench.fake_daemon import FAKE_PREDICTIONS
 from mxjob.outputs import sinks
-from mxjob.results import results
+from mxjob.tasks import classify
 
 #: One new key for this many existing ones: the manifest lists 1% more keys than the dataset holds.
 EXISTING_PER_NEW = 100
@@ -56,7 +56,7 @@ def provenance(body: bytes) -> dict[str, str]:
 
 def fake_rows() -> pa.RecordBatch:
     """One classify row of the result model with the fake scorer's predictions (its key empty)."""
-    made = results.Results(results.schema("classify"))
+    made = classify.TASK.results()
     made.add("", [{"label": None, **p} for p in FAKE_PREDICTIONS])
     return made.record_batch()
 

@@ -49,10 +49,9 @@ from mxjob.executor.stats import StatsFold  # noqa: E402
 from mxjob.model import worker  # noqa: E402
 from mxjob.options import config  # noqa: E402
 from mxjob.reporting.summary import RunOutcome, summarize  # noqa: E402
-from mxjob.results import part_format  # noqa: E402
-from mxjob.results import results as result_model  # noqa: E402
 from mxjob.run.driver import assemble_output, load_model_on_driver  # noqa: E402
 from mxjob.s3 import clients, object_reader, writes  # noqa: E402
+from mxjob.tasks.classify import prediction_entries  # noqa: E402
 
 #: Predictions per key in the fake results, and the driver probe's --top-k: the two must agree.
 TOP_K = 5
@@ -119,7 +118,7 @@ def square(model: str, shape: tuple, batch: int, endpoint: str, bucket: str, key
         t1 = time.perf_counter()
         arrays = np.stack([mxinfer.decode_image(d, prep) for d in data])
         t2 = time.perf_counter()
-        lines = [json.dumps({"key": k, "predictions": result_model.prediction_entries(row)})
+        lines = [json.dumps({"key": k, "predictions": prediction_entries(row)})
                  for k, row in zip(chunk, classifier.classify(arrays, 5))]
         t3 = time.perf_counter()
         assert len(lines) == len(chunk)
@@ -189,6 +188,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     from concurrent.futures import ThreadPoolExecutor
 
     from mxjob.outputs import durable
+    from mxjob.tasks import classify
     from mxjob.tasks.classify import top_classes
 
     classifier = mxinfer.Classifier(model, shape, 1)
@@ -203,10 +203,10 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     def part(index: int) -> int:
         chunk = keys[index * batch: (index + 1) * batch]
         probs = np.random.RandomState(index).dirichlet(np.full(classifier.num_classes, 0.1), size=len(chunk))
-        rows = result_model.Results(result_model.schema("classify"))
+        rows = classify.TASK.results()
         for k, row in zip(chunk, top_classes(probs, top_k)):
-            rows.add(k, result_model.prediction_entries(classifier.labelled(row)))
-        data = part_format.write_part(rows.record_batch())
+            rows.add(k, classify.prediction_entries(classifier.labelled(row)))
+        data = classify.TASK.write_part(rows.record_batch(), lines=True)
         client.put_object(Bucket=bucket, Key=part_key(run.prefix, index), Body=data)
         return len(data)
 

@@ -68,7 +68,6 @@ from mxjob.executor import partition  # noqa: E402
 from mxjob.model import preprocess  # noqa: E402
 from mxjob.model.predictor import ModelSpec  # noqa: E402
 from mxjob.model.preprocess import Preprocess, decode_image, draft_size, to_rgb  # noqa: E402
-from mxjob.results import jsonl_view  # noqa: E402
 from mxjob.tasks.classify import Classifier  # noqa: E402
 
 BUCKET = "bench-worker-steps"
@@ -249,22 +248,16 @@ def glue_ms(prep: Preprocess, count: int, repeats: int, threads: int = 16, windo
     reader = mock.Mock(read=lambda bucket, key, **_: b"x")
     keys = [(f"img{i:06d}.jpg", 1) for i in range(count)]
     pool = ThreadPoolExecutor(threads)
-    stubs = {name: (lambda *a, **k: array) for name in ("decode_image", "decode_into") if hasattr(partition, name)}
     best = float("inf")
-    with mock.patch.multiple(partition, **stubs):
-        for _ in range(repeats):
-            started = time.process_time()
-            scoring = partition.Scoring([_Model()], job, None)
-            for result in partition._prefetched(keys, _glue_work(reader, job), pool, window):
-                scoring.add(result)
-            best = min(best, (time.process_time() - started) / count)
+    work = partial(partition._fetch_and_decode, reader, job, lambda key, data: array, io_stats=reads.IOStats())
+    for _ in range(repeats):
+        started = time.process_time()
+        scoring = partition.Scoring([_Model()], job, partition.job_task(job))
+        for result in partition._prefetched(keys, work, pool, window):
+            scoring.add(result)
+        best = min(best, (time.process_time() - started) / count)
     pool.shutdown()
     return 1000 * best
-
-
-def _glue_work(reader, job):
-    # The job's own work function, whichever signature this version of partition.py has.
-    return partial(partition._fetch_and_decode, reader, job, None, io_stats=reads.IOStats())
 
 
 def get_ms(datas: list[bytes], repeats: int) -> dict[str, float]:
@@ -392,9 +385,10 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     out["GET (lean reader, client)"] = best_ms(partial(reader.read, BUCKET), keys, repeats)
     out["decode + preprocess"] = best_ms(partial(decode_image, prep=prep), datas, repeats)
     decoded = [(key, decode_image(data, prep), None, partition.FetchTimes()) for key, data in zip(keys, datas)]
+    task = partition.job_task(job)
 
     def scored(_=None):
-        scoring = partition.Scoring([model], job, None)
+        scoring = partition.Scoring([model], job, task)
         for item in decoded:
             scoring.add(item)
         scoring.finish()
@@ -405,11 +399,11 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     out["record batch (sorted)"] = best_ms(lambda _: rows.record_batch(), [None], repeats) / len(keys)
     batch = rows.record_batch()
     if job.json_lines:
-        out["JSON lines"] = best_ms(lambda _: jsonl_view.json_lines(batch), [None], repeats) / len(keys)
-    blob = partition.write_results(replace(job, parts_prefix=None), 0, None, batch)
+        out["JSON lines"] = best_ms(lambda _: task.json_lines(batch), [None], repeats) / len(keys)
+    blob = partition.write_results(replace(job, parts_prefix=None), task, 0, None, batch)
     # Less the lines it renders (measured above), where it renders them: a difference, never below zero.
     out["part: Arrow IPC + zstd"] = max(0.0, best_ms(
-        lambda _: partition.write_results(replace(job, parts_prefix=None), 0, None, batch), [None], repeats
+        lambda _: partition.write_results(replace(job, parts_prefix=None), task, 0, None, batch), [None], repeats
     ) / len(keys) - out.get("JSON lines", 0.0))
     out["PUT of the part (client)"] = best_ms(
         lambda _: reader.client.put_object(Bucket=BUCKET, Key="parts/probe", Body=blob), [None], repeats) / len(keys)

@@ -405,14 +405,15 @@ def sample_batch(keys: list[str], fail: set[str]):
     """A classify record batch of the job's result model, ``fail``'s keys error rows, and a carried column."""
     import pyarrow as pa
 
-    from mxjob.results import part_format, results
+    from mxjob.results import part_format
+    from mxjob.tasks import classify
 
-    made = results.Results(results.schema("classify"))
+    made = classify.TASK.results()
     for i, key in enumerate(keys):
         if key in fail:
             made.fail(key, {"stage": "decode", "type": "OSError", "message": f"cannot identify image {key}"})
         else:
-            made.add(key, results.prediction_entries([(i % 7, f"c{i % 7}", 0.5 + i / 100), (9, None, 0.125)]))
+            made.add(key, classify.prediction_entries([(i % 7, f"c{i % 7}", 0.5 + i / 100), (9, None, 0.125)]))
     batch = made.record_batch()
     # A column of the key list the job carries into its rows (--carry-columns): ours, not Iceberg's.
     carried = pa.table({"product_id": [f"p-{key.split('.')[0]}" for key in batch.column(KEY_COLUMN).to_pylist()]})

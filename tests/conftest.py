@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import mxjob.tasks  # noqa: F401 - the built-in tasks registered, as in every run (their columns reserved)
 from demo import make_demo
 from demo.s3local import FAKE_AWS_ENV, moto_server
 from mxjob.core import state

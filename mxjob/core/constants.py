@@ -20,10 +20,6 @@ AUTO = "auto"
 OUTPUT_FORMATS = ("jsonl", "parquet")
 #: ``--assembly``: when the driver merges the batches' results into the output.
 ASSEMBLY_MODES = ("during", "after")
-#: ``--task``: top-k classes, a layer's output as a vector, or boxes (see ``mxjob.results.results``).
-TASKS = ("classify", "embed", "detect")
-#: ``--embedding-dtype``.
-EMBEDDING_DTYPES = ("float32", "float16")
 #: ``--s3-reader`` choices: ``lean`` signs most GETs itself (:class:`mxjob.s3.object_reader.ObjectReader`),
 #: ``botocore`` never does.
 S3_READERS = ("lean", "botocore")

@@ -22,17 +22,17 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NamedTuple
 
-import numpy as np
 import pyarrow as pa
 
+from mxjob import tasks
 from mxjob.core import constants, state
 from mxjob.core.errors import error_object, first_line
 from mxjob.executor.stats import ERROR_EXAMPLES, StatsFold, TaskStats
 from mxjob.inputs import plan_file
 from mxjob.model.device import task_context
-from mxjob.model.handlers import Handlers, get_handlers, model_class
+from mxjob.model.handlers import Handlers, get_handlers
 from mxjob.model.predictor import ModelError, ModelSpec, Predictor, get_model
-from mxjob.model.preprocess import Preprocess, decode_image, decode_image_geometry
+from mxjob.model.preprocess import Preprocess
 from mxjob.model.worker import (
     ThreadPlan,
     configure_threads,
@@ -44,7 +44,7 @@ from mxjob.model.worker import (
 )
 from mxjob.results import part_format, results
 from mxjob.s3 import object_reader, reads
-from mxjob.tasks.classify import top_k_or_errors
+from mxjob.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
     threads, lanes = configure_threads(*_threads_and_lanes(job))
     handlers = get_handlers(job.handler)
+    task = job_task(job, handlers)
     reader = object_reader.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
                              max_pool_connections=max(10, job.io_threads + 2), kind=job.s3_reader)
     io_stats = reads.IOStats()
@@ -156,16 +157,15 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     seen: dict | None = {} if job.with_object_metadata else None
     # Downloading and decoding start now, so a worker's first task fetches while MXNet
     # loads and the model comes in; later tasks find the model in this worker's cache.
-    fetched = _prefetched(keys, partial(_fetch_and_decode, reader, job, handlers, io_stats=io_stats, seen=seen),
-                          _pool(job.io_threads), max(job.max_in_flight, 1))
-    kind = model_class(handlers, job.task)
-    scoring = Scoring([load_model(job, index, kind, lane) for lane in range(lanes)], job, handlers)
+    fetch = partial(_fetch_and_decode, reader, job, decoder(job, task, handlers), io_stats=io_stats, seen=seen)
+    fetched = _prefetched(keys, fetch, _pool(job.io_threads), max(job.max_in_flight, 1))
+    scoring = Scoring([load_model(job, index, task.model_class, lane) for lane in range(lanes)], job, task)
     for result in fetched:
         scoring.add(result)
     scoring.finish()
     batch = scoring.results.record_batch()
     write_started = time.perf_counter()
-    blob = write_results(job, index, reader.client, batch, seen)
+    blob = write_results(job, task, index, reader.client, batch, seen)
     scoring.timing["write"] = time.perf_counter() - write_started
     stats = TaskStats(
         partition=index, executor=f"{socket.gethostname()}/{os.getppid()}", worker_pid=os.getpid(),
@@ -176,7 +176,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
         s3_retries={"request": io_stats.request_retries, "body": io_stats.body_retries},
         model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads, lanes=lanes,
         host=host_share(job.thread_plan), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
-        error_kinds=results.error_kinds(batch, ERROR_EXAMPLES), top1=results.top_labels(batch),
+        error_kinds=results.error_kinds(batch, ERROR_EXAMPLES), top1=task.top_labels(batch),
     )
     _task_done()
     log.info("partition %d: %d keys, %d errors in %.2fs", index, len(keys), sum(scoring.errors.values()),
@@ -235,10 +235,10 @@ class Scoring:
     counts error rows by stage.
     """
 
-    def __init__(self, models: list[Predictor], job: JobSpec, handlers: Handlers | None):
-        self.models, self.job, self.handlers = list(models), job, handlers
+    def __init__(self, models: list[Predictor], job: JobSpec, task: Task):
+        self.models, self.job, self.task = list(models), job, task
         self.model = self.models[0]
-        self.results = results.Results(result_schema(job, self.model, handlers))
+        self.results = task.results(task.result_schema(job, self.model))
         self.timing = dict.fromkeys(("forward", "wait", *FetchTimes._fields), 0.0)
         self.errors = {"download": 0, "decode": 0, "predict": 0}
         self._keys: list[str] = []
@@ -280,7 +280,7 @@ class Scoring:
         if self._lanes is None:
             self._add(self._score(model, keys, inputs, self.results))
             return
-        out = results.Results(self.results.schema)
+        out = self.task.results(self.results.schema)
         self._running.append((self._lanes.submit(self._score, model, keys, inputs, out), out))
         # The next pass goes to the oldest running one's lane: wait for it once every lane is busy.
         while len(self._running) >= len(self.models):
@@ -289,7 +289,7 @@ class Scoring:
     def _score(self, model, keys, inputs, out: results.Results) -> tuple[float, int]:
         """Score one micro-batch into ``out``: its seconds and its failed keys."""
         started, failed = time.perf_counter(), out.errors
-        score_inputs(model, keys, inputs, self.job, self.handlers, out)
+        self.task.score(model, keys, inputs, self.job, out)
         return time.perf_counter() - started, out.errors - failed
 
     def _collect(self) -> None:
@@ -303,23 +303,20 @@ class Scoring:
         self.errors["predict"] += failed
 
 
-def result_schema(job: JobSpec, model: Predictor, handlers: Handlers | None) -> pa.Schema:
-    """The schema of this job's results (:func:`results.schema`): its task's, or ``custom`` with an output_handler."""
-    if handlers is not None and handlers.output_handler is not None:
-        return results.schema("custom")
-    if job.task == "embed":
-        return results.schema("embed", dimension=model.dimension, dtype=job.embedding_dtype)
-    return results.schema(job.task)
+def job_task(job: JobSpec, handlers: Handlers | None = None) -> Task:
+    """The task that serves ``job`` (``--task``, its ``--handler``'s; :meth:`Task.with_handlers`)."""
+    return tasks.get(job.task).with_handlers(handlers if handlers is not None else get_handlers(job.handler))
 
 
-def write_results(job: JobSpec, index: int, client, batch: pa.RecordBatch, seen: dict | None = None) -> bytes | None:
+def write_results(job: JobSpec, task: Task, index: int, client, batch: pa.RecordBatch,
+                  seen: dict | None = None) -> bytes | None:
     """Make the batch's part durable under ``job.parts_prefix`` (returns ``None``), or return the part's bytes.
 
     ``seen``: the objects' ETags and lengths (``{key: (etag, size)}``), written into the part as
     :data:`results.OBJECT_METADATA`.
     """
     metadata = None if seen is None else part_format.object_metadata(batch.column("key").to_pylist(), seen)
-    data = part_format.write_part(batch, lines=job.json_lines, metadata=metadata)
+    data = task.write_part(batch, job.json_lines, metadata)
     if job.parts_prefix is None:
         return data
     # Durable before Spark hears the task is done: a dead driver loses nothing this task scored.
@@ -361,9 +358,16 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return state.pools.get(threads, lambda: ThreadPoolExecutor(threads, thread_name_prefix="fetch"))
 
 
-def _fetch_and_decode(reader: object_reader.ObjectReader, job: JobSpec, handlers: Handlers | None, key: str, size: int,
+def decoder(job: JobSpec, task: Task, handlers: Handlers | None):
+    """``decode(key, data)``: the ``--handler``'s ``input_handler`` if it has one, else the task's decoding."""
+    if handlers is not None and handlers.input_handler is not None:
+        return lambda key, data: handlers.decode(key, data, job.preprocess.input_shape)
+    return lambda key, data: task.decode(data, job.preprocess)
+
+
+def _fetch_and_decode(reader: object_reader.ObjectReader, job: JobSpec, decode, key: str, size: int,
                       *, io_stats: reads.IOStats, seen: dict | None = None):
-    """Download and decode one object (with ``handlers.input_handler`` if there is one).
+    """Download and decode one object with ``decode`` (:func:`decoder`).
 
     Returns ``(key, input, None, times)``, or ``(key, None, (stage, error object), times)``, ``times`` a
     :class:`FetchTimes` (this thread's CPU included: the in-job split of a worker's CPU). The input is
@@ -388,12 +392,7 @@ def _fetch_and_decode(reader: object_reader.ObjectReader, job: JobSpec, handlers
         seen[key] = (headers.get("etag"), len(data))  # one key per thread: a dict's item assignment is atomic
     downloaded, downloaded_cpu = time.perf_counter(), time.thread_time()
     try:
-        if handlers is not None and handlers.input_handler is not None:
-            array = handlers.decode(key, data, job.preprocess.input_shape)
-        elif job.task == "detect":
-            array = decode_image_geometry(data, job.preprocess)
-        else:
-            array = decode_image(data, job.preprocess)
+        array = decode(key, data)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's, not the batch's
         return failed("decode", exc, _times(started, downloaded, started_cpu, downloaded_cpu))
     return key, array, None, _times(started, downloaded, started_cpu, downloaded_cpu)
@@ -449,72 +448,6 @@ def _task_attempt() -> int:
     return task.attemptNumber() if task is not None else 0
 
 
-def score_inputs(model: Predictor, keys: list[str], inputs: list, job: JobSpec, handlers: Handlers | None,
-                 out: results.Results) -> None:
-    """One forward pass over ``inputs``; one row per key into ``out``, by the kind of ``out``.
-
-    A failed forward pass fails every key of the batch; a non-finite output
-    or a failing handler fails its key only. Failures are ``predict`` errors.
-    """
-    _SCORERS[out.kind](model, keys, inputs, job, handlers, out)
-
-
-def _score_classify(model, keys, arrays, job, handlers, out: results.Results) -> None:
-    for key, (row, exc) in zip(keys, top_k_or_errors(model, arrays, job.top_k)):
-        if exc is not None:
-            out.fail_stage(key, "predict", exc)
-        else:
-            out.add(key, results.prediction_entries(row))
-
-
-def _forward_or_fail(forward, keys, out: results.Results):
-    """``forward()``, or ``None`` after failing every key with its exception."""
-    try:
-        return forward()
-    except Exception as exc:  # noqa: BLE001 - a failed forward marks its images, other batches go on
-        for key in keys:
-            out.fail_stage(key, "predict", exc)
-        return None
-
-
-def _score_custom(model, keys, arrays, job, handlers, out: results.Results) -> None:
-    outputs = _forward_or_fail(lambda: model.predict(np.stack(arrays)), keys, out)
-    if outputs is None:
-        return
-    for i, key in enumerate(keys):
-        try:
-            text, obj = handlers.output_json(key, [o[i] for o in outputs])
-            out.add(key, results.custom_value(text, obj))
-        except Exception as exc:  # noqa: BLE001 - the user's code failing on one key fails that key
-            out.fail_stage(key, "predict", exc)
-
-
-def _score_embed(model, keys, arrays, job, handlers, out: results.Results) -> None:
-    vectors = _forward_or_fail(lambda: model.embed(np.stack(arrays), job.normalize, job.embedding_dtype), keys, out)
-    if vectors is None:
-        return
-    for key, vector, finite in zip(keys, vectors, np.isfinite(vectors).all(axis=1)):
-        if finite:
-            out.add(key, vector)
-        else:
-            out.fail_stage(key, "predict", FloatingPointError("model output is not finite"))
-
-
-def _score_detect(model, keys, inputs, job, handlers, out: results.Results) -> None:
-    rows = _forward_or_fail(lambda: model.predict(np.stack([array for array, _ in inputs]))[0], keys, out)
-    if rows is None:
-        return
-    for key, row, (_, geometry) in zip(keys, rows, inputs):
-        try:
-            found = model.image_detections(row, geometry, job.min_score, job.max_detections)
-            out.add(key, ([geometry.width, geometry.height], results.detection_entries(found)))
-        except Exception as exc:  # noqa: BLE001 - a non-finite output fails its image only
-            out.fail_stage(key, "predict", exc)
-
-
-_SCORERS = {"classify": _score_classify, "custom": _score_custom, "embed": _score_embed, "detect": _score_detect}
-
-
 def warm_worker(index: int, job: JobSpec) -> list[Predictor]:
     """Ready this Python worker for the run's tasks: its threads set, MXNet imported, the model in its cache.
 
@@ -524,5 +457,5 @@ def warm_worker(index: int, job: JobSpec) -> list[Predictor]:
     each forward lane's copy of the model.
     """
     _, lanes = configure_threads(*_threads_and_lanes(job))
-    kind = model_class(get_handlers(job.handler), job.task)
+    kind = job_task(job).model_class
     return [load_model(job, index, kind, lane) for lane in range(lanes)]

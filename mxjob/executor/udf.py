@@ -16,14 +16,13 @@ from mxjob.core import constants
 from mxjob.model.device import parse_context, task_context
 from mxjob.model.predictor import ModelSpec
 from mxjob.model.preprocess import Preprocess, decode_image
-from mxjob.results import results
+from mxjob.tasks import classify
 from mxjob.tasks.classify import Classifier, get_classifier, top_k_or_errors
 
 
-def udf_schema(kind: str = "classify") -> pa.Schema:
-    """The UDF's struct: the kind's columns less ``key``."""
-    full = results.schema(kind)
-    return pa.schema([f for f in full if f.name != "key"])
+def udf_schema() -> pa.Schema:
+    """The UDF's struct: classify's columns less ``key``."""
+    return pa.schema([f for f in classify.TASK.schema() if f.name != "key"])
 
 
 def udf_return_type():
@@ -37,7 +36,7 @@ def udf_return_type():
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
-    return StructType([StructField(f.name, from_arrow_type(f.type)) for f in udf_schema("classify")])
+    return StructType([StructField(f.name, from_arrow_type(f.type)) for f in udf_schema()])
 
 
 @dataclass(frozen=True)
@@ -157,7 +156,7 @@ def score_images(classifier: Classifier, images: Sequence[bytes | None], preproc
     (:func:`udf_rows` of a classify record batch): probabilities with
     the job's 6 significant digits.
     """
-    out = results.Results(results.schema("classify"))
+    out = classify.TASK.results()
     row_key = "{:012d}".format  # the row's position as a key that sorts as the number does
     for start in range(0, len(images), classifier.batch_size):
         arrays, where = [], []
@@ -175,6 +174,6 @@ def score_images(classifier: Classifier, images: Sequence[bytes | None], preproc
                 if exc is not None:
                     out.fail_stage(key, "predict", exc)
                 else:
-                    out.add(key, results.prediction_entries(row))
+                    out.add(key, classify.prediction_entries(row))
     # Sorted by key: back in the images' order (a batch's decoding failures were added before its predictions).
     return udf_rows(out.record_batch())

@@ -12,10 +12,6 @@ import numpy as np
 
 from mxjob.core import state
 from mxjob.core.errors import first_line
-from mxjob.model.predictor import Predictor
-from mxjob.tasks.classify import Classifier
-from mxjob.tasks.detect import ObjectDetector
-from mxjob.tasks.embed import Embedder
 
 
 class HandlerError(Exception):
@@ -110,22 +106,6 @@ def load_handlers(path: str) -> Handlers:
     if not any(found.values()):
         raise HandlerError(f"{path} defines neither input_handler(key, data) nor output_handler(key, outputs)")
     return Handlers(path, **found)
-
-
-def model_class(handlers: Handlers | None, task: str = "classify") -> type:
-    """The model class of ``task``; :class:`Predictor` when an ``output_handler`` makes the lines.
-
-    Raises :class:`HandlerError` for a handler the task cannot use: an
-    ``output_handler`` replaces classify's top-k only, and ``detect`` maps
-    boxes through the job's own decoding, so it takes no ``input_handler``.
-    """
-    if handlers is not None and handlers.output_handler is not None:
-        if task != "classify":
-            raise HandlerError(f"an output_handler replaces --task classify's top-k; --task {task} takes none")
-        return Predictor
-    if task == "detect" and handlers is not None and handlers.input_handler is not None:
-        raise HandlerError("--task detect maps boxes back through the job's own decoding; it takes no input_handler")
-    return {"classify": Classifier, "embed": Embedder, "detect": ObjectDetector}[task]
 
 
 def get_handlers(path: str | None) -> Handlers | None:

@@ -12,6 +12,7 @@ import os
 
 import click
 
+from mxjob import tasks
 from mxjob.core.constants import (
     AUTO,
 )
@@ -192,6 +193,24 @@ class HandlerFile(click.ParamType):
         if "://" not in path and not os.path.isfile(path):
             self.fail(f"{path}: no such file (in cluster mode give an s3:// URI)", param, ctx)
         return path
+
+
+class TaskName(click.ParamType):
+    """A registered task's name (:func:`mxjob.tasks.names`), checked when given, so a ``--plugin``'s task counts."""
+
+    name = "task"
+
+    def get_metavar(self, param, *args):
+        return "[" + "|".join(tasks.names()) + "]"
+
+    def convert(self, value, param, ctx):
+        if str(value) not in tasks.names():
+            try:
+                tasks.get(str(value))
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+            self.fail(f"{value!r} is not a task --task takes; the tasks are {', '.join(tasks.names())}", param, ctx)
+        return str(value)
 
 
 def parse_max_errors(value) -> tuple[float, bool]:

@@ -30,17 +30,16 @@ from typing import Any
 
 import click
 
+from mxjob import tasks
 from mxjob.core import constants
 from mxjob.core.constants import (
     ASSEMBLY_MODES,
     AUTO,
     DECODE_MODES,
-    EMBEDDING_DTYPES,
     OUTPUT_FORMATS,
     PRECISIONS,
     RESIZE_MODES,
     S3_READERS,
-    TASKS,
 )
 from mxjob.options.option_types import (
     BatchSize,
@@ -52,6 +51,7 @@ from mxjob.options.option_types import (
     NumberList,
     OptionalText,
     Suffixes,
+    TaskName,
     cluster_shape,
     count,
     parse_max_errors,
@@ -124,7 +124,7 @@ class Setting:
         ``--resume`` with another value is refused; a callable of the settings
         decides per run (``_int8_only``).
     task : str, optional
-        The one task (:data:`TASKS`) the setting means something for: given
+        The one task (``mxjob.tasks.names()``) the setting means something for: given
         explicitly with another task it is refused (:data:`TASK_ONLY`), and it
         is in the fingerprint of that task's runs only.
     """
@@ -158,8 +158,8 @@ class Setting:
             raise ValueError(f"{self.name}: to must be one of {DESTINATIONS}, got {self.to!r}")
         if self.section not in SECTIONS:
             raise ValueError(f"{self.name}: section must be one of {SECTIONS}, got {self.section!r}")
-        if self.task is not None and self.task not in TASKS:
-            raise ValueError(f"{self.name}: task must be one of {TASKS}, got {self.task!r}")
+        if self.task is not None and self.task not in tasks.names():
+            raise ValueError(f"{self.name}: task must be one of {tasks.names()}, got {self.task!r}")
         if self.fingerprint and self.to == "resolve":  # line_settings reads only what reaches a JobConfig
             raise ValueError(f"{self.name}: a to='resolve' setting cannot be in the fingerprint")
 
@@ -211,6 +211,16 @@ def _number(value) -> str:
 
 def _s(name, flags, section, help, **kwargs) -> Setting:
     return Setting(name, tuple(flags.split()) if isinstance(flags, str) else tuple(flags), section, help, **kwargs)
+
+
+def _task_setting(task: tasks.Task, option: tasks.TaskOption) -> Setting:
+    """A task's own option (:class:`mxjob.tasks.TaskOption`) as the table's: in the fingerprint of its task's runs."""
+    types = {"count": lambda: count(int(option.minimum)), "flag": lambda: None, "text": lambda: None,
+             "number": lambda: FiniteNumber(min=option.minimum, max=option.maximum),
+             "choice": lambda: click.Choice(option.choices)}
+    return Setting(option.name, (option.flag,), "scoring", option.help, default=option.default,
+                   type=types[option.kind](), to=option.to, fingerprint=True, task=task.name, metavar=option.metavar,
+                   show_default=option.show_default, is_flag=option.kind == "flag")
 
 
 #: Where the flags with ``_`` in their names come from: kept so that its commands still run.
@@ -307,22 +317,9 @@ SETTINGS: tuple[Setting, ...] = (
        "that keeps Spark's per-task cost under 5% of a task, with several batches per executor (64 when nothing "
        "is measured).", default=AUTO, fallback=64, type=BatchSize(), metavar="N|auto", to="executor"),
     _s("task", "--task", "scoring",
-       "classify: the top-k classes; embed: one layer's output as a vector; detect: boxes from a model whose output "
-       "is MXNet's detection layout (batch, anchors, 6).", default="classify", type=click.Choice(TASKS),
-       to="executor", fingerprint=True),
-    _s("top_k", "--top-k", "scoring", "Predictions per image (classify).", default=5, type=count(), to="executor",
-       fingerprint=True, task="classify"),
-    _s("output_layer", "--output-layer", "scoring",
-       "embed: the layer whose output is the vector (a name of the symbol's graph).", metavar="NAME",
-       show_default="the input of the model's last FullyConnected layer", to="model", fingerprint=True, task="embed"),
-    _s("embedding_dtype", "--embedding-dtype", "scoring", "embed: the vectors' element type.", default="float32",
-       type=click.Choice(EMBEDDING_DTYPES), to="executor", fingerprint=True, task="embed"),
-    _s("normalize", "--normalize", "scoring", "embed: scale each vector to unit length (L2).", default=False,
-       is_flag=True, to="executor", fingerprint=True, task="embed"),
-    _s("min_score", "--min-score", "scoring", "detect: boxes scoring less are left out.", default=0.3,
-       type=FiniteNumber(min=0, max=1), to="executor", fingerprint=True, task="detect"),
-    _s("max_detections", "--max-detections", "scoring", "detect: at most this many boxes per image, best first.",
-       default=100, type=count(), to="executor", fingerprint=True, task="detect"),
+       "What to make of each image. " + "; ".join(f"{t.name}: {t.summary}" for t in map(tasks.get, tasks.names()))
+       + ".", default="classify", type=TaskName(), to="executor", fingerprint=True),
+    *(_task_setting(task, option) for task in tasks.every() for option in task.options),
     # --- preprocessing
     _s("input_shape", "--input-shape", "preprocessing", "Model input shape; C is 3 (RGB) or 1 (greyscale).",
        default=(3, 224, 224), type=NumberList(int, count=3), metavar="C,H,W", to="preprocess", fingerprint=True),

@@ -61,10 +61,6 @@ TARGET_FILE_BYTES = 128 * 2**20
 AUTO_ROWS = (1_000, 5_000_000)
 #: Bytes a row costs besides the key and the task's columns (the error struct's nulls, Parquet's levels).
 ROW_OVERHEAD_BYTES = 16
-#: Bytes per detection (class id, label, score, four coordinates) and detections per image ``auto`` assumes.
-DETECTION_BYTES, TYPICAL_DETECTIONS = 40, 10
-#: Bytes per top-k prediction (class id, probability, a label of about a dozen characters).
-PREDICTION_BYTES = 24
 
 
 def file_key(prefix: str, index: int, run: str | None = None) -> str:
@@ -97,23 +93,15 @@ def new_run(found: Contents, now: float | None = None) -> str:
     return time.strftime(RUN_FORMAT, time.gmtime(started))
 
 
-def auto_rows_per_file(task: str, key_bytes: float, top_k: int, vector_values: int | None,
-                       vector_itemsize: int) -> tuple[int, str]:
+def auto_rows_per_file(key_bytes: float, task_bytes: float, what: str) -> tuple[int, str]:
     """``(rows, why)``: rows per file for files of about :data:`TARGET_FILE_BYTES`, from a row's size.
 
     A row's size is estimated from what it holds, before compression: the
-    key (``key_bytes``, the listing's mean), the task's columns (``top_k``
-    predictions; ``vector_values`` values of ``vector_itemsize`` bytes; a
-    typical number of detections) and a little overhead. It depends only on
-    the key list and the settings, so a resume finds the same number in
-    ``job.json``.
+    key (``key_bytes``, the listing's mean), the task's columns
+    (``task_bytes``, ``what`` in words: ``Task.row_bytes``) and a little
+    overhead. It depends only on the key list and the settings, so a resume
+    finds the same number in ``job.json``.
     """
-    if task == "embed":
-        task_bytes, what = (vector_values or 1) * vector_itemsize, f"{vector_values} values of {vector_itemsize} bytes"
-    elif task == "detect":
-        task_bytes, what = TYPICAL_DETECTIONS * DETECTION_BYTES + 8, f"about {TYPICAL_DETECTIONS} detections"
-    else:
-        task_bytes, what = top_k * PREDICTION_BYTES, f"{top_k} predictions"
     row = key_bytes + task_bytes + ROW_OVERHEAD_BYTES
     rows = int(TARGET_FILE_BYTES // row)
     rows = min(max(rows, AUTO_ROWS[0]), AUTO_ROWS[1])

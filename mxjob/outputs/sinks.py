@@ -20,10 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mxjob import tasks
 from mxjob.outputs import dataset
 from mxjob.outputs.dataset import file_key
 from mxjob.outputs.sidecar import side_key
-from mxjob.results import jsonl_view, parquet_view, results
+from mxjob.results import parquet_view, results
 from mxjob.s3 import reads, writes
 
 #: Rows per Parquet row group: about 5-10 MiB of top-5 predictions, small enough
@@ -68,7 +69,7 @@ GZIP_LEVEL = 6
 
 
 class JsonLinesSink:
-    """The output as JSON Lines: each row's line (:func:`jsonl_view.json_lines`).
+    """The output as JSON Lines: each row's line (:meth:`mxjob.tasks.Task.json_lines`).
 
     With ``gzip`` (an output key ending in ``.gz``), the lines are one gzip
     member, compressed as they are written: the object is what ``gzip`` makes
@@ -81,8 +82,8 @@ class JsonLinesSink:
         self._deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
 
     def write(self, batches: list[pa.RecordBatch]) -> None:
-        """Rows of the result model, as their lines."""
-        self.write_lines([line for batch in batches for line in jsonl_view.json_lines(batch)])
+        """Rows of the result model, as their lines (the task's, :meth:`mxjob.tasks.Task.json_lines`)."""
+        self.write_lines([line for batch in batches for line in tasks.of_schema(batch.schema).json_lines(batch)])
 
     def write_lines(self, lines: list[str]) -> None:
         self._write("".join(line + "\n" for line in lines).encode("utf-8"))
@@ -119,9 +120,11 @@ def provenance(job: dict | None) -> dict[str, str]:
 class ParquetSink:
     """The output as Parquet, one row per key, written row group by row group.
 
-    The schema is the parts' (:func:`parquet_view.parquet_schema`), known from
-    the first rows written; ``metadata`` (:func:`provenance`) goes to the
-    file's key-value metadata.
+    The schema is the Parquet view of the parts' (their task's,
+    :meth:`mxjob.tasks.Task.parquet_schema`), known from the first rows
+    written; ``metadata`` (:func:`provenance`) goes to the file's key-value
+    metadata. A run always has rows (the listing refuses an input without
+    keys): a sink closed without any raises ``ValueError``.
     """
 
     def __init__(self, writer: writes.MultipartWriter, metadata: dict[str, str] | None = None):
@@ -135,7 +138,7 @@ class ParquetSink:
     def write(self, batches: list[pa.RecordBatch]) -> None:
         for batch in batches:
             if self.schema is None:
-                self.schema = parquet_view.parquet_schema(batch.schema, self.metadata)
+                self.schema = tasks.of_schema(batch.schema).parquet_schema(batch.schema, self.metadata)
                 self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
             converted = parquet_view.parquet_batch(batch, self.schema)
             self._pending.append(converted)
@@ -153,9 +156,8 @@ class ParquetSink:
 
     def close(self) -> None:
         self._flush()
-        if self._parquet is None:  # no row at all: an empty file of the classify columns
-            self.schema = parquet_view.parquet_schema(results.schema("classify"), self.metadata)
-            self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
+        if self._parquet is None:
+            raise ValueError("no row was written: a Parquet file holds at least one")
         self._parquet.close()
         self.writer.close()
 
@@ -275,12 +277,8 @@ class DatasetSink:
     def close(self) -> None:
         """End the last file, rewrite the earlier files that held rescored keys' error rows, then write
         ``_SUCCESS``: every run's files, with their keys, rows and bytes."""
-        # A first run with no row at all writes one empty file (readers find the schema there); a run that
-        # appends to a dataset adds none.
-        if self._rows or (not self.files and self.run is None):
-            if self._index not in self.keep and self._file is None:
-                self._open_file()
-            self._end_file()
+        if self._rows:  # (a run has rows: the listing refuses an input without keys, and a run that adds to a
+            self._end_file()  # dataset scores at least one new key)
         stale = [key for index, (key, _) in self.keep.items() if index >= self._index]
         if stale:  # cannot happen over the same key list; kept out of the dataset if it does
             writes.delete_objects(self.client, self.bucket, stale)

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
+from mxjob import tasks
 from mxjob.core import state
 from mxjob.core.errors import JobError, first_line, plural
 from mxjob.inputs import extsort, listing
@@ -154,12 +155,10 @@ def refuse_rows(cfg: JobConfig) -> None:
 
 
 def table_schema(result_schema: pa.Schema, carried: pa.Schema | None = None) -> pa.Schema:
-    """The table's columns: the Parquet view of the run's results (:func:`mxjob.results.parquet_view.parquet_schema`),
-    then the carried columns (the manifest's, the objects' etag and size) as :func:`mxjob.results.part_format.carry`
-    appends them."""
-    from mxjob.results import parquet_view
-
-    columns = list(parquet_view.parquet_schema(result_schema))
+    """The table's columns: the Parquet view of the run's results (its task's,
+    :meth:`mxjob.tasks.Task.parquet_schema`), then the carried columns (the manifest's, the objects' etag and size) as
+    :func:`mxjob.results.part_format.carry` appends them."""
+    columns = list(tasks.of_schema(result_schema).parquet_schema(result_schema))
     return pa.schema(columns + (list(carried) if carried is not None else []))
 
 

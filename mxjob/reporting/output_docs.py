@@ -1,11 +1,10 @@
 """The generated parts of ``docs/output.md`` and ``docs/configuration.md``: each task's Parquet columns and its
 Athena table, and the fields of the run's summary, status file and dry-run plan.
 
-Each part is made from the result model (:func:`mxjob.results.results.schema`,
-:func:`mxjob.results.parquet_view.parquet_schema`, :data:`mxjob.results.results.MEANINGS`,
-:func:`mxjob.results.athena_table.athena_ddl`) or from the records' declarations
-(:func:`mxjob.reporting.records.field_table`), so the pages cannot drift from what the job
-writes. It sits in the page between two marker comments::
+Each part is made from the tasks (their schemas, Parquet views, meanings and
+:attr:`mxjob.tasks.Task.doc_examples`) and :func:`mxjob.results.athena_table.athena_ddl`,
+or from the records' declarations (:func:`mxjob.reporting.records.field_table`), so the
+pages cannot drift from what the job writes. It sits in the page between two marker comments::
 
     <!-- generated: embed (make docs; tests/unit/reporting/test_output_docs.py keeps it equal) -->
     ...
@@ -23,8 +22,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from mxjob import tasks
 from mxjob.reporting import records
-from mxjob.results import athena_table, parquet_view, results
+from mxjob.results import athena_table, results
 
 #: The page the Parquet parts go into, relative to the checkout.
 PAGE = os.path.join("docs", "output.md")
@@ -35,8 +35,6 @@ RECORD_PARTS = {
     PAGE: (("summary-fields", records.Summary), ("status-fields", records.Status)),
     CONFIG_PAGE: (("plan-fields", records.Plan),),
 }
-#: The vector length the embed parts are made with; any gives the same Parquet columns (a vector is a plain list).
-EXAMPLE_DIMENSION = 1280
 
 
 @dataclass(frozen=True)
@@ -47,21 +45,17 @@ class Example:
     schema: pa.Schema
     table: str
     location: str
+    meanings: dict
 
 
 def examples() -> list[Example]:
-    """The parts of the page, in its order: classify, embed (float32, float16), detect."""
-    def parquet(kind: str, **kwargs) -> pa.Schema:
-        return parquet_view.parquet_schema(results.schema(kind, **kwargs))
-
-    return [
-        Example("classify", parquet("classify"), "photo_classes", "s3://my-bucket/classes/"),
-        Example("embed", parquet("embed", dimension=EXAMPLE_DIMENSION), "photo_embeddings",
-                "s3://my-bucket/embeddings/"),
-        Example("embed-float16", parquet("embed", dimension=EXAMPLE_DIMENSION, dtype="float16"),
-                "photo_embeddings_f16", "s3://my-bucket/embeddings-f16/"),
-        Example("detect", parquet("detect"), "photo_boxes", "s3://my-bucket/boxes/"),
-    ]
+    """The parts of the page, in its order: each task's (:attr:`mxjob.tasks.Task.doc_examples`)."""
+    out = []
+    for task in map(tasks.get, tasks.names()):
+        for name, shape, table, location in task.doc_examples:
+            meanings = {**results.MEANINGS, **task.meanings}
+            out.append(Example(name, task.parquet_schema(task.schema(**shape)), table, location, meanings))
+    return out
 
 
 def arrow_text(type_: pa.DataType) -> str:
@@ -84,7 +78,7 @@ def part(example: Example) -> str:
         except ValueError:
             athena = "none (below)"
         rows.append(f"| `{field.name}` | `{arrow_text(field.type)}` | {athena} | "
-                    f"{results.MEANINGS[field.name]} |")
+                    f"{example.meanings[field.name]} |")
     try:
         table = "```sql\n" + athena_table.athena_ddl(example.schema, example.table, example.location) + "\n```"
     except ValueError as exc:

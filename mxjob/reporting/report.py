@@ -16,6 +16,7 @@ import json
 import math
 import time
 
+from mxjob import tasks
 from mxjob.executor.stats import StatsFold
 from mxjob.reporting.progress import duration, iso
 from mxjob.reporting.summary import RATES
@@ -310,11 +311,17 @@ def time_chart(v: dict) -> str:
 def labels_chart(v: dict) -> str:
     """The most frequent top-1 labels."""
     rows = [(label, [("images", count, PALETTE[2])]) for label, count in v["top1"][:TOP_LABELS]]
-    if not rows and (v.get("options") or {}).get("task") == "embed":
-        return '<p class="empty" id="chart-labels">No top-1 labels: an embed run writes vectors, not labels.</p>'
     if not rows:
-        return '<p class="empty" id="chart-labels">No top-1 labels (an output handler, or nothing predicted yet).</p>'
+        return f'<p class="empty" id="chart-labels">{_esc(task_of(v).no_labels)}</p>'
     return hbar_chart("chart-labels", rows, "images")
+
+
+def task_of(v: dict) -> tasks.Task:
+    """The run's task (its options'), or the base task's words for one this process has not registered."""
+    try:
+        return tasks.get((v.get("options") or {}).get("task") or "classify")
+    except ValueError:
+        return tasks.Task()
 
 
 def memory_chart(v: dict) -> str:

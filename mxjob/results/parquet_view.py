@@ -1,8 +1,9 @@
 """The Parquet view of the result model: the Parquet output's schema and rows, from the parts' record batches.
 
 A few casts and no parsing (:func:`parquet_schema`, :func:`parquet_batch`):
-probability as float32 (Athena's ``float``), fixed-size lists as plain
-lists, null lists emptied for pyarrow's Parquet writer. The Parquet sink
+fixed-size lists as plain lists, null lists emptied for pyarrow's Parquet
+writer, and a task's own types where it has them (classify's probability as
+float32, Athena's ``float``). The Parquet sink
 (:class:`mxjob.outputs.sinks.ParquetSink`) writes them.
 """
 
@@ -14,24 +15,23 @@ import pyarrow.compute as pc
 
 from mxjob.results.results import LINE
 
-#: The Parquet output's prediction: probability as float32 (Athena's ``float``).
-PARQUET_PREDICTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])
 
+def parquet_schema(part_schema: pa.Schema, metadata: dict[str, str] | None = None,
+                   types: dict[str, pa.DataType] | None = None) -> pa.Schema:
+    """The Parquet output's schema for parts of ``part_schema``: ``types`` (the task's) for their columns; ``metadata``
+    added.
 
-def parquet_schema(part_schema: pa.Schema, metadata: dict[str, str] | None = None) -> pa.Schema:
-    """The Parquet output's schema for parts of ``part_schema``: probability as float32; ``metadata`` added.
-
-    The columns are the parts' (``key``, the task's, ``error``, and
-    ``result`` for an ``output_handler``); Athena, Glue and Spark read them as
-    they are. Fixed-size lists (``embedding``, ``image_size``, ``box``) are
+    The columns are the parts' (``key``, the task's, ``error``); Athena, Glue
+    and Spark read them as they are. Fixed-size lists (``embedding``, ``image_size``, ``box``) are
     written as plain lists, which Parquet stores the same way: pyarrow up to
     at least 20 cannot read a fixed-size list back from Parquet once one row
     is null (an error row), so a file of one failed image would be unreadable
     to pyarrow and pandas. ``metadata`` (the run's provenance) goes to the
     file's key-value metadata.
     """
-    fields = [pa.field("predictions", pa.list_(PARQUET_PREDICTION)) if f.name == "predictions"
-              else f.with_type(_variable_lists(f.type)) for f in part_schema if f.name != LINE.name]
+    types = types or {}
+    fields = [f.with_type(types[f.name] if f.name in types else _variable_lists(f.type))
+              for f in part_schema if f.name != LINE.name]
     return pa.schema(fields, metadata={k.encode(): v.encode() for k, v in (metadata or {}).items()} or None)
 
 

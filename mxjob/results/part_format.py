@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob.results.jsonl_view import json_lines, with_members
+from mxjob.results.jsonl_view import Bodies, json_lines, with_members
 from mxjob.results.results import LINE, OBJECT_METADATA
 
 
@@ -30,7 +30,7 @@ def object_metadata(keys: Iterable[str], seen: dict) -> pa.RecordBatch:
                                       schema=OBJECT_METADATA)
 
 
-def write_part(batch: pa.RecordBatch, lines: bool = True, metadata: pa.RecordBatch | None = None) -> bytes:
+def write_part(batch: pa.RecordBatch, bodies: Bodies | None = None, metadata: pa.RecordBatch | None = None) -> bytes:
     """``batch`` and its JSON lines (:data:`LINE`) as one Arrow IPC stream in one zstd frame.
 
     What a task PUTs under ``OUTPUT.parts/``; :func:`read_part` reads it.
@@ -42,15 +42,16 @@ def write_part(batch: pa.RecordBatch, lines: bool = True, metadata: pa.RecordBat
     ----------
     batch : pyarrow.RecordBatch
         The batch's results (:meth:`results.Results.record_batch`).
-    lines : bool
-        Render each row's JSON line into :data:`LINE` (the output is JSON
-        Lines); false leaves the column null (Parquet, which never reads it):
+    bodies : callable, optional
+        The task's JSON members of each row (``Task.json_bodies``): each row's
+        JSON line is rendered into :data:`LINE` (the output is JSON Lines).
+        ``None`` leaves the column null (Parquet, which never reads it):
         :func:`json_lines` renders the same text from the typed columns
         should a JSON Lines output ever take the part.
     metadata : pyarrow.RecordBatch, optional
         The rows' :data:`OBJECT_METADATA` (:func:`object_metadata`), appended after the line.
     """
-    text = pa.array(json_lines(batch), pa.string()) if lines else pa.nulls(batch.num_rows, pa.string())
+    text = pa.array(json_lines(batch, bodies), pa.string()) if bodies else pa.nulls(batch.num_rows, pa.string())
     batch = batch.append_column(LINE, text)
     if metadata is not None:
         for field, column in zip(metadata.schema, metadata.columns):

@@ -1,42 +1,27 @@
-"""The result model: one Arrow record batch per batch of images, one schema per task.
+"""The result model: one Arrow record batch per batch of images, ``key``, the task's columns, then ``error``.
 
-A task (``mxjob.executor.partition.score_partition``) makes its batch's results as
-one record batch (:class:`Results`), sorted by key, and makes it durable as
-one part (:mod:`mxjob.results.part_format`); the driver's assembly reads the parts back and
-merges them by their ``key`` column. The outputs are views of the same
-batches, each in its own module:
+A task (``mxjob.executor.partition.score_partition``) makes its batch's
+results as one record batch (:class:`Results`), sorted by key, and makes it
+durable as one part (:mod:`mxjob.results.part_format`); the driver's assembly
+reads the parts back and merges them by their ``key`` column. The outputs are
+views of the same batches: JSON Lines (:mod:`mxjob.results.jsonl_view`),
+Parquet (:mod:`mxjob.results.parquet_view`), the Athena table over it
+(:mod:`mxjob.results.athena_table`), the DataFrame UDF and the library's
+Python objects.
 
-- JSON Lines: :mod:`mxjob.results.jsonl_view` (one line per row, the job's documented format);
-- Parquet: :mod:`mxjob.results.parquet_view` (a few casts, no parsing);
-- Athena: :mod:`mxjob.results.athena_table`, the ``CREATE EXTERNAL TABLE`` that reads the Parquet output;
-- the DataFrame UDF: :mod:`mxjob.executor.udf`;
-- the library's and the dry run's Python objects: :func:`mxjob.results.jsonl_view.objects`.
-
-The schema (:func:`schema`) is ``key``, the task's columns, then ``error``
-(``struct<stage, type, message>``, null when the image was scored)::
-
-    classify  predictions list<struct<class_id int32, label string, probability float64>>
-    custom    predictions (always null), error, then result string: an output_handler's JSON object
-    embed     embedding fixed_size_list<float32 or float16>[D]
-    detect    image_size fixed_size_list<int32>[2],
-              detections list<struct<class_id int32, label string, score float32, box fixed_size_list<float32>[4]>>
-
-The kind and this module's format version are in the schema's metadata, so a
-part says what it holds. ``probability`` is float64 holding the job's value
-(6 significant digits, ``float(f"{p:.6g}")``): JSON Lines writes exactly that
-number, and the Parquet view casts it to float32 as it always has; it also
-writes fixed-size lists as plain lists (:func:`mxjob.results.parquet_view.parquet_schema`
-says why). The columns a part holds after the model's (:data:`LINE`,
-:data:`OBJECT_METADATA`) and the names a carried column cannot take
-(:data:`RESERVED`) are declared here too; :func:`error_kinds` and
-:func:`top_labels` count a batch for the tasks' stats.
+The columns between ``key`` and ``error`` (``struct<stage, type, message>``,
+null when the image was scored) are the task's (:mod:`mxjob.tasks`): the
+task's name and this module's format version are in the schema's metadata,
+so a part says what it holds. The columns a part holds after the model's
+(:data:`LINE`, :data:`OBJECT_METADATA`) and the names a carried column cannot
+take (:data:`RESERVED`) are declared here too; :func:`error_kinds` counts a
+batch's failures for the tasks' stats.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -44,77 +29,38 @@ from mxjob.core.errors import error_object
 
 #: The part format; in the fingerprint (``durable.fingerprint``), so a resume never mixes formats.
 FORMAT = "arrow-ipc-stream.zst/1"
-#: The kinds of result: the tasks, and ``custom`` (a classify run with an ``output_handler``).
-KINDS = ("classify", "custom", "embed", "detect")
 _KIND = b"mxinfer.kind"
 _FORMAT = b"mxinfer.format"
 
 KEY = pa.field("key", pa.string())
 ERROR = pa.struct([("stage", pa.string()), ("type", pa.string()), ("message", pa.string())])
-PREDICTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("probability", pa.float64())])
-BOX = pa.list_(pa.float32(), 4)
-DETECTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("score", pa.float32()), ("box", BOX)])
-IMAGE_SIZE = pa.list_(pa.int32(), 2)
-_DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
-#: What each column of :func:`schema` holds, for a reader of the output (``docs/output.md`` is made from it).
+#: What the columns every task's rows have hold, for a reader of the output (``docs/output.md`` is made from it).
 MEANINGS = {
     "key": "the image's key in the input bucket; rows are sorted by it",
-    "predictions": "the top `--top-k` classes, highest probability first (ties: lower class id first); "
-                   "`label` is null without labels; null for an error row",
-    "embedding": "the layer's output as one vector of D numbers (unit length with `--normalize`); "
-                 "null for an error row",
-    "image_size": "`[W, H]` of the image as its EXIF orientation shows it; null for an error row",
-    "detections": "boxes scoring at least `--min-score`, best first, at most `--max-detections`; "
-                  "`box` is `[xmin, ymin, xmax, ymax]` in pixels of that upright image; `label` is null "
-                  "without labels; null for an error row",
     "error": "why the image has no result: `stage` (`download`, `decode` or `predict`), the exception's `type` "
              "and `message`; null for a scored row",
-    "result": "the `output_handler`'s JSON object (with a `--handler` that has one)",
 }
 
 
-def schema(kind: str, *, dimension: int | None = None, dtype: str = "float32") -> pa.Schema:
-    """The record batch schema of ``kind`` (one of :data:`KINDS`).
-
-    Parameters
-    ----------
-    kind : str
-        ``classify``, ``custom``, ``embed`` or ``detect``.
-    dimension : int, optional
-        ``embed``: the vectors' length ``D``.
-    dtype : str
-        ``embed``: ``float32`` or ``float16``.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if kind in ("classify", "custom"):
-        columns = [pa.field("predictions", pa.list_(PREDICTION))]
-    elif kind == "embed":
-        if not dimension or dimension < 1:
-            raise ValueError(f"an embedding needs a dimension of at least 1, got {dimension}")
-        columns = [pa.field("embedding", pa.list_(_DTYPES[dtype], int(dimension)))]
-    else:
-        columns = [pa.field("image_size", IMAGE_SIZE), pa.field("detections", pa.list_(DETECTION))]
-    fields = [KEY, *columns, pa.field("error", ERROR)]
-    if kind == "custom":
-        fields.append(pa.field("result", pa.string()))
-    return pa.schema(fields, metadata={_KIND: kind.encode(), _FORMAT: FORMAT.encode()})
+def schema(kind: str, columns: Sequence[pa.Field], after_error: Sequence[pa.Field] = ()) -> pa.Schema:
+    """The record batch schema of the task ``kind``: ``key``, its ``columns``, ``error``, then ``after_error``."""
+    return pa.schema([KEY, *columns, pa.field("error", ERROR), *after_error],
+                     metadata={_KIND: kind.encode(), _FORMAT: FORMAT.encode()})
 
 
 def kind_of(schema_: pa.Schema) -> str:
-    """The kind a schema of :func:`schema` holds."""
+    """The task a schema of :func:`schema` holds the rows of."""
     return (schema_.metadata or {}).get(_KIND, b"").decode() or "classify"
 
 
 # ----------------------------------------------------------------------------
 # The columns a part holds after the model's (mxjob.results.part_format), and the names a carried column cannot take
 
-#: A part's column after the result model's: each row's JSON line (:func:`jsonl_view.json_lines` of the row's own
-#: columns), made by the task when the output is JSON Lines. The driver then writes JSON Lines by joining it, at the
-#: CPU cost of the gzip lines it replaces, where rendering a million rows itself would cost it ten times that. For
-#: Parquet the task leaves it null (:func:`part_format.write_part`): the same schema, so a resume may mix both
-#: kinds of part, and :func:`jsonl_view.json_lines` renders a null line from the typed columns. Nothing ever reads
-#: a value out of it.
+#: A part's column after the result model's: each row's JSON line (the task's view of the row's own columns), made by
+#: the task when the output is JSON Lines. The driver then writes JSON Lines by joining it, at the CPU cost of the
+#: gzip lines it replaces, where rendering a million rows itself would cost it ten times that. For Parquet the task
+#: leaves it null (:func:`part_format.write_part`): the same schema, so a resume may mix both kinds of part, and
+#: :func:`jsonl_view.json_lines` renders a null line from the typed columns. Nothing ever reads a value out of it.
 LINE = pa.field("json_line", pa.string())
 
 #: A part's columns after :data:`LINE` under ``--with-object-metadata``: each object's ETag and length as the
@@ -122,50 +68,41 @@ LINE = pa.field("json_line", pa.string())
 #: place of the key list's: a manifest names no ETag, may give no size, and may be older than the objects.
 OBJECT_METADATA = pa.schema([pa.field("etag", pa.string()), pa.field("size", pa.int64())])
 
-#: Names a carried column cannot take: every kind's own columns, the part's line, and ``--with-object-metadata``'s.
-RESERVED = frozenset({"key", "error", "predictions", "embedding", "detections", "image_size", "result", LINE.name,
-                      "etag", "size", "bucket"})
+#: Names a carried column cannot take: the key, the error, the part's line, ``--with-object-metadata``'s, and every
+#: registered task's columns (:func:`reserve`, called by ``mxjob.tasks.register``).
+RESERVED: set[str] = {"key", "error", LINE.name, "etag", "size", "bucket"}
+
+
+def reserve(names) -> None:
+    """Add a task's column names to :data:`RESERVED` (a manifest's carried column may take none of them)."""
+    RESERVED.update(name.lower() for name in names)
 
 
 # ----------------------------------------------------------------------------
 # Making a batch
 
 
-def prediction_entries(labelled: Iterable[tuple[int, str | None, float]]) -> list[dict]:
-    """Top-k ``(class_id, label, probability)`` as the ``predictions`` column's rows: the job's 6 significant digits."""
-    return [{"class_id": c, "label": label, "probability": float(f"{p:.6g}")} for c, label, p in labelled]
-
-
-def detection_entries(detections: Iterable[tuple]) -> list[dict]:
-    """``(class_id, label, score, box)`` tuples (``ObjectDetector.detect``) as the ``detections`` column's rows."""
-    return [{"class_id": c, "label": label, "score": score, "box": list(box)} for c, label, score, box in detections]
-
-
 class Results:
-    """One batch's results, key by key, then one record batch (:meth:`record_batch`).
+    """One batch's results, key by key, then one record batch (:meth:`record_batch`) of ``schema``.
 
-    :meth:`add` takes a scored key's value, as the kind has it: classify, the
-    :func:`prediction_entries`; embed, a vector; detect, ``(image_size,
-    detection_entries)``; custom, ``(result JSON or None, error or None)``.
-    :meth:`fail` takes a failed key's error object (``mxjob.core.errors.error_object``).
+    :meth:`add` takes a scored key's value as its task makes it (and, for a
+    task whose value may carry its own error, that error); :meth:`fail` a
+    failed key's error object (``mxjob.core.errors.error_object``). ``arrays``
+    turns the rows' values into the task's columns (``Task.arrays``).
     """
 
-    def __init__(self, schema_: pa.Schema):
+    def __init__(self, schema_: pa.Schema, arrays: Callable[[pa.Schema, list], list[pa.Array]]):
         self.schema = schema_
-        self.kind = kind_of(schema_)
+        self.arrays = arrays
         self._rows: list[tuple] = []
         self.errors = 0
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def add(self, key: str, value) -> None:
-        if self.kind == "custom":
-            result, error = value
-            self.errors += error is not None
-            self._rows.append((key, result, error))
-        else:
-            self._rows.append((key, value, None))
+    def add(self, key: str, value, error: dict | None = None) -> None:
+        self.errors += error is not None
+        self._rows.append((key, value, error))
 
     def fail(self, key: str, error: dict) -> None:
         self.errors += 1
@@ -187,57 +124,16 @@ class Results:
     def record_batch(self, sort: bool = True) -> pa.RecordBatch:
         """The rows as one record batch of :attr:`schema`, sorted by key unless ``sort`` is false."""
         rows = sorted(self._rows, key=lambda row: row[0]) if sort else self._rows
-        keys = [row[0] for row in rows]
-        values = [row[1] for row in rows]
+        keys = pa.array([row[0] for row in rows], pa.string())
         errors = pa.array([row[2] for row in rows], ERROR)
-        columns = [pa.array(keys, pa.string()), *_value_columns(self.schema, self.kind, values), errors]
-        if self.kind == "custom":
-            columns.append(pa.array(values, pa.string()))
+        values = self.arrays(self.schema, [row[1] for row in rows])
+        error_at = self.schema.get_field_index("error")
+        columns = [keys, *values[:error_at - 1], errors, *values[error_at - 1:]]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
-def _value_columns(schema_: pa.Schema, kind: str, values: list) -> list[pa.Array]:
-    if kind == "custom":
-        return [pa.nulls(len(values), schema_.field("predictions").type)]
-    if kind == "classify":
-        return [pa.array(values, schema_.field("predictions").type)]
-    if kind == "embed":
-        return [_vectors(values, schema_.field("embedding").type)]
-    sizes = pa.array([v[0] if v is not None else None for v in values], IMAGE_SIZE)
-    detections = pa.array([v[1] if v is not None else None for v in values], pa.list_(DETECTION))
-    return [sizes, detections]
-
-
-def _vectors(values: list, type_: pa.FixedSizeListType) -> pa.Array:
-    """Vectors (``None`` for a failed row) as one fixed-size list array, built from one numpy block."""
-    size, dtype = type_.list_size, type_.value_type.to_pandas_dtype()
-    block = np.zeros((len(values), size), dtype)
-    missing = np.zeros(len(values), bool)
-    for i, value in enumerate(values):
-        if value is None:
-            missing[i] = True
-        else:
-            block[i] = value
-    return pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), size, mask=pa.array(missing))
-
-
-def custom_value(text: str, obj: dict) -> tuple[str | None, dict | None]:
-    """An ``output_handler``'s object (``obj``, written as ``text`` without its key) as a ``custom`` row's value.
-
-    An ``error`` member shaped as the job's error object (stage, type, message,
-    in that order) fills the ``error`` column too; an object of nothing else
-    is that error alone, as a failed key's row.
-    """
-    error = obj.get("error")
-    fits = isinstance(error, dict) and list(error) == ["stage", "type", "message"] and all(
-        isinstance(v, str) for v in error.values())
-    if not fits:
-        return text, None
-    return (None if list(obj) == ["error"] else text), error
-
-
 # ----------------------------------------------------------------------------
-# Counting a batch: the tasks' stats (the run report's errors and top-1 labels)
+# Counting a batch: the tasks' stats (the run report's errors)
 
 
 def error_kinds(batch: pa.RecordBatch, examples: int) -> dict:
@@ -255,18 +151,3 @@ def error_kinds(batch: pa.RecordBatch, examples: int) -> dict:
         if len(entry["examples"]) < examples:
             entry["examples"].append(key)
     return kinds
-
-
-def top_labels(batch: pa.RecordBatch) -> dict[str, int]:
-    """How often each class came first in the batch's ``predictions`` (its label, else its id); ``{}`` without them."""
-    if "predictions" not in batch.schema.names:
-        return {}
-    predictions = batch.column("predictions")
-    predictions = predictions.filter(pc.greater(pc.list_value_length(predictions), 0))
-    counts: dict[str, int] = {}
-    if len(predictions):
-        first = pc.list_element(predictions, 0)  # one struct array: its fields as columns, no dict per row
-        for label, class_id in zip(first.field("label").to_pylist(), first.field("class_id").to_pylist()):
-            name = str(label if label is not None else class_id)
-            counts[name] = counts.get(name, 0) + 1
-    return counts

@@ -1,1 +1,1 @@
-"""The driver's sequence: the run's steps, the Spark job, the early SparkContext, the dry run, signals, the resume command."""
+"""The driver's sequence: the run's steps, the Spark job, the early SparkContext, the dry run, signals, resuming."""

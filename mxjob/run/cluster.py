@@ -10,17 +10,17 @@ import threading
 import time
 from dataclasses import replace
 
-from mxjob.run import container_memory, rerun, signals
-from mxjob.outputs import durable
 from mxjob.core import state
-from mxjob.options.config import JobConfig
-from mxjob.run.container_memory import ExecutorContainer
 from mxjob.core.errors import JobError, first_line, spark_failure_reason
 from mxjob.executor.partition import score_into
-from mxjob.reporting.progress import Reporter
-from mxjob.run.spark_start import SparkStart
 from mxjob.executor.stats import StatsAccumulator, StatsFold
 from mxjob.model.worker import ThreadPlan, memory_bytes
+from mxjob.options.config import JobConfig
+from mxjob.outputs import durable
+from mxjob.reporting.progress import Reporter
+from mxjob.run import container_memory, rerun, signals
+from mxjob.run.container_memory import ExecutorContainer
+from mxjob.run.spark_start import SparkStart
 
 log = logging.getLogger(__name__)
 

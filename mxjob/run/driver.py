@@ -22,32 +22,34 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob.outputs import dataset, durable, existing, merge, preflight, sinks
-from mxjob.inputs import extsort, listing, manifest
+from mxjob import tasks
 from mxjob.core import state
-from mxjob.outputs.assembly import Assembly
-from mxjob.run.cluster import SparkStop, expected_executors, run_spark, thread_plan
-from mxjob.options.config import JobConfig, allowed_errors
-from mxjob.run.dry_run import dry_run
 from mxjob.core.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
-from mxjob.model.handlers import HandlerError, get_handlers, model_class
-from mxjob.int8.int8_prep import prepare_precision
 from mxjob.executor.measure import SampleCost, combined
-from mxjob.model.predictor import Predictor, get_model
 from mxjob.executor.model_check import ModelFacts, WarmReport, load_failure, warm_and_check
-from mxjob.outputs.resume import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
-from mxjob.s3 import clients, lean_list, object_reader, parallel_list, reads, uris, writes
-from mxjob.run.signals import Interrupted
-from mxjob.planning.sizing import Sizing, bound_batch, sample_items, sample_size, size_run
-from mxjob.run.spark_start import SparkStart
+from mxjob.executor.partition import job_task
 from mxjob.executor.stats import StatsFold
+from mxjob.inputs import extsort, listing, manifest
+from mxjob.int8.int8_prep import prepare_precision
+from mxjob.model.handlers import HandlerError, get_handlers
+from mxjob.model.predictor import Predictor, get_model
+from mxjob.model.worker import import_mxnet
+from mxjob.options.config import JobConfig, allowed_errors
+from mxjob.outputs import dataset, durable, existing, merge, preflight, sinks
+from mxjob.outputs.assembly import Assembly
+from mxjob.outputs.resume import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
+from mxjob.planning.sizing import Sizing, bound_batch, sample_items, sample_size, size_run
 from mxjob.reporting.status import RunMonitor
 from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
-from mxjob.model.worker import import_mxnet
+from mxjob.run.cluster import SparkStop, expected_executors, run_spark, thread_plan
+from mxjob.run.dry_run import dry_run
+from mxjob.run.signals import Interrupted
+from mxjob.run.spark_start import SparkStart
+from mxjob.s3 import clients, lean_list, object_reader, parallel_list, reads, uris, writes
+from mxjob.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +156,7 @@ def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False, sampl
     """
     if start is None or cfg.dry_run or cfg.int8_model is not None or cfg.handler_file:
         return False
-    if early and (cfg.precision != "fp32" or (cfg.task == "embed" and cfg.model.output_layer is None)):
+    if early and (cfg.precision != "fp32" or tasks.get(cfg.task).model_found_by_check(cfg.model)):
         return False
 
     def job_for(sc):
@@ -369,20 +371,22 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing,
         raise JobError(report.failure)
     classifier = load_model_on_driver(cfg) if report is None else None
     model = ModelFacts.of(classifier) if report is None else report.facts
-    readers = float16_readers(cfg)
-    if readers:
-        log.warning("%s", readers)
-    if model.num_classes is not None and cfg.top_k > model.num_classes:
-        raise JobError(f"--top-k {cfg.top_k} is larger than the model's {model.num_classes} classes")
-    if model.output_layer is not None:  # an embedding's layer, found: the executors and the fingerprint name it
-        cfg = replace(cfg, model=replace(cfg.model, output_layer=model.output_layer))
+    task = run_task(cfg)
+    for warning in task.warnings(cfg, cfg.output_format == "parquet"):
+        log.warning("%s", warning)
+    try:
+        task.check(cfg, model)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    # What the check found that the executors must load too (an embedding's layer); the fingerprint names it.
+    cfg = replace(cfg, model=task.checked_spec(cfg.model, model))
     cfg, precision = prepare_precision(cfg, client, images, classifier)
     summary = model.model_summary()
     fingerprint = job_fingerprint(cfg, model, carried_names(cfg, images))
     if cfg.table:  # created, or refused for other columns or another fingerprint, before any Spark work
         open_table(cfg, model, images, fingerprint)
     # Only a dataset or a table cuts files: the keys' mean length costs a pass over every key.
-    auto_rows = auto_rows_per_file(cfg, images, summary) if cfg.cuts_files else (0, "")
+    auto_rows = auto_rows_per_file(cfg, task, images, summary) if cfg.cuts_files else (0, "")
     if classifier is not None:
         keep_for_sample(cfg, classifier)
     return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows,
@@ -430,10 +434,9 @@ def open_table(cfg: JobConfig, classifier: Predictor, images: listing.Listing, f
     A dry run creates nothing: it checks a table that exists, and says what a new one would hold.
     """
     from mxjob.outputs import table_output  # pyiceberg, for a table output only
-    from mxjob.executor.partition import result_schema
 
     carried = carried_columns(cfg, images)
-    schema = table_output.table_schema(result_schema(cfg.job_spec(), classifier, get_handlers(cfg.handler_path)),
+    schema = table_output.table_schema(run_task(cfg).result_schema(cfg.job_spec(), classifier),
                                        carried.schema if carried is not None else None)
     if cfg.dry_run and table_output.target(cfg).table is None:
         log.info("--dry-run: the Iceberg table %s does not exist; a run would create it with the columns %s",
@@ -442,27 +445,22 @@ def open_table(cfg: JobConfig, classifier: Predictor, images: listing.Listing, f
     table_output.open_for_run(cfg, schema, fingerprint)
 
 
-def auto_rows_per_file(cfg: JobConfig, images, model_summary: dict) -> tuple[int, str]:
-    """``--rows-per-file auto`` for this run (:func:`dataset.auto_rows_per_file`): the keys' mean length, the task."""
+def auto_rows_per_file(cfg: JobConfig, task: Task, images, model_summary: dict) -> tuple[int, str]:
+    """``--rows-per-file auto`` for this run (:func:`dataset.auto_rows_per_file`): the keys' mean length, the task's
+    row (:meth:`Task.row_bytes`)."""
     keys = getattr(images, "keys", None)
     count = len(images)
     key_bytes = (pc.sum(pc.binary_length(keys)).as_py() or 0) / count if keys is not None and count else 64.0
-    outputs = list((model_summary.get("outputs") or {}).values())
-    values = int(np.prod(outputs[0])) if outputs else None
-    itemsize = 2 if cfg.embedding_dtype == "float16" else 4
-    return dataset.auto_rows_per_file(cfg.task, key_bytes, cfg.top_k, values, itemsize)
+    return dataset.auto_rows_per_file(key_bytes, *task.row_bytes(cfg, model_summary))
 
 
-def float16_readers(cfg: JobConfig) -> str | None:
-    """The warning for float16 embeddings in Parquet, which not every reader the output is for can read; else None.
-
-    pyarrow writes them as Parquet's FLOAT16 type: pyarrow and pandas read it,
-    Spark 3.5 fails on the file's footer and Trino (Athena) refuses the type.
-    """
-    if cfg.task != "embed" or cfg.embedding_dtype != "float16" or cfg.output_format != "parquet":
-        return None
-    return ("--embedding-dtype float16 in Parquet: pyarrow and pandas read it, but Spark 3.5 and Athena cannot "
-            "read Parquet's FLOAT16 type; use --embedding-dtype float32 (twice the bytes) for them")
+def run_task(cfg: JobConfig) -> Task:
+    """The run's task (:func:`mxjob.executor.partition.job_task`); a ``--handler`` it cannot use raises
+    :class:`JobError`."""
+    try:
+        return job_task(cfg.job_spec())
+    except HandlerError as exc:
+        raise JobError(f"--handler: {exc}") from exc
 
 
 def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
@@ -726,10 +724,7 @@ def prepare_handler(cfg: JobConfig, client) -> JobConfig:
 def load_model_on_driver(cfg: JobConfig) -> Predictor:
     """The model, loaded on the driver's CPU (the driver need not have a GPU) to check it."""
     import_mxnet()  # timed: the estimate counts each executor's import of MXNet as this one took
-    try:
-        kind = model_class(get_handlers(cfg.handler_path), cfg.task)
-    except HandlerError as exc:
-        raise JobError(f"--handler: {exc}") from exc
+    kind = run_task(cfg).model_class
     try:
         # Bound as the executors bind it (at the micro-batch), so the check costs the driver no more memory; and
         # through the worker's cache, where the driver's sample (mxjob.executor.measure.measure) finds it instead of

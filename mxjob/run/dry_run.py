@@ -9,21 +9,22 @@ from dataclasses import replace
 
 import click
 
-from mxjob.outputs import durable
-from mxjob.results import jsonl_view, part_format
-from mxjob.inputs import plan_file
-from mxjob.options.config import JobConfig
-from mxjob.outputs.dataset import NO_INPUTS, PlanInputs
-from mxjob.tasks.classify import Classifier
+from mxjob import tasks
 from mxjob.executor.partition import score_partition
-from mxjob.reporting.records import ABSENT, Plan, PlanDataset, SummaryExisting, to_json
+from mxjob.inputs import plan_file
+from mxjob.model.predictor import Predictor
+from mxjob.options.config import JobConfig
+from mxjob.outputs import durable
+from mxjob.outputs.dataset import NO_INPUTS, PlanInputs
 from mxjob.outputs.resume import Completed, plan_output
 from mxjob.planning.sizing import size_run
+from mxjob.reporting.records import ABSENT, Plan, PlanDataset, SummaryExisting, to_json
+from mxjob.results import part_format
 
 log = logging.getLogger(__name__)
 
 
-def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, fingerprint: dict,
+def dry_run(cfg: JobConfig, images: list, classifier: Predictor, client, fingerprint: dict,
             inputs: PlanInputs = NO_INPUTS) -> int:
     """Make every check the real run makes before Spark, score one image on the driver's CPU, print the plan.
 
@@ -67,7 +68,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
         partitions=batches, plan_bytes=sum(spans[-1]) if spans else 0,
         first_key=first[0][0], last_key=first[-1][0],
         model=classifier.model_summary(),
-        sample=jsonl_view.objects(part_format.read_part(blob))[0],
+        sample=sample_object(blob),
         sample_seconds=stats.seconds,
         estimate=sizing.estimate,
         dataset=ABSENT if dataset_plan is None else PlanDataset(
@@ -81,3 +82,9 @@ def dry_run(cfg: JobConfig, images: list, classifier: Classifier, client, finger
     click.echo(json.dumps(to_json(plan), ensure_ascii=False))
     sys.stdout.flush()
     return 0
+
+
+def sample_object(blob: bytes) -> dict:
+    """The scored image's row as its JSON line holds it (its task's view, :meth:`mxjob.tasks.Task.objects`)."""
+    batch = part_format.read_part(blob)
+    return tasks.of_schema(batch.schema).objects(batch)[0]

@@ -1,18 +1,26 @@
 """--task classify: the top-k classes of each image, highest probability first.
 
 :class:`Classifier` adds labels, softmax and top-k to a :class:`Predictor`;
-:class:`ImageClassifier` takes encoded images and decodes them as the job does.
+:class:`ImageClassifier` takes encoded images and decodes them as the job does;
+:data:`TASK` is the task (``predictions list<struct<class_id int32, label
+string, probability float64>>``; float32 in Parquet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from mxjob.core import constants
 from mxjob.model.predictor import ModelError, ModelSpec, Predictor, get_model, images_array, preprocess_for, read_labels
 from mxjob.model.preprocess import Preprocess
+from mxjob.results import jsonl_view
+from mxjob.tasks.base import Task, TaskOption, get
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -130,3 +138,104 @@ def top_k_or_errors(classifier: Classifier, arrays: list[np.ndarray], top_k: int
     finite = np.isfinite(probs).all(axis=1)
     return [(classifier.labelled(row), None) if ok else (None, FloatingPointError("model output is not finite"))
             for ok, row in zip(finite, top_classes(probs, top_k))]
+
+
+# ----------------------------------------------------------------------------
+# The task
+
+
+#: A row's prediction: the job's probability (6 significant digits) as float64, written to JSON as it is.
+PREDICTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("probability", pa.float64())])
+#: ... and in Parquet: probability as float32 (Athena's ``float``).
+PARQUET_PREDICTION = pa.struct([("class_id", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])
+#: Bytes per top-k prediction (class id, probability, a label of about a dozen characters).
+PREDICTION_BYTES = 24
+
+
+def prediction_entries(labelled: Iterable[tuple[int, str | None, float]]) -> list[dict]:
+    """Top-k ``(class_id, label, probability)`` as the ``predictions`` column's rows: the job's 6 significant digits."""
+    return [{"class_id": c, "label": label, "probability": float(f"{p:.6g}")} for c, label, p in labelled]
+
+
+@functools.lru_cache(maxsize=65_536)
+def _prediction_head(class_id: int, label: str | None) -> str:
+    """``{"class_id": C, "label": L, "probability": ``: a prediction's text up to its probability."""
+    return jsonl_view.class_head(class_id, label) + '"probability": '
+
+
+def predictions_bodies(batch: pa.RecordBatch) -> list[str | None]:
+    """``, "predictions": [...]}`` per row (``None`` for a row without predictions); no label member without labels."""
+    column = batch.column("predictions")
+    offsets = column.offsets.to_numpy()
+    start, stop = int(offsets[0]), int(offsets[-1])
+    entries = column.values.slice(start, stop - start)
+    class_ids = entries.field("class_id").to_pylist()
+    labels = entries.field("label").to_pylist()
+    probabilities = entries.field("probability").to_pylist()
+    texts = [_prediction_head(c, label) + repr(p) + "}" for c, label, p in zip(class_ids, labels, probabilities)]
+    valid = column.is_valid().to_pylist()
+    return [', "predictions": [' + ", ".join(texts[a - start:b - start]) + "]}" if ok else None
+            for ok, a, b in zip(valid, offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+def top_labels(batch: pa.RecordBatch) -> dict[str, int]:
+    """How often each class came first in the batch's ``predictions`` (its label, else its id)."""
+    predictions = batch.column("predictions")
+    predictions = predictions.filter(pc.greater(pc.list_value_length(predictions), 0))
+    counts: dict[str, int] = {}
+    if len(predictions):
+        first = pc.list_element(predictions, 0)  # one struct array: its fields as columns, no dict per row
+        for label, class_id in zip(first.field("label").to_pylist(), first.field("class_id").to_pylist()):
+            name = str(label if label is not None else class_id)
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+class ClassifyTask(Task):
+    """The top-k classes of each image (``predictions``), highest probability first."""
+
+    name = "classify"
+    summary = "the top-k labels of each image and their probabilities (--top-k)"
+    options = (TaskOption("top_k", "--top-k", "Predictions per image (classify).", default=5),)
+    model_class = Classifier
+    meanings: ClassVar[dict] = {
+        "predictions": "the top `--top-k` classes, highest probability first (ties: lower class id first); "
+                       "`label` is null without labels; null for an error row"}
+    doc_examples: ClassVar[tuple] = (("classify", {}, "photo_classes", "s3://my-bucket/classes/"),)
+    parquet_types: ClassVar[dict] = {"predictions": pa.list_(PARQUET_PREDICTION)}
+
+    def columns(self) -> list[pa.Field]:
+        return [pa.field("predictions", pa.list_(PREDICTION))]
+
+    def arrays(self, schema: pa.Schema, values: list) -> list[pa.Array]:
+        return [pa.array(values, schema.field("predictions").type)]
+
+    def score(self, model: Classifier, keys, inputs, job, out) -> None:
+        for key, (row, exc) in zip(keys, top_k_or_errors(model, inputs, job.top_k)):
+            if exc is not None:
+                out.fail_stage(key, "predict", exc)
+            else:
+                out.add(key, prediction_entries(row))
+
+    def with_handlers(self, handlers) -> Task:
+        """An ``output_handler`` writes the lines instead of the top-k: the ``custom`` task."""
+        if handlers is not None and handlers.output_handler is not None:
+            return get("custom").with_handlers(handlers)
+        return super().with_handlers(handlers)
+
+    def json_bodies(self, batch: pa.RecordBatch) -> list[str | None]:
+        return predictions_bodies(batch)
+
+    def top_labels(self, batch: pa.RecordBatch) -> dict[str, int]:
+        return top_labels(batch)
+
+    def row_bytes(self, settings, model_summary: dict) -> tuple[float, str]:
+        return settings.top_k * PREDICTION_BYTES, f"{settings.top_k} predictions"
+
+    def check(self, settings, facts) -> None:
+        if facts.num_classes is not None and settings.top_k > facts.num_classes:
+            raise ValueError(f"--top-k {settings.top_k} is larger than the model's {facts.num_classes} classes")
+
+
+#: The task (``mxjob/tasks/__init__.py`` registers it).
+TASK = ClassifyTask()

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.helpers import ROOT
+from mxjob.tasks import classify
+from tests.support.helpers import ROOT, parquet_of
 
 
 @pytest.mark.spark
@@ -97,7 +98,6 @@ def test_bench_scale_existing_dataset_is_the_jobs_and_skip_existing_finds_every_
     from mxjob.inputs import listing
     from mxjob.options import config
     from mxjob.outputs import existing, sinks
-    from mxjob.results import parquet_view, results
 
     bucket, prefix = "bench-existing", "prior/"
     s3.create_bucket(Bucket=bucket)
@@ -111,7 +111,7 @@ def test_bench_scale_existing_dataset_is_the_jobs_and_skip_existing_finds_every_
                                                       for i, rows in enumerate((300, 300, 300, 100))]
     body = s3.get_object(Bucket=bucket, Key=files[0]["key"])["Body"].read()
     written = pq.ParquetFile(io.BytesIO(body))
-    assert written.schema_arrow.names == parquet_view.parquet_schema(results.schema("classify")).names
+    assert written.schema_arrow.names == parquet_of(classify.TASK.schema()).names
     assert existing_keys.provenance(body) == metadata
     assert written.read().slice(0, 1).column("predictions").to_pylist()[0][0]["probability"] == 1.0  # the fake's
     assert json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}_SUCCESS")["Body"].read())["rows"] == 1_000

@@ -33,8 +33,8 @@ from mxjob.core.errors import JobError
 from mxjob.options import config
 from mxjob.outputs import iceberg_table, merge, table_output
 from mxjob.reporting import records
-from mxjob.results import results
 from mxjob.s3 import parallel_list
+from mxjob.tasks import classify
 from tests.support.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
 
 BUCKET = "iceberg-job"
@@ -184,9 +184,9 @@ def test_a_sink_that_commits_on_a_clock_gets_whole_parts_never_a_row_at_a_time()
 
 
 def rows_batch(keys: list[str]):
-    made = results.Results(results.schema("classify"))
+    made = classify.TASK.results()
     for key in keys:
-        made.add(key, results.prediction_entries([(1, "one", 0.5)]))
+        made.add(key, classify.prediction_entries([(1, "one", 0.5)]))
     return made.record_batch()
 
 
@@ -199,7 +199,7 @@ def sink_table(in_env, moto_endpoint, request):
         client.create_bucket(Bucket=BUCKET)
     catalog = iceberg_table.load_catalog(CATALOG, endpoint_url=moto_endpoint)
     name = f"preds.sink_{request.node.name[5:30]}"
-    schema = table_output.table_schema(results.schema("classify"))
+    schema = table_output.table_schema(classify.TASK.schema())
     return client, iceberg_table.open_table(catalog, name, schema, {"task": "classify"})
 
 
@@ -237,7 +237,7 @@ def test_rescored_keys_new_rows_replace_their_error_rows_in_one_commit_other_nul
 
     client, table = sink_table
     first = rows_batch(["a"])
-    failed = results.Results(results.schema("classify"))
+    failed = classify.TASK.results()
     for key in ("b", "c"):
         failed.fail(key, {"stage": "decode", "type": "OSError", "message": "bad"})
     sink = table_output.TableSink(client, table, table_output.RunFiles("r3", rows_per_file=100), commit_seconds=3600)

@@ -31,10 +31,31 @@ def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
 
 
 def part_lines(data: bytes) -> list[str]:
-    """The JSON lines of a part (``mxjob.results.part_format``): its record batch in the JSON Lines view."""
-    from mxjob.results import jsonl_view, part_format
+    """The JSON lines of a part (``mxjob.results.part_format``): its record batch in its task's JSON Lines view."""
+    from mxjob.results import part_format
 
-    return jsonl_view.json_lines(part_format.read_part(data))
+    return lines_of(part_format.read_part(data))
+
+
+def lines_of(batch) -> list[str]:
+    """The JSON lines of a batch of the result model (its task's view)."""
+    from mxjob import tasks
+
+    return tasks.of_schema(batch.schema).json_lines(batch)
+
+
+def part_of(batch, lines: bool = True, metadata=None) -> bytes:
+    """A batch's part as its task writes it (``lines``: the output is JSON Lines, so they are rendered)."""
+    from mxjob import tasks
+
+    return tasks.of_schema(batch.schema).write_part(batch, lines, metadata)
+
+
+def parquet_of(schema, metadata=None):
+    """The Parquet view's schema of parts of ``schema`` (their task's)."""
+    from mxjob import tasks
+
+    return tasks.of_schema(schema).parquet_schema(schema, metadata)
 
 
 def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None) -> bytes:
@@ -45,9 +66,10 @@ def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None
     """
     import json
 
-    from mxjob.results import part_format, results
+    from mxjob.results import part_format
+    from mxjob.tasks import classify
 
-    out = results.Results(results.schema("classify"))
+    out = classify.TASK.results()
     for line in lines:
         row = json.loads(line)
         if "error" in row:
@@ -56,20 +78,20 @@ def lines_part(lines: list[str], rendered: bool = True, seen: dict | None = None
             out.add(row["key"], [{"label": None, **p} for p in row["predictions"]])
     batch = out.record_batch()
     metadata = None if seen is None else part_format.object_metadata(batch.column("key").to_pylist(), seen)
-    return part_format.write_part(batch, lines=rendered, metadata=metadata)
+    return classify.TASK.write_part(batch, rendered, metadata)
 
 
 def scored_lines(model, keys: list[str], inputs: list, handlers=None, **job) -> list[str]:
     """The JSON lines a task writes for ``keys`` scored together, in their order: one forward pass of ``model``
-    (``partition.score_inputs``, with ``handlers`` if given), then the part's JSON Lines view."""
+    (the run's task's ``score``, with ``handlers`` if given), then the part's JSON Lines view."""
     from mxjob.executor import partition
     from mxjob.model.preprocess import Preprocess
-    from mxjob.results import jsonl_view, results
 
     spec = partition.JobSpec(model=getattr(model, "spec", None), preprocess=Preprocess(), bucket="", **job)
-    out = results.Results(partition.result_schema(spec, model, handlers))
-    partition.score_inputs(model, keys, inputs, spec, handlers, out)
-    return jsonl_view.json_lines(out.record_batch(sort=False))
+    task = partition.job_task(spec, handlers)
+    out = task.results(task.result_schema(spec, model))
+    task.score(model, keys, inputs, spec, out)
+    return task.json_lines(out.record_batch(sort=False))
 
 
 def make_s3_client(endpoint: str):

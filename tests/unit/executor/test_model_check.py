@@ -21,7 +21,7 @@ from mxjob.core.errors import JobError
 from mxjob.executor import measure, model_check
 from mxjob.executor.measure import SampleCost
 from mxjob.executor.model_check import ModelFacts, WarmReport, warm_and_check
-from mxjob.executor.partition import result_schema
+from mxjob.executor.partition import job_task
 from mxjob.options import config
 from mxjob.outputs import resume
 from mxjob.planning import estimate
@@ -103,7 +103,7 @@ def test_an_embedders_facts_give_the_same_table_schema_as_the_model(moto_endpoin
     local = driver.load_model_on_driver(cfg)
     assert report.facts.dimension == local.dimension and report.facts.output_layer == local.output_layer
     assert report.facts.num_classes is None and report.cost is None  # no sample asked for: nothing measured
-    assert result_schema(job, report.facts, None) == result_schema(job, local, None)
+    assert job_task(job).result_schema(job, report.facts) == job_task(job).result_schema(job, local)
 
 
 def test_each_task_measures_its_share_of_the_sample_and_only_the_first_checks_the_model(moto_endpoint, digits,

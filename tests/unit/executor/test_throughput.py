@@ -22,8 +22,10 @@ from mxjob.options import config
 from mxjob.outputs import durable, merge
 from mxjob.reporting.records import to_json
 from mxjob.reporting.summary import RunOutcome, summarize, thread_fit
-from mxjob.results import jsonl_view, part_format, results
+from mxjob.results import part_format, results
 from mxjob.run import cluster
+from mxjob.tasks import classify
+from tests.support.helpers import lines_of
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 
@@ -53,11 +55,11 @@ def test_tasks_render_json_lines_into_their_parts_only_for_a_json_lines_output(o
     options = {**BASE, "output": output, **({"output_format": fmt} if fmt else {})}
     job = config.resolve(config.merge_settings(options, {})).job_spec()
     assert job.json_lines is rendered
-    rows = results.Results(results.schema("classify"))
-    rows.add("a", results.prediction_entries([(1, "one", 0.5)]))
-    part = part_format.read_part(partition.write_results(job, 0, None, rows.record_batch()))
+    rows = classify.TASK.results()
+    rows.add("a", classify.prediction_entries([(1, "one", 0.5)]))
+    part = part_format.read_part(partition.write_results(job, classify.TASK, 0, None, rows.record_batch()))
     assert part.column(results.LINE.name).null_count == (0 if rendered else 1)
-    assert jsonl_view.json_lines(part) == ['{"key": "a", "predictions": [{"class_id": 1, "label": "one", '
+    assert lines_of(part) == ['{"key": "a", "predictions": [{"class_id": 1, "label": "one", '
                                         '"probability": 0.5}]}']
 
 
@@ -302,7 +304,7 @@ def test_scoring_runs_a_pass_on_every_lane_at_once_and_keeps_every_row():
     lanes = [BarrierEmbedder(barrier, fail_first="lane broke"), BarrierEmbedder(barrier)]
     job = mxinfer.JobSpec(model=mxinfer.ModelSpec.from_prefix("s3://m/r"), preprocess=mxinfer.Preprocess((3, 2, 2)),
                           bucket="b", task="embed")
-    scoring = partition.Scoring(lanes, job, None)
+    scoring = partition.Scoring(lanes, job, partition.job_task(job))
     keys = [f"k{i:02d}" for i in range(8)]
     for i, key in enumerate(keys):
         scoring.add((key, np.full((3, 2, 2), i, np.float32), None, partition.FetchTimes()))

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import mxjob
-from mxjob.core.constants import TASKS
+from mxjob import tasks
 from tests.project.test_docs import ISSUE
 from tests.support.helpers import ROOT
 
@@ -31,9 +31,10 @@ def help_intro(runner) -> str:
 
 def test_help_opens_with_the_three_tasks_and_what_each_writes(runner):
     intro = help_intro(runner)
-    assert set(TASKS) == {"classify", "embed", "detect"}  # a new task must be described here too
-    rows = {task: re.search(rf"^\s+{task}\s+(.+)$", intro, re.M) for task in TASKS}
+    assert tasks.names() == ("classify", "embed", "detect")
+    rows = {task: re.search(rf"^\s+{task}\s+(.+)$", intro, re.M) for task in tasks.names()}
     assert all(rows.values()), intro
+    assert rows["classify"][1].endswith("; the default")
     assert "top-k labels" in rows["classify"][1]
     assert "a vector per image" in rows["embed"][1]
     assert "boxes" in rows["detect"][1]

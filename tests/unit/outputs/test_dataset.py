@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import click
 import pyarrow as pa
@@ -25,13 +26,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from demo.s3proxy import S3Proxy
+from mxjob import tasks
 from mxjob.core.errors import JobError
 from mxjob.options import config
 from mxjob.outputs import dataset, preflight, sinks
 from mxjob.outputs.sidecar import is_dataset, output_of, side_key
 from mxjob.reporting import records
-from mxjob.results import results
 from mxjob.s3 import access, parallel_list, uris, writes
+from mxjob.tasks import classify
 from tests.support.helpers import bucket_with_digits, spark_submit, start_spark_submit
 
 BUCKET = "dataset-bucket"
@@ -45,12 +47,12 @@ def s3(moto_buckets):
 
 def rows_batch(keys: list[str], fail: set = frozenset()) -> pa.RecordBatch:
     """A classify record batch of the result model, one row per key; keys in ``fail`` are error rows."""
-    made = results.Results(results.schema("classify"))
+    made = classify.TASK.results()
     for i, key in enumerate(keys):
         if key in fail:
             made.fail(key, {"stage": "decode", "type": "OSError", "message": "bad"})
         else:
-            made.add(key, results.prediction_entries([(i % 7, f"c{i % 7}", 0.5)]))
+            made.add(key, classify.prediction_entries([(i % 7, f"c{i % 7}", 0.5)]))
     return made.record_batch()
 
 
@@ -170,13 +172,18 @@ def test_the_key_digest_ignores_chunking_and_sees_every_key():
 
 
 def test_auto_rows_per_file_follow_the_rows_size():
-    embed, why = dataset.auto_rows_per_file("embed", 40, 5, 1280, 4)
-    half, _ = dataset.auto_rows_per_file("embed", 40, 5, 1280, 2)
-    classify, _ = dataset.auto_rows_per_file("classify", 40, 5, None, 4)
-    assert embed == 128 * 2**20 // (40 + 1280 * 4 + dataset.ROW_OVERHEAD_BYTES) // 1000 * 1000
-    assert embed < half < classify <= dataset.AUTO_ROWS[1]
-    assert "1280 values of 4 bytes" in why
-    assert dataset.auto_rows_per_file("embed", 40, 5, 10**8, 4)[0] == dataset.AUTO_ROWS[0]
+    summary = {"outputs": {"flatten0_output": [1280]}}
+    rows = {name: dataset.auto_rows_per_file(40, *tasks.get(task).row_bytes(SimpleNamespace(**settings), summary))
+            for name, task, settings in (("embed", "embed", {"embedding_dtype": "float32"}),
+                                         ("half", "embed", {"embedding_dtype": "float16"}),
+                                         ("classify", "classify", {"top_k": 5}),
+                                         ("detect", "detect", {}))}
+    assert rows["embed"][0] == 128 * 2**20 // (40 + 1280 * 4 + dataset.ROW_OVERHEAD_BYTES) // 1000 * 1000
+    assert rows["embed"][0] < rows["half"][0] < rows["classify"][0] <= dataset.AUTO_ROWS[1]
+    assert rows["detect"][0] < rows["classify"][0]
+    assert "1280 values of 4 bytes" in rows["embed"][1] and "2 bytes" in rows["half"][1]
+    assert "5 predictions" in rows["classify"][1] and "about 10 detections" in rows["detect"][1]
+    assert dataset.auto_rows_per_file(40, 10**8 * 4, "a huge vector")[0] == dataset.AUTO_ROWS[0]
 
 
 def test_the_parquet_sink_bounds_a_row_group_in_bytes(s3, monkeypatch):
@@ -320,6 +327,6 @@ def test_a_dry_run_of_a_dataset_says_its_rows_per_file_and_files(world, stderr_r
     assert auto.exit_code == 0, auto.stderr[-2000:]
     # auto: from these keys' mean length and --top-k 2, as the driver's check measured them
     mean_key = sum(len(k.encode()) for k in world["keys"]) / len(world["keys"])
-    expected, why = dataset.auto_rows_per_file("classify", mean_key, 2, None, 4)
+    expected, why = dataset.auto_rows_per_file(mean_key, *classify.TASK.row_bytes(SimpleNamespace(top_k=2), {}))
     assert json.loads(auto.stdout.strip().splitlines()[-1])["dataset"] == {
         "rows_per_file": expected, "why": why, "files": 1, "files_kept": 0}

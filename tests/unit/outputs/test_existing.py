@@ -34,6 +34,7 @@ from mxjob.options import config
 from mxjob.outputs import dataset, durable, existing, preflight, resume, sinks
 from mxjob.reporting import records, report
 from mxjob.s3 import parallel_list
+from mxjob.tasks import classify
 from tests.support.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
 
 BUCKET = "existing-bucket"
@@ -48,14 +49,13 @@ def s3(moto_buckets):
 
 def rows_batch(keys: list[str], fail: frozenset = frozenset(), class_id: int = 1) -> pa.RecordBatch:
     """A classify record batch of the result model, one row per key; keys in ``fail`` are error rows."""
-    from mxjob.results import results
 
-    made = results.Results(results.schema("classify"))
+    made = classify.TASK.results()
     for key in keys:
         if key in fail:
             made.fail(key, {"stage": "decode", "type": "OSError", "message": "bad"})
         else:
-            made.add(key, results.prediction_entries([(class_id, f"c{class_id}", 0.5)]))
+            made.add(key, classify.prediction_entries([(class_id, f"c{class_id}", 0.5)]))
     return made.record_batch()
 
 

@@ -26,15 +26,15 @@ from pyiceberg.catalog.glue import GlueCatalog
 
 from mxjob.outputs import iceberg_table
 from mxjob.outputs.iceberg_table import TableMismatchError
-from mxjob.results import parquet_view, results
-from tests.support.helpers import upload_data_file
+from mxjob.tasks import classify, embed
+from tests.support.helpers import parquet_of, upload_data_file
 
 ROOT = Path(__file__).resolve().parents[3]
 
 BUCKET = "iceberg-glue-bucket"
 TABLE = "digits"
 FINGERPRINT = {"task": "classify", "top_k": 5, "model_params": "cd" * 32, "preprocess": {"size": 28}}
-SCHEMA = parquet_view.parquet_schema(results.schema("classify"))
+SCHEMA = parquet_of(classify.TASK.schema())
 MOTO_IGNORES_VERSION_ID = (
     "moto 5.1's Glue UpdateTable ignores VersionId (moto/glue/responses.py update_table reads DatabaseName and "
     "TableInput only), so it never answers a stale version with ConcurrentModificationException: the other "
@@ -87,12 +87,12 @@ def record_glue_calls(catalog) -> list[tuple[str, dict]]:
 
 def rows_batch(keys: list[str], fail: frozenset = frozenset()) -> pa.RecordBatch:
     """A classify record batch of the result model; keys in ``fail`` are error rows."""
-    made = results.Results(results.schema("classify"))
+    made = classify.TASK.results()
     for i, key in enumerate(keys):
         if key in fail:
             made.fail(key, {"stage": "decode", "type": "OSError", "message": f"bad {key}"})
         else:
-            made.add(key, results.prediction_entries([(i % 7, f"c{i % 7}", 0.25 + i / 100)]))
+            made.add(key, classify.prediction_entries([(i % 7, f"c{i % 7}", 0.25 + i / 100)]))
     return made.record_batch()
 
 
@@ -149,10 +149,10 @@ def test_a_second_open_finds_the_table_and_refuses_other_columns_or_another_fing
                                      FINGERPRINT)
     assert again.metadata.table_uuid == table.metadata.table_uuid
 
-    embed = parquet_view.parquet_schema(results.schema("embed", dimension=4))
+    vectors = parquet_of(embed.TASK.schema(dimension=4))
     with pytest.raises(TableMismatchError, match=rf"the Iceberg table glue/{ident} has other columns than this run "
                                                  r"writes: predictions is in the table, not in this run's rows"):
-        iceberg_table.open_table(catalog, ident, embed, FINGERPRINT)
+        iceberg_table.open_table(catalog, ident, vectors, FINGERPRINT)
     with pytest.raises(TableMismatchError, match=rf"glue/{ident} holds rows of another model or settings: top_k: 5 "
                                                  r"then, 3 now"):
         iceberg_table.open_table(catalog, ident, SCHEMA, {**FINGERPRINT, "top_k": 3})

@@ -22,13 +22,14 @@ from pyiceberg.exceptions import CommitFailedException
 from mxjob.outputs import iceberg_table, table_uri
 from mxjob.outputs.iceberg_table import TableMismatchError
 from mxjob.outputs.table_uri import TableUriError
-from mxjob.results import parquet_view, results
-from tests.support.helpers import upload_data_file
+from mxjob.results import parquet_view
+from mxjob.tasks import classify, embed
+from tests.support.helpers import parquet_of, upload_data_file
 
 BUCKET = "iceberg-bucket"
 IDENT = "preds.digits"
 FINGERPRINT = {"task": "classify", "top_k": 5, "model_params": "ab" * 32, "preprocess": {"size": 28}}
-SCHEMA = parquet_view.parquet_schema(results.schema("classify"))
+SCHEMA = parquet_of(classify.TASK.schema())
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +61,12 @@ def table(catalog):
 
 def rows_batch(keys: list[str], fail: frozenset = frozenset()) -> pa.RecordBatch:
     """A classify record batch of the result model; keys in ``fail`` are error rows."""
-    made = results.Results(results.schema("classify"))
+    made = classify.TASK.results()
     for i, key in enumerate(keys):
         if key in fail:
             made.fail(key, {"stage": "decode", "type": "OSError", "message": f"bad {key}"})
         else:
-            made.add(key, results.prediction_entries([(i % 7, f"c{i % 7}", 0.25 + i / 100), (9, None, 0.125)]))
+            made.add(key, classify.prediction_entries([(i % 7, f"c{i % 7}", 0.25 + i / 100), (9, None, 0.125)]))
     return made.record_batch()
 
 
@@ -171,16 +172,16 @@ def test_the_same_run_reopens_the_table_as_it_is(table, catalog):
 
 
 def test_a_table_of_other_columns_is_refused_with_what_differs(table, catalog):
-    embed = parquet_view.parquet_schema(results.schema("embed", dimension=4))
+    vectors = parquet_of(embed.TASK.schema(dimension=4))
     with pytest.raises(TableMismatchError, match=r"other columns than this run writes: predictions is in the "
                                                  r"table, not in this run's rows; embedding \(list<float>\) is in "
                                                  r"this run's rows, not in the table\. .*another table "
                                                  r"\(iceberg://test/preds\.NEW_TABLE\)"):
-        iceberg_table.open_table(catalog, IDENT, embed, FINGERPRINT)
+        iceberg_table.open_table(catalog, IDENT, vectors, FINGERPRINT)
     # The part's own schema: probability as float64, not the Parquet view's float32.
     with pytest.raises(TableMismatchError, match=r"predictions: list<struct<.*probability: float>> in the table, "
                                                  r"list<struct<.*probability: double>> in this run's rows"):
-        iceberg_table.open_table(catalog, IDENT, results.schema("classify"), FINGERPRINT, accept_other_fingerprint=True)
+        iceberg_table.open_table(catalog, IDENT, classify.TASK.schema(), FINGERPRINT, accept_other_fingerprint=True)
 
 
 def test_a_table_of_another_fingerprint_is_refused_unless_accepted(table, catalog):
@@ -204,7 +205,7 @@ def test_a_table_this_job_did_not_create_is_refused_unless_accepted(catalog):
 
 
 def test_float16_embeddings_cannot_make_a_table(catalog):
-    half = parquet_view.parquet_schema(results.schema("embed", dimension=4, dtype="float16"))
+    half = parquet_of(embed.TASK.schema(dimension=4, dtype="float16"))
     with pytest.raises(ValueError, match=r"cannot hold these columns: .*embedding.*leave --embedding-dtype at float32"):
         iceberg_table.open_table(catalog, IDENT, half, FINGERPRINT)
     assert catalog.list_namespaces() == []  # refused before anything was created

@@ -16,13 +16,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mxjob import tasks
 from mxjob.executor import partition
 from mxjob.inputs import listing
 from mxjob.options.config import merge_settings, resolve
 from mxjob.outputs import durable, merge, sinks
-from mxjob.results import part_format, results
 from mxjob.run import driver
 from mxjob.s3 import writes
+from mxjob.tasks import classify, detect
+from tests.support.helpers import part_of
 
 BUCKET = "outputs-bucket"
 ERROR = {"stage": "decode", "type": "UnidentifiedImageError", "message": "cannot identify image file"}
@@ -32,13 +34,13 @@ FAILED = {"imgs/1.jpg", "imgs/3.jpg"}
 BATCH = 3
 #: Numbers a float32 holds exactly, so each output gives back the very values the task made.
 SCORED = {
-    "classify": (results.prediction_entries([(3, "cat", 0.75), (5, None, 0.25)]),
+    "classify": (classify.prediction_entries([(3, "cat", 0.75), (5, None, 0.25)]),
                  {"predictions": [{"class_id": 3, "label": "cat", "probability": 0.75},
                                   {"class_id": 5, "probability": 0.25}]},
                  {"predictions": [{"class_id": 3, "label": "cat", "probability": 0.75},
                                   {"class_id": 5, "label": None, "probability": 0.25}]}),
     "embed": ([0.5, -0.25, 1.0, 2.0], {"embedding": [0.5, -0.25, 1.0, 2.0]}, {"embedding": [0.5, -0.25, 1.0, 2.0]}),
-    "detect": (([640, 480], results.detection_entries([(7, "cat", 0.875, [12.0, 30.5, 410.0, 388.0])])),
+    "detect": (([640, 480], detect.detection_entries([(7, "cat", 0.875, [12.0, 30.5, 410.0, 388.0])])),
                {"image_size": [640, 480], "detections": [{"class_id": 7, "label": "cat", "score": 0.875,
                                                          "box": [12, 30.5, 410, 388]}]},
                {"image_size": [640, 480], "detections": [{"class_id": 7, "label": "cat", "score": 0.875,
@@ -54,7 +56,7 @@ def s3(moto_buckets):
 
 
 def task_schema(task: str) -> pa.Schema:
-    return results.schema(task, dimension=4) if task == "embed" else results.schema(task)
+    return tasks.get(task).schema(dimension=4) if task == "embed" else tasks.get(task).schema()
 
 
 def durable_run(s3, task: str, name: str, json_lines: bool) -> durable.WorkPrefix:
@@ -63,14 +65,14 @@ def durable_run(s3, task: str, name: str, json_lines: bool) -> durable.WorkPrefi
     run = work.start_run(1, KEYS, BATCH, None)
     value = SCORED[task][0]
     for index in range(len(KEYS) // BATCH):
-        made = results.Results(task_schema(task))
+        made = tasks.get(task).results(task_schema(task))
         for key in KEYS[index * BATCH:(index + 1) * BATCH]:
             if key in FAILED:
                 made.fail(key, ERROR)
             else:
                 made.add(key, value)
         s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, index),
-                      Body=part_format.write_part(made.record_batch(), lines=json_lines))
+                      Body=part_of(made.record_batch(), lines=json_lines))
     return work
 
 

@@ -18,8 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mxjob import tasks
 from mxjob.reporting import output_docs, records
 from mxjob.results import athena_table, parquet_view, part_format, results
+from mxjob.tasks import classify, detect, embed
+from tests.support.helpers import parquet_of
 from tests.unit.tasks.test_tasks import CLASSES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,24 +47,25 @@ FAILED = {"stage": "decode", "type": "UnidentifiedImageError", "message": "canno
 
 def task_rows(kind: str, dimension: int = 4) -> results.Results:
     """A batch of ``kind`` with three scored images and one that failed."""
-    made = results.Results(results.schema(kind, dimension=dimension) if kind == "embed" else results.schema(kind))
+    task = tasks.get(kind)
+    made = task.results(task.schema(dimension=dimension) if kind == "embed" else task.schema())
     rng = np.random.RandomState(5)
     for i, key in enumerate(["photos/cat.jpg", "photos/dog.jpg", "photos/owl.jpg"]):
         if kind == "classify":
-            made.add(key, results.prediction_entries([(i, CLASSES[i % 2], 0.75), (i + 1, None, 0.25)]))
+            made.add(key, classify.prediction_entries([(i, CLASSES[i % 2], 0.75), (i + 1, None, 0.25)]))
         elif kind == "embed":
             vector = rng.randn(dimension).astype(np.float32)
             made.add(key, vector / np.linalg.norm(vector))
         else:
             boxes = [(c, CLASSES[c], 0.9 - c / 10, [1.0 + c, 2.0, 30.5, 40.0]) for c in range(i)]
-            made.add(key, ([64, 48], results.detection_entries(boxes)))
+            made.add(key, ([64, 48], detect.detection_entries(boxes)))
     made.fail("photos/broken.jpg", FAILED)
     return made
 
 
 def write_parquet(path: Path, batch: pa.RecordBatch) -> None:
     """``batch`` as the job's Parquet output: its Parquet view, zstd, the task in the key-value metadata."""
-    schema = parquet_view.parquet_schema(batch.schema, {"mxinfer.task": results.kind_of(batch.schema)})
+    schema = parquet_of(batch.schema, {"mxinfer.task": results.kind_of(batch.schema)})
     with pq.ParquetWriter(str(path), schema, compression="zstd") as writer:
         writer.write_batch(parquet_view.parquet_batch(batch, schema))
 
@@ -109,7 +113,7 @@ def parquet_leaves(path: Path) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("kind", ["classify", "embed", "detect"])
 def test_each_tasks_table_names_every_column_with_its_athena_type(kind):
-    schema = parquet_view.parquet_schema(task_rows(kind).record_batch().schema)
+    schema = parquet_of(task_rows(kind).record_batch().schema)
     ddl = athena_table.athena_ddl(schema, f"photo_{kind}", f"s3://my-bucket/{kind}/")
     assert ddl.startswith(f"CREATE EXTERNAL TABLE photo_{kind} (\n")
     assert ddl.endswith(f"\n)\nSTORED AS PARQUET\nLOCATION 's3://my-bucket/{kind}/';")
@@ -128,7 +132,7 @@ def test_the_parquet_file_the_job_writes_has_exactly_the_tables_columns_and_type
     declared = [leaf for name, type_ in ddl_columns(ddl) for leaf in hive_leaves(type_, name)]
     assert declared == parquet_leaves(tmp_path / "part-00000.parquet")
     # and pyarrow reads every row back as written, the failed image's nulls (vector, image_size) included
-    view = pa.Table.from_batches([parquet_view.parquet_batch(batch, parquet_view.parquet_schema(batch.schema))])
+    view = pa.Table.from_batches([parquet_view.parquet_batch(batch, parquet_of(batch.schema))])
     assert pq.read_table(tmp_path / "part-00000.parquet").to_pylist() == view.to_pylist()
     assert view.column(1).null_count == 1
 
@@ -150,7 +154,7 @@ def test_carried_columns_and_object_metadata_follow_with_their_types(tmp_path):
 
 
 @pytest.mark.parametrize(("schema", "location", "match"), [
-    (parquet_view.parquet_schema(results.schema("embed", dimension=8, dtype="float16")), "s3://b/e/",
+    (parquet_of(embed.TASK.schema(dimension=8, dtype="float16")), "s3://b/e/",
      r"column embedding: float16 is written as Parquet's FLOAT16 logical type, which Athena"),
     (pa.schema([("key", pa.string()), ("taken", pa.timestamp("ms"))]), "s3://b/e/",
      r"column taken: Arrow type timestamp\[ms\] has no Athena type"),
@@ -169,7 +173,7 @@ def test_a_schema_athena_cannot_read_is_refused_naming_the_column(schema, locati
 
 def test_float16_is_what_the_parquet_file_holds(tmp_path):
     """The refusal's ground: pyarrow writes a float16 vector as FLOAT16 (a 2-byte fixed-length byte array)."""
-    rows = results.Results(results.schema("embed", dimension=3, dtype="float16"))
+    rows = embed.TASK.results(embed.TASK.schema(dimension=3, dtype="float16"))
     rows.add("a", np.array([0.5, 1.0, -2.0], np.float32))
     write_parquet(tmp_path / "h.parquet", rows.record_batch())
     leaf = pq.ParquetFile(str(tmp_path / "h.parquet")).schema.column(1)
@@ -278,6 +282,6 @@ def test_the_pages_ddl_block_prints_the_statement_of_a_part_file(dataset, monkey
     [code] = code_blocks(ROOT / output_docs.PAGE, "runs this block in a folder of the job's Parquet")
     monkeypatch.chdir(root / "classes")
     exec(compile(code, "docs/output.md (athena_ddl)", "exec"), {})
-    schema = parquet_view.parquet_schema(made["classes"].schema)
+    schema = parquet_of(made["classes"].schema)
     assert capsys.readouterr().out == athena_table.athena_ddl(schema, "photo_classes", "s3://my-bucket/classes/") + "\n"
 

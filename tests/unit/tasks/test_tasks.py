@@ -24,12 +24,21 @@ from PIL import Image, ImageOps
 import infer_main
 import mxinfer
 from demo.examples import random_detector
+from mxjob import tasks
 from mxjob.core import errors
 from mxjob.model.preprocess import Geometry, Preprocess, decode_image_geometry, map_boxes
 from mxjob.options import config
-from mxjob.results import jsonl_view, parquet_view, part_format, results
-from mxjob.run import driver
-from tests.support.helpers import bucket_with_effnet, encode, make_s3_client, spark_submit
+from mxjob.results import part_format, results
+from mxjob.tasks import classify, custom, detect, embed
+from tests.support.helpers import (
+    bucket_with_effnet,
+    encode,
+    lines_of,
+    make_s3_client,
+    parquet_of,
+    part_of,
+    spark_submit,
+)
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 DETECT_SHAPE = (3, 64, 64)
@@ -41,22 +50,22 @@ CLASSES = ("cat", "dog")
 
 
 def test_each_kind_has_its_schema_and_json_lines_view():
-    embed = results.Results(results.schema("embed", dimension=3, dtype="float16"))
-    embed.add("b", np.array([0.5, 1.0, -2.0], np.float32))
-    embed.fail("a", {"stage": "decode", "type": "ValueError", "message": "bad"})
-    batch = part_format.read_part(part_format.write_part(embed.record_batch()))
+    vectors = embed.TASK.results(embed.TASK.schema(dimension=3, dtype="float16"))
+    vectors.add("b", np.array([0.5, 1.0, -2.0], np.float32))
+    vectors.fail("a", {"stage": "decode", "type": "ValueError", "message": "bad"})
+    batch = part_format.read_part(part_of(vectors.record_batch()))
     assert batch.schema.field("embedding").type == pa.list_(pa.float16(), 3)
-    assert jsonl_view.json_lines(batch) == [
+    assert lines_of(batch) == [
         '{"key": "a", "error": {"stage": "decode", "type": "ValueError", "message": "bad"}}',
         '{"key": "b", "embedding": [0.5, 1, -2]}']
-    detect = results.Results(results.schema("detect"))
-    detect.add("k", ([40, 30], results.detection_entries([(1, None, 0.75, [1.5, 2.0, 30.25, 29.0])])))
-    [line] = jsonl_view.json_lines(detect.record_batch())
+    boxes = detect.TASK.results()
+    boxes.add("k", ([40, 30], detect.detection_entries([(1, None, 0.75, [1.5, 2.0, 30.25, 29.0])])))
+    [line] = lines_of(boxes.record_batch())
     assert line == ('{"key": "k", "image_size": [40, 30], "detections": [{"class_id": 1, "score": 0.75, '
                     '"box": [1.5, 2, 30.25, 29]}]}')
-    parquet = parquet_view.parquet_schema(results.schema("detect"), {"mxinfer.task": "detect"})
+    parquet = parquet_of(detect.TASK.schema(), {"mxinfer.task": "detect"})
     # Fixed-size lists go to Parquet as plain lists: pyarrow 20 cannot read a null fixed-size list back.
-    box_as_list = pa.struct([f.with_type(pa.list_(pa.float32())) if f.name == "box" else f for f in results.DETECTION])
+    box_as_list = pa.struct([f.with_type(pa.list_(pa.float32())) if f.name == "box" else f for f in detect.DETECTION])
     assert parquet.field("detections").type == pa.list_(box_as_list)
     assert parquet.field("image_size").type == pa.list_(pa.int32())
     assert parquet.metadata == {b"mxinfer.task": b"detect"}
@@ -64,9 +73,9 @@ def test_each_kind_has_its_schema_and_json_lines_view():
 
 def test_a_custom_rows_error_member_fills_the_error_column_only_when_it_is_the_jobs_shape():
     error = {"stage": "predict", "type": "X", "message": "m"}
-    assert results.custom_value('{"error": {}}', {"error": error}) == (None, error)
-    assert results.custom_value('{"a": 1}', {"error": error, "a": 1}) == ('{"a": 1}', error)
-    assert results.custom_value('{"error": "no"}', {"error": "no"}) == ('{"error": "no"}', None)
+    assert custom.custom_value('{"error": {}}', {"error": error}) == (None, error)
+    assert custom.custom_value('{"a": 1}', {"error": error, "a": 1}) == ('{"a": 1}', error)
+    assert custom.custom_value('{"error": "no"}', {"error": "no"}) == ('{"error": "no"}', None)
 
 
 # ----------------------------------------------------------------------------
@@ -159,9 +168,9 @@ def test_top_k_with_embed_is_refused_and_so_is_another_tasks_option():
 def test_float16_embeddings_in_parquet_warn_that_spark_and_athena_cannot_read_them(dtype, output, warned):
     cfg = config.resolve(config.merge_settings(
         {**BASE, "task": "embed", "embedding_dtype": dtype, "output": f"s3://b/{output}"}, {}))
-    message = driver.float16_readers(cfg)
-    assert (message is not None) == warned
-    assert not warned or "Spark 3.5 and Athena cannot read Parquet's FLOAT16" in message
+    messages = tasks.get(cfg.task).warnings(cfg, cfg.output_format == "parquet")
+    assert bool(messages) == warned
+    assert not warned or "Spark 3.5 and Athena cannot read Parquet's FLOAT16" in messages[0]
 
 
 def test_an_unknown_output_layer_names_the_nearest_layers(logits_prefix):
@@ -343,43 +352,43 @@ def test_embed_job_writes_the_layers_vectors_as_json_lines_and_parquet(effnet_wo
 
 
 def test_a_parts_lines_are_the_json_view_of_its_own_columns_for_every_kind():
-    made = {kind: results.Results(results.schema(kind)) for kind in ("classify", "custom", "detect")}
-    made["embed"] = results.Results(results.schema("embed", dimension=2))
-    made["classify"].add("a", results.prediction_entries([(3, "tabby, \"cat\"", 0.123456789)]))
-    made["custom"].add("a", ('{"boxes": [1.5]}', None))
+    made = {kind: tasks.get(kind).results() for kind in ("classify", "custom", "detect")}
+    made["embed"] = embed.TASK.results(embed.TASK.schema(dimension=2))
+    made["classify"].add("a", classify.prediction_entries([(3, "tabby, \"cat\"", 0.123456789)]))
+    made["custom"].add("a", '{"boxes": [1.5]}')
     made["embed"].add("a", np.array([0.25, 1e-7], np.float32))
     made["detect"].add("a", ([3, 4], []))
     for kind, rows in made.items():
         rows.fail("b", {"stage": "download", "type": "OSError", "message": "gone"})
-        part = part_format.read_part(part_format.write_part(rows.record_batch()))
+        part = part_format.read_part(part_of(rows.record_batch()))
         assert results.kind_of(part.schema) == kind
-        assert part.column(results.LINE.name).to_pylist() == jsonl_view.json_lines(part_format.model_columns(part))
-        assert [json.loads(x)["key"] for x in jsonl_view.json_lines(part)] == ["a", "b"]
+        assert part.column(results.LINE.name).to_pylist() == lines_of(part_format.model_columns(part))
+        assert [json.loads(x)["key"] for x in lines_of(part)] == ["a", "b"]
 
 
 def test_top_labels_count_each_rows_first_class_by_label_else_id():
-    rows = results.Results(results.schema("classify"))
-    rows.add("a", results.prediction_entries([(3, "cat", 0.9), (1, "dog", 0.1)]))
-    rows.add("b", results.prediction_entries([(3, "cat", 0.6)]))
-    rows.add("c", results.prediction_entries([(7, None, 0.5)]))
+    rows = classify.TASK.results()
+    rows.add("a", classify.prediction_entries([(3, "cat", 0.9), (1, "dog", 0.1)]))
+    rows.add("b", classify.prediction_entries([(3, "cat", 0.6)]))
+    rows.add("c", classify.prediction_entries([(7, None, 0.5)]))
     rows.add("d", [])
     rows.fail("e", {"stage": "decode", "type": "OSError", "message": "bad"})
-    assert results.top_labels(rows.record_batch()) == {"cat": 2, "7": 1}
-    assert results.top_labels(results.Results(results.schema("embed", dimension=2)).record_batch()) == {}
+    assert classify.top_labels(rows.record_batch()) == {"cat": 2, "7": 1}
+    assert embed.TASK.top_labels(embed.TASK.results(embed.TASK.schema(dimension=2)).record_batch()) == {}
 
 
 def test_a_part_without_lines_has_the_same_schema_and_renders_the_same_lines():
-    made = {kind: results.Results(results.schema(kind)) for kind in ("classify", "custom", "detect")}
-    made["embed"] = results.Results(results.schema("embed", dimension=2, dtype="float16"))
-    made["classify"].add("a", results.prediction_entries([(3, "tabby, \"cat\"", 0.123456789), (1, None, 0.5)]))
-    made["custom"].add("a", ('{"boxes": [1.5], "note": "é"}', None))
+    made = {kind: tasks.get(kind).results() for kind in ("classify", "custom", "detect")}
+    made["embed"] = embed.TASK.results(embed.TASK.schema(dimension=2, dtype="float16"))
+    made["classify"].add("a", classify.prediction_entries([(3, "tabby, \"cat\"", 0.123456789), (1, None, 0.5)]))
+    made["custom"].add("a", '{"boxes": [1.5], "note": "é"}')
     made["embed"].add("a", np.array([0.25, 1e-7], np.float32))
-    made["detect"].add("a", ([3, 4], results.detection_entries([(2, "dog", 0.5, [0.5, 1.0, 2.0, 3.25])])))
+    made["detect"].add("a", ([3, 4], detect.detection_entries([(2, "dog", 0.5, [0.5, 1.0, 2.0, 3.25])])))
     for kind, rows in made.items():
         rows.fail("b", {"stage": "download", "type": "OSError", "message": "gone\nfor good"})
-        with_lines = part_format.read_part(part_format.write_part(rows.record_batch()))
-        without = part_format.read_part(part_format.write_part(rows.record_batch(), lines=False))
+        with_lines = part_format.read_part(part_of(rows.record_batch()))
+        without = part_format.read_part(part_format.write_part(rows.record_batch()))
         assert without.schema == with_lines.schema, kind
         assert without.column(results.LINE.name).null_count == without.num_rows == 2, kind
-        assert jsonl_view.json_lines(without) == jsonl_view.json_lines(with_lines), kind
-        assert jsonl_view.json_lines(without.slice(1)) == jsonl_view.json_lines(with_lines)[1:], kind
+        assert lines_of(without) == lines_of(with_lines), kind
+        assert lines_of(without.slice(1)) == lines_of(with_lines)[1:], kind

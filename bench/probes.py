@@ -179,7 +179,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
                  top_k: int = TOP_K) -> dict:
     """Leave under the work prefix what a run's executors would have left for ``results`` keys.
 
-    The run's plan (``durable.WorkPrefix.start_run``) and one part per
+    The run's plan (``work_prefix.WorkPrefix.start_run``) and one part per
     batch (``mxjob.executor.partition.part_key``, :func:`mxjob.results.part_format.write_part`) with the
     real classifier's top-k rows (random probabilities over its classes
     instead of a forward pass), written to S3 with a few threads. Made in a
@@ -187,7 +187,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from mxjob.outputs import durable
+    from mxjob.outputs import work_prefix
     from mxjob.tasks import classify
     from mxjob.tasks.classify import top_classes
 
@@ -195,7 +195,7 @@ def fake_results(model: str, shape: tuple, results: int, endpoint: str, bucket: 
     images = _listing(results, bucket)
     keys = images.keys.to_pylist()
     client = clients.s3_client(endpoint, max_pool_connections=16)
-    work = durable.WorkPrefix(client, bucket, _output_key(results))
+    work = work_prefix.WorkPrefix(client, bucket, _output_key(results))
     work.remove()
     run = work.start_run(1, images, batch, None)
     rng = np.random.RandomState(0)
@@ -231,7 +231,7 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     parts, nothing of the results passes through the driver before the
     assembly.
     """
-    from mxjob.outputs import durable
+    from mxjob.outputs import work_prefix
 
 
     before = worker.memory_bytes()
@@ -245,17 +245,17 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     classifier = load_model_on_driver(cfg)
     images = _listing(results, bucket)
     loaded = worker.memory_bytes()
-    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     started = time.perf_counter()
     runs = work.runs()
-    todo = images.filter(durable.remaining_keys(work, runs, images))
+    todo = images.filter(work_prefix.remaining_keys(work, runs, images))
     plan_seconds = time.perf_counter() - started
     assert not todo, f"{len(todo)} keys without a part"
     planned = worker.memory_bytes()
     started = time.perf_counter()
     counts = assemble_output(cfg, client, work, images)
     assembly_seconds = time.perf_counter() - started
-    plan = durable.Plan(runs=runs, todo=todo, number=2, resumed=True)
+    plan = work_prefix.Plan(runs=runs, todo=todo, number=2, resumed=True)
     summary = summarize(cfg, RunOutcome(images=len(images), batches=0, fold=StatsFold(), counts=counts, elapsed=1.0,
                                         model_summary=classifier.model_summary(),
                                         seconds={"assembly": assembly_seconds}, plan=plan, fingerprint={}))

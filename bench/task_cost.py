@@ -109,9 +109,9 @@ def our_job(sc, endpoint: str, tasks: int, number: int, plan):
     from mxjob.executor.stats import StatsAccumulator, StatsFold
     from mxjob.model.predictor import ModelSpec
     from mxjob.model.preprocess import Preprocess
-    from mxjob.outputs import durable
+    from mxjob.outputs import work_prefix
 
-    work = durable.WorkPrefix(clients.s3_client(endpoint, None), BUCKET, "out/task-cost.jsonl")
+    work = work_prefix.WorkPrefix(clients.s3_client(endpoint, None), BUCKET, "out/task-cost.jsonl")
     run = work.start_run(number, [f"k/{i:06d}.jpg" for i in range(tasks)], 1, None)
     # The model is never loaded (the fake daemon's stand-in); its URIs only have to be well formed.
     job = JobSpec(model=ModelSpec(f"s3://{BUCKET}/m-symbol.json", f"s3://{BUCKET}/m-0000.params"),

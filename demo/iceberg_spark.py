@@ -1,6 +1,6 @@
 """``make iceberg-spark``: Spark reads the job's Iceberg table through Iceberg's own Java library, a second reader.
 
-The job writes its Iceberg tables with pyiceberg (``mxjob.outputs.iceberg_table``):
+The job writes its Iceberg tables with pyiceberg (``mxjob.outputs.iceberg_catalog``):
 Parquet files of its own writer, committed with ``add_files`` into a SQL
 catalog. This module reads such a table with another implementation of
 every part of that: Spark 3.5 (the pyspark of ``.venv``) with Iceberg's
@@ -332,7 +332,7 @@ def _null_keys(table, columns: list[str]) -> dict[str, list[str]]:
 def _spark_history(spark, table: str) -> list[dict]:
     """The table's current history, oldest first, from its ``snapshots`` and ``history`` metadata tables.
 
-    The current snapshot's ancestors, as ``iceberg_table.snapshot_summaries``
+    The current snapshot's ancestors, as ``iceberg_catalog.snapshot_summaries``
     gives them: the history's ``is_current_ancestor`` rows, walked from the
     current snapshot back through ``parent_id``.
     """
@@ -364,14 +364,14 @@ def _snapshot(snapshot_id: int, operation: str, summary: dict) -> dict:
 def pyiceberg_view(table, *, keys: bool = False) -> dict:
     """What pyiceberg reads in ``table``, in :func:`spark_read`'s shape (without ``nulls``).
 
-    From ``iceberg_table.existing_keys`` (with and without the error rows)
-    and ``iceberg_table.snapshot_summaries``, after a refresh.
+    From ``iceberg_catalog.existing_keys`` (with and without the error rows)
+    and ``iceberg_catalog.snapshot_summaries``, after a refresh.
     """
-    from mxjob.outputs import iceberg_table
+    from mxjob.outputs import iceberg_catalog
 
     table.refresh()
-    every = iceberg_table.existing_keys(table, KEY_COLUMN).to_pylist()
-    scored = iceberg_table.existing_keys(table, KEY_COLUMN, with_errors=False).to_pylist()
+    every = iceberg_catalog.existing_keys(table, KEY_COLUMN).to_pylist()
+    scored = iceberg_catalog.existing_keys(table, KEY_COLUMN, with_errors=False).to_pylist()
     # The error rows' keys, one per row: a key may have a scored row and an error row (a rescored error).
     error_keys = sorted((collections.Counter(every) - collections.Counter(scored)).elements())
     distinct = sorted(set(every))
@@ -381,7 +381,7 @@ def pyiceberg_view(table, *, keys: bool = False) -> dict:
             "snapshots": [_snapshot(c.snapshot_id, c.operation, {
                 "mxinfer.run-id": c.run_id, "mxinfer.commit-id": c.commit_id,
                 "added-data-files": c.added_files, "added-records": c.added_records})
-                for c in iceberg_table.snapshot_summaries(table)]}
+                for c in iceberg_catalog.snapshot_summaries(table)]}
     if keys:
         view.update(keys=distinct, error_keys=error_keys)
     return view
@@ -424,21 +424,21 @@ def write_sample_table(catalog, s3, identifier: str, commits=SAMPLE_COMMITS, run
     """Create ``identifier`` and commit ``commits``' files in order, one snapshot each, as the job does.
 
     Each file is written by the job's Parquet sink over a multipart upload at
-    ``iceberg_table.data_file_path`` and committed with ``commit_files``
+    ``iceberg_catalog.data_file_path`` and committed with ``commit_files``
     (commit id ``RUN:FIRST-LAST`` of the files' indices). Returns the table.
     """
-    from mxjob.outputs import iceberg_table, sinks
+    from mxjob.outputs import iceberg_catalog, sinks
     from mxjob.results import parquet_view
     from mxjob.s3 import uris, writes
 
     first = sample_batch(*commits[0][0])
-    table = iceberg_table.open_table(catalog, identifier, parquet_view.parquet_schema(first.schema),
+    table = iceberg_catalog.open_table(catalog, identifier, parquet_view.parquet_schema(first.schema),
                                      SAMPLE_FINGERPRINT)
     index = 0
     for files in commits:
         paths = []
         for keys, fail in files:
-            path = iceberg_table.data_file_path(table, run_id, index)
+            path = iceberg_catalog.data_file_path(table, run_id, index)
             bucket, key = uris.parse_s3_uri(path, need_key=True)
             writer = writes.MultipartWriter(s3, bucket, key, content_type="application/vnd.apache.parquet")
             sink = sinks.ParquetSink(writer, sinks.provenance({"fingerprint": SAMPLE_FINGERPRINT}))
@@ -448,7 +448,7 @@ def write_sample_table(catalog, s3, identifier: str, commits=SAMPLE_COMMITS, run
             index += 1
         first_index = index - len(paths)
         span = f"{first_index}-{index - 1}" if len(paths) > 1 else f"{first_index}"
-        iceberg_table.commit_files(table, paths, run_id, f"{run_id}:{span}")
+        iceberg_catalog.commit_files(table, paths, run_id, f"{run_id}:{span}")
     return table
 
 
@@ -457,7 +457,7 @@ def self_check() -> int:
     import boto3
 
     from demo.s3local import FAKE_AWS_ENV, moto_server
-    from mxjob.outputs import iceberg_table
+    from mxjob.outputs import iceberg_catalog
 
     fetch_jars()  # before moto starts: a missing mvn or java is said at once
     _java()
@@ -472,7 +472,7 @@ def self_check() -> int:
         os.environ[f"{variable}__WAREHOUSE"] = warehouse
         s3 = boto3.client("s3", endpoint_url=endpoint, region_name=FAKE_AWS_ENV["AWS_DEFAULT_REGION"])
         s3.create_bucket(Bucket=bucket)
-        catalog = iceberg_table.load_catalog(catalog_name, endpoint_url=endpoint)
+        catalog = iceberg_catalog.load_catalog(catalog_name, endpoint_url=endpoint)
         print(f"== pyiceberg writes {catalog_name}/{identifier} (SQLite catalog {catalog_db}, moto {endpoint}): "
               f"{sum(len(files) for files in SAMPLE_COMMITS)} Parquet files in {len(SAMPLE_COMMITS)} commits",
               flush=True)

@@ -256,14 +256,14 @@ def iceberg_output(s3, endpoint: str, kept: Path) -> tuple[list[str], str, tuple
     """
     import pyarrow.parquet as pq
 
-    from mxjob.outputs import iceberg_table, table_output
+    from mxjob.outputs import iceberg_catalog, iceberg_run
 
-    table = iceberg_table.load_catalog(ICEBERG_CATALOG, endpoint_url=endpoint).load_table("demo.digits")
+    table = iceberg_catalog.load_catalog(ICEBERG_CATALOG, endpoint_url=endpoint).load_table("demo.digits")
     rows = table.scan().to_arrow()
     pq.write_table(rows, kept / "digits.parquet")
-    bucket, home = table_output.home_of(table.location())
+    bucket, home = iceberg_run.home_of(table.location())
     summary_text = s3.get_object(Bucket=bucket, Key=f"{home}_summary.json")["Body"].read().decode()
-    commits = iceberg_table.snapshot_summaries(table)
+    commits = iceberg_catalog.snapshot_summaries(table)
     print(f"\n== the Iceberg table {ICEBERG_TABLE} at {table.location()}: {rows.num_rows} rows in "
           f"{len(commits)} snapshots (read with pyiceberg; a copy in {(kept / 'digits.parquet').relative_to(ROOT)})")
     lines = [json.dumps({k: v for k, v in row.items() if v is not None and v != []}, default=str)

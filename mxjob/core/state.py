@@ -100,7 +100,7 @@ s3_clients = ProcessCache("S3 clients", MAX_S3_CLIENTS)
 #: The boto3 session the cached S3 clients are made from (``clients.cached_client``), one per process id.
 s3_sessions = ProcessCache("S3 sessions", 1)
 s3_readers = ProcessCache("S3 readers", MAX_S3_READERS)
-#: Iceberg catalogs the driver keeps (``mxjob.outputs.table_output.catalog_of``): a run writes one table.
+#: Iceberg catalogs the driver keeps (``mxjob.outputs.iceberg_run.catalog_of``): a run writes one table.
 catalogs = ProcessCache("Iceberg catalogs", 2)
 
 

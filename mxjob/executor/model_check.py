@@ -27,7 +27,7 @@ class ModelFacts:
 
     Read the way a :class:`mxjob.model.predictor.Predictor` is (``labels``,
     ``num_classes``, ``dimension``, ``output_layer``, ``file_digests``, :meth:`model_summary`),
-    by :func:`mxjob.outputs.resume.job_fingerprint` and
+    by :func:`mxjob.outputs.claim.job_fingerprint` and
     :func:`mxjob.executor.partition.result_schema`. ``num_classes`` is a classifier's
     (``None`` for another kind), ``dimension`` and ``output_layer`` an
     embedder's.

@@ -182,7 +182,7 @@ class Predictor:
         symbol_json = symbol_bytes.decode("utf-8")
         params = spec.read(spec.params_uri)
         #: SHA-256 of each file this model was loaded from, by URI: the run's fingerprint names them
-        #: (:func:`mxjob.outputs.resume.job_fingerprint`) without reading them a second time.
+        #: (:func:`mxjob.outputs.claim.job_fingerprint`) without reading them a second time.
         self.file_digests = {spec.symbol_uri: hashlib.sha256(symbol_bytes).hexdigest(),
                              spec.params_uri: hashlib.sha256(params).hexdigest()}
         try:

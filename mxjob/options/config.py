@@ -81,7 +81,7 @@ class _JobConfigBase:
 
         Its home (``output_bucket``, ``output_key``: the prefix that holds the
         run's status, summary, report and work) is found by the driver from
-        the table's location (:func:`mxjob.outputs.table_output.locate`).
+        the table's location (:func:`mxjob.outputs.iceberg_run.locate`).
         """
         return self.output_table is not None
 

@@ -10,7 +10,7 @@ this table:
 - :class:`mxjob.options.config.JobConfig`'s fields and :class:`mxjob.executor.partition.JobSpec`'s
   option fields (:func:`make_settings_dataclass`);
 - the library's defaults (``Preprocess``, ``ModelSpec``, ``Classifier``, ``model_udf`` take :data:`DEFAULT`);
-- the fingerprint's settings (``mxjob.outputs.resume.line_settings``);
+- the fingerprint's settings (``mxjob.outputs.claim.line_settings``);
 - ``conf/defaults.yaml`` and ``docs/options.md`` (:func:`defaults_yaml`,
   :func:`options_markdown`; ``make docs`` writes both, ``tests/unit/options/test_settings.py`` checks them).
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from mxjob.core import state
 from mxjob.core.errors import JobError, first_line
-from mxjob.outputs import durable, merge
+from mxjob.outputs import merge, work_prefix
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ JOIN_POLL_SECONDS = 0.2
 CANCEL_WAIT_SECONDS = 30.0
 
 #: ``assemble(runs, live)``: merge ``runs`` into the output, following ``live`` (or not: ``None``).
-AssembleFn = Callable[[Sequence[durable.Run], "merge.LiveRun | None"], merge.AssemblyCounts]
+AssembleFn = Callable[[Sequence[work_prefix.Run], "merge.LiveRun | None"], merge.AssemblyCounts]
 
 
 class Assembly:
@@ -47,15 +47,16 @@ class Assembly:
         ``assemble(runs, live)`` merges ``runs`` into the output and returns
         its :class:`merge.AssemblyCounts`; ``live`` is the
         :class:`merge.LiveRun` to follow, or ``None`` (every part durable).
-    work : durable.WorkPrefix
+    work : work_prefix.WorkPrefix
         The output's work prefix: the runs are read from it for a merge after the job.
-    runs : sequence of durable.Run
+    runs : sequence of work_prefix.Run
         The earlier runs (a resume) and, last, the run Spark is about to score.
     during : bool
         Whether to merge while the job runs (``--assembly during``).
     """
 
-    def __init__(self, assemble: AssembleFn, work: durable.WorkPrefix, runs: Sequence[durable.Run], during: bool):
+    def __init__(self, assemble: AssembleFn, work: work_prefix.WorkPrefix, runs: Sequence[work_prefix.Run],
+                 during: bool):
         self.assemble, self.work = assemble, work
         self.live = merge.LiveRun(work, runs[-1]) if during and runs else None
         self.runs = list(runs)
@@ -113,7 +114,7 @@ class Assembly:
         error = self._outcome.get("error")
         if error is None:
             return self._outcome["counts"]
-        if isinstance(error, (JobError, durable.ResumeError)):
+        if isinstance(error, (JobError, work_prefix.ResumeError)):
             raise error
         log.warning("the assembly during the run failed (%s); assembling from the durable parts again",
                     first_line(error))

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mxjob.core.errors import JobError, plural
-from mxjob.outputs import durable, merge
+from mxjob.outputs import merge, work_prefix
 from mxjob.outputs.sidecar import NAMES, side_key
 from mxjob.s3 import parallel_list
 
@@ -205,7 +205,7 @@ class DatasetPlan:
     rescore_errors: bool = False
     #: Whether the run adds to what the output holds (``--skip-existing``); a table's runs have a name without it.
     skip_existing: bool = False
-    #: An Iceberg table's run: what it found of its earlier attempt (:class:`mxjob.outputs.table_output.Settled`).
+    #: An Iceberg table's run: what it found of its earlier attempt (:class:`mxjob.outputs.iceberg_run.Settled`).
     settled: object = None
 
     def record(self) -> dict:
@@ -262,7 +262,7 @@ def table_resume_plan(record: dict | None, given, auto: tuple[int, str], existin
                       skip_existing: bool = False, rescore_errors: bool = False) -> DatasetPlan:
     """A resumed Iceberg table run's plan: the first attempt's name and rows per file (no files are kept by
     index: the run's files are committed and their keys left out before the plan, by
-    :func:`mxjob.outputs.table_output.settle`)."""
+    :func:`mxjob.outputs.iceberg_run.settle`)."""
     record = record or {}
     if bool(record.get("skip_existing")) != skip_existing:
         raise JobError(skip_existing_mismatch(bool(record.get("skip_existing"))))
@@ -333,7 +333,7 @@ def check_fingerprints(fingerprints: dict, fingerprint: dict, uri: str) -> None:
             raise JobError(f"--skip-existing: {key.rsplit('/', 1)[-1]} in {uri} has no mxinfer.fingerprint, so what "
                            "made its rows is unknown and this run's rows must not be added beside them; write to "
                            "another prefix, or replace the dataset with --overwrite instead of --skip-existing")
-        differ = durable.differences(earlier, fingerprint)
+        differ = work_prefix.differences(earlier, fingerprint)
         if differ:
             raise JobError(f"--skip-existing: the rows in {uri} were made with other settings or files than this "
                            f"run's, and one dataset must not mix them: {'; '.join(differ)} (in "

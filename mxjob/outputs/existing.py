@@ -36,7 +36,7 @@ from mxjob.core.errors import JobError, first_line, plural
 from mxjob.executor.stats import StatsFold
 from mxjob.inputs import extsort, listing
 from mxjob.options.config import JobConfig
-from mxjob.outputs import dataset, durable, merge, preflight, resume
+from mxjob.outputs import claim, dataset, merge, preflight, work_prefix
 from mxjob.planning import sizing
 from mxjob.reporting import summary
 from mxjob.s3 import writes
@@ -260,7 +260,7 @@ def find(cfg: JobConfig, client, images: listing.Listing) -> Existing:
     if isinstance(images, extsort.SpilledListing):
         images = images.load()
     found = preflight.dataset_contents(cfg, client)
-    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     own = resumed_run(cfg, work)
     first = images[0] if len(images) else None
     sample = listing.Listing.build(images.bucket, [first[0]], [first[1]]) if first else None
@@ -295,7 +295,7 @@ def find(cfg: JobConfig, client, images: listing.Listing) -> Existing:
     return out
 
 
-def resumed_run(cfg: JobConfig, work: durable.WorkPrefix) -> str | None:
+def resumed_run(cfg: JobConfig, work: work_prefix.WorkPrefix) -> str | None:
     """The name of the ``--skip-existing`` run this one resumes (its files are not "existing"), or ``None``.
 
     Progress under the work prefix that this run would not resume is
@@ -305,8 +305,8 @@ def resumed_run(cfg: JobConfig, work: durable.WorkPrefix) -> str | None:
     """
     if not work.exists():
         return None
-    if not (cfg.resume or resume.yarn_retry(work)):
-        resume.refuse_progress(work)
+    if not (cfg.resume or claim.yarn_retry(work)):
+        claim.refuse_progress(work)
     record = (work.read_job() or {}).get("dataset") or {}
     if not record.get("skip_existing"):
         raise JobError(dataset.skip_existing_mismatch(False))
@@ -324,12 +324,12 @@ def nothing_new(cfg: JobConfig, client, monitor, found: Existing, seconds: dict)
     YARN's earlier attempt of this application if that attempt finished the
     run (it wrote these rows, then exited with it).
     """
-    code = resume.finished_by_this_application(cfg, client)
+    code = claim.finished_by_this_application(cfg, client)
     if code is not None:
         return code
     log.info("--skip-existing: nothing new to score: all %s listed keys have a row in %s; no Spark job, no new "
              "file", f"{found.listed:,}", cfg.output_uri)
-    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     if cfg.table and work.exists():  # a resumed table run whose files hold every listed key: its rows are committed
         log.info("the run being resumed has every listed key in the table; removed its %d work objects", work.remove())
     elif found.run is not None:  # a resumed run none of whose keys is listed any more: its files go, and its progress
@@ -344,7 +344,7 @@ def nothing_new(cfg: JobConfig, client, monitor, found: Existing, seconds: dict)
     made = summary.summarize(cfg, summary.RunOutcome(
         images=0, batches=0, fold=StatsFold(), counts=merge.AssemblyCounts(),
         elapsed=time.time() - monitor.started, model_summary={}, seconds={**stage, **seconds},
-        plan=durable.Plan(runs=[], todo=found.new, number=1, resumed=False), fingerprint={},
+        plan=work_prefix.Plan(runs=[], todo=found.new, number=1, resumed=False), fingerprint={},
         precision={"precision": cfg.precision}, batch_size_choice=choice.as_dict(), estimate=None,
         files=dict(monitor.where), existing=found.entry()))
     writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(made, indent=2) + "\n")

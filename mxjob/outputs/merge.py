@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from mxjob.executor.partition import part_key
 from mxjob.inputs import listing
-from mxjob.outputs.durable import PART_PATTERN, ResumeError, Run, WorkPrefix
+from mxjob.outputs.work_prefix import PART_PATTERN, ResumeError, Run, WorkPrefix
 from mxjob.results import part_format
 from mxjob.s3 import object_reader, parallel_list, reads
 
@@ -60,7 +60,7 @@ class AssemblyCounts:
     part_listings: int = 0
     #: Batches of the followed run that only a listing found: their tasks' stats never told the merge.
     unannounced_batches: int = 0
-    #: An Iceberg table's files and commits (:meth:`mxjob.outputs.table_output.TableSink.summary_entry`),
+    #: An Iceberg table's files and commits (:meth:`mxjob.outputs.iceberg_run.TableSink.summary_entry`),
     #: for the summary.
     table: dict | None = None
 

@@ -5,7 +5,7 @@ cannot be written (no such bucket, no ``s3:PutObject``) and a model file that
 is not there are each one or two requests away. Made after the listing, the
 model load and the int8 quantization, they would be reported after minutes
 or hours of a large input. :func:`check_before_listing` makes them first;
-``mxjob.outputs.resume.plan_output`` still decides between a fresh run and a resume
+``mxjob.outputs.claim.plan_output`` still decides between a fresh run and a resume
 once the keys are known.
 """
 
@@ -43,9 +43,9 @@ def check_output(cfg: JobConfig, client, yarn_retry: bool = False) -> None:
         check_output_writable(cfg, client)
         if cfg.table:  # a table's home holds only the job's own files; its rows are the table's
             if not (cfg.resume or cfg.skip_existing or yarn_retry):
-                from mxjob.outputs import table_output  # pyiceberg, for a table output only
+                from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
 
-                table_output.refuse_rows(cfg)
+                iceberg_run.refuse_rows(cfg)
             return
         found = dataset_contents(cfg, client) if cfg.dataset else None  # one listing for both checks
         if found is not None:  # objects the job did not write are refused whatever the flags

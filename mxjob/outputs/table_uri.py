@@ -1,6 +1,6 @@
 """``iceberg://CATALOG/NAMESPACE.TABLE``: an output URI naming an Apache Iceberg table, parsed.
 
-Apart from :mod:`mxjob.outputs.iceberg_table` so that the command line checks the
+Apart from :mod:`mxjob.outputs.iceberg_catalog` so that the command line checks the
 URI without importing pyiceberg (about half a second).
 """
 

@@ -280,7 +280,7 @@ class SummaryDataset:
 
 @record
 class SummaryTableResume:
-    """What a resumed table run found of its earlier attempt (:func:`mxjob.outputs.table_output.settle`)."""
+    """What a resumed table run found of its earlier attempt (:func:`mxjob.outputs.iceberg_run.settle`)."""
 
     run: Optional[str] = required("the run's id (in its files' names and its commits' summaries)")
     files_committed_before: int = required("its files the table's history had committed before this attempt")
@@ -292,7 +292,7 @@ class SummaryTableResume:
 @record
 class SummaryTable:
     """An Iceberg table output: this run's files and commits
-    (:meth:`mxjob.outputs.table_output.TableSink.summary_entry`)."""
+    (:meth:`mxjob.outputs.iceberg_run.TableSink.summary_entry`)."""
 
     table: str = required("the table, `iceberg://CATALOG/NAMESPACE.TABLE`")
     location: str = required("the table's location")

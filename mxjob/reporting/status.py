@@ -231,7 +231,7 @@ class RunMonitor:
         except Exception as error:  # noqa: BLE001 - the last word is best-effort; the tick's count stands
             log.warning("cannot read %s for the last status (%s)", work.uri, first_line(error))
             return None
-        from mxjob.outputs.durable import (
+        from mxjob.outputs.work_prefix import (
             latest_run,  # here: mxjob.reporting.watch reads this module, without pyarrow's or a task's
         )
 

@@ -8,7 +8,7 @@ from mxjob.core.errors import EXIT_TOO_MANY_ERRORS, plural
 from mxjob.executor.stats import StatsFold
 from mxjob.model.worker import memory_bytes
 from mxjob.options.config import JobConfig
-from mxjob.outputs import durable, merge
+from mxjob.outputs import merge, work_prefix
 from mxjob.reporting.progress import duration, iso
 from mxjob.reporting.records import (
     ABSENT,
@@ -62,10 +62,10 @@ class RunOutcome:
         job's end to the output's), ``assembly_cpu``, ``output_close`` (the output's last upload: a single
         object's last part and CompleteMultipartUpload, a dataset's last file) and ``output_after_last_task``
         (from the last task's end to the output's, whole).
-    plan : durable.Plan
+    plan : work_prefix.Plan
         The earlier runs reused and the keys scored.
     fingerprint : dict
-        What every line depends on (:func:`durable.fingerprint`).
+        What every line depends on (:func:`work_prefix.fingerprint`).
     spark : dict, optional
         Where the Spark job ran: ``version``, ``master``, ``deploy_mode``, ``application_id`` and
         ``yarn_attempt`` (``None`` outside YARN); ``None`` when this run started no Spark job.
@@ -89,7 +89,7 @@ class RunOutcome:
     elapsed: float
     model_summary: dict
     seconds: dict
-    plan: durable.Plan
+    plan: work_prefix.Plan
     fingerprint: dict
     spark: dict | None = None
     skipped_keys: dict | None = None
@@ -100,7 +100,7 @@ class RunOutcome:
     files: dict = ABSENT
     dataset: dict | None = None
     existing: dict | None = None
-    #: An Iceberg table output's files and commits (:meth:`mxjob.outputs.table_output.TableSink.summary_entry`).
+    #: An Iceberg table output's files and commits (:meth:`mxjob.outputs.iceberg_run.TableSink.summary_entry`).
     table: dict | None = None
 
 
@@ -186,12 +186,13 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
 
 
 def sample_errors(errors: dict, sample: tuple) -> dict:
-    """The tasks' error rows by stage, with those of the sample's rows the run kept (:attr:`durable.Plan.sample`)."""
+    """The tasks' error rows by stage, with those of the sample's rows the run kept
+    (:attr:`work_prefix.Plan.sample`)."""
     return {stage: count + sum(share.errors.get(stage, 0) for share in sample) for stage, count in errors.items()}
 
 
 def summary_table(entry: dict) -> SummaryTable:
-    """The summary's ``table`` record from :meth:`mxjob.outputs.table_output.TableSink.summary_entry`."""
+    """The summary's ``table`` record from :meth:`mxjob.outputs.iceberg_run.TableSink.summary_entry`."""
     resumed = entry.get("resumed")
     return SummaryTable(**{**entry, "resumed": ABSENT if resumed is None else SummaryTableResume(**resumed)})
 

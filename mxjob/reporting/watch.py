@@ -66,15 +66,15 @@ def table_status(uri: str, endpoint_url: str | None, region: str | None) -> tupl
     """``(bucket, key)`` of the status of the runs that write the Iceberg table ``uri``: in its home, beside the
     table's location, found through its catalog (pyiceberg: the job's own venv; .venv-ops has none)."""
     try:
-        from mxjob.outputs import table_output
+        from mxjob.outputs import iceberg_run
     except ImportError as exc:
         raise uris.S3UriError(
             f"{uri}: finding an Iceberg table's status needs pyiceberg ({exc}); watch its home instead, the "
             "s3:// folder the job's log names (\"the runs' status, summary and work under s3://...\"): "
             "<warehouse>/NAMESPACE.db/_mxinfer/TABLE/") from None
     try:
-        bucket, home = table_output.home_of(table_output.find(uri, endpoint_url, region).location)
-    except table_output.JobError as exc:
+        bucket, home = iceberg_run.home_of(iceberg_run.find(uri, endpoint_url, region).location)
+    except iceberg_run.JobError as exc:
         raise uris.S3UriError(str(exc)) from None
     return bucket, status_key(output_of(home))
 

@@ -16,7 +16,7 @@ from mxjob.executor.partition import score_into
 from mxjob.executor.stats import StatsAccumulator, StatsFold
 from mxjob.model.worker import ThreadPlan, memory_bytes
 from mxjob.options.config import JobConfig
-from mxjob.outputs import durable
+from mxjob.outputs import work_prefix
 from mxjob.reporting.progress import Reporter
 from mxjob.run import container_memory, rerun, signals
 from mxjob.run.container_memory import ExecutorContainer
@@ -118,7 +118,7 @@ def stop_context(sc) -> None:
         log.debug("stopping Spark: %s", exc)
 
 
-def run_spark(cfg: JobConfig, run: durable.Run, plan_key: str, start: SparkStart | None = None,
+def run_spark(cfg: JobConfig, run: work_prefix.Run, plan_key: str, start: SparkStart | None = None,
               on_tick=None, ticks=None) -> tuple[StatsFold, SparkStop]:
     """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded, and the stop.
 

@@ -2,9 +2,9 @@
 
 List (or read the manifest), check the model and the handler on the driver,
 quantize for ``--precision int8`` (:mod:`mxjob.int8.int8_prep`), decide between a
-fresh run and a resume (:mod:`mxjob.outputs.resume`), size the batches
+fresh run and a resume (:mod:`mxjob.outputs.claim`), size the batches
 (:mod:`mxjob.planning.sizing`), run them on Spark (:mod:`mxjob.run.cluster`), assemble the
-durable lines into the output (:mod:`mxjob.outputs.durable`), write the summary
+durable lines into the output (:mod:`mxjob.outputs.work_prefix`), write the summary
 (:mod:`mxjob.reporting.summary`). ``--dry-run`` makes every check and scores one image
 instead of starting Spark (:mod:`mxjob.run.dry_run`).
 """
@@ -38,9 +38,9 @@ from mxjob.model.handlers import HandlerError, get_handlers
 from mxjob.model.predictor import Predictor, get_model
 from mxjob.model.worker import import_mxnet
 from mxjob.options.config import JobConfig, allowed_errors
-from mxjob.outputs import dataset, durable, existing, merge, preflight, sinks
+from mxjob.outputs import dataset, existing, merge, preflight, sinks, work_prefix
 from mxjob.outputs.assembly import Assembly
-from mxjob.outputs.resume import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
+from mxjob.outputs.claim import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
 from mxjob.planning.sizing import Sizing, bound_batch, sample_items, sample_size, size_run
 from mxjob.reporting.status import RunMonitor
 from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
@@ -70,9 +70,9 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
     retry = yarn_attempt()[1] > 1
     if cfg.table:  # the table's home, beside its location, holds the run's status, summary and work
-        from mxjob.outputs import table_output  # pyiceberg, for a table output only
+        from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
 
-        cfg = table_output.locate(cfg)
+        cfg = iceberg_run.locate(cfg)
     # The output first: seconds, where the listing may take hours. An output that is refused (it exists, or a
     # dataset's prefix holds objects the job did not write) or cannot be written ends the run before it writes
     # anything beside it: the status there is the run's that wrote that output, or no PUT could replace it.
@@ -226,7 +226,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     seconds["model_check"] = time.time() - check_started
     plan_started = time.time()
     monitor.enter("planning")
-    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     try:
         plan = plan_output(cfg, client, work, images, checked.fingerprint, inputs=inputs)
         if plan.dataset is not None:
@@ -250,12 +250,12 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     return planned_run(run, checked, sizing, scored, seconds)
 
 
-def keep_sample(work: durable.WorkPrefix, plan: durable.Plan, cost: SampleCost | None) -> durable.Plan:
+def keep_sample(work: work_prefix.WorkPrefix, plan: work_prefix.Plan, cost: SampleCost | None) -> work_prefix.Plan:
     """The plan without the keys whose rows the executors' warm-up scored for the estimate, those rows kept.
 
     The warm-up's shares of the sample (:func:`mxjob.executor.model_check.warm_and_check`) scored each image once, as a
     task would, with the run's model and settings: their rows become a run of their own under the work prefix
-    (:meth:`durable.WorkPrefix.keep_sample`), numbered after this one's, and the run's Spark job leaves their
+    (:meth:`work_prefix.WorkPrefix.keep_sample`), numbered after this one's, and the run's Spark job leaves their
     keys out.
     For a fresh run only: a resume's sample may hold keys an earlier run made durable.
     """
@@ -274,17 +274,17 @@ def keep_sample(work: durable.WorkPrefix, plan: durable.Plan, cost: SampleCost |
 
 
 def table_settle(cfg: JobConfig, client, images: listing.Listing):
-    """:func:`mxjob.outputs.table_output.settle` (pyiceberg imported for a table output only)."""
-    from mxjob.outputs import table_output
+    """:func:`mxjob.outputs.iceberg_run.settle` (pyiceberg imported for a table output only)."""
+    from mxjob.outputs import iceberg_run
 
-    return table_output.settle(cfg, client, images)
+    return iceberg_run.settle(cfg, client, images)
 
 
 def table_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
-    """:func:`mxjob.outputs.table_output.find_existing` (pyiceberg imported for a table output only)."""
-    from mxjob.outputs import table_output
+    """:func:`mxjob.outputs.iceberg_run.find_existing` (pyiceberg imported for a table output only)."""
+    from mxjob.outputs import iceberg_run
 
-    return table_output.find_existing(cfg, images)
+    return iceberg_run.find_existing(cfg, images)
 
 
 @dataclass(frozen=True)
@@ -299,9 +299,9 @@ class PlannedRun:
 
     cfg: JobConfig
     client: Any
-    work: durable.WorkPrefix
+    work: work_prefix.WorkPrefix
     images: listing.Listing
-    plan: durable.Plan
+    plan: work_prefix.Plan
     monitor: RunMonitor
 
 
@@ -433,16 +433,16 @@ def open_table(cfg: JobConfig, classifier: Predictor, images: listing.Listing, f
 
     A dry run creates nothing: it checks a table that exists, and says what a new one would hold.
     """
-    from mxjob.outputs import table_output  # pyiceberg, for a table output only
+    from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
 
     carried = carried_columns(cfg, images)
-    schema = table_output.table_schema(run_task(cfg).result_schema(cfg.job_spec(), classifier),
+    schema = iceberg_run.table_schema(run_task(cfg).result_schema(cfg.job_spec(), classifier),
                                        carried.schema if carried is not None else None)
-    if cfg.dry_run and table_output.target(cfg).table is None:
+    if cfg.dry_run and iceberg_run.target(cfg).table is None:
         log.info("--dry-run: the Iceberg table %s does not exist; a run would create it with the columns %s",
                  cfg.output_table, ", ".join(schema.names))
         return
-    table_output.open_for_run(cfg, schema, fingerprint)
+    iceberg_run.open_for_run(cfg, schema, fingerprint)
 
 
 def auto_rows_per_file(cfg: JobConfig, task: Task, images, model_summary: dict) -> tuple[int, str]:
@@ -537,7 +537,7 @@ def finish_run(run: PlannedRun, summary: dict, counts: merge.AssemblyCounts) -> 
     return 0
 
 
-def durable_status(work: durable.WorkPrefix | None) -> str:
+def durable_status(work: work_prefix.WorkPrefix | None) -> str:
     """``N of M batches are durable under URI`` for the messages of a run that did not finish."""
     if work is None:
         return ""
@@ -547,8 +547,8 @@ def durable_status(work: durable.WorkPrefix | None) -> str:
         return f"could not read {work.uri} ({first_line(exc)})"
     if not runs:
         return f"nothing was durable yet under {work.uri}"
-    last = durable.latest_run(runs) or runs[-1]
-    # This run's kept sample is the run numbered after it (durable.WorkPrefix.keep_sample).
+    last = work_prefix.latest_run(runs) or runs[-1]
+    # This run's kept sample is the run numbered after it (work_prefix.WorkPrefix.keep_sample).
     sample = next((run for run in runs if run.sample and run.number == last.number + 1 and run.done), None)
     earlier = [run for run in runs if run is not last and run is not sample]
     return (f"{len(last.done)} of {last.batches} batches of this run are durable under {work.uri}"
@@ -620,7 +620,7 @@ def carried_columns(cfg: JobConfig, images: listing.Listing) -> pa.Table | None:
     return pa.table(columns)
 
 
-def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing,
+def assemble_output(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing,
                     runs: list | None = None, live: merge.LiveRun | None = None,
                     dataset_plan: dataset.DatasetPlan | None = None) -> merge.AssemblyCounts:
     """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output.
@@ -631,13 +631,13 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
     run's batches as Spark makes them durable (:func:`merge.assemble`).
     """
     if cfg.table:
-        from mxjob.outputs import table_output  # pyiceberg, for a table output only
+        from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
 
         settled = dataset_plan.settled
-        files = table_output.RunFiles(dataset_plan.run, dataset_plan.rows_per_file,
+        files = iceberg_run.RunFiles(dataset_plan.run, dataset_plan.rows_per_file,
                                       settled.next_index if settled is not None else 0,
                                       getattr(dataset_plan.existing, "rescore", None))
-        sink = table_output.TableSink(client, table_output.target(cfg).table, files, cfg.commit_seconds,
+        sink = iceberg_run.TableSink(client, iceberg_run.target(cfg).table, files, cfg.commit_seconds,
                                       sinks.provenance(work.read_job()))
         counts = _assemble(cfg, work, images, runs, live, sink)
         counts.table = sink.summary_entry(cfg.output_uri, dataset_plan.why, settled)
@@ -658,7 +658,7 @@ def assemble_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: li
     return _assemble(cfg, work, images, runs, live, sink)
 
 
-def _assemble(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing, runs: list | None,
+def _assemble(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Listing, runs: list | None,
               live: merge.LiveRun | None, sink) -> merge.AssemblyCounts:
     """Merge into ``sink``, then close it; on any failure abort it (nothing partial appears)."""
     try:
@@ -669,7 +669,7 @@ def _assemble(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing,
         closing = time.monotonic()
         sink.close()
         counts.close_seconds = time.monotonic() - closing
-    except durable.ResumeError as exc:
+    except work_prefix.ResumeError as exc:
         sink.abort()
         raise JobError(str(exc)) from exc
     except BaseException:

@@ -14,9 +14,9 @@ from mxjob.executor.partition import score_partition
 from mxjob.inputs import plan_file
 from mxjob.model.predictor import Predictor
 from mxjob.options.config import JobConfig
-from mxjob.outputs import durable
+from mxjob.outputs import work_prefix
+from mxjob.outputs.claim import Completed, plan_output
 from mxjob.outputs.dataset import NO_INPUTS, PlanInputs
-from mxjob.outputs.resume import Completed, plan_output
 from mxjob.planning.sizing import size_run
 from mxjob.reporting.records import ABSENT, Plan, PlanDataset, SummaryExisting, to_json
 from mxjob.results import part_format
@@ -39,7 +39,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Predictor, client, fingerp
     """
     to_score, dataset_plan, found = len(images), None, inputs.existing
     if cfg.output_key:  # preflight.check_before_listing proved the output writable already
-        work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+        work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
         try:
             planned = plan_output(cfg, client, work, images, fingerprint, dry=True, inputs=inputs)
             to_score, dataset_plan = len(planned.todo), planned.dataset

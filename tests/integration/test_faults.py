@@ -29,7 +29,7 @@ from demo.run_local import spark_env, spark_submit_command
 from demo.s3proxy import Faults, S3Proxy
 from mxjob.executor import partition
 from mxjob.inputs import listing
-from mxjob.outputs import durable
+from mxjob.outputs import work_prefix
 from mxjob.s3 import access, clients, parallel_list
 from tests.support.helpers import (
     MASTER,
@@ -158,7 +158,7 @@ def test_a_task_reads_its_keys_and_sizes_from_the_runs_plan_and_writes_its_part(
         bucket.put_object(Bucket=BUCKET, Key=key, Body=encode(digit(i), "PNG"))
     # The plan says c.png is over max_object_bytes: the task goes by the plan's size, not the object's.
     images = listing.Listing.build(BUCKET, keys, [100, 100, 10**9, 100, 100])
-    work = durable.WorkPrefix(bucket, BUCKET, "plan-out/out.jsonl")
+    work = work_prefix.WorkPrefix(bucket, BUCKET, "plan-out/out.jsonl")
     run = work.start_run(1, images, 2, None)
     assert run.batches == 3 and len(run.spans) == 3
     job = job_spec(moto_endpoint, demo_dir, output_bucket=BUCKET, parts_prefix=run.prefix,

@@ -1,5 +1,5 @@
-"""``--output iceberg://CATALOG/NAMESPACE.TABLE`` through the whole job (mxjob/outputs/table_output.py,
-iceberg_table.py).
+"""``--output iceberg://CATALOG/NAMESPACE.TABLE`` through the whole job (mxjob/outputs/iceberg_run.py,
+iceberg_catalog.py).
 
 A SQL catalog on SQLite (in the test's folder, configured by
 ``PYICEBERG_CATALOG__JOBCAT__*`` variables as a user would), its tables' files
@@ -31,7 +31,7 @@ from demo import make_demo
 from demo.s3proxy import S3Proxy
 from mxjob.core.errors import JobError
 from mxjob.options import config
-from mxjob.outputs import iceberg_table, merge, table_output
+from mxjob.outputs import iceberg_catalog, iceberg_run, merge
 from mxjob.reporting import records
 from mxjob.s3 import parallel_list
 from mxjob.tasks import classify
@@ -62,7 +62,7 @@ def in_env(monkeypatch, catalog_env, tmp_path):
     monkeypatch.delenv("PYICEBERG_HOME", raising=False)
     for name, value in catalog_env.items():
         monkeypatch.setenv(name, value)
-    table_output.state.catalogs.clear()
+    iceberg_run.state.catalogs.clear()
 
 
 def job_args(endpoint: str, output: str, *extra: str) -> list[str]:
@@ -76,7 +76,7 @@ def table_uri(name: str) -> str:
 
 
 def load(endpoint: str, name: str):
-    return iceberg_table.load_catalog(CATALOG, endpoint_url=endpoint).load_table(f"preds.{name}")
+    return iceberg_catalog.load_catalog(CATALOG, endpoint_url=endpoint).load_table(f"preds.{name}")
 
 
 def ok(result) -> str:
@@ -85,7 +85,7 @@ def ok(result) -> str:
 
 
 def home_summary(s3, endpoint: str, name: str) -> dict:
-    bucket, prefix = table_output.home_of(load(endpoint, name).location())
+    bucket, prefix = iceberg_run.home_of(load(endpoint, name).location())
     summary = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}_summary.json")["Body"].read())
     records.from_json(records.Summary, summary)
     return summary
@@ -128,16 +128,16 @@ def test_a_bad_table_uri_and_a_table_only_option_elsewhere_are_refused():
 
 
 def test_the_home_is_beside_the_tables_location_not_under_it():
-    assert table_output.home_of("s3://b/wh/preds.db/digits") == ("b", "wh/preds.db/_mxinfer/digits/")
-    assert table_output.home_of("s3a://b/digits/") == ("b", "_mxinfer/digits/")
+    assert iceberg_run.home_of("s3://b/wh/preds.db/digits") == ("b", "wh/preds.db/_mxinfer/digits/")
+    assert iceberg_run.home_of("s3a://b/digits/") == ("b", "_mxinfer/digits/")
     with pytest.raises(JobError, match=r"not on S3"):
-        table_output.home_of("file:///tmp/wh/digits")
+        iceberg_run.home_of("file:///tmp/wh/digits")
 
 
 def test_an_unconfigured_catalog_is_named_with_how_to_configure_it(in_env, moto_endpoint):
     cfg = resolve(output="iceberg://nosuch/preds.t", endpoint_url=moto_endpoint)
     with pytest.raises(JobError, match=r"no pyiceberg catalog named 'nosuch'.*PYICEBERG_CATALOG__NOSUCH__URI"):
-        table_output.locate(cfg)
+        iceberg_run.locate(cfg)
 
 
 def test_watch_finds_a_tables_status_through_its_catalog(in_env, moto_endpoint, runner):
@@ -150,7 +150,7 @@ def test_watch_finds_a_tables_status_through_its_catalog(in_env, moto_endpoint, 
 
 
 def test_a_new_tables_home_follows_the_catalogs_warehouse(in_env, moto_endpoint):
-    cfg = table_output.locate(resolve(output=table_uri("fresh"), endpoint_url=moto_endpoint))
+    cfg = iceberg_run.locate(resolve(output=table_uri("fresh"), endpoint_url=moto_endpoint))
     assert (cfg.output_bucket, cfg.output_key) == (BUCKET, "warehouse/preds.db/_mxinfer/fresh/")
 
 
@@ -197,28 +197,28 @@ def sink_table(in_env, moto_endpoint, request):
     client = make_s3_client(moto_endpoint)
     if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
         client.create_bucket(Bucket=BUCKET)
-    catalog = iceberg_table.load_catalog(CATALOG, endpoint_url=moto_endpoint)
+    catalog = iceberg_catalog.load_catalog(CATALOG, endpoint_url=moto_endpoint)
     name = f"preds.sink_{request.node.name[5:30]}"
-    schema = table_output.table_schema(classify.TASK.schema())
-    return client, iceberg_table.open_table(catalog, name, schema, {"task": "classify"})
+    schema = iceberg_run.table_schema(classify.TASK.schema())
+    return client, iceberg_catalog.open_table(catalog, name, schema, {"task": "classify"})
 
 
 def test_files_are_cut_at_rows_per_file_and_committed_together_at_close(sink_table):
     client, table = sink_table
-    sink = table_output.TableSink(client, table, table_output.RunFiles("r1", rows_per_file=2), commit_seconds=3600)
+    sink = iceberg_run.TableSink(client, table, iceberg_run.RunFiles("r1", rows_per_file=2), commit_seconds=3600)
     sink.write([rows_batch(["a", "b", "c"])])
     sink.write([rows_batch(["d", "e"])])
-    assert not iceberg_table.snapshot_summaries(table)  # not due: nothing committed yet
+    assert not iceberg_catalog.snapshot_summaries(table)  # not due: nothing committed yet
     sink.close()
-    [commit] = iceberg_table.snapshot_summaries(table)
+    [commit] = iceberg_catalog.snapshot_summaries(table)
     assert (commit.commit_id, commit.added_files, commit.added_records) == ("r1/00000-00002", 3, 5)
     assert sorted(r["key"] for r in table.scan().to_arrow().to_pylist()) == ["a", "b", "c", "d", "e"]
-    assert table_output.committed_indices(table, "r1") == {0, 1, 2}
+    assert iceberg_run.committed_indices(table, "r1") == {0, 1, 2}
 
 
 def test_a_due_commit_ends_the_file_and_an_abort_leaves_whole_files_for_the_next_attempt(sink_table):
     client, table = sink_table
-    sink = table_output.TableSink(client, table, table_output.RunFiles("r2", rows_per_file=100), commit_seconds=0)
+    sink = iceberg_run.TableSink(client, table, iceberg_run.RunFiles("r2", rows_per_file=100), commit_seconds=0)
     sink.write([rows_batch(["a", "b"])])  # due at once: its own file, its own commit
     sink.commit_seconds = 3600
     sink.write([rows_batch(["c"])])
@@ -227,9 +227,9 @@ def test_a_due_commit_ends_the_file_and_an_abort_leaves_whole_files_for_the_next
     sink.write([rows_batch(["f"])])
     sink.abort()  # the open file's upload is aborted
     table.refresh()
-    assert [c.commit_id for c in iceberg_table.snapshot_summaries(table)] == ["r2/00000-00000"]
-    files = table_output.run_files(client, table, "r2")
-    assert sorted(files) == [0, 1] and table_output.committed_indices(table, "r2") == {0}
+    assert [c.commit_id for c in iceberg_catalog.snapshot_summaries(table)] == ["r2/00000-00000"]
+    files = iceberg_run.run_files(client, table, "r2")
+    assert sorted(files) == [0, 1] and iceberg_run.committed_indices(table, "r2") == {0}
 
 
 def test_rescored_keys_new_rows_replace_their_error_rows_in_one_commit_other_nulls_kept(sink_table):
@@ -240,11 +240,11 @@ def test_rescored_keys_new_rows_replace_their_error_rows_in_one_commit_other_nul
     failed = classify.TASK.results()
     for key in ("b", "c"):
         failed.fail(key, {"stage": "decode", "type": "OSError", "message": "bad"})
-    sink = table_output.TableSink(client, table, table_output.RunFiles("r3", rows_per_file=100), commit_seconds=3600)
+    sink = iceberg_run.TableSink(client, table, iceberg_run.RunFiles("r3", rows_per_file=100), commit_seconds=3600)
     sink.write([first, failed.record_batch()])
     sink.close()
     flags = np.array([True, False])  # b is rescored, d is new
-    later = table_output.TableSink(client, table, table_output.RunFiles("r4", rows_per_file=100, rescore=flags),
+    later = iceberg_run.TableSink(client, table, iceberg_run.RunFiles("r4", rows_per_file=100, rescore=flags),
                                    commit_seconds=3600)
     later.write([rows_batch(["b", "d"])])
     later.close()
@@ -252,7 +252,7 @@ def test_rescored_keys_new_rows_replace_their_error_rows_in_one_commit_other_nul
     rows = {r["key"]: r for r in table.scan().to_arrow().to_pylist()}
     assert sorted(rows) == ["a", "b", "c", "d"]  # every key once
     assert rows["b"]["error"] is None and rows["c"]["error"]["message"] == "bad"
-    history = iceberg_table.snapshot_summaries(table)
+    history = iceberg_catalog.snapshot_summaries(table)
     assert [c.commit_id for c in history] == ["r3/00000-00000", "r4/00000-00000"]
     assert history[-1].operation == "overwrite"
     # the copy of r3's file, written without b's error row, keeps c's null list as null (pyiceberg reads it as [])
@@ -261,7 +261,7 @@ def test_rescored_keys_new_rows_replace_their_error_rows_in_one_commit_other_nul
     with table.io.new_input(copy).open() as handle:
         kept = pq.read_table(handle)
     assert kept.column("key").to_pylist() == ["a", "c"] and kept.column("predictions").null_count == 1
-    assert iceberg_table.commit_files(table, [copy], "r4", "r4/00000-00000", replace_errors_of=["c"]) is None
+    assert iceberg_catalog.commit_files(table, [copy], "r4", "r4/00000-00000", replace_errors_of=["c"]) is None
 
 
 # ----------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def runs(moto_endpoint, demo_dir, catalog_env):
     first = home_summary(s3, moto_endpoint, "digits")
     ok(spark_submit(job_args(moto_endpoint, f"s3://{BUCKET}/same.jsonl"), extra_env=env))
     rows_after_first = table_rows(moto_endpoint, "digits")
-    history_after_first = iceberg_table.snapshot_summaries(load(moto_endpoint, "digits"))
+    history_after_first = iceberg_catalog.snapshot_summaries(load(moto_endpoint, "digits"))
     keys = sorted([*keys, "imgs/bad.png", *put_digits(s3, BUCKET, 199, 50)])
     second_log = ok(spark_submit(job_args(moto_endpoint, table_uri("digits"), "--skip-existing"), extra_env=env))
     second = home_summary(s3, moto_endpoint, "digits")
@@ -351,11 +351,11 @@ def test_spark_with_icebergs_own_runtime_reads_the_jobs_table_as_pyiceberg_does(
     seen = iceberg_spark.spark_read(uri[len("sqlite:///"):], f"s3://{BUCKET}/warehouse", runs["endpoint"],
                                     "preds.digits", keys=True)
     table = load(runs["endpoint"], "digits")
-    keys = iceberg_table.existing_keys(table).to_pylist()
-    scored = set(iceberg_table.existing_keys(table, with_errors=False).to_pylist())
+    keys = iceberg_catalog.existing_keys(table).to_pylist()
+    scored = set(iceberg_catalog.existing_keys(table, with_errors=False).to_pylist())
     assert (seen["rows"], seen["distinct_keys"]) == (len(keys), len(set(keys))) == (250, 250)
     assert seen["keys"] == sorted(keys) and seen["error_keys"] == sorted(set(keys) - scored) == ["imgs/bad.png"]
-    ours = [(c.snapshot_id, c.run_id, c.commit_id) for c in iceberg_table.snapshot_summaries(table)]
+    ours = [(c.snapshot_id, c.run_id, c.commit_id) for c in iceberg_catalog.snapshot_summaries(table)]
     assert [(s["snapshot_id"], s["run_id"], s["commit_id"]) for s in seen["snapshots"]] == ours
     assert seen["null_keys"]["predictions"] == ["imgs/bad.png"]  # the error row's null list, as written
 
@@ -376,7 +376,7 @@ def test_a_driver_killed_after_some_commits_is_finished_by_resume_every_key_once
         deadline, commits = time.time() + 300, []
         while time.time() < deadline and process.poll() is None:
             try:
-                commits = iceberg_table.snapshot_summaries(load(endpoint, "killed"))
+                commits = iceberg_catalog.snapshot_summaries(load(endpoint, "killed"))
             except Exception:  # noqa: BLE001 - not created yet
                 commits = []
             if len(commits) >= 2:
@@ -391,13 +391,13 @@ def test_a_driver_killed_after_some_commits_is_finished_by_resume_every_key_once
     rows = table_rows(endpoint, "killed")
     assert [row["key"] for row in rows] == runs["keys"]  # every key once
     table = load(endpoint, "killed")
-    history = [c for c in iceberg_table.snapshot_summaries(table) if c.run_id]
+    history = [c for c in iceberg_catalog.snapshot_summaries(table) if c.run_id]
     assert len({c.run_id for c in history}) == 1 and len({c.commit_id for c in history}) == len(history)
     files = table.inspect.files().column("file_path").to_pylist()
     assert len(files) == len(set(files)) == sum(c.added_files for c in history)
     summary = home_summary(runs["s3"], endpoint, "killed")
     assert summary["resumed"] is True and summary["table"]["resumed"]["run"] == history[0].run_id
-    bucket, folder = table_output.data_path(table).split("://", 1)[1].split("/", 1)
+    bucket, folder = iceberg_run.data_path(table).split("://", 1)[1].split("/", 1)
     assert not runs["s3"].list_multipart_uploads(Bucket=bucket, Prefix=folder).get("Uploads")  # none left open
 
 
@@ -427,7 +427,7 @@ def test_a_file_uploaded_but_not_committed_when_the_driver_died_is_committed_onc
     assert held, f"the run never reached a commit: {output[-3000:]}"
     table = load(endpoint, "between")
     assert not table.scan().to_arrow().num_rows  # killed before its first commit
-    data = table_output.data_path(table)
+    data = iceberg_run.data_path(table)
     bucket, folder = data.split("://", 1)[1].split("/", 1)
     left = [key for key, _ in parallel_list.list_objects(s3, bucket, folder + "/mxinfer-")]
     assert left, "no data file was uploaded before the kill"

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from demo import iceberg_spark
-from mxjob.outputs import iceberg_table
+from mxjob.outputs import iceberg_catalog
 
 BUCKET = "iceberg-spark-bucket"
 IDENT = "preds.digits"
@@ -37,7 +37,7 @@ def written(monkeypatch, tmp_path, moto_buckets, moto_endpoint):
     warehouse = f"s3://{BUCKET}/warehouse/{tmp_path.name}"
     monkeypatch.setenv(f"PYICEBERG_CATALOG__{CATALOG.upper()}__URI", f"sqlite:///{catalog_db}")
     monkeypatch.setenv(f"PYICEBERG_CATALOG__{CATALOG.upper()}__WAREHOUSE", warehouse)
-    catalog = iceberg_table.load_catalog(CATALOG, endpoint_url=moto_endpoint)
+    catalog = iceberg_catalog.load_catalog(CATALOG, endpoint_url=moto_endpoint)
     table = iceberg_spark.write_sample_table(catalog, moto_buckets, IDENT)
     return table, catalog_db, warehouse
 
@@ -54,8 +54,8 @@ def test_spark_reads_the_same_keys_errors_and_snapshots_as_pyiceberg(written, mo
     spark = iceberg_spark.spark_read(str(catalog_db), warehouse, moto_endpoint, IDENT, keys=True)
     print(f"Spark's read took {time.monotonic() - started:.1f} s")
 
-    every = iceberg_table.existing_keys(table.refresh()).to_pylist()
-    scored = iceberg_table.existing_keys(table, with_errors=False).to_pylist()
+    every = iceberg_catalog.existing_keys(table.refresh()).to_pylist()
+    scored = iceberg_catalog.existing_keys(table, with_errors=False).to_pylist()
     written_keys = sorted(k for files in iceberg_spark.SAMPLE_COMMITS for keys, _ in files for k in keys)
     failed_keys = sorted(k for files in iceberg_spark.SAMPLE_COMMITS for _, fail in files for k in fail)
     assert sorted(every) == written_keys and sorted(set(every) - set(scored)) == failed_keys
@@ -66,7 +66,7 @@ def test_spark_reads_the_same_keys_errors_and_snapshots_as_pyiceberg(written, mo
     assert spark["error_keys"] == failed_keys
     assert spark["keys_sha256"] == iceberg_spark.keys_digest(written_keys)
 
-    commits = iceberg_table.snapshot_summaries(table)
+    commits = iceberg_catalog.snapshot_summaries(table)
     assert [(s["snapshot_id"], s["operation"], s["run_id"], s["commit_id"], s["added_files"], s["added_records"])
             for s in spark["snapshots"]] == [
         (c.snapshot_id, c.operation, c.run_id, c.commit_id, c.added_files, c.added_records) for c in commits]

@@ -19,7 +19,7 @@ from mxjob.executor.stats import StatsAccumulator, StatsFold, TaskStats
 from mxjob.inputs import listing
 from mxjob.model import worker
 from mxjob.options import config
-from mxjob.outputs import durable, merge
+from mxjob.outputs import merge, work_prefix
 from mxjob.reporting.records import to_json
 from mxjob.reporting.summary import RunOutcome, summarize, thread_fit
 from mxjob.results import part_format, results
@@ -125,7 +125,7 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     # One worker, 200 tasks of 1 s with 0.1 s between them; RSS grows by 1 byte per task.
     stats = [task_stats("7", n, 1000.0 + (n - 1) * 1.1, 500 + n) for n in range(1, 201)]
     keys = listing.Listing.build("b", [f"k{i}" for i in range(200 * 64)])
-    plan = durable.Plan(runs=[], todo=keys, number=1, resumed=False)
+    plan = work_prefix.Plan(runs=[], todo=keys, number=1, resumed=False)
     counts = merge.AssemblyCounts(predicted=12800, failed=0)
     stats.reverse()  # order must not matter
     summary = summarize(cfg, RunOutcome(images=200 * 64, batches=200, fold=StatsFold.of(stats), counts=counts,
@@ -156,7 +156,7 @@ def test_stats_folded_per_task_in_any_order_and_grouping_give_the_same_summary()
              for worker in ("7", "8") for n in range(1, 31)]
     stats[5].attempt = 1
     stats[7].errors = {"download": 1, "decode": 2, "predict": 0}
-    plan = durable.Plan(runs=[], todo=listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)]), number=1,
+    plan = work_prefix.Plan(runs=[], todo=listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)]), number=1,
                            resumed=False)
     counts = merge.AssemblyCounts(predicted=3840, failed=3)
     def outcome(fold: StatsFold) -> RunOutcome:

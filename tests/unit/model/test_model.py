@@ -224,7 +224,7 @@ def test_a_classifiers_summary_names_the_labels_file_it_read_and_the_count(logit
 def test_the_run_summary_names_the_labels_file_the_lines_used(logits_prefix):
     from mxjob.executor import stats
     from mxjob.options import config
-    from mxjob.outputs import durable
+    from mxjob.outputs import work_prefix
     from mxjob.reporting import summary
 
     cfg = config.resolve(config.merge_settings({"input": "s3://b/in/", "model": str(logits_prefix),
@@ -234,7 +234,7 @@ def test_the_run_summary_names_the_labels_file_the_lines_used(logits_prefix):
     made = summary.summarize(cfg, summary.RunOutcome(
         images=0, batches=0, fold=stats.StatsFold(), counts=merge.AssemblyCounts(), elapsed=1.0,
         model_summary=classifier.model_summary(), seconds={},
-        plan=durable.Plan(runs=[], todo=[], number=1, resumed=False), fingerprint={}))
+        plan=work_prefix.Plan(runs=[], todo=[], number=1, resumed=False), fingerprint={}))
     assert made["model"]["labels"] == str(logits_prefix.parent / "synset.txt")
     assert made["model"]["labels_count"] == 10
 

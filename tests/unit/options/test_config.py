@@ -338,7 +338,8 @@ def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, 
 
 @pytest.mark.parametrize("sizes, batches", [([2, 6, 1], [2, 6, 1]), ([4, 4], [4, 4, 1]), ([3, 3, 3, 3], [3, 3, 3])])
 def test_plan_cuts_batches_of_the_sizes_given_then_the_rest_in_one(sizes, batches):
-    """A kept sample's shares (mxjob.outputs.durable.WorkPrefix.keep_sample): each its own batch, whatever its size."""
+    """A kept sample's shares (mxjob.outputs.work_prefix.WorkPrefix.keep_sample): each its own batch, whatever its
+    size."""
     images = listing.Listing.build("b", [f"k{i}" for i in range(9)], list(range(9)))
     stream = bytearray()
     spans = plan_file.write_plan(images, sizes, stream.extend)

@@ -16,7 +16,7 @@ from mxjob.executor import partition
 from mxjob.executor.partition import JobSpec
 from mxjob.inputs import listing
 from mxjob.options import config, option_types, settings
-from mxjob.outputs import resume
+from mxjob.outputs import claim
 from mxjob.planning import sizing
 from mxjob.s3 import clients, parallel_list
 
@@ -175,21 +175,21 @@ def test_the_library_defaults_are_the_jobs():
 
 
 def test_the_fingerprint_holds_exactly_the_settings_the_table_marks():
-    fp32 = resume.line_settings(resolved())
+    fp32 = claim.line_settings(resolved())
     assert set(fp32) == {"data_name", "preprocess", "top_k", "max_object_bytes", "precision", "task"}
     assert fp32["preprocess"] == {s.name: s.default for s in settings.going_to("preprocess")}
-    int8 = resume.line_settings(resolved(precision="int8", int8_exclude="conv0"))
+    int8 = claim.line_settings(resolved(precision="int8", int8_exclude="conv0"))
     assert set(int8) - set(fp32) == {"calibration_images", "int8_exclude"}
     assert int8["int8_exclude"] == ("conv0",)
     # A setting that does not change a line (io_threads) is not in it, whatever its value; nor is the
     # batch size, so a --resume of an auto run that chose 1904 with --batch-size 64 (or auto again) matches.
-    assert resume.line_settings(resolved(io_threads=2)) == fp32
-    assert resume.line_settings(resolved(batch_size="auto")) == resume.line_settings(resolved(batch_size=1904)) == fp32
+    assert claim.line_settings(resolved(io_threads=2)) == fp32
+    assert claim.line_settings(resolved(batch_size="auto")) == claim.line_settings(resolved(batch_size=1904)) == fp32
     # A task's own settings are in it for that task only.
-    embed = resume.line_settings(resolved(task="embed", output_layer="flatten0", normalize=True))
+    embed = claim.line_settings(resolved(task="embed", output_layer="flatten0", normalize=True))
     assert set(embed) - set(fp32) == {"output_layer", "embedding_dtype", "normalize"}
     assert (embed["task"], embed["output_layer"], embed["normalize"]) == ("embed", "flatten0", True)
-    detect = resume.line_settings(resolved(task="detect"))
+    detect = claim.line_settings(resolved(task="detect"))
     assert set(detect) - set(fp32) == {"min_score", "max_detections"}
 
 

@@ -25,7 +25,7 @@ from demo.s3proxy import S3Proxy
 from mxjob.core import state
 from mxjob.executor import partition
 from mxjob.executor.stats import StatsAccumulator, StatsFold
-from mxjob.outputs import durable, merge, sinks
+from mxjob.outputs import merge, sinks, work_prefix
 from mxjob.outputs.assembly import Assembly
 from mxjob.s3 import access, writes
 from tests.support.helpers import bucket_with_digits, lines_part, make_s3_client, spark_submit
@@ -42,7 +42,7 @@ def line(key: str, run: int) -> str:
     return json.dumps({"key": key, "predictions": [{"class_id": run, "probability": 0.5}]})
 
 
-def write_part(work: durable.WorkPrefix, run: durable.Run, keys: list[str], index: int) -> None:
+def write_part(work: work_prefix.WorkPrefix, run: work_prefix.Run, keys: list[str], index: int) -> None:
     """Batch ``index`` of ``run`` made durable, as its task makes it."""
     batch = keys[index * run.batch_size:(index + 1) * run.batch_size]
     work.client.put_object(Bucket=work.bucket, Key=partition.part_key(run.prefix, index),
@@ -58,7 +58,7 @@ def task_stats(param: StatsAccumulator, index: int) -> StatsFold:
     return on_executor.addInPlace(on_executor.zero(fold), fold)
 
 
-def task_ends(work: durable.WorkPrefix, run: durable.Run, keys: list[str], index: int) -> None:
+def task_ends(work: work_prefix.WorkPrefix, run: work_prefix.Run, keys: list[str], index: int) -> None:
     """Batch ``index``'s task ends: its part is written, then the driver's accumulator server applies its stats."""
     write_part(work, run, keys, index)
     param = StatsAccumulator((work.bucket, run.prefix))
@@ -105,7 +105,7 @@ def read(s3, key: str) -> str:
 def test_the_assembly_follows_the_run_and_writes_what_an_assembly_after_it_writes(s3, monkeypatch):
     monkeypatch.setattr(merge, "WRITE_ROWS", 4)  # the sink gets rows a batch at a time, not 10,000 at a time
     keys = [f"img-{i:03d}.jpg" for i in range(40)]
-    work = durable.WorkPrefix(s3, BUCKET, "live/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "live/out.jsonl")
     run = work.start_run(1, keys, 4, None)  # 10 batches
     sinks: list = []
     assembly = Assembly(merge_into(s3, work, keys, "live/out.jsonl", sinks), work, [run], during=True)
@@ -133,7 +133,7 @@ def test_the_assembly_follows_the_run_and_writes_what_an_assembly_after_it_write
 
 def test_a_resume_follows_the_new_run_and_merges_the_earlier_ones(s3):
     keys = [f"k{i:02d}" for i in range(12)]
-    work = durable.WorkPrefix(s3, BUCKET, "resume/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "resume/out.jsonl")
     first = work.start_run(1, keys, 3, None)
     for index in (0, 2):  # k00-k02 and k06-k08 durable; the driver died
         write_part(work, first, keys, index)
@@ -154,7 +154,7 @@ def test_a_resume_follows_the_new_run_and_merges_the_earlier_ones(s3):
 
 def test_a_failed_job_cancels_the_assembly_which_aborts_its_upload(s3):
     keys = [f"c{i}" for i in range(8)]
-    work = durable.WorkPrefix(s3, BUCKET, "cancel/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "cancel/out.jsonl")
     run = work.start_run(1, keys, 2, None)
     sinks: list = []
     assembly = Assembly(merge_into(s3, work, keys, "cancel/out.jsonl", sinks), work, [run], during=True)
@@ -172,20 +172,20 @@ def test_a_failed_job_cancels_the_assembly_which_aborts_its_upload(s3):
 
 def test_a_job_that_finished_without_a_batch_names_it(s3):
     keys = [f"m{i}" for i in range(6)]
-    work = durable.WorkPrefix(s3, BUCKET, "missing/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "missing/out.jsonl")
     run = work.start_run(1, keys, 2, None)
     write_part(work, run, keys, 0)
     write_part(work, run, keys, 2)
     assembly = Assembly(merge_into(s3, work, keys, "missing/out.jsonl", []), work, [run], during=True)
     assembly.start()
-    with pytest.raises(durable.ResumeError, match=r"batch 1 has no part under s3://assembly-bucket/missing/"):
+    with pytest.raises(work_prefix.ResumeError, match=r"batch 1 has no part under s3://assembly-bucket/missing/"):
         assembly.finish()
     assert not access.object_exists(s3, BUCKET, "missing/out.jsonl")
 
 
 def test_a_live_assembly_that_fails_otherwise_is_done_again_after_the_job(s3):
     keys = [f"f{i}" for i in range(6)]
-    work = durable.WorkPrefix(s3, BUCKET, "fallback/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "fallback/out.jsonl")
     run = work.start_run(1, keys, 3, None)
     sinks: list = []
     merge = merge_into(s3, work, keys, "fallback/out.jsonl", sinks)
@@ -210,7 +210,7 @@ def test_a_live_assembly_that_fails_otherwise_is_done_again_after_the_job(s3):
 def test_finish_wakes_a_merge_whose_notices_never_came_and_one_listing_finds_the_parts(s3):
     """Every notice lost (no heartbeat before the first): the job's end wakes the merge, which lists once."""
     keys = [f"w{i}" for i in range(4)]
-    work = durable.WorkPrefix(s3, BUCKET, "wake/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "wake/out.jsonl")
     run = work.start_run(1, keys, 2, None)
     assembly = Assembly(merge_into(s3, work, keys, "wake/out.jsonl", []), work, [run], during=True)
     assembly.start()
@@ -244,7 +244,7 @@ def test_the_merge_reads_a_part_it_is_told_of_and_lists_nothing(s3, moto_endpoin
     keys = [f"n{i:02d}" for i in range(8)]
     log = RequestLog("told/out.jsonl")
     with S3Proxy(moto_endpoint, deny=log) as proxy:
-        work = durable.WorkPrefix(make_s3_client(proxy.endpoint), BUCKET, "told/out.jsonl")
+        work = work_prefix.WorkPrefix(make_s3_client(proxy.endpoint), BUCKET, "told/out.jsonl")
         run = work.start_run(1, keys, 2, None)
         assembly = Assembly(merge_into(s3, work, keys, "told/out.jsonl", []), work, [run], during=True)
         assembly.start()
@@ -258,7 +258,7 @@ def test_the_merge_reads_a_part_it_is_told_of_and_lists_nothing(s3, moto_endpoin
 
 def test_a_part_whose_notice_was_lost_is_found_by_the_heartbeat_which_then_slows_down(s3):
     keys = [f"h{i:02d}" for i in range(8)]
-    work = durable.WorkPrefix(s3, BUCKET, "heartbeat/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "heartbeat/out.jsonl")
     run = work.start_run(1, keys, 2, None)
     live = merge.LiveRun(work, run, heartbeat_seconds=0.2)
     state.durable_batches.listen(live.key, live.durable)
@@ -284,7 +284,7 @@ def test_a_part_whose_notice_was_lost_is_found_by_the_heartbeat_which_then_slows
 
 def test_cancel_and_finish_wake_a_waiting_merge(s3):
     keys = [f"e{i:02d}" for i in range(6)]
-    work = durable.WorkPrefix(s3, BUCKET, "end/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "end/out.jsonl")
     run = work.start_run(1, keys, 2, None)
     live = merge.LiveRun(work, run, heartbeat_seconds=30.0)
     live.durable([0])
@@ -299,7 +299,7 @@ def test_cancel_and_finish_wake_a_waiting_merge(s3):
     time.sleep(0.2)
     live.finish()  # batch 1 has no part: one listing says so
     finished.join(timeout=3.0)
-    assert isinstance(outcome["error"], durable.ResumeError) and live.listings == 1
+    assert isinstance(outcome["error"], work_prefix.ResumeError) and live.listings == 1
 
 
 def test_only_the_drivers_accumulator_tells_and_its_fold_keeps_no_batches():
@@ -321,7 +321,7 @@ def test_only_the_drivers_accumulator_tells_and_its_fold_keeps_no_batches():
 
 
 def test_an_upload_a_killed_driver_left_open_is_aborted_and_no_other(s3):
-    work = durable.WorkPrefix(s3, BUCKET, "open/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "open/out.jsonl")
     mine = [s3.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
             for key in ("open/out.jsonl", "open/out.jsonl.parts/run-0001/plan.arrows")]
     other = s3.create_multipart_upload(Bucket=BUCKET, Key="open/out.jsonl.bak")["UploadId"]
@@ -332,22 +332,22 @@ def test_an_upload_a_killed_driver_left_open_is_aborted_and_no_other(s3):
 
 def test_a_dataset_file_a_killed_driver_was_writing_is_aborted_with_the_work_prefixs(s3):
     from mxjob.options import config
-    from mxjob.outputs import resume
+    from mxjob.outputs import claim
 
     cfg = config.resolve(config.merge_settings({"input": f"s3://{BUCKET}/imgs/", "model": f"s3://{BUCKET}/m/d",
                                                 "output": f"s3://{BUCKET}/ds/"}, {}))
-    work = durable.WorkPrefix(s3, BUCKET, "ds/")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "ds/")
     mine = [s3.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
             for key in ("ds/part-00003.parquet", "ds/part-20261126T101500Z-00001.parquet")]
     other = s3.create_multipart_upload(Bucket=BUCKET, Key="ds/notes.txt")["UploadId"]
-    resume.abort_left_uploads(work, cfg)
+    claim.abort_left_uploads(work, cfg)
     left = [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=BUCKET, Prefix="ds/").get("Uploads", [])]
     assert left == [other] and not set(mine) & set(left)
 
 
 def test_a_single_runs_parts_are_kept_whole_without_a_merge_row_by_row(s3, monkeypatch):
     keys = [f"p{i:03d}" for i in range(30)]
-    work = durable.WorkPrefix(s3, BUCKET, "whole/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "whole/out.jsonl")
     run = work.start_run(1, keys, 7, None)
     for index in range(run.batches):
         write_part(work, run, keys, index)
@@ -364,7 +364,7 @@ def test_a_single_runs_parts_are_kept_whole_without_a_merge_row_by_row(s3, monke
 
 def test_a_part_that_is_not_the_listings_next_keys_goes_row_by_row_from_there(s3):
     scored = [f"q{i:02d}" for i in range(12)]
-    work = durable.WorkPrefix(s3, BUCKET, "rows/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "rows/out.jsonl")
     run = work.start_run(1, scored, 4, None)
     for index in range(run.batches):
         write_part(work, run, scored, index)
@@ -372,7 +372,7 @@ def test_a_part_that_is_not_the_listings_next_keys_goes_row_by_row_from_there(s3
     counts, text = assemble_after(s3, work, listed, "rows/out.jsonl")
     assert [json.loads(x)["key"] for x in text.splitlines()] == listed
     assert (counts.predicted, counts.dropped) == (11, 1)
-    with pytest.raises(durable.ResumeError, match=r"no line for key 'q99' .*\(1 keys without a line\)"):
+    with pytest.raises(work_prefix.ResumeError, match=r"no line for key 'q99' .*\(1 keys without a line\)"):
         assemble_after(s3, work, [*scored, "q99"], "rows/missing.jsonl")
 
 

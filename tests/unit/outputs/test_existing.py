@@ -31,7 +31,7 @@ from demo.s3proxy import S3Proxy
 from mxjob.core.errors import JobError
 from mxjob.inputs import listing
 from mxjob.options import config
-from mxjob.outputs import dataset, durable, existing, preflight, resume, sinks
+from mxjob.outputs import claim, dataset, existing, preflight, sinks, work_prefix
 from mxjob.reporting import records, report
 from mxjob.s3 import parallel_list
 from mxjob.tasks import classify
@@ -239,7 +239,7 @@ def test_a_second_run_finds_the_first_runs_keys_and_adds_files_of_its_own(s3, mo
 
     # Nothing new now; and a resume of the second run leaves its own files out of what exists.
     assert len(existing.find(cfg, s3, images).new) == 0
-    work = durable.WorkPrefix(s3, BUCKET, "two/")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "two/")
     work.write_job(FINGERPRINT, cfg.output_uri, plan.record())
     try:
         with pytest.raises(JobError, match=r"holds an earlier run's progress .* add --resume"):
@@ -294,15 +294,15 @@ def test_a_skip_existing_plan_appends_where_a_plain_run_is_refused(s3, moto_endp
     write_files(s3, "plan/", ["p0", "p1"], 8)
     images = listed(["p0", "p1", "p2"])
     with pytest.raises(JobError, match=r"already exists; add --overwrite"):
-        resume.plan_output(config_for("plan/", moto_endpoint), s3, durable.WorkPrefix(s3, BUCKET, "plan/"),
+        claim.plan_output(config_for("plan/", moto_endpoint), s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"),
                            images, FINGERPRINT, dry=True)
     cfg = config_for("plan/", moto_endpoint, skip_existing=True)
     found = existing.find(cfg, s3, images)
-    plan = resume.plan_output(cfg, s3, durable.WorkPrefix(s3, BUCKET, "plan/"), found.new, FINGERPRINT, dry=True,
+    plan = claim.plan_output(cfg, s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"), found.new, FINGERPRINT, dry=True,
                               inputs=dataset.PlanInputs((8, "given"), found))
     assert plan.todo.keys.to_pylist() == ["p2"] and plan.dataset.run and not plan.resumed
     with pytest.raises(JobError, match=r"made with other settings"):
-        resume.plan_output(cfg, s3, durable.WorkPrefix(s3, BUCKET, "plan/"), found.new, {**FINGERPRINT, "top_k": 3},
+        claim.plan_output(cfg, s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"), found.new, {**FINGERPRINT, "top_k": 3},
                            dry=True, inputs=dataset.PlanInputs((8, "given"), found))
 
 

@@ -1,4 +1,4 @@
-"""An Iceberg table in the Glue catalog (mxjob.outputs.iceberg_table), against moto's Glue, without Spark.
+"""An Iceberg table in the Glue catalog (mxjob.outputs.iceberg_catalog), against moto's Glue, without Spark.
 
 The catalog is configured as on EMR, by ``PYICEBERG_CATALOG__GLUE__...``
 environment variables (``type``, ``client.region``, ``warehouse``), plus
@@ -24,8 +24,8 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.glue import GlueCatalog
 
-from mxjob.outputs import iceberg_table
-from mxjob.outputs.iceberg_table import TableMismatchError
+from mxjob.outputs import iceberg_catalog
+from mxjob.outputs.iceberg_catalog import TableMismatchError
 from mxjob.tasks import classify, embed
 from tests.support.helpers import parquet_of, upload_data_file
 
@@ -69,12 +69,12 @@ def env(monkeypatch, tmp_path, s3, moto_endpoint):
 
 @pytest.fixture
 def catalog(env, moto_endpoint):
-    return iceberg_table.load_catalog("glue", endpoint_url=moto_endpoint)
+    return iceberg_catalog.load_catalog("glue", endpoint_url=moto_endpoint)
 
 
 @pytest.fixture
 def table(catalog, namespace):
-    return iceberg_table.open_table(catalog, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
+    return iceberg_catalog.open_table(catalog, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
 
 
 def record_glue_calls(catalog) -> list[tuple[str, dict]]:
@@ -98,7 +98,7 @@ def rows_batch(keys: list[str], fail: frozenset = frozenset()) -> pa.RecordBatch
 
 def uploaded(s3, table, run_id: str, batches: list[pa.RecordBatch]) -> list[str]:
     """Upload one data file per batch where data_file_path() says; return their paths."""
-    paths = [iceberg_table.data_file_path(table, run_id, i) for i in range(len(batches))]
+    paths = [iceberg_catalog.data_file_path(table, run_id, i) for i in range(len(batches))]
     for path, batch in zip(paths, batches):
         upload_data_file(s3, path, batch, FINGERPRINT)
     return paths
@@ -121,7 +121,7 @@ def test_the_glue_catalog_comes_from_the_environment_with_its_endpoint(catalog, 
 
 def test_open_table_creates_the_database_and_a_glue_table_athena_can_read(catalog, namespace, env):
     calls = record_glue_calls(catalog)
-    table = iceberg_table.open_table(catalog, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
+    table = iceberg_catalog.open_table(catalog, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
 
     # Absent (GetTable), so: the database, the warehouse location from it (GetDatabase), the table, read back.
     assert [name for name, _ in calls] == ["GetTable", "CreateDatabase", "GetDatabase", "CreateTable", "GetTable"]
@@ -130,7 +130,7 @@ def test_open_table_creates_the_database_and_a_glue_table_athena_can_read(catalo
     glue = catalog.glue.get_table(DatabaseName=namespace, Name=TABLE)["Table"]
     parameters = glue["Parameters"]
     assert (parameters["table_type"], parameters["metadata_location"]) == ("ICEBERG", table.metadata_location)
-    assert json.loads(parameters[iceberg_table.FINGERPRINT]) == FINGERPRINT
+    assert json.loads(parameters[iceberg_catalog.FINGERPRINT]) == FINGERPRINT
     assert glue["StorageDescriptor"]["Location"] == table.location()
     assert [c["Name"] for c in glue["StorageDescriptor"]["Columns"]] == [f.name for f in SCHEMA]
 
@@ -138,24 +138,24 @@ def test_open_table_creates_the_database_and_a_glue_table_athena_can_read(catalo
 def test_a_databases_own_location_comes_before_the_warehouse(catalog, namespace):
     location = f"s3://{BUCKET}/databases/{namespace}"
     catalog.glue.create_database(DatabaseInput={"Name": namespace, "LocationUri": location})
-    table = iceberg_table.open_table(catalog, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
+    table = iceberg_catalog.open_table(catalog, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
     assert table.location() == f"{location}/{TABLE}"
 
 
 def test_a_second_open_finds_the_table_and_refuses_other_columns_or_another_fingerprint(table, catalog, namespace,
                                                                                         moto_endpoint):
     ident = f"{namespace}.{TABLE}"
-    again = iceberg_table.open_table(iceberg_table.load_catalog("glue", endpoint_url=moto_endpoint), ident, SCHEMA,
+    again = iceberg_catalog.open_table(iceberg_catalog.load_catalog("glue", endpoint_url=moto_endpoint), ident, SCHEMA,
                                      FINGERPRINT)
     assert again.metadata.table_uuid == table.metadata.table_uuid
 
     vectors = parquet_of(embed.TASK.schema(dimension=4))
     with pytest.raises(TableMismatchError, match=rf"the Iceberg table glue/{ident} has other columns than this run "
                                                  r"writes: predictions is in the table, not in this run's rows"):
-        iceberg_table.open_table(catalog, ident, vectors, FINGERPRINT)
+        iceberg_catalog.open_table(catalog, ident, vectors, FINGERPRINT)
     with pytest.raises(TableMismatchError, match=rf"glue/{ident} holds rows of another model or settings: top_k: 5 "
                                                  r"then, 3 now"):
-        iceberg_table.open_table(catalog, ident, SCHEMA, {**FINGERPRINT, "top_k": 3})
+        iceberg_catalog.open_table(catalog, ident, SCHEMA, {**FINGERPRINT, "top_k": 3})
     # Refusing changed nothing in Glue: the table still points at its first metadata.
     assert catalog.load_table(ident).metadata_location == table.metadata_location
 
@@ -171,7 +171,7 @@ def test_files_are_committed_by_one_glue_update_and_the_same_commit_id_again_com
     first_metadata = table.metadata_location
     calls = record_glue_calls(catalog)
 
-    commit = iceberg_table.commit_files(table, paths, "r1", "r1:0-1")
+    commit = iceberg_catalog.commit_files(table, paths, "r1", "r1:0-1")
 
     assert (commit.run_id, commit.commit_id, commit.added_files, commit.added_records) == ("r1", "r1:0-1", 2, 4)
     # refresh() and commit_table() read the table; UpdateTable swaps the metadata pointer, guarded by the version
@@ -185,28 +185,28 @@ def test_files_are_committed_by_one_glue_update_and_the_same_commit_id_again_com
     assert table_keys(table) == ["a.png", "b.png", "c.png", "d.png"]
 
     calls.clear()
-    assert iceberg_table.commit_files(table, paths, "r1", "r1:0-1") is None
+    assert iceberg_catalog.commit_files(table, paths, "r1", "r1:0-1") is None
     assert [name for name, _ in calls] == ["GetTable"]  # the history read, nothing written
     # A driver that starts afresh after a crash past the commit finds it in Glue's table too.
-    fresh = iceberg_table.load_catalog("glue", endpoint_url=moto_endpoint)
-    rerun = iceberg_table.open_table(fresh, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
-    assert iceberg_table.commit_files(rerun, paths, "r1", "r1:0-1") is None
-    assert [c.snapshot_id for c in iceberg_table.snapshot_summaries(rerun)] == [commit.snapshot_id]
+    fresh = iceberg_catalog.load_catalog("glue", endpoint_url=moto_endpoint)
+    rerun = iceberg_catalog.open_table(fresh, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
+    assert iceberg_catalog.commit_files(rerun, paths, "r1", "r1:0-1") is None
+    assert [c.snapshot_id for c in iceberg_catalog.snapshot_summaries(rerun)] == [commit.snapshot_id]
 
 
 def test_existing_keys_and_snapshot_summaries_read_back_two_commits(table, s3):
-    assert len(iceberg_table.existing_keys(table)) == 0  # no snapshot yet
+    assert len(iceberg_catalog.existing_keys(table)) == 0  # no snapshot yet
     for i, (keys, fail) in enumerate(((["a.png", "b.png"], {"b.png"}), (["c.png"], set()))):
         paths = uploaded(s3, table, f"r{i + 1}", [rows_batch(keys, fail=frozenset(fail))])
-        iceberg_table.commit_files(table, paths, f"r{i + 1}", f"r{i + 1}:0")
+        iceberg_catalog.commit_files(table, paths, f"r{i + 1}", f"r{i + 1}:0")
 
-    assert sorted(iceberg_table.existing_keys(table).to_pylist()) == ["a.png", "b.png", "c.png"]
-    assert sorted(iceberg_table.existing_keys(table, with_errors=False).to_pylist()) == ["a.png", "c.png"]
-    summaries = iceberg_table.snapshot_summaries(table)
+    assert sorted(iceberg_catalog.existing_keys(table).to_pylist()) == ["a.png", "b.png", "c.png"]
+    assert sorted(iceberg_catalog.existing_keys(table, with_errors=False).to_pylist()) == ["a.png", "c.png"]
+    summaries = iceberg_catalog.snapshot_summaries(table)
     assert [(c.run_id, c.commit_id, c.added_records) for c in summaries] == [("r1", "r1:0", 2), ("r2", "r2:0", 1)]
     # The same entries as the snapshots' own summaries, which Athena's "$snapshots" table shows.
-    assert [s.summary[iceberg_table.COMMIT_ID] for s in table.snapshots()] == ["r1:0", "r2:0"]
-    assert {s.summary[iceberg_table.RUN_ID] for s in table.snapshots()} == {"r1", "r2"}
+    assert [s.summary[iceberg_catalog.COMMIT_ID] for s in table.snapshots()] == ["r1:0", "r2:0"]
+    assert {s.summary[iceberg_catalog.RUN_ID] for s in table.snapshots()} == {"r1", "r2"}
 
 
 def test_a_commit_that_another_writer_overtook_before_it_read_the_table_is_retried(table, s3, namespace,
@@ -215,20 +215,20 @@ def test_a_commit_that_another_writer_overtook_before_it_read_the_table_is_retri
     # and finds the branch moved, so it raises CommitFailedException itself, before any UpdateTable of ours.
     theirs, = uploaded(s3, table, "other", [rows_batch(["x.png"])])
     ours, = uploaded(s3, table, "r1", [rows_batch(["a.png"])])
-    other = iceberg_table.load_catalog("glue", endpoint_url=moto_endpoint).load_table(f"{namespace}.{TABLE}")
+    other = iceberg_catalog.load_catalog("glue", endpoint_url=moto_endpoint).load_table(f"{namespace}.{TABLE}")
     refresh, done = table.refresh, []
 
     def refresh_then_another_writer_commits():
         refresh()
         if not done:
-            done.append(iceberg_table.commit_files(other, [theirs], "other", "other:0"))
+            done.append(iceberg_catalog.commit_files(other, [theirs], "other", "other:0"))
         return table
 
     monkeypatch.setattr(table, "refresh", refresh_then_another_writer_commits)
-    monkeypatch.setattr(iceberg_table, "COMMIT_RETRY_SECONDS", 0)
+    monkeypatch.setattr(iceberg_catalog, "COMMIT_RETRY_SECONDS", 0)
 
-    assert iceberg_table.commit_files(table, [ours], "r1", "r1:0") is not None
-    assert [c.commit_id for c in iceberg_table.snapshot_summaries(table)] == ["other:0", "r1:0"]
+    assert iceberg_catalog.commit_files(table, [ours], "r1", "r1:0") is not None
+    assert [c.commit_id for c in iceberg_catalog.snapshot_summaries(table)] == ["other:0", "r1:0"]
     assert table_keys(table) == ["a.png", "x.png"]
 
 
@@ -241,20 +241,20 @@ def test_a_commit_that_another_writer_overtook_between_its_read_and_its_update_i
     # CommitFailedException and commit_files retries); moto takes it and drops the other writer's snapshot.
     theirs, = uploaded(s3, table, "other", [rows_batch(["x.png"])])
     ours, = uploaded(s3, table, "r1", [rows_batch(["a.png"])])
-    other = iceberg_table.load_catalog("glue", endpoint_url=moto_endpoint).load_table(f"{namespace}.{TABLE}")
+    other = iceberg_catalog.load_catalog("glue", endpoint_url=moto_endpoint).load_table(f"{namespace}.{TABLE}")
     update, done = catalog._update_glue_table, []
 
     def another_writer_commits_then_update(*args, **kwargs):
         if not done:
-            done.append(iceberg_table.commit_files(other, [theirs], "other", "other:0"))
+            done.append(iceberg_catalog.commit_files(other, [theirs], "other", "other:0"))
         return update(*args, **kwargs)
 
     monkeypatch.setattr(catalog, "_update_glue_table", another_writer_commits_then_update)
-    monkeypatch.setattr(iceberg_table, "COMMIT_RETRY_SECONDS", 0)
+    monkeypatch.setattr(iceberg_catalog, "COMMIT_RETRY_SECONDS", 0)
 
-    assert iceberg_table.commit_files(table, [ours], "r1", "r1:0") is not None
+    assert iceberg_catalog.commit_files(table, [ours], "r1", "r1:0") is not None
     assert done and done[0] is not None  # the other writer did commit in between
-    assert [c.commit_id for c in iceberg_table.snapshot_summaries(table.refresh())] == ["other:0", "r1:0"]
+    assert [c.commit_id for c in iceberg_catalog.snapshot_summaries(table.refresh())] == ["other:0", "r1:0"]
 
 
 # ----------------------------------------------------------------------------
@@ -265,9 +265,9 @@ def test_the_emr_docs_grant_exactly_the_glue_actions_a_run_calls(catalog, namesp
     # The policy in docs/emr.md is what an instance profile gets: a missing action fails a run on EMR, an extra one
     # grants more than the job needs.
     calls = record_glue_calls(catalog)
-    table = iceberg_table.open_table(catalog, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
-    iceberg_table.commit_files(table, uploaded(s3, table, "r1", [rows_batch(["a.png"])]), "r1", "r1:0")
-    iceberg_table.existing_keys(table)
+    table = iceberg_catalog.open_table(catalog, f"{namespace}.{TABLE}", SCHEMA, FINGERPRINT)
+    iceberg_catalog.commit_files(table, uploaded(s3, table, "r1", [rows_batch(["a.png"])]), "r1", "r1:0")
+    iceberg_catalog.existing_keys(table)
 
     page = (ROOT / "docs" / "emr.md").read_text(encoding="utf-8")
     section = page.split("\n## Writing to an Iceberg table in the Glue catalog\n", 1)[1].split("\n## ", 1)[0]

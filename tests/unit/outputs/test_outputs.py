@@ -20,7 +20,7 @@ from mxjob import tasks
 from mxjob.executor import partition
 from mxjob.inputs import listing
 from mxjob.options.config import merge_settings, resolve
-from mxjob.outputs import durable, merge, sinks
+from mxjob.outputs import merge, sinks, work_prefix
 from mxjob.run import driver
 from mxjob.s3 import writes
 from mxjob.tasks import classify, detect
@@ -59,9 +59,9 @@ def task_schema(task: str) -> pa.Schema:
     return tasks.get(task).schema(dimension=4) if task == "embed" else tasks.get(task).schema()
 
 
-def durable_run(s3, task: str, name: str, json_lines: bool) -> durable.WorkPrefix:
+def durable_run(s3, task: str, name: str, json_lines: bool) -> work_prefix.WorkPrefix:
     """A run of ``task`` over :data:`KEYS` whose every batch is durable, its parts as a task writes them."""
-    work = durable.WorkPrefix(s3, BUCKET, f"{name}.work")
+    work = work_prefix.WorkPrefix(s3, BUCKET, f"{name}.work")
     run = work.start_run(1, KEYS, BATCH, None)
     value = SCORED[task][0]
     for index in range(len(KEYS) // BATCH):
@@ -76,7 +76,7 @@ def durable_run(s3, task: str, name: str, json_lines: bool) -> durable.WorkPrefi
     return work
 
 
-def assembled(work: durable.WorkPrefix, sink) -> merge.AssemblyCounts:
+def assembled(work: work_prefix.WorkPrefix, sink) -> merge.AssemblyCounts:
     counts = merge.assemble(work, work.runs(), KEYS, sink)
     sink.close()
     return counts

@@ -7,7 +7,7 @@ import pytest
 from mxjob.core import errors
 from mxjob.inputs import manifest
 from mxjob.options.config import merge_settings, resolve
-from mxjob.outputs import durable, preflight, resume
+from mxjob.outputs import claim, preflight, work_prefix
 from mxjob.run import driver
 from mxjob.s3 import clients, parallel_list
 from tests.support.helpers import bucket_with_model
@@ -84,7 +84,7 @@ def test_an_s3_endpoint_that_is_down_while_the_output_is_looked_for_is_named_not
     cfg = job(DOWN_ENDPOINT, s3_max_attempts=1)
     client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=1)
     with pytest.raises(errors.JobError) as refused:
-        resume.existing_output(cfg, client, durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
+        claim.existing_output(cfg, client, work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
     message = str(refused.value)
     assert message.startswith(f"cannot write s3://{BUCKET}/new/out.jsonl: the S3 endpoint {DOWN_ENDPOINT} "
                               "cannot be reached")

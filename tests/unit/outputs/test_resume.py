@@ -1,4 +1,4 @@
-"""Durable progress and --resume (docs/resume.md).
+"""Durable progress and --resume (docs/claim.md).
 
 Without Spark: the work prefix, the assembly's merge of runs, and the abort of
 the output upload on a real SIGTERM. Through spark-submit on local-cluster: a
@@ -30,7 +30,7 @@ from mxjob.core import errors
 from mxjob.executor import measure, partition
 from mxjob.inputs import listing
 from mxjob.options.config import JobConfig, merge_settings, resolve
-from mxjob.outputs import durable, merge, resume, sinks
+from mxjob.outputs import claim, merge, sinks, work_prefix
 from mxjob.run import driver, signals
 from mxjob.s3 import access, writes
 from tests.support.helpers import bucket_with_model, lines_part, part_lines, spark_submit, start_spark_submit
@@ -42,7 +42,7 @@ def line(key: str, class_id: int = 1) -> str:
     return json.dumps({"key": key, "predictions": [{"class_id": class_id, "probability": 0.5}]}, ensure_ascii=False)
 
 
-def write_run(work: durable.WorkPrefix, number: int, keys: list[str], batch: int, done: list[int]) -> None:
+def write_run(work: work_prefix.WorkPrefix, number: int, keys: list[str], batch: int, done: list[int]) -> None:
     """A run as the driver and executors leave it: plan, then the parts of the ``done`` batches."""
     run = work.start_run(number, keys, batch, None)
     for index in done:
@@ -68,7 +68,7 @@ def assemble_to(s3, work, keys, out_key) -> tuple[merge.AssemblyCounts, str]:
 
 
 def test_assembly_merges_two_runs_in_key_order_with_one_line_per_key(s3):
-    work = durable.WorkPrefix(s3, BUCKET, "merge/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "merge/out.jsonl")
     keys = sorted(["a.jpg", "b.jpg", "c.jpg", "d.jpg", "é.jpg", "f.jpg", "g.jpg"])  # "é" sorts after "g"
     write_run(work, 1, keys, 2, done=[0, 2])  # a b, f g durable; c d and é were not
     write_run(work, 2, ["c.jpg", "d.jpg", "é.jpg"], 1, done=[0, 1, 2])
@@ -81,18 +81,18 @@ def test_assembly_merges_two_runs_in_key_order_with_one_line_per_key(s3):
 
 
 def test_assembly_refuses_a_key_without_a_line_and_leaves_no_object_or_upload(s3):
-    work = durable.WorkPrefix(s3, BUCKET, "gap/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "gap/out.jsonl")
     keys = ["a", "b", "c", "d"]
     write_run(work, 1, keys, 2, done=[0])
     sink = sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, "gap/out.jsonl"))
-    with pytest.raises(durable.ResumeError, match=r"no line for key 'c'.*\(2 keys without a line\)"):
+    with pytest.raises(work_prefix.ResumeError, match=r"no line for key 'c'.*\(2 keys without a line\)"):
         merge.assemble(work, work.runs(), keys, sink)
     sink.abort()
     assert not access.object_exists(s3, BUCKET, "gap/out.jsonl") and open_uploads(s3) == []
 
 
 def test_a_key_two_runs_scored_gets_the_earlier_runs_line_once(s3):
-    work = durable.WorkPrefix(s3, BUCKET, "twice/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "twice/out.jsonl")
     write_run(work, 1, ["a", "b", "c", "d"], 2, done=[0, 1])  # c, d became durable after the resume planned
     write_run(work, 2, ["c", "d"], 2, done=[0])
     counts, text = assemble_to(s3, work, ["a", "b", "c", "d"], "twice/out.jsonl")
@@ -102,14 +102,14 @@ def test_a_key_two_runs_scored_gets_the_earlier_runs_line_once(s3):
 
 
 def test_lines_of_keys_no_longer_listed_are_dropped_and_counted(s3):
-    work = durable.WorkPrefix(s3, BUCKET, "drop/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "drop/out.jsonl")
     write_run(work, 1, ["a", "b", "c"], 3, done=[0])
     counts, text = assemble_to(s3, work, ["a", "c"], "drop/out.jsonl")
     assert [json.loads(x)["key"] for x in text.splitlines()] == ["a", "c"] and counts.dropped == 1
 
 
 def test_a_fresh_runs_kept_sample_is_a_durable_run_after_it_and_its_keys_leave_the_plan(s3):
-    work = durable.WorkPrefix(s3, BUCKET, "sample/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "sample/out.jsonl")
     keys = [f"k{i:02d}" for i in range(12)]
     images = listing.Listing(BUCKET, pa.table({"key": pa.array(keys, listing.KEY_TYPE),
                                                "size": pa.array([1] * 12, pa.int64())}))
@@ -119,7 +119,7 @@ def test_a_fresh_runs_kept_sample_is_a_durable_run_after_it_and_its_keys_leave_t
                    for share in (["k00", "k02", "k03", "k05"], ["k06"], ["k08", "k09", "k11"]))
     cost = measure.SampleCost(images=8, scored=8, cpu_seconds_per_image=0.01, s3_server_cpu_seconds_per_image=0.0,
                               model_load_seconds=0.1, kept=shares)
-    fresh = durable.Plan(runs=[], todo=images, number=1, resumed=False)
+    fresh = work_prefix.Plan(runs=[], todo=images, number=1, resumed=False)
     plan = driver.keep_sample(work, fresh, cost)
     assert plan.todo.keys.to_pylist() == ["k01", "k04", "k07", "k10"] and plan.number == 1
     assert (plan.sampled, plan.invocations) == (8, 1)
@@ -128,7 +128,7 @@ def test_a_fresh_runs_kept_sample_is_a_durable_run_after_it_and_its_keys_leave_t
                                                                                                       [0, 1, 2])
     assert [len(batch) for batch in work.run_batches(sample)] == [4, 1, 3]  # each share its own batch
     assert plan.runs == [replace(sample, spans=plan.runs[0].spans)]
-    assert durable.latest_run(work.runs()) is None  # the run itself has recorded nothing yet
+    assert work_prefix.latest_run(work.runs()) is None  # the run itself has recorded nothing yet
     # The run's own batches (here all durable) merge with the sample's into one line per key, in key order.
     write_run(work, 1, plan.todo.keys.to_pylist(), 2, done=[0, 1])
     counts, text = assemble_to(s3, work, keys, "sample/out.jsonl")
@@ -136,11 +136,11 @@ def test_a_fresh_runs_kept_sample_is_a_durable_run_after_it_and_its_keys_leave_t
     assert [(r["key"], r["predictions"][0]["class_id"]) for r in rows] == [
         (k, 1 if k in ("k01", "k04", "k07", "k10") else 7) for k in keys]
     assert (counts.predicted, counts.superseded, counts.parts_read) == (12, 0, 5)
-    assert durable.latest_run(work.runs()).number == 1
+    assert work_prefix.latest_run(work.runs()).number == 1
     assert "2 of 2 batches of this run are durable under s3://resume-bucket/sample/out.jsonl.parts/, and its " \
            "estimate's sample (8 images)" == driver.durable_status(work)
     # A resume, a run with earlier runs or a sample of repeated images keeps nothing: the plan is as it was.
-    resumed = durable.Plan(runs=[], todo=images, number=3, resumed=True)
+    resumed = work_prefix.Plan(runs=[], todo=images, number=3, resumed=True)
     assert driver.keep_sample(work, resumed, cost) is resumed
     assert driver.keep_sample(work, fresh, replace(cost, kept=())) is fresh
     other = listing.Listing(BUCKET, images.table.slice(0, 6))  # the sample's keys not all in the plan
@@ -150,29 +150,29 @@ def test_a_fresh_runs_kept_sample_is_a_durable_run_after_it_and_its_keys_leave_t
 
 
 def test_remaining_keys_are_those_outside_every_durable_batch(s3):
-    work = durable.WorkPrefix(s3, BUCKET, "remain/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "remain/out.jsonl")
     keys = [f"k{i:02d}" for i in range(10)]
     write_run(work, 1, keys, 3, done=[1, 3])  # k03-k05 and k09
     write_run(work, 2, ["k00", "k01", "k02"], 3, done=[])
     listed = [*keys, "new"]
-    keep = durable.remaining_keys(work, work.runs(), listed).to_pylist()
+    keep = work_prefix.remaining_keys(work, work.runs(), listed).to_pylist()
     assert [k for k, needed in zip(listed, keep) if needed] == ["k00", "k01", "k02", "k06", "k07", "k08",
                                                                           "new"]
 
 
 def test_differences_name_each_changed_setting_and_file():
-    before = durable.fingerprint({"top_k": 2, "preprocess": {"input_shape": (3, 32, 32), "mean": (0.0,)}},
+    before = work_prefix.fingerprint({"top_k": 2, "preprocess": {"input_shape": (3, 32, 32), "mean": (0.0,)}},
                                  {"model_params": b"a"})
-    after = durable.fingerprint({"top_k": 3, "preprocess": {"input_shape": [3, 32, 32], "mean": [0.0]}},
+    after = work_prefix.fingerprint({"top_k": 3, "preprocess": {"input_shape": [3, 32, 32], "mean": [0.0]}},
                                 {"model_params": b"b"})
-    assert durable.differences(json.loads(json.dumps(before)), before) == []  # as read back from job.json
-    found = durable.differences(json.loads(json.dumps(before)), after)
+    assert work_prefix.differences(json.loads(json.dumps(before)), before) == []  # as read back from job.json
+    found = work_prefix.differences(json.loads(json.dumps(before)), after)
     assert len(found) == 2
     assert found[0].startswith("model_params (a different file: sha256 ") and found[1] == "top_k: 2 then, 3 now"
 
 
 def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, monkeypatch):
-    work = durable.WorkPrefix(s3, BUCKET, "term/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "term/out.jsonl")
     keys = [f"k{i:03d}" for i in range(50)]
     write_run(work, 1, keys, 10, done=[0, 1, 2, 3, 4])
     cfg = resolve(merge_settings(
@@ -209,43 +209,43 @@ def config(output_key: str, *args: str) -> JobConfig:
 
 def test_an_existing_output_is_refused_and_left_untouched_unless_overwrite(s3):
     s3.put_object(Bucket=BUCKET, Key="done/out.jsonl", Body=b"yesterday's results\n")
-    work = durable.WorkPrefix(s3, BUCKET, "done/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "done/out.jsonl")
     images = listing.Listing.build(BUCKET, ["in/a.jpg"], [1])
     with pytest.raises(errors.JobError, match=r"s3://resume-bucket/done/out.jsonl \(or its summary\) already "
                                                   r"exists; add --overwrite to replace it"):
-        resume.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
+        claim.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
     assert read(s3, "done/out.jsonl") == b"yesterday's results\n" and not work.exists()
-    plan = resume.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
+    plan = claim.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
     assert plan.todo is images and work.read_job()["fingerprint"] == {"top_k": 2}
     # --resume of a finished output (no work prefix left) has nothing to do.
     work.remove()
-    with pytest.raises(resume.Completed, match=r"s3://resume-bucket/done/out\.jsonl"):
-        resume.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
+    with pytest.raises(claim.Completed, match=r"s3://resume-bucket/done/out\.jsonl"):
+        claim.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
 
 
 def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, monkeypatch):
-    work = durable.WorkPrefix(s3, BUCKET, "yarn/out.jsonl")
+    work = work_prefix.WorkPrefix(s3, BUCKET, "yarn/out.jsonl")
     keys = ["a", "b", "c", "d"]
     work.write_job({"top_k": 2}, "s3://resume-bucket/yarn/out.jsonl")
     run = work.start_run(1, keys, 2, "application_1700000000000_0007")
     s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 0), Body=lines_part([]))
     images = listing.Listing.build(BUCKET, keys, [1] * len(keys))
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0007_02_000001")
-    plan = resume.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+    plan = claim.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
     assert plan.resumed and [k for k, _ in plan.todo] == ["c", "d"] and plan.number == 2
     # Attempt 2 of another application never takes this work over.
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0008_02_000001")
     with pytest.raises(errors.JobError, match="holds an earlier run's progress"):
-        resume.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+        claim.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
 
 
 def test_yarn_attempt_is_read_from_the_container_id(monkeypatch):
     monkeypatch.setenv("CONTAINER_ID", "container_e17_1410901177871_0031_02_000001")
-    assert resume.yarn_attempt() == ("application_1410901177871_0031", 2)
+    assert claim.yarn_attempt() == ("application_1410901177871_0031", 2)
     monkeypatch.setenv("CONTAINER_ID", "container_1410901177871_0031_01_000001")
-    assert resume.yarn_attempt() == ("application_1410901177871_0031", 1)
+    assert claim.yarn_attempt() == ("application_1410901177871_0031", 1)
     monkeypatch.delenv("CONTAINER_ID")
-    assert resume.yarn_attempt() == (None, 1)
+    assert claim.yarn_attempt() == (None, 1)
 
 
 def test_resume_command_adds_resume_and_drops_overwrite():

@@ -21,7 +21,7 @@ from mxjob.executor.measure import KeptShare
 from mxjob.executor.stats import StatsFold, TaskStats
 from mxjob.inputs import listing
 from mxjob.options import config
-from mxjob.outputs import durable
+from mxjob.outputs import work_prefix
 from mxjob.outputs.merge import AssemblyCounts
 from mxjob.reporting import records, status
 from mxjob.reporting.progress import Progress, Tick
@@ -77,7 +77,7 @@ def summary_of(**driver_fields) -> dict:
         images=640, batches=10, fold=StatsFold.of(task(n) for n in range(1, 11)),
         counts=AssemblyCounts(predicted=630, failed=10, parts_read=10, bytes_read=4096), elapsed=12.5,
         model_summary={"num_classes": 10}, seconds=dict(DRIVER_SECONDS),
-        plan=durable.Plan(runs=[], todo=keys, number=1, resumed=False), fingerprint={"task": "classify"},
+        plan=work_prefix.Plan(runs=[], todo=keys, number=1, resumed=False), fingerprint={"task": "classify"},
         spark=copy.deepcopy(SPARK), skipped_keys={"count": 1, "why": "not ending in .png", "examples": ["p/x.txt"]},
         **copy.deepcopy(driver_fields)))
     return json.loads(json.dumps(made))
@@ -89,13 +89,13 @@ def test_a_kept_samples_keys_are_scored_by_the_run_not_reused_and_its_errors_cou
     keys = listing.Listing.build("b", [f"p/{i:04d}.png" for i in range(672)])
     shares = tuple(KeptShare(tuple(f"s/{i}-{j}" for j in range(16)), b"", {"download": 0, "decode": i, "predict": 0})
                    for i in range(2))
-    sample_run = durable.Run(number=2, prefix="p/run-0002/", batch_size=16, batches=2, keys=32, application=None,
+    sample_run = work_prefix.Run(number=2, prefix="p/run-0002/", batch_size=16, batches=2, keys=32, application=None,
                              done=frozenset({0, 1}), sample=True)
     made = summarize(cfg, RunOutcome(
         images=672, batches=12, fold=StatsFold.of(task(n) for n in range(1, 11)),
         counts=AssemblyCounts(predicted=661, failed=11, parts_read=12, bytes_read=4096), elapsed=12.5,
         model_summary={"num_classes": 10}, seconds=dict(DRIVER_SECONDS),
-        plan=durable.Plan(runs=[sample_run], todo=keys.filter(pa.array([i < 640 for i in range(672)])), number=1,
+        plan=work_prefix.Plan(runs=[sample_run], todo=keys.filter(pa.array([i < 640 for i in range(672)])), number=1,
                           resumed=False, sample=shares),
         fingerprint={"task": "classify"}, spark=copy.deepcopy(SPARK), skipped_keys=None))
     assert (made["scored"], made["sampled"], made["reused"], made["runs"]) == (672, 32, 0, 1)

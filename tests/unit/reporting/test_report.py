@@ -17,7 +17,7 @@ from PIL import Image
 
 from mxjob.executor.stats import StatsFold, TaskStats
 from mxjob.options import config
-from mxjob.outputs import durable, merge
+from mxjob.outputs import merge, work_prefix
 from mxjob.reporting import records, report, status, summary, watch
 from mxjob.reporting.progress import Progress, Reporter, Tick, Ticks, estimate_remaining
 
@@ -190,7 +190,7 @@ def test_the_summary_counts_and_names_the_keys_a_prefix_listing_skipped():
     cfg = config.resolve(config.merge_settings({"input": "s3://b/in/", "model": "s3://m/r",
                                                 "output": "s3://b/o.jsonl"}, {}))
     skipped = {"count": 11, "why": "not ending in .jpg", "examples": [f"in/{i}.txt" for i in range(10)]}
-    plan = durable.Plan(runs=[], todo=[], number=1, resumed=False)
+    plan = work_prefix.Plan(runs=[], todo=[], number=1, resumed=False)
     made = summary.summarize(cfg, summary.RunOutcome(
         images=0, batches=0, fold=StatsFold(), counts=merge.AssemblyCounts(), elapsed=1.0, model_summary={},
         seconds={}, plan=plan, fingerprint={}, skipped_keys=skipped))

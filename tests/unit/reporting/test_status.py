@@ -17,7 +17,7 @@ import pytest
 import infer_main
 from mxjob.core.errors import EXIT_FAILED, JobError
 from mxjob.executor.stats import StatsFold
-from mxjob.outputs import durable
+from mxjob.outputs import work_prefix
 from mxjob.reporting import records, status, watch
 from mxjob.reporting.progress import Progress, Tick
 from mxjob.run.signals import Interrupted
@@ -180,7 +180,7 @@ def test_an_unclaimed_monitor_leaves_the_status_to_the_run_that_wrote_it():
 
 
 class Work:
-    """A work prefix (:class:`durable.WorkPrefix`'s ``runs``) whose run has ``done`` of its 40 batches durable, and
+    """A work prefix (:class:`work_prefix.WorkPrefix`'s ``runs``) whose run has ``done`` of its 40 batches durable, and
     its estimate's sample, kept as the run numbered after it (two batches, both durable)."""
 
     uri = "s3://b/out.jsonl.parts/"
@@ -191,9 +191,9 @@ class Work:
     def runs(self) -> list:
         if self.done is None:
             raise OSError("S3 is gone")
-        return [durable.Run(number=1, prefix="p/", batch_size=4, batches=40, keys=160, application=None,
+        return [work_prefix.Run(number=1, prefix="p/", batch_size=4, batches=40, keys=160, application=None,
                             done=frozenset(range(self.done))),
-                durable.Run(number=2, prefix="s/", batch_size=4, batches=2, keys=8, application=None,
+                work_prefix.Run(number=2, prefix="s/", batch_size=4, batches=2, keys=8, application=None,
                             done=frozenset({0, 1}), sample=True)]
 
 

@@ -20,7 +20,7 @@ import pytest
 from mxjob.executor import partition
 from mxjob.inputs import extsort, listing, manifest, manifest_text, plan_file
 from mxjob.options.config import merge_settings, resolve
-from mxjob.outputs import durable, merge, resume, sinks
+from mxjob.outputs import claim, merge, sinks, work_prefix
 from mxjob.run import driver
 from mxjob.s3 import parallel_list, writes
 from tests.support.helpers import bucket_with_digits, lines_part, spark_submit
@@ -143,14 +143,14 @@ def test_carried_columns_follow_their_keys_through_a_sort_out_of_core(tmp_path, 
 
 
 def carried_run(s3, output_key: str, rendered=(True, True), seen: dict | None = None,
-                ) -> tuple[durable.WorkPrefix, list[str]]:
+                ) -> tuple[work_prefix.WorkPrefix, list[str]]:
     """A finished run of fake parts (two batches) for ROWS' keys, as executors leave it.
 
     ``seen``: the objects' ``(etag, size)`` by key, carried in the parts as --with-object-metadata's tasks do.
 
     ``rendered``: per part, whether its task wrote its lines (a JSON Lines job's) or left them null (Parquet's).
     """
-    work = durable.WorkPrefix(s3, BUCKET, output_key)
+    work = work_prefix.WorkPrefix(s3, BUCKET, output_key)
     keys = sorted(key for key, *_ in ROWS)
     run = work.start_run(1, keys, 2, None)
     for index in range(2):
@@ -271,12 +271,12 @@ def test_a_listed_prefix_gives_each_objects_etag(s3):
     assert columns.column_names == ["etag", "size"]
     assert columns["etag"].to_pylist() == expected
     assert columns["size"].to_pylist() == [1, 2]
-    assert resume.carried_names(cfg, images) == ["etag", "size"]
+    assert claim.carried_names(cfg, images) == ["etag", "size"]
 
 
 def test_without_carried_columns_nothing_is_appended(s3):
     plain = listing.Listing.build(BUCKET, ["photos/a.jpg"], [1])
-    assert resume.carried_names(config(), plain) == []
+    assert claim.carried_names(config(), plain) == []
     assert driver.carried_columns(config(), plain) is None
 
 
@@ -285,18 +285,18 @@ def test_without_carried_columns_nothing_is_appended(s3):
 
 def test_the_fingerprint_differs_with_carried_columns_and_with_object_metadata(monkeypatch, images):
     plain = listing.Listing.build(BUCKET, ["photos/a.jpg"], [1])
-    monkeypatch.setattr(durable, "fingerprint", lambda values, files: values)  # the settings part alone
+    monkeypatch.setattr(work_prefix, "fingerprint", lambda values, files: values)  # the settings part alone
     classifier = type("Fake", (), {"labels": None})()
     monkeypatch.setattr(type(config().model), "read", lambda self, uri: b"model")
     cfg, with_meta = config(), config("--with-object-metadata")
-    without = resume.job_fingerprint(cfg, classifier, resume.carried_names(cfg, plain))
-    carried = resume.job_fingerprint(cfg, classifier, resume.carried_names(cfg, images))
-    metadata = resume.job_fingerprint(with_meta, classifier, resume.carried_names(with_meta, plain))
+    without = claim.job_fingerprint(cfg, classifier, claim.carried_names(cfg, plain))
+    carried = claim.job_fingerprint(cfg, classifier, claim.carried_names(cfg, images))
+    metadata = claim.job_fingerprint(with_meta, classifier, claim.carried_names(with_meta, plain))
     assert "carried" not in without and "with_object_metadata" not in without  # as every run before them
     assert carried["carried"] == ["product_id", "shop"]
     assert metadata["carried"] == ["etag", "size"] and metadata["with_object_metadata"] is True
     assert len({json.dumps(f, sort_keys=True) for f in (without, carried, metadata)}) == 3
-    assert durable.differences(without, carried) == ['carried: null then, ["product_id", "shop"] now']
+    assert work_prefix.differences(without, carried) == ['carried: null then, ["product_id", "shop"] now']
 
 
 # --- through spark-submit

@@ -1,5 +1,5 @@
 """Unit tests for :mod:`mxjob.run.container_memory` (an executor's YARN container and the advice when YARN kills
-one) and for :func:`mxjob.outputs.resume.finished_by_this_application` (a later YARN attempt ending as the earlier
+one) and for :func:`mxjob.outputs.claim.finished_by_this_application` (a later YARN attempt ending as the earlier
 one did)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from mxjob.outputs.resume import finished_by_this_application
+from mxjob.outputs.claim import finished_by_this_application
 from mxjob.reporting.status import status_key
 from mxjob.run.container_memory import (
     JVM_BEYOND_HEAP_MIB,

@@ -4,7 +4,7 @@
 run is a dataset run whose files are the table's: the merge writes Parquet
 files (:class:`TableSink`, cut at ``--rows-per-file`` and whenever
 ``--commit-seconds`` have passed) under the table's data path, and commits
-them through :mod:`mxjob.outputs.iceberg_table`, which owns everything pyiceberg
+them through :mod:`mxjob.outputs.iceberg_catalog`, which owns everything pyiceberg
 does. What this module adds is the job's side of it:
 
 - **The home** (:func:`locate`): the status, summary, report and work prefix
@@ -40,7 +40,7 @@ from mxjob.core import state
 from mxjob.core.errors import JobError, first_line, plural
 from mxjob.inputs import extsort, listing
 from mxjob.options.config import JobConfig
-from mxjob.outputs import durable, existing, iceberg_table, resume, sinks
+from mxjob.outputs import claim, existing, iceberg_catalog, sinks, work_prefix
 from mxjob.outputs.table_uri import parse_table_uri
 from mxjob.s3 import parallel_list, uris, writes
 
@@ -76,7 +76,7 @@ def catalog_of(uri: str, endpoint_url: str | None = None, region: str | None = N
 
     def load():
         try:
-            return iceberg_table.load_catalog(name, endpoint_url=endpoint_url, region=region)
+            return iceberg_catalog.load_catalog(name, endpoint_url=endpoint_url, region=region)
         except ValueError as exc:  # no such catalog configured: the message says how to configure one
             raise JobError(f"--output {uri}: {exc}") from None
         except Exception as exc:  # the catalog's database or service unreachable, bad properties
@@ -170,12 +170,12 @@ def open_for_run(cfg: JobConfig, schema: pa.Schema, fingerprint: dict):
     """
     found = target(cfg)
     try:
-        table = iceberg_table.open_table(found.catalog, found.identifier, schema, fingerprint,
+        table = iceberg_catalog.open_table(found.catalog, found.identifier, schema, fingerprint,
                                          accept_other_fingerprint=cfg.accept_other_fingerprint,
                                          override_hint="--accept-other-fingerprint", location=found.location)
     except ValueError as exc:  # TableMismatchError: what differs and what to do; a type a table cannot hold
         raise JobError(f"--output {cfg.output_table}: {exc}") from None
-    probe = iceberg_table.data_file_path(table, "probe", 0)
+    probe = iceberg_catalog.data_file_path(table, "probe", 0)
     if probe.rsplit("/", 1)[0] != data_path(table):
         raise JobError(f"--output {cfg.output_table}: the table hashes its data files into folders "
                        "(write.object-storage.enabled), and the job finds a run's files by their folder; write to a "
@@ -201,7 +201,7 @@ def commit_id(run: str, first: int, last: int) -> str:
 def committed_indices(table, run: str) -> set[int]:
     """The indices of the run's files that the table's history has committed."""
     out: set[int] = set()
-    for cid in iceberg_table.committed_ids(table, run):
+    for cid in iceberg_catalog.committed_ids(table, run):
         match = _COMMIT_ID.fullmatch(cid)
         if match and match.group("run") == run:
             out.update(range(int(match.group("first")), int(match.group("last")) + 1))
@@ -254,11 +254,11 @@ def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Lis
     ``images`` (with ``--skip-existing`` the table's keys are all left out
     later, these among them), so that none is written twice.
     """
-    work = durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     if not work.exists():
         return images, Settled()
-    if not (cfg.resume or resume.yarn_retry(work)):
-        resume.refuse_progress(work, table=True)
+    if not (cfg.resume or claim.yarn_retry(work)):
+        claim.refuse_progress(work, table=True)
     record = (work.read_job() or {}).get("dataset") or {}
     run = record.get("run")
     found = target(cfg)
@@ -276,7 +276,7 @@ def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Lis
     if left:
         # A --rescore-errors run's files replace the error rows of their keys: read which keys they hold.
         replacing = (_file_keys(cfg, table, [files[i] for i in left]) if record.get("rescore_errors") else [])
-        commit = iceberg_table.commit_files(table, [files[i][0] for i in left], run,
+        commit = iceberg_catalog.commit_files(table, [files[i][0] for i in left], run,
                                             commit_id(run, left[0], left[-1]), replace_errors_of=replacing)
         out.committed_now = len(left)
         out.snapshot_id = commit.snapshot_id if commit is not None else None
@@ -338,7 +338,7 @@ class TableSink:
     the commit is due, the merge hands over what it holds at once. A file
     ends at ``rows_per_file`` rows or when a commit is due; each is one
     multipart upload, whole when it appears. A commit adds every file ended
-    since the last one, in one snapshot (:func:`iceberg_table.commit_files`).
+    since the last one, in one snapshot (:func:`iceberg_catalog.commit_files`).
     :meth:`abort` abandons only the file being written: files written and
     not yet committed are whole, and the run's next attempt commits them
     (:func:`settle`).
@@ -388,7 +388,7 @@ class TableSink:
 
     def _open_file(self) -> sinks.ParquetSink:
         if self._file is None:
-            uri = iceberg_table.data_file_path(self.table, self.run, self._index)
+            uri = iceberg_catalog.data_file_path(self.table, self.run, self._index)
             bucket, key = uris.parse_s3_uri(uri)
             writer = writes.MultipartWriter(self.client, bucket, key, content_type=sinks.PARQUET_TYPE)
             self._file = sinks.ParquetSink(writer, self.metadata)
@@ -407,7 +407,7 @@ class TableSink:
         replacing, self._replacing = self._replacing, []
         cid = commit_id(self.run, pending[0][0], pending[-1][0])
         try:
-            made = iceberg_table.commit_files(self.table, [uri for _, uri, _, _ in pending], self.run, cid,
+            made = iceberg_catalog.commit_files(self.table, [uri for _, uri, _, _ in pending], self.run, cid,
                                               replace_errors_of=replacing)
         except Exception:
             # Not committed: the run's next attempt (settle) commits the files, and replaces what they replace.
@@ -459,7 +459,7 @@ def find_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
         return existing.Existing(listed=len(images), new=images, sample=sample, seconds=time.time() - started)
     marks, rows, errors = existing.KeyFilter(images.keys), 0, []
     try:
-        for keys, failed in iceberg_table.key_batches(found.table, with_failed=True):
+        for keys, failed in iceberg_catalog.key_batches(found.table, with_failed=True):
             rows += len(keys)
             marks.add(keys)
             if cfg.rescore_errors and failed.true_count:

@@ -23,7 +23,7 @@ from mxjob.inputs import extsort, listing
 from mxjob.model.predictor import Predictor
 from mxjob.options import settings
 from mxjob.options.config import JobConfig
-from mxjob.outputs import dataset, durable, preflight
+from mxjob.outputs import dataset, preflight, work_prefix
 from mxjob.reporting.status import status_key
 from mxjob.s3 import access, reads, writes
 
@@ -34,7 +34,7 @@ def unfinished_output(cfg: JobConfig, client) -> bool:
     """Whether there is something to resume: no output yet, or an earlier run's progress (:func:`plan_output`'s
     test for a resume that is not already complete)."""
     output_exists, work_exists, _ = existing_output(cfg, client,
-                                                    durable.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
+                                                    work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
     return work_exists or not output_exists
 
 
@@ -79,7 +79,7 @@ def carried_names(cfg: JobConfig, images) -> list[str]:
 
 
 def job_fingerprint(cfg: JobConfig, classifier: Predictor | ModelFacts, carried: list[str] = ()) -> dict:
-    """:func:`durable.fingerprint` of this run: settings, model files, labels and handler by content.
+    """:func:`work_prefix.fingerprint` of this run: settings, model files, labels and handler by content.
 
     ``carried`` (:func:`carried_names`) is in it when the rows carry any column, so that a resume
     never mixes rows with and without them.
@@ -100,11 +100,11 @@ def job_fingerprint(cfg: JobConfig, classifier: Predictor | ModelFacts, carried:
     values = line_settings(cfg)
     if carried:
         values["carried"] = list(carried)
-    return durable.fingerprint(values, files)
+    return work_prefix.fingerprint(values, files)
 
 
-def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict,
-                dry: bool = False, inputs: dataset.PlanInputs = dataset.NO_INPUTS) -> durable.Plan:
+def plan_output(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict,
+                dry: bool = False, inputs: dataset.PlanInputs = dataset.NO_INPUTS) -> work_prefix.Plan:
     """Decide between a fresh run and a resume; refuse what would overwrite or mix results.
 
     Raises :class:`JobError` with what to do: the output exists (``--overwrite``),
@@ -148,7 +148,7 @@ def plan_output(cfg: JobConfig, client, work: durable.WorkPrefix, images: listin
     return plan
 
 
-def resumed_files(cfg: JobConfig, client, work: durable.WorkPrefix, images, inputs: dataset.PlanInputs, dry: bool,
+def resumed_files(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images, inputs: dataset.PlanInputs, dry: bool,
                   found: dataset.Contents | None) -> dataset.DatasetPlan | None:
     """A resumed run's files: a dataset's (:func:`plan_dataset`), a table's, or none (one output object)."""
     if found is not None:
@@ -163,13 +163,13 @@ def run_name(cfg: JobConfig, found: dataset.Contents | None, appending: bool) ->
     """The name in a new run's file names: a table run's id, a ``--skip-existing`` dataset run's UTC start, else
     ``None`` (``part-NNNNN.parquet``)."""
     if cfg.table:
-        from mxjob.outputs import table_output  # pyiceberg, for a table output only
+        from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
 
-        return table_output.new_run_id()
+        return iceberg_run.new_run_id()
     return dataset.new_run(found) if appending else None
 
 
-def refuse_progress(work: durable.WorkPrefix, table: bool = False) -> NoReturn:
+def refuse_progress(work: work_prefix.WorkPrefix, table: bool = False) -> NoReturn:
     """Raise for an earlier run's progress that this run does not resume: ``--resume`` or ``--overwrite``."""
     runs = work.runs()
     done = sum(len(run.done) for run in runs)
@@ -189,15 +189,15 @@ def refuse_existing_output(cfg: JobConfig, client, resume: bool) -> NoReturn:
     if (code := finished_by_this_application(cfg, client)) is not None:
         raise Completed(cfg.output_uri, code)
     if cfg.table:
-        from mxjob.outputs import table_output  # pyiceberg, for a table output only
+        from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
 
-        table_output.refuse_rows(cfg)
+        iceberg_run.refuse_rows(cfg)
     raise JobError(f"{cfg.output_uri} (or its summary) already exists; add --overwrite to replace it")
 
 
-def abort_left_uploads(work: durable.WorkPrefix, cfg: JobConfig) -> None:
+def abort_left_uploads(work: work_prefix.WorkPrefix, cfg: JobConfig) -> None:
     """Abort the uploads a killed driver left open beside the output, a dataset's files among them (never visible;
-    S3 bills their parts). A table's are its run's to abort (:func:`mxjob.outputs.table_output.settle`)."""
+    S3 bills their parts). A table's are its run's to abort (:func:`mxjob.outputs.iceberg_run.settle`)."""
     def dataset_file(key: str) -> bool:
         return dataset.file_id(key, cfg.output_key) is not None
 
@@ -208,16 +208,16 @@ def abort_left_uploads(work: durable.WorkPrefix, cfg: JobConfig) -> None:
 
 
 def existing_output(cfg: JobConfig, client,
-                    work: durable.WorkPrefix) -> tuple[bool, bool, dataset.Contents | None]:
+                    work: work_prefix.WorkPrefix) -> tuple[bool, bool, dataset.Contents | None]:
     """``(output exists, work prefix exists, a dataset prefix's contents or None)``.
 
     A dataset's prefix is listed once here, for the plan's every look at it. An
     unreadable output bucket raises :class:`JobError`.
     """
     if cfg.table:  # the table's rows, from its catalog (which says what is wrong itself)
-        from mxjob.outputs import table_output  # pyiceberg, for a table output only
+        from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
 
-        rows = table_output.target(cfg).rows
+        rows = iceberg_run.target(cfg).rows
     try:
         if cfg.table:
             return rows > 0, work.exists(), None
@@ -231,7 +231,7 @@ def existing_output(cfg: JobConfig, client,
         raise JobError(f"cannot write {cfg.output_uri}: {why}") from exc
 
 
-def yarn_retry(work: durable.WorkPrefix) -> bool:
+def yarn_retry(work: work_prefix.WorkPrefix) -> bool:
     """Whether this driver is YARN's next attempt of the application whose progress ``work`` holds: then it resumes."""
     app, attempt = yarn_attempt()
     if attempt <= 1:
@@ -244,8 +244,8 @@ def yarn_retry(work: durable.WorkPrefix) -> bool:
     return False
 
 
-def fresh_plan(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict, resume: bool,
-               dry: bool, new_dataset: dataset.DatasetPlan | None = None) -> durable.Plan:
+def fresh_plan(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict, resume: bool,
+               dry: bool, new_dataset: dataset.DatasetPlan | None = None) -> work_prefix.Plan:
     """Every key to score; records the fingerprint (and a dataset's plan) under the work prefix (not for a dry run)."""
     if resume:
         log.info("--resume: nothing under %s yet; scoring every key", work.uri)
@@ -256,16 +256,16 @@ def fresh_plan(cfg: JobConfig, work: durable.WorkPrefix, images: listing.Listing
             raise JobError(f"cannot write {work.uri}: {first_line(exc)}; the job needs s3:PutObject, "
                            "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
                            "prefix beside it") from exc
-    return durable.Plan(runs=[], todo=images, number=1, resumed=False)
+    return work_prefix.Plan(runs=[], todo=images, number=1, resumed=False)
 
 
-def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: dict) -> durable.Plan:
+def resume_plan(work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict) -> work_prefix.Plan:
     """The keys without a durable line, after checking that the earlier run's fingerprint is this one's."""
     job = work.read_job()
     if job is None:
         raise JobError(f"{work.uri} has no job.json, so what made its lines is unknown; "
                        "add --overwrite to discard it and start again")
-    differ = durable.differences(job["fingerprint"], fingerprint)
+    differ = work_prefix.differences(job["fingerprint"], fingerprint)
     if differ:
         raise JobError(f"cannot resume: the earlier run under {work.uri} used different settings or files, "
                        f"and one output must not mix them: {'; '.join(differ)}. Rerun with the earlier "
@@ -273,10 +273,10 @@ def resume_plan(work: durable.WorkPrefix, images: listing.Listing, fingerprint: 
     runs = work.runs()
     if isinstance(images, extsort.SpilledListing):
         images = images.load()  # a dry run's resume check: which keys lack a line needs every key in memory
-    todo = images.filter(durable.remaining_keys(work, runs, images))
+    todo = images.filter(work_prefix.remaining_keys(work, runs, images))
     log.info("--resume: %d of %d keys already have a durable line (%d runs under %s); scoring %d",
              len(images) - len(todo), len(images), len(runs), work.uri, len(todo))
-    return durable.Plan(runs=runs, todo=todo, number=max((run.number for run in runs), default=0) + 1, resumed=True)
+    return work_prefix.Plan(runs=runs, todo=todo, number=max((run.number for run in runs), default=0) + 1, resumed=True)
 
 
 def clear_dataset(cfg: JobConfig, client, found: dataset.Contents) -> None:
@@ -287,7 +287,7 @@ def clear_dataset(cfg: JobConfig, client, found: dataset.Contents) -> None:
                  cfg.output_uri)
 
 
-def plan_dataset(cfg: JobConfig, client, work: durable.WorkPrefix, images, inputs: dataset.PlanInputs, dry: bool,
+def plan_dataset(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images, inputs: dataset.PlanInputs, dry: bool,
                  found: dataset.Contents) -> dataset.DatasetPlan:
     """A resumed dataset's plan: the first run's rows per file; its files (``found``) kept, or deleted if the keys
     changed. Only the run's own files: a ``--skip-existing`` run's earlier runs' files are never its to delete."""

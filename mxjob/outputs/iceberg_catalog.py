@@ -60,7 +60,7 @@ from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructType
 from pyiceberg.utils.config import Config
 
-from mxjob.outputs import durable
+from mxjob.outputs import work_prefix
 from mxjob.outputs.table_uri import SCHEME
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ def open_table(catalog, identifier: str, schema: pa.Schema, fingerprint: dict, *
     if recorded is None:
         differences = [f"the table has no {FINGERPRINT} property: this job did not create it"]
     else:
-        differences = durable.differences(json.loads(recorded), json.loads(canonical))
+        differences = work_prefix.differences(json.loads(recorded), json.loads(canonical))
     if differences and not accept_other_fingerprint:
         raise TableMismatchError(
             f"{where} holds rows of another model or settings: {'; '.join(differences)}. Write to another table "

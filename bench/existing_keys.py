@@ -5,7 +5,7 @@ file under the output's prefix and leaves those keys out of the run. To
 measure that at ten million keys without scoring them first, the bench writes
 the earlier run's dataset itself, in the job's own layout: the rows the fake
 scorer would have made (:data:`bench.fake_daemon.FAKE_PREDICTIONS`), in key
-order, through the job's own sink (:class:`mxjob.outputs.sinks.DatasetSink`:
+order, through the job's own sink (:class:`mxjob.outputs.dataset_files.DatasetSink`:
 ``part-NNNNN.parquet`` of ``rows_per_file`` rows, zstd, its row groups, one
 multipart upload a file, ``_SUCCESS``), with the ``mxinfer.fingerprint`` of a
 real run of the job (:func:`provenance`), so that the run's fingerprint check
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.fake_daemon import FAKE_PREDICTIONS
-from mxjob.outputs import sinks
+from mxjob.outputs import dataset_files
 from mxjob.tasks import classify
 
 #: One new key for this many existing ones: the manifest lists 1% more keys than the dataset holds.
@@ -69,7 +69,7 @@ def write_dataset(client, bucket: str, prefix: str, keys: Iterable[str], rows_pe
     Returns the files (``{"key", "rows", "bytes", "kept"}``), as ``_SUCCESS`` lists them.
     """
     template = fake_rows()
-    sink = sinks.DatasetSink(client, bucket, prefix, rows_per_file, metadata)
+    sink = dataset_files.DatasetSink(client, bucket, prefix, rows_per_file, metadata)
     pending: list[str] = []
 
     def flush() -> None:

@@ -115,7 +115,7 @@ import psutil
 import pyarrow.parquet as pq
 import yaml
 
-from mxjob.outputs import dataset
+from mxjob.outputs import dataset_files
 from mxjob.s3 import parallel_list
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -676,7 +676,7 @@ def existing_point(s3, endpoint: str, existing: int, args) -> dict:
     (work / f"existing-{existing}.summary.json").write_text(json.dumps(summary, indent=2))
     found = summary.get("existing") or {}
     run_files = [key for key, _ in parallel_list.list_objects(s3, BUCKET, prefix)
-                 if (dataset.file_id(key, prefix) or (None,))[0] is not None]
+                 if (dataset_files.file_id(key, prefix) or (None,))[0] is not None]
     scored = [k for key in sorted(run_files) for k in pq.read_table(
         io.BytesIO(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()), columns=["key"]).column("key").to_pylist()]
     expected = sorted(manifest_key(i) for i in new)

@@ -427,7 +427,7 @@ def write_sample_table(catalog, s3, identifier: str, commits=SAMPLE_COMMITS, run
     ``iceberg_catalog.data_file_path`` and committed with ``commit_files``
     (commit id ``RUN:FIRST-LAST`` of the files' indices). Returns the table.
     """
-    from mxjob.outputs import iceberg_catalog, sinks
+    from mxjob.outputs import iceberg_catalog, parquet
     from mxjob.results import parquet_view
     from mxjob.s3 import uris, writes
 
@@ -441,7 +441,7 @@ def write_sample_table(catalog, s3, identifier: str, commits=SAMPLE_COMMITS, run
             path = iceberg_catalog.data_file_path(table, run_id, index)
             bucket, key = uris.parse_s3_uri(path, need_key=True)
             writer = writes.MultipartWriter(s3, bucket, key, content_type="application/vnd.apache.parquet")
-            sink = sinks.ParquetSink(writer, sinks.provenance({"fingerprint": SAMPLE_FINGERPRINT}))
+            sink = parquet.ParquetSink(writer, parquet.provenance({"fingerprint": SAMPLE_FINGERPRINT}))
             sink.write([sample_batch(keys, set(fail))])
             sink.close()
             paths.append(path)

@@ -21,6 +21,7 @@ from typing import Any
 import click
 import yaml
 
+from mxjob import outputs
 from mxjob.core.errors import first_line, plural
 from mxjob.executor.partition import JobSpec
 from mxjob.model.predictor import ModelSpec
@@ -28,8 +29,6 @@ from mxjob.model.preprocess import Preprocess
 from mxjob.options import settings as table
 from mxjob.options.option_types import parse_max_errors
 from mxjob.options.settings import REFUSED_SECRETS, SECRETS_MESSAGE
-from mxjob.outputs import sinks, table_uri
-from mxjob.outputs.sidecar import is_dataset, side_key
 from mxjob.s3 import clients, reads, uris
 
 #: ``infer_main.main``'s parameters: ``--config``, one option per setting, the refused key options.
@@ -70,35 +69,48 @@ class _JobConfigBase:
 
     @property
     def output_uri(self) -> str | None:
-        """The output as the user named it: ``s3://BUCKET/KEY``, or the Iceberg table's ``iceberg://`` URI."""
-        if self.output_table:
-            return self.output_table
-        return f"s3://{self.output_bucket}/{self.output_key}" if self.output_key else None
+        """The output as the user named it (``s3://BUCKET/KEY``, an Iceberg table's ``iceberg://`` URI, ...)."""
+        return self.output.uri if self.output is not None else None
 
     @property
-    def table(self) -> bool:
-        """Whether the output is an Iceberg table (``--output iceberg://CATALOG/NAMESPACE.TABLE``).
-
-        Its home (``output_bucket``, ``output_key``: the prefix that holds the
-        run's status, summary, report and work) is found by the driver from
-        the table's location (:func:`mxjob.outputs.iceberg_run.locate`).
-        """
-        return self.output_table is not None
+    def output_bucket(self) -> str | None:
+        """The bucket of the output's home (:class:`mxjob.outputs.Output`): where its own files go."""
+        return self.output.bucket if self.output is not None else None
 
     @property
-    def cuts_files(self) -> bool:
-        """Whether the rows go into Parquet files cut at ``--rows-per-file``: a dataset's, or a table's."""
-        return self.dataset or self.table
+    def output_key(self) -> str | None:
+        """The key of the output's home: its object's, or a prefix (a dataset's, an Iceberg table's home)."""
+        return self.output.key if self.output is not None else None
+
+    @property
+    def output_format(self) -> str:
+        """The rows' format: ``jsonl`` or ``parquet`` (JSON Lines when a dry run names no output)."""
+        return self.output.format if self.output is not None else "jsonl"
 
     @property
     def summary_key(self) -> str:
-        """``KEY.summary.json`` beside one output object, ``PREFIX/_summary.json`` in a dataset."""
-        return side_key(self.output_key, "summary.json")
+        """``KEY.summary.json`` beside one output object, ``PREFIX/_summary.json`` in a prefix."""
+        return self.output.side_key("summary.json")
 
-    @property
-    def dataset(self) -> bool:
-        """Whether the output is a Parquet dataset (``--output s3://B/PREFIX/``), not one object."""
-        return self.output_table is None and is_dataset(self.output_key)
+    def line_settings(self) -> dict:
+        """Every setting that changes what a line says about an image: those the table marks ``fingerprint``.
+
+        The recipe's settings are one entry, ``preprocess``.
+        """
+        values = {s.name: self.setting_value(s) for s in table.SETTINGS if s.to != "resolve"}
+        out: dict = {}
+        for s in table.SETTINGS:
+            if s.in_fingerprint(values):
+                if s.to == "preprocess":
+                    out["preprocess"] = asdict(self.preprocess)
+                else:
+                    out[s.name] = values[s.name]
+        return out
+
+    def setting_value(self, setting: table.Setting):
+        """The value of a ``driver``, ``executor``, ``model`` or ``preprocess`` setting in this run."""
+        holder = {"model": self.model, "preprocess": self.preprocess}.get(setting.to, self)
+        return getattr(holder, setting.name)
 
     def job_spec(self) -> JobSpec:
         """What the executors need: every executor setting, the model (int8 once quantized) and the recipe."""
@@ -107,11 +119,14 @@ class _JobConfigBase:
                        **{s.name: getattr(self, s.name) for s in table.going_to("executor")})
 
     def options(self) -> dict:
-        """The settings as plain JSON values, for the summary."""
+        """The settings as plain JSON values, for the summary: the output as its URI, kind, format and home."""
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
             out[f.name] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
+        if self.output is not None:
+            out.update(output=self.output.uri, output_kind=self.output.kind, output_format=self.output_format,
+                       output_bucket=self.output_bucket, output_key=self.output_key)
         return out
 
 
@@ -121,11 +136,9 @@ _RESOLVED_FIELDS = [
     ("input_bucket", "str | None"), ("input_prefix", str),
     #: --input-manifest: the keys come from this file instead of a listing.
     ("input_manifest", "str | None"),
-    ("model", ModelSpec), ("output_bucket", "str | None"), ("output_key", "str | None"),
-    #: --output iceberg://CATALOG/NAMESPACE.TABLE; output_bucket and output_key are then its home, set by the driver.
-    ("output_table", "str | None"),
-    #: jsonl or parquet (see :func:`sinks.output_format`).
-    ("output_format", str), ("preprocess", Preprocess),
+    ("model", ModelSpec),
+    #: Where the rows go (:mod:`mxjob.outputs`), resolved from --output; None for a dry run without one.
+    ("output", "outputs.Output | None"), ("preprocess", Preprocess),
 ]
 
 JobConfig = table.make_settings_dataclass(
@@ -269,16 +282,11 @@ def resolve(settings: Settings) -> JobConfig:
     model, the preprocessing recipe.
     """
     in_bucket, in_prefix, input_manifest = resolve_input(settings)
-    out_bucket, out_key = resolve_output(settings, in_bucket)
-    out_table = settings["output"] if settings["output"] and table_uri.is_table_uri(settings["output"]) else None
     check_run_mode(settings)
-    check_skip_existing(settings, out_key, out_table)
-    check_table_output(settings, out_table)
+    output = resolve_output(settings, in_bucket)
     plain = {s.name: settings[s.name] for s in table.going_to("driver", "executor")}
     return JobConfig(
-        **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
-        output_bucket=out_bucket, output_key=out_key, output_table=out_table,
-        output_format="parquet" if out_table else resolve_output_format(settings, out_key or ""),
+        **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest, output=output,
         model=resolve_model(settings), preprocess=resolve_preprocess(settings),
     )
 
@@ -307,140 +315,50 @@ def resolve_input(s: Settings) -> tuple[str | None, str, str | None]:
     return bucket, prefix, manifest
 
 
-def resolve_output(s: Settings, in_bucket: str | None) -> tuple[str | None, str | None]:
-    """``(bucket, key)``: from --output, or --output_s3_bucket (default: the input's) and --output_s3_key."""
+def resolve_output(s: Settings, in_bucket: str | None) -> outputs.Output | None:
+    """The run's output (:func:`mxjob.outputs.resolve`): from --output, or the original's --output_s3_bucket (default:
+    the input's) and --output_s3_key; ``None`` only for a dry run."""
     name = s.name
     if s["output"] and (s["output_s3_key"] or s["output_s3_bucket"]):
         other = "output_s3_key" if s["output_s3_key"] else "output_s3_bucket"
         raise click.UsageError(f"{name('output')} and {name(other)} both set the output: give either "
                                "--output s3://BUCKET/KEY or --output_s3_bucket/--output_s3_key")
-    bucket = key = None
-    if s["output"] and table_uri.is_table_uri(s["output"]):
-        check_table_uri(s)
-        return None, None  # the table's home: found by the driver from its catalog
-    if s["output"]:
-        try:
-            bucket, key = uris.parse_s3_uri(s["output"])
-        except uris.S3UriError as exc:
-            raise click.UsageError(f"{name('output')}: {exc}") from None
-        if not key.strip("/"):
-            raise click.UsageError(f"{name('output')}: {s['output']!r} names no object and no prefix; expected "
-                                   "s3://BUCKET/KEY (one object) or s3://BUCKET/PREFIX/ (a Parquet dataset)")
-    elif s["output_s3_key"]:
-        bucket, key = s["output_s3_bucket"] or in_bucket, s["output_s3_key"].lstrip("/")
+    uri = s["output"]
+    if not uri and s["output_s3_key"]:
+        bucket = s["output_s3_bucket"] or in_bucket
         if bucket is None:
             raise click.UsageError("--output_s3_key needs --output_s3_bucket with --input-manifest (or use --output)")
-    elif s["output_s3_bucket"]:
+        uri = f"s3://{bucket}/{s['output_s3_key'].lstrip('/')}"
+    elif not uri and s["output_s3_bucket"]:
         raise click.UsageError(f"{name('output_s3_bucket')} needs --output_s3_key")
-    if key is None and not s["dry_run"]:
-        raise click.UsageError("no output: give --output s3://BUCKET/KEY (for example predictions.jsonl)")
-    return bucket, key
-
-
-def check_table_uri(s: Settings) -> None:
-    """``--output iceberg://...`` names a catalog, a namespace and a table (:func:`table_uri.parse_table_uri`)."""
+    if not uri:
+        if not s["dry_run"]:
+            raise click.UsageError("no output: give --output s3://BUCKET/KEY (for example predictions.jsonl)")
+        if s["skip_existing"]:
+            raise click.UsageError(f"{name('skip_existing')} adds rows to an output, and this run has none: give "
+                                   "--output")
+        return None
     try:
-        table_uri.parse_table_uri(s["output"])
-    except table_uri.TableUriError as exc:
-        raise click.UsageError(f"{s.name('output')}: {exc}") from None
-
-
-#: Output key endings that name a format; a key with none of them takes either.
-FORMAT_SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz", ".ndjson"), "parquet": (".parquet",)}
-
-
-def resolve_output_format(s: Settings, key: str) -> str:
-    """--output-format, else the one the key's suffix names; a format the key's suffix contradicts is refused.
-
-    A ``.gz`` key gets gzipped JSON Lines; Parquet under a ``.gz`` name is refused (:func:`refuse_gzipped_parquet`).
-    """
-    fmt = _output_format(s, key)
-    refuse_gzipped_parquet(s, key, fmt)
-    return fmt
-
-
-def refuse_gzipped_parquet(s: Settings, key: str, fmt: str) -> None:
-    """A Parquet output (an object, a dataset's prefix, or a ``.parquet.gz`` key) whose name ends in ``.gz``.
-
-    Parquet compresses its own columns, and no Parquet reader opens a file
-    inside gzip: the job writes no such file, and a ``.gz`` name over plain
-    Parquet would mislead every reader that picks gzip by the suffix.
-    """
-    name = key.rstrip("/")
-    if not sinks.is_gzip(name) or not (fmt == "parquet" or name[:-len(".gz")].lower().endswith(".parquet")):
-        return
-    what = "the prefix of a Parquet dataset" if is_dataset(key) else "a Parquet output"
-    drop = f" and drop {s.name('output_format')}" if s["output_format"] == "parquet" else ""
-    raise click.UsageError(f"the output {key!r} ends in .gz but is {what}: Parquet compresses its own columns "
-                           "(zstd), and pyarrow, Spark and Athena cannot read Parquet inside gzip. Drop the .gz to "
-                           f"write Parquet, or for gzipped JSON Lines give an output key ending in .jsonl.gz{drop}")
-
-
-def _output_format(s: Settings, key: str) -> str:
-    requested = s["output_format"]
-    if is_dataset(key):
-        if requested and requested != "parquet":
-            raise click.UsageError(f"{s.name('output_format')} {requested}: an output ending in '/' ({key!r}) is a "
-                                   "Parquet dataset, a folder of Parquet files; for JSON Lines give one object "
-                                   "(--output s3://BUCKET/predictions.jsonl), or drop --output-format")
-        return "parquet"
-    named = [fmt for fmt, suffixes in FORMAT_SUFFIXES.items() if key.lower().endswith(suffixes)]
-    if requested and named and named[0] != requested:
-        suffix = next(x for x in FORMAT_SUFFIXES[named[0]] if key.lower().endswith(x))
-        wanted = FORMAT_SUFFIXES[requested][0]
-        raise click.UsageError(f"{s.name('output_format')} {requested} does not match the output key {key!r}, "
-                               f"whose {suffix} suffix says {named[0]}: end the key in {wanted}, or drop "
-                               f"--output-format (the key's suffix chooses), or give --output-format {named[0]}")
-    return sinks.output_format(requested, key)
+        return outputs.resolve(uri, s)
+    except outputs.OutputError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def check_run_mode(s: Settings) -> None:
-    """The settings that exclude each other: --resume and --overwrite; int8 on a GPU; another task's options."""
+    """The settings that exclude each other: --resume and --overwrite; int8 on a GPU; another task's options;
+    --skip-existing's."""
     check_task_options(s)
     if s["resume"] and s["overwrite"]:
         raise click.UsageError("give --resume (finish an earlier run) or --overwrite (start again), not both")
     if s["precision"] == "int8" and s["context"] != "cpu":
         raise click.UsageError(f"{s.name('precision')} int8 runs on CPUs (oneDNN); use --context cpu, or "
                                "--precision fp32 on GPUs")
-
-
-def check_table_output(s: Settings, out_table: str | None) -> None:
-    """The settings an Iceberg table output refuses, and those that apply to one only."""
-    if out_table is None:
-        for key in ("accept_other_fingerprint",):
-            if s[key]:
-                raise click.UsageError(f"{s.name(key)} applies to an Iceberg table output only (--output "
-                                       f"{table_uri.URI_FORM}): leave it out")
-        return
-    if s["output_format"] and s["output_format"] != "parquet":
-        raise click.UsageError(f"{s.name('output_format')} {s['output_format']}: an Iceberg table holds Parquet "
-                               "files; drop --output-format, or write JSON Lines to s3://BUCKET/KEY.jsonl")
-    if s["overwrite"]:
-        raise click.UsageError(
-            f"{s.name('overwrite')} does not apply to an Iceberg table: the job only adds to a table, and the table "
-            "keeps every snapshot. To score every key again into a table of its own, write to a new table "
-            f"(--output {out_table.rsplit('.', 1)[0]}.NEW_TABLE), or drop this one first (pyiceberg's "
-            "catalog.drop_table, or DROP TABLE in Spark or Athena); to add only the keys it lacks, use --skip-existing")
-
-
-def check_skip_existing(s: Settings, out_key: str | None, out_table: str | None = None) -> None:
-    """``--skip-existing`` adds rows to a dataset or a table: with one output object, or with ``--overwrite``, it is
-    refused."""
     if s["rescore_errors"] and not s["skip_existing"]:
         raise click.UsageError(f"{s.name('rescore_errors')} scores again the error rows that --skip-existing would "
                                "keep: give it with --skip-existing")
-    if not s["skip_existing"]:
-        return
-    if s["overwrite"]:
+    if s["skip_existing"] and s["overwrite"]:
         raise click.UsageError(f"{s.name('skip_existing')} keeps the output's rows and adds the new keys', "
                                "--overwrite replaces the output: give one or the other")
-    if out_table is None and not is_dataset(out_key):
-        what = (f"{out_key!r} is one object, which every run writes whole, so a run cannot add rows to it"
-                if out_key else "this run has no output")
-        raise click.UsageError(
-            f"{s.name('skip_existing')} adds rows to a Parquet dataset, a prefix ending in '/' (--output "
-            f"s3://BUCKET/PREFIX/), or to an Iceberg table (--output {table_uri.URI_FORM}); {what}. Write to a "
-            "dataset prefix or a table, or give the keys to score in an --input-manifest")
 
 
 def check_task_options(s: Settings) -> None:

@@ -4,7 +4,7 @@ The prefix holds ``part-00000.parquet``, ``part-00001.parquet``, ... and, once
 the job has ended, ``_SUCCESS`` (JSON: each file's key, rows and bytes) and
 ``_summary.json``; the job's own files (``_parts/``, ``_status.json``,
 ``_report.html``) start with an underscore, so readers skip them
-(:mod:`mxjob.outputs.sidecar`). The assembly gives the rows in key order, one per
+(:mod:`mxjob.outputs.base`). The assembly gives the rows in key order, one per
 key, while the job runs (:mod:`mxjob.outputs.assembly`), and :class:`DatasetSink`
 cuts them into files of ``rows_per_file`` rows: file ``i`` holds rows ``i *
 R`` to ``(i + 1) * R - 1`` of the job's sorted key list, so the same key
@@ -33,26 +33,25 @@ import calendar
 import hashlib
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob.core.errors import JobError, plural
-from mxjob.outputs import merge, work_prefix
-from mxjob.outputs.sidecar import NAMES, side_key
-from mxjob.s3 import parallel_list
+from mxjob.core.errors import JobError, first_line, plural
+from mxjob.inputs import extsort, listing
+from mxjob.outputs import claim, merge, work_prefix
+from mxjob.outputs.base import NAMES, Output, OutputError, Planning, is_prefix, refuse_gzipped_parquet, side_key
+from mxjob.outputs.dataset_files import DatasetSink, file_id, summary_of
+from mxjob.outputs.existing import EarlierFile, Existing, KeyFilter, output_filesystem, read_keys, select
+from mxjob.outputs.fingerprint import differences
+from mxjob.outputs.parquet import provenance
+from mxjob.s3 import clients, parallel_list, writes
 
 log = logging.getLogger(__name__)
 
-#: A dataset file's name under the prefix: the file's index, at least 5 digits.
-FILE_NAME = "part-{index:05d}.parquet"
-#: ... and a ``--skip-existing`` run's: its run (:func:`new_run`), then the index.
-RUN_FILE_NAME = "part-{run}-{index:05d}.parquet"
-#: Either name: group 1 the run (absent in a first run's name), group 2 the index.
-_FILE = re.compile(r"part-(?:(\d{8}T\d{6}Z)-)?(\d{5,})\.parquet$")
 #: A run's name: its start, UTC, to the second (``RUN_FILE_NAME`` sorts the runs' files in the order they ran).
 RUN_FORMAT = "%Y%m%dT%H%M%SZ"
 #: ``--rows-per-file auto`` aims at files of about this many bytes (Athena reads 128 MiB splits well).
@@ -61,24 +60,6 @@ TARGET_FILE_BYTES = 128 * 2**20
 AUTO_ROWS = (1_000, 5_000_000)
 #: Bytes a row costs besides the key and the task's columns (the error struct's nulls, Parquet's levels).
 ROW_OVERHEAD_BYTES = 16
-
-
-def file_key(prefix: str, index: int, run: str | None = None) -> str:
-    """The key of the dataset's file ``index`` under ``prefix`` (which ends with ``/``), of ``run`` if given."""
-    return prefix + (RUN_FILE_NAME.format(run=run, index=index) if run else FILE_NAME.format(index=index))
-
-
-def file_id(key: str, prefix: str) -> tuple[str | None, int] | None:
-    """``(run, index)`` of a dataset file's key under ``prefix`` (``run`` ``None`` for ``part-NNNNN.parquet``),
-    else ``None``."""
-    match = _FILE.fullmatch(key[len(prefix):]) if key.startswith(prefix) else None
-    return (match.group(1), int(match.group(2))) if match else None
-
-
-def file_index(key: str, prefix: str) -> int | None:
-    """The index of a dataset file's key under ``prefix``, whichever run wrote it, else ``None``."""
-    found = file_id(key, prefix)
-    return found[1] if found else None
 
 
 def new_run(found: Contents, now: float | None = None) -> str:
@@ -216,20 +197,6 @@ class DatasetPlan:
         return out
 
 
-@dataclass(frozen=True)
-class PlanInputs:
-    """What a dataset's plan is made from besides the key list and the settings."""
-
-    #: ``--rows-per-file auto``'s ``(rows, why)`` for this model and key list.
-    auto_rows: tuple = (0, "")
-    #: A ``--skip-existing`` run's :class:`mxjob.outputs.existing.Existing`: what the earlier files hold.
-    existing: object = None
-
-
-#: A plan's inputs when there are none (an output that is not a dataset).
-NO_INPUTS = PlanInputs()
-
-
 def rows_setting(given, auto: tuple[int, str]) -> tuple[int, str]:
     """``--rows-per-file`` as given (a number), or ``auto``'s ``(rows, why)``."""
     return (given, "--rows-per-file") if isinstance(given, int) else auto
@@ -333,7 +300,7 @@ def check_fingerprints(fingerprints: dict, fingerprint: dict, uri: str) -> None:
             raise JobError(f"--skip-existing: {key.rsplit('/', 1)[-1]} in {uri} has no mxinfer.fingerprint, so what "
                            "made its rows is unknown and this run's rows must not be added beside them; write to "
                            "another prefix, or replace the dataset with --overwrite instead of --skip-existing")
-        differ = work_prefix.differences(earlier, fingerprint)
+        differ = differences(earlier, fingerprint)
         if differ:
             raise JobError(f"--skip-existing: the rows in {uri} were made with other settings or files than this "
                            f"run's, and one dataset must not mix them: {'; '.join(differ)} (in "
@@ -341,18 +308,181 @@ def check_fingerprints(fingerprints: dict, fingerprint: dict, uri: str) -> None:
                            "replace the dataset with --overwrite instead of --skip-existing")
 
 
-def success_body(files: list[dict], rows_per_file: int, run: str | None, prefix: str,
-                 rewritten: list[dict] = ()) -> dict:
-    """``_SUCCESS``: every file of the dataset (``{"key", "rows", "bytes"}``, every run's, in key order), the rows,
-    and a section per run with the files it added; this ``run``'s also names the earlier files it rewrote."""
-    runs: dict = {}
-    for f in files:
-        name = file_id(f["key"], prefix)[0]
-        section = runs.setdefault(name, {"run": name, "files": [], "rows": 0})
-        section["files"].append(f["key"])
-        section["rows"] += f["rows"]
-    runs.setdefault(run, {"run": run, "files": [], "rows": 0})
-    if rewritten:
-        runs[run]["rewrote"] = [{k: f[k] for k in ("key", "rows", "bytes", "replaced")} for f in rewritten]
-    return {"files": files, "rows": sum(f["rows"] for f in files), "rows_per_file": rows_per_file,
-            "runs": list(runs.values())}
+# ----------------------------------------------------------------------------
+# The output
+
+
+class DatasetOutput(Output):
+    """A Parquet dataset: files of ``--rows-per-file`` rows under a prefix, each whole when it appears."""
+
+    kind = "dataset"
+    format = "parquet"
+    form = "s3://BUCKET/PREFIX/"
+    described = "a Parquet dataset: part files that appear as the job runs"
+    called = "a Parquet dataset, a prefix ending in '/'"
+    adds_rows = True
+    cuts_files = True
+    summary_field = "dataset"
+
+    @classmethod
+    def claims(cls, uri: str, requested_format: str | None) -> bool:
+        return uri.startswith("s3://") and is_prefix(uri)
+
+    @classmethod
+    def parse(cls, uri: str, settings) -> DatasetOutput:
+        output = super().parse(uri, settings)
+        requested = settings["output_format"]
+        if requested and requested != "parquet":
+            raise OutputError(f"{settings.name('output_format')} {requested}: an output ending in '/' "
+                              f"({output.key!r}) is a Parquet dataset, a folder of Parquet files; for JSON Lines give "
+                              "one object (--output s3://BUCKET/predictions.jsonl), or drop --output-format")
+        refuse_gzipped_parquet(settings, output.key, "parquet")
+        return output
+
+    def refuse_foreign(self, found: Contents) -> None:
+        """Objects the job did not write are refused whatever the flags: a reader of the dataset would read them."""
+        refuse_foreign(found, self.uri)
+
+    def contents(self, cfg, client) -> Contents:
+        """What is under the prefix (:func:`contents`); unreadable raises :class:`JobError`."""
+        try:
+            return contents(client, self.bucket, self.key)
+        except clients.S3_ERRORS as exc:
+            raise JobError(f"cannot list {self.uri}: {first_line(exc)}; the job needs s3:ListBucket and "
+                           "s3:GetObject on the output bucket") from exc
+
+    def exists(self, cfg, client, found) -> bool:
+        return found.output_exists
+
+    def check_fingerprints(self, existing, fingerprint: dict) -> None:
+        check_fingerprints(existing.fingerprints, fingerprint, self.uri)
+
+    def clear(self, cfg, client, found) -> None:
+        """``--overwrite``: its files, ``_SUCCESS`` and summary go before any new file appears."""
+        removed = writes.delete_objects(client, self.bucket, [*found.files, *found.own])
+        if removed:
+            log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"),
+                     self.uri)
+
+    def files(self, cfg, client, planning: Planning) -> DatasetPlan:
+        if not planning.resumed:
+            run = new_run(planning.found) if planning.appending else None
+            return fresh_plan(cfg.rows_per_file, planning.auto_rows, planning.images, run, planning.existing,
+                              cfg.rescore_errors, skip_existing=cfg.skip_existing)
+        return self._resumed(cfg, client, planning)
+
+    def _resumed(self, cfg, client, planning: Planning) -> DatasetPlan:
+        """A resumed dataset's plan: the first run's rows per file; its files kept, or deleted if the keys
+        changed. Only the run's own files: a ``--skip-existing`` run's earlier runs' files are never its to delete."""
+        found = planning.found
+        job = planning.work.read_job() or {}
+        plan = resume_plan(job.get("dataset"), cfg.rows_per_file, planning.auto_rows, planning.images, found,
+                           planning.existing, cfg.skip_existing)
+        stale = [key for index, (key, _) in found.run_files(plan.run).items() if index not in plan.keep]
+        if plan.keep:
+            log.info("--resume: keeping the %s an earlier run completed under %s (same keys)",
+                     plural(len(plan.keep), "dataset file"), self.uri)
+        if stale and not planning.dry:
+            # The key list changed since: those files' rows would not be this run's. Gone before any new file appears.
+            writes.delete_objects(client, self.bucket, stale)
+            log.info("--resume: the input's keys changed since the earlier run; deleted its %s under %s, to be "
+                     "written again", plural(len(stale), "dataset file"), self.uri)
+        return plan
+
+    def left_upload(self, key: str) -> bool:
+        return file_id(key, self.key) is not None
+
+    def existing(self, cfg, client, images) -> Existing:
+        return find(cfg, client, images)
+
+    def finish_nothing_new(self, cfg, client, work, found) -> None:
+        """A resumed run none of whose keys is listed any more: its files go, and its progress."""
+        if found.run is None:
+            return
+        gone = writes.delete_objects(client, self.bucket, [
+            key for key, _ in self.contents(cfg, client).run_files(found.run).values()])
+        log.info("--skip-existing: the run being resumed has no listed key left; removed its %s and %d work objects",
+                 plural(gone, "file"), work.remove())
+
+    def sink(self, cfg, client, work, plan):
+        files = plan.dataset
+        return DatasetSink(client, self.bucket, self.key, files.rows_per_file, provenance(work.read_job()),
+                           files.keep, files if files.run else None)
+
+    def summary_entry(self, sink, plan) -> dict:
+        return {**summary_of(sink), "rows_per_file_why": plan.dataset.why}
+
+
+# ----------------------------------------------------------------------------
+# --skip-existing: what the earlier runs' files hold
+
+
+def find(cfg, client, images: listing.Listing) -> Existing:
+    """Read what the output's files hold and filter the listing: the keys this ``--skip-existing`` run scores.
+
+    The files of the run being resumed (``--resume``, or YARN's next attempt)
+    are not "existing": its key list is the one its first attempt planned.
+    An earlier run's progress that this run would not resume is refused here,
+    before the files are read. Files whose rows were made otherwise (another
+    model, task or recipe) are refused later, by the plan, against the run's
+    fingerprint (:func:`dataset.check_fingerprints`).
+    """
+    started = time.time()
+    if isinstance(images, extsort.SpilledListing):
+        images = images.load()
+    found = cfg.output.contents(cfg, client)
+    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    own = resumed_run(cfg, work)
+    first = images[0] if len(images) else None
+    sample = listing.Listing.build(images.bucket, [first[0]], [first[1]]) if first else None
+    files = [EarlierFile(key, size) for key, size in found.files.items()
+             if own is None or file_id(key, found.prefix)[0] != own]
+    if not files:
+        log.info("--skip-existing: %s holds no file of an earlier run; every listed key is new", cfg.output_uri)
+        return Existing(listed=len(images), new=images, sample=sample, run=own, seconds=time.time() - started)
+    by_key = {f.key: i for i, f in enumerate(files)}
+    marks, errors, owners, fingerprints = KeyFilter(images.keys), [], [], {}
+    try:
+        for key, keys, failed, fingerprint in read_keys(output_filesystem(cfg), cfg.output_bucket, files,
+                                                       cfg.rescore_errors):
+            files[by_key[key]].rows += len(keys)
+            marks.add(keys)
+            fingerprints.setdefault(fingerprint, key)
+            if failed is not None and len(failed):
+                errors.append(failed.cast(listing.KEY_TYPE))
+                owners.append(np.full(len(failed), by_key[key], dtype=np.int64))
+    except (OSError, pa.ArrowException) as exc:
+        raise JobError(f"--skip-existing: cannot read the keys of the files in {cfg.output_uri}: "
+                       f"{first_line(exc)}; the job needs s3:GetObject on them") from exc
+    hit = marks.finish()
+    new, rescore, owner = select(images, hit, pa.concat_arrays(errors) if errors else None,
+                                 np.concatenate(owners) if owners else None)
+    out = Existing(listed=len(images), new=new, in_output=int(hit.sum()), rescore=rescore, owner=owner,
+                   files=files, fingerprints=fingerprints, sample=sample, run=own, seconds=time.time() - started)
+    log.info("--skip-existing: %s of %s listed keys have a row in the %s under %s (read in %.1f s); %s%s to "
+             "score", f"{out.in_output:,}", f"{out.listed:,}", plural(len(files), "earlier file"), cfg.output_uri,
+             out.seconds, f"{out.rescored:,} of them errors to score again and " if out.rescored else "",
+             plural(len(new) - out.rescored, "new key"))
+    return out
+
+
+def resumed_run(cfg, work) -> str | None:
+    """The name of the ``--skip-existing`` run this one resumes (its files are not "existing"), or ``None``.
+
+    Progress under the work prefix that this run would not resume is
+    refused now, as the plan would refuse it, before any file is read; so is
+    a resume of a run that was not ``--skip-existing``, or whose
+    ``--rescore-errors`` differs.
+    """
+    if not work.exists():
+        return None
+    if not (cfg.resume or claim.yarn_retry(work)):
+        claim.refuse_progress(work, cfg.output)
+    record = (work.read_job() or {}).get("dataset") or {}
+    if not record.get("skip_existing"):
+        raise JobError(skip_existing_mismatch(False))
+    if bool(record.get("rescore_errors")) != cfg.rescore_errors:
+        started = "with" if record.get("rescore_errors") else "without"
+        raise JobError(f"cannot resume: the run being resumed was started {started} --rescore-errors, and its key "
+                       "list depends on it; resume it as it was started")
+    return record.get("run")

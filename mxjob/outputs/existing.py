@@ -4,7 +4,7 @@
 ``error`` is null) of every file under the output's prefix, once, and marks the listed keys that have a row there
 (:class:`KeyFilter`). What is left of the listing is the run's key list; the
 rest of the job runs over it as over any listing, and the dataset sink adds
-its files beside the earlier ones (:class:`mxjob.outputs.sinks.DatasetSink`). A resume
+its files beside the earlier ones (:class:`mxjob.outputs.dataset_files.DatasetSink`). A resume
 of such a run leaves its own files out of what "exists", so that it plans the
 keys its first attempt planned and the work prefix's durable batches finish
 them.
@@ -19,12 +19,10 @@ otherwise. The marks are one byte per listed key.
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -32,14 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from mxjob.core.errors import JobError, first_line, plural
-from mxjob.executor.stats import StatsFold
-from mxjob.inputs import extsort, listing
-from mxjob.options.config import JobConfig
-from mxjob.outputs import claim, dataset, merge, preflight, work_prefix
-from mxjob.planning import sizing
-from mxjob.reporting import summary
-from mxjob.s3 import writes
+from mxjob.inputs import listing
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +192,7 @@ def select(images: listing.Listing, found: np.ndarray, error_keys: pa.Array | No
 # Reading the output's files
 
 
-def output_filesystem(cfg: JobConfig) -> pafs.S3FileSystem:
+def output_filesystem(cfg) -> pafs.S3FileSystem:
     """A pyarrow S3 filesystem for the output: the job's endpoint, region and attempts; the default credentials."""
     options = {"retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=cfg.s3_max_attempts)}
     if cfg.endpoint_url:
@@ -244,112 +235,3 @@ def read_keys(fs: pafs.FileSystem, bucket: str, files: list[EarlierFile],
 
 # ----------------------------------------------------------------------------
 # The run's step
-
-
-def find(cfg: JobConfig, client, images: listing.Listing) -> Existing:
-    """Read what the output's files hold and filter the listing: the keys this ``--skip-existing`` run scores.
-
-    The files of the run being resumed (``--resume``, or YARN's next attempt)
-    are not "existing": its key list is the one its first attempt planned.
-    An earlier run's progress that this run would not resume is refused here,
-    before the files are read. Files whose rows were made otherwise (another
-    model, task or recipe) are refused later, by the plan, against the run's
-    fingerprint (:func:`dataset.check_fingerprints`).
-    """
-    started = time.time()
-    if isinstance(images, extsort.SpilledListing):
-        images = images.load()
-    found = preflight.dataset_contents(cfg, client)
-    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
-    own = resumed_run(cfg, work)
-    first = images[0] if len(images) else None
-    sample = listing.Listing.build(images.bucket, [first[0]], [first[1]]) if first else None
-    files = [EarlierFile(key, size) for key, size in found.files.items()
-             if own is None or dataset.file_id(key, found.prefix)[0] != own]
-    if not files:
-        log.info("--skip-existing: %s holds no file of an earlier run; every listed key is new", cfg.output_uri)
-        return Existing(listed=len(images), new=images, sample=sample, run=own, seconds=time.time() - started)
-    by_key = {f.key: i for i, f in enumerate(files)}
-    marks, errors, owners, fingerprints = KeyFilter(images.keys), [], [], {}
-    try:
-        for key, keys, failed, fingerprint in read_keys(output_filesystem(cfg), cfg.output_bucket, files,
-                                                       cfg.rescore_errors):
-            files[by_key[key]].rows += len(keys)
-            marks.add(keys)
-            fingerprints.setdefault(fingerprint, key)
-            if failed is not None and len(failed):
-                errors.append(failed.cast(listing.KEY_TYPE))
-                owners.append(np.full(len(failed), by_key[key], dtype=np.int64))
-    except (OSError, pa.ArrowException) as exc:
-        raise JobError(f"--skip-existing: cannot read the keys of the files in {cfg.output_uri}: "
-                       f"{first_line(exc)}; the job needs s3:GetObject on them") from exc
-    hit = marks.finish()
-    new, rescore, owner = select(images, hit, pa.concat_arrays(errors) if errors else None,
-                                 np.concatenate(owners) if owners else None)
-    out = Existing(listed=len(images), new=new, in_output=int(hit.sum()), rescore=rescore, owner=owner,
-                   files=files, fingerprints=fingerprints, sample=sample, run=own, seconds=time.time() - started)
-    log.info("--skip-existing: %s of %s listed keys have a row in the %s under %s (read in %.1f s); %s%s to "
-             "score", f"{out.in_output:,}", f"{out.listed:,}", plural(len(files), "earlier file"), cfg.output_uri,
-             out.seconds, f"{out.rescored:,} of them errors to score again and " if out.rescored else "",
-             plural(len(new) - out.rescored, "new key"))
-    return out
-
-
-def resumed_run(cfg: JobConfig, work: work_prefix.WorkPrefix) -> str | None:
-    """The name of the ``--skip-existing`` run this one resumes (its files are not "existing"), or ``None``.
-
-    Progress under the work prefix that this run would not resume is
-    refused now, as the plan would refuse it, before any file is read; so is
-    a resume of a run that was not ``--skip-existing``, or whose
-    ``--rescore-errors`` differs.
-    """
-    if not work.exists():
-        return None
-    if not (cfg.resume or claim.yarn_retry(work)):
-        claim.refuse_progress(work)
-    record = (work.read_job() or {}).get("dataset") or {}
-    if not record.get("skip_existing"):
-        raise JobError(dataset.skip_existing_mismatch(False))
-    if bool(record.get("rescore_errors")) != cfg.rescore_errors:
-        started = "with" if record.get("rescore_errors") else "without"
-        raise JobError(f"cannot resume: the run being resumed was started {started} --rescore-errors, and its key "
-                       "list depends on it; resume it as it was started")
-    return record.get("run")
-
-
-def nothing_new(cfg: JobConfig, client, monitor, found: Existing, seconds: dict) -> int:
-    """End a ``--skip-existing`` run whose every listed key has its row already: no Spark job, no new file.
-
-    The summary and the status say so; the exit code is 0, or the code of
-    YARN's earlier attempt of this application if that attempt finished the
-    run (it wrote these rows, then exited with it).
-    """
-    code = claim.finished_by_this_application(cfg, client)
-    if code is not None:
-        return code
-    log.info("--skip-existing: nothing new to score: all %s listed keys have a row in %s; no Spark job, no new "
-             "file", f"{found.listed:,}", cfg.output_uri)
-    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
-    if cfg.table and work.exists():  # a resumed table run whose files hold every listed key: its rows are committed
-        log.info("the run being resumed has every listed key in the table; removed its %d work objects", work.remove())
-    elif found.run is not None:  # a resumed run none of whose keys is listed any more: its files go, and its progress
-        gone = writes.delete_objects(client, cfg.output_bucket, [
-            key for key, _ in preflight.dataset_contents(cfg, client).run_files(found.run).values()])
-        log.info("--skip-existing: the run being resumed has no listed key left; removed its %s and %d work objects",
-                 plural(gone, "file"), work.remove())
-    monitor.claim("planning")
-    choice = sizing.choose_batch(cfg, None, None, 0)
-    cfg = replace(cfg, batch_size=choice.chosen)
-    stage = dict.fromkeys(("model_check", "plan", "assembly", "assembly_cpu", "output_close"), 0.0)
-    made = summary.summarize(cfg, summary.RunOutcome(
-        images=0, batches=0, fold=StatsFold(), counts=merge.AssemblyCounts(),
-        elapsed=time.time() - monitor.started, model_summary={}, seconds={**stage, **seconds},
-        plan=work_prefix.Plan(runs=[], todo=found.new, number=1, resumed=False), fingerprint={},
-        precision={"precision": cfg.precision}, batch_size_choice=choice.as_dict(), estimate=None,
-        files=dict(monitor.where), existing=found.entry()))
-    writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(made, indent=2) + "\n")
-    monitor.write("succeeded", 0, summary=made)
-    for line in summary.closing_lines(made, 0):
-        log.info("%s", line)
-    return 0
-

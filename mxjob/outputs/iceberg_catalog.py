@@ -5,14 +5,14 @@ users already do it (``.pyiceberg.yaml``, or ``PYICEBERG_CATALOG__<NAME>__...``
 environment variables): a SQL catalog on SQLite here and in the tests, Glue
 on EMR. The steps, in the order the job takes them:
 
-1. :func:`mxjob.outputs.table_uri.parse_table_uri` splits the output URI; :func:`load_catalog` loads
+1. :func:`mxjob.outputs.iceberg.parse_table_uri` splits the output URI; :func:`load_catalog` loads
    the catalog, pointing its S3 FileIO at the job's ``--endpoint-url``.
 2. :func:`open_table`, before any Spark work: the table is created when
    absent, with the run's columns and fingerprint; an existing one with other
    columns or another fingerprint is refused. It reads the table's metadata
    only, so it costs a catalog call and one small S3 GET.
 3. The job writes Parquet data files with its own writer
-   (:class:`mxjob.outputs.sinks.ParquetSink`, no Iceberg field ids) under the table's
+   (:class:`mxjob.outputs.parquet.ParquetSink`, no Iceberg field ids) under the table's
    data location, at :func:`data_file_path` (``<data path>/mxinfer-<run
    id>-<index>.parquet``; the data path is ``<table location>/data`` unless the
    table's ``write.data.path`` says otherwise). Files there are the table's:
@@ -60,8 +60,8 @@ from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructType
 from pyiceberg.utils.config import Config
 
-from mxjob.outputs import work_prefix
-from mxjob.outputs.table_uri import SCHEME
+from mxjob.outputs.fingerprint import differences as fingerprint_differences
+from mxjob.outputs.iceberg import SCHEME
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def load_catalog(name: str, endpoint_url: str | None = None, region: str | None 
     Parameters
     ----------
     name : str
-        The catalog's name (the ``CATALOG`` of :data:`mxjob.outputs.table_uri.URI_FORM`).
+        The catalog's name (the ``CATALOG`` of :data:`mxjob.outputs.iceberg.URI_FORM`).
     endpoint_url : str, optional
         The job's S3 endpoint.
     region : str, optional
@@ -240,7 +240,7 @@ def open_table(catalog, identifier: str, schema: pa.Schema, fingerprint: dict, *
     if recorded is None:
         differences = [f"the table has no {FINGERPRINT} property: this job did not create it"]
     else:
-        differences = work_prefix.differences(json.loads(recorded), json.loads(canonical))
+        differences = fingerprint_differences(json.loads(recorded), json.loads(canonical))
     if differences and not accept_other_fingerprint:
         raise TableMismatchError(
             f"{where} holds rows of another model or settings: {'; '.join(differences)}. Write to another table "

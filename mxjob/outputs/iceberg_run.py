@@ -1,6 +1,6 @@
 """An Iceberg table as a run's output, on the driver: where the run keeps its own files, and its commits.
 
-``--output iceberg://CATALOG/NAMESPACE.TABLE`` (:mod:`mxjob.outputs.table_uri`). The
+``--output iceberg://CATALOG/NAMESPACE.TABLE`` (:mod:`mxjob.outputs.iceberg`). The
 run is a dataset run whose files are the table's: the merge writes Parquet
 files (:class:`TableSink`, cut at ``--rows-per-file`` and whenever
 ``--commit-seconds`` have passed) under the table's data path, and commits
@@ -29,7 +29,7 @@ import logging
 import re
 import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -39,9 +39,8 @@ from mxjob import tasks
 from mxjob.core import state
 from mxjob.core.errors import JobError, first_line, plural
 from mxjob.inputs import extsort, listing
-from mxjob.options.config import JobConfig
-from mxjob.outputs import claim, existing, iceberg_catalog, sinks, work_prefix
-from mxjob.outputs.table_uri import parse_table_uri
+from mxjob.outputs import claim, existing, iceberg_catalog, work_prefix
+from mxjob.outputs.parquet import PARQUET_TYPE, ParquetSink
 from mxjob.s3 import parallel_list, uris, writes
 
 log = logging.getLogger(__name__)
@@ -70,9 +69,10 @@ class Target:
         return int(summary.get("total-records", 0)) if summary is not None else 0
 
 
-def catalog_of(uri: str, endpoint_url: str | None = None, region: str | None = None):
-    """The pyiceberg catalog of the table ``uri``, loaded once per process (:data:`mxjob.core.state.catalogs`)."""
-    name, _, _ = parse_table_uri(uri)
+def catalog_of(output, endpoint_url: str | None = None, region: str | None = None):
+    """The pyiceberg catalog of the table ``output`` (an :class:`mxjob.outputs.iceberg.IcebergOutput`), loaded once
+    per process (:data:`mxjob.core.state.catalogs`)."""
+    uri, name = output.uri, output.catalog_name
 
     def load():
         try:
@@ -85,15 +85,16 @@ def catalog_of(uri: str, endpoint_url: str | None = None, region: str | None = N
     return state.catalogs.get((name, endpoint_url, region), load)
 
 
-def target(cfg: JobConfig) -> Target:
+def target(cfg) -> Target:
     """The run's table as the catalog has it now: loaded when it exists, else where it will be created."""
-    return find(cfg.output_table, cfg.endpoint_url, cfg.region)
+    return find(cfg.output, cfg.endpoint_url, cfg.region)
 
 
-def find(uri: str, endpoint_url: str | None = None, region: str | None = None) -> Target:
-    """The table ``uri`` as its catalog has it now (:func:`target`, for any caller: ``mxjob.reporting.watch`` too)."""
-    catalog = catalog_of(uri, endpoint_url, region)
-    _, namespace, name = parse_table_uri(uri)
+def find(output, endpoint_url: str | None = None, region: str | None = None) -> Target:
+    """The table ``output`` (an :class:`mxjob.outputs.iceberg.IcebergOutput`) as its catalog has it now (:func:`target`,
+    for any caller: ``mxjob.reporting.watch`` too)."""
+    catalog = catalog_of(output, endpoint_url, region)
+    uri, namespace, name = output.uri, output.namespace, output.table_name
     identifier = f"{namespace}.{name}"
     try:
         table = catalog.load_table(identifier)
@@ -134,22 +135,22 @@ def home_of(location: str) -> tuple[str, str]:
     return bucket, f"{parent + '/' if parent else ''}{HOME_FOLDER}/{name}/"
 
 
-def locate(cfg: JobConfig) -> JobConfig:
-    """``cfg`` with ``output_bucket`` and ``output_key`` set to the table's home (:func:`home_of`)."""
+def locate(cfg) -> tuple[str, str]:
+    """``(bucket, prefix)`` of the table's home (:func:`home_of`), logged with the table."""
     found = target(cfg)
     bucket, prefix = home_of(found.location)
     log.info("output: the Iceberg table %s at %s (%s); the runs' status, summary and work under s3://%s/%s",
-             cfg.output_table, found.location,
+             cfg.output_uri, found.location,
              f"{found.rows:,} rows" if found.table is not None else "created when the run has its schema",
              bucket, prefix)
-    return replace(cfg, output_bucket=bucket, output_key=prefix)
+    return bucket, prefix
 
 
-def refuse_rows(cfg: JobConfig) -> None:
+def refuse_rows(cfg) -> None:
     """A run that would write every listed key is refused a table that holds rows: some would be there twice."""
     rows = target(cfg).rows
     if rows:
-        raise JobError(f"the Iceberg table {cfg.output_table} holds {plural(rows, 'row')} already, and this run would "
+        raise JobError(f"the Iceberg table {cfg.output_uri} holds {plural(rows, 'row')} already, and this run would "
                        "add a row for every listed key, some a second time; add --skip-existing to score only the "
                        "listed keys it lacks, or write to another table")
 
@@ -162,7 +163,7 @@ def table_schema(result_schema: pa.Schema, carried: pa.Schema | None = None) -> 
     return pa.schema(columns + (list(carried) if carried is not None else []))
 
 
-def open_for_run(cfg: JobConfig, schema: pa.Schema, fingerprint: dict):
+def open_for_run(cfg, schema: pa.Schema, fingerprint: dict):
     """The table, created when absent (with ``schema`` and ``fingerprint``) or checked against both.
 
     A table the job cannot add files to the way it does (its data files
@@ -174,10 +175,10 @@ def open_for_run(cfg: JobConfig, schema: pa.Schema, fingerprint: dict):
                                          accept_other_fingerprint=cfg.accept_other_fingerprint,
                                          override_hint="--accept-other-fingerprint", location=found.location)
     except ValueError as exc:  # TableMismatchError: what differs and what to do; a type a table cannot hold
-        raise JobError(f"--output {cfg.output_table}: {exc}") from None
+        raise JobError(f"--output {cfg.output_uri}: {exc}") from None
     probe = iceberg_catalog.data_file_path(table, "probe", 0)
     if probe.rsplit("/", 1)[0] != data_path(table):
-        raise JobError(f"--output {cfg.output_table}: the table hashes its data files into folders "
+        raise JobError(f"--output {cfg.output_uri}: the table hashes its data files into folders "
                        "(write.object-storage.enabled), and the job finds a run's files by their folder; write to a "
                        "table without it")
     return table
@@ -237,12 +238,19 @@ class Settled:
     #: The index of the run's next file.
     next_index: int = 0
 
+    def nothing_left(self, images):
+        """A ``--skip-existing`` run's :class:`mxjob.outputs.existing.Existing` for a resume whose files hold every
+        listed key (``images`` is what is left: nothing), or ``None`` when they hold none."""
+        if not self.keys_written:
+            return None
+        return existing.Existing(listed=self.keys_written, new=images, in_output=self.keys_written)
+
     def entry(self) -> dict:
         return {"run": self.run, "files_committed_before": self.files_before,
                 "files_committed_on_resume": self.committed_now, "keys_in_its_files": self.keys_written}
 
 
-def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Listing, Settled]:
+def settle(cfg, client, images: listing.Listing) -> tuple[listing.Listing, Settled]:
     """Before a resumed table run plans: commit its whole files the table lacks, leave out the keys they hold.
 
     Nothing to do for a fresh run (no work prefix). For the run being
@@ -258,7 +266,7 @@ def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Lis
     if not work.exists():
         return images, Settled()
     if not (cfg.resume or claim.yarn_retry(work)):
-        claim.refuse_progress(work, table=True)
+        claim.refuse_progress(work, cfg.output)
     record = (work.read_job() or {}).get("dataset") or {}
     run = record.get("run")
     found = target(cfg)
@@ -281,7 +289,7 @@ def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Lis
         out.committed_now = len(left)
         out.snapshot_id = commit.snapshot_id if commit is not None else None
         log.info("--resume: committed the %s the earlier attempt of run %s had written but not committed to %s "
-                 "(snapshot %s)", plural(len(left), "whole file"), run, cfg.output_table, out.snapshot_id)
+                 "(snapshot %s)", plural(len(left), "whole file"), run, cfg.output_uri, out.snapshot_id)
     if files and not cfg.skip_existing:
         marks = existing.KeyFilter(images.keys)
         for keys in _file_key_arrays(cfg, table, list(files.values())):
@@ -295,7 +303,7 @@ def settle(cfg: JobConfig, client, images: listing.Listing) -> tuple[listing.Lis
     return images, out
 
 
-def _file_key_arrays(cfg: JobConfig, table, files: list[tuple[str, int]]):
+def _file_key_arrays(cfg, table, files: list[tuple[str, int]]):
     """The key column of each of the run's files (``(URI, bytes)``), read as ``--skip-existing`` reads a dataset's."""
     written = [existing.EarlierFile(uris.parse_s3_uri(uri)[1], size) for uri, size in files]
     bucket = uris.parse_s3_uri(data_path(table) + "/")[0]
@@ -303,7 +311,7 @@ def _file_key_arrays(cfg: JobConfig, table, files: list[tuple[str, int]]):
         yield keys
 
 
-def _file_keys(cfg: JobConfig, table, files: list[tuple[str, int]]) -> list[str]:
+def _file_keys(cfg, table, files: list[tuple[str, int]]) -> list[str]:
     return [key for keys in _file_key_arrays(cfg, table, files) for key in keys.to_pylist()]
 
 
@@ -333,7 +341,7 @@ class TableSink:
     """The assembly's rows as Parquet files under the table's data path, committed at least every
     ``commit_seconds`` and at the end.
 
-    Same interface as :class:`mxjob.outputs.sinks.DatasetSink` (``write``, ``close``,
+    Same interface as :class:`mxjob.outputs.dataset_files.DatasetSink` (``write``, ``close``,
     ``abort``), and :meth:`due`, which the merge asks after each slice: when
     the commit is due, the merge hands over what it holds at once. A file
     ends at ``rows_per_file`` rows or when a commit is due; each is one
@@ -355,7 +363,7 @@ class TableSink:
         self._replacing: list[str] = []
         self.rows_per_file, self.commit_seconds, self.metadata = files.rows_per_file, commit_seconds, metadata
         self._index, self._rows = files.first_index, 0
-        self._file: sinks.ParquetSink | None = None
+        self._file: ParquetSink | None = None
         #: Files ended and not yet committed: ``(index, URI, rows, bytes)``.
         self._pending: list[tuple[int, str, int, int]] = []
         self.commits = Commits()
@@ -386,12 +394,12 @@ class TableSink:
                 self._end_file()
             self._commit()
 
-    def _open_file(self) -> sinks.ParquetSink:
+    def _open_file(self) -> ParquetSink:
         if self._file is None:
             uri = iceberg_catalog.data_file_path(self.table, self.run, self._index)
             bucket, key = uris.parse_s3_uri(uri)
-            writer = writes.MultipartWriter(self.client, bucket, key, content_type=sinks.PARQUET_TYPE)
-            self._file = sinks.ParquetSink(writer, self.metadata)
+            writer = writes.MultipartWriter(self.client, bucket, key, content_type=PARQUET_TYPE)
+            self._file = ParquetSink(writer, self.metadata)
             self._uri = uri
         return self._file
 
@@ -445,7 +453,7 @@ class TableSink:
         return out
 
 
-def find_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
+def find_existing(cfg, images: listing.Listing) -> existing.Existing:
     """``--skip-existing`` against the table: the listed keys without a row in it (its ``key`` column, read once
     through pyiceberg's scan a batch at a time, looked up as it comes: :class:`mxjob.outputs.existing.KeyFilter`)."""
     started = time.time()
@@ -455,7 +463,7 @@ def find_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
     sample = listing.Listing.build(images.bucket, [first[0]], [first[1]]) if first else None
     found = target(cfg)
     if found.table is None or not found.rows:
-        log.info("--skip-existing: the Iceberg table %s holds no row yet; every listed key is new", cfg.output_table)
+        log.info("--skip-existing: the Iceberg table %s holds no row yet; every listed key is new", cfg.output_uri)
         return existing.Existing(listed=len(images), new=images, sample=sample, seconds=time.time() - started)
     marks, rows, errors = existing.KeyFilter(images.keys), 0, []
     try:
@@ -465,7 +473,7 @@ def find_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
             if cfg.rescore_errors and failed.true_count:
                 errors.append(keys.filter(failed))
     except (OSError, pa.ArrowException) as exc:
-        raise JobError(f"--skip-existing: cannot read the keys of the Iceberg table {cfg.output_table}: "
+        raise JobError(f"--skip-existing: cannot read the keys of the Iceberg table {cfg.output_uri}: "
                        f"{first_line(exc)}; the job needs s3:GetObject on its files") from exc
     hit = marks.finish()
     error_keys = pa.concat_arrays(errors) if errors else None
@@ -476,6 +484,6 @@ def find_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
                             seconds=time.time() - started, table_rows=rows,
                             table_files=int(summary.get("total-data-files", 0)) if summary is not None else 0)
     log.info("--skip-existing: %s of %s listed keys have a row in the Iceberg table %s (%s rows read in %.1f s); "
-             "%s to score", f"{out.in_output:,}", f"{out.listed:,}", cfg.output_table, f"{rows:,}", out.seconds,
+             "%s to score", f"{out.in_output:,}", f"{out.listed:,}", cfg.output_uri, f"{rows:,}", out.seconds,
              plural(len(new), "new key"))
     return out

@@ -2,7 +2,7 @@
 
 :func:`assemble` reads only each part's ``key`` column to choose the rows
 (a k-way merge over the runs' sorted parts), then writes the chosen rows a
-slice of a part at a time into a sink of :mod:`mxjob.outputs.sinks`. With a
+slice of a part at a time into an output's sink (:meth:`mxjob.outputs.Output.sink`). With a
 :class:`LiveRun` it follows a run's batches while Spark makes them durable
 (:mod:`mxjob.outputs.assembly` holds the thread), so the output's tail is all that is
 left when the Spark job ends. Runs on the driver only.
@@ -52,17 +52,15 @@ class AssemblyCounts:
     superseded: int = 0
     parts_read: int = 0
     bytes_read: int = 0
-    #: A dataset output's files (:func:`mxjob.outputs.sinks.summary_of`), for the summary.
-    dataset: dict | None = None
+    #: The output's entry in the summary (:meth:`mxjob.outputs.Output.summary_entry`: a dataset's files, a table's
+    #: commits), under its ``summary_field``.
+    entry: dict | None = None
     #: Seconds the sink's close took: the last upload's end (last part, CompleteMultipartUpload).
     close_seconds: float = 0.0
     #: Listings of the followed run's parts (:class:`LiveRun`): none when every task's stats told the merge.
     part_listings: int = 0
     #: Batches of the followed run that only a listing found: their tasks' stats never told the merge.
     unannounced_batches: int = 0
-    #: An Iceberg table's files and commits (:meth:`mxjob.outputs.iceberg_run.TableSink.summary_entry`),
-    #: for the summary.
-    table: dict | None = None
 
 
 class AssemblyCancelled(Exception):

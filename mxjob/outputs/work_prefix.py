@@ -12,7 +12,7 @@ a *work prefix* that belongs to the output object::
     OUTPUT.parts/run-0002/...                       the estimate's sample that run 1's executors scored as they
                                                     warmed up, kept (run.json says "sample": true)
 
-:mod:`mxjob.outputs.merge` merges the runs' parts into the output (:mod:`mxjob.outputs.sinks`)
+:mod:`mxjob.outputs.merge` merges the runs' parts into the output (:meth:`mxjob.outputs.Output.sink`)
 while Spark scores the batches or after; once every listed key has its row,
 the work prefix is removed. A driver that dies before then leaves the parts;
 ``--resume`` plans only the keys that have no row yet (:func:`remaining_keys`)
@@ -25,7 +25,6 @@ client it is given.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -38,8 +37,7 @@ import pyarrow.compute as pc
 
 from mxjob.executor.partition import part_key, put_part
 from mxjob.inputs import listing, plan_file
-from mxjob.outputs.sidecar import side_key
-from mxjob.results import results
+from mxjob.outputs.base import side_key
 from mxjob.s3 import parallel_list, reads, writes
 
 #: A run's keys in batch order (:func:`plan_file.write_plan`), beside its ``run.json``.
@@ -50,47 +48,6 @@ PART_PATTERN = re.compile(r"part-(\d{8})\.arrows\.zst$")
 
 class ResumeError(Exception):
     """The work prefix and this run do not fit together; the message says what to do."""
-
-
-def fingerprint(settings: dict, files: dict[str, bytes | str | None]) -> dict:
-    """What every line of the output depends on: the settings as given, and files by SHA-256.
-
-    Two runs whose fingerprints are equal write the same row for the same
-    image, so their parts may be merged into one output. ``part_format`` is
-    the parts' format (:data:`results.FORMAT`): a resume never reads parts of another.
-    A file is its bytes, or (a ``str``) the SHA-256 hex digest whoever read them took.
-    """
-    digests = {name: _digest(data) for name, data in files.items()}
-    return {**{k: _plain(v) for k, v in settings.items()}, **digests, "part_format": results.FORMAT}
-
-
-def _digest(data: bytes | str | None) -> str | None:
-    """A file's SHA-256 hex digest: taken here from its bytes, or already taken by whoever read them (a ``str``)."""
-    if data is None or isinstance(data, str):
-        return data
-    return hashlib.sha256(data).hexdigest()
-
-
-def _plain(value):
-    """The value as JSON gives it back (tuples as lists), so a fingerprint equals its own round trip."""
-    return json.loads(json.dumps(value))
-
-
-#: The fingerprint's file entries (compared by digest, named as files in messages).
-_FILES = ("model_symbol", "model_params", "labels", "handler", "int8_params")
-
-
-def differences(earlier: dict, now: dict) -> list[str]:
-    """One phrase per fingerprint entry that differs, e.g. ``top_k: 3 then, 5 now``."""
-    out = []
-    for name in sorted(set(earlier) | set(now)):
-        before, after = earlier.get(name), now.get(name)
-        if before != after:
-            if name in _FILES:
-                out.append(f"{name} (a different file: sha256 {str(before)[:12]} then, {str(after)[:12]} now)")
-            else:
-                out.append(f"{name}: {json.dumps(before)} then, {json.dumps(after)} now")
-    return out
 
 
 @dataclass(frozen=True)

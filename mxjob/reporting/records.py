@@ -263,7 +263,8 @@ class Files:
 
 @record
 class SummaryDataset:
-    """A Parquet dataset's files (:func:`mxjob.outputs.sinks.summary_of`) and why it has as many rows per file."""
+    """A Parquet dataset's files (:func:`mxjob.outputs.dataset_files.summary_of`) and why it has as many rows per
+    file."""
 
     files: int = required("this run's files (`part-NNNNN.parquet`, or a `--skip-existing` run's "
                           "`part-<run>-NNNNN.parquet`), those kept from its interrupted attempt included")

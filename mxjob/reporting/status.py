@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from mxjob.core.errors import EXIT_FAILED, first_line
 from mxjob.executor.stats import StatsFold
-from mxjob.outputs.sidecar import side_key
+from mxjob.outputs.base import side_key
 from mxjob.reporting import report
 from mxjob.reporting.progress import STATUS_SECONDS, Progress, Tick, Ticks, iso
 from mxjob.reporting.records import ABSENT, STAGES, STATES, Done, Status, to_json
@@ -133,19 +133,22 @@ class RunMonitor:
     client
         boto3 S3 client for the output bucket.
     bucket, output_key : str
-        Where the output goes; the two files go beside it.
+        The output's home: the two files go beside it (or in it, a prefix).
     started : float
         The run's start (epoch seconds).
     resume : str or None
         The command that resumes this run.
     context : dict
         Static facts for the report: ``options``, ``fingerprint``, ``input``, ``output``.
+    output_uri : str, optional
+        The output as the user named it (an Iceberg table's URI, not its home); default: the home's.
     """
 
-    def __init__(self, client, bucket: str, output_key: str, started: float, resume: str | None, context: dict):
+    def __init__(self, client, bucket: str, output_key: str, started: float, resume: str | None, context: dict,
+                 output_uri: str | None = None):
         self.client, self.bucket, self.output_key = client, bucket, output_key
         self.started, self.resume, self.context = started, resume, context
-        self.where = {"output": f"s3://{bucket}/{output_key}",
+        self.where = {"output": output_uri or f"s3://{bucket}/{output_key}",
                       "summary": f"s3://{bucket}/{side_key(output_key, 'summary.json')}",
                       "report": f"s3://{bucket}/{report_key(output_key)}",
                       "status": f"s3://{bucket}/{status_key(output_key)}"}

@@ -65,7 +65,7 @@ class RunOutcome:
     plan : work_prefix.Plan
         The earlier runs reused and the keys scored.
     fingerprint : dict
-        What every line depends on (:func:`work_prefix.fingerprint`).
+        What every line depends on (:func:`fingerprint.fingerprint`).
     spark : dict, optional
         Where the Spark job ran: ``version``, ``master``, ``deploy_mode``, ``application_id`` and
         ``yarn_attempt`` (``None`` outside YARN); ``None`` when this run started no Spark job.

@@ -35,11 +35,9 @@ import boto3
 import botocore.exceptions
 import click
 
+from mxjob import outputs
 from mxjob.core.errors import EXIT_MEANINGS, EXIT_USAGE, exit_line, first_line
-from mxjob.outputs.sidecar import output_of
-from mxjob.outputs.table_uri import is_table_uri
 from mxjob.reporting.progress import duration
-from mxjob.reporting.status import status_key
 from mxjob.s3 import clients, uris
 
 #: Exit code when the watch gives up: no status, or one that stopped changing.
@@ -54,29 +52,14 @@ LOCAL_S3_KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testi
 REFUSED_CREDENTIALS = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"})
 
 
-def status_location(uri: str) -> tuple[str, str]:
-    """``(bucket, key)`` of the status of the output ``uri`` (or of ``uri`` itself if it is a status file)."""
-    bucket, key = uris.parse_s3_uri(uri)
-    if not key.strip("/"):
-        raise uris.S3UriError(f"{uri!r} names no output; expected s3://BUCKET/KEY or s3://BUCKET/PREFIX/")
-    return bucket, status_key(output_of(key))
-
-
-def table_status(uri: str, endpoint_url: str | None, region: str | None) -> tuple[str, str]:
-    """``(bucket, key)`` of the status of the runs that write the Iceberg table ``uri``: in its home, beside the
-    table's location, found through its catalog (pyiceberg: the job's own venv; .venv-ops has none)."""
+def status_location(uri: str, endpoint_url: str | None = None, region: str | None = None) -> tuple[str, str]:
+    """``(bucket, key)`` of the status of the output ``uri`` (or of ``uri`` itself if it is a status file), as the
+    kind of output that claims it keeps it (:meth:`mxjob.outputs.Output.status_location`)."""
     try:
-        from mxjob.outputs import iceberg_run
-    except ImportError as exc:
-        raise uris.S3UriError(
-            f"{uri}: finding an Iceberg table's status needs pyiceberg ({exc}); watch its home instead, the "
-            "s3:// folder the job's log names (\"the runs' status, summary and work under s3://...\"): "
-            "<warehouse>/NAMESPACE.db/_mxinfer/TABLE/") from None
-    try:
-        bucket, home = iceberg_run.home_of(iceberg_run.find(uri, endpoint_url, region).location)
-    except iceberg_run.JobError as exc:
+        kind = outputs.kind_of(uri)
+        return kind.status_location(uri, endpoint_url, region)
+    except outputs.OutputError as exc:
         raise uris.S3UriError(str(exc)) from None
-    return bucket, status_key(output_of(home))
 
 
 def is_loopback(endpoint_url: str | None) -> bool:
@@ -211,7 +194,7 @@ def main(output, endpoint_url, region, every, wait_seconds, stale_seconds):
     """Print the progress of the job writing OUTPUT (s3://bucket/key, or iceberg://CATALOG/NAMESPACE.TABLE) until it
     ends; exit with its outcome."""
     try:
-        bucket, key = table_status(output, endpoint_url, region) if is_table_uri(output) else status_location(output)
+        bucket, key = status_location(output, endpoint_url, region)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="OUTPUT") from exc
     try:

@@ -4,7 +4,7 @@ A few casts and no parsing (:func:`parquet_schema`, :func:`parquet_batch`):
 fixed-size lists as plain lists, null lists emptied for pyarrow's Parquet
 writer, and a task's own types where it has them (classify's probability as
 float32, Athena's ``float``). The Parquet sink
-(:class:`mxjob.outputs.sinks.ParquetSink`) writes them.
+(:class:`mxjob.outputs.parquet.ParquetSink`) writes them.
 """
 
 from __future__ import annotations

@@ -38,12 +38,21 @@ from mxjob.model.handlers import HandlerError, get_handlers
 from mxjob.model.predictor import Predictor, get_model
 from mxjob.model.worker import import_mxnet
 from mxjob.options.config import JobConfig, allowed_errors
-from mxjob.outputs import dataset, existing, merge, preflight, sinks, work_prefix
+from mxjob.outputs import dataset, merge, work_prefix
 from mxjob.outputs.assembly import Assembly
-from mxjob.outputs.claim import Completed, carried_names, job_fingerprint, plan_output, unfinished_output, yarn_attempt
-from mxjob.planning.sizing import Sizing, bound_batch, sample_items, sample_size, size_run
+from mxjob.outputs.claim import (
+    Completed,
+    PlanInputs,
+    finished_by_this_application,
+    plan_output,
+    unfinished_output,
+    yarn_attempt,
+)
+from mxjob.outputs.fingerprint import carried_names, job_fingerprint
+from mxjob.planning.sizing import Sizing, bound_batch, choose_batch, sample_items, sample_size, size_run
 from mxjob.reporting.status import RunMonitor
 from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
+from mxjob.run.checks import check_model_files
 from mxjob.run.cluster import SparkStop, expected_executors, run_spark, thread_plan
 from mxjob.run.dry_run import dry_run
 from mxjob.run.signals import Interrupted
@@ -69,14 +78,13 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     started = time.time()
     client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
     retry = yarn_attempt()[1] > 1
-    if cfg.table:  # the table's home, beside its location, holds the run's status, summary and work
-        from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
-
-        cfg = iceberg_run.locate(cfg)
-    # The output first: seconds, where the listing may take hours. An output that is refused (it exists, or a
-    # dataset's prefix holds objects the job did not write) or cannot be written ends the run before it writes
-    # anything beside it: the status there is the run's that wrote that output, or no PUT could replace it.
-    preflight.check_output(cfg, client, yarn_retry=retry)
+    # The output's home (an Iceberg table's is beside its location) holds the run's status, summary and work.
+    if cfg.output is not None:  # (a dry run may name none)
+        cfg = replace(cfg, output=cfg.output.locate(cfg))
+        # The output first: seconds, where the listing may take hours. An output that is refused (it exists, or a
+        # dataset's prefix holds objects the job did not write) or cannot be written ends the run before it writes
+        # anything beside it: the status there is the run's that wrote that output, or no PUT could replace it.
+        cfg.output.check(cfg, client, yarn_retry=retry)
     monitor = open_status(cfg, client, started, resume_command, retry)
     start = early_spark(cfg, spark_conf)
     try:
@@ -185,7 +193,7 @@ def open_status(cfg: JobConfig, client, started: float, resume_command: str | No
     resume command is the one to run.
     """
     monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
-                         {"options": cfg.options()})
+                         {"options": cfg.options()}, output_uri=cfg.output_uri)
     if not cfg.dry_run and (cfg.overwrite or not (cfg.resume or retry) or unfinished_output(cfg, client)):
         monitor.claim("starting")
     return monitor
@@ -198,28 +206,28 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     seconds: dict[str, float] = {}
     # The handler and the model's files before the listing too: seconds, where the listing may take hours.
     cfg = prepare_handler(cfg, client)
-    preflight.check_model_files(cfg.model)
+    check_model_files(cfg.model)
     monitor.enter("listing")
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
     seconds["listing"] = time.time() - monitor.started
     found, settled = None, None
-    if cfg.table and not cfg.dry_run:  # a resumed table run: its whole files committed, their keys left out
-        images, settled = table_settle(cfg, client, images)
+    if not cfg.dry_run:  # what a resumed run left that the output takes first (a table's whole files committed)
+        images, settled = cfg.output.settle(cfg, client, images)
     if cfg.skip_existing:  # the run's keys are those the output lacks: the full listing goes now
-        found = table_existing(cfg, images) if cfg.table else existing.find(cfg, client, images)
+        found = cfg.output.existing(cfg, client, images)
         images, seconds["existing"] = found.new, found.seconds
-    elif settled is not None and settled.keys_written and not len(images):
-        found = existing.Existing(listed=settled.keys_written, new=images, in_output=settled.keys_written)
+    elif settled is not None and not len(images):
+        found = settled.nothing_left(images)
     if found is not None and not len(images) and not cfg.dry_run:
-        return existing.nothing_new(cfg, client, monitor, found, seconds)
+        return nothing_new(cfg, client, monitor, found, seconds)
     warmed = begin_spark(start, cfg, images)
     check_started = time.time()
     monitor.enter("model_check")
     cfg, checked = check_on_driver(cfg, client, images, start if warmed and executors_check(cfg) else None)
     if not warmed:
         warm_up(start, cfg)  # the checked model (int8's, the layer found): loaded while the driver samples and plans
-    inputs = dataset.PlanInputs(checked.auto_rows, found)
+    inputs = PlanInputs(checked.auto_rows, found)
     if cfg.dry_run:
         return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, inputs)
     checked.classifier = None  # checked: the driver needs the model no more (its cache keeps it for the sample)
@@ -250,6 +258,38 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     return planned_run(run, checked, sizing, scored, seconds)
 
 
+def nothing_new(cfg: JobConfig, client, monitor: RunMonitor, found, seconds: dict) -> int:
+    """End a ``--skip-existing`` run whose every listed key has its row already: no Spark job, no new file.
+
+    The summary and the status say so; the exit code is 0, or the code of
+    YARN's earlier attempt of this application if that attempt finished the
+    run (it wrote these rows, then exited with it).
+    """
+    code = finished_by_this_application(cfg, client)
+    if code is not None:
+        return code
+    log.info("--skip-existing: nothing new to score: all %s listed keys have a row in %s; no Spark job, no new "
+             "file", f"{found.listed:,}", cfg.output_uri)
+    # What the run being resumed left: its files, if none of its keys is listed any more; its progress.
+    cfg.output.finish_nothing_new(cfg, client, work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key),
+                                  found)
+    monitor.claim("planning")
+    choice = choose_batch(cfg, None, None, 0)
+    cfg = replace(cfg, batch_size=choice.chosen)
+    stage = dict.fromkeys(("model_check", "plan", "assembly", "assembly_cpu", "output_close"), 0.0)
+    made = summarize(cfg, RunOutcome(
+        images=0, batches=0, fold=StatsFold(), counts=merge.AssemblyCounts(),
+        elapsed=time.time() - monitor.started, model_summary={}, seconds={**stage, **seconds},
+        plan=work_prefix.Plan(runs=[], todo=found.new, number=1, resumed=False), fingerprint={},
+        precision={"precision": cfg.precision}, batch_size_choice=choice.as_dict(), estimate=None,
+        files=dict(monitor.where), existing=found.entry()))
+    writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(made, indent=2) + "\n")
+    monitor.write("succeeded", 0, summary=made)
+    for line in closing_lines(made, 0):
+        log.info("%s", line)
+    return 0
+
+
 def keep_sample(work: work_prefix.WorkPrefix, plan: work_prefix.Plan, cost: SampleCost | None) -> work_prefix.Plan:
     """The plan without the keys whose rows the executors' warm-up scored for the estimate, those rows kept.
 
@@ -271,20 +311,6 @@ def keep_sample(work: work_prefix.WorkPrefix, plan: work_prefix.Plan, cost: Samp
     # under OUTPUT.parts/run-0001/ whatever it sampled.
     run = work.keep_sample(plan.number + 1, shares, application)
     return replace(plan, runs=[run], todo=plan.todo.filter(pc.invert(sampled)), sample=tuple(shares))
-
-
-def table_settle(cfg: JobConfig, client, images: listing.Listing):
-    """:func:`mxjob.outputs.iceberg_run.settle` (pyiceberg imported for a table output only)."""
-    from mxjob.outputs import iceberg_run
-
-    return iceberg_run.settle(cfg, client, images)
-
-
-def table_existing(cfg: JobConfig, images: listing.Listing) -> existing.Existing:
-    """:func:`mxjob.outputs.iceberg_run.find_existing` (pyiceberg imported for a table output only)."""
-    from mxjob.outputs import iceberg_run
-
-    return iceberg_run.find_existing(cfg, images)
 
 
 @dataclass(frozen=True)
@@ -319,9 +345,8 @@ def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: t
         precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
         # the manifest's keys that got no line, by reason, and its repeated keys
         manifest=images.manifest, files=dict(monitor.where),
-        dataset=None if counts.dataset is None else {**counts.dataset, "rows_per_file_why": plan.dataset.why},
         existing=plan.dataset.existing.entry() if plan.dataset is not None and plan.dataset.existing else None,
-        table=counts.table))
+        **({cfg.output.summary_field: counts.entry} if cfg.output.summary_field else {})))
     code = finish_run(run, summary, counts)
     monitor.write("succeeded", code, summary=summary)
     for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
@@ -383,10 +408,12 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing,
     cfg, precision = prepare_precision(cfg, client, images, classifier)
     summary = model.model_summary()
     fingerprint = job_fingerprint(cfg, model, carried_names(cfg, images))
-    if cfg.table:  # created, or refused for other columns or another fingerprint, before any Spark work
-        open_table(cfg, model, images, fingerprint)
+    # What must exist with the run's columns and fingerprint (an Iceberg table), made or refused before any Spark work.
+    if cfg.output is not None:
+        cfg.output.open(cfg, row_schema(cfg, task, model, images), fingerprint)
     # Only a dataset or a table cuts files: the keys' mean length costs a pass over every key.
-    auto_rows = auto_rows_per_file(cfg, task, images, summary) if cfg.cuts_files else (0, "")
+    cuts_files = cfg.output is not None and cfg.output.cuts_files
+    auto_rows = auto_rows_per_file(cfg, task, images, summary) if cuts_files else (0, "")
     if classifier is not None:
         keep_for_sample(cfg, classifier)
     return cfg, DriverCheck(classifier, summary, precision, fingerprint, auto_rows,
@@ -428,21 +455,13 @@ def keep_for_sample(cfg: JobConfig, classifier: Predictor) -> None:
         state.models.clear()
 
 
-def open_table(cfg: JobConfig, classifier: Predictor, images: listing.Listing, fingerprint: dict) -> None:
-    """Create the run's Iceberg table with the run's columns and fingerprint, or check it against them.
-
-    A dry run creates nothing: it checks a table that exists, and says what a new one would hold.
-    """
-    from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
-
+def row_schema(cfg: JobConfig, task: Task, model, images: listing.Listing) -> pa.Schema:
+    """The schema of the output's rows: the task's columns for this model, then the carried ones
+    (:func:`carried_columns`)."""
+    schema = task.result_schema(cfg.job_spec(), model)
     carried = carried_columns(cfg, images)
-    schema = iceberg_run.table_schema(run_task(cfg).result_schema(cfg.job_spec(), classifier),
-                                       carried.schema if carried is not None else None)
-    if cfg.dry_run and iceberg_run.target(cfg).table is None:
-        log.info("--dry-run: the Iceberg table %s does not exist; a run would create it with the columns %s",
-                 cfg.output_table, ", ".join(schema.names))
-        return
-    iceberg_run.open_for_run(cfg, schema, fingerprint)
+    return pa.schema(list(schema) + (list(carried.schema) if carried is not None else []),
+                     metadata=schema.metadata)
 
 
 def auto_rows_per_file(cfg: JobConfig, task: Task, images, model_summary: dict) -> tuple[int, str]:
@@ -483,7 +502,7 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
     stats, spark_stop = StatsFold(), None
 
     def merge(runs, live):
-        return assemble_output(cfg, client, work, images, runs, live, plan.dataset)
+        return assemble_output(cfg, client, work, images, runs, live, plan)
 
     if batches:
         application, _ = yarn_attempt()
@@ -622,40 +641,15 @@ def carried_columns(cfg: JobConfig, images: listing.Listing) -> pa.Table | None:
 
 def assemble_output(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing,
                     runs: list | None = None, live: merge.LiveRun | None = None,
-                    dataset_plan: dataset.DatasetPlan | None = None) -> merge.AssemblyCounts:
-    """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output.
-
-    One multipart upload, completed only when whole; for a dataset, files of
-    ``dataset_plan.rows_per_file`` rows, each completed when whole
-    (:class:`sinks.DatasetSink`). With ``live``, the merge follows that
-    run's batches as Spark makes them durable (:func:`merge.assemble`).
+                    plan: work_prefix.Plan | None = None) -> merge.AssemblyCounts:
+    """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output's sink
+    (:meth:`mxjob.outputs.Output.sink`: one object, completed only when whole, or files each completed when
+    whole). With ``live``, the merge follows that run's batches as Spark makes them durable (:func:`merge.assemble`).
     """
-    if cfg.table:
-        from mxjob.outputs import iceberg_run  # pyiceberg, for a table output only
-
-        settled = dataset_plan.settled
-        files = iceberg_run.RunFiles(dataset_plan.run, dataset_plan.rows_per_file,
-                                      settled.next_index if settled is not None else 0,
-                                      getattr(dataset_plan.existing, "rescore", None))
-        sink = iceberg_run.TableSink(client, iceberg_run.target(cfg).table, files, cfg.commit_seconds,
-                                      sinks.provenance(work.read_job()))
-        counts = _assemble(cfg, work, images, runs, live, sink)
-        counts.table = sink.summary_entry(cfg.output_uri, dataset_plan.why, settled)
-        return counts
-    if cfg.dataset:
-        return _assemble(cfg, work, images, runs, live, sinks.DatasetSink(
-            client, cfg.output_bucket, cfg.output_key, dataset_plan.rows_per_file,
-            sinks.provenance(work.read_job()), dataset_plan.keep, dataset_plan if dataset_plan.run else None))
-    try:
-        # Parts of S3's smallest size: the last one, uploaded after the last batch, is the assembly's tail.
-        writer = writes.MultipartWriter(client, cfg.output_bucket, cfg.output_key, part_bytes=writes.MIN_PART_BYTES,
-                                       content_type=sinks.content_type(cfg.output_format, cfg.output_key))
-    except Exception as exc:
-        raise JobError(f"cannot write {cfg.output_uri}: {first_line(exc)}; the job needs "
-                       "s3:PutObject on the output key") from exc
-    sink = (sinks.ParquetSink(writer, metadata=sinks.provenance(work.read_job()))
-            if cfg.output_format == "parquet" else sinks.JsonLinesSink(writer, gzip=sinks.is_gzip(cfg.output_key)))
-    return _assemble(cfg, work, images, runs, live, sink)
+    sink = cfg.output.sink(cfg, client, work, plan)
+    counts = _assemble(cfg, work, images, runs, live, sink)
+    counts.entry = cfg.output.summary_entry(sink, plan)
+    return counts
 
 
 def _assemble(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Listing, runs: list | None,
@@ -675,8 +669,6 @@ def _assemble(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.List
     except BaseException:
         sink.abort()
         raise
-    if isinstance(sink, sinks.DatasetSink):
-        counts.dataset = sinks.summary_of(sink)
     return counts
 
 

@@ -15,8 +15,7 @@ from mxjob.inputs import plan_file
 from mxjob.model.predictor import Predictor
 from mxjob.options.config import JobConfig
 from mxjob.outputs import work_prefix
-from mxjob.outputs.claim import Completed, plan_output
-from mxjob.outputs.dataset import NO_INPUTS, PlanInputs
+from mxjob.outputs.claim import NO_INPUTS, Completed, PlanInputs, plan_output
 from mxjob.planning.sizing import size_run
 from mxjob.reporting.records import ABSENT, Plan, PlanDataset, SummaryExisting, to_json
 from mxjob.results import part_format

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from mxjob.outputs import dataset, parquet
 from mxjob.tasks import classify
 from tests.support.helpers import ROOT, parquet_of
 
@@ -97,7 +98,6 @@ def test_bench_scale_existing_dataset_is_the_jobs_and_skip_existing_finds_every_
     from bench import existing_keys, scale
     from mxjob.inputs import listing
     from mxjob.options import config
-    from mxjob.outputs import existing, sinks
 
     bucket, prefix = "bench-existing", "prior/"
     s3.create_bucket(Bucket=bucket)
@@ -105,7 +105,7 @@ def test_bench_scale_existing_dataset_is_the_jobs_and_skip_existing_finds_every_
     new = frozenset(positions.tolist())
     every = list(scale.manifest_keys(total))  # in the manifest's order, which is not the keys' order
     assert list(scale.sorted_manifest_keys(total, new)) == sorted(set(every) - {every[i] for i in new})
-    metadata = sinks.provenance({"fingerprint": {"task": "classify", "top_k": 1}})
+    metadata = parquet.provenance({"fingerprint": {"task": "classify", "top_k": 1}})
     files = existing_keys.write_dataset(s3, bucket, prefix, scale.sorted_manifest_keys(total, new), 300, metadata)
     assert [(f["key"], f["rows"]) for f in files] == [(f"{prefix}part-0000{i}.parquet", rows)
                                                       for i, rows in enumerate((300, 300, 300, 100))]
@@ -119,7 +119,7 @@ def test_bench_scale_existing_dataset_is_the_jobs_and_skip_existing_finds_every_
     cfg = config.resolve(config.merge_settings(
         {"input": f"s3://{bucket}/imgs/", "model": f"s3://{bucket}/model/m", "output": f"s3://{bucket}/{prefix}",
          "endpoint_url": moto_endpoint, "skip_existing": True}, {}))
-    found = existing.find(cfg, s3, listing.Listing.build(bucket, sorted(every), [1] * total))
+    found = dataset.find(cfg, s3, listing.Listing.build(bucket, sorted(every), [1] * total))
     assert found.in_output == 1_000 and len(found.files) == 4 and sum(f.rows for f in found.files) == 1_000
     assert found.new.keys.to_pylist() == sorted(every[i] for i in new)
     assert list(found.fingerprints) == [metadata["mxinfer.fingerprint"]]

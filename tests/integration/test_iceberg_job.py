@@ -106,7 +106,7 @@ def resolve(**flags) -> config.JobConfig:
 
 def test_a_table_output_is_parquet_its_home_found_by_the_driver():
     cfg = resolve(output=table_uri("t"))
-    assert cfg.table and cfg.cuts_files and not cfg.dataset
+    assert cfg.output.kind == "iceberg" and cfg.output.cuts_files and cfg.output.adds_rows
     assert (cfg.output_format, cfg.output_bucket, cfg.output_key, cfg.output_uri) == (
         "parquet", None, None, table_uri("t"))
 
@@ -143,15 +143,16 @@ def test_an_unconfigured_catalog_is_named_with_how_to_configure_it(in_env, moto_
 def test_watch_finds_a_tables_status_through_its_catalog(in_env, moto_endpoint, runner):
     from mxjob.reporting import watch
 
-    assert watch.table_status(table_uri("fresh"), moto_endpoint, None) == (
+    assert watch.status_location(table_uri("fresh"), moto_endpoint, None) == (
         BUCKET, "warehouse/preds.db/_mxinfer/fresh/_status.json")
     result = runner.invoke(watch.main, ["iceberg://nosuch/preds.t", "--endpoint-url", moto_endpoint])
     assert result.exit_code == 2 and "no pyiceberg catalog named 'nosuch'" in result.output
 
 
 def test_a_new_tables_home_follows_the_catalogs_warehouse(in_env, moto_endpoint):
-    cfg = iceberg_run.locate(resolve(output=table_uri("fresh"), endpoint_url=moto_endpoint))
-    assert (cfg.output_bucket, cfg.output_key) == (BUCKET, "warehouse/preds.db/_mxinfer/fresh/")
+    cfg = resolve(output=table_uri("fresh"), endpoint_url=moto_endpoint)
+    located = cfg.output.locate(cfg)
+    assert (located.bucket, located.key) == (BUCKET, "warehouse/preds.db/_mxinfer/fresh/")
 
 
 # ----------------------------------------------------------------------------

@@ -169,11 +169,11 @@ def put_digits(s3, bucket: str, first: int, count: int) -> list[str]:
 def upload_data_file(s3, uri: str, batch, fingerprint: dict) -> None:
     """One Parquet data file as the job writes it (its Parquet sink over a multipart upload, complete when closed),
     with ``fingerprint`` in its metadata."""
-    from mxjob.outputs import sinks
+    from mxjob.outputs import parquet
     from mxjob.s3 import uris, writes
 
     bucket, key = uris.parse_s3_uri(uri, need_key=True)
-    writer = writes.MultipartWriter(s3, bucket, key, content_type=sinks.PARQUET_TYPE)
-    sink = sinks.ParquetSink(writer, sinks.provenance({"fingerprint": fingerprint}))
+    writer = writes.MultipartWriter(s3, bucket, key, content_type=parquet.PARQUET_TYPE)
+    sink = parquet.ParquetSink(writer, parquet.provenance({"fingerprint": fingerprint}))
     sink.write([batch])
     sink.close()

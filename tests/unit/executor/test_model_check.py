@@ -23,7 +23,7 @@ from mxjob.executor.measure import SampleCost
 from mxjob.executor.model_check import ModelFacts, WarmReport, warm_and_check
 from mxjob.executor.partition import job_task
 from mxjob.options import config
-from mxjob.outputs import claim
+from mxjob.outputs import fingerprint
 from mxjob.planning import estimate
 from mxjob.planning.sizing import bound_batch
 from mxjob.results import part_format
@@ -87,7 +87,7 @@ def test_the_checking_task_reports_what_the_drivers_own_check_reads(moto_endpoin
     assert (report.facts.kind, report.facts.num_classes) == ("Classifier", 10)
     assert report.facts.model_summary() == local.model_summary()
     # What the run records from the model is the same from the executor's facts as from the driver's model.
-    assert claim.job_fingerprint(cfg, report.facts) == claim.job_fingerprint(cfg, local)
+    assert fingerprint.job_fingerprint(cfg, report.facts) == fingerprint.job_fingerprint(cfg, local)
     assert report.cost.images == report.cost.scored == 4 and report.cost.cpu_seconds_per_image > 0
     assert report.cost.model_load_seconds > 0
     # The sample is no task of the worker's: the run's first task is still its first (the ETA waits for those).
@@ -267,7 +267,7 @@ def test_the_driver_takes_the_executors_report_and_loads_no_model(moto_endpoint,
         _, checked = driver.check_on_driver(cfg, s3, keys, Reported([WarmReport(1, 1), report]))
     assert checked.classifier is None and checked.sample_cost == measure.combined([report.cost])
     assert checked.model_summary == report.facts.summary
-    assert checked.fingerprint == claim.job_fingerprint(cfg, report.facts)
+    assert checked.fingerprint == fingerprint.job_fingerprint(cfg, report.facts)
     assert "an executor checked the model and measured the estimate's sample on 2 images" in caplog.text
 
 
@@ -333,9 +333,9 @@ def test_the_fingerprint_takes_the_model_files_digests_from_the_load_and_reads_n
     cfg = job_config(moto_endpoint)
     facts = warm_and_check(0, 1, executor_job(cfg), check=True).facts
     assert set(facts.file_digests) == {cfg.model.symbol_uri, cfg.model.params_uri}
-    read_from_s3 = claim.job_fingerprint(cfg, SimpleNamespace(labels=facts.labels))  # no digests: it reads them
+    read_from_s3 = fingerprint.job_fingerprint(cfg, SimpleNamespace(labels=facts.labels))  # no digests: it reads them
     reads = []
     original = ModelSpec.read
     monkeypatch.setattr(ModelSpec, "read", lambda self, uri: reads.append(uri) or original(self, uri))
-    assert claim.job_fingerprint(cfg, facts) == read_from_s3
+    assert fingerprint.job_fingerprint(cfg, facts) == read_from_s3
     assert reads == []  # neither the symbol nor the parameters downloaded again for it

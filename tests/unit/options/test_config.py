@@ -16,7 +16,7 @@ import mxinfer
 from mxjob.core import errors
 from mxjob.inputs import listing, plan_file
 from mxjob.options import config, option_types
-from mxjob.outputs import sinks
+from mxjob.outputs import jsonl
 from mxjob.planning import sizing
 from mxjob.reporting import records
 from tests.support.helpers import ROOT, make_s3_client
@@ -539,5 +539,5 @@ def test_parquet_under_a_gz_name_is_refused(output, fmt, resolve):
 def test_a_gz_key_is_gzipped_json_lines(output, resolve):
     result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output)
     assert result.exit_code == 0, result.output
-    assert cfg.output_format == "jsonl" and sinks.is_gzip(cfg.output_key)
-    assert sinks.content_type(cfg.output_format, cfg.output_key) == "application/gzip"
+    assert cfg.output_format == "jsonl" and jsonl.is_gzip(cfg.output_key)
+    assert cfg.output.content_type == "application/gzip"

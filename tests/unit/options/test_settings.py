@@ -16,7 +16,6 @@ from mxjob.executor import partition
 from mxjob.executor.partition import JobSpec
 from mxjob.inputs import listing
 from mxjob.options import config, option_types, settings
-from mxjob.outputs import claim
 from mxjob.planning import sizing
 from mxjob.s3 import clients, parallel_list
 
@@ -66,10 +65,10 @@ def test_every_setting_is_an_option_of_the_command_line_with_its_default():
 def test_job_config_has_a_field_per_driver_and_executor_setting_and_none_for_the_rest():
     names = {f.name for f in fields(config.JobConfig)}
     assert {s.name for s in settings.going_to("driver", "executor")} <= names
-    # resolve() makes "model" (a ModelSpec), "input_manifest" (checked) and "output_format" from their settings.
+    # resolve() makes "model" (a ModelSpec), "input_manifest" (checked) and "output" (an Output) from their settings.
     made_from = {s.name for s in settings.going_to("resolve", "model", "preprocess")} & names
-    assert made_from == {"model", "input_manifest", "output_format"}
-    assert {"input_bucket", "input_prefix", "output_bucket", "output_key", "output_format", "preprocess"} <= names
+    assert made_from == {"model", "input_manifest", "output"}
+    assert {"input_bucket", "input_prefix", "output", "preprocess"} <= names
 
 
 def test_job_spec_has_a_field_per_executor_setting_with_the_tables_default():
@@ -175,21 +174,21 @@ def test_the_library_defaults_are_the_jobs():
 
 
 def test_the_fingerprint_holds_exactly_the_settings_the_table_marks():
-    fp32 = claim.line_settings(resolved())
+    fp32 = resolved().line_settings()
     assert set(fp32) == {"data_name", "preprocess", "top_k", "max_object_bytes", "precision", "task"}
     assert fp32["preprocess"] == {s.name: s.default for s in settings.going_to("preprocess")}
-    int8 = claim.line_settings(resolved(precision="int8", int8_exclude="conv0"))
+    int8 = resolved(precision="int8", int8_exclude="conv0").line_settings()
     assert set(int8) - set(fp32) == {"calibration_images", "int8_exclude"}
     assert int8["int8_exclude"] == ("conv0",)
     # A setting that does not change a line (io_threads) is not in it, whatever its value; nor is the
     # batch size, so a --resume of an auto run that chose 1904 with --batch-size 64 (or auto again) matches.
-    assert claim.line_settings(resolved(io_threads=2)) == fp32
-    assert claim.line_settings(resolved(batch_size="auto")) == claim.line_settings(resolved(batch_size=1904)) == fp32
+    assert resolved(io_threads=2).line_settings() == fp32
+    assert resolved(batch_size="auto").line_settings() == resolved(batch_size=1904).line_settings() == fp32
     # A task's own settings are in it for that task only.
-    embed = claim.line_settings(resolved(task="embed", output_layer="flatten0", normalize=True))
+    embed = resolved(task="embed", output_layer="flatten0", normalize=True).line_settings()
     assert set(embed) - set(fp32) == {"output_layer", "embedding_dtype", "normalize"}
     assert (embed["task"], embed["output_layer"], embed["normalize"]) == ("embed", "flatten0", True)
-    detect = claim.line_settings(resolved(task="detect"))
+    detect = resolved(task="detect").line_settings()
     assert set(detect) - set(fp32) == {"min_score", "max_detections"}
 
 

@@ -25,7 +25,7 @@ from demo.s3proxy import S3Proxy
 from mxjob.core import state
 from mxjob.executor import partition
 from mxjob.executor.stats import StatsAccumulator, StatsFold
-from mxjob.outputs import merge, sinks, work_prefix
+from mxjob.outputs import jsonl, merge, work_prefix
 from mxjob.outputs.assembly import Assembly
 from mxjob.s3 import access, writes
 from tests.support.helpers import bucket_with_digits, lines_part, make_s3_client, spark_submit
@@ -65,7 +65,7 @@ def task_ends(work: work_prefix.WorkPrefix, run: work_prefix.Run, keys: list[str
     param.addInPlace(StatsFold(), task_stats(param, index))
 
 
-class RecordingSink(sinks.JsonLinesSink):
+class RecordingSink(jsonl.JsonLinesSink):
     """The JSON Lines sink, noting when it first received rows."""
 
     def __init__(self, writer):
@@ -340,7 +340,7 @@ def test_a_dataset_file_a_killed_driver_was_writing_is_aborted_with_the_work_pre
     mine = [s3.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
             for key in ("ds/part-00003.parquet", "ds/part-20261126T101500Z-00001.parquet")]
     other = s3.create_multipart_upload(Bucket=BUCKET, Key="ds/notes.txt")["UploadId"]
-    claim.abort_left_uploads(work, cfg)
+    claim.abort_left_uploads(work, cfg.output)
     left = [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=BUCKET, Prefix="ds/").get("Uploads", [])]
     assert left == [other] and not set(mine) & set(left)
 
@@ -377,7 +377,7 @@ def test_a_part_that_is_not_the_listings_next_keys_goes_row_by_row_from_there(s3
 
 
 def assemble_after(s3, work, keys, out_key):
-    sink = sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, out_key))
+    sink = jsonl.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, out_key))
     try:
         counts = merge.assemble(work, work.runs(), keys, sink)
         sink.close()

@@ -1,4 +1,4 @@
-"""A Parquet dataset as the output (mxjob.outputs.dataset, mxjob.outputs.sidecar): ``--output s3://BUCKET/PREFIX/``.
+"""A Parquet dataset as the output (mxjob.outputs.dataset, mxjob.outputs.base): ``--output s3://BUCKET/PREFIX/``.
 
 Without Spark: the keys beside an output, the sink's files (boundaries,
 rows, schema and metadata equal to one Parquet object's, ``_SUCCESS``, an
@@ -29,8 +29,9 @@ from demo.s3proxy import S3Proxy
 from mxjob import tasks
 from mxjob.core.errors import JobError
 from mxjob.options import config
-from mxjob.outputs import dataset, preflight, sinks
-from mxjob.outputs.sidecar import is_dataset, output_of, side_key
+from mxjob.outputs import dataset, dataset_files, parquet
+from mxjob.outputs.base import is_prefix as is_dataset
+from mxjob.outputs.base import output_of, side_key
 from mxjob.reporting import records
 from mxjob.s3 import access, parallel_list, uris, writes
 from mxjob.tasks import classify
@@ -73,7 +74,7 @@ def test_the_keys_beside_an_object_and_a_dataset():
 
 def test_a_trailing_slash_is_a_parquet_dataset_and_json_lines_there_is_refused():
     cfg = config.resolve(config.merge_settings({**BASE, "output": "s3://o/preds/"}, {}))
-    assert cfg.dataset and cfg.output_format == "parquet" and cfg.summary_key == "preds/_summary.json"
+    assert cfg.output.kind == "dataset" and cfg.output_format == "parquet" and cfg.summary_key == "preds/_summary.json"
     with pytest.raises(click.UsageError, match=r"an output ending in '/' .* is a Parquet dataset"):
         config.resolve(config.merge_settings({**BASE, "output": "s3://o/preds/", "output_format": "jsonl"}, {}))
 
@@ -84,7 +85,7 @@ def test_a_trailing_slash_is_a_parquet_dataset_and_json_lines_there_is_refused()
 
 def parquet_object(s3, key: str, batches: list[pa.RecordBatch], metadata: dict) -> pa.Table:
     """The same rows through the single-object Parquet sink."""
-    sink = sinks.ParquetSink(writes.MultipartWriter(s3, BUCKET, key), metadata)
+    sink = parquet.ParquetSink(writes.MultipartWriter(s3, BUCKET, key), metadata)
     sink.write(batches)
     sink.close()
     return pq.read_table(io.BytesIO(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
@@ -98,7 +99,7 @@ def test_the_sink_cuts_files_at_rows_per_file_each_like_the_single_object(s3):
     keys = [f"k{i:03d}" for i in range(23)]
     batches = [rows_batch(keys[:5], fail={"k003"}), rows_batch(keys[5:17]), rows_batch(keys[17:])]
     metadata = {"mxinfer.fingerprint": '{"task": "classify"}', "mxinfer.task": "classify"}
-    sink = sinks.DatasetSink(s3, BUCKET, "sink/", 10, metadata)
+    sink = dataset_files.DatasetSink(s3, BUCKET, "sink/", 10, metadata)
     sink.write(batches[:2])
     assert [f["rows"] for f in sink.files] == [10]  # the first file is whole and visible before the end
     assert access.object_exists(s3, BUCKET, "sink/part-00000.parquet")
@@ -118,7 +119,7 @@ def test_the_sink_cuts_files_at_rows_per_file_each_like_the_single_object(s3):
 
 def test_an_aborted_sink_leaves_its_whole_files_and_no_partial_one(s3):
     keys = [f"a{i:02d}" for i in range(15)]
-    sink = sinks.DatasetSink(s3, BUCKET, "abort/", 10, {})
+    sink = dataset_files.DatasetSink(s3, BUCKET, "abort/", 10, {})
     sink.write([rows_batch(keys)])
     sink.abort()
     listed = [k for k, _ in parallel_list.list_objects(s3, BUCKET, "abort/")]
@@ -128,7 +129,7 @@ def test_an_aborted_sink_leaves_its_whole_files_and_no_partial_one(s3):
 
 def test_files_an_earlier_run_completed_are_kept_and_not_written_again(s3):
     keys = [f"r{i:02d}" for i in range(25)]
-    first = sinks.DatasetSink(s3, BUCKET, "keep/", 10, {})
+    first = dataset_files.DatasetSink(s3, BUCKET, "keep/", 10, {})
     first.write([rows_batch(keys[:12])])
     first.abort()  # the driver died: file 0 is whole
     before = s3.head_object(Bucket=BUCKET, Key="keep/part-00000.parquet")
@@ -136,7 +137,7 @@ def test_files_an_earlier_run_completed_are_kept_and_not_written_again(s3):
     plan = dataset.resume_plan({"rows_per_file": 10, "keys_sha256": dataset.keys_digest(keys)}, "auto",
                                (999, "auto"), keys, found)
     assert plan.rows_per_file == 10 and set(plan.keep) == {0}
-    again = sinks.DatasetSink(s3, BUCKET, "keep/", plan.rows_per_file, {}, plan.keep)
+    again = dataset_files.DatasetSink(s3, BUCKET, "keep/", plan.rows_per_file, {}, plan.keep)
     again.write([rows_batch(keys)])
     again.close()
     after = s3.head_object(Bucket=BUCKET, Key="keep/part-00000.parquet")
@@ -187,9 +188,9 @@ def test_auto_rows_per_file_follow_the_rows_size():
 
 
 def test_the_parquet_sink_bounds_a_row_group_in_bytes(s3, monkeypatch):
-    monkeypatch.setattr(sinks, "PARQUET_ROW_GROUP_BYTES", 1)  # every write is a row group of its own
+    monkeypatch.setattr(parquet, "PARQUET_ROW_GROUP_BYTES", 1)  # every write is a row group of its own
     keys = [f"g{i}" for i in range(6)]
-    sink = sinks.ParquetSink(writes.MultipartWriter(s3, BUCKET, "groups.parquet"), {})
+    sink = parquet.ParquetSink(writes.MultipartWriter(s3, BUCKET, "groups.parquet"), {})
     for start in range(0, 6, 2):
         sink.write([rows_batch(keys[start:start + 2])])
     sink.close()
@@ -211,15 +212,18 @@ def test_objects_the_job_did_not_write_are_refused_whatever_the_flags(s3):
     s3.put_object(Bucket=BUCKET, Key="foreign/notes.txt", Body=b"mine")
     for flags in ((), ("overwrite",), ("resume",)):
         with pytest.raises(JobError, match=r"holds 1 object the job did not write \(for example 'notes.txt'\)"):
-            preflight.check_before_listing(dataset_config("foreign/", *flags), s3)
+            cfg = dataset_config("foreign/", *flags)
+            cfg.output.check(cfg, s3)
 
 
 def test_an_existing_dataset_is_refused_without_overwrite(s3):
     s3.put_object(Bucket=BUCKET, Key="done/part-00000.parquet", Body=b"x")
     with pytest.raises(JobError, match=r"s3://dataset-bucket/done/ \(or its summary\) already exists; add --overwrite"):
-        preflight.refuse_existing_output(dataset_config("done/"), s3)
+        cfg = dataset_config("done/")
+        cfg.output.check(cfg, s3)
     s3.put_object(Bucket=BUCKET, Key="status-only/_status.json", Body=b"{}")
-    preflight.refuse_existing_output(dataset_config("status-only/"), s3)  # a status alone is no output
+    cfg = dataset_config("status-only/")
+    cfg.output.check(cfg, s3)  # a status alone is no output
 
 
 # ----------------------------------------------------------------------------

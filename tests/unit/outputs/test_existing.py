@@ -31,7 +31,7 @@ from demo.s3proxy import S3Proxy
 from mxjob.core.errors import JobError
 from mxjob.inputs import listing
 from mxjob.options import config
-from mxjob.outputs import claim, dataset, existing, preflight, sinks, work_prefix
+from mxjob.outputs import claim, dataset, dataset_files, existing, parquet, work_prefix
 from mxjob.reporting import records, report
 from mxjob.s3 import parallel_list
 from mxjob.tasks import classify
@@ -39,7 +39,7 @@ from tests.support.helpers import bucket_with_model, put_digits, spark_submit, s
 
 BUCKET = "existing-bucket"
 FINGERPRINT = {"task": "classify", "top_k": 2}
-METADATA = sinks.provenance({"fingerprint": FINGERPRINT})
+METADATA = parquet.provenance({"fingerprint": FINGERPRINT})
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +163,11 @@ def test_rows_made_with_other_settings_are_not_added():
 
 
 def test_each_run_names_its_files_apart_and_later_than_every_earlier_run():
-    assert dataset.file_key("p/", 3) == "p/part-00003.parquet"
-    assert dataset.file_key("p/", 3, "20261126T071846Z") == "p/part-20261126T071846Z-00003.parquet"
-    assert dataset.file_id("p/part-20261126T071846Z-00003.parquet", "p/") == ("20261126T071846Z", 3)
-    assert dataset.file_id("p/part-00003.parquet", "p/") == (None, 3)
-    assert dataset.file_id("p/part-2026-00003.parquet", "p/") is None
+    assert dataset_files.file_key("p/", 3) == "p/part-00003.parquet"
+    assert dataset_files.file_key("p/", 3, "20261126T071846Z") == "p/part-20261126T071846Z-00003.parquet"
+    assert dataset_files.file_id("p/part-20261126T071846Z-00003.parquet", "p/") == ("20261126T071846Z", 3)
+    assert dataset_files.file_id("p/part-00003.parquet", "p/") == (None, 3)
+    assert dataset_files.file_id("p/part-2026-00003.parquet", "p/") is None
     found = dataset.Contents(files={"p/part-00000.parquet": 1, "p/part-20261126T071846Z-00000.parquet": 1},
                              prefix="p/")
     assert dataset.new_run(dataset.Contents(prefix="p/"), now=0) == "19700101T000000Z"
@@ -175,7 +175,7 @@ def test_each_run_names_its_files_apart_and_later_than_every_earlier_run():
     assert dataset.new_run(found, now=0) == "20261126T071847Z"
     later = dataset.new_run(found, now=1_900_000_000)
     assert later == "20300317T174640Z" and later > "20261126T071846Z"
-    names = {dataset.file_key("p/", i, run) for run in (None, "20261126T071846Z", later) for i in range(3)}
+    names = {dataset_files.file_key("p/", i, run) for run in (None, "20261126T071846Z", later) for i in range(3)}
     assert len(names) == 9
     assert found.runs() == [None, "20261126T071846Z"]
     assert found.run_files("20261126T071846Z") == {0: ("p/part-20261126T071846Z-00000.parquet", 1)}
@@ -187,11 +187,12 @@ def test_earlier_runs_files_are_the_dataset_and_other_objects_are_still_refused(
     found = dataset.contents(s3, BUCKET, "both/")
     assert sorted(found.files) == ["both/part-00000.parquet", "both/part-20261126T071846Z-00000.parquet"]
     dataset.refuse_foreign(found, "s3://b/both/")  # no error: both runs' files are the job's
-    preflight.check_output(config_for("both/", skip_existing=True), s3)  # neither refused as existing
+    cfg = config_for("both/", skip_existing=True)
+    cfg.output.check(cfg, s3)  # neither refused as existing
     s3.put_object(Bucket=BUCKET, Key="both/part-2026-00000.parquet", Body=b"x")
     with pytest.raises(JobError, match=r"holds 1 object the job did not write \(for example "
                                        r"'part-2026-00000.parquet'\)"):
-        preflight.check_output(config_for("both/", skip_existing=True), s3)
+        cfg.output.check(cfg, s3)
 
 
 # ----------------------------------------------------------------------------
@@ -199,8 +200,8 @@ def test_earlier_runs_files_are_the_dataset_and_other_objects_are_still_refused(
 
 
 def write_files(s3, prefix: str, keys: list[str], rows_per_file: int, fail=frozenset(),
-                appending=None) -> sinks.DatasetSink:
-    sink = sinks.DatasetSink(s3, BUCKET, prefix, rows_per_file, METADATA, appending=appending)
+                appending=None) -> dataset_files.DatasetSink:
+    sink = dataset_files.DatasetSink(s3, BUCKET, prefix, rows_per_file, METADATA, appending=appending)
     sink.write([rows_batch(keys, fail)])
     sink.close()
     return sink
@@ -217,7 +218,7 @@ def test_a_second_run_finds_the_first_runs_keys_and_adds_files_of_its_own(s3, mo
     write_files(s3, "two/", first, 8, fail=frozenset({"k004", "k030"}))
     cfg = config_for("two/", moto_endpoint, skip_existing=True)
     images = listed([f"k{i:03d}" for i in range(40)])
-    found = existing.find(cfg, s3, images)
+    found = dataset.find(cfg, s3, images)
     assert found.listed == 40 and found.in_output == 20 and found.skipped == 20 and found.rescored == 0
     assert found.new.keys.to_pylist() == [f"k{i:03d}" for i in range(1, 40, 2)]
     assert [(f.key, f.rows) for f in found.files] == [("two/part-00000.parquet", 8), ("two/part-00001.parquet", 8),
@@ -235,19 +236,19 @@ def test_a_second_run_finds_the_first_runs_keys_and_adds_files_of_its_own(s3, mo
     success = json.loads(s3.get_object(Bucket=BUCKET, Key="two/_SUCCESS")["Body"].read())
     assert success["rows"] == 40 and len(success["files"]) == 6
     assert [(r["run"], len(r["files"]), r["rows"]) for r in success["runs"]] == [(None, 3, 20), (plan.run, 3, 20)]
-    assert sinks.summary_of(sink)["run"] == plan.run
+    assert dataset_files.summary_of(sink)["run"] == plan.run
 
     # Nothing new now; and a resume of the second run leaves its own files out of what exists.
-    assert len(existing.find(cfg, s3, images).new) == 0
+    assert len(dataset.find(cfg, s3, images).new) == 0
     work = work_prefix.WorkPrefix(s3, BUCKET, "two/")
     work.write_job(FINGERPRINT, cfg.output_uri, plan.record())
     try:
         with pytest.raises(JobError, match=r"holds an earlier run's progress .* add --resume"):
-            existing.find(cfg, s3, images)
-        again = existing.find(config_for("two/", moto_endpoint, skip_existing=True, resume=True), s3, images)
+            dataset.find(cfg, s3, images)
+        again = dataset.find(config_for("two/", moto_endpoint, skip_existing=True, resume=True), s3, images)
         assert again.new.keys.to_pylist() == found.new.keys.to_pylist() and again.run == plan.run
         with pytest.raises(JobError, match=r"started without --rescore-errors"):
-            existing.find(config_for("two/", moto_endpoint, skip_existing=True, resume=True, rescore_errors=True),
+            dataset.find(config_for("two/", moto_endpoint, skip_existing=True, resume=True, rescore_errors=True),
                           s3, images)
     finally:
         work.remove()
@@ -258,14 +259,14 @@ def test_rescored_errors_replace_their_rows_in_the_earlier_files_in_place(s3, mo
     write_files(s3, "rescore/", first, 5, fail=frozenset({"r01", "r07", "r08"}))
     cfg = config_for("rescore/", moto_endpoint, skip_existing=True, rescore_errors=True)
     images = listed([*first, "r12", "r13"])
-    found = existing.find(cfg, s3, images)
+    found = dataset.find(cfg, s3, images)
     assert found.new.keys.to_pylist() == ["r01", "r07", "r08", "r12", "r13"]
     assert found.rescored == 3 and found.skipped == 9 and found.owner.tolist() == [0, 1, 1]
     plan = dataset.fresh_plan(5, (0, ""), found.new, dataset.new_run(dataset.contents(s3, BUCKET, "rescore/")),
                               found, rescore_errors=True)
     assert plan.keys_sha256 == dataset.keys_digest(["r12", "r13"])  # the run's files hold only the new keys
     untouched = s3.head_object(Bucket=BUCKET, Key="rescore/part-00002.parquet")["ETag"]
-    sink = sinks.DatasetSink(s3, BUCKET, "rescore/", 5, METADATA, appending=plan)
+    sink = dataset_files.DatasetSink(s3, BUCKET, "rescore/", 5, METADATA, appending=plan)
     sink.write([rows_batch(found.new.keys.to_pylist(), fail=frozenset({"r08"}), class_id=3)])
     sink.close()
     assert [f["key"] for f in sink.files] == [f"rescore/part-{plan.run}-00000.parquet"]
@@ -287,7 +288,7 @@ def test_rescored_errors_replace_their_rows_in_the_earlier_files_in_place(s3, mo
     assert [f["bytes"] for f in success["files"]] == [
         s3.head_object(Bucket=BUCKET, Key=f["key"])["ContentLength"] for f in success["files"]]
     # What the next --rescore-errors run finds: only r08's error row is left.
-    assert existing.find(cfg, s3, images).new.keys.to_pylist() == ["r08"]
+    assert dataset.find(cfg, s3, images).new.keys.to_pylist() == ["r08"]
 
 
 def test_a_skip_existing_plan_appends_where_a_plain_run_is_refused(s3, moto_endpoint):
@@ -297,13 +298,13 @@ def test_a_skip_existing_plan_appends_where_a_plain_run_is_refused(s3, moto_endp
         claim.plan_output(config_for("plan/", moto_endpoint), s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"),
                            images, FINGERPRINT, dry=True)
     cfg = config_for("plan/", moto_endpoint, skip_existing=True)
-    found = existing.find(cfg, s3, images)
+    found = dataset.find(cfg, s3, images)
     plan = claim.plan_output(cfg, s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"), found.new, FINGERPRINT, dry=True,
-                              inputs=dataset.PlanInputs((8, "given"), found))
+                              inputs=claim.PlanInputs((8, "given"), found))
     assert plan.todo.keys.to_pylist() == ["p2"] and plan.dataset.run and not plan.resumed
     with pytest.raises(JobError, match=r"made with other settings"):
         claim.plan_output(cfg, s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"), found.new, {**FINGERPRINT, "top_k": 3},
-                           dry=True, inputs=dataset.PlanInputs((8, "given"), found))
+                           dry=True, inputs=claim.PlanInputs((8, "given"), found))
 
 
 # ----------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A SQL catalog on SQLite in the test's tmp_path, configured as a pyiceberg
 user would (``PYICEBERG_CATALOG__TEST__...`` environment variables), with its
 warehouse on the session's moto S3. The data files are written by the job's
-own Parquet writer (:class:`mxjob.outputs.sinks.ParquetSink` over a multipart
+own Parquet writer (:class:`mxjob.outputs.parquet.ParquetSink` over a multipart
 upload), then committed: the table read back equals the rows written, a
 commit id is committed once however often it is retried (after a crash on
 either side of the commit, or beside a concurrent writer), and the keys
@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from mxjob.outputs import iceberg_catalog, table_uri
+from mxjob.outputs import iceberg, iceberg_catalog
+from mxjob.outputs.iceberg import TableUriError
 from mxjob.outputs.iceberg_catalog import TableMismatchError
-from mxjob.outputs.table_uri import TableUriError
 from mxjob.results import parquet_view
 from mxjob.tasks import classify, embed
 from tests.support.helpers import parquet_of, upload_data_file
@@ -93,7 +93,7 @@ def key_set(array: pa.ChunkedArray) -> list[str]:
     ("iceberg://local/a.b.table_1", ("local", "a.b", "table_1")),
 ])
 def test_parse_table_uri_gives_catalog_namespace_and_table(uri, expected):
-    assert table_uri.parse_table_uri(uri) == expected
+    assert iceberg.parse_table_uri(uri) == expected
 
 
 @pytest.mark.parametrize("uri, message", [
@@ -111,7 +111,7 @@ def test_parse_table_uri_gives_catalog_namespace_and_table(uri, expected):
 ])
 def test_parse_table_uri_refuses_a_malformed_uri_saying_what_to_write(uri, message):
     with pytest.raises(TableUriError, match=message):
-        table_uri.parse_table_uri(uri)
+        iceberg.parse_table_uri(uri)
 
 
 # ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from mxjob import tasks
 from mxjob.executor import partition
 from mxjob.inputs import listing
 from mxjob.options.config import merge_settings, resolve
-from mxjob.outputs import merge, sinks, work_prefix
+from mxjob.outputs import dataset_files, jsonl, merge, parquet, work_prefix
 from mxjob.run import driver
 from mxjob.s3 import writes
 from mxjob.tasks import classify, detect
@@ -88,20 +88,20 @@ def read(s3, key: str) -> bytes:
 
 def json_lines_output(s3, task: str) -> list[dict]:
     work = durable_run(s3, task, f"{task}/out.jsonl", json_lines=True)
-    assembled(work, sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, f"{task}/out.jsonl")))
+    assembled(work, jsonl.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, f"{task}/out.jsonl")))
     return [json.loads(line) for line in read(s3, f"{task}/out.jsonl").decode().splitlines()]
 
 
 def parquet_output(s3, task: str) -> list[dict]:
     work = durable_run(s3, task, f"{task}/out.parquet", json_lines=False)
-    assembled(work, sinks.ParquetSink(writes.MultipartWriter(s3, BUCKET, f"{task}/out.parquet"), {}))
+    assembled(work, parquet.ParquetSink(writes.MultipartWriter(s3, BUCKET, f"{task}/out.parquet"), {}))
     return pq.read_table(io.BytesIO(read(s3, f"{task}/out.parquet"))).to_pylist()
 
 
 def dataset_output(s3, task: str) -> list[dict]:
     """Files of 4 rows: the first starts with the run's first row, each holds a failed image."""
     work = durable_run(s3, task, f"{task}/ds/", json_lines=False)
-    sink = sinks.DatasetSink(s3, BUCKET, f"{task}/ds/", 4, {})
+    sink = dataset_files.DatasetSink(s3, BUCKET, f"{task}/ds/", 4, {})
     assembled(work, sink)
     assert [f["rows"] for f in sink.files] == [4, 2]
     return pa.concat_tables([pq.read_table(io.BytesIO(read(s3, f["key"]))) for f in sink.files]).to_pylist()

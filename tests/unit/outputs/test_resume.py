@@ -30,7 +30,7 @@ from mxjob.core import errors
 from mxjob.executor import measure, partition
 from mxjob.inputs import listing
 from mxjob.options.config import JobConfig, merge_settings, resolve
-from mxjob.outputs import claim, merge, sinks, work_prefix
+from mxjob.outputs import claim, fingerprint, jsonl, merge, work_prefix
 from mxjob.run import driver, signals
 from mxjob.s3 import access, writes
 from tests.support.helpers import bucket_with_model, lines_part, part_lines, spark_submit, start_spark_submit
@@ -61,7 +61,7 @@ def open_uploads(s3) -> list:
 
 
 def assemble_to(s3, work, keys, out_key) -> tuple[merge.AssemblyCounts, str]:
-    sink = sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, out_key))
+    sink = jsonl.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, out_key))
     counts = merge.assemble(work, work.runs(), keys, sink)
     sink.close()
     return counts, s3.get_object(Bucket=BUCKET, Key=out_key)["Body"].read().decode()
@@ -84,7 +84,7 @@ def test_assembly_refuses_a_key_without_a_line_and_leaves_no_object_or_upload(s3
     work = work_prefix.WorkPrefix(s3, BUCKET, "gap/out.jsonl")
     keys = ["a", "b", "c", "d"]
     write_run(work, 1, keys, 2, done=[0])
-    sink = sinks.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, "gap/out.jsonl"))
+    sink = jsonl.JsonLinesSink(writes.MultipartWriter(s3, BUCKET, "gap/out.jsonl"))
     with pytest.raises(work_prefix.ResumeError, match=r"no line for key 'c'.*\(2 keys without a line\)"):
         merge.assemble(work, work.runs(), keys, sink)
     sink.abort()
@@ -161,12 +161,12 @@ def test_remaining_keys_are_those_outside_every_durable_batch(s3):
 
 
 def test_differences_name_each_changed_setting_and_file():
-    before = work_prefix.fingerprint({"top_k": 2, "preprocess": {"input_shape": (3, 32, 32), "mean": (0.0,)}},
+    before = fingerprint.fingerprint({"top_k": 2, "preprocess": {"input_shape": (3, 32, 32), "mean": (0.0,)}},
                                  {"model_params": b"a"})
-    after = work_prefix.fingerprint({"top_k": 3, "preprocess": {"input_shape": [3, 32, 32], "mean": [0.0]}},
+    after = fingerprint.fingerprint({"top_k": 3, "preprocess": {"input_shape": [3, 32, 32], "mean": [0.0]}},
                                 {"model_params": b"b"})
-    assert work_prefix.differences(json.loads(json.dumps(before)), before) == []  # as read back from job.json
-    found = work_prefix.differences(json.loads(json.dumps(before)), after)
+    assert fingerprint.differences(json.loads(json.dumps(before)), before) == []  # as read back from job.json
+    found = fingerprint.differences(json.loads(json.dumps(before)), after)
     assert len(found) == 2
     assert found[0].startswith("model_params (a different file: sha256 ") and found[1] == "top_k: 2 then, 3 now"
 
@@ -178,14 +178,14 @@ def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, m
     cfg = resolve(merge_settings(
         {"input": f"s3://{BUCKET}/in/", "model": f"s3://{BUCKET}/m", "output": f"s3://{BUCKET}/term/out.jsonl"}, {}))
     writes = []
-    real_write = sinks.JsonLinesSink.write_lines
+    real_write = jsonl.JsonLinesSink.write_lines
 
     def write_then_signal(self, lines):
         real_write(self, lines)
         writes.append(len(lines))
         os.kill(os.getpid(), signal.SIGTERM)  # a real signal, through the driver's real handler
 
-    monkeypatch.setattr(sinks.JsonLinesSink, "write_lines", write_then_signal)
+    monkeypatch.setattr(jsonl.JsonLinesSink, "write_lines", write_then_signal)
     monkeypatch.setattr(merge, "assemble", lambda w, runs, k, sink, **_: [sink.write_lines([line(x)]) for x in k])
     previous = signal.signal(signal.SIGTERM, signals.raise_interrupted)
     try:

@@ -20,7 +20,7 @@ import pytest
 from mxjob.executor import partition
 from mxjob.inputs import extsort, listing, manifest, manifest_text, plan_file
 from mxjob.options.config import merge_settings, resolve
-from mxjob.outputs import claim, merge, sinks, work_prefix
+from mxjob.outputs import fingerprint, jsonl, merge, parquet, work_prefix
 from mxjob.run import driver
 from mxjob.s3 import parallel_list, writes
 from tests.support.helpers import bucket_with_digits, lines_part, spark_submit
@@ -173,7 +173,7 @@ def config(*args: str, **options) -> object:
 
 def assembled(s3, work, images, cfg, sink_kind: str, out_key: str) -> bytes:
     writer = writes.MultipartWriter(s3, BUCKET, out_key)
-    sink = sinks.ParquetSink(writer) if sink_kind == "parquet" else sinks.JsonLinesSink(writer)
+    sink = parquet.ParquetSink(writer) if sink_kind == "parquet" else jsonl.JsonLinesSink(writer)
     merge.assemble(work, work.runs(), images, sink, carried=driver.carried_columns(cfg, images))
     sink.close()
     return s3.get_object(Bucket=BUCKET, Key=out_key)["Body"].read()
@@ -271,12 +271,12 @@ def test_a_listed_prefix_gives_each_objects_etag(s3):
     assert columns.column_names == ["etag", "size"]
     assert columns["etag"].to_pylist() == expected
     assert columns["size"].to_pylist() == [1, 2]
-    assert claim.carried_names(cfg, images) == ["etag", "size"]
+    assert fingerprint.carried_names(cfg, images) == ["etag", "size"]
 
 
 def test_without_carried_columns_nothing_is_appended(s3):
     plain = listing.Listing.build(BUCKET, ["photos/a.jpg"], [1])
-    assert claim.carried_names(config(), plain) == []
+    assert fingerprint.carried_names(config(), plain) == []
     assert driver.carried_columns(config(), plain) is None
 
 
@@ -285,18 +285,18 @@ def test_without_carried_columns_nothing_is_appended(s3):
 
 def test_the_fingerprint_differs_with_carried_columns_and_with_object_metadata(monkeypatch, images):
     plain = listing.Listing.build(BUCKET, ["photos/a.jpg"], [1])
-    monkeypatch.setattr(work_prefix, "fingerprint", lambda values, files: values)  # the settings part alone
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda values, files: values)  # the settings part alone
     classifier = type("Fake", (), {"labels": None})()
     monkeypatch.setattr(type(config().model), "read", lambda self, uri: b"model")
     cfg, with_meta = config(), config("--with-object-metadata")
-    without = claim.job_fingerprint(cfg, classifier, claim.carried_names(cfg, plain))
-    carried = claim.job_fingerprint(cfg, classifier, claim.carried_names(cfg, images))
-    metadata = claim.job_fingerprint(with_meta, classifier, claim.carried_names(with_meta, plain))
+    without = fingerprint.job_fingerprint(cfg, classifier, fingerprint.carried_names(cfg, plain))
+    carried = fingerprint.job_fingerprint(cfg, classifier, fingerprint.carried_names(cfg, images))
+    metadata = fingerprint.job_fingerprint(with_meta, classifier, fingerprint.carried_names(with_meta, plain))
     assert "carried" not in without and "with_object_metadata" not in without  # as every run before them
     assert carried["carried"] == ["product_id", "shop"]
     assert metadata["carried"] == ["etag", "size"] and metadata["with_object_metadata"] is True
     assert len({json.dumps(f, sort_keys=True) for f in (without, carried, metadata)}) == 3
-    assert work_prefix.differences(without, carried) == ['carried: null then, ["product_id", "shop"] now']
+    assert fingerprint.differences(without, carried) == ['carried: null then, ["product_id", "shop"] now']
 
 
 # --- through spark-submit

@@ -1,10 +1,10 @@
-"""The output sinks: where the merged rows are written, all three here.
+"""A Parquet dataset's files: their names, the sink that writes them (:class:`DatasetSink`), and ``_SUCCESS``.
 
-:class:`JsonLinesSink` (``.jsonl``, ``.jsonl.gz``) and :class:`ParquetSink`
-write one object through one multipart upload, completed only when whole;
-:class:`DatasetSink` cuts the rows into Parquet files under a prefix, each
-completed when it has its rows. Each has ``write``, ``close`` and
-``abort``: a failed run leaves nothing partial. Runs on the driver only.
+File ``i`` of a run holds rows ``i * R`` to ``(i + 1) * R - 1`` of the run's
+sorted key list (``R``: ``--rows-per-file``), as ``part-NNNNN.parquet``, or
+``part-<run>-NNNNN.parquet`` for a ``--skip-existing`` run
+(:mod:`mxjob.outputs.dataset` says what a dataset is). Each is one multipart
+upload, completed when the file has its rows, so it appears whole.
 """
 
 from __future__ import annotations
@@ -12,178 +12,43 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tempfile
-import zlib
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mxjob import tasks
-from mxjob.outputs import dataset
-from mxjob.outputs.dataset import file_key
-from mxjob.outputs.sidecar import side_key
-from mxjob.results import parquet_view, results
+from mxjob.outputs.base import side_key
+from mxjob.outputs.parquet import PARQUET_ROW_GROUP, PARQUET_TYPE, ParquetSink, _WriterFile
+from mxjob.results import parquet_view
 from mxjob.s3 import reads, writes
 
-#: Rows per Parquet row group: about 5-10 MiB of top-5 predictions, small enough
-#: for the driver to hold one while it writes it, large enough for Athena scans.
-PARQUET_ROW_GROUP = 100_000
+#: A dataset file's name under the prefix: the file's index, at least 5 digits.
+FILE_NAME = "part-{index:05d}.parquet"
+#: ... and a ``--skip-existing`` run's: its run (:func:`new_run`), then the index.
+RUN_FILE_NAME = "part-{run}-{index:05d}.parquet"
+#: Either name: group 1 the run (absent in a first run's name), group 2 the index.
+_FILE = re.compile(r"part-(?:(\d{8}T\d{6}Z)-)?(\d{5,})\.parquet$")
+
+def file_key(prefix: str, index: int, run: str | None = None) -> str:
+    """The key of the dataset's file ``index`` under ``prefix`` (which ends with ``/``), of ``run`` if given."""
+    return prefix + (RUN_FILE_NAME.format(run=run, index=index) if run else FILE_NAME.format(index=index))
 
 
-#: ... and at most this many bytes of Arrow data held for one: 100,000 rows of 1,280-value float32
-#: embeddings would be 500 MiB of the driver's memory.
-PARQUET_ROW_GROUP_BYTES = 64 * 2**20
+def file_id(key: str, prefix: str) -> tuple[str | None, int] | None:
+    """``(run, index)`` of a dataset file's key under ``prefix`` (``run`` ``None`` for ``part-NNNNN.parquet``),
+    else ``None``."""
+    match = _FILE.fullmatch(key[len(prefix):]) if key.startswith(prefix) else None
+    return (match.group(1), int(match.group(2))) if match else None
 
 
-def output_format(requested: str | None, key: str) -> str:
-    """``requested``, else ``parquet`` for a key ending in ``.parquet``, else ``jsonl``."""
-    if requested:
-        return requested
-    return "parquet" if key.lower().endswith(".parquet") else "jsonl"
+def file_index(key: str, prefix: str) -> int | None:
+    """The index of a dataset file's key under ``prefix``, whichever run wrote it, else ``None``."""
+    found = file_id(key, prefix)
+    return found[1] if found else None
 
-
-def is_gzip(key: str) -> bool:
-    """Whether an output key names a gzip file (it ends in ``.gz``): JSON Lines are then written gzipped."""
-    return key.lower().endswith(".gz")
-
-
-def content_type(fmt: str, key: str) -> str:
-    """The output object's Content-Type: Parquet, gzip (a ``.gz`` key) or JSON Lines.
-
-    A ``.gz`` object is ``application/gzip`` with no Content-Encoding: with
-    ``Content-Encoding: gzip``, S3's and browsers' downloads would hand over
-    the decompressed text under the ``.gz`` name, while Athena, Spark and
-    pandas choose gzip by the suffix and would fail on it.
-    """
-    if fmt == "parquet":
-        return "application/vnd.apache.parquet"
-    return "application/gzip" if is_gzip(key) else "application/x-ndjson"
-
-
-#: zlib's level for a ``.gz`` JSON Lines output: gzip's own. Measured on one core here: top-5 classify lines
-#: shrink to 13% at about 120 MB/s (level 9: 28 MB/s for 1% less), 1,280-value embeddings to 40% at about
-#: 16 MB/s, which is why Parquet is the output for vectors. zlib lets go of the GIL while it compresses.
-GZIP_LEVEL = 6
-
-
-class JsonLinesSink:
-    """The output as JSON Lines: each row's line (:meth:`mxjob.tasks.Task.json_lines`).
-
-    With ``gzip`` (an output key ending in ``.gz``), the lines are one gzip
-    member, compressed as they are written: the object is what ``gzip`` makes
-    of the text a plain ``.jsonl`` output holds.
-    """
-
-    def __init__(self, writer: writes.MultipartWriter, gzip: bool = False):
-        self.writer = writer
-        # wbits 16 + 15: a gzip header and trailer around the deflate stream (zlib's default window).
-        self._deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
-
-    def write(self, batches: list[pa.RecordBatch]) -> None:
-        """Rows of the result model, as their lines (the task's, :meth:`mxjob.tasks.Task.json_lines`)."""
-        self.write_lines([line for batch in batches for line in tasks.of_schema(batch.schema).json_lines(batch)])
-
-    def write_lines(self, lines: list[str]) -> None:
-        self._write("".join(line + "\n" for line in lines).encode("utf-8"))
-
-    def _write(self, data: bytes) -> None:
-        self.writer.write(self._deflate.compress(data) if self._deflate is not None else data)
-
-    def close(self) -> None:
-        if self._deflate is not None:
-            self.writer.write(self._deflate.flush())  # the member's last block and its CRC-32 and length
-        self.writer.close()
-
-    def abort(self) -> None:
-        self.writer.abort()
-
-
-#: The Parquet output's error column (the result model's, :data:`results.ERROR`).
-ERROR = results.ERROR
-
-
-def provenance(job: dict | None) -> dict[str, str]:
-    """The Parquet file's key-value metadata from ``job.json``: the run's fingerprint, and its task.
-
-    The fingerprint holds the model files' SHA-256, the task and its settings
-    (output layer, ...), the preprocessing recipe and the precision.
-    """
-    if not job:
-        return {}
-    fingerprint_ = job.get("fingerprint") or {}
-    return {"mxinfer.fingerprint": json.dumps(fingerprint_, sort_keys=True),
-            "mxinfer.task": str(fingerprint_.get("task", "classify"))}
-
-
-class ParquetSink:
-    """The output as Parquet, one row per key, written row group by row group.
-
-    The schema is the Parquet view of the parts' (their task's,
-    :meth:`mxjob.tasks.Task.parquet_schema`), known from the first rows
-    written; ``metadata`` (:func:`provenance`) goes to the file's key-value
-    metadata. A run always has rows (the listing refuses an input without
-    keys): a sink closed without any raises ``ValueError``.
-    """
-
-    def __init__(self, writer: writes.MultipartWriter, metadata: dict[str, str] | None = None):
-        self.writer, self.metadata = writer, metadata
-        self.schema: pa.Schema | None = None
-        self._file = _WriterFile(writer)
-        self._parquet: pq.ParquetWriter | None = None
-        self._pending: list[pa.RecordBatch] = []
-        self._rows = self._bytes = 0
-
-    def write(self, batches: list[pa.RecordBatch]) -> None:
-        for batch in batches:
-            if self.schema is None:
-                self.schema = tasks.of_schema(batch.schema).parquet_schema(batch.schema, self.metadata)
-                self._parquet = pq.ParquetWriter(self._file, self.schema, compression="zstd")
-            converted = parquet_view.parquet_batch(batch, self.schema)
-            self._pending.append(converted)
-            self._rows += converted.num_rows
-            self._bytes += converted.nbytes
-        if self._rows >= PARQUET_ROW_GROUP or self._bytes >= PARQUET_ROW_GROUP_BYTES:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        table = pa.Table.from_batches(self._pending, self.schema).combine_chunks()
-        self._parquet.write_table(table, row_group_size=PARQUET_ROW_GROUP)
-        self._pending, self._rows, self._bytes = [], 0, 0
-
-    def close(self) -> None:
-        self._flush()
-        if self._parquet is None:
-            raise ValueError("no row was written: a Parquet file holds at least one")
-        self._parquet.close()
-        self.writer.close()
-
-    def abort(self) -> None:
-        self.writer.abort()
-
-
-class _WriterFile(io.RawIOBase):
-    """A write-only file over a :class:`writes.MultipartWriter`, for ``pq.ParquetWriter``."""
-
-    def __init__(self, writer: writes.MultipartWriter):
-        super().__init__()
-        self.writer = writer
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        self.writer.write(bytes(data))
-        return len(data)
-
-    def tell(self) -> int:
-        return self.writer.bytes_written
-
-    def close(self) -> None:  # the sink completes the upload; pyarrow only closes its side
-        super().close()
 
 
 class DatasetSink:
@@ -196,7 +61,7 @@ class DatasetSink:
     over the same key list) are not written again; their rows are only
     counted. :meth:`close` writes the last file and ``_SUCCESS``.
 
-    A ``--skip-existing`` run (``appending``: its :class:`dataset.DatasetPlan`)
+    A ``--skip-existing`` run (``appending``: its :class:`mxjob.outputs.dataset.DatasetPlan`)
     names its files after the plan's ``run`` (``part-<run>-NNNNN.parquet``)
     and writes no empty file; the plan's ``existing``
     (:class:`mxjob.outputs.existing.Existing`) lists the earlier runs' files for
@@ -211,7 +76,7 @@ class DatasetSink:
     """
 
     def __init__(self, client, bucket: str, prefix: str, rows_per_file: int, metadata: dict | None = None,
-                 keep: dict | None = None, appending: dataset.DatasetPlan | None = None):
+                 keep: dict | None = None, appending=None):
         self.client, self.bucket, self.prefix, self.rows_per_file = client, bucket, prefix, rows_per_file
         self.metadata, self.keep = metadata, dict(keep or {})
         self.run = appending.run if appending is not None else None
@@ -287,7 +152,7 @@ class DatasetSink:
         rewritten = {f["key"]: f for f in self.rewritten}
         earlier = [{"key": f.key, "rows": f.rows, "bytes": rewritten[f.key]["bytes"] if f.key in rewritten else f.bytes}
                    for f in getattr(self.existing, "files", ())]
-        body = dataset.success_body(earlier + [{k: f[k] for k in ("key", "rows", "bytes")} for f in self.files],
+        body = success_body(earlier + [{k: f[k] for k in ("key", "rows", "bytes")} for f in self.files],
                                     self.rows_per_file, self.run, self.prefix, self.rewritten)
         writes.put_text(self.client, self.bucket, side_key(self.prefix, "SUCCESS"), json.dumps(body, indent=1) + "\n")
 
@@ -311,10 +176,6 @@ class DatasetSink:
             self._file = None
         if self._rescored is not None:
             self._rescored.close()
-
-
-#: The Content-Type of a dataset's files.
-PARQUET_TYPE = "application/vnd.apache.parquet"
 
 
 def rewrite_file(client, bucket: str, key: str, rows: pa.Table) -> int:
@@ -383,3 +244,20 @@ def summary_of(sink: DatasetSink) -> dict:
     if sink.run is not None:
         out.update(run=sink.run, files_rewritten=len(sink.rewritten))
     return out
+
+
+def success_body(files: list[dict], rows_per_file: int, run: str | None, prefix: str,
+                 rewritten: list[dict] = ()) -> dict:
+    """``_SUCCESS``: every file of the dataset (``{"key", "rows", "bytes"}``, every run's, in key order), the rows,
+    and a section per run with the files it added; this ``run``'s also names the earlier files it rewrote."""
+    runs: dict = {}
+    for f in files:
+        name = file_id(f["key"], prefix)[0]
+        section = runs.setdefault(name, {"run": name, "files": [], "rows": 0})
+        section["files"].append(f["key"])
+        section["rows"] += f["rows"]
+    runs.setdefault(run, {"run": run, "files": [], "rows": 0})
+    if rewritten:
+        runs[run]["rewrote"] = [{k: f[k] for k in ("key", "rows", "bytes", "replaced")} for f in rewritten]
+    return {"files": files, "rows": sum(f["rows"] for f in files), "rows_per_file": rows_per_file,
+            "runs": list(runs.values())}

@@ -1,4 +1,5 @@
-"""The checks that need no listing refuse a run before the listing starts (mxjob/outputs/preflight.py)."""
+"""The checks that need no listing refuse a run before the listing starts (the output's, mxjob/outputs/base.py, and
+the model's, mxjob/run/checks.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 from mxjob.core import errors
 from mxjob.inputs import manifest
 from mxjob.options.config import merge_settings, resolve
-from mxjob.outputs import claim, preflight, work_prefix
-from mxjob.run import driver
+from mxjob.outputs import claim, work_prefix
+from mxjob.run import checks, driver
 from mxjob.s3 import clients, parallel_list
 from tests.support.helpers import bucket_with_model
 
@@ -102,6 +103,6 @@ def test_overwrite_and_resume_pass_the_existing_output_check_on_to_the_listing(w
 def test_local_model_files_are_checked_too(tmp_path, logits_prefix):
     spec = resolve(merge_settings({"input": "s3://b/i/", "model": str(logits_prefix), "output": "s3://b/o.jsonl"},
                                   {})).model
-    preflight.check_model_files(spec)  # present: no error
+    checks.check_model_files(spec)  # present: no error
     with pytest.raises(errors.JobError, match=r"model file missing: .*/nothing-symbol\.json does not exist"):
-        preflight.check_model_files(type(spec).from_prefix(str(tmp_path / "nothing")))
+        checks.check_model_files(type(spec).from_prefix(str(tmp_path / "nothing")))

@@ -39,6 +39,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import click
 from click.core import ParameterSource
@@ -130,8 +131,10 @@ def main(config_uri, **values):
              if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     yaml_settings = (load_yaml(config_uri, given.get("endpoint_url"), given.get("region"), given.get("s3_max_attempts"))
                      if config_uri else {})
+    # The plug-ins first: their tasks and outputs are what --task and --output are checked against.
+    plugin_files = config.load_plugins(given, yaml_settings, config_uri or "--config")
     settings = merge_settings(given, yaml_settings, config_uri or "--config")
-    cfg = resolve(settings)
+    cfg = replace(resolve(settings), plugin_files=plugin_files)
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)

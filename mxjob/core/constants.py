@@ -45,6 +45,7 @@ class DEFAULT:
     data_name = 'data'
     context = 'cpu'
     handler = None
+    plugin = ()
     output = None
     output_s3_bucket = None
     output_s3_key = None

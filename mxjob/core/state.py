@@ -93,6 +93,8 @@ MAX_S3_READERS = 4
 
 models = ProcessCache("models", MAX_MODELS)
 handlers = ProcessCache("handlers", MAX_HANDLERS)
+#: --plugin files a process has imported (``mxjob.core.plugins.load``): a job has a few.
+plugins = ProcessCache("plugins", MAX_HANDLERS)
 pools = ProcessCache("download pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))
 #: Forward-lane pools a worker keeps, by lane count (``mxjob.executor.partition``): a job uses one.
 lane_pools = ProcessCache("forward-lane pools", MAX_POOLS, on_evict=lambda pool: pool.shutdown(wait=False))

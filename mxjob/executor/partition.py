@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from mxjob import tasks
-from mxjob.core import constants, state
+from mxjob.core import constants, plugins, state
 from mxjob.core.errors import error_object, first_line
 from mxjob.executor.stats import ERROR_EXAMPLES, StatsFold, TaskStats
 from mxjob.inputs import plan_file
@@ -68,6 +68,9 @@ class _JobSpecBase:
     handler : str, optional
         The driver's local copy of the --handler file; executors load the copy
         shipped with ``SparkContext.addFile`` under the same name.
+    plugins : tuple of str
+        The driver's local copies of the --plugin files, shipped the same way;
+        a task imports them first (their tasks are registered then).
     thread_plan : ThreadPlan, optional
         Where the workers run, from the driver (``mxjob.run.cluster.thread_plan``); ``None`` outside a Spark job.
     output_bucket, parts_prefix : str, optional
@@ -85,6 +88,7 @@ class _JobSpecBase:
     preprocess: Preprocess
     bucket: str
     handler: str | None = None
+    plugins: tuple = ()
     thread_plan: ThreadPlan | None = None
     output_bucket: str | None = None
     parts_prefix: str | None = None
@@ -304,7 +308,9 @@ class Scoring:
 
 
 def job_task(job: JobSpec, handlers: Handlers | None = None) -> Task:
-    """The task that serves ``job`` (``--task``, its ``--handler``'s; :meth:`Task.with_handlers`)."""
+    """The task that serves ``job`` (``--task``, its ``--handler``'s; :meth:`Task.with_handlers`), its ``--plugin``
+    files imported first: a plug-in's task is registered then."""
+    plugins.load(job.plugins)
     return tasks.get(job.task).with_handlers(handlers if handlers is not None else get_handlers(job.handler))
 
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from mxjob.core import state
-from mxjob.core.errors import first_line
+from mxjob.core import plugins, state
 
 
 class HandlerError(Exception):
@@ -82,21 +79,10 @@ def load_handlers(path: str) -> Handlers:
         The file is missing or not ``.py``, raises on import, or defines neither
         callable; the message says which.
     """
-    if not path.endswith(".py"):
-        raise HandlerError(f"{path} is not a Python file (.py)")
-    if not os.path.isfile(path):
-        raise HandlerError(f"{path} does not exist")
-    # Loaded from its file under a module name of its own and never put in sys.modules,
-    # so ``import utils`` anywhere still finds ours. (That the file itself cannot clash
-    # with our --py-files on an executor is the driver's doing: it ships a renamed copy.)
-    stem = os.path.basename(path)[:-3]
-    name = "mxinfer_handler_" + "".join(c if c.isalnum() else "_" for c in stem)
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)
     try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise HandlerError(f"{path} fails to import: {type(exc).__name__}: {first_line(exc)}") from exc
+        module = plugins.import_file(path, "handler")
+    except plugins.PluginError as exc:
+        raise HandlerError(str(exc)) from exc
     found = {}
     for attr in ("input_handler", "output_handler"):
         value = getattr(module, attr, None)
@@ -118,13 +104,4 @@ def get_handlers(path: str | None) -> Handlers | None:
     if not path:
         return None
 
-    def load() -> Handlers:
-        local = path
-        if state.spark_task() is not None:
-            from pyspark import SparkFiles
-
-            shipped = SparkFiles.get(os.path.basename(path))
-            local = shipped if os.path.isfile(shipped) else path
-        return load_handlers(local)
-
-    return state.handlers.get(path, load)
+    return state.handlers.get(path, lambda: load_handlers(plugins.shipped_copy(path)))

@@ -11,10 +11,13 @@ several of them make at once: the input, the output, the model, the recipe.
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import io
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -22,6 +25,7 @@ import click
 import yaml
 
 from mxjob import outputs
+from mxjob.core import plugins
 from mxjob.core.errors import first_line, plural
 from mxjob.executor.partition import JobSpec
 from mxjob.model.predictor import ModelSpec
@@ -50,9 +54,10 @@ class _JobConfigBase:
     (:data:`mxjob.options.settings.SETTINGS`, ``to="driver"`` or ``"executor"``),
     plus what :func:`resolve` makes of the others: the input bucket and
     prefix or manifest, the output bucket, key and format, the model and the
-    preprocessing recipe. Two fields are not options: ``handler_file`` (the
+    preprocessing recipe. Three fields are not options: ``handler_file`` (the
     driver's local copy of ``--handler``, made by ``prepare_handler``, which
-    Spark ships to the executors) and ``int8_model`` (the job's int8
+    Spark ships to the executors), ``plugin_files`` (the same of each
+    ``--plugin``: :func:`load_plugins`) and ``int8_model`` (the job's int8
     checkpoint, local to the driver; made by ``prepare_precision``).
     """
 
@@ -115,7 +120,7 @@ class _JobConfigBase:
     def job_spec(self) -> JobSpec:
         """What the executors need: every executor setting, the model (int8 once quantized) and the recipe."""
         return JobSpec(model=self.int8_model or self.model, preprocess=self.preprocess, bucket=self.input_bucket,
-                       handler=self.handler_path, json_lines=self.output_format == "jsonl",
+                       handler=self.handler_path, plugins=self.plugin_files, json_lines=self.output_format == "jsonl",
                        **{s.name: getattr(self, s.name) for s in table.going_to("executor")})
 
     def options(self) -> dict:
@@ -143,7 +148,8 @@ _RESOLVED_FIELDS = [
 
 JobConfig = table.make_settings_dataclass(
     "JobConfig", _JobConfigBase, table.going_to("driver", "executor"), __name__, with_defaults=False,
-    extra=[*_RESOLVED_FIELDS, ("handler_file", "str | None", None), ("int8_model", "ModelSpec | None", None)])
+    extra=[*_RESOLVED_FIELDS, ("handler_file", "str | None", None), ("int8_model", "ModelSpec | None", None),
+           ("plugin_files", tuple, ())])
 
 
 def allowed_errors(max_errors: str, keys: int) -> int:
@@ -186,6 +192,46 @@ def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = No
                                f"{'; '.join(map(unknown_key, unknown))}; known options are those of --help "
                                "(with _ for -)")
     return data
+
+
+def load_plugins(cli: dict, yaml_settings: dict, config: str = "--config") -> tuple[str, ...]:
+    """Import the ``--plugin`` files (the command line's, else the YAML's) before the other options are read, so
+    their tasks and outputs are there to check ``--task`` and ``--output`` against; return the driver's local
+    copies, which the run ships to the executors (``JobConfig.plugin_files``)."""
+    given = cli.get("plugin") if cli.get("plugin") is not None else yaml_settings.get("plugin")
+    where = "'--plugin'" if cli.get("plugin") is not None else f"'plugin' in {config}"
+    if not given:
+        return ()
+    files = convert_option("plugin", given, where)
+    client = None
+    copies = []
+    for uri in files:
+        if uris.is_s3_uri(uri) and client is None:
+            client = clients.s3_client(cli.get("endpoint_url"), cli.get("region"),
+                                       max_attempts=cli.get("s3_max_attempts") or clients.S3_MAX_ATTEMPTS)
+        try:
+            copies.append(user_file_copy(uri, client, "plugin"))
+        except Exception as exc:  # noqa: BLE001 - botocore's errors: no such key, access denied
+            raise click.UsageError(f"cannot read --plugin {uri}: {first_line(exc)}") from None
+    try:
+        plugins.load(copies)
+    except plugins.PluginError as exc:
+        raise click.UsageError(f"--plugin: {exc}") from None
+    return tuple(copies)
+
+
+def user_file_copy(uri: str, client, kind: str) -> str:
+    """A local copy of a user's file (a path, or any URI :func:`reads.read_uri` takes), kept until the driver
+    exits: the executors fetch it from the driver while the job runs. Named ``mxinfer_<kind>_<its name>``:
+    ``SparkContext.addFile`` puts files beside the ``--py-files``, where a file called ``utils.py`` would clash
+    with ours (and Spark refuses a second file of one name with different contents)."""
+    data = reads.read_uri(uri, client if uris.is_s3_uri(uri) else None)
+    folder = tempfile.mkdtemp(prefix=f"mxinfer-{kind}-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = os.path.join(folder, f"mxinfer_{kind}_" + uri.rsplit("/", 1)[-1])
+    with open(path, "wb") as handle:
+        handle.write(data)
+    return path
 
 
 def unknown_key(key: str) -> str:

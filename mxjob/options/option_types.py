@@ -196,7 +196,13 @@ class HandlerFile(click.ParamType):
 
 
 class TaskName(click.ParamType):
-    """A registered task's name (:func:`mxjob.tasks.names`), checked when given, so a ``--plugin``'s task counts."""
+    """A registered task's name (:func:`mxjob.tasks.names`).
+
+    click converts the command line as it parses it, before the ``--plugin``
+    files are imported (``mxjob.options.config.load_plugins``): a name is taken
+    as it is then (``ctx`` given), and checked when the settings are merged,
+    so that a plug-in's task counts.
+    """
 
     name = "task"
 
@@ -204,13 +210,26 @@ class TaskName(click.ParamType):
         return "[" + "|".join(tasks.names()) + "]"
 
     def convert(self, value, param, ctx):
-        if str(value) not in tasks.names():
+        if ctx is None and str(value) not in tasks.names():
             try:
                 tasks.get(str(value))
             except ValueError as exc:
                 self.fail(str(exc), param, ctx)
             self.fail(f"{value!r} is not a task --task takes; the tasks are {', '.join(tasks.names())}", param, ctx)
         return str(value)
+
+
+class PluginFiles(click.ParamType):
+    """``.py`` files, comma-separated (or a YAML list): local paths that exist, or URIs the driver downloads."""
+
+    name = "FILE.py[,FILE.py]"
+
+    def convert(self, value, param, ctx):
+        items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",")]
+        files = tuple(str(item).strip() for item in items if str(item).strip())
+        for path in files:
+            HandlerFile().convert(path, param, ctx)
+        return files
 
 
 def parse_max_errors(value) -> tuple[float, bool]:

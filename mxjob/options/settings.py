@@ -50,6 +50,7 @@ from mxjob.options.option_types import (
     Names,
     NumberList,
     OptionalText,
+    PluginFiles,
     Suffixes,
     TaskName,
     cluster_shape,
@@ -262,6 +263,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("handler", "--handler", "model",
        "Python file (path or s3://) defining input_handler(key, data) and/or output_handler(key, outputs).",
        metavar="URI", type=HandlerFile()),
+    _s("plugin", "--plugin", "model",
+       "Python files (paths or s3://, comma-separated) that add tasks or kinds of output: each calls "
+       "mxjob.tasks.register or mxjob.outputs.register as it is imported. Imported before --task and --output are "
+       "read, and shipped to the executors.", default=(), type=PluginFiles(), metavar="URI[,URI]"),
     # --- output
     _s("output", "--output", "output",
        "Output object (the summary goes to KEY.summary.json), or with a trailing slash a Parquet dataset: files "

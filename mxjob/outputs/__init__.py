@@ -7,7 +7,17 @@ Parquet dataset and an Iceberg table; :func:`register` adds another (a
 ``--plugin`` file's), which :func:`resolve` asks first.
 """
 
-from mxjob.outputs.base import ObjectOutput, Output, OutputError, kind_of, kinds, register, resolve, side_key
+from mxjob.outputs.base import (
+    ObjectOutput,
+    Output,
+    OutputError,
+    kind_of,
+    kinds,
+    register,
+    resolve,
+    side_key,
+    unregister,
+)
 from mxjob.outputs.dataset import DatasetOutput
 from mxjob.outputs.iceberg import IcebergOutput
 from mxjob.outputs.jsonl import JsonLinesOutput
@@ -17,4 +27,4 @@ for _kind in (JsonLinesOutput, ParquetOutput, DatasetOutput, IcebergOutput):  # 
     register(_kind)
 
 __all__ = ["DatasetOutput", "IcebergOutput", "JsonLinesOutput", "ObjectOutput", "Output", "OutputError",
-           "ParquetOutput", "kind_of", "kinds", "register", "resolve", "side_key"]
+           "ParquetOutput", "kind_of", "kinds", "register", "resolve", "side_key", "unregister"]

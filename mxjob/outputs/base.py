@@ -363,6 +363,12 @@ def register(kind: type[Output]) -> type[Output]:
     return kind
 
 
+def unregister(kind: type[Output]) -> None:
+    """Take ``kind`` out of the registry (a test's, once it is done with it)."""
+    if kind in _KINDS:
+        _KINDS.remove(kind)
+
+
 def kinds() -> tuple[type[Output], ...]:
     """The registered kinds, in the order :func:`resolve` asks them."""
     return tuple(_KINDS)

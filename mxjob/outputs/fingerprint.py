@@ -43,7 +43,7 @@ def _plain(value):
 
 
 #: The fingerprint's file entries (compared by digest, named as files in messages).
-_FILES = ("model_symbol", "model_params", "labels", "handler", "int8_params")
+_FILES = ("model_symbol", "model_params", "labels", "handler", "plugins", "int8_params")
 
 
 def differences(earlier: dict, now: dict) -> list[str]:
@@ -82,6 +82,8 @@ def job_fingerprint(cfg, classifier, carried: list[str] = ()) -> dict:
         "model_params": known.get(cfg.model.params_uri) or cfg.model.read(cfg.model.params_uri),
         "labels": "\n".join(labels).encode("utf-8") if labels else None,
         "handler": reads.read_uri(handler) if handler else None,
+        # A plug-in can define the task and its lines (mxjob.core.plugins).
+        "plugins": b"".join(reads.read_uri(path) for path in cfg.plugin_files) if cfg.plugin_files else None,
         # The quantized model itself: calibrated on the job's own sample, it is part of what made the lines.
         "int8_params": cfg.int8_model.read(cfg.int8_model.params_uri) if cfg.int8_model else None,
     }

@@ -118,6 +118,13 @@ def stop_context(sc) -> None:
         log.debug("stopping Spark: %s", exc)
 
 
+def ship_files(sc, job) -> None:
+    """The driver's local files the executors read by name (``SparkFiles.get``): the ``--handler``'s and the
+    ``--plugin`` files' copies (:mod:`mxjob.core.plugins`), and the int8 checkpoint (``ModelSpec.read``)."""
+    for path in ([job.handler] if job.handler else []) + list(job.plugins) + job.model.shipped_files():
+        sc.addFile(path)
+
+
 def run_spark(cfg: JobConfig, run: work_prefix.Run, plan_key: str, start: SparkStart | None = None,
               on_tick=None, ticks=None) -> tuple[StatsFold, SparkStop]:
     """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded, and the stop.
@@ -148,10 +155,7 @@ def run_spark(cfg: JobConfig, run: work_prefix.Run, plan_key: str, start: SparkS
     rdd = sc.parallelize(run.spans, run.batches)
     job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=run.prefix, plan_key=plan_key,
                   thread_plan=thread_plan(sc))
-    if job.handler:
-        sc.addFile(job.handler)  # executors load their copy by name (get_handlers)
-    for path in job.model.shipped_files():  # the int8 checkpoint: read by name (ModelSpec.read)
-        sc.addFile(path)
+    ship_files(sc, job)
     # Each task's stats tell the driver's live merge that the task's part is durable (StatsAccumulator).
     stats = sc.accumulator(StatsFold(), StatsAccumulator((job.output_bucket, job.parts_prefix)))
     score = functools.partial(score_into, job=job, stats=stats)

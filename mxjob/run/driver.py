@@ -162,7 +162,7 @@ def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False, sampl
     (:func:`check_on_driver`). Never for a ``--handler``, whose file the run
     ships to the executors only when its job starts. Whether the warm-up was started.
     """
-    if start is None or cfg.dry_run or cfg.int8_model is not None or cfg.handler_file:
+    if start is None or cfg.dry_run or cfg.int8_model is not None or cfg.handler_file or cfg.plugin_files:
         return False
     if early and (cfg.precision != "fp32" or tasks.get(cfg.task).model_found_by_check(cfg.model)):
         return False

@@ -221,6 +221,11 @@ def register(task: Task) -> Task:
     return task
 
 
+def unregister(name: str) -> None:
+    """Take the task ``name`` out of the registry (a test's, once it is done with it)."""
+    _TASKS.pop(name, None)
+
+
 def get(name: str) -> Task:
     """The task ``name``; one not registered raises ``ValueError`` naming those that are."""
     try:

@@ -352,7 +352,7 @@ def submit(job_args: list[str], args, endpoint: str, log_path: Path, what: str) 
     return watch, started, exited
 
 
-def run_point(s3, endpoint: str, keys: int, args, batch_size: int | None = None, assembly: str = "during",
+def run_point(s3, endpoint: str, keys: int, args, batch_size: int | None = None,
               dataset: bool = False) -> dict:
     """Write the manifest, run the job on it, read its summary and output: one row of the table.
 
@@ -368,13 +368,13 @@ def run_point(s3, endpoint: str, keys: int, args, batch_size: int | None = None,
         log(f"{keys:,} keys: writing {manifest}")
         manifest_seconds = write_manifest(manifest, keys)
         WRITTEN.add(manifest)
-    label = "dataset" if dataset else assembly
-    output_key = f"out/scale-{keys}-dataset/" if dataset else f"out/scale-{keys}-{assembly}.jsonl"
+    label = "dataset" if dataset else "object"
+    output_key = f"out/scale-{keys}-dataset/" if dataset else f"out/scale-{keys}.jsonl"
     summary_key = f"{output_key}_summary.json" if dataset else f"{output_key}.summary.json"
     job_args = ["--input-manifest", str(manifest), "--model", f"s3://{BUCKET}/models/{MODEL.name}",
                 "--output", f"s3://{BUCKET}/{output_key}", "--endpoint-url", endpoint,
                 "--input-shape", MODEL.shape_arg, "--batch-size", str(batch_size), "--top-k", "1",
-                "--progress-seconds", "30", "--assembly", assembly]
+                "--progress-seconds", "30"]
     log_path = work / f"scale-{keys}-{label}.log"
     log(f"{keys:,} keys: spark-submit on {args.master}, batch {batch_size} "
         f"({math.ceil(keys / batch_size):,} tasks), fake scorer; log in {log_path}")
@@ -395,7 +395,7 @@ def run_point(s3, endpoint: str, keys: int, args, batch_size: int | None = None,
     seconds = summary.get("seconds") or {}
     python, jvm = watch.peak("driver python"), watch.peak("driver JVM")
     row = {
-        "keys": keys, "batch_size": batch_size, "batches": summary.get("batches"), "assembly": assembly,
+        "keys": keys, "batch_size": batch_size, "batches": summary.get("batches"),
         "output": "dataset" if dataset else "single object",
         "manifest_write_s": manifest_seconds,
         "listing_s": seconds.get("listing"), "model_check_s": seconds.get("model_check"),
@@ -522,44 +522,6 @@ def ten_million_report(row: dict) -> str:
     return "\n".join(lines)
 
 
-#: The assembly's tail with ``--assembly during``, at most this share of the assembly after the job.
-TAIL_TARGET = 0.10
-
-
-def tail_report(rows: list[dict]) -> str:
-    """``--tail-keys``: the same job with the assembly after the Spark job and during it, in one bench run.
-
-    The target: with the merge following the run, the time from the last
-    task's end to spark-submit's exit is at most :data:`TAIL_TARGET` of the
-    assembly's time when it runs after the job (``seconds.assembly`` of the
-    ``after`` row: what every job paid before).
-    """
-    after = next((r for r in rows if r["assembly"] == "after"), None)
-    base = after.get("assembly_s") if after else None
-    lines = [f"assembly tail at {rows[0]['keys']:,} keys (batch {rows[0]['batch_size']:,}, "
-             f"{rows[0]['batches']:,} tasks), fake scorer, one bench run:",
-             "| output | --assembly | assembly after the Spark job s | of which closing the output s "
-             "| its driver CPU s | last task's end to the output s | Spark's stop s (meanwhile) "
-             "| last task's end to exit s "
-             "| last task to the output / assembly after the job | last task to exit / assembly after the job |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        share = row["last_task_to_exit_s"] / base if base and row["last_task_to_exit_s"] is not None else None
-        ready = row.get("output_after_last_task_s")
-        ready_share = ready / base if base and ready is not None else None
-        verdict = "" if row is after or share is None else \
-            f" (target <= {TAIL_TARGET:.0%}: {_verdict(share, TAIL_TARGET)})"
-        lines.append(f"| {row['output']} | {row['assembly']} | {_cell(row['assembly_s'], 2)} | "
-                     f"{_cell(row.get('output_close_s'), 2)} | "
-                     f"{_cell(row['assembly_cpu_s'], 2)} | {_cell(row.get('output_after_last_task_s'), 2)} | "
-                     f"{_cell(row.get('spark_stop_s'), 1)} | "
-                     f"{_cell(row['last_task_to_exit_s'], 1)} | "
-                     + ("-" if row is after or ready_share is None else
-                        f"{ready_share:.1%} ({_verdict(ready_share, TAIL_TARGET)})") + " | "
-                     + ("-" if row is after else f"{share:.1%}{verdict}" if share is not None else "n/a") + " |")
-    return "\n".join(lines)
-
-
 def _verdict(value: float | None, limit: float) -> str:
     return "n/a" if value is None else "MET" if value <= limit else "MISSED"
 
@@ -641,7 +603,7 @@ def existing_point(s3, endpoint: str, existing: int, args) -> dict:
     row_started = time.time()
     common = ["--model", f"s3://{BUCKET}/models/{MODEL.name}", "--endpoint-url", endpoint,
               "--input-shape", MODEL.shape_arg, "--batch-size", str(batch_size), "--top-k", "1",
-              "--progress-seconds", "30", "--assembly", "during"]
+              "--progress-seconds", "30"]
 
     seed = "out/existing-seed/"
     log_path = work / "existing-seed.log"
@@ -760,9 +722,6 @@ def main(argv=None) -> int:
                         help="also run the job on 10,000,000 keys (about an hour) and check the targets")
     parser.add_argument("--ten-million-batch", type=int, default=1024,
                         help="--batch-size of the ten-million row [default: 1024, see the module's docstring]")
-    parser.add_argument("--tail-keys", type=int, default=None, metavar="N",
-                        help="also run N keys (say 1000000) with --assembly after, then during: the assembly's "
-                             "tail after the last task, against the assembly after the job")
     parser.add_argument("--hundred-million", action="store_true",
                         help="also --dry-run over 100,000,000 keys: read, plan every batch, print the plan")
     parser.add_argument("--existing-keys", type=_positive, default=None, metavar="N",
@@ -780,7 +739,7 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "bench-scale",
                         help="folder for the manifests, model, logs, summaries and results.json")
     args = parser.parse_args(argv)
-    opt_in = args.ten_million or args.hundred_million or args.tail_keys or args.existing_keys
+    opt_in = args.ten_million or args.hundred_million or args.existing_keys
     keys = args.keys if args.keys is not None else ("" if opt_in else "100000,1000000")
     counts = [10_000, 20_000] if args.quick else [int(x.replace("_", "")) for x in keys.split(",") if x]
     if (not counts and not opt_in) or min(counts, default=1) < 1:
@@ -808,12 +767,6 @@ def main(argv=None) -> int:
             big = run_point(s3, endpoint, args.row_keys or TEN_MILLION, args, args.ten_million_batch)
             extra.append(ten_million_report(big))
             (work / "ten-million.json").write_text(json.dumps(big, indent=2))
-        if args.tail_keys:
-            tails = [run_point(s3, endpoint, args.tail_keys, args, args.ten_million_batch, assembly=mode)
-                     for mode in ("after", "during")]
-            tails.append(run_point(s3, endpoint, args.tail_keys, args, args.ten_million_batch, dataset=True))
-            extra.append(tail_report(tails))
-            (work / "tail.json").write_text(json.dumps(tails, indent=2))
         if args.existing_keys:
             extra.append(existing_row(s3, endpoint, args))
         if args.hundred_million:

@@ -18,8 +18,6 @@ PRECISIONS = ("fp32", "int8")
 AUTO = "auto"
 #: ``--output-format``.
 OUTPUT_FORMATS = ("jsonl", "parquet")
-#: ``--assembly``: when the driver merges the batches' results into the output.
-ASSEMBLY_MODES = ("during", "after")
 #: ``--s3-reader`` choices: ``lean`` signs most GETs itself (:class:`mxjob.s3.object_reader.ObjectReader`),
 #: ``botocore`` never does.
 S3_READERS = ("lean", "botocore")
@@ -52,7 +50,6 @@ class DEFAULT:
     output_format = None
     with_object_metadata = False
     rows_per_file = 'auto'
-    assembly = 'during'
     resume = False
     overwrite = False
     skip_existing = False

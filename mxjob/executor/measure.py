@@ -11,23 +11,11 @@ import logging
 import time
 import urllib.parse
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 from mxjob.core import state
 from mxjob.executor.partition import score_partition
 
 log = logging.getLogger(__name__)
-
-
-class KeptShare(NamedTuple):
-    """A share of the sample scored once per image: its rows, which the run keeps instead of scoring them again."""
-
-    #: The share's keys, in key order (a contiguous run of the sorted sample).
-    keys: tuple
-    #: The rows as a task's part (:func:`mxjob.results.part_format.write_part`): one record batch sorted by key.
-    part: bytes
-    #: Error rows by stage, as a task counts them (:attr:`mxjob.executor.stats.TaskStats.errors`).
-    errors: dict
 
 
 @dataclass(frozen=True)
@@ -54,14 +42,10 @@ class SampleCost:
     #: one): where several processes measured shares of one sample at once (:func:`combined`), the server's
     #: CPU over their common window, counted once.
     server_cpu_window: tuple[float, float] | None = None
-    #: The first pass's ``(part, stats)`` from :func:`mxjob.executor.partition.score_partition`
-    #: (the model's load included),
-    #: whose first row is the sample's first image: the dry run's sample line, so it needs no third load of the
-    #: model. ``None`` when not kept.
+    #: The first pass's ``(part, stats)`` from :func:`mxjob.executor.partition.score_partition` (the model's
+    #: load included), whose first row is the sample's first image: the dry run's sample line, so it needs no
+    #: third load of the model. ``None`` when not kept.
     first: tuple | None = None
-    #: The rows scored once per image (a warm-up's first micro-batch, and the timed pass without repeats): the
-    #: run keeps them (:func:`mxjob.run.driver.keep_sample`); :class:`KeptShare` s in key order. Empty otherwise.
-    kept: tuple = ()
 
     @property
     def timed_images(self) -> int:
@@ -115,10 +99,10 @@ def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False
     already (the driver's check, :func:`mxjob.run.driver.load_model_on_driver`,
     or the warm-up's load): that load's seconds then count as this one's.
     The timed pass scores whole micro-batches (:func:`whole_micro_batches`).
-    ``warm_batch`` (an executor's warm-up, whose rows the run keeps): with two
-    micro-batches of ``items`` or more, the first pass is the first
-    micro-batch of each forward lane (:func:`warm_images`), not one image
-    padded to one, and its rows are kept too; the rest is timed. On the CPU:
+    ``warm_batch`` (an executor's warm-up): with two micro-batches of
+    ``items`` or more, the first pass is the first micro-batch of each forward
+    lane (:func:`warm_images`), not one image padded to one, so that every
+    lane builds its kernels before the timed pass; the rest is timed. On the CPU:
     the executors measure only for a CPU run
     (:func:`mxjob.run.driver.executors_check`), the driver has no GPU to use.
     """
@@ -142,15 +126,12 @@ def _measure(job, items: list, endpoint_url: str | None, warm_batch: bool) -> Sa
     load_seconds = time.perf_counter() - load_started
     if state.counters.model_loads == loads and state.counters.model_load_seconds is not None:
         load_seconds += state.counters.model_load_seconds  # the check's load, found in the cache
-    warmed, rest = (items[:warm], items[warm:]) if warm > 1 else ([], items)
+    rest = items[warm:] if warm > 1 else items
     timed = whole_micro_batches(rest, job.forward_batch)
     window_start = _cpu_seconds(server)
-    [(_, _, part, stats)] = score_partition(0, timed, job)
+    [(_, _, _, stats)] = score_partition(0, timed, job)
     window_end = _cpu_seconds(server)
     server_cpu = window_end - window_start
-    kept = [KeptShare(_keys(warmed), first_part, dict(first_stats.errors))] if warmed else []
-    if len(timed) == len(rest):  # each image scored once (no repeats): rows the run can keep
-        kept.append(KeptShare(_keys(rest), part, dict(stats.errors)))
     n = max(1, len(timed))
     # The repeats fail as their images do: the sample's share without an error line, in whole images.
     scored = round(len(rest) * (n - sum(stats.errors.values())) / n)
@@ -159,11 +140,7 @@ def _measure(job, items: list, endpoint_url: str | None, warm_batch: bool) -> Sa
                       s3_server_cpu_seconds_per_image=server_cpu / n, model_load_seconds=load_seconds,
                       mxnet_import_seconds=state.counters.mxnet_import_seconds,
                       server_cpu_window=(window_start, window_end) if server is not None else None,
-                      first=(first_part, first_stats), kept=tuple(kept))
-
-
-def _keys(items: list) -> tuple:
-    return tuple(key for key, _ in items)
+                      first=(first_part, first_stats))
 
 
 def combined(costs: list[SampleCost | None]) -> SampleCost | None:
@@ -184,14 +161,13 @@ def combined(costs: list[SampleCost | None]) -> SampleCost | None:
     windows = [cost.server_cpu_window for cost in costs if cost.server_cpu_window is not None]
     server = max(end for _, end in windows) - min(start for start, _ in windows) if windows else 0.0
     imports = [cost.mxnet_import_seconds for cost in costs if cost.mxnet_import_seconds is not None]
-    kept = sorted((share for cost in costs for share in cost.kept), key=lambda share: share.keys[0])
     n = max(1, timed)
     return SampleCost(images=images, scored=sum(cost.scored for cost in costs), timed=timed,
                       cpu_seconds_per_image=(own + server) / n, s3_server_cpu_seconds_per_image=server / n,
                       model_load_seconds=max(cost.model_load_seconds for cost in costs),
                       mxnet_import_seconds=max(imports) if imports else None,
                       server_cpu_window=(min(start for start, _ in windows), max(end for _, end in windows))
-                      if windows else None, kept=tuple(kept))
+                      if windows else None)
 
 
 def local_server_process(endpoint_url: str | None):

@@ -106,9 +106,9 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
     would retry it, printing its errors before the driver's one line), task
     0 reports the model's facts for the driver, and the first
     :func:`measurers` tasks score a share of ``sample`` (listing items)
-    each (:func:`sample_share`), as :func:`mxjob.executor.measure.measure` does on
-    the driver: the driver combines the shares (:func:`mxjob.executor.measure.combined`)
-    and keeps their rows for the run. A share's first forward pass (its first
+    each, every ``measurers``-th key from their ``index``-th, as
+    :func:`mxjob.executor.measure.measure` does on the driver: the driver
+    combines the shares (:func:`mxjob.executor.measure.combined`). A share's first forward pass (its first
     micro-batch, or one image of a short share) also builds the kernels that
     the run's first batch would otherwise wait for (a tenth of a second for a
     ResNet-18; the other tasks leave that to it).
@@ -120,7 +120,8 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
         models = warm_worker(index, job)
     except ModelError as exc:  # every task: a retried task would print Spark's errors and stacks before the line
         return WarmReport(index, state.counters.model_loads, failure=executor_failure(exc, job.model.symbol_uri))
-    share = sample_share(list(sample or ()), index, tasks, job.forward_batch)
+    count = measurers(len(sample or ()), tasks, job.forward_batch)
+    share = list(sample[index::count]) if index < count else []
     cost = measure(job, share, endpoint_url, warm_batch=True) if share else None
     return WarmReport(index, state.counters.model_loads, ModelFacts.of(models[0]) if index == 0 else None, cost)
 
@@ -138,22 +139,3 @@ def measurers(sample: int, tasks: int, micro_batch: int) -> int:
     (2, 1, 2, 0, 8)
     """
     return min(tasks, -(-sample // (2 * max(1, micro_batch))))
-
-
-def sample_share(sample: list, index: int, tasks: int, micro_batch: int) -> list:
-    """Task ``index``'s share of the sorted ``sample``: whole micro-batches of consecutive keys, the last one short.
-
-    Consecutive keys, so that the shares' rows are batches of one run in key order (the merge reads a run's
-    batches in order); each share but the last whole micro-batches, so that each image is timed once and its
-    row kept (:func:`mxjob.executor.measure.whole_micro_batches` repeats none of them).
-
-    >>> [sample_share(list(range(40)), i, 2, 16) for i in range(3)]
-    [[0, ..., 31], [32, ..., 39], []]
-    >>> [sample_share(list(range(20)), i, 2, 16) for i in range(2)]
-    [[0, ..., 19], []]
-    """
-    count = measurers(len(sample), tasks, micro_batch)
-    if index >= count:
-        return []
-    size = -(-len(sample) // (count * micro_batch)) * micro_batch
-    return sample[index * size:(index + 1) * size]

@@ -9,9 +9,8 @@ driver never ships key lists through Spark.
 from __future__ import annotations
 
 import io
-import itertools
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -48,16 +47,15 @@ class _CountingFile(io.RawIOBase):
         return self.position
 
 
-def write_plan(keys: Listing, batch_size: int | Sequence[int], sink) -> list[tuple[int, int]]:
+def write_plan(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
     """Write ``keys`` as an Arrow IPC stream of one record batch per job batch; return each batch's span.
 
     Parameters
     ----------
     keys : Listing or extsort.SpilledListing
         The keys of the run, in batch order (read through its ``tables()``).
-    batch_size : int or sequence of int
-        Keys per batch: batch ``i`` holds rows ``i * batch_size`` onwards; or
-        each batch's own count, in order (a kept sample's shares).
+    batch_size : int
+        Keys per batch: batch ``i`` holds rows ``i * batch_size`` onwards.
     sink : callable
         Called with each piece of the stream (``bytes``), in order: for
         example a :class:`writes.MultipartWriter`'s ``write``, so the plan
@@ -82,9 +80,8 @@ def write_plan(keys: Listing, batch_size: int | Sequence[int], sink) -> list[tup
     return spans
 
 
-def rebatch(tables: Iterable[pa.Table], rows: int | Sequence[int]) -> Iterator[pa.RecordBatch]:
-    """The rows of ``tables`` (in order) as record batches of exactly ``rows`` rows, the last one shorter; or of
-    ``rows[i]`` rows each, in turn, the rest in one last batch.
+def rebatch(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.RecordBatch]:
+    """The rows of ``tables`` (in order) as record batches of exactly ``rows`` rows, the last one shorter.
 
     Each batch's columns are copied into buffers of their own, exactly its
     rows' bytes, whatever chunks the tables came in: the IPC writer writes a
@@ -94,14 +91,12 @@ def rebatch(tables: Iterable[pa.Table], rows: int | Sequence[int]) -> Iterator[p
     keys were held in memory or streamed from sorted runs on disk. Holds at
     most one input table and one batch besides.
     """
-    counts = itertools.repeat(rows) if isinstance(rows, int) else iter(rows)
-    want = next(counts, None)
     pending = None
     for table in tables:
         pending = table if pending is None or not pending.num_rows else pa.concat_tables([pending, table])
-        while want is not None and pending.num_rows >= want:
-            yield _compact(pending.slice(0, want))
-            pending, want = pending.slice(want), next(counts, None)
+        while pending.num_rows >= rows:
+            yield _compact(pending.slice(0, rows))
+            pending = pending.slice(rows)
     if pending is not None and pending.num_rows:
         yield _compact(pending)
 

@@ -33,7 +33,6 @@ import click
 from mxjob import tasks
 from mxjob.core import constants
 from mxjob.core.constants import (
-    ASSEMBLY_MODES,
     AUTO,
     DECODE_MODES,
     OUTPUT_FORMATS,
@@ -289,10 +288,6 @@ SETTINGS: tuple[Setting, ...] = (
        "Rows in each file of a dataset output (--output s3://BUCKET/PREFIX/); auto: files of about 128 MiB, from the "
        "size of a row (the keys, --top-k, the vector's length). A resume keeps the first run's number.",
        default=AUTO, type=BatchSize(), metavar="N|auto", to="driver"),
-    _s("assembly", "--assembly", "output",
-       "When the driver merges the batches' results into the output: during the Spark job, following the batches "
-       "as they become durable, so that little is left to do when the last task ends; or after it (the driver's CPU "
-       "stays free while the job runs).", default="during", type=click.Choice(ASSEMBLY_MODES, case_sensitive=False)),
     _s("resume", "--resume", "output",
        "Finish an interrupted run: reuse the lines it made durable under OUTPUT.parts/ and score only the keys "
        "without one.", default=False, is_flag=True),
@@ -403,8 +398,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("estimate_images", "--estimate-images", "estimate",
        "Images scored before the run (by the executors as they load the model, else and in --dry-run by the "
        "driver) to estimate its time and cost, at most a sixteenth of the keys to score (never under 8), in "
-       "whole micro-batches; a fresh run keeps the rows its executors scored, and then scores up to twice as "
-       "many, at most half the keys; 0: no estimate.",
+       "whole micro-batches; 0: no estimate.",
        default=32, type=count(0)),
     _s("estimate_cluster", "--estimate-cluster", "estimate",
        "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor of VCPUS threads per node "

@@ -2,13 +2,13 @@
 
 The output is the runs' durable rows merged in key order
 (:func:`mxjob.outputs.merge.assemble`). Merged only after the last batch, a job of
-ten million keys would wait minutes for it after its last task. With
-``--assembly during`` (the default) the merge runs in a thread of the driver
-from the moment the run's plan is written, and follows the run's batches as
-they become durable (:class:`mxjob.outputs.merge.LiveRun`, told of each batch as its
-task's stats reach the driver): batches end roughly in order, so when the
-last task ends only the last parts are left to merge.
-With ``--assembly after`` the driver merges once the Spark job has ended.
+ten million keys would wait minutes for it after its last task. So the
+merge runs in a thread of the driver from the moment the run's plan is
+written, and follows the run's batches as they become durable
+(:class:`mxjob.outputs.merge.LiveRun`, told of each batch as its task's stats
+reach the driver): batches end roughly in order, so when the last task ends
+only the last parts are left to merge. A run with no batch left to score
+(a resume of durable parts) merges at once.
 
 Nothing of the output is visible before it is whole: the sink writes one
 multipart upload (completed last) or, for a dataset, files that are each
@@ -52,7 +52,7 @@ class Assembly:
     runs : sequence of work_prefix.Run
         The earlier runs (a resume) and, last, the run Spark is about to score.
     during : bool
-        Whether to merge while the job runs (``--assembly during``).
+        Whether to merge while the job runs (the run has batches to score), or at :meth:`finish`.
     """
 
     def __init__(self, assemble: AssembleFn, work: work_prefix.WorkPrefix, runs: Sequence[work_prefix.Run],

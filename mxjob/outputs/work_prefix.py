@@ -9,8 +9,7 @@ a *work prefix* that belongs to the output object::
     OUTPUT.parts/run-0001/plan.arrows            that run's keys in batch order, a record batch per batch
     OUTPUT.parts/run-0001/part-00000012.arrows.zst  batch 12's results: one record batch sorted by key
                                                     (mxjob.results.results: an Arrow IPC stream in a zstd frame)
-    OUTPUT.parts/run-0002/...                       the estimate's sample that run 1's executors scored as they
-                                                    warmed up, kept (run.json says "sample": true)
+    OUTPUT.parts/run-0002/...                       a resume's
 
 :mod:`mxjob.outputs.merge` merges the runs' parts into the output (:meth:`mxjob.outputs.Output.sink`)
 while Spark scores the batches or after; once every listed key has its row,
@@ -29,13 +28,12 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob.executor.partition import part_key, put_part
 from mxjob.inputs import listing, plan_file
 from mxjob.outputs.base import side_key
 from mxjob.s3 import parallel_list, reads, writes
@@ -63,9 +61,6 @@ class Run:
     done: frozenset = field(default_factory=frozenset)
     #: ``(offset, length)`` of each batch in the run's plan; known to the run that wrote it only.
     spans: tuple = ()
-    #: The estimate's sample, scored as the executors warmed up and kept (:meth:`WorkPrefix.keep_sample`): a
-    #: part of the run numbered before it (the same invocation), whose plan leaves these keys out.
-    sample: bool = False
 
 
 @dataclass
@@ -78,19 +73,6 @@ class Plan:
     resumed: bool
     #: For a dataset output: its :class:`mxjob.outputs.dataset.DatasetPlan`.
     dataset: object = None
-    #: The sample's rows this run kept (:class:`mxjob.executor.measure.KeptShare`), recorded as run ``number + 1``
-    #: (in ``runs``); ``todo`` leaves their keys out.
-    sample: tuple = ()
-
-    @property
-    def sampled(self) -> int:
-        """Keys of this run's kept sample: scored by this run, before its Spark job."""
-        return sum(len(share.keys) for share in self.sample)
-
-    @property
-    def invocations(self) -> int:
-        """Runs that scored the output, this one included: a kept sample is a part of the run before it."""
-        return sum(not run.sample for run in self.runs) + 1
 
 
 class WorkPrefix:
@@ -142,7 +124,7 @@ class WorkPrefix:
             done = frozenset(int(m.group(1)) for m in map(PART_PATTERN.match, names) if m)
             runs.append(Run(number=number, prefix=self.run_prefix(number), batch_size=meta["batch_size"],
                             batches=meta["batches"], keys=meta["keys"], application=meta.get("application"),
-                            done=done, sample=bool(meta.get("sample"))))
+                            done=done))
         return runs
 
     def run_prefix(self, number: int) -> str:
@@ -164,15 +146,13 @@ class WorkPrefix:
         """The keys of ``run`` in batch order."""
         return pa.chunked_array([batch.column(0) for batch in self.run_batches(run)], listing.KEY_TYPE)
 
-    def start_run(self, number: int, keys, batch_size: int | Sequence[int], application: str | None,
-                  sample: bool = False) -> Run:
+    def start_run(self, number: int, keys, batch_size: int, application: str | None) -> Run:
         """Record run ``number``'s plan before any of its batches is scored.
 
         ``keys`` (a :class:`listing.Listing`, or key strings) in batch order
         stream into ``plan.arrows`` (:func:`plan_file.write_plan`); the returned
         run's ``spans`` say where each batch is in it, for the tasks.
-        ``batch_size``: keys per batch, or each batch's own (a kept sample's shares).
-        ``sample``: the run holds a kept sample (:meth:`keep_sample`).
+        ``batch_size``: keys per batch.
         """
         if not isinstance(keys, listing.Listing):
             keys = list(keys)
@@ -183,27 +163,12 @@ class WorkPrefix:
         with writes.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
                                    content_type="application/vnd.apache.arrow.stream", lazy=True) as writer:
             spans = plan_file.write_plan(keys, batch_size, writer.write)
-        size = batch_size if isinstance(batch_size, int) else max(batch_size)
-        meta = {"batch_size": size, "batches": len(spans), "keys": len(keys), "application": application,
-                "started": time.time(), **({"sample": True} if sample else {})}
+        meta = {"batch_size": batch_size, "batches": len(spans), "keys": len(keys), "application": application,
+                "started": time.time()}
         # run.json last: a run without it never started, and resume ignores it.
         writes.put_text(self.client, self.bucket, prefix + "run.json", json.dumps(meta) + "\n")
-        return Run(number=number, prefix=prefix, batch_size=size, batches=len(spans), keys=len(keys),
-                   application=application, spans=tuple(spans), sample=sample)
-
-    def keep_sample(self, number: int, shares: Sequence, application: str | None) -> Run:
-        """Record the sample's rows scored in the executors' warm-up as run ``number``, every batch durable.
-
-        ``shares`` (:class:`mxjob.executor.measure.KeptShare`) in key order: a run
-        whose batches are the shares, whatever their sizes. Its ``run.json``
-        goes first, as any run's plan: a driver that dies before the parts
-        are written leaves their keys to a resume.
-        """
-        keys = [key for share in shares for key in share.keys]
-        run = self.start_run(number, keys, [len(share.keys) for share in shares], application, sample=True)
-        for index, share in enumerate(shares):
-            put_part(self.client, self.bucket, part_key(run.prefix, index), share.part)
-        return replace(run, done=frozenset(range(len(shares))))
+        return Run(number=number, prefix=prefix, batch_size=batch_size, batches=len(spans), keys=len(keys),
+                   application=application, spans=tuple(spans))
 
     def abort_uploads(self, also: Callable[[str], bool] | None = None) -> int:
         """Abort the uploads an earlier driver left open (the output's, a plan's, and those ``also`` accepts under
@@ -214,12 +179,6 @@ class WorkPrefix:
     def remove(self) -> int:
         """Delete everything under the work prefix; return how many objects were deleted."""
         return writes.delete_objects(self.client, self.bucket, [key for key, _ in self._objects(self.prefix)])
-
-
-def latest_run(runs: Sequence[Run]) -> Run | None:
-    """The last run of ``runs`` (oldest first) that scored batches on Spark: a kept sample numbered after its own
-    run (:meth:`WorkPrefix.keep_sample`) is not it. ``None`` without one."""
-    return next((run for run in reversed(runs) if not run.sample), None)
 
 
 def remaining_keys(work: WorkPrefix, runs: Sequence[Run], keys) -> pa.Array:

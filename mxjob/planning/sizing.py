@@ -170,26 +170,18 @@ SAMPLE_SHARE = 16
 SAMPLE_FLOOR = 8
 
 
-def sample_size(estimate_images: int, to_score: int, micro_batch: int = 1, kept: bool = False) -> int:
-    """The sample's size: ``--estimate-images``, at most a sixteenth of the ``to_score`` keys (``kept``: half)
-    but never under 8; in whole ``micro_batch``-image forward passes where that is at most ``--estimate-images``
-    and half the keys.
+def sample_size(estimate_images: int, to_score: int, micro_batch: int = 1) -> int:
+    """The sample's size: ``--estimate-images``, at most a sixteenth of the ``to_score`` keys but never under 8;
+    in whole ``micro_batch``-image forward passes where that is at most ``--estimate-images`` and half the keys.
 
     A forward pass costs the same for a short micro-batch as for a whole one (the model is bound at the
-    micro-batch), so whole ones measure more images for the same forward passes. ``kept``: the executors
-    score the sample and the run keeps its rows (:func:`mxjob.run.driver.keep_sample`), so that it costs the
-    run nothing: then it is not a sixteenth but up to half of a small run, and twice ``--estimate-images``,
-    as each measuring executor first scores a micro-batch of its share untimed, which builds the model's
-    kernels (:func:`mxjob.executor.measure.measure`'s ``warm_batch``).
+    micro-batch), so whole ones measure more images for the same forward passes.
 
     >>> sample_size(32, 100_000, 16), sample_size(32, 128, 16), sample_size(32, 40, 16), sample_size(4, 40, 16)
     (32, 16, 16, 4)
-    >>> sample_size(32, 128, 16, kept=True), sample_size(32, 40, 16, kept=True), sample_size(32, 20, 16, kept=True)
-    (64, 16, 10)
     """
-    most = 2 * estimate_images if kept else estimate_images
-    size = min(most, max(SAMPLE_FLOOR, to_score // (2 if kept else SAMPLE_SHARE)))
-    step, limit = max(1, micro_batch), min(most, to_score // 2)
+    size = min(estimate_images, max(SAMPLE_FLOOR, to_score // SAMPLE_SHARE))
+    step, limit = max(1, micro_batch), min(estimate_images, to_score // 2)
     up = -(-size // step) * step
     if up <= limit:
         return up

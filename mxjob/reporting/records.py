@@ -341,9 +341,7 @@ class Summary:
     predicted: int = required("keys with predictions")
     failed: int = required("keys whose line is an error")
     reused: int = required("keys whose line an earlier, interrupted run made durable")
-    scored: int = required("keys scored in this run, `sampled` included")
-    sampled: int = required("of them, the estimate's sample: scored as the executors warmed up, before the Spark "
-                            "job, and kept")
+    scored: int = required("keys scored in this run")
     resumed: bool = required("whether this run went on from an earlier one's durable batches")
     runs: int = required("runs that scored the output, this one included")
     errors_by_stage: ErrorsByStage = required("failed keys by stage")
@@ -421,8 +419,8 @@ class Status:
     summary: str = required("where the summary goes")
     report: str = required("the report beside it")
     status: str = required("this file")
-    batches: Done = optional("batches done and in the run's Spark job (not a resume's reused ones, nor the "
-                             "estimate's sample the run kept: the summary's `sampled`)", "once the batches run")
+    batches: Done = optional("batches done and in the run's Spark job (not a resume's reused ones)",
+                             "once the batches run")
     keys: Done = optional("keys done and in the run's Spark job", "once the batches run")
     errors: int = optional("keys failed so far", "once the batches run")
     images_per_second: Optional[float] = optional("keys done / seconds since the first task started",

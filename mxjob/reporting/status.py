@@ -234,13 +234,8 @@ class RunMonitor:
         except Exception as error:  # noqa: BLE001 - the last word is best-effort; the tick's count stands
             log.warning("cannot read %s for the last status (%s)", work.uri, first_line(error))
             return None
-        from mxjob.outputs.work_prefix import (
-            latest_run,  # here: mxjob.reporting.watch reads this module, without pyarrow's or a task's
-        )
-
         # The last run is this one only if its plan is the tick's: else this run failed before recording it.
-        last = latest_run(runs)
-        return len(last.done) if last is not None and last.batches == p.batches_total else None
+        return len(runs[-1].done) if runs and runs[-1].batches == p.batches_total else None
 
     def close(self) -> None:
         """Stop the heartbeat (the run has ended, whatever ended it)."""

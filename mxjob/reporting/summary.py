@@ -130,7 +130,7 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
     # Throughput while tasks ran: from the first task's start to the last one's end
     # (elapsed_seconds also counts listing, Spark start-up and the assembly).
     window = fold.last_end - fold.first_start if fold.first_start is not None else None
-    scored = fold.keys + plan.sampled  # the sample's keys the run kept were scored before its Spark job
+    scored = fold.keys
     tasks = Tasks(first_start=fold.first_start, last_end=fold.last_end,
                   seconds=round(window, 3) if window else None,
                   images_per_second=round(fold.keys / window, 2) if window else None,
@@ -146,10 +146,8 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         skipped_keys=SkippedKeys(**run.skipped_keys) if run.skipped_keys is not None else None,
         predicted=counts.predicted, failed=counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
-        reused=images - len(plan.todo) - plan.sampled, scored=scored, sampled=plan.sampled, resumed=plan.resumed,
-        runs=plan.invocations,
-        errors_by_stage=ErrorsByStage(**sample_errors(fold.errors, plan.sample)), batches=run.batches,
-        batch_size=cfg.batch_size,
+        reused=images - len(plan.todo), scored=scored, resumed=plan.resumed, runs=plan.number,
+        errors_by_stage=ErrorsByStage(**fold.errors), batches=run.batches, batch_size=cfg.batch_size,
         elapsed_seconds=round(elapsed, 3), images_per_second=images_per_second,
         seconds=stage_seconds,
         assembly=Assembly(parts_read=counts.parts_read, bytes_read=counts.bytes_read,
@@ -183,12 +181,6 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         existing=ABSENT if run.existing is None else SummaryExisting(**run.existing),
         table=ABSENT if run.table is None else summary_table(run.table),
     ))
-
-
-def sample_errors(errors: dict, sample: tuple) -> dict:
-    """The tasks' error rows by stage, with those of the sample's rows the run kept
-    (:attr:`work_prefix.Plan.sample`)."""
-    return {stage: count + sum(share.errors.get(stage, 0) for share in sample) for stage, count in errors.items()}
 
 
 def summary_table(entry: dict) -> SummaryTable:

@@ -132,9 +132,7 @@ def begin_spark(start: SparkStart | None, cfg: JobConfig, images: listing.Listin
     if start is None:
         return False
     start.begin()
-    # A fresh run keeps the sample's rows (keep_sample); a resume's sample may hold keys scored already.
-    kept = not cfg.resume and yarn_attempt()[1] <= 1
-    size = sample_size(cfg.estimate_images, len(images), bound_batch(cfg), kept=kept)
+    size = sample_size(cfg.estimate_images, len(images), bound_batch(cfg))
     sample = sample_items(images, size) if executors_check(cfg) else None
     return warm_up(start, cfg, early=True, sample=sample)
 
@@ -243,7 +241,6 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
         return done.exit_code
-    plan = keep_sample(work, plan, checked.sample_cost)
     # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
     cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf,
                            head_start=start.head_start() if start is not None else 0.0, measured=checked.sample_cost)
@@ -290,29 +287,6 @@ def nothing_new(cfg: JobConfig, client, monitor: RunMonitor, found, seconds: dic
     return 0
 
 
-def keep_sample(work: work_prefix.WorkPrefix, plan: work_prefix.Plan, cost: SampleCost | None) -> work_prefix.Plan:
-    """The plan without the keys whose rows the executors' warm-up scored for the estimate, those rows kept.
-
-    The warm-up's shares of the sample (:func:`mxjob.executor.model_check.warm_and_check`) scored each image once, as a
-    task would, with the run's model and settings: their rows become a run of their own under the work prefix
-    (:meth:`work_prefix.WorkPrefix.keep_sample`), numbered after this one's, and the run's Spark job leaves their
-    keys out.
-    For a fresh run only: a resume's sample may hold keys an earlier run made durable.
-    """
-    shares = cost.kept if cost is not None else ()
-    if not shares or plan.runs or plan.resumed or isinstance(plan.todo, extsort.SpilledListing):
-        return plan  # (a key list spilled to disk stays there: a sample is nothing beside it)
-    keys = pa.array([key for share in shares for key in share.keys], listing.KEY_TYPE)
-    sampled = pc.is_in(plan.todo.keys, value_set=keys)
-    if pc.sum(sampled).as_py() != len(keys) or len(keys) >= len(plan.todo):
-        return plan  # not all keys this plan scores; or all of them (a run of a few keys: its tasks score them)
-    application, _ = yarn_attempt()
-    # Numbered after this run, which keeps the number it has without a sample: a first run's batches are
-    # under OUTPUT.parts/run-0001/ whatever it sampled.
-    run = work.keep_sample(plan.number + 1, shares, application)
-    return replace(plan, runs=[run], todo=plan.todo.filter(pc.invert(sampled)), sample=tuple(shares))
-
-
 @dataclass(frozen=True)
 class PlannedRun:
     """A run once its plan is made: what the driver's last steps (Spark, the assembly, the summary) pass around.
@@ -338,7 +312,7 @@ def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: t
     if stats.last_end is not None:  # the output is whole now: how long after the last task's end
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, RunOutcome(
-        images=len(images), batches=plan.todo.num_batches(cfg.batch_size) + len(plan.sample), fold=stats,
+        images=len(images), batches=plan.todo.num_batches(cfg.batch_size), fold=stats,
         counts=counts,
         elapsed=time.time() - monitor.started, model_summary=checked.model_summary, seconds=seconds, plan=plan,
         fingerprint=checked.fingerprint, spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys,
@@ -486,8 +460,7 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
                        plan_started: float) -> tuple[StatsFold, merge.AssemblyCounts, SparkStop | None]:
     """Run the plan's batches on Spark (if any are left) and merge every durable line into the output.
 
-    The merge follows the run while Spark scores it (``--assembly during``,
-    :class:`mxjob.outputs.assembly.Assembly`), or starts when the job has ended.
+    The merge follows the run while Spark scores it (:class:`mxjob.outputs.assembly.Assembly`).
     Adds the ``plan``, ``spark``, ``assembly`` (from the job's end to the
     output's) and ``assembly_cpu`` seconds to ``seconds``. Returns the
     stats, the assembly's counts, and the SparkContext's stop (``None``
@@ -496,8 +469,7 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
     cfg, client, work, images, plan, monitor = run.cfg, run.client, run.work, run.images, run.plan, run.monitor
     batches = plan.todo.num_batches(cfg.batch_size)
     log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
-             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else
-             f"{plan.sampled} scored for the estimate as the executors warmed up (kept), " if plan.sample else "",
+             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "",
              batches, cfg.batch_size)
     stats, spark_stop = StatsFold(), None
 
@@ -508,7 +480,7 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
         application, _ = yarn_attempt()
         this_run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
         seconds["plan"] = time.time() - plan_started
-        assembly = Assembly(merge, work, [*plan.runs, this_run], during=cfg.assembly == "during")
+        assembly = Assembly(merge, work, [*plan.runs, this_run], during=True)
         assembly.start()
         spark_started = time.time()
         try:
@@ -566,13 +538,9 @@ def durable_status(work: work_prefix.WorkPrefix | None) -> str:
         return f"could not read {work.uri} ({first_line(exc)})"
     if not runs:
         return f"nothing was durable yet under {work.uri}"
-    last = work_prefix.latest_run(runs) or runs[-1]
-    # This run's kept sample is the run numbered after it (work_prefix.WorkPrefix.keep_sample).
-    sample = next((run for run in runs if run.sample and run.number == last.number + 1 and run.done), None)
-    earlier = [run for run in runs if run is not last and run is not sample]
+    last = runs[-1]
     return (f"{len(last.done)} of {last.batches} batches of this run are durable under {work.uri}"
-            + (f", and its estimate's sample ({sample.keys} images)" if sample is not None else "")
-            + (f" (and {sum(len(r.done) for r in earlier)} of earlier runs)" if earlier else ""))
+            + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
 
 
 # ----------------------------------------------------------------------------

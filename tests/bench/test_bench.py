@@ -323,25 +323,6 @@ def test_task_rows_run_each_task_on_the_first_model_without_spark(tmp_path):
     assert "detect parquet" not in rows and len(submitted) == 4 and len(probed) == 1
 
 
-def test_the_tail_report_holds_the_tail_to_a_tenth_of_the_assembly_after_the_job():
-    from bench import scale
-
-    def row(assembly: str, output: str, assembly_s: float, ready: float, exit_s: float) -> dict:
-        return {"keys": 1000, "batch_size": 10, "batches": 100, "assembly": assembly, "output": output,
-                "assembly_s": assembly_s, "output_close_s": 0.25, "assembly_cpu_s": 1.0,
-                "output_after_last_task_s": ready,
-                "spark_stop_s": 1.0, "last_task_to_exit_s": exit_s}
-
-    text = scale.tail_report([row("after", "single object", 8.0, 8.2, 9.5),
-                              row("during", "single object", 0.3, 0.4, 1.6),
-                              row("during", "dataset", 0.9, 1.0, 2.0)])
-    lines = text.splitlines()
-    assert lines[3].endswith("| - | - |")  # the row every other is held to
-    assert lines[3].startswith("| single object | after | 8.00 | 0.25 | 1.00 |")  # the close beside the assembly
-    assert "| 5.0% (MET) | 20.0% (target <= 10%: MISSED) |" in lines[4]  # 0.4 / 8.0 and 1.6 / 8.0
-    assert "| 12.5% (MISSED) | 25.0% (target <= 10%: MISSED) |" in lines[5]
-
-
 def test_the_models_limit_takes_its_cpu_cost_from_the_window_its_rate_comes_from(tmp_path, monkeypatch):
     import numpy as np
     from PIL import Image

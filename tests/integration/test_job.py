@@ -200,9 +200,7 @@ def test_the_estimate_is_within_half_again_of_the_spark_jobs_time(logits_run):
     _, _, summary = logits_run
     estimate = summary["estimate"]
     assert estimate["cluster"].startswith("local-cluster[2,1,1024]")  # read from spark-submit's conf
-    # The Spark job's keys and batches: the estimate's sample, scored as the executors warmed up, is kept.
-    assert estimate["images"] == summary["keys_listed"] - summary["sampled"] == 28
-    assert estimate["batches"] == summary["batches"] - 2 == 4
+    assert estimate["images"] == summary["keys_listed"] == 44 and estimate["batches"] == summary["batches"] == 6
     ratio = estimate["wall_seconds"] / summary["seconds"]["spark"]
     assert 1 / 1.5 <= ratio <= 1.5, (estimate, summary["seconds"])
 
@@ -213,11 +211,10 @@ def test_model_is_loaded_once_per_python_worker_and_reused(logits_run):
     # (mxjob.run.spark_start): the run's tasks found it in their worker.
     assert "the executors' Python workers loaded the model in" in output(result), output(result)[-3000:]
     # One of them checked the model and measured the estimate's sample for the driver, which loaded none.
-    # 16 keys: a micro-batch of 8 to build the kernels, then 8 timed; both kept.
     assert "an executor checked the model and measured the estimate's sample on 8 images" in output(result)
     assert "mxjob.model.predictor: loaded model" not in output(result)
     workers = summary["python_workers"]
-    assert sum(w["batches"] for w in workers.values()) == 4  # and the sample's two, kept (see below)
+    assert sum(w["batches"] for w in workers.values()) == 6
     assert len(workers) < 6  # some worker ran several batches ...
     assert all(w["model_loads"] == 1 for w in workers.values())  # ... and loaded the model once
 
@@ -230,16 +227,12 @@ def test_summary_reports_counts_timing_model_and_options(logits_run):
     assert summary["options"]["batch_size"] == BATCH and summary["options"]["top_k"] == 3
     assert set(summary["seconds"]) >= {"download", "decode", "forward", "wait", "write", "spark", "assembly"}
     assert '"keys_listed": 44' in output(result)  # also logged by the driver
-    # Nothing lost or retried in an undisturbed run, and each batch's stats counted once: 44 keys, of which the
-    # estimate's sample of 16 (up to half a small run: two micro-batches of 8 on one executor), scored and kept
-    # as the executors warmed up, and 28 in the Spark job's 4 batches of 8.
+    # Nothing lost or retried in an undisturbed run, and each batch's stats counted once (44 keys, 6 batches of 8).
     assert (summary["lost_task_attempts"], summary["retried_batches"]) == (0, 0)
-    assert (summary["scored"], summary["sampled"], summary["reused"], summary["runs"]) == (44, 16, 0, 1)
-    assert summary["batches"] == 6
-    assert sum(executor["batches"] for executor in summary["executors"].values()) == 4
-    assert sum(executor["images"] for executor in summary["executors"].values()) == 28
-    assert "44 images under s3://" in output(result) and "16 scored for the estimate as the executors warmed up " \
-        "(kept), 4 batches of up to 8" in output(result)
+    assert (summary["scored"], summary["reused"], summary["runs"], summary["batches"]) == (44, 0, 1, 6)
+    assert sum(executor["batches"] for executor in summary["executors"].values()) == 6
+    assert sum(executor["images"] for executor in summary["executors"].values()) == 44
+    assert "44 images under s3://" in output(result) and ": 6 batches of up to 8" in output(result)
 
 
 def test_original_flags_with_a_softmax_output_head(original_flags_run, world):

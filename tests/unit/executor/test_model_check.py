@@ -26,7 +26,6 @@ from mxjob.options import config
 from mxjob.outputs import fingerprint
 from mxjob.planning import estimate
 from mxjob.planning.sizing import bound_batch
-from mxjob.results import part_format
 from mxjob.run import driver
 from tests.support.helpers import bucket_with_model
 
@@ -112,14 +111,9 @@ def test_each_task_measures_its_share_of_the_sample_and_only_the_first_checks_th
     job = executor_job(job_config(moto_endpoint, micro_batch_size=2))  # 8 keys: two shares of two micro-batches
     second = warm_and_check(1, 3, job, sample=keys, endpoint_url=moto_endpoint, check=True)
     assert second.facts is None and second.failure is None and second.loads == 1
-    # Consecutive keys in whole micro-batches: keys 4 to 7 of 8 (the first task's are 0 to 3); the first
-    # micro-batch builds the kernels, untimed, the second is timed; the rows of both are kept.
+    # Every second key from the second (the first task's are the others): its first micro-batch builds the
+    # kernels, untimed, the second is timed.
     assert (second.cost.images, second.cost.timed) == (2, 2)
-    warmed, timed = second.cost.kept
-    assert (warmed.keys, timed.keys) == (tuple(key for key, _ in keys[4:6]), tuple(key for key, _ in keys[6:8]))
-    assert timed.errors == {"download": 0, "decode": 0, "predict": 0}
-    for kept in (warmed, timed):  # the rows a task would have written for them
-        assert part_format.read_part(kept.part).column("key").to_pylist() == list(kept.keys)
     third = warm_and_check(2, 3, job, sample=keys[:2], endpoint_url=moto_endpoint, check=True)
     assert third.cost is None  # a 2-key sample is one micro-batch: the first task's alone
     plain = warm_and_check(1, 3, job, sample=keys, endpoint_url=moto_endpoint)
@@ -137,8 +131,6 @@ def test_a_worker_of_two_lanes_builds_each_lanes_kernels_on_a_micro_batch_of_its
     report = warm_and_check(0, 1, job, sample=keys, endpoint_url=moto_endpoint, check=True)  # 8 keys, one task
     assert passes == [keys[:4], keys[4:]]  # two micro-batches, one a lane, then the other two, timed
     assert (report.cost.images, report.cost.timed, report.cost.scored) == (4, 4, 4)
-    warmed, timed = report.cost.kept
-    assert (warmed.keys, timed.keys) == (tuple(key for key, _ in keys[:4]), tuple(key for key, _ in keys[4:]))
     assert report.loads == 1  # lane 1 bound lane 0's model again
     # Fewer lanes' worth when a micro-batch each would leave less to time; one image when even one would.
     assert [measure.warm_images(n, 16, 2) for n in (64, 48, 16)] == [32, 16, 1]
@@ -154,7 +146,6 @@ def test_a_sample_smaller_than_a_micro_batch_is_timed_as_one_whole_forward_pass_
     first = warm_and_check(0, 2, job, sample=keys[:6], endpoint_url=moto_endpoint, check=True)
     assert passes == [keys[:1], [keys[i % 6] for i in range(16)]]  # the load's image, then one whole pass, in turn
     assert (first.cost.images, first.cost.timed, first.cost.scored) == (6, 16, 6)
-    assert first.cost.kept == ()  # rows of repeated images: the run scores these keys itself
     assert first.facts is not None
     # The second task leaves the sample to the first: it loads the model and scores nothing.
     second = warm_and_check(1, 2, job, sample=keys[:6], endpoint_url=moto_endpoint, check=True)
@@ -173,12 +164,6 @@ def test_whole_micro_batches_repeat_the_sample_in_turn_and_the_measurers_take_on
     assert [model_check.measurers(n, tasks, 16) for n, tasks in ((64, 2), (8, 2), (64, 100), (33, 8), (0, 2))] == \
         [2, 1, 2, 2, 0]
     assert model_check.measurers(40, 8, 1) == 8
-    # Each measuring task's share: consecutive keys, whole micro-batches but the last (the run keeps them whole).
-    sample = list(range(40))
-    assert [model_check.sample_share(sample, i, 2, 16) for i in range(3)] == [sample[:32], sample[32:], []]
-    assert [model_check.sample_share(sample[:32], i, 4, 16) for i in range(2)] == [sample[:32], []]
-    assert [model_check.sample_share(sample[:8], i, 3, 2) for i in range(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [], []]
-    assert model_check.sample_share([], 0, 2, 16) == []
 
 
 def test_shares_measured_at_once_combine_into_one_sample_counting_the_servers_cpu_once():

@@ -336,17 +336,6 @@ def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, 
     assert all(len(b) == batch for b in planned[:-1]) and 1 <= len(planned[-1]) <= batch
 
 
-@pytest.mark.parametrize("sizes, batches", [([2, 6, 1], [2, 6, 1]), ([4, 4], [4, 4, 1]), ([3, 3, 3, 3], [3, 3, 3])])
-def test_plan_cuts_batches_of_the_sizes_given_then_the_rest_in_one(sizes, batches):
-    """A kept sample's shares (mxjob.outputs.work_prefix.WorkPrefix.keep_sample): each its own batch, whatever its
-    size."""
-    images = listing.Listing.build("b", [f"k{i}" for i in range(9)], list(range(9)))
-    stream = bytearray()
-    spans = plan_file.write_plan(images, sizes, stream.extend)
-    planned = [plan_file.read_plan_batch(bytes(stream[offset:offset + length])) for offset, length in spans]
-    assert [len(b) for b in planned] == batches and [item for b in planned for item in b] == list(images)
-
-
 @pytest.mark.parametrize("value, keys, allowed", [("0", 100, 0), ("5", 10, 5), ("1%", 1000, 10), ("1%", 99, 0),
                                                    ("100%", 7, 7)])
 def test_allowed_errors(value, keys, allowed):

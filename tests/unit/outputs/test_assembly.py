@@ -448,19 +448,19 @@ def digits_args(endpoint: str, output_key: str, *extra: str) -> list[str]:
 
 @pytest.mark.spark
 def test_a_real_runs_merge_follows_its_tasks_stats_with_a_handful_of_listings_and_writes_the_same_bytes(digits):
-    """16 batches, the merge following them (``--assembly during``) through the counting proxy; then the same job
-    merged after its end (``--assembly after``, which never lists the run's parts while it runs)."""
+    """16 batches, the merge following them through the counting proxy; then the same job without the proxy: the
+    same bytes, each key once and in order."""
     s3, batches = digits["s3"], len(digits["keys"]) // 4
     log = RequestLog("out/live.jsonl")
     with S3Proxy(digits["endpoint"], deny=log) as proxy:
         live = spark_submit(digits_args(proxy.endpoint, "out/live.jsonl"))
     assert live.returncode == 0, (live.stdout + live.stderr)[-3000:]
-    after = spark_submit(digits_args(digits["endpoint"], "out/after.jsonl", "--assembly", "after"))
-    assert after.returncode == 0, (after.stdout + after.stderr)[-3000:]
+    again = spark_submit(digits_args(digits["endpoint"], "out/again.jsonl"))
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     print(f"\nrequests per batch of 4 images, {batches} batches: {log.per_batch(batches)}")
     live_bytes = s3.get_object(Bucket=LIVE_BUCKET, Key="out/live.jsonl")["Body"].read()
-    assert live_bytes == s3.get_object(Bucket=LIVE_BUCKET, Key="out/after.jsonl")["Body"].read()
-    assert len(live_bytes.splitlines()) == len(digits["keys"])
+    assert live_bytes == s3.get_object(Bucket=LIVE_BUCKET, Key="out/again.jsonl")["Body"].read()
+    assert [json.loads(line)["key"] for line in live_bytes.splitlines()] == sorted(digits["keys"])
     kinds = log.kinds
     assert kinds["image GET"] == len(digits["keys"])
     # One ranged GET of the plan and one PUT of its part per batch; the merge reads each part once.

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import time
-from dataclasses import replace
 
 import psutil
 import pyarrow as pa
@@ -27,7 +26,7 @@ import infer_main
 from demo import make_demo
 from demo.s3proxy import S3Proxy
 from mxjob.core import errors
-from mxjob.executor import measure, partition
+from mxjob.executor import partition
 from mxjob.inputs import listing
 from mxjob.options.config import JobConfig, merge_settings, resolve
 from mxjob.outputs import claim, fingerprint, jsonl, merge, work_prefix
@@ -106,47 +105,6 @@ def test_lines_of_keys_no_longer_listed_are_dropped_and_counted(s3):
     write_run(work, 1, ["a", "b", "c"], 3, done=[0])
     counts, text = assemble_to(s3, work, ["a", "c"], "drop/out.jsonl")
     assert [json.loads(x)["key"] for x in text.splitlines()] == ["a", "c"] and counts.dropped == 1
-
-
-def test_a_fresh_runs_kept_sample_is_a_durable_run_after_it_and_its_keys_leave_the_plan(s3):
-    work = work_prefix.WorkPrefix(s3, BUCKET, "sample/out.jsonl")
-    keys = [f"k{i:02d}" for i in range(12)]
-    images = listing.Listing(BUCKET, pa.table({"key": pa.array(keys, listing.KEY_TYPE),
-                                               "size": pa.array([1] * 12, pa.int64())}))
-    # Two warm-up tasks' shares of an 8-key sample, each scored once and kept: the first task's in one pass, the
-    # second's in two (a micro-batch of 1 that built its kernels, then 3 timed).
-    shares = tuple(measure.KeptShare(tuple(share), lines_part([line(k, 7) for k in share]), {"decode": 1})
-                   for share in (["k00", "k02", "k03", "k05"], ["k06"], ["k08", "k09", "k11"]))
-    cost = measure.SampleCost(images=8, scored=8, cpu_seconds_per_image=0.01, s3_server_cpu_seconds_per_image=0.0,
-                              model_load_seconds=0.1, kept=shares)
-    fresh = work_prefix.Plan(runs=[], todo=images, number=1, resumed=False)
-    plan = driver.keep_sample(work, fresh, cost)
-    assert plan.todo.keys.to_pylist() == ["k01", "k04", "k07", "k10"] and plan.number == 1
-    assert (plan.sampled, plan.invocations) == (8, 1)
-    [sample] = work.runs()
-    assert (sample.number, sample.sample, sample.batches, sample.batch_size, sorted(sample.done)) == (2, True, 3, 4,
-                                                                                                      [0, 1, 2])
-    assert [len(batch) for batch in work.run_batches(sample)] == [4, 1, 3]  # each share its own batch
-    assert plan.runs == [replace(sample, spans=plan.runs[0].spans)]
-    assert work_prefix.latest_run(work.runs()) is None  # the run itself has recorded nothing yet
-    # The run's own batches (here all durable) merge with the sample's into one line per key, in key order.
-    write_run(work, 1, plan.todo.keys.to_pylist(), 2, done=[0, 1])
-    counts, text = assemble_to(s3, work, keys, "sample/out.jsonl")
-    rows = [json.loads(x) for x in text.splitlines()]
-    assert [(r["key"], r["predictions"][0]["class_id"]) for r in rows] == [
-        (k, 1 if k in ("k01", "k04", "k07", "k10") else 7) for k in keys]
-    assert (counts.predicted, counts.superseded, counts.parts_read) == (12, 0, 5)
-    assert work_prefix.latest_run(work.runs()).number == 1
-    assert "2 of 2 batches of this run are durable under s3://resume-bucket/sample/out.jsonl.parts/, and its " \
-           "estimate's sample (8 images)" == driver.durable_status(work)
-    # A resume, a run with earlier runs or a sample of repeated images keeps nothing: the plan is as it was.
-    resumed = work_prefix.Plan(runs=[], todo=images, number=3, resumed=True)
-    assert driver.keep_sample(work, resumed, cost) is resumed
-    assert driver.keep_sample(work, fresh, replace(cost, kept=())) is fresh
-    other = listing.Listing(BUCKET, images.table.slice(0, 6))  # the sample's keys not all in the plan
-    assert driver.keep_sample(work, replace(fresh, todo=other), cost).todo is other
-    only = images.filter(pa.array([any(k in share.keys for share in shares) for k in keys]))  # the sample is all
-    assert driver.keep_sample(work, replace(fresh, todo=only), cost).todo is only
 
 
 def test_remaining_keys_are_those_outside_every_durable_batch(s3):

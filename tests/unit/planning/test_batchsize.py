@@ -226,12 +226,11 @@ def test_a_run_with_auto_says_its_batch_and_why_in_the_log_and_the_summary(moto_
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(s3.get_object(Bucket=bucket, Key="out/auto.jsonl.summary.json")["Body"].read())
     choice = summary["batch_size_choice"]
-    # The estimate's sample, 16 keys (twice --estimate-images, kept), scored as the executors warmed up: one
-    # batch. 44 // (4 waves x 2 executors) = 5, under the micro-batch: one micro-batch of 16 a task, 3 tasks.
+    # 60 // (4 waves x 2 executors) = 7, under the micro-batch: one micro-batch of 16 a task, 4 tasks.
     assert summary["batch_size"] == choice["chosen"] == 16 and choice["requested"] == "auto"
-    assert summary["sampled"] == 16 and summary["batches"] == 4 and summary["predicted"] == 60
+    assert summary["batches"] == 4 and summary["predicted"] == 60
     assert choice["per_image_seconds"] > 0 and choice["task_overhead_seconds"] == estimate.TASK_OVERHEAD_SECONDS
-    assert "2 executors get 4 batches each: 44 / 8 images" in choice["why"]
+    assert "2 executors get 4 batches each: 60 / 8 images" in choice["why"]
     assert "batch size 16: capped so that 2 executors get 4 batches each" in result.stdout + result.stderr
 
 

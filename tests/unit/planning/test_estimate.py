@@ -188,17 +188,17 @@ def test_sample_items_are_evenly_spaced_and_deterministic():
     assert sizing.sample_items([], 5) == []
 
 
-def test_the_sample_is_whole_micro_batches_a_sixteenth_of_a_small_run_or_half_when_the_run_keeps_its_rows():
+def test_the_sample_is_whole_micro_batches_and_a_sixteenth_of_a_small_run():
     size = sizing.sample_size
-    # --estimate-images 32 of a large run: two micro-batches of 16; kept, each timed one follows an untimed one.
-    assert (size(32, 100_000, 16), size(32, 100_000, 16, kept=True)) == (32, 64)
-    # A 128-image run: a sixteenth (8), rounded up to one whole forward pass; kept, its half.
-    assert (size(32, 128, 16), size(32, 128, 16, kept=True)) == (16, 64)
+    # --estimate-images 32 of a large run: two micro-batches of 16.
+    assert size(32, 100_000, 16) == 32
+    # A 128-image run: a sixteenth (8), rounded up to one whole forward pass.
+    assert size(32, 128, 16) == 16
     # Never over half the run: rounded down to whole passes instead, or left short when there is not one.
-    assert (size(32, 40, 16, kept=True), size(32, 20, 16, kept=True), size(32, 20, 16)) == (16, 10, 8)
-    assert (size(4, 40), size(0, 1000, 16), size(0, 1000, 16, kept=True)) == (4, 0, 0)
+    assert (size(32, 40, 16), size(32, 20, 16)) == (16, 8)
+    assert (size(4, 40), size(0, 1000, 16)) == (4, 0)
     # --estimate-images is the most it measures (its images then repeat up to a whole pass); half of 8 keys is 4.
-    assert (size(4, 40, 16), size(8, 60, 16, kept=True), size(32, 8, 4, kept=True)) == (4, 16, 4)
+    assert (size(4, 40, 16), size(32, 8, 4)) == (4, 4)
 
 
 def test_no_local_server_for_remote_or_missing_endpoints():

@@ -14,10 +14,8 @@ import dataclasses
 import json
 from dataclasses import replace
 
-import pyarrow as pa
 import pytest
 
-from mxjob.executor.measure import KeptShare
 from mxjob.executor.stats import StatsFold, TaskStats
 from mxjob.inputs import listing
 from mxjob.options import config
@@ -81,28 +79,6 @@ def summary_of(**driver_fields) -> dict:
         spark=copy.deepcopy(SPARK), skipped_keys={"count": 1, "why": "not ending in .png", "examples": ["p/x.txt"]},
         **copy.deepcopy(driver_fields)))
     return json.loads(json.dumps(made))
-
-
-def test_a_kept_samples_keys_are_scored_by_the_run_not_reused_and_its_errors_count():
-    """The estimate's sample the run kept (driver.keep_sample): 32 keys scored before the Spark job, one failed."""
-    cfg = replace(config.resolve(config.merge_settings({**BASE, "batch_size": 64}, {})), batch_size=64)
-    keys = listing.Listing.build("b", [f"p/{i:04d}.png" for i in range(672)])
-    shares = tuple(KeptShare(tuple(f"s/{i}-{j}" for j in range(16)), b"", {"download": 0, "decode": i, "predict": 0})
-                   for i in range(2))
-    sample_run = work_prefix.Run(number=2, prefix="p/run-0002/", batch_size=16, batches=2, keys=32, application=None,
-                             done=frozenset({0, 1}), sample=True)
-    made = summarize(cfg, RunOutcome(
-        images=672, batches=12, fold=StatsFold.of(task(n) for n in range(1, 11)),
-        counts=AssemblyCounts(predicted=661, failed=11, parts_read=12, bytes_read=4096), elapsed=12.5,
-        model_summary={"num_classes": 10}, seconds=dict(DRIVER_SECONDS),
-        plan=work_prefix.Plan(runs=[sample_run], todo=keys.filter(pa.array([i < 640 for i in range(672)])), number=1,
-                          resumed=False, sample=shares),
-        fingerprint={"task": "classify"}, spark=copy.deepcopy(SPARK), skipped_keys=None))
-    assert (made["scored"], made["sampled"], made["reused"], made["runs"]) == (672, 32, 0, 1)
-    assert made["errors_by_stage"] == {"download": 0, "decode": 11, "predict": 0}  # the tasks' 10 and the sample's 1
-    # The Spark job's and the tasks' rates are their own keys' (640 in 10 tasks), the whole run's every key's.
-    assert made["rates"]["images_per_second_spark"] == round(640 / DRIVER_SECONDS["spark"], 2)
-    assert made["rates"]["images_per_second_elapsed"] == round(672 / 12.5, 2)
 
 
 @pytest.fixture(scope="module")

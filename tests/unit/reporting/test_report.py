@@ -373,13 +373,11 @@ def test_status_watch_and_report_of_a_real_run(tmp_path, moto_endpoint, demo_dir
     assert all(d["resume_command"].startswith("make submit ARGS=") and d["resume_command"].endswith("--resume'")
                for d in running)
     final = json.loads(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.status.json")["Body"].read())
-    # The Spark job's keys: the estimate's sample, 20 keys (up to half a small run, in whole micro-batches of
-    # 2), was scored and kept as the executors warmed up (the summary's sampled, below).
-    assert (final["state"], final["exit_code"], final["keys"]["done"]) == ("succeeded", 0, SPARK_IMAGES + 1 - 20)
+    assert (final["state"], final["exit_code"], final["keys"]["done"]) == ("succeeded", 0, SPARK_IMAGES + 1)
     for doc in [*seen, final]:  # every status the run wrote, before its plan and after: the declared fields
         records.from_json(records.Status, doc)
     assert watcher.returncode == 0, watched
-    assert re.search(r"running: \d+ of 11 batches", watched) and "succeeded: 11 of 11 batches" in watched
+    assert re.search(r"running: \d+ of 21 batches", watched) and "succeeded: 21 of 21 batches" in watched
     # The closing lines are the run's last words.
     assert re.search(r"run finished: 41 keys, 40 predicted, 1 failed \(decode 1\)", log)
     assert "images/s (keys scored / Spark job wall seconds)" in log and "report:  s3://report-bucket/out/run" in log
@@ -387,8 +385,7 @@ def test_status_watch_and_report_of_a_real_run(tmp_path, moto_endpoint, demo_dir
     records.from_json(records.Summary, summ)  # docs/output.md's table: every field declared, typed, none missing
     assert summ["rates"]["what"]["images_per_second_spark"].startswith("keys the Spark job scored / seconds of "
                                                                        "the Spark job")
-    # 11 batches, and the sample's 4: each of two executors warmed up on 2 keys, then timed 8.
-    assert (summ["scored"], summ["sampled"], summ["batches"]) == (41, 20, 15)
+    assert (summ["scored"], summ["batches"]) == (41, 21)
     page = tmp_path / "run.report.html"
     page.write_bytes(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.report.html")["Body"].read())
     text = page.read_text()

@@ -111,9 +111,10 @@ lint: $(STAMP) ## ruff, and the import layers of .importlinter (import-linter)
 	$(VENV)/bin/lint-imports --no-cache
 
 .PHONY: docs
-docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/options/settings.py), docs/output.md's Parquet columns and Athena tables, and the summary's, status file's (docs/output.md) and dry-run plan's (docs/configuration.md) field tables (mxjob/reporting/output_docs.py, mxjob/reporting/records.py)
+docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/options/settings.py), docs/output.md's Parquet columns and Athena tables, and the summary's, status file's (docs/output.md) and dry-run plan's (docs/configuration.md) field tables (mxjob/reporting/output_docs.py, mxjob/reporting/records.py), and docs/layout.md's map of the code (deploy/layout_docs.py)
 	$(PY) -m mxjob.options.settings .
 	$(PY) -m mxjob.reporting.output_docs .
+	$(PY) deploy/layout_docs.py .
 
 # --- benchmarks: docs/performance.md and docs/input.md say what they measure ---
 BENCH_ARGS ?=

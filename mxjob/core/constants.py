@@ -18,6 +18,8 @@ PRECISIONS = ("fp32", "int8")
 AUTO = "auto"
 #: ``--output-format``.
 OUTPUT_FORMATS = ("jsonl", "parquet")
+#: How an output URI names an Iceberg table (mxjob.outputs.iceberg): iceberg://CATALOG/NAMESPACE.TABLE.
+ICEBERG_SCHEME = "iceberg://"
 #: ``--s3-reader`` choices: ``lean`` signs most GETs itself (:class:`mxjob.s3.object_reader.ObjectReader`),
 #: ``botocore`` never does.
 S3_READERS = ("lean", "botocore")

@@ -19,10 +19,10 @@ import pyarrow.csv as pa_csv
 
 # As "manifests": in read_inventory, "manifest" is the manifest.json. mxjob.inputs.manifest imports this module in
 # turn: its names are read when an inventory is read, never at import.
-from mxjob.inputs import manifest as manifests
 from mxjob.inputs import manifest_text
 from mxjob.inputs.extsort import KeySorter
 from mxjob.inputs.listing import KEY_TYPE
+from mxjob.inputs.manifest_text import ManifestError
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +36,16 @@ def read_inventory(uri: str, path: str, client, work: str, sorter: KeySorter) ->
         destination = str(manifest["destinationBucket"]).rsplit(":", 1)[-1]  # arn:aws:s3:::NAME
         source = str(manifest.get("sourceBucket") or "") or None
     except (ValueError, KeyError, TypeError) as exc:
-        raise manifests.ManifestError(f"--input-manifest {uri} is not an S3 Inventory manifest.json (with fileFormat, "
+        raise ManifestError(f"--input-manifest {uri} is not an S3 Inventory manifest.json (with fileFormat, "
                                       f"destinationBucket and files): {type(exc).__name__}: {exc}") from None
     if kind not in ("CSV", "ORC", "PARQUET"):
-        raise manifests.ManifestError(f"--input-manifest {uri}: fileFormat {kind!r} is not CSV, ORC or Parquet")
+        raise ManifestError(f"--input-manifest {uri}: fileFormat {kind!r} is not CSV, ORC or Parquet")
     if client is None and files:
-        raise manifests.ManifestError(f"--input-manifest {uri}: reading its data files needs an S3 client")
+        raise ManifestError(f"--input-manifest {uri}: reading its data files needs an S3 client")
     buckets: set[str | None] = {source} if source else set()
     for number, key in enumerate(files, 1):
         local = os.path.join(work, f"data-{number}-" + key.rsplit("/", 1)[-1])
-        manifests.download(client, destination, key, local, f"inventory data file {number} of {uri}")
+        manifest_text.download(client, destination, key, local, f"inventory data file {number} of {uri}")
         what = f"inventory data file s3://{destination}/{key}"
         if kind == "CSV":
             table = _inventory_csv(what, local, str(manifest.get("fileSchema") or ""))
@@ -62,7 +62,7 @@ def read_inventory(uri: str, path: str, client, work: str, sorter: KeySorter) ->
 def _inventory_csv(what: str, path: str, schema: str) -> pa.Table:
     names = [name.strip().lower() for name in schema.split(",") if name.strip()]
     if "key" not in names:
-        raise manifests.ManifestError(f"{what}: the manifest's fileSchema {schema!r} has no Key column")
+        raise ManifestError(f"{what}: the manifest's fileSchema {schema!r} has no Key column")
     wanted = [n for n in ("bucket", "key", "size", "islatest", "isdeletemarker") if n in names]
     invalid: list = []
 
@@ -85,11 +85,11 @@ def _inventory_csv(what: str, path: str, schema: str) -> pa.Table:
             tables.append(_inventory_block(what, pa.Table.from_batches([batch]), wanted, rows))
             rows += batch.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
-        raise manifests.ManifestError(f"{what} is not a gzipped inventory CSV: {exc}") from None
+        raise ManifestError(f"{what} is not a gzipped inventory CSV: {exc}") from None
     if invalid:
         shown = "; ".join(f"line {row.number}: {row.actual_columns} fields, expected {row.expected_columns}"
                           for row in invalid[:manifest_text.SHOWN])
-        raise manifests.ManifestError(f"{what} has {len(invalid)} malformed line(s): {shown}")
+        raise ManifestError(f"{what} has {len(invalid)} malformed line(s): {shown}")
     schema = pa.schema([("key", KEY_TYPE), ("size", pa.int64())] + ([("bucket", pa.string())]
                                                                     if "bucket" in wanted else []))
     return pa.concat_tables(tables) if tables else schema.empty_table()
@@ -109,7 +109,7 @@ def _inventory_block(what: str, table: pa.Table, wanted: list[str], before: int)
         bad = pc.invert(pc.match_substring_regex(pc.fill_null(sizes, "0"), r"^\d*$"))
         if pc.any(bad).as_py():
             first = pc.index(bad, True).as_py()
-            raise manifests.ManifestError(f"{what}: line {before + first + 1}: Size {sizes[first].as_py()!r} "
+            raise ManifestError(f"{what}: line {before + first + 1}: Size {sizes[first].as_py()!r} "
                                           "is not a whole number")
         sizes = pc.cast(pc.if_else(pc.equal(sizes, ""), pa.scalar(None, pa.string()), sizes), pa.int64())
     columns = {"key": keys, "size": sizes if sizes is not None else pa.nulls(len(keys), pa.int64())}
@@ -139,10 +139,10 @@ def _inventory_columnar(what: str, path: str, kind: str) -> pa.Table:
             import pyarrow.parquet as reader_module
         table = reader_module.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise manifests.ManifestError(f"{what} is not a readable {kind} file: {exc}") from None
+        raise ManifestError(f"{what} is not a readable {kind} file: {exc}") from None
     lower = {name.lower(): name for name in table.column_names}
     if "key" not in lower:
-        raise manifests.ManifestError(f"{what} has no key column (its columns: {', '.join(table.column_names)})")
+        raise ManifestError(f"{what} has no key column (its columns: {', '.join(table.column_names)})")
     columns = {"key": table[lower["key"]].cast(KEY_TYPE),
                "size": (table[lower["size"]].cast(pa.int64()) if "size" in lower
                         else pa.nulls(table.num_rows, pa.int64()))}

@@ -41,17 +41,14 @@ from collections.abc import Iterable
 
 import pyarrow.compute as pc
 
-from mxjob.core.errors import first_line, plural
+from mxjob.core.errors import plural
 from mxjob.inputs import extsort, inventory, manifest_text
 from mxjob.inputs.extsort import KeySorter, Spill, SpilledListing
 from mxjob.inputs.listing import Listing, Skipped
+from mxjob.inputs.manifest_text import ManifestError, download
 from mxjob.s3 import uris
 
 log = logging.getLogger(__name__)
-
-
-class ManifestError(ValueError):
-    """A manifest that cannot be used; the message names the manifest, and the lines when they are the cause."""
 
 
 def read_manifest(uri: str, client=None, *, bucket: str | None = None, prefix: str = "",
@@ -202,9 +199,3 @@ def _local_copy(uri: str, client, work: str) -> str:
         raise ManifestError(f"--input-manifest {uri}: no such file (in cluster mode give an s3:// URI)")
     return path
 
-
-def download(client, bucket: str, key: str, path: str, what: str) -> None:
-    try:
-        client.download_file(bucket, key, path)  # streams to disk: a manifest can be gigabytes
-    except Exception as exc:  # botocore: missing, denied, unreachable; each stops the job
-        raise ManifestError(f"cannot read {what} (s3://{bucket}/{key}): {first_line(exc)}") from exc

@@ -21,12 +21,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-# mxjob.inputs.manifest imports this module in turn: its names are read when a manifest is read, never at import.
-from mxjob.inputs import manifest
+from mxjob.core.errors import first_line
 from mxjob.inputs.extsort import KeySorter
 from mxjob.inputs.listing import KEY_TYPE
 from mxjob.results import results
 from mxjob.s3 import uris
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be used; the message names the manifest, and the lines when they are the cause."""
+
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +214,7 @@ def _header(uri: str, row: list[str]) -> list[str] | None:
         problems.append(f"{', '.join(taken)}: the output's own {'name' if len(taken) == 1 else 'names'} "
                         f"({', '.join(sorted(results.RESERVED))})")
     if problems:
-        raise manifest.ManifestError(f"--input-manifest {uri}: its header row cannot name the columns carried to the "
+        raise ManifestError(f"--input-manifest {uri}: its header row cannot name the columns carried to the "
                                      f"output: {'; '.join(problems)}; rename them in the header")
     return names
 
@@ -220,8 +224,8 @@ def _carried_names(header: list[str]) -> list[str]:
     return header[3:] if len(header) > 2 and header[2].lower() == "size" else header[2:]
 
 
-def _no_header(uri: str, fields: int) -> manifest.ManifestError:
-    return manifest.ManifestError(f"--input-manifest {uri}: its rows have {fields} fields, but only bucket,key[,size] "
+def _no_header(uri: str, fields: int) -> ManifestError:
+    return ManifestError(f"--input-manifest {uri}: its rows have {fields} fields, but only bucket,key[,size] "
                                   "are read without a header row; to carry the other columns to the output, name them "
                                   "in a first line such as bucket,key,size,product_id (or cut the rows to "
                                   "bucket,key,size)")
@@ -326,7 +330,7 @@ class _Problems:
     def check(self) -> None:
         if self.count:
             more = f" (and {self.count - len(self.lines)} more)" if self.count > len(self.lines) else ""
-            raise manifest.ManifestError(f"--input-manifest {self.uri} has {self.count} malformed line(s){more}: "
+            raise ManifestError(f"--input-manifest {self.uri} has {self.count} malformed line(s){more}: "
                                          + "; ".join(self.lines))
 
 
@@ -411,3 +415,10 @@ def _csv_row(row: list[str], header: list[str] | None) -> tuple | str:
             return f"size {text[:40]!r} is not a whole number of bytes"
         size = int(text)
     return bucket, key, size, row[len(row) - len(carried):] if carried else ()
+
+
+def download(client, bucket: str, key: str, path: str, what: str) -> None:
+    try:
+        client.download_file(bucket, key, path)  # streams to disk: a manifest can be gigabytes
+    except Exception as exc:  # botocore: missing, denied, unreachable; each stops the job
+        raise ManifestError(f"cannot read {what} (s3://{bucket}/{key}): {first_line(exc)}") from exc

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import click
 
@@ -17,7 +18,6 @@ from mxjob.core.constants import (
     AUTO,
 )
 from mxjob.model.device import parse_context
-from mxjob.planning.estimate import parse_cluster
 
 
 class WholeNumber(click.IntRange):
@@ -161,9 +161,18 @@ class CheckedText(click.ParamType):
         return str(value).strip()
 
 
-def cluster_shape(text: str) -> None:
-    """``NODESxVCPUS`` (``10x16``), as :func:`mxjob.planning.estimate.parse_cluster` reads it."""
-    parse_cluster(text)
+_SHAPE = re.compile(r"^\s*(\d+)\s*[x×*]\s*(\d+)\s*$")  # noqa: RUF001 - the multiplication sign as people write it
+
+
+def cluster_shape(text: str) -> tuple[int, int]:
+    """``"10x16"`` -> ``(10, 16)``: ``NODESxVCPUS``, both at least 1; ``ValueError`` otherwise.
+
+    :func:`mxjob.planning.estimate.parse_cluster` turns it into the cluster.
+    """
+    match = _SHAPE.match(str(text))
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ValueError(f"must be NODESxVCPUS with both at least 1, such as 10x16, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
 
 
 class DeviceContext(click.ParamType):

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
+from mxjob.core.constants import ICEBERG_SCHEME as SCHEME
 from mxjob.outputs import dataset
 from mxjob.outputs.base import Output, OutputError, Planning, side_key
 from mxjob.s3 import uris
 
 log = logging.getLogger(__name__)
 
-SCHEME = "iceberg://"
 #: What an output URI naming a table looks like, for messages.
 URI_FORM = "iceberg://CATALOG/NAMESPACE.TABLE"
 

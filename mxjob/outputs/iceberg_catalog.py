@@ -1,4 +1,4 @@
-"""An Apache Iceberg table as the output: ``--output iceberg://CATALOG/NAMESPACE.TABLE``, through pyiceberg 0.10.
+"""The Iceberg table through pyiceberg 0.10: the catalog loaded, the table opened or created, files committed once.
 
 Driver only. The catalog is a pyiceberg catalog, configured the way pyiceberg
 users already do it (``.pyiceberg.yaml``, or ``PYICEBERG_CATALOG__<NAME>__...``
@@ -60,8 +60,8 @@ from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructType
 from pyiceberg.utils.config import Config
 
+from mxjob.core.constants import ICEBERG_SCHEME as SCHEME
 from mxjob.outputs.fingerprint import differences as fingerprint_differences
-from mxjob.outputs.iceberg import SCHEME
 
 log = logging.getLogger(__name__)
 

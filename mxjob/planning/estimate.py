@@ -29,6 +29,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from mxjob.options.option_types import cluster_shape
+
 if TYPE_CHECKING:  # the record only: mxjob.executor.measure scores, the estimate projects
     from mxjob.executor.measure import SampleCost
 
@@ -65,7 +67,6 @@ MASTER_NODES = 1
 #: (``make emr-run``) bills none of it.
 IDLE_TIMEOUT_SECONDS = 900
 #: A cluster shape: ``10x16`` is ten nodes of 16 vCPUs.
-_SHAPE = re.compile(r"^\s*(\d+)\s*[x×*]\s*(\d+)\s*$")  # noqa: RUF001 - the multiplication sign as people write it
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,7 @@ def parse_cluster(text: str) -> Cluster:
     single-task executor a node, ``spark.executorEnv.OMP_NUM_THREADS`` = the
     node's vCPUs.
     """
-    match = _SHAPE.match(str(text))
-    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise ValueError(f"must be NODESxVCPUS with both at least 1, such as 10x16, got {text!r}")
-    nodes, vcpus = int(match.group(1)), int(match.group(2))
+    nodes, vcpus = cluster_shape(text)
     return Cluster(nodes, vcpus, nodes, vcpus,
                    f"--estimate-cluster {nodes}x{vcpus}: {nodes} executors of {vcpus} threads, one per node")
 

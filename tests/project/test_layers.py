@@ -1,16 +1,20 @@
-"""The import layers: executor code, the S3 layer and the estimate import nothing above them (.importlinter),
-the constants module imports nothing, and the library imports no option table."""
+"""The import rules (.importlinter): one layer per package, every package in one, no import cycle between modules;
+executor code and the estimate import nothing of the driver's side; the constants module imports nothing, and the
+library imports no option table."""
 
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import networkx
 import pytest
 
+from deploy import layout_docs
 from mxjob.core import constants
 from mxjob.options import settings
 
@@ -38,9 +42,12 @@ def test_the_import_contracts_hold():
 
 
 @pytest.mark.parametrize(("module", "added", "contract"), [
-    ("executor/partition.py", "from mxjob.options import settings", "Executor code"),
-    ("model/preprocess.py", "import click", "Executor code"),
-    ("s3/reads.py", "from mxjob.options import config", "The S3 layer"),
+    ("executor/partition.py", "from mxjob.options import settings", "One layer per pipeline stage"),
+    ("model/preprocess.py", "import click", "What the executors import"),
+    ("tasks/classify.py", "from mxjob.inputs import listing", "What the executors import"),
+    ("s3/reads.py", "from mxjob.options import config", "One layer per pipeline stage"),
+    ("tasks/base.py", "from mxjob.outputs import base", "One layer per pipeline stage"),
+    ("results/results.py", "    from mxjob.executor import stats", "One layer per pipeline stage"),
     ("planning/estimate.py", "from mxjob.executor.partition import score_partition", "The estimate only projects"),
 ])
 def test_an_import_across_a_layer_breaks_its_contract(tree_copy, module, added, contract):
@@ -50,6 +57,42 @@ def test_an_import_across_a_layer_breaks_its_contract(tree_copy, module, added, 
     assert result.returncode == 1
     broken = [line for line in result.stdout.splitlines() if "BROKEN" in line]
     assert any(contract in line for line in broken), result.stdout[-3000:]
+
+
+def test_a_package_in_no_layer_breaks_the_layers_contract(tree_copy):
+    (tree_copy / "mxjob" / "newstage").mkdir()
+    (tree_copy / "mxjob" / "newstage" / "__init__.py").write_text("")
+    result = lint_imports(tree_copy)
+    assert result.returncode == 1
+    assert "mxjob.newstage" in result.stdout and "One layer per pipeline stage" in result.stdout
+
+
+#: Each module's imports of mxjob modules, as grimp (import-linter's graph) finds them in the tree it runs in.
+_GRAPH = ("import grimp, json; graph = grimp.build_graph('mxjob', exclude_type_checking_imports=True, cache_dir=None); "
+          "print(json.dumps({m: sorted(o for o in graph.find_modules_directly_imported_by(m) if o.startswith('mxjob'))"
+          " for m in graph.modules}))")
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every set of mxjob modules that import each other round, imports inside functions included.
+
+    grimp runs in a fresh interpreter in ``root``, so it reads that tree's package, not the one imported here.
+    """
+    result = subprocess.run([sys.executable, "-c", _GRAPH], cwd=root, capture_output=True, text=True, timeout=300,
+                            check=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)})
+    graph = networkx.DiGraph(json.loads(result.stdout))  # networkx comes with scikit-image (requirements-dev)
+    return [sorted(group) for group in networkx.strongly_connected_components(graph) if len(group) > 1]
+
+
+def test_no_module_imports_itself_round_a_cycle():
+    assert import_cycles(ROOT) == []
+
+
+def test_an_import_inside_a_function_that_closes_a_cycle_is_found(tree_copy):
+    path = tree_copy / "mxjob" / "inputs" / "extsort.py"
+    path.write_text(path.read_text() + "\n\ndef _late():\n    from mxjob.inputs import manifest  # noqa\n")
+    cycles = import_cycles(tree_copy)
+    assert any({"mxjob.inputs.extsort", "mxjob.inputs.manifest"} <= set(group) for group in cycles), cycles
 
 
 def test_the_constants_module_imports_nothing():
@@ -75,12 +118,22 @@ def test_the_library_and_the_executors_import_no_option_table(module):
     assert result.stdout.strip() == "[]"
 
 
-def test_the_layout_page_names_every_module_once():
-    """docs/layout.md's map: one line a module, none missing, none that no longer exists."""
+def test_the_layout_page_is_generated_from_the_packages():
+    """docs/layout.md's map: every module once, in its layer, with its docstring's first sentence (make docs)."""
     page = (ROOT / "docs" / "layout.md").read_text()
-    block = page[page.index("```text"):page.index("```", page.index("```text") + 3)]
-    named = [line.split()[0] for line in block.splitlines()[1:] if line.strip() and not line.strip().startswith("#")
-             and line.startswith("  ")]
+    assert page == layout_docs.page(ROOT), "docs/layout.md's map differs from the packages: run make docs"
     modules = sorted(p.relative_to(ROOT / "mxjob").as_posix() for p in (ROOT / "mxjob").rglob("*.py")
                      if p.name != "__init__.py")
-    assert sorted(named) == modules
+    block = page[page.index(layout_docs.BEGIN):page.index(layout_docs.END)]
+    assert sorted(line.split()[0] for line in block.splitlines() if line.startswith("  ") and ".py" in line) == modules
+
+
+def test_a_new_module_changes_the_map(tree_copy):
+    (tree_copy / "deploy").mkdir()
+    (tree_copy / "docs").mkdir()
+    (tree_copy / "docs" / "layout.md").write_text((ROOT / "docs" / "layout.md").read_text())
+    for name in layout_docs.TOP_FILES:
+        shutil.copy(ROOT / name, tree_copy / name)
+    assert layout_docs.page(tree_copy) == (ROOT / "docs" / "layout.md").read_text()
+    (tree_copy / "mxjob" / "tasks" / "segment.py").write_text('"""--task segment: a class per pixel."""\n')
+    assert "  tasks/segment.py" in layout_docs.page(tree_copy) and "a class per pixel" in layout_docs.page(tree_copy)

@@ -50,7 +50,8 @@ from mxjob.options import config
 from mxjob.options.config import JobConfig, load_yaml, merge_settings, resolve
 from mxjob.run import rerun, signals
 from mxjob.run.cluster import satisfy_application_master
-from mxjob.run.driver import durable_status, run_job
+from mxjob.run.driver import run_job
+from mxjob.run.scoring import durable_status
 from mxjob.run.signals import Interrupted
 
 log = logging.getLogger("infer_main")  # not __name__: spark-submit runs this file as __main__

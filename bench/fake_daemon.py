@@ -21,7 +21,7 @@ around the model cost:
   the fake ran);
 - ``model_check.warm_and_check``: the warm-up "loads" the stand-in and
   reports no check, so the driver checks the small real model and measures
-  the sample itself (``mxjob.run.driver.executors_report``), as it would
+  the sample itself (``mxjob.run.warm_up.executors_report``), as it would
   without the executors' check.
 
 Everything else is the job's: ``score_partition`` itself (how a task gets its

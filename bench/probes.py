@@ -49,7 +49,8 @@ from mxjob.executor.stats import StatsFold  # noqa: E402
 from mxjob.model import worker  # noqa: E402
 from mxjob.options import config  # noqa: E402
 from mxjob.reporting.summary import RunOutcome, summarize  # noqa: E402
-from mxjob.run.driver import assemble_output, load_model_on_driver  # noqa: E402
+from mxjob.run.checks import load_model_on_driver  # noqa: E402
+from mxjob.run.scoring import assemble_output  # noqa: E402
 from mxjob.s3 import clients, object_reader, writes  # noqa: E402
 from mxjob.tasks.classify import prediction_entries  # noqa: E402
 

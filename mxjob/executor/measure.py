@@ -96,7 +96,7 @@ def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False
     image first (the model loads: its wall time is the load, with the first
     forward pass's), then the sample, whose process CPU time is what an
     executor would spend. The model is usually in this process's cache
-    already (the driver's check, :func:`mxjob.run.driver.load_model_on_driver`,
+    already (the driver's check, :func:`mxjob.run.checks.load_model_on_driver`,
     or the warm-up's load): that load's seconds then count as this one's.
     The timed pass scores whole micro-batches (:func:`whole_micro_batches`).
     ``warm_batch`` (an executor's warm-up): with two micro-batches of
@@ -104,7 +104,7 @@ def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False
     lane (:func:`warm_images`), not one image padded to one, so that every
     lane builds its kernels before the timed pass; the rest is timed. On the CPU:
     the executors measure only for a CPU run
-    (:func:`mxjob.run.driver.executors_check`), the driver has no GPU to use.
+    (:func:`mxjob.run.warm_up.executors_check`), the driver has no GPU to use.
     """
     job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
     tasks_run = state.counters.tasks_run

@@ -40,7 +40,7 @@ from mxjob.reporting.records import (
 @dataclass(frozen=True)
 class RunOutcome:
     """What a run came to, as its summary reports it (:func:`summarize`): the driver's
-    :func:`mxjob.run.driver.planned_run`
+    :func:`mxjob.run.scoring.planned_run`
     builds it once the output is whole.
 
     Attributes

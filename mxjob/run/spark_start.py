@@ -5,7 +5,7 @@ launch: YARN containers, or local-cluster's processes), and the driver's own
 work before its first Spark job takes seconds to hours: the listing, the
 model's check, int8's quantization, the sample for the estimate. Started at
 the driver's first step in cluster mode, or once the listing found something
-to score in client mode (:class:`SparkStart`, ``mxjob.run.driver.early_spark``),
+to score in client mode (:class:`SparkStart`, ``mxjob.run.warm_up.early_spark``),
 the two overlap. In cluster
 mode it is more than speed: YARN's ApplicationMaster waits
 ``spark.yarn.am.waitTime`` (100 s by default) for the driver's SparkContext

@@ -485,7 +485,7 @@ def test_bench_scales_fake_daemon_leaves_the_model_check_to_the_driver(monkeypat
     from mxjob.core import state
     from mxjob.executor import model_check, partition
     from mxjob.options import config
-    from mxjob.run import driver
+    from mxjob.run import warm_up
 
     monkeypatch.setattr(state, "counters", state.Counters())
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the threads' variables a first load sets, put back
@@ -497,8 +497,8 @@ def test_bench_scales_fake_daemon_leaves_the_model_check_to_the_driver(monkeypat
     report = checks.warm_and_check(0, 2, replace(cfg, batch_size=8).job_spec(), sample=[("k", 1)], check=True)
     assert report == model_check.WarmReport(0, 1)
     started = SimpleNamespace(wait_reports=lambda: [report])
-    with caplog.at_level(logging.INFO, logger=driver.__name__):
-        assert driver.executors_report(started) is None
+    with caplog.at_level(logging.INFO, logger=warm_up.__name__):
+        assert warm_up.executors_report(started) is None
     assert "the executors did not check the model; the driver checks it" in caplog.text
 
 

@@ -26,7 +26,7 @@ from mxjob.options import config
 from mxjob.outputs import fingerprint
 from mxjob.planning import estimate
 from mxjob.planning.sizing import bound_batch
-from mxjob.run import driver
+from mxjob.run import checks, driver
 from tests.support.helpers import bucket_with_model
 
 BUCKET = "model-check"
@@ -73,7 +73,7 @@ def passes(monkeypatch) -> list:
 
 
 def executor_job(cfg):
-    """The ``JobSpec`` the warm-up ships (mxjob.run.driver.warm_up): bound at the micro-batch."""
+    """The ``JobSpec`` the warm-up ships (mxjob.run.warm_up.warm_up): bound at the micro-batch."""
     return replace(cfg, batch_size=bound_batch(cfg)).job_spec()
 
 
@@ -81,7 +81,7 @@ def test_the_checking_task_reports_what_the_drivers_own_check_reads(moto_endpoin
     _, keys = digits
     cfg = job_config(moto_endpoint)
     report = warm_and_check(0, 1, executor_job(cfg), sample=keys[:4], endpoint_url=moto_endpoint, check=True)
-    local = driver.load_model_on_driver(cfg)
+    local = checks.load_model_on_driver(cfg)
     assert report.failure is None and report.facts == ModelFacts.of(local)
     assert (report.facts.kind, report.facts.num_classes) == ("Classifier", 10)
     assert report.facts.model_summary() == local.model_summary()
@@ -99,7 +99,7 @@ def test_an_embedders_facts_give_the_same_table_schema_as_the_model(moto_endpoin
     cfg = job_config(moto_endpoint, task="embed")
     job = executor_job(cfg)
     report = warm_and_check(0, 2, job, check=True)
-    local = driver.load_model_on_driver(cfg)
+    local = checks.load_model_on_driver(cfg)
     assert report.facts.dimension == local.dimension and report.facts.output_layer == local.output_layer
     assert report.facts.num_classes is None and report.cost is None  # no sample asked for: nothing measured
     assert job_task(job).result_schema(job, report.facts) == job_task(job).result_schema(job, local)
@@ -199,7 +199,7 @@ def test_a_model_the_driver_refuses_is_refused_by_the_executors_check_in_the_sam
         s3.copy_object(Bucket=BUCKET, Key=f"bad/{name}", CopySource={"Bucket": BUCKET, "Key": f"model/{name}"})
     cfg = job_config(moto_endpoint, model="bad/digits")
     with pytest.raises(JobError) as refused:
-        driver.load_model_on_driver(cfg)
+        checks.load_model_on_driver(cfg)
     report = warm_and_check(0, 2, executor_job(cfg), check=True)
     assert report.facts is None and report.cost is None
     assert report.failure == str(refused.value)
@@ -246,10 +246,10 @@ def test_the_driver_takes_the_executors_report_and_loads_no_model(moto_endpoint,
     def refused(cfg):
         raise AssertionError("the driver loaded the model")
 
-    monkeypatch.setattr(driver, "load_model_on_driver", refused)
+    monkeypatch.setattr(checks, "load_model_on_driver", refused)
     cfg = job_config(moto_endpoint)
-    with caplog.at_level(logging.INFO, logger=driver.__name__):
-        _, checked = driver.check_on_driver(cfg, s3, keys, Reported([WarmReport(1, 1), report]))
+    with caplog.at_level(logging.INFO, logger="mxjob.run"):
+        _, checked = checks.check_on_driver(cfg, s3, keys, Reported([WarmReport(1, 1), report]))
     assert checked.classifier is None and checked.sample_cost == measure.combined([report.cost])
     assert checked.model_summary == report.facts.summary
     assert checked.fingerprint == fingerprint.job_fingerprint(cfg, report.facts)
@@ -258,10 +258,10 @@ def test_the_driver_takes_the_executors_report_and_loads_no_model(moto_endpoint,
 
 def test_the_driver_refuses_the_run_with_the_executors_failure(moto_endpoint, digits, monkeypatch):
     s3, keys = digits
-    monkeypatch.setattr(driver, "load_model_on_driver", lambda cfg: pytest.fail("the driver loaded the model"))
+    monkeypatch.setattr(checks, "load_model_on_driver", lambda cfg: pytest.fail("the driver loaded the model"))
     failed = WarmReport(0, 0, failure="model: labels file s3://x/synset.txt has 3 lines but the model has 10 classes")
     with pytest.raises(JobError, match=r"^model: labels file s3://x/synset\.txt has 3 lines"):
-        driver.check_on_driver(job_config(moto_endpoint), s3, keys, Reported([failed]))
+        checks.check_on_driver(job_config(moto_endpoint), s3, keys, Reported([failed]))
 
 
 def test_a_failure_on_any_executor_refuses_the_run(moto_endpoint, digits, fresh_state, monkeypatch):
@@ -269,13 +269,13 @@ def test_a_failure_on_any_executor_refuses_the_run(moto_endpoint, digits, fresh_
     report = facts_and_cost(moto_endpoint, digits)
     failed = WarmReport(1, 0, failure="cannot load the model (s3://x/m-symbol.json): Connect timeout")
     with pytest.raises(JobError, match=r"^cannot load the model \(s3://x/m-symbol\.json\): Connect timeout$"):
-        driver.check_on_driver(job_config(moto_endpoint), s3, keys, Reported([report, failed]))
+        checks.check_on_driver(job_config(moto_endpoint), s3, keys, Reported([report, failed]))
 
 
 def test_a_warm_up_that_could_not_tell_leaves_the_check_to_the_driver(moto_endpoint, digits, fresh_state, caplog):
     s3, keys = digits
-    with caplog.at_level(logging.INFO, logger=driver.__name__):
-        _, checked = driver.check_on_driver(job_config(moto_endpoint), s3, keys, Reported(None))
+    with caplog.at_level(logging.INFO, logger="mxjob.run"):
+        _, checked = checks.check_on_driver(job_config(moto_endpoint), s3, keys, Reported(None))
     assert checked.classifier is not None and checked.sample_cost is None
     assert state.counters.model_loads == 1
     assert "the executors did not check the model; the driver checks it" in caplog.text

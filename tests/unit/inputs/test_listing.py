@@ -164,14 +164,14 @@ def test_a_cut_off_page_is_still_retried_by_botocore(bucket, moto_endpoint):
 
 def test_a_prefix_listing_counts_and_names_the_keys_that_are_not_images(bucket, moto_endpoint):
     from mxjob.options import config
-    from mxjob.run import driver
+    from mxjob.run import keys
 
     for key in ("mixed/a.jpg", "mixed/notes.txt", "mixed/b.PNG", "mixed/README"):
         bucket.put_object(Bucket=BUCKET, Key=key, Body=b"x")
     cfg = config.resolve(config.merge_settings({"input": f"s3://{BUCKET}/mixed/", "model": "s3://m/r",
                                                 "output": "s3://o/k.jsonl", "endpoint_url": moto_endpoint,
                                                 "suffixes": ".jpg,.png"}, {}))
-    images = driver.list_images(None, cfg)
+    images = keys.list_images(None, cfg)
     assert [key for key, _ in images] == ["mixed/a.jpg", "mixed/b.PNG"]
     assert images.skipped_keys == {"count": 2, "why": "not ending in .jpg .png",
                                    "examples": ["mixed/README", "mixed/notes.txt"]}

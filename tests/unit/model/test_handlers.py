@@ -24,7 +24,7 @@ import mxinfer
 from demo import make_demo
 from mxjob.model.handlers import get_handlers
 from mxjob.options import config
-from mxjob.run import driver
+from mxjob.run import checks
 from tests.support.helpers import ROOT, bucket_with_model, make_s3_client, part_lines, scored_lines, spark_submit
 
 SHAPE = make_demo.INPUT_SHAPE
@@ -145,7 +145,7 @@ def test_a_handler_named_like_our_modules_is_shipped_under_a_name_of_its_own(tmp
     cfg = config.resolve(config.merge_settings({
         "input": "s3://b/in/", "model": "s3://b/m", "output": "s3://b/o.jsonl", "handler": str(tmp_path / "utils.py")},
         {}))
-    prepared = driver.prepare_handler(cfg, client=None)
+    prepared = checks.prepare_handler(cfg, client=None)
     shipped = os.path.basename(prepared.handler_file)
     assert shipped == "mxinfer_handler_utils.py" and prepared.job_spec().handler == prepared.handler_file
     assert shipped[:-3] not in {"utils", "mxinfer", "mxjob", "infer_main"}

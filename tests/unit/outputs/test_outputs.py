@@ -21,7 +21,7 @@ from mxjob.executor import partition
 from mxjob.inputs import listing
 from mxjob.options.config import merge_settings, resolve
 from mxjob.outputs import dataset_files, jsonl, merge, parquet, work_prefix
-from mxjob.run import driver
+from mxjob.run import scoring
 from mxjob.s3 import writes
 from mxjob.tasks import classify, detect
 from tests.support.helpers import part_of
@@ -151,7 +151,7 @@ def test_a_gz_output_is_the_json_lines_of_the_same_run_gzipped(s3, task, monkeyp
     work = durable_run(s3, task, f"gz-{task}/out", json_lines=True)
     images = listing.Listing.build(BUCKET, KEYS, [1] * len(KEYS))
     for key in (f"gz-{task}/out.jsonl", f"gz-{task}/out.jsonl.gz"):
-        driver.assemble_output(job_config(s3, key), s3, work, images)
+        scoring.assemble_output(job_config(s3, key), s3, work, images)
     plain = read(s3, f"gz-{task}/out.jsonl")
     assert [json.loads(line) for line in plain.decode().splitlines()] == expected_json(task)
     assert gzip.decompress(read(s3, f"gz-{task}/out.jsonl.gz")) == plain

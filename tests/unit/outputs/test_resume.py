@@ -30,7 +30,7 @@ from mxjob.executor import partition
 from mxjob.inputs import listing
 from mxjob.options.config import JobConfig, merge_settings, resolve
 from mxjob.outputs import claim, fingerprint, jsonl, merge, work_prefix
-from mxjob.run import driver, signals
+from mxjob.run import scoring, signals
 from mxjob.s3 import access, writes
 from tests.support.helpers import bucket_with_model, lines_part, part_lines, spark_submit, start_spark_submit
 
@@ -148,7 +148,7 @@ def test_sigterm_during_the_assembly_aborts_the_upload_and_keeps_the_parts(s3, m
     previous = signal.signal(signal.SIGTERM, signals.raise_interrupted)
     try:
         with pytest.raises(signals.Interrupted, match="SIGTERM"):
-            driver.assemble_output(cfg, s3, work, [(k, 1) for k in keys])
+            scoring.assemble_output(cfg, s3, work, [(k, 1) for k in keys])
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -237,7 +237,7 @@ def test_a_run_with_auto_says_its_batch_and_why_in_the_log_and_the_summary(moto_
 def test_the_driver_loads_the_model_once_for_its_check_and_its_sample(moto_endpoint, demo_dir, monkeypatch):
     """The sample scores with the check's copy, from the process's cache; the check's load counts as the sample's."""
     from mxjob.core import state
-    from mxjob.run import driver
+    from mxjob.run import checks
     from tests.support.helpers import bucket_with_model
 
     bucket = "driver-loads"
@@ -254,7 +254,7 @@ def test_the_driver_loads_the_model_once_for_its_check_and_its_sample(moto_endpo
     cfg = replace(cfg, input_bucket=bucket)
     monkeypatch.setattr(state, "models", state.ProcessCache("models", state.MAX_MODELS))
     monkeypatch.setattr(state, "counters", state.Counters())
-    checked = driver.load_model_on_driver(cfg)
+    checked = checks.load_model_on_driver(cfg)
     assert (state.counters.model_loads, len(state.models)) == (1, 1)
     load_seconds = state.counters.model_load_seconds
     _, sized = sizing.size_run(cfg, keys, len(keys))
@@ -267,7 +267,7 @@ def test_the_driver_loads_the_model_once_for_its_check_and_its_sample(moto_endpo
 def test_the_checks_copy_stays_cached_only_for_a_sample_that_scores_with_it(moto_endpoint, demo_dir, monkeypatch):
     """int8's quantized model, or an embedding's found layer, is another model: the check's copy is dropped."""
     from mxjob.core import state
-    from mxjob.run import driver
+    from mxjob.run import checks
     from tests.support.helpers import bucket_with_model
 
     bucket = "driver-keeps"
@@ -276,9 +276,9 @@ def test_the_checks_copy_stays_cached_only_for_a_sample_that_scores_with_it(moto
         {"input": f"s3://{bucket}/imgs/", "model": f"s3://{bucket}/model/digits", "output": f"s3://{bucket}/o.jsonl",
          "endpoint_url": moto_endpoint, "input_shape": "3,32,32", "std": "255"}, {}))
     monkeypatch.setattr(state, "models", state.ProcessCache("models", state.MAX_MODELS))
-    checked = driver.load_model_on_driver(cfg)
-    driver.keep_for_sample(cfg, checked)
+    checked = checks.load_model_on_driver(cfg)
+    checks.keep_for_sample(cfg, checked)
     assert len(state.models) == 1
     quantized = replace(cfg, int8_model=replace(cfg.model, params_uri=f"s3://{bucket}/int8/digits-0000.params"))
-    driver.keep_for_sample(quantized, checked)
+    checks.keep_for_sample(quantized, checked)
     assert len(state.models) == 0

@@ -30,7 +30,7 @@ WHERE = {"output": "s3://o/k.jsonl", "summary": "s3://o/k.jsonl.summary.json",
          "report": "s3://o/k.jsonl.report.html", "status": "s3://o/k.jsonl.status.json"}
 T0 = 1_700_000_000.0
 WORKER = "host/1/7"
-#: What the driver adds to the summary after summarize, in its order (driver.planned_run).
+#: What the driver adds to the summary after summarize, in its order (scoring.planned_run).
 DRIVER_FIELDS = {
     "precision": {"precision": "fp32"},
     "batch_size_choice": {"chosen": 64, "requested": 64, "why": "--batch-size 64"},

@@ -21,7 +21,7 @@ from mxjob.executor import partition
 from mxjob.inputs import extsort, listing, manifest, manifest_text, plan_file
 from mxjob.options.config import merge_settings, resolve
 from mxjob.outputs import fingerprint, jsonl, merge, parquet, work_prefix
-from mxjob.run import driver
+from mxjob.run import keys
 from mxjob.s3 import parallel_list, writes
 from tests.support.helpers import bucket_with_digits, lines_part, spark_submit
 
@@ -174,7 +174,7 @@ def config(*args: str, **options) -> object:
 def assembled(s3, work, images, cfg, sink_kind: str, out_key: str) -> bytes:
     writer = writes.MultipartWriter(s3, BUCKET, out_key)
     sink = parquet.ParquetSink(writer) if sink_kind == "parquet" else jsonl.JsonLinesSink(writer)
-    merge.assemble(work, work.runs(), images, sink, carried=driver.carried_columns(cfg, images))
+    merge.assemble(work, work.runs(), images, sink, carried=keys.carried_columns(cfg, images))
     sink.close()
     return s3.get_object(Bucket=BUCKET, Key=out_key)["Body"].read()
 
@@ -263,10 +263,10 @@ def test_a_listed_prefix_gives_each_objects_etag(s3):
     bodies = {"list/a.jpg": b"a", "list/b.jpg": b"bb", "list/notes.txt": b"x"}
     for key, body in bodies.items():
         s3.put_object(Bucket=BUCKET, Key=key, Body=body)
-    keys, sizes, etags = parallel_list.list_prefix(s3, BUCKET, "list/", 2, etags=True)
-    images = listing.Listing.build(BUCKET, keys, sizes, suffixes=SUFFIXES, carried={"etag": etags})
+    listed, sizes, etags = parallel_list.list_prefix(s3, BUCKET, "list/", 2, etags=True)
+    images = listing.Listing.build(BUCKET, listed, sizes, suffixes=SUFFIXES, carried={"etag": etags})
     cfg = config("--with-object-metadata")
-    columns = driver.carried_columns(cfg, images)
+    columns = keys.carried_columns(cfg, images)
     expected = [s3.head_object(Bucket=BUCKET, Key=key)["ETag"].strip('"') for key in ("list/a.jpg", "list/b.jpg")]
     assert columns.column_names == ["etag", "size"]
     assert columns["etag"].to_pylist() == expected
@@ -277,7 +277,7 @@ def test_a_listed_prefix_gives_each_objects_etag(s3):
 def test_without_carried_columns_nothing_is_appended(s3):
     plain = listing.Listing.build(BUCKET, ["photos/a.jpg"], [1])
     assert fingerprint.carried_names(config(), plain) == []
-    assert driver.carried_columns(config(), plain) is None
+    assert keys.carried_columns(config(), plain) is None
 
 
 # --- the fingerprint

@@ -31,7 +31,7 @@ from mxjob.core.errors import JobError
 from mxjob.inputs import listing
 from mxjob.model.predictor import ModelSpec
 from mxjob.options import config
-from mxjob.run import driver
+from mxjob.run import checks
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list
 from mxjob.tasks.classify import Classifier
 from tests.support.helpers import bucket_with_model
@@ -99,13 +99,13 @@ def test_the_jobs_s3_max_attempts_reaches_the_models_reads(bucket, moto_endpoint
         assert cfg.model.s3_max_attempts == cfg.job_spec().model.s3_max_attempts == 2  # executors get it too
         with pytest.raises(JobError, match=rf"cannot load the model \(s3://{BUCKET}/model/digits-symbol.json\): "
                                            + GAVE_UP):
-            driver.load_model_on_driver(cfg)
+            checks.load_model_on_driver(cfg)
     assert proxy.counts["slowdown"] == 2
 
     with failing_proxy(moto_endpoint, 2, "model/digits-0000.params") as proxy:
         cfg = config.resolve(config.merge_settings(
             {**settings, "endpoint_url": proxy.endpoint, "s3_max_attempts": 3}, {}))
-        assert driver.load_model_on_driver(cfg).num_classes == 10
+        assert checks.load_model_on_driver(cfg).num_classes == 10
     assert proxy.counts["slowdown"] == 2
 
 

@@ -1,0 +1,203 @@
+"""The run once its plan is made: its batches scored on Spark while the output is assembled, then the summary,
+the last status and the exit code (:class:`PlannedRun`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mxjob.core.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
+from mxjob.executor.stats import StatsFold
+from mxjob.inputs import listing
+from mxjob.options.config import JobConfig, allowed_errors
+from mxjob.outputs import merge, work_prefix
+from mxjob.outputs.assembly import Assembly
+from mxjob.outputs.claim import (
+    yarn_attempt,
+)
+from mxjob.planning.sizing import Sizing
+from mxjob.reporting.status import RunMonitor
+from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
+from mxjob.run.checks import DriverCheck
+from mxjob.run.cluster import SparkStop, run_spark
+from mxjob.run.keys import carried_columns
+from mxjob.run.spark_start import SparkStart
+from mxjob.s3 import object_reader, writes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """A run once its plan is made: what the driver's last steps (Spark, the assembly, the summary) pass around.
+
+    ``cfg`` holds the batch size chosen for the run (:func:`size_run`);
+    ``work`` is its work prefix, read and written with ``client``;
+    ``images`` every key listed; ``plan`` the keys still to score and the
+    earlier runs reused; ``monitor`` writes the status beside the output.
+    """
+
+    cfg: JobConfig
+    client: Any
+    work: work_prefix.WorkPrefix
+    images: listing.Listing
+    plan: work_prefix.Plan
+    monitor: RunMonitor
+
+
+def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: tuple, seconds: dict) -> int:
+    """The run's end once Spark has scored it: the summary, the last status, the closing lines; the exit code."""
+    cfg, images, plan, monitor = run.cfg, run.images, run.plan, run.monitor
+    stats, counts, spark_stop = scored
+    if stats.last_end is not None:  # the output is whole now: how long after the last task's end
+        seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
+    summary = summarize(cfg, RunOutcome(
+        images=len(images), batches=plan.todo.num_batches(cfg.batch_size), fold=stats,
+        counts=counts,
+        elapsed=time.time() - monitor.started, model_summary=checked.model_summary, seconds=seconds, plan=plan,
+        fingerprint=checked.fingerprint, spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys,
+        precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
+        # the manifest's keys that got no line, by reason, and its repeated keys
+        manifest=images.manifest, files=dict(monitor.where),
+        existing=plan.dataset.existing.entry() if plan.dataset is not None and plan.dataset.existing else None,
+        **({cfg.output.summary_field: counts.entry} if cfg.output.summary_field else {})))
+    code = finish_run(run, summary, counts)
+    monitor.write("succeeded", code, summary=summary)
+    for line in closing_lines(summary, code):  # the run's last lines: for the person who started it
+        log.info("%s", line)
+    if spark_stop is not None:
+        stopped = spark_stop.wait()
+        log.info("Spark stopped in %s (the executors were released while the output was finished)",
+                 f"{stopped:.1f} s" if stopped is not None else "more than 2 minutes; exiting without it")
+    return code
+
+
+def spark_summary(spark_stop: SparkStop | None) -> dict | None:
+    """The summary's ``spark``: master, deploy mode, application id and YARN attempt; ``None`` without a Spark job."""
+    if spark_stop is None:
+        return None
+    application, attempt = yarn_attempt()
+    return {**spark_stop.context, "yarn_attempt": attempt if application else None}
+
+
+def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
+                       plan_started: float) -> tuple[StatsFold, merge.AssemblyCounts, SparkStop | None]:
+    """Run the plan's batches on Spark (if any are left) and merge every durable line into the output.
+
+    The merge follows the run while Spark scores it (:class:`mxjob.outputs.assembly.Assembly`).
+    Adds the ``plan``, ``spark``, ``assembly`` (from the job's end to the
+    output's) and ``assembly_cpu`` seconds to ``seconds``. Returns the
+    stats, the assembly's counts, and the SparkContext's stop (``None``
+    without a Spark job), still running: the caller waits for it last.
+    """
+    cfg, client, work, images, plan, monitor = run.cfg, run.client, run.work, run.images, run.plan, run.monitor
+    batches = plan.todo.num_batches(cfg.batch_size)
+    log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
+             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "",
+             batches, cfg.batch_size)
+    stats, spark_stop = StatsFold(), None
+
+    def merge(runs, live):
+        return assemble_output(cfg, client, work, images, runs, live, plan)
+
+    if batches:
+        application, _ = yarn_attempt()
+        this_run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
+        seconds["plan"] = time.time() - plan_started
+        assembly = Assembly(merge, work, [*plan.runs, this_run], during=True)
+        assembly.start()
+        spark_started = time.time()
+        try:
+            stats, spark_stop = run_spark(cfg, this_run, work.plan_key(this_run), start,
+                                          on_tick=monitor and monitor.on_tick, ticks=monitor and monitor.ticks)
+        except BaseException:
+            assembly.cancel()
+            raise
+        seconds["spark"] = time.time() - spark_started
+    else:
+        seconds["plan"] = time.time() - plan_started
+        assembly = Assembly(merge, work, plan.runs, during=False)
+    tail_started = time.time()
+    counts = assembly.finish()
+    seconds["assembly"] = time.time() - tail_started
+    # The driver's own CPU in the merge (reading, checking, compressing); the rest is waiting for S3.
+    seconds["assembly_cpu"] = assembly.cpu_seconds
+    # Closing the output (its last upload): a part of the assembly's time that no merge can shorten.
+    seconds["output_close"] = counts.close_seconds
+    live = assembly.live
+    log.info("assembled %s from %d parts%s; %.2f s after the Spark job, of which %.2f s closing the output",
+             cfg.output_uri, counts.parts_read,
+             f" as the batches became durable ({live.left_at_finish} of the run's {live.run.batches} were left to "
+             "read when the Spark job ended)" if live is not None and live.left_at_finish is not None else "",
+             seconds["assembly"], counts.close_seconds)
+    return stats, counts, spark_stop
+
+
+def finish_run(run: PlannedRun, summary: dict, counts: merge.AssemblyCounts) -> int:
+    """Write the summary, remove the work prefix, and return the exit code (3: more errors than --max-errors)."""
+    cfg, work = run.cfg, run.work
+    writes.put_text(run.client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
+    for warning in summary["threads"]["warnings"]:
+        log.warning("%s", warning)
+    removed = work.remove()
+    log.info("summary: %s", json.dumps({k: summary[k] for k in (
+        "keys_listed", "predicted", "failed", "reused", "scored", "batches", "elapsed_seconds")}))
+    log.info("wrote %s and s3://%s/%s; removed %d work objects under %s", cfg.output_uri, cfg.output_bucket,
+             cfg.summary_key, removed, work.uri)
+    limit = allowed_errors(cfg.max_errors, len(run.images))
+    if counts.failed > limit:
+        log.error("%d images failed, more than --max-errors %s allows (%d); see the error lines in %s",
+                  counts.failed, cfg.max_errors, limit, cfg.output_uri)
+        return EXIT_TOO_MANY_ERRORS
+    return 0
+
+
+def durable_status(work: work_prefix.WorkPrefix | None) -> str:
+    """``N of M batches are durable under URI`` for the messages of a run that did not finish."""
+    if work is None:
+        return ""
+    try:
+        runs = work.runs()
+    except Exception as exc:  # noqa: BLE001 - S3 unreachable: say so instead of hiding the first error
+        return f"could not read {work.uri} ({first_line(exc)})"
+    if not runs:
+        return f"nothing was durable yet under {work.uri}"
+    last = runs[-1]
+    return (f"{len(last.done)} of {last.batches} batches of this run are durable under {work.uri}"
+            + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
+
+
+def assemble_output(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing,
+                    runs: list | None = None, live: merge.LiveRun | None = None,
+                    plan: work_prefix.Plan | None = None) -> merge.AssemblyCounts:
+    """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output's sink
+    (:meth:`mxjob.outputs.Output.sink`: one object, completed only when whole, or files each completed when
+    whole). With ``live``, the merge follows that run's batches as Spark makes them durable (:func:`merge.assemble`).
+    """
+    sink = cfg.output.sink(cfg, client, work, plan)
+    counts = _assemble(cfg, work, images, runs, live, sink)
+    counts.entry = cfg.output.summary_entry(sink, plan)
+    return counts
+
+
+def _assemble(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Listing, runs: list | None,
+              live: merge.LiveRun | None, sink) -> merge.AssemblyCounts:
+    """Merge into ``sink``, then close it; on any failure abort it (nothing partial appears)."""
+    try:
+        reader = object_reader.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
+                                         kind=cfg.s3_reader)
+        counts = merge.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
+                                  carried=carried_columns(cfg, images), live=live)
+        closing = time.monotonic()
+        sink.close()
+        counts.close_seconds = time.monotonic() - closing
+    except work_prefix.ResumeError as exc:
+        sink.abort()
+        raise JobError(str(exc)) from exc
+    except BaseException:
+        sink.abort()
+        raise
+    return counts

@@ -1,0 +1,122 @@
+"""The executors warmed up while the driver lists: Spark started early, the model loaded in every Python worker,
+one of them checking it and measuring the estimate's sample, so the driver loads no MXNet.
+
+:mod:`mxjob.run.spark_start` starts the SparkContext in a thread of its own; this module decides when
+(:func:`early_spark`, :func:`begin_spark`), what the executors load (:func:`warm_up`), and reads the
+checking task's report (:func:`executors_report`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import replace
+
+from mxjob import tasks
+from mxjob.executor.measure import combined
+from mxjob.executor.model_check import WarmReport, warm_and_check
+from mxjob.inputs import listing
+from mxjob.options.config import JobConfig
+from mxjob.planning.sizing import bound_batch, sample_items, sample_size
+from mxjob.run.cluster import expected_executors, thread_plan
+from mxjob.run.spark_start import SparkStart
+
+log = logging.getLogger(__name__)
+
+
+def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
+    """The SparkContext, started now in a thread of its own, under spark-submit.
+
+    Spark's start then overlaps the listing, the model's check and the
+    sample, and the executors load the model meanwhile (:mod:`mxjob.run.spark_start`):
+    the start-up of a small run is mostly that (``make bench-peers``). In
+    cluster mode it is needed too: YARN's ApplicationMaster fails an
+    application whose driver has no SparkContext after
+    ``spark.yarn.am.waitTime`` (100 s by default), which a long listing or an
+    int8 search reached. In client mode it begins after the listing
+    (:func:`checked_run`): a run that fails there or finds nothing new then
+    starts no Spark at all (local-cluster's in-process workers print a stack
+    trace now and then when stopped as they start), and a dry run starts none.
+    In process (the library, no spark-submit) Spark starts at the job.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    cluster_mode = bool(os.environ.get("CONTAINER_ID"))
+    if cfg.dry_run and not cluster_mode:
+        return None
+    return SparkStart(cfg.app_name, spark_conf, begin=cluster_mode)
+
+
+def begin_spark(start: SparkStart | None, cfg: JobConfig, images: listing.Listing) -> bool:
+    """Once the listing found something to score: Spark begins starting in client mode (:func:`early_spark`), and
+    the executors load the model as given, when the driver's check changes nothing they load (:func:`warm_up`);
+    one of them then checks it and measures the estimate's sample on ``images``' keys (:func:`executors_check`).
+    Whether they were sent to warm up."""
+    if start is None:
+        return False
+    start.begin()
+    size = sample_size(cfg.estimate_images, len(images), bound_batch(cfg))
+    sample = sample_items(images, size) if executors_check(cfg) else None
+    return warm_up(start, cfg, early=True, sample=sample)
+
+
+def executors_check(cfg: JobConfig) -> bool:
+    """Whether an executor's warm-up checks the model and measures the sample, so the driver never loads MXNet.
+
+    For the runs whose warm-up starts before the driver's check (:func:`warm_up`'s ``early``) on CPUs: the
+    driver's sample measured a CPU's cost, and an executor measures with the copy it loaded for the run.
+    """
+    return cfg.model.context == "cpu"
+
+
+def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False, sample: list | None = None) -> bool:
+    """Load the model in the executors' Python workers while the driver lists, checks, samples and plans.
+
+    The run's ``JobSpec`` as its tasks will get it (bound at the micro-batch,
+    the executors' thread plan), one warm-up task per executor
+    (:func:`mxjob.executor.model_check.warm_and_check`). ``early``: before the driver's
+    own check, when that check changes nothing the executors
+    load: not for int8 (the driver quantizes the model they load) or an
+    embedding whose layer the driver finds; a model the check then refuses
+    ends the run as before, the warm-up's work lost. ``sample``: the first
+    task checks the model and measures it on those keys for the driver
+    (:func:`check_on_driver`). Never for a ``--handler``, whose file the run
+    ships to the executors only when its job starts. Whether the warm-up was started.
+    """
+    if start is None or cfg.dry_run or cfg.int8_model is not None or cfg.handler_file or cfg.plugin_files:
+        return False
+    if early and (cfg.precision != "fp32" or tasks.get(cfg.task).model_found_by_check(cfg.model)):
+        return False
+
+    def job_for(sc):
+        job = replace(cfg, batch_size=bound_batch(cfg)).job_spec()
+        return replace(job, thread_plan=thread_plan(sc)), expected_executors(dict(sc.getConf().getAll())) or 1
+
+    start.warm(job_for, functools.partial(warm_and_check, sample=sample, endpoint_url=cfg.endpoint_url,
+                                          check=sample is not None))
+    return True
+
+
+def executors_report(start: SparkStart | None) -> WarmReport | None:
+    """The report of the warm-up task that checked the model (:func:`begin_spark`); ``None`` without one.
+
+    Waits for the warm-up's job. A warm-up that failed (an executor lost, a
+    task error) was logged by :class:`SparkStart`; the driver then checks the
+    model itself, as it did before the executors could.
+    """
+    if start is None:
+        return None
+    reports = start.wait_reports() or []
+    # A load that failed on any executor first: the run's tasks there would fail the same way.
+    checked = [r for r in reports if r.failure is not None] + [r for r in reports if r.facts is not None]
+    if not checked:
+        log.info("the executors did not check the model; the driver checks it")
+        return None
+    report = replace(checked[0], cost=combined([r.cost for r in reports]))  # each task measured its share
+    if report.cost is not None:
+        log.info("an executor checked the model and measured the estimate's sample on %d images as it warmed up; "
+                 "the driver loads no MXNet", report.cost.images)
+    elif report.failure is None:
+        log.info("an executor checked the model as it warmed up; the driver loads no MXNet")
+    return report

@@ -3,7 +3,7 @@ Athena table, and the fields of the run's summary, status file and dry-run plan.
 
 Each part is made from the tasks (their schemas, Parquet views, meanings and
 :attr:`mxjob.tasks.Task.doc_examples`) and :func:`mxjob.results.athena_table.athena_ddl`,
-or from the records' declarations (:func:`mxjob.reporting.records.field_table`), so the
+or from the records' declarations (:func:`mxjob.reporting.record_fields.field_table`), so the
 pages cannot drift from what the job writes. It sits in the page between two marker comments::
 
     <!-- generated: embed (make docs; tests/unit/reporting/test_output_docs.py keeps it equal) -->
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from mxjob import tasks
-from mxjob.reporting import records
+from mxjob.reporting import record_fields, records
 from mxjob.results import athena_table, results
 
 #: The page the Parquet parts go into, relative to the checkout.
@@ -107,7 +107,7 @@ def render(page: str, where: str = PAGE) -> str:
         for example in examples():
             page = _fill(page, where, example.name, part(example))
     for name, record in RECORD_PARTS[where]:
-        page = _fill(page, where, name, records.field_table(record))
+        page = _fill(page, where, name, record_fields.field_table(record))
     return page
 
 

@@ -20,7 +20,8 @@ from mxjob.executor.stats import StatsFold
 from mxjob.outputs.base import side_key
 from mxjob.reporting import report
 from mxjob.reporting.progress import STATUS_SECONDS, Progress, Tick, Ticks, iso
-from mxjob.reporting.records import ABSENT, STAGES, STATES, Done, Status, to_json
+from mxjob.reporting.record_fields import ABSENT, to_json
+from mxjob.reporting.records import STAGES, STATES, Done, Status
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ RUNNING = RunEnd()
 
 def status_document(state: str, p: Progress | None, tick: Tick | None, run: RunFacts, end: RunEnd = RUNNING,
                     stage: str | None = None) -> dict:
-    """The status file's content (:func:`records.to_json` of a :class:`records.Status`): state, stage, done and
+    """The status file's content (:func:`record_fields.to_json` of a :class:`records.Status`): state, stage, done and
     total, images/s, ETA, errors so far, the resume command.
 
     Parameters

@@ -10,8 +10,8 @@ from mxjob.model.worker import memory_bytes
 from mxjob.options.config import JobConfig
 from mxjob.outputs import merge, work_prefix
 from mxjob.reporting.progress import duration, iso
+from mxjob.reporting.record_fields import ABSENT, to_json
 from mxjob.reporting.records import (
-    ABSENT,
     Assembly,
     ErrorsByStage,
     ExecutorContainer,
@@ -33,7 +33,6 @@ from mxjob.reporting.records import (
     Tasks,
     Threads,
     TimesIso,
-    to_json,
 )
 
 
@@ -118,7 +117,7 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
     Returns
     -------
     dict
-        :func:`records.to_json` of a :class:`records.Summary`: counts first (listed,
+        :func:`record_fields.to_json` of a :class:`records.Summary`: counts first (listed,
         predicted, failed, reused, scored), then time (``elapsed_seconds``,
         ``seconds`` by stage summed over executors and the driver's own, the
         tasks' window), then per executor, per Python worker and per host

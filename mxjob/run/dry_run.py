@@ -17,7 +17,8 @@ from mxjob.options.config import JobConfig
 from mxjob.outputs import work_prefix
 from mxjob.outputs.claim import NO_INPUTS, Completed, PlanInputs, plan_output
 from mxjob.planning.sizing import size_run
-from mxjob.reporting.records import ABSENT, Plan, PlanDataset, SummaryExisting, to_json
+from mxjob.reporting.record_fields import ABSENT, to_json
+from mxjob.reporting.records import Plan, PlanDataset, SummaryExisting
 from mxjob.results import part_format
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Predictor, client, fingerp
     run's progress, a resume with other settings). The plan is one JSON object
     on the last line of standard output: under spark-submit the driver's log
     and MXNet's own messages share that stream, so a script reads the last
-    line only: :func:`records.to_json` of a :class:`records.Plan`. ``inputs`` holds the driver check's
+    line only: :func:`record_fields.to_json` of a :class:`records.Plan`. ``inputs`` holds the driver check's
     ``--rows-per-file auto`` (a dataset output) and, for ``--skip-existing``, what the dataset holds
     already: ``images`` are then the keys it lacks, and the plan counts both.
     """

@@ -32,7 +32,7 @@ from demo.s3proxy import S3Proxy
 from mxjob.core.errors import JobError
 from mxjob.options import config
 from mxjob.outputs import iceberg_catalog, iceberg_run, merge
-from mxjob.reporting import records
+from mxjob.reporting import record_fields, records
 from mxjob.s3 import parallel_list
 from mxjob.tasks import classify
 from tests.support.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
@@ -87,7 +87,7 @@ def ok(result) -> str:
 def home_summary(s3, endpoint: str, name: str) -> dict:
     bucket, prefix = iceberg_run.home_of(load(endpoint, name).location())
     summary = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}_summary.json")["Body"].read())
-    records.from_json(records.Summary, summary)
+    record_fields.from_json(records.Summary, summary)
     return summary
 
 

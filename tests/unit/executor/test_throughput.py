@@ -20,7 +20,7 @@ from mxjob.inputs import listing
 from mxjob.model import worker
 from mxjob.options import config
 from mxjob.outputs import merge, work_prefix
-from mxjob.reporting.records import to_json
+from mxjob.reporting.record_fields import to_json
 from mxjob.reporting.summary import RunOutcome, summarize, thread_fit
 from mxjob.results import part_format, results
 from mxjob.run import cluster

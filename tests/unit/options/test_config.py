@@ -18,7 +18,7 @@ from mxjob.inputs import listing, plan_file
 from mxjob.options import config, option_types
 from mxjob.outputs import jsonl
 from mxjob.planning import sizing
-from mxjob.reporting import records
+from mxjob.reporting import record_fields, records
 from tests.support.helpers import ROOT, make_s3_client
 
 BASE = ["--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", "s3://out/p.jsonl"]
@@ -384,7 +384,7 @@ def test_dry_run_prints_the_plan_and_a_scored_image_without_spark(small_world, r
                                              "--batch-size", "2", "--dry-run"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    records.from_json(records.Plan, plan)  # its declared fields and types (docs/configuration.md's table)
+    record_fields.from_json(records.Plan, plan)  # its declared fields and types (docs/configuration.md's table)
     assert (plan["output"], plan["output_writable"]) == (None, None)  # no --output: nothing to check
     assert plan["images"] == 5 and plan["batches"] == 3
     assert plan["first_key"] == "imgs/0.png"
@@ -454,7 +454,7 @@ def test_dry_run_checks_a_writable_output_and_leaves_nothing_there(small_world, 
         *small_world, "--input", "s3://cfg-bucket/imgs/", "--output", "s3://cfg-bucket/dry/o.jsonl", "--dry-run"])
     assert result.exit_code == 0, result.stderr
     plan = json.loads(result.stdout.splitlines()[-1])
-    records.from_json(records.Plan, plan)
+    record_fields.from_json(records.Plan, plan)
     assert plan["output"] == "s3://cfg-bucket/dry/o.jsonl" and plan["output_writable"] is True
     assert make_s3_client(moto_endpoint).list_objects_v2(Bucket="cfg-bucket", Prefix="dry/")["KeyCount"] == 0
 

@@ -32,7 +32,7 @@ from mxjob.options import config
 from mxjob.outputs import dataset, dataset_files, parquet
 from mxjob.outputs.base import is_prefix as is_dataset
 from mxjob.outputs.base import output_of, side_key
-from mxjob.reporting import records
+from mxjob.reporting import record_fields, records
 from mxjob.s3 import access, parallel_list, uris, writes
 from mxjob.tasks import classify
 from tests.support.helpers import bucket_with_digits, spark_submit, start_spark_submit
@@ -291,7 +291,7 @@ def test_a_dataset_read_while_running_after_a_kill_and_after_resume(s3, world):
     assert final.column("key").to_pylist() == world["keys"]
     assert {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in kept} == kept  # not written again
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key="live/_summary.json")["Body"].read())
-    records.from_json(records.Summary, summary)  # a resumed dataset run's: its dataset entry too
+    record_fields.from_json(records.Summary, summary)  # a resumed dataset run's: its dataset entry too
     assert summary["resumed"] is True and summary["dataset"]["kept_from_an_earlier_run"] == len(kept)
     assert summary["dataset"]["files"] == -(-len(world["keys"]) // ROWS_PER_FILE)
     success = json.loads(s3.get_object(Bucket=BUCKET, Key="live/_SUCCESS")["Body"].read())
@@ -323,7 +323,7 @@ def test_a_dry_run_of_a_dataset_says_its_rows_per_file_and_files(world, stderr_r
     result = stderr_runner.invoke(infer_main.main, [*job_args(world["endpoint"], "dry/"), "--dry-run"])
     assert result.exit_code == 0, result.stderr[-2000:]
     plan = json.loads(result.stdout.strip().splitlines()[-1])
-    records.from_json(records.Plan, plan)  # its dataset entry too
+    record_fields.from_json(records.Plan, plan)  # its dataset entry too
     assert plan["dataset"] == {"rows_per_file": ROWS_PER_FILE, "why": "--rows-per-file",
                                "files": -(-len(world["keys"]) // ROWS_PER_FILE), "files_kept": 0}
     auto = stderr_runner.invoke(infer_main.main, [*job_args(world["endpoint"], "dry/"), "--dry-run",

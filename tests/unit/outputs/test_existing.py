@@ -32,7 +32,7 @@ from mxjob.core.errors import JobError
 from mxjob.inputs import listing
 from mxjob.options import config
 from mxjob.outputs import claim, dataset, dataset_files, existing, parquet, work_prefix
-from mxjob.reporting import records, report
+from mxjob.reporting import record_fields, records, report
 from mxjob.s3 import parallel_list
 from mxjob.tasks import classify
 from tests.support.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
@@ -226,7 +226,7 @@ def test_a_second_run_finds_the_first_runs_keys_and_adds_files_of_its_own(s3, mo
     assert found.fingerprints == {json.dumps(FINGERPRINT, sort_keys=True): "two/part-00000.parquet"}
     assert found.entry() == {"keys_in_output": 20, "skipped": 20, "rescored_errors": 0, "new_keys": 20,
                              "files_read": 3, "rows_read": 20, "seconds": round(found.seconds, 3)}
-    records.from_json(records.SummaryExisting, found.entry())
+    record_fields.from_json(records.SummaryExisting, found.entry())
 
     plan = dataset.fresh_plan(8, (0, ""), found.new, dataset.new_run(dataset.contents(s3, BUCKET, "two/")), found)
     sink = write_files(s3, "two/", found.new.keys.to_pylist(), 8, appending=plan)
@@ -329,7 +329,7 @@ def part_files(s3, prefix: str) -> dict[str, str]:
 
 def summary_of(s3, prefix: str) -> dict:
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}_summary.json")["Body"].read())
-    records.from_json(records.Summary, summary)
+    record_fields.from_json(records.Summary, summary)
     return summary
 
 
@@ -408,7 +408,7 @@ def dry_plan(runner, endpoint: str, output: str) -> dict:
     result = runner.invoke(infer_main.main, [*job_args(endpoint, output, "--skip-existing"), "--dry-run"])
     assert result.exit_code == 0, result.stderr[-2000:]
     plan = json.loads(result.stdout.strip().splitlines()[-1])
-    records.from_json(records.Plan, plan)
+    record_fields.from_json(records.Plan, plan)
     return plan
 
 

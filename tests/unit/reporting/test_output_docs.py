@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mxjob import tasks
-from mxjob.reporting import output_docs, records
+from mxjob.reporting import output_docs, record_fields
 from mxjob.results import athena_table, parquet_view, part_format, results
 from mxjob.tasks import classify, detect, embed
 from tests.support.helpers import parquet_of
@@ -207,7 +207,7 @@ def test_the_records_field_tables_are_generated_from_their_declarations():
             f"{where}'s field tables differ from mxjob.reporting.records: `make docs`"
         for name, record in output_docs.RECORD_PARTS[where]:
             part = page[page.index(f"<!-- generated: {name} "):page.index(f"<!-- end generated: {name}")]
-            for field, type_, _, _ in records.field_rows(record):
+            for field, type_, _, _ in record_fields.field_rows(record):
                 assert f"| `{field}` | {type_} |" in part, (name, field)
     page = (ROOT / output_docs.CONFIG_PAGE).read_text(encoding="utf-8")
     stale = page.replace("| `plan_bytes` | integer |", "| `plan_bytes` | number |", 1)

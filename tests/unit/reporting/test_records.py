@@ -21,7 +21,7 @@ from mxjob.inputs import listing
 from mxjob.options import config
 from mxjob.outputs import work_prefix
 from mxjob.outputs.merge import AssemblyCounts
-from mxjob.reporting import records, status
+from mxjob.reporting import record_fields, records, status
 from mxjob.reporting.progress import Progress, Tick
 from mxjob.reporting.summary import RunOutcome, summarize
 
@@ -97,10 +97,10 @@ def status_doc(**kwargs) -> dict:
 
 
 def test_the_summary_summarize_makes_is_valid_and_in_the_declared_order(summary_doc):
-    made = records.from_json(records.Summary, summary_doc)
+    made = record_fields.from_json(records.Summary, summary_doc)
     assert list(summary_doc) == [f.name for f in dataclasses.fields(records.Summary)]
     assert made.python_workers[WORKER].first_task.cpu == 1.5 and made.spark.executor_container.limit_mib == 3456
-    assert records.to_json(made) == summary_doc  # read and written back: the same document
+    assert record_fields.to_json(made) == summary_doc  # read and written back: the same document
 
 
 def test_fields_the_driver_adds_after_summarize_give_the_bytes_summarize_gives_them():
@@ -131,7 +131,7 @@ def test_a_bad_summary_is_refused_naming_the_field(summary_doc, change, match):
     doc = copy.deepcopy(summary_doc)
     change(doc)
     with pytest.raises(ValueError, match=match):
-        records.from_json(records.Summary, doc)
+        record_fields.from_json(records.Summary, doc)
 
 
 def test_optional_fields_may_be_left_out_and_nullable_ones_may_be_null(summary_doc):
@@ -141,13 +141,13 @@ def test_optional_fields_may_be_left_out_and_nullable_ones_may_be_null(summary_d
     doc["seconds"].pop("spark")  # no Spark job
     doc["python_workers"][WORKER].pop("max_rss_bytes")
     doc.update(skipped_keys=None, spark=None, estimate=None, images_per_second=None)
-    assert records.to_json(records.from_json(records.Summary, doc)) == doc
+    assert record_fields.to_json(record_fields.from_json(records.Summary, doc)) == doc
 
 
 def test_the_status_status_document_makes_is_valid_and_a_bad_one_is_refused():
     for doc in (status_doc(), status_doc(state="failed", end=status.RunEnd(1, "boom", 3)),
                 status_doc(p=None, tick=None, stage="listing")):
-        assert records.to_json(records.from_json(records.Status, doc)) == doc
+        assert record_fields.to_json(record_fields.from_json(records.Status, doc)) == doc
     assert "batches" not in status_doc(p=None, tick=None)  # before the first tick: no counts at all
     assert status_doc(state="succeeded")["eta_seconds"] is None  # there, and null
     bad = [({**status_doc(), "state": "done"}, r"status: field 'state' must be one of running, succeeded"),
@@ -159,7 +159,7 @@ def test_the_status_status_document_makes_is_valid_and_a_bad_one_is_refused():
            ([status_doc()], r"status: field '\(the document\)' must be an object")]
     for doc, match in bad:
         with pytest.raises(ValueError, match=match):
-            records.from_json(records.Status, doc)
+            record_fields.from_json(records.Status, doc)
 
 
 def test_a_bad_plan_is_refused_naming_the_field():
@@ -167,16 +167,16 @@ def test_a_bad_plan_is_refused_naming_the_field():
             "to_score": 5, "batch_size": 2, "batch_size_choice": {}, "batches": 3, "partitions": 3,
             "plan_bytes": 24, "first_key": "p/0.png", "last_key": "p/4.png", "model": {}, "sample": {"key": "p/0.png"},
             "sample_seconds": {"task": 0.2}, "estimate": None}
-    assert records.to_json(records.from_json(records.Plan, plan)) == plan
+    assert record_fields.to_json(record_fields.from_json(records.Plan, plan)) == plan
     with pytest.raises(ValueError, match=r"plan: required field 'dataset\.files_kept' is missing"):
-        records.from_json(records.Plan, {**plan, "dataset": {"rows_per_file": 2, "why": "w", "files": 3}})
+        record_fields.from_json(records.Plan, {**plan, "dataset": {"rows_per_file": 2, "why": "w", "files": 3}})
     with pytest.raises(ValueError, match=r"plan: field 'sample_seconds\.task' must be a number, got '0\.2'"):
-        records.from_json(records.Plan, {**plan, "sample_seconds": {"task": "0.2"}})
+        record_fields.from_json(records.Plan, {**plan, "sample_seconds": {"task": "0.2"}})
 
 
 def test_a_field_left_out_is_not_written_and_none_is_written_as_null():
-    assert records.to_json(records.Done(done=3)) == {"done": 3}
-    assert records.to_json(records.TimesIso(started=None, ended="x")) == {"started": None, "ended": "x"}
+    assert record_fields.to_json(records.Done(done=3)) == {"done": 3}
+    assert record_fields.to_json(records.TimesIso(started=None, ended="x")) == {"started": None, "ended": "x"}
 
 
 def test_the_summarys_task_seconds_are_the_stats_stages_in_their_order():
@@ -187,7 +187,7 @@ def test_the_summarys_task_seconds_are_the_stats_stages_in_their_order():
 
 @pytest.mark.parametrize("record", [records.Summary, records.Status, records.Plan])
 def test_every_field_has_a_meaning_and_every_choice_is_named_in_it(record):
-    rows = records.field_rows(record)
+    rows = record_fields.field_rows(record)
     assert all(doc.strip() for _, _, _, doc in rows)
     assert len({name for name, _, _, _ in rows}) == len(rows)
     for f in dataclasses.fields(record):

@@ -18,7 +18,7 @@ from PIL import Image
 from mxjob.executor.stats import StatsFold, TaskStats
 from mxjob.options import config
 from mxjob.outputs import merge, work_prefix
-from mxjob.reporting import records, report, status, summary, watch
+from mxjob.reporting import record_fields, records, report, status, summary, watch
 from mxjob.reporting.progress import Progress, Reporter, Tick, Ticks, estimate_remaining
 
 T0 = 1_700_000_000.0
@@ -375,14 +375,14 @@ def test_status_watch_and_report_of_a_real_run(tmp_path, moto_endpoint, demo_dir
     final = json.loads(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.status.json")["Body"].read())
     assert (final["state"], final["exit_code"], final["keys"]["done"]) == ("succeeded", 0, SPARK_IMAGES + 1)
     for doc in [*seen, final]:  # every status the run wrote, before its plan and after: the declared fields
-        records.from_json(records.Status, doc)
+        record_fields.from_json(records.Status, doc)
     assert watcher.returncode == 0, watched
     assert re.search(r"running: \d+ of 21 batches", watched) and "succeeded: 21 of 21 batches" in watched
     # The closing lines are the run's last words.
     assert re.search(r"run finished: 41 keys, 40 predicted, 1 failed \(decode 1\)", log)
     assert "images/s (keys scored / Spark job wall seconds)" in log and "report:  s3://report-bucket/out/run" in log
     summ = json.loads(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.summary.json")["Body"].read())
-    records.from_json(records.Summary, summ)  # docs/output.md's table: every field declared, typed, none missing
+    record_fields.from_json(records.Summary, summ)  # docs/output.md's table: every field declared, typed, none missing
     assert summ["rates"]["what"]["images_per_second_spark"].startswith("keys the Spark job scored / seconds of "
                                                                        "the Spark job")
     assert (summ["scored"], summ["batches"]) == (41, 21)

@@ -18,7 +18,7 @@ import infer_main
 from mxjob.core.errors import EXIT_FAILED, JobError
 from mxjob.executor.stats import StatsFold
 from mxjob.outputs import work_prefix
-from mxjob.reporting import records, status, watch
+from mxjob.reporting import record_fields, records, status, watch
 from mxjob.reporting.progress import Progress, Tick
 from mxjob.run.signals import Interrupted
 from mxjob.s3 import parallel_list
@@ -64,7 +64,7 @@ def test_a_run_that_fails_before_its_plan_leaves_a_failed_status_with_the_reason
     result = run(stderr_runner, moto_endpoint, "empty", image_prefix="nothing/")
     assert result.exit_code == EXIT_FAILED, result.stderr
     doc = read_status(world, "empty")
-    records.from_json(records.Status, doc)  # a run's last status before its plan: the declared fields
+    record_fields.from_json(records.Status, doc)  # a run's last status before its plan: the declared fields
     assert doc["state"] == "failed" and doc["exit_code"] == EXIT_FAILED
     assert doc["message"].startswith(f"no images under s3://{BUCKET}/nothing/")
     assert doc["stage"] == "listing"  # where it failed

@@ -532,8 +532,7 @@ def report(results: dict) -> str:
             f"| {' / '.join(_mib(v) for v in e['worker_peak_rss'])} "
             f"| {_mib(e['driver_python_peak_rss'])} + {_mib(e['driver_jvm_peak_rss'])} "
             f"| {100 * (e['stand_in_cpu_share'] or 0):.0f}% |")
-    out.append("")
-    out.append("Where the executors' time went in E (seconds summed over tasks; wait = model idle for input):")
+    out.extend(["", "Where the executors' time went in E (seconds summed over tasks; wait = model idle for input):"])
     for name, row in results["models"].items():
         sec = row["E"]["summary"]["seconds"]
         sq = row["S"]["phases"]
@@ -542,6 +541,8 @@ def report(results: dict) -> str:
                    f"assembly {sec['assembly']:.1f}"
                    f" | S download {sq['download']:.1f}, decode {sq['decode']:.1f}, forward {sq['forward']:.1f}")
     out.append("")
+    out.extend(["The output's lease in E (one run at a time: its take, renewals, checks before durable writes):",
+                *(f"  {name}: {lease_line(row['E'])}" for name, row in results["models"].items()), ""])
     out.append("CPU per image in E, by process (ms; the bound is what the cores allow at that cost):")
     cores = results["machine"]["cores"]
     for name, row in results["models"].items():
@@ -594,6 +595,16 @@ def report(results: dict) -> str:
         out.append(task_cost.report(results["task_cost"]))
     out.append(f"bench wall time: {results['bench_seconds']:.0f} s")
     return "\n".join(out)
+
+
+def lease_line(e: dict) -> str:
+    """What the lease cost a run: its requests and their seconds, against the run's wall time."""
+    lease = e["summary"].get("lease")
+    if not lease:
+        return "no lease in this summary (made before the job took one)"
+    return (f"{lease['requests']} requests ({lease['renewals']} renewals), {lease['seconds']:.3f} s on the driver: "
+            f"{100 * lease['seconds'] / e['wall_seconds']:.2f}% of the run's {e['wall_seconds']:.1f} s (target: "
+            f"at most 1%)")
 
 
 def results_threads(summary: dict) -> str:

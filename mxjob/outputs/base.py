@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: What beside an output has a key of its own: the work prefix and the job's files.
-NAMES = ("parts/", "summary.json", "status.json", "report.html", "SUCCESS")
+NAMES = ("parts/", "summary.json", "status.json", "report.html", "lease.json", "SUCCESS")
 
 
 class OutputError(ValueError):

@@ -23,6 +23,7 @@ from mxjob.inputs import extsort, listing
 from mxjob.outputs import work_prefix
 from mxjob.outputs.base import Planning, side_key
 from mxjob.outputs.fingerprint import differences
+from mxjob.outputs.lease import Lease, holder_facts, new_run_id
 from mxjob.s3 import access
 
 if TYPE_CHECKING:
@@ -31,12 +32,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def unfinished_output(cfg: JobConfig, client) -> bool:
-    """Whether there is something to resume: no output yet, or an earlier run's progress (:func:`plan_output`'s
-    test for a resume that is not already complete)."""
-    output_exists, work_exists, _ = existing_output(cfg, client,
-                                                    work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
-    return work_exists or not output_exists
+def output_lease(cfg: JobConfig, client) -> Lease:
+    """This run's lease on its output (not taken yet): ``lease.json`` in the output's home, naming this run."""
+    application, attempt = yarn_attempt()
+    holder = holder_facts(new_run_id(), cfg.output_uri, application, attempt)
+    return Lease(client, cfg.output_bucket, cfg.output.side_key("lease.json"), holder)
+
+
+def refuse_unresumed_progress(cfg: JobConfig, client, yarn_retry: bool) -> None:
+    """Before the listing: an earlier run's progress that this run would not resume (no ``--resume``,
+    ``--overwrite`` or YARN's next attempt) is refused now, in seconds, with what to do (:func:`refuse_progress`)."""
+    if cfg.overwrite or cfg.resume or yarn_retry or cfg.dry_run:
+        return
+    work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    if work.exists():
+        refuse_progress(work, cfg.output)
 
 
 def yarn_attempt() -> tuple[str | None, int]:

@@ -285,6 +285,18 @@ class SummaryExisting:
 
 
 @record
+class SummaryLease:
+    """The run's lease on the output (docs/resume.md#one-run-at-a-time) and what it cost."""
+
+    key: str = required("the lease object, beside the output")
+    run_id: str = required("the run's id in the lease")
+    lease_seconds: float = required("how long the lease lasts without renewal")
+    requests: int = required("S3 requests the lease made: take, renewals, checks before durable writes, release")
+    seconds: float = required("the time those requests took, on the driver, mostly beside the Spark job")
+    renewals: int = required("renewals, one per status heartbeat")
+
+
+@record
 class Summary:
     """``OUTPUT.summary.json``: what was scored and reused, where the time went, threads per host."""
 
@@ -342,6 +354,7 @@ class Summary:
     existing: SummaryExisting = optional("the keys the dataset held already: `keys_listed` counts them, and "
                                          "`skipped` of them got no new row", "`--skip-existing`")
     table: SummaryTable = optional("the Iceberg table's files and commits", "an Iceberg table output")
+    lease: SummaryLease = optional("the run's lease on the output and its cost", "a run that took one")
 
 
 # ----------------------------------------------------------------------------

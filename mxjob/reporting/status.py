@@ -148,6 +148,9 @@ class RunMonitor:
     def __init__(self, client, bucket: str, output_key: str, started: float, resume: str | None, context: dict,
                  output_uri: str | None = None):
         self.client, self.bucket, self.output_key = client, bucket, output_key
+        #: The run's lease on the output (:class:`mxjob.outputs.lease.Lease`), set by the driver: once it is
+        #: lost the files are another run's, and nothing is written.
+        self.lease = None
         self.started, self.resume, self.context = started, resume, context
         self.where = {"output": output_uri or f"s3://{bucket}/{output_key}",
                       "summary": f"s3://{bucket}/{side_key(output_key, 'summary.json')}",
@@ -160,6 +163,11 @@ class RunMonitor:
         #: Whether the two files are this run's to write (:meth:`claim`); until then :meth:`ended` leaves them.
         self.claimed = False
         self._warned = False
+        #: Each file's ETag as this run last wrote it: the next write is conditional on it (``If-Match``), so a
+        #: run whose lease another has taken never writes over that run's files, even before it learns of it.
+        self._etags: dict[str, str] = {}
+        #: Set when a conditional write found another run's file: this run writes neither file again.
+        self._overtaken = False
         self._lock = threading.Lock()
         self._written = 0.0
         # Set by the last word (or close): the heartbeat stops, and no "running" may follow the last word.
@@ -238,6 +246,12 @@ class RunMonitor:
         # The last run is this one only if its plan is the tick's: else this run failed before recording it.
         return len(runs[-1].done) if runs and runs[-1].batches == p.batches_total else None
 
+    def check_lease(self) -> None:
+        """Before a durable write: raise :class:`mxjob.outputs.lease.LeaseLost` unless the output's lease is still
+        this run's (one HEAD); nothing without a lease."""
+        if self.lease is not None:
+            self.lease.check()
+
     def close(self) -> None:
         """Stop the heartbeat (the run has ended, whatever ended it)."""
         self._closed.set()
@@ -248,10 +262,21 @@ class RunMonitor:
                 self.write("running")
 
     def _put(self, key: str, text: str, content_type: str) -> None:
+        if self._overtaken or (self.lease is not None and self.lease.lost):
+            return  # the files are the run's that took the lease over
+        condition = {"IfMatch": self._etags[key]} if key in self._etags and self.lease is not None else {}
         try:
-            self.client.put_object(Bucket=self.bucket, Key=key, Body=text.encode("utf-8"), ContentType=content_type)
+            response = self.client.put_object(Bucket=self.bucket, Key=key, Body=text.encode("utf-8"),
+                                              ContentType=content_type, **condition)
+            if self.lease is not None:
+                self._etags[key] = response["ETag"]
         except Exception as exc:  # noqa: BLE001 - status is best-effort; the job's output is not
-            if not self._warned:
+            if condition and getattr(exc, "response", {}).get("Error", {}).get("Code") in (
+                    "PreconditionFailed", "412", "NoSuchKey", "ConditionalRequestConflict"):
+                self._overtaken = True
+                log.warning("s3://%s/%s was written by another run; this run stops writing its status (its lease "
+                            "is checked before the next durable write)", self.bucket, key)
+            elif not self._warned:
                 log.warning("cannot write s3://%s/%s (%s); the job goes on without live status", self.bucket, key,
                             first_line(exc))
                 self._warned = True

@@ -28,6 +28,7 @@ from mxjob.reporting.records import (
     Summary,
     SummaryDataset,
     SummaryExisting,
+    SummaryLease,
     SummaryTable,
     SummaryTableResume,
     Tasks,
@@ -101,6 +102,8 @@ class RunOutcome:
     existing: dict | None = None
     #: An Iceberg table output's files and commits (:meth:`mxjob.outputs.iceberg_run.TableSink.summary_entry`).
     table: dict | None = None
+    #: The run's lease on the output (:meth:`mxjob.outputs.lease.Lease.entry`).
+    lease: dict | None = None
 
 
 def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
@@ -179,6 +182,7 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         dataset=ABSENT if run.dataset is None else SummaryDataset(**run.dataset),
         existing=ABSENT if run.existing is None else SummaryExisting(**run.existing),
         table=ABSENT if run.table is None else summary_table(run.table),
+        lease=ABSENT if run.lease is None else SummaryLease(**run.lease),
     ))
 
 

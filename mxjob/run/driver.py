@@ -23,11 +23,14 @@ from mxjob.outputs.claim import (
     Completed,
     PlanInputs,
     finished_by_this_application,
+    output_lease,
     plan_output,
-    unfinished_output,
+    refuse_unresumed_progress,
     yarn_attempt,
 )
+from mxjob.outputs.lease import Lease, LeaseLost
 from mxjob.planning.sizing import choose_batch, size_run
+from mxjob.reporting.progress import STATUS_SECONDS
 from mxjob.reporting.status import RunMonitor
 from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
 from mxjob.run.checks import check_model_files, check_on_driver, prepare_handler
@@ -57,14 +60,45 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     started = time.time()
     client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
     retry = yarn_attempt()[1] > 1
+    lease = None
     # The output's home (an Iceberg table's is beside its location) holds the run's status, summary and work.
     if cfg.output is not None:  # (a dry run may name none)
         cfg = replace(cfg, output=cfg.output.locate(cfg))
-        # The output first: seconds, where the listing may take hours. An output that is refused (it exists, or a
-        # dataset's prefix holds objects the job did not write) or cannot be written ends the run before it writes
-        # anything beside it: the status there is the run's that wrote that output, or no PUT could replace it.
-        cfg.output.check(cfg, client, yarn_retry=retry)
-    monitor = open_status(cfg, client, started, resume_command, retry)
+        # The output first: seconds, where the listing may take hours. A refused run writes nothing beside it.
+        lease = claim_output(cfg, client, retry)
+    try:
+        return monitored_run(cfg, client, started, resume_command, retry, spark_conf, lease)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def claim_output(cfg: JobConfig, client, retry: bool) -> Lease | None:
+    """Refuse now what refuses the run without a listing, then take the output's lease (none for a dry run).
+
+    An output that is refused (it exists, or a dataset's prefix holds objects
+    the job did not write) or cannot be written; another run's live lease,
+    named with what to do; an earlier run's progress this run does not resume.
+    All read only, so a refused run leaves the status and files there as
+    they were. Then the lease (:mod:`mxjob.outputs.lease`), renewed every
+    :data:`STATUS_SECONDS` while the run lives: from here on no other run
+    writes the output.
+    """
+    cfg.output.check(cfg, client, yarn_retry=retry)
+    lease = output_lease(cfg, client)
+    lease.refuse_if_held(resume=cfg.resume, output_uri=cfg.output_uri)
+    if cfg.dry_run:
+        return None
+    refuse_unresumed_progress(cfg, client, retry)
+    lease.take(resume=cfg.resume, output_uri=cfg.output_uri)
+    lease.keep_renewed(STATUS_SECONDS)
+    return lease
+
+
+def monitored_run(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool,
+                  spark_conf: dict | None, lease: Lease | None) -> int:
+    """The run under its status (:func:`open_status`) and its early SparkContext; returns the exit code."""
+    monitor = open_status(cfg, client, started, resume_command, retry, lease)
     start = early_spark(cfg, spark_conf)
     try:
         code = checked_run(cfg, client, monitor, spark_conf, start)
@@ -80,25 +114,24 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     return code
 
 
-def open_status(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool) -> RunMonitor:
-    """The run's :class:`RunMonitor`, claimed at once (status "running") when its output check has passed.
+def open_status(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool,
+                lease: Lease | None = None) -> RunMonitor:
+    """The run's :class:`RunMonitor`, claimed at once (status "running") by a run that nothing can refuse now.
 
-    The status beside the output is this run's as soon as the run may write
-    the output: for ``--overwrite``, and for a fresh run (the check refused
-    an existing output), before the listing, so ``mxjob.reporting.watch`` never reads
-    the earlier run's final state as this run's. It stays another run's for a
-    dry run (which writes nothing), for ``--resume`` of a complete output (it
-    ends "already complete", and that status is the run's that completed it),
-    and for YARN's next attempt on an output there (its first attempt's exit
-    code, read from that status, may be the one to repeat:
-    :func:`finished_by_this_application`); such a run claims it at its plan.
-    A fresh run beside an earlier run's progress does replace that run's
-    "interrupted" status: its own failure says to add ``--resume``, and its
-    resume command is the one to run.
+    The status beside the output is this run's at once for ``--overwrite``
+    and for a fresh run (everything that would refuse them is refused
+    already: :func:`claim_output`), so ``mxjob.reporting.watch`` never reads
+    the earlier run's final state as this run's. A ``--resume`` (or YARN's
+    next attempt) claims it only at its plan, once the earlier run's
+    fingerprint is found to be its own: a resume refused for changed
+    settings leaves the stopped run's status, report and resume command as
+    they were. A dry run writes none. With ``lease``, nothing is written
+    once the lease is lost.
     """
     monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
                          {"options": cfg.options()}, output_uri=cfg.output_uri)
-    if not cfg.dry_run and (cfg.overwrite or not (cfg.resume or retry) or unfinished_output(cfg, client)):
+    monitor.lease = lease
+    if not cfg.dry_run and (cfg.overwrite or not (cfg.resume or retry)):
         monitor.claim("starting")
     return monitor
 
@@ -115,14 +148,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read
     seconds["listing"] = time.time() - monitor.started
-    found, settled = None, None
-    if not cfg.dry_run:  # what a resumed run left that the output takes first (a table's whole files committed)
-        images, settled = cfg.output.settle(cfg, client, images)
-    if cfg.skip_existing:  # the run's keys are those the output lacks: the full listing goes now
-        found = cfg.output.existing(cfg, client, images)
-        images, seconds["existing"] = found.new, found.seconds
-    elif settled is not None and not len(images):
-        found = settled.nothing_left(images)
+    images, found, settled = keys_to_score(cfg, client, monitor, images, seconds)
     if found is not None and not len(images) and not cfg.dry_run:
         return nothing_new(cfg, client, monitor, found, seconds)
     warmed = begin_spark(start, cfg, images)
@@ -139,6 +165,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     plan_started = time.time()
     monitor.enter("planning")
     work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
+    monitor.check_lease()  # the plan records the run, or clears the earlier one's under --overwrite
     try:
         plan = plan_output(cfg, client, work, images, checked.fingerprint, inputs=inputs)
         if plan.dataset is not None:
@@ -156,9 +183,25 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     try:
         scored = score_and_assemble(run, start, seconds, plan_started)
     except (JobError, Interrupted) as exc:
-        exc.work = work  # main() says what is durable and how to resume
+        if not isinstance(exc, LeaseLost):  # the output is another run's now: nothing of this one to resume
+            exc.work = work  # main() says what is durable and how to resume
         raise
     return planned_run(run, checked, sizing, scored, seconds)
+
+
+def keys_to_score(cfg: JobConfig, client, monitor: RunMonitor, images, seconds: dict) -> tuple:
+    """``(keys, found, settled)``: the listed keys less those the output holds already (``--skip-existing``: what
+    it found) and those a resumed run's whole files hold (committed first: what was settled)."""
+    found, settled = None, None
+    if not cfg.dry_run:  # what a resumed run left that the output takes first (a table's whole files committed)
+        monitor.check_lease()
+        images, settled = cfg.output.settle(cfg, client, images)
+    if cfg.skip_existing:  # the run's keys are those the output lacks: the full listing goes now
+        found = cfg.output.existing(cfg, client, images)
+        images, seconds["existing"] = found.new, found.seconds
+    elif settled is not None and not len(images):
+        found = settled.nothing_left(images)
+    return images, found, settled
 
 
 def nothing_new(cfg: JobConfig, client, monitor: RunMonitor, found, seconds: dict) -> int:
@@ -174,6 +217,7 @@ def nothing_new(cfg: JobConfig, client, monitor: RunMonitor, found, seconds: dic
     log.info("--skip-existing: nothing new to score: all %s listed keys have a row in %s; no Spark job, no new "
              "file", f"{found.listed:,}", cfg.output_uri)
     # What the run being resumed left: its files, if none of its keys is listed any more; its progress.
+    monitor.check_lease()
     cfg.output.finish_nothing_new(cfg, client, work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key),
                                   found)
     monitor.claim("planning")
@@ -185,7 +229,8 @@ def nothing_new(cfg: JobConfig, client, monitor: RunMonitor, found, seconds: dic
         elapsed=time.time() - monitor.started, model_summary={}, seconds={**stage, **seconds},
         plan=work_prefix.Plan(runs=[], todo=found.new, number=1, resumed=False), fingerprint={},
         precision={"precision": cfg.precision}, batch_size_choice=choice.as_dict(), estimate=None,
-        files=dict(monitor.where), existing=found.entry()))
+        files=dict(monitor.where), existing=found.entry(),
+        lease=monitor.lease.entry() if monitor.lease is not None else None))
     writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(made, indent=2) + "\n")
     monitor.write("succeeded", 0, summary=made)
     for line in closing_lines(made, 0):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,7 @@ def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: t
         # the manifest's keys that got no line, by reason, and its repeated keys
         manifest=images.manifest, files=dict(monitor.where),
         existing=plan.dataset.existing.entry() if plan.dataset is not None and plan.dataset.existing else None,
+        lease=monitor.lease.entry() if monitor.lease is not None else None,
         **({cfg.output.summary_field: counts.entry} if cfg.output.summary_field else {})))
     code = finish_run(run, summary, counts)
     monitor.write("succeeded", code, summary=summary)
@@ -101,10 +103,11 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
     stats, spark_stop = StatsFold(), None
 
     def merge(runs, live):
-        return assemble_output(cfg, client, work, images, runs, live, plan)
+        return assemble_output(cfg, client, work, images, runs, live, plan, before_close=monitor.check_lease)
 
     if batches:
         application, _ = yarn_attempt()
+        monitor.check_lease()
         this_run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
         seconds["plan"] = time.time() - plan_started
         assembly = Assembly(merge, work, [*plan.runs, this_run], during=True)
@@ -139,6 +142,7 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
 def finish_run(run: PlannedRun, summary: dict, counts: merge.AssemblyCounts) -> int:
     """Write the summary, remove the work prefix, and return the exit code (3: more errors than --max-errors)."""
     cfg, work = run.cfg, run.work
+    run.monitor.check_lease()
     writes.put_text(run.client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
     for warning in summary["threads"]["warnings"]:
         log.warning("%s", warning)
@@ -170,27 +174,32 @@ def durable_status(work: work_prefix.WorkPrefix | None) -> str:
             + (f" (and {sum(len(r.done) for r in runs[:-1])} of earlier runs)" if len(runs) > 1 else ""))
 
 
-def assemble_output(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing,
-                    runs: list | None = None, live: merge.LiveRun | None = None,
-                    plan: work_prefix.Plan | None = None) -> merge.AssemblyCounts:
+def assemble_output(  # noqa: PLR0913 - the merge's inputs, then optional ones its callers name
+        cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing,
+        runs: list | None = None, live: merge.LiveRun | None = None, plan: work_prefix.Plan | None = None, *,
+        before_close: Callable[[], None] | None = None) -> merge.AssemblyCounts:
     """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output's sink
     (:meth:`mxjob.outputs.Output.sink`: one object, completed only when whole, or files each completed when
     whole). With ``live``, the merge follows that run's batches as Spark makes them durable (:func:`merge.assemble`).
+    ``before_close`` runs just before the output is published (the lease's check): if it raises, the sink is
+    aborted and nothing appears.
     """
     sink = cfg.output.sink(cfg, client, work, plan)
-    counts = _assemble(cfg, work, images, runs, live, sink)
+    counts = _assemble(cfg, work, images, runs, live, sink, before_close)
     counts.entry = cfg.output.summary_entry(sink, plan)
     return counts
 
 
 def _assemble(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Listing, runs: list | None,
-              live: merge.LiveRun | None, sink) -> merge.AssemblyCounts:
+              live: merge.LiveRun | None, sink, before_close: Callable[[], None] | None = None) -> merge.AssemblyCounts:
     """Merge into ``sink``, then close it; on any failure abort it (nothing partial appears)."""
     try:
         reader = object_reader.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
                                          kind=cfg.s3_reader)
         counts = merge.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
                                   carried=carried_columns(cfg, images), live=live)
+        if before_close is not None:
+            before_close()
         closing = time.monotonic()
         sink.close()
         counts.close_seconds = time.monotonic() - closing

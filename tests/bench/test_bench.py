@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,10 @@ def test_bench_quick_prints_the_table_and_results(tmp_path):
     assert "were it free, the other processes'" in result.stdout  # the E/L ceiling line
     assert "| resnet20 int8 |" in result.stdout and "Large photos: 8 JPEGs of 8-12 MP" in result.stdout
     assert "MXNet threads per Python worker" in result.stdout
+    lease = re.search(r"  resnet20: (\d+) requests \((\d+) renewals\), ([\d.]+) s on the driver: ([\d.]+)% of the run",
+                      result.stdout)
+    assert lease, result.stdout  # the lease's cost: a take, checks before durable writes, renewals per minute
+    assert int(lease.group(1)) >= 5 and float(lease.group(3)) > 0
     assert "ours / trivial:" in result.stdout and "auto's batch" in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
     int8 = results["int8"]["resnet20"]

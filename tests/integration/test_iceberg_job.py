@@ -35,7 +35,7 @@ from mxjob.outputs import iceberg_catalog, iceberg_run, merge
 from mxjob.reporting import record_fields, records
 from mxjob.s3 import parallel_list
 from mxjob.tasks import classify
-from tests.support.helpers import bucket_with_model, put_digits, spark_submit, start_spark_submit
+from tests.support.helpers import bucket_with_model, make_s3_client, put_digits, spark_submit, start_spark_submit
 
 BUCKET = "iceberg-job"
 CATALOG = "jobcat"
@@ -153,6 +153,32 @@ def test_a_new_tables_home_follows_the_catalogs_warehouse(in_env, moto_endpoint)
     cfg = resolve(output=table_uri("fresh"), endpoint_url=moto_endpoint)
     located = cfg.output.locate(cfg)
     assert (located.bucket, located.key) == (BUCKET, "warehouse/preds.db/_mxinfer/fresh/")
+
+
+def test_a_table_with_a_live_lease_in_its_home_refuses_another_run_before_any_work(in_env, moto_endpoint,
+                                                                                    stderr_runner):
+    """The lease is beside the runs' home (the table's own optimistic commits still stand): a second run on the
+    table is refused before it writes anything there."""
+    import infer_main
+    from mxjob.outputs import lease as leases
+
+    s3 = make_s3_client(moto_endpoint)
+    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=BUCKET)
+    for suffix in ("-symbol.json", "-0000.params"):
+        s3.put_object(Bucket=BUCKET, Key=f"model/fake{suffix}", Body=b"{}")
+    home = "warehouse/preds.db/_mxinfer/leased/"
+    holder = leases.holder_facts("table-run", table_uri("leased"), None, 1)
+    live = leases.Lease(s3, BUCKET, f"{home}_lease.json", holder)
+    live.take(resume=False, output_uri=table_uri("leased"))
+    before = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="warehouse/").get("Contents", [])}
+    result = stderr_runner.invoke(infer_main.main, [
+        "--endpoint-url", moto_endpoint, "--model", f"s3://{BUCKET}/model/fake", "--input", f"s3://{BUCKET}/imgs/",
+        "--output", table_uri("leased"), "--resume"])
+    assert result.exit_code == 1, result.stderr
+    assert f"{table_uri('leased')} is being written by another run: run table-run" in result.stderr
+    assert {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="warehouse/").get("Contents", [])} == before
+    live.release()
 
 
 # ----------------------------------------------------------------------------

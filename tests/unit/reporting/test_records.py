@@ -47,6 +47,8 @@ DRIVER_FIELDS = {
               "rows_per_file": 500, "rows_per_file_why": "auto", "error_rows_replaced": 0,
               "resumed": {"run": "20261126T101500Z-a1b2c3", "files_committed_before": 1,
                           "files_committed_on_resume": 1, "keys_in_its_files": 320}},
+    "lease": {"key": "s3://o/k.jsonl.lease.json", "run_id": "a1b2c3d4e5f6", "lease_seconds": 300.0, "requests": 7,
+              "seconds": 0.042, "renewals": 2},
 }
 SPARK = {"version": "3.5.7", "master": "yarn", "deploy_mode": "cluster", "application_id": "application_1_0001",
          "executor_container": {"limit_mib": 3456, "memory_mib": 2048, "memory_overhead_mib": 1024,

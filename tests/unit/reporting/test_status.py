@@ -105,13 +105,8 @@ def test_an_overwrite_that_fails_on_the_model_replaces_the_earlier_succeeded_sta
     assert world.get_object(Bucket=BUCKET, Key="rerun-model/out.jsonl")["Body"].read() == b'{"key": "imgs/0.png"}\n'
 
 
-@pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
-def test_the_status_says_this_run_is_running_before_it_lists(world, moto_endpoint, stderr_runner, monkeypatch,
-                                                             flag):
-    prefix = f"rerun-listing{flag}"
-    finished_output(world, prefix)
-    if flag == "--resume":  # an earlier run's progress to resume, or a resume of a complete output ends at once
-        world.put_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.parts/job.json", Body=b"{}")
+def stop_the_listing(world, prefix: str, monkeypatch) -> list:
+    """The statuses the listing finds (it reads the status, then fails)."""
     seen = []
 
     def listing_that_reads_the_status(*args, **kwargs):
@@ -119,8 +114,15 @@ def test_the_status_says_this_run_is_running_before_it_lists(world, moto_endpoin
         raise OSError("the listing stops here")
 
     monkeypatch.setattr(parallel_list, "list_prefix", listing_that_reads_the_status)
+    return seen
+
+
+def test_the_status_says_this_run_is_running_before_it_lists(world, moto_endpoint, stderr_runner, monkeypatch):
+    prefix = "rerun-listing"
+    finished_output(world, prefix)
+    seen = stop_the_listing(world, prefix, monkeypatch)
     before = time.time()
-    result = run(stderr_runner, moto_endpoint, prefix, flag)
+    result = run(stderr_runner, moto_endpoint, prefix, "--overwrite")
     assert result.exit_code == EXIT_FAILED, result.stderr
     [early] = seen
     assert early["state"] == "running" and early["stage"] == "listing"
@@ -129,6 +131,23 @@ def test_the_status_says_this_run_is_running_before_it_lists(world, moto_endpoin
     assert watch.describe(early).startswith("running (listing): no batch has been scored yet")
     final = read_status(world, prefix)
     assert final["state"] == "failed" and "the listing stops here" in final["message"]
+
+
+def test_a_resume_leaves_the_stopped_runs_status_until_its_plan_is_accepted(world, moto_endpoint, stderr_runner,
+                                                                          monkeypatch):
+    """A resume that is refused (changed settings) or fails before its plan must not replace the stopped run's
+    status, report and resume command: they still say how to resume it."""
+    prefix = "resume-listing"
+    earlier = finished_output(world, prefix)
+    world.delete_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.summary.json")
+    world.delete_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl")
+    world.put_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.parts/job.json", Body=b"{}")
+    seen = stop_the_listing(world, prefix, monkeypatch)
+    result = run(stderr_runner, moto_endpoint, prefix, "--resume")
+    assert result.exit_code == EXIT_FAILED, result.stderr
+    assert "the listing stops here" in result.stderr
+    assert [json.dumps(doc, indent=1) + "\n" for doc in seen] == [earlier.decode()]
+    assert world.get_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.status.json")["Body"].read() == earlier
 
 
 def test_the_early_status_is_running_with_no_counts():

@@ -45,6 +45,7 @@ import click
 from click.core import ParameterSource
 
 from mxjob import tasks
+from mxjob.core import secrets
 from mxjob.core.errors import EXIT_FAILED, JobError
 from mxjob.options import config
 from mxjob.options.config import JobConfig, load_yaml, merge_settings, resolve
@@ -80,7 +81,9 @@ class _Console:
             self.fd = None
 
     def say(self, line: str, parent_going: bool = False) -> None:
-        """Print ``line`` once, where the user sees it: through the JVM while it lives, else straight."""
+        """Print ``line`` once, credentials masked, where the user sees it: through the JVM while it lives, else
+        straight."""
+        line = secrets.redact(line)
         if self.fd is not None and (parent_going or os.getppid() != self.parent):
             try:
                 os.write(self.fd, (line + "\n").encode("utf-8", "replace"))
@@ -139,6 +142,7 @@ def main(config_uri, **values):
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    secrets.guard_logging(logging.getLogger().level)
     for note in settings.notes:  # made before the log had its level
         log.info("%s", note)
     console = _Console()

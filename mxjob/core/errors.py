@@ -6,11 +6,14 @@ import json
 import re
 import signal
 
+from mxjob.core.secrets import redact
+
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name if it has none): for one-line errors."""
+    """The first line of an exception's message (its type's name if it has none), credentials masked
+    (:func:`mxjob.core.secrets.redact`): for one-line errors."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return redact(text.splitlines()[0]) if text else type(exc).__name__
 
 
 def spark_failure_reason(exc: BaseException) -> str:

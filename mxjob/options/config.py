@@ -27,6 +27,7 @@ import yaml
 from mxjob import outputs
 from mxjob.core import plugins
 from mxjob.core.errors import first_line, plural
+from mxjob.core.secrets import redact_values
 from mxjob.executor.partition import JobSpec
 from mxjob.model.predictor import ModelSpec
 from mxjob.model.preprocess import Preprocess
@@ -124,7 +125,8 @@ class _JobConfigBase:
                        **{s.name: getattr(self, s.name) for s in table.going_to("executor")})
 
     def options(self) -> dict:
-        """The settings as plain JSON values, for the summary: the output as its URI, kind, format and home."""
+        """The settings as plain JSON values, for the summary: the output as its URI, kind, format and home;
+        credentials masked."""
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -132,7 +134,7 @@ class _JobConfigBase:
         if self.output is not None:
             out.update(output=self.output.uri, output_kind=self.output.kind, output_format=self.output_format,
                        output_bucket=self.output_bucket, output_key=self.output_key)
-        return out
+        return redact_values(out)  # a password in --endpoint-url never reaches the summary, status or report
 
 
 #: What :func:`resolve` makes of the ``to="resolve"``, ``"model"`` and ``"preprocess"`` settings.
@@ -331,6 +333,7 @@ def resolve(settings: Settings) -> JobConfig:
     check_run_mode(settings)
     output = resolve_output(settings, in_bucket)
     plain = {s.name: settings[s.name] for s in table.going_to("driver", "executor")}
+    plain["handler"] = local_absolute(plain.get("handler"))
     return JobConfig(
         **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest, output=output,
         model=resolve_model(settings), preprocess=resolve_preprocess(settings),
@@ -425,16 +428,25 @@ def resolve_model(s: Settings) -> ModelSpec:
         raise click.UsageError(f"{name('labels')} and {name('label_url')} both set the labels: give one")
     kwargs = {
         # "" means no labels at all; None means synset.txt beside the model if it exists.
-        "labels_uri": s["labels"] if s["labels"] is not None else s["label_url"],
+        "labels_uri": local_absolute(s["labels"] if s["labels"] is not None else s["label_url"]),
         "endpoint_url": s["endpoint_url"], "region": s["region"], "s3_max_attempts": s["s3_max_attempts"],
         **{m.name: s[m.name] for m in table.going_to("model")},
     }
     if s["model"]:
-        return ModelSpec.from_prefix(s["model"], s["epoch"], **kwargs)
+        return ModelSpec.from_prefix(local_absolute(s["model"]), s["epoch"], **kwargs)
     if s["sym_url"] and s["param_url"]:
-        return ModelSpec(s["sym_url"], s["param_url"], **kwargs)
+        return ModelSpec(local_absolute(s["sym_url"]), local_absolute(s["param_url"]), **kwargs)
     raise click.UsageError("no model: give --model PREFIX (PREFIX-symbol.json, PREFIX-0000.params) "
                            "or --sym_url and --param_url")
+
+
+def local_absolute(value: str | None) -> str | None:
+    """A local path made absolute here, at the command line's edge: the executors, and a cluster-mode driver's
+    checks, run in other folders. A URI (``s3://``, ``file://``, ``http://``), an absolute path, ``""`` and
+    ``None`` stay as they are."""
+    if not value or "://" in value or os.path.isabs(value):
+        return value
+    return os.path.abspath(value)
 
 
 def resolve_preprocess(s: Settings) -> Preprocess:

@@ -33,7 +33,7 @@ from mxjob.planning.sizing import choose_batch, size_run
 from mxjob.reporting.progress import STATUS_SECONDS
 from mxjob.reporting.status import RunMonitor
 from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
-from mxjob.run.checks import check_model_files, check_on_driver, prepare_handler
+from mxjob.run.checks import check_model_files, check_on_driver, prepare_handler, refuse_own_inputs
 from mxjob.run.dry_run import dry_run
 from mxjob.run.keys import list_images
 from mxjob.run.scoring import PlannedRun, planned_run, score_and_assemble
@@ -76,14 +76,17 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
 def claim_output(cfg: JobConfig, client, retry: bool) -> Lease | None:
     """Refuse now what refuses the run without a listing, then take the output's lease (none for a dry run).
 
-    An output that is refused (it exists, or a dataset's prefix holds objects
-    the job did not write) or cannot be written; another run's live lease,
-    named with what to do; an earlier run's progress this run does not resume.
+    An output that would overwrite what the run reads or sits in the input;
+    an output that is refused (it exists, or a dataset's prefix holds
+    objects the job did not write) or cannot be written; another run's live
+    lease, named with what to do; an earlier run's progress this run does
+    not resume.
     All read only, so a refused run leaves the status and files there as
     they were. Then the lease (:mod:`mxjob.outputs.lease`), renewed every
     :data:`STATUS_SECONDS` while the run lives: from here on no other run
     writes the output.
     """
+    refuse_own_inputs(cfg)
     cfg.output.check(cfg, client, yarn_retry=retry)
     lease = output_lease(cfg, client)
     lease.refuse_if_held(resume=cfg.resume, output_uri=cfg.output_uri)

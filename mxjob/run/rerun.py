@@ -27,6 +27,8 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from mxjob.core.secrets import redact
+
 #: The class spark-submit's launcher runs; its arguments follow it on the JVM's command line.
 SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"
 #: The checkout this module is in: ``make submit`` runs from there.
@@ -120,6 +122,8 @@ def resume_command(argv: Sequence[str], jvm_cmdline: Sequence[str] | None = None
                    conf: dict[str, str] | None = None) -> str:
     """The command line that resumes this run, as complete as what is known about how it was started.
 
+    A URI's password (``--endpoint-url http://user:secret@host``) shows as ``REDACTED``: put it back to run it.
+
     Parameters
     ----------
     argv : sequence of str
@@ -134,10 +138,10 @@ def resume_command(argv: Sequence[str], jvm_cmdline: Sequence[str] | None = None
     job = resume_args(argv[1:])
     found = submit_args(jvm_cmdline, argv) if jvm_cmdline else None
     if found:
-        return _from_submit_line(*found, job, cwd)
+        return redact(_from_submit_line(*found, job, cwd))
     if conf is None:
         conf = _conf or container_conf(cwd)
-    return _from_conf(conf, argv[0], job)
+    return redact(_from_conf(conf, argv[0], job))
 
 
 def _from_submit_line(options: list[str], script: str, job: list[str], cwd: str | None) -> str:

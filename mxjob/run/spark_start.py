@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from mxjob.core import state
 from mxjob.core.errors import spark_failure_reason
+from mxjob.core.secrets import spark_redaction_regex
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class SparkStart:
             conf = SparkConf().setAppName(app_name)
             for key, value in spark_conf.items():
                 conf.set(key, value)
+            # The UI and the event log mask a value holding a URI's password (the driver's command line's).
+            conf.set("spark.redaction.regex", spark_redaction_regex(conf.get("spark.redaction.regex", None)))
             self._sc = SparkContext.getOrCreate(conf)
             state.counters.spark_contexts += 1
         except BaseException as exc:  # noqa: BLE001 - re-raised in the driver's thread by context()

@@ -106,3 +106,42 @@ def test_local_model_files_are_checked_too(tmp_path, logits_prefix):
     checks.check_model_files(spec)  # present: no error
     with pytest.raises(errors.JobError, match=r"model file missing: .*/nothing-symbol\.json does not exist"):
         checks.check_model_files(type(spec).from_prefix(str(tmp_path / "nothing")))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"output": f"s3://{BUCKET}/model/digits-symbol.json", "overwrite": True},
+     r"would overwrite the model's symbol file \(s3://preflight-bucket/model/digits-symbol\.json\)"),
+    ({"output": f"s3://{BUCKET}/model/", "overwrite": True}, r"would overwrite the model's symbol file"),
+    ({"output": f"s3://{BUCKET}/model/labels.txt", "labels": f"s3://{BUCKET}/model/labels.txt"},
+     r"would overwrite --labels"),
+    ({"input": None, "input_manifest": f"s3://{BUCKET}/lists/keys", "output": f"s3://{BUCKET}/lists/keys",
+      "overwrite": True}, r"would overwrite --input-manifest"),
+    ({"output": f"s3://{BUCKET}/imgs/0001.png", "overwrite": True},
+     r"writes under the input s3://preflight-bucket/imgs/ .*write the output outside the input prefix"),
+    ({"output": f"s3://{BUCKET}/imgs/preds/", "dry_run": True}, r"writes under the input"),
+], ids=["symbol-file", "dataset-over-the-model", "labels", "manifest", "an-input-key", "dry-run-in-the-input"])
+def test_an_output_over_what_the_run_reads_is_refused_before_any_work(world, moto_endpoint, listed, options,
+                                                                      message):
+    before = world.get_object(Bucket=BUCKET, Key="model/digits-symbol.json")["Body"].read()
+    with pytest.raises(errors.JobError, match=message):
+        driver.run_job(job(moto_endpoint, **options))
+    assert listed == []
+    assert world.get_object(Bucket=BUCKET, Key="model/digits-symbol.json")["Body"].read() == before
+
+
+def test_an_output_beside_the_input_prefix_but_not_in_it_is_not_refused(moto_endpoint):
+    checks.refuse_own_inputs(job(moto_endpoint, output=f"s3://{BUCKET}/imgs-preds/out.jsonl"))
+    checks.refuse_own_inputs(job(moto_endpoint, output=f"s3://{BUCKET}/model/digits.jsonl"))
+
+
+def test_a_relative_local_model_labels_and_handler_become_absolute_at_the_edge(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_handler.py").write_text("def output_handler(rows):\n    return rows\n")
+    cfg = resolve(merge_settings({"input": "s3://in/", "model": "models/digits", "labels": "models/labels.txt",
+                                  "handler": "my_handler.py", "output": "s3://o/p.jsonl"}, {}))
+    assert cfg.model.symbol_uri == f"{tmp_path}/models/digits-symbol.json"
+    assert cfg.model.labels_uri == f"{tmp_path}/models/labels.txt"
+    assert cfg.handler == f"{tmp_path}/my_handler.py"
+    kept = resolve(merge_settings({"input": "s3://in/", "model": "s3://m/digits", "labels": "",
+                                   "output": "s3://o/p.jsonl"}, {}))
+    assert kept.model.symbol_uri == "s3://m/digits-symbol.json" and kept.model.labels_uri == ""

@@ -196,6 +196,10 @@ def suffix_pattern(suffixes: Iterable[str]) -> str:
     return "(" + "|".join(re.escape(s) for s in wanted) + ")$"
 
 
+#: S3's longest key, in UTF-8 bytes: a longer manifest line names no object.
+MAX_KEY_BYTES = 1024
+
+
 class Skipped:
     """What a filter dropped, by reason, with a few example keys each: no listed key is dropped silently.
 
@@ -211,7 +215,8 @@ class Skipped:
 
     def __init__(self, prefix: str = "", suffixes: Iterable[str] | None = None):
         self.why = {"outside_input": f"not under the input prefix {prefix!r}",
-                    "not_image": f"not ending in {' '.join(sorted(suffixes or ()))}"}
+                    "not_image": f"not ending in {' '.join(sorted(suffixes or ()))}",
+                    "too_long": f"longer than S3's {MAX_KEY_BYTES:,}-byte limit on a key: no object can have it"}
         self.counts = dict.fromkeys(self.why, 0)
         self.examples: dict[str, list] = {reason: [] for reason in self.why}
 
@@ -224,7 +229,8 @@ class Skipped:
         dropped = keys.filter(mask)
         # The first few in key order, found without sorting every dropped key.
         first = pc.select_k_unstable(dropped, k=min(self.SHOWN, len(dropped)), sort_keys=[("key", "ascending")])
-        self.examples[reason] = sorted(self.examples[reason] + dropped.take(first).to_pylist())[:self.SHOWN]
+        shown = [_shown(key) for key in dropped.take(first).to_pylist()]
+        self.examples[reason] = sorted(self.examples[reason] + shown)[:self.SHOWN]
 
     @property
     def total(self) -> int:
@@ -239,6 +245,12 @@ class Skipped:
         return {reason: self.entry(reason) for reason, count in self.counts.items() if count}
 
 
+def _shown(key: str) -> str:
+    """A key as an example in the summary: whole, or its first characters and its length when it is huge."""
+    size = len(key.encode("utf-8"))
+    return key if size <= MAX_KEY_BYTES else f"{key[:80]}... ({size:,} bytes)"
+
+
 def keep_images(table: pa.Table, *, prefix: str = "", suffixes: Iterable[str] | None = None,
                 skipped: Skipped | None = None) -> pa.Table:
     """The filtering step: the rows of ``table`` whose key starts with ``prefix`` and ends with one of ``suffixes``.
@@ -250,20 +262,31 @@ def keep_images(table: pa.Table, *, prefix: str = "", suffixes: Iterable[str] | 
     ``skipped`` counts what both drop.
     """
     keys = table["key"]
+    too_long = pc.greater(pc.binary_length(keys), MAX_KEY_BYTES)
+    fits = None if not pc.any(too_long).as_py() else pc.invert(too_long)  # a manifest's line, never a listed key
     inside = pc.starts_with(keys, prefix) if prefix else None
     image = pc.match_substring_regex(keys, suffix_pattern(suffixes), ignore_case=True) if suffixes is not None else None
     if skipped is not None:
+        if fits is not None:
+            skipped.add("too_long", keys, too_long)
         if inside is not None:
-            skipped.add("outside_input", keys, pc.invert(inside))
+            skipped.add("outside_input", keys, _both(pc.invert(inside), fits))
         if image is not None:
-            skipped.add("not_image", keys, pc.invert(image) if inside is None else pc.and_(inside, pc.invert(image)))
-    masks = [m for m in (inside, image) if m is not None]
+            skipped.add("not_image", keys, _both(_both(pc.invert(image), inside), fits))
+    masks = [m for m in (fits, inside, image) if m is not None]
     if not masks:
         return table
-    mask = masks[0] if len(masks) == 1 else pc.and_(*masks)
+    mask = masks[0]
+    for other in masks[1:]:
+        mask = pc.and_(mask, other)
     if pc.all(mask).as_py():  # usually every key is an image: then no copy
         return table
     return table.filter(mask)
+
+
+def _both(mask, other):
+    """``mask`` and ``other``, where a ``None`` stands for everything."""
+    return mask if other is None else pc.and_(mask, other)
 
 
 def sorted_unique(holder: list) -> pa.Table:

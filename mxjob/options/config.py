@@ -179,7 +179,7 @@ def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = No
     stream = io.StringIO(text)
     stream.name = uri  # YAML's error marks name the file, not "<unicode string>"
     try:
-        data = yaml.safe_load(stream) or {}
+        data = yaml.load(stream, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as exc:
         raise click.UsageError(f"--config {uri} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -194,6 +194,22 @@ def load_yaml(uri: str, endpoint_url: str | None = None, region: str | None = No
                                f"{'; '.join(map(unknown_key, unknown))}; known options are those of --help "
                                "(with _ for -)")
     return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"found the key {key!r} twice (first on line {seen[key].line + 1}): give it once",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_plugins(cli: dict, yaml_settings: dict, config: str = "--config") -> tuple[str, ...]:
@@ -271,10 +287,17 @@ def option_flag(key: str) -> str:
 def convert_option(key: str, value, hint: str):
     """``value`` converted by the click type of the option ``key``; a bad one raises ``BadParameter`` naming ``hint``.
     """
+    if isinstance(value, (dict, list)) and not getattr(PARAMS[key].type, "takes_lists", False):
+        # A YAML list or mapping where one value belongs (``batch_size: [1, 2]``): the type would fail unhelpfully.
+        raise click.BadParameter(f"expected one {PARAMS[key].type.name} value, got a YAML "
+                                 f"{'list' if isinstance(value, list) else 'mapping'}: {value!r}", param_hint=hint)
     try:
         return PARAMS[key].type.convert(value, None, None)
     except click.BadParameter as exc:
         raise click.BadParameter(exc.message, param_hint=hint) from None
+    except (TypeError, ValueError, AttributeError) as exc:  # a YAML value of a type the option never takes
+        raise click.BadParameter(f"expected a {PARAMS[key].type.name} value, got {type(value).__name__} {value!r}",
+                                 param_hint=hint) from exc
 
 
 def merge_settings(cli: dict, yaml_settings: dict, config: str = "--config") -> Settings:
@@ -347,6 +370,7 @@ def resolve_input(s: Settings) -> tuple[str | None, str, str | None]:
         raise click.UsageError(f"{name('input')} and {name('bucket')} both set the input: give either "
                                "--input s3://BUCKET/PREFIX or --bucket/--prefix, not both")
     if s["input"]:
+        refuse_empty_segment(name("input"), s["input"])
         try:
             bucket, prefix = uris.parse_s3_uri(s["input"])
         except uris.S3UriError as exc:
@@ -362,6 +386,16 @@ def resolve_input(s: Settings) -> tuple[str | None, str, str | None]:
     if manifest and "://" not in manifest and not os.path.isfile(manifest):
         raise click.UsageError(f"--input-manifest {manifest}: no such file (in cluster mode give an s3:// URI)")
     return bucket, prefix, manifest
+
+
+def refuse_empty_segment(flag: str, uri: str) -> None:
+    """Refuse an S3 URI with an empty path segment (``s3://B//x.jsonl``): S3 keys keep every ``/``, so what the
+    user meant and what would be written differ; say the URI to write instead."""
+    scheme, _, rest = uri.partition("://")
+    if scheme.startswith("s3") and "//" in rest:
+        fixed = f"{scheme}://" + "/".join(part for part in rest.split("/") if part) + ("/" if uri.endswith("/") else "")
+        raise click.UsageError(f"{flag} {uri}: an empty path segment (//) names another key than it seems; "
+                               f"did you mean {fixed}?")
 
 
 def resolve_output(s: Settings, in_bucket: str | None) -> outputs.Output | None:
@@ -387,6 +421,7 @@ def resolve_output(s: Settings, in_bucket: str | None) -> outputs.Output | None:
             raise click.UsageError(f"{name('skip_existing')} adds rows to an output, and this run has none: give "
                                    "--output")
         return None
+    refuse_empty_segment(name("output"), uri)
     try:
         return outputs.resolve(uri, s)
     except outputs.OutputError as exc:

@@ -45,8 +45,8 @@ class BatchSize(WholeNumber):
 
     name = "integer"
 
-    def __init__(self):
-        super().__init__(min=1)
+    def __init__(self, maximum: int | None = None):
+        super().__init__(min=1, max=maximum)
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value.strip().lower() == AUTO:
@@ -54,7 +54,8 @@ class BatchSize(WholeNumber):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter as exc:
-            self.fail(f"{exc.message.rstrip('.')}; give a whole number of at least 1, or auto", param, ctx)
+            most = f" and at most {self.max:,}" if self.max is not None else ""
+            self.fail(f"{exc.message.rstrip('.')}; give a whole number of at least 1{most}, or auto", param, ctx)
 
 
 class FiniteNumber(click.FloatRange):
@@ -83,6 +84,8 @@ class NumberList(click.ParamType):
     """
 
     name = "numbers"
+    #: A YAML list is one of its values' forms (mxjob.options.config.convert_option).
+    takes_lists = True
 
     def __init__(self, kind: type = float, count: int | None = None, nonzero: bool = False):
         self.kind, self.count, self.nonzero = kind, count, nonzero
@@ -96,7 +99,7 @@ class NumberList(click.ParamType):
         what = "whole numbers of at least 1" if self.kind is int else "numbers"
         try:
             numbers = tuple(self._element.convert(p, None, None) for p in parts)
-        except click.BadParameter:
+        except (click.BadParameter, TypeError, ValueError):  # a nested YAML list or mapping too
             self.fail(f"needs comma-separated {what}, got {value!r}", param, ctx)
         if self.count is not None and len(numbers) != self.count:
             self.fail(f"needs {self.count} comma-separated {what}, got {value!r}", param, ctx)
@@ -111,6 +114,8 @@ class Suffixes(click.ParamType):
     """Comma-separated key suffixes, or a YAML list, to a tuple of strings."""
 
     name = "suffixes"
+    #: A YAML list is one of its values' forms (mxjob.options.config.convert_option).
+    takes_lists = True
 
     def convert(self, value, param, ctx):
         items = value if isinstance(value, (list, tuple)) else str(value).split(",")
@@ -124,6 +129,8 @@ class Names(click.ParamType):
     """Comma-separated names, or a YAML list, to a tuple of strings; empty is allowed."""
 
     name = "names"
+    #: A YAML list is one of its values' forms (mxjob.options.config.convert_option).
+    takes_lists = True
 
     def convert(self, value, param, ctx):
         items = value if isinstance(value, (list, tuple)) else str(value).split(",")
@@ -232,6 +239,8 @@ class PluginFiles(click.ParamType):
     """``.py`` files, comma-separated (or a YAML list): local paths that exist, or URIs the driver downloads."""
 
     name = "FILE.py[,FILE.py]"
+    #: A YAML list is one of its values' forms (mxjob.options.config.convert_option).
+    takes_lists = True
 
     def convert(self, value, param, ctx):
         items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",")]
@@ -254,5 +263,6 @@ def parse_max_errors(value) -> tuple[float, bool]:
     return number, percent
 
 
-def count(minimum: int = 1) -> WholeNumber:
-    return WholeNumber(min=minimum)
+def count(minimum: int = 1, maximum: int | None = None) -> WholeNumber:
+    """A whole number from ``minimum``, up to ``maximum`` if given (click names both bounds when it refuses one)."""
+    return WholeNumber(min=minimum, max=maximum)

@@ -227,6 +227,21 @@ def _task_setting(task: tasks.Task, option: tasks.TaskOption) -> Setting:
 _ORIGINAL = "from the original mxnet-spark job's command line"
 
 #: Every setting, in the order ``--help`` and the docs show them.
+#: The bounds of the numeric options, each from what a machine or S3 allows, so that a typo (--io-threads 1000000000)
+#: is refused at the command line, naming the bound, instead of exhausting the driver or every executor.
+#: List calls in flight: S3 serves thousands of LISTs a second per prefix, and each call holds a connection.
+MAX_LIST_CALLS = 1024
+#: Download and decode threads in one executor: each holds a connection and an image in memory.
+MAX_IO_THREADS = 256
+#: MXNet threads in one executor: more than the largest EC2 instance's vCPUs (448).
+MAX_THREADS = 512
+#: Images in one batch, in flight, or in one forward pass: a batch of 3x224x224 float32 inputs this large is 60 GB.
+MAX_BATCH = 100_000
+#: Images in a sample the driver or an executor scores before the run (the estimate, int8's calibration).
+MAX_SAMPLE = 100_000
+#: S3's largest object (5 TiB).
+MAX_OBJECT_BYTES = 5 * 1024 ** 4
+
 SETTINGS: tuple[Setting, ...] = (
     # --- input
     _s("input", "--input", "input", "Where the images are.", metavar="s3://BUCKET/PREFIX", to="resolve"),
@@ -240,14 +255,14 @@ SETTINGS: tuple[Setting, ...] = (
        metavar="URI", to="resolve"),
     _s("list_concurrency", "--list-concurrency", "input",
        "List calls in flight while listing --input: enough to hide S3's per-page latency, far below its request "
-       "rate per prefix.", default=16, type=count()),
+       "rate per prefix.", default=16, type=count(1, MAX_LIST_CALLS)),
     _s("suffixes", "--suffixes", "input", "Comma-separated image suffixes, case-insensitive.",
        default=(".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"), type=Suffixes()),
     _s("limit", "--limit", "input", "Score only the first N keys (sorted).", type=count()),
     # --- model
     _s("model", "--model", "model", "Checkpoint prefix: URI-symbol.json and URI-%04d.params.", metavar="URI",
        to="resolve"),
-    _s("epoch", "--epoch", "model", "Checkpoint epoch in the params file name.", default=0, type=count(0),
+    _s("epoch", "--epoch", "model", "Checkpoint epoch in the params file name.", default=0, type=count(0, 9999),
        to="resolve"),
     _s("labels", "--labels", "model", "Labels file, one per class; '' for none.", metavar="URI",
        show_default="synset.txt beside the model, if any", to="resolve"),
@@ -306,7 +321,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("commit_seconds", "--commit-seconds", "output",
        "With an Iceberg table output: commit the rows written so far at least this often while the job runs (each "
        "commit a snapshot readers see), and at its end; 0: as soon as each file is written.", default=300,
-       type=count(0), metavar="SECONDS"),
+       type=count(0, 86_400), metavar="SECONDS"),
     _s("accept_other_fingerprint", "--accept-other-fingerprint", "output",
        "With an Iceberg table output: add rows to a table whose rows were made with another model or other "
        "settings (its mxinfer.fingerprint property differs, or it has none), instead of refusing. The table keeps "
@@ -315,7 +330,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("batch_size", "--batch-size --batch", "scoring",
        "Images per batch and per partition (one Spark task); auto: the driver measures its sample and picks a batch "
        "that keeps Spark's per-task cost under 5% of a task, with several batches per executor (64 when nothing "
-       "is measured).", default=AUTO, fallback=64, type=BatchSize(), metavar="N|auto", to="executor"),
+       "is measured).", default=AUTO, fallback=64, type=BatchSize(MAX_BATCH), metavar="N|auto", to="executor"),
     _s("task", "--task", "scoring",
        "What to make of each image. " + "; ".join(f"{t.name}: {t.summary}" for t in map(tasks.get, tasks.names()))
        + ".", default="classify", type=TaskName(), to="executor", fingerprint=True),
@@ -344,7 +359,7 @@ SETTINGS: tuple[Setting, ...] = (
        to="executor"),
     _s("s3_max_attempts", "--s3-max-attempts", "S3",
        "Attempts per S3 request (botocore standard retries), for every S3 client of the job.",
-       default=5, type=count(), to="executor"),
+       default=5, type=count(1, 100), to="executor"),
     _s("s3_reader", "--s3-reader", "S3",
        "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
        "parser, both with botocore's internals; botocore: only boto3's public API.",
@@ -355,24 +370,25 @@ SETTINGS: tuple[Setting, ...] = (
        "Exit 3 if more images than this fail (still writing all output).", default="1%",
        type=CheckedText("N|P%", parse_max_errors)),
     _s("max_object_bytes", "--max-object-bytes", "failures", "Larger objects become error lines, undownloaded.",
-       default=50 * 1024 * 1024, type=count(), to="executor", fingerprint=True),
+       default=50 * 1024 * 1024, type=count(1, MAX_OBJECT_BYTES), to="executor", fingerprint=True),
     # --- executors
     _s("io_threads", "--io-threads", "executors",
        "Download and decode threads per executor: enough requests in flight to hide S3's latency.", default=16,
-       type=count(), to="executor"),
+       type=count(1, MAX_IO_THREADS), to="executor"),
     _s("max_in_flight", "--max-in-flight", "executors",
        "Images downloaded or decoded ahead of the model, per executor (bounds memory).", default=128,
-       type=count(), to="executor"),
+       type=count(1, MAX_BATCH), to="executor"),
     _s("micro_batch_size", "--micro-batch-size", "executors",
        "Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first "
-       "ones while the rest download.", default=16, type=count(), to="executor"),
-    _s("threads", "--threads", "executors", "MXNet/OpenMP threads per executor.", type=count(), to="executor",
+       "ones while the rest download.", default=16, type=count(1, MAX_BATCH), to="executor"),
+    _s("threads", "--threads", "executors", "MXNet/OpenMP threads per executor.", type=count(1, MAX_THREADS),
+       to="executor",
        show_default="spark.executorEnv.OMP_NUM_THREADS if set, else the host's cores divided among its executors"),
     _s("forward_lanes", "--forward-lanes", "executors",
        "Forward passes an executor runs at once, each on its own copy of the model with --threads / lanes "
        "MXNet threads: a pass on several threads stalls whenever one of them is preempted, independent passes "
        "do not. Each lane adds a copy of the model and its activations to the executor's memory.",
-       type=count(), to="executor",
+       type=count(1, MAX_THREADS), to="executor",
        show_default="the largest divisor of the threads up to 4; 1 on a GPU or with --handler"),
     # --- int8
     _s("precision", "--precision", "int8",
@@ -382,7 +398,7 @@ SETTINGS: tuple[Setting, ...] = (
        fingerprint=True),
     _s("calibration_images", "--calibration-images", "int8",
        "int8: images to calibrate on, and as many held out to check agreement; evenly spaced over the sorted "
-       "listing.", default=256, type=count(), fingerprint=_int8_only),
+       "listing.", default=256, type=count(1, MAX_SAMPLE), fingerprint=_int8_only),
     _s("min_agreement", "--min-agreement", "int8",
        "int8: the share of held-out images whose top-1 class must match fp32's, or the job refuses to run.",
        default=0.99, type=FiniteNumber(min=0, max=1)),
@@ -393,13 +409,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("int8_search_seconds", "--int8-search-seconds", "int8",
        "int8: the time --int8-exclude auto may spend trying configurations on the driver, after its one "
        "calibration pass; when it runs out, the job refuses with the best configuration found.", default=120.0,
-       type=FiniteNumber(min=0), metavar="SECONDS"),
+       type=FiniteNumber(min=0, max=86_400), metavar="SECONDS"),
     # --- estimate
     _s("estimate_images", "--estimate-images", "estimate",
        "Images scored before the run (by the executors as they load the model, else and in --dry-run by the "
        "driver) to estimate its time and cost, at most a sixteenth of the keys to score (never under 8), in "
        "whole micro-batches; 0: no estimate.",
-       default=32, type=count(0)),
+       default=32, type=count(0, MAX_SAMPLE)),
     _s("estimate_cluster", "--estimate-cluster", "estimate",
        "Estimate for a cluster of NODES nodes of VCPUS vCPUs (e.g. 10x16), one executor of VCPUS threads per node "
        "(the layout conf/emr.yaml makes).",
@@ -417,7 +433,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("log_level", "--log-level", "run", "Driver log level.", default="INFO",
        type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case_sensitive=False)),
     _s("progress_seconds", "--progress-seconds", "run", "Seconds between progress lines.", default=15.0,
-       type=FiniteNumber(min=1)),
+       type=FiniteNumber(min=1, max=3600)),
 )
 
 #: Every setting by name.

@@ -200,4 +200,4 @@ def test_list_concurrency_below_one_is_a_usage_error(runner):
     result = runner.invoke(infer_main.main, ["--input", "s3://in/p/", "--model", "s3://m/r18",
                                              "--output", "s3://o/p.jsonl", "--list-concurrency", "0"])
     assert result.exit_code == 2
-    assert "--list-concurrency" in result.output and "0 is not in the range x>=1" in result.output
+    assert "--list-concurrency" in result.output and "0 is not in the range 1<=x<=1024" in result.output

@@ -65,6 +65,21 @@ def test_every_key_the_manifest_names_gets_a_line_or_is_counted_and_named_as_ski
     assert "2 repeated keys (each key gets one line)" in warning
 
 
+def test_a_manifest_line_longer_than_an_s3_key_is_skipped_and_shown_short(tmp_path):
+    """A 20 KB line names no object (S3 keys are at most 1,024 bytes): it is counted and named by its start and
+    its length, never scored into a 20 KB error row."""
+    huge = "photos/" + "x" * 20_000 + ".jpg"
+    path = tmp_path / "keys.txt"
+    path.write_text("\n".join(["photos/a.jpg", huge, "photos/" + "é" * 600 + ".jpg", "photos/b.txt"]) + "\n")
+    images = manifest.read_manifest(str(path), bucket=BUCKET, prefix="photos/", suffixes=SUFFIXES)
+    assert [key for key, _ in images] == ["photos/a.jpg"]
+    skipped = images.manifest["skipped"]
+    assert skipped["too_long"]["count"] == 2 and "1,024-byte limit" in skipped["too_long"]["why"]
+    assert all(len(example) < 120 and example.endswith(" bytes)") for example in skipped["too_long"]["examples"])
+    assert "(20,011 bytes)" in " ".join(skipped["too_long"]["examples"])
+    assert skipped["not_image"]["count"] == 1  # the long keys are counted once, as too long
+
+
 def test_a_manifest_whose_keys_are_all_kept_reports_nothing_skipped(tmp_path, caplog):
     path = tmp_path / "keys.txt"
     path.write_text("photos/a.jpg\nphotos/b.jpg\n")

@@ -86,7 +86,7 @@ def test_int8_exclude_takes_names_and_patterns_and_names_the_layers_when_nothing
 @pytest.mark.parametrize(("args", "message"), [
     ({"precision": "int4"}, "'int4' is not one of 'fp32', 'int8'"),
     ({"min_agreement": 1.5}, "1.5 is not in the range 0<=x<=1"),
-    ({"calibration_images": 0}, "0 is not in the range x>=1"),
+    ({"calibration_images": 0}, "0 is not in the range 1<=x<=100000"),
     ({"precision": "int8", "context": "gpu"}, "int8 runs on CPUs"),
 ])
 def test_int8_options_are_checked(args, message):

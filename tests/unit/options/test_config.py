@@ -141,7 +141,7 @@ def test_the_originals_flags_map_to_the_same_job(resolve):
     ([*BASE, "--bucket", "x"], "either --input"),
     (["--input", "photos/", "--model", "m", "--output", "s3://o/k"], "not an S3 URI"),
     ([*BASE[:4], "--output", "s3://o/"], "names no object"),
-    ([*BASE, "--batch-size", "0"], "'--batch-size' / '--batch': 0 is not in the range x>=1"),
+    ([*BASE, "--batch-size", "0"], "'--batch-size' / '--batch': 0 is not in the range 1<=x<=100000"),
     ([*BASE, "--top-k", "-1"], "'--top-k': -1 is not in the range x>=1"),
     ([*BASE, "--input-shape", "3,224"], "'--input-shape': needs 3 comma-separated"),
     ([*BASE, "--input-shape", "3,a,224"], "'--input-shape': needs comma-separated whole numbers"),
@@ -245,12 +245,58 @@ def test_no_dry_run_on_the_command_line_beats_the_yaml(tmp_path, resolve):
     ("mean", "1,x,3", "needs comma-separated numbers"),
     ("resize", "zoom", "'zoom' is not one of"),
     ("log_level", "LOUD", "'LOUD' is not one of"),
+    ("batch_size", [1, 2], "expected one integer value, got a YAML list: [1, 2]"),
+    ("top_k", {"a": 1}, "expected one integer value, got a YAML mapping: {'a': 1}"),
+    ("dry_run", 2, "expected a boolean value, got int 2"),
+    ("mean", [[1], 2, 3], "needs comma-separated numbers"),
 ])
 def test_a_bad_yaml_value_exits_2_naming_the_key_and_the_file(tmp_path, key, value, message, resolve):
     result, cfg = resolve(*BASE, config={key: value}, tmp_path=tmp_path)
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{key}' in {tmp_path / 'job.yaml'}: {message}" in result.output
     assert cfg is None
+
+
+@pytest.mark.parametrize(("flag", "value", "bound"), [
+    ("--io-threads", "1000000000", "1<=x<=256"),
+    ("--list-concurrency", "1000000000", "1<=x<=1024"),
+    ("--threads", "1000000000", "1<=x<=512"),
+    ("--forward-lanes", "1000", "1<=x<=512"),
+    ("--max-in-flight", "10000000", "1<=x<=100000"),
+    ("--micro-batch-size", "10000000", "1<=x<=100000"),
+    ("--batch-size", "1000000", "1<=x<=100000"),
+    ("--s3-max-attempts", "1000", "1<=x<=100"),
+    ("--estimate-images", "1000000", "0<=x<=100000"),
+    ("--progress-seconds", "100000", "1<=x<=3600"),
+])
+def test_every_numeric_option_is_bounded_and_the_refusal_names_the_bound(runner, flag, value, bound):
+    """A typo's huge value is refused at the command line (exit 2), not after it exhausted the driver or executors."""
+    result = runner.invoke(infer_main.main, [*BASE, "--dry-run", flag, value])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{flag}'" in result.output and bound in result.output
+
+
+@pytest.mark.parametrize(("flag", "uri", "meant"), [
+    ("--output", "s3://out//p.jsonl", "s3://out/p.jsonl"),
+    ("--output", "s3://out/a//b/", "s3://out/a/b/"),
+    ("--input", "s3://in//photos/", "s3://in/photos/"),
+])
+def test_an_s3_uri_with_an_empty_path_segment_is_refused_saying_what_was_meant(runner, flag, uri, meant):
+    args = dict(zip(BASE[::2], BASE[1::2]))
+    args[flag] = uri
+    result = runner.invoke(infer_main.main, [*(x for pair in args.items() for x in pair), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert f"{flag} {uri}: an empty path segment (//)" in result.output and f"did you mean {meant}?" in result.output
+
+
+def test_a_key_given_twice_in_the_yaml_exits_2_naming_it_and_its_lines(tmp_path, runner):
+    path = tmp_path / "twice.yaml"
+    path.write_text("batch_size: 8\ntop_k: 2\nbatch_size: 16\n")
+    result = runner.invoke(infer_main.main, ["--config", str(path), *BASE])
+    assert result.exit_code == 2, result.output
+    assert f"--config {path} is not valid YAML" in result.output
+    assert "found the key 'batch_size' twice (first on line 1): give it once" in result.output
+    assert "line 3" in result.output and "Traceback" not in result.output
 
 
 def test_a_yaml_value_the_options_check_together_is_named_as_a_yaml_key(tmp_path, resolve):

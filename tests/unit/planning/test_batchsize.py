@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import click
 import pytest
 
 from mxjob.options import config
@@ -98,12 +99,12 @@ def test_batch_size_takes_a_whole_number_or_auto(given, value):
 
 
 @pytest.mark.parametrize(("given", "message"), [
-    ("0", "0 is not in the range x>=1; give a whole number of at least 1, or auto"),
-    ("abc", "'abc' is not a valid integer; give a whole number of at least 1, or auto"),
-    (8.9, "8.9 is not a whole number; give a whole number of at least 1, or auto"),
+    ("0", "0 is not in the range 1<=x<=100000; give a whole number of at least 1 and at most 100,000, or auto"),
+    ("abc", "'abc' is not a valid integer; give a whole number of at least 1 and at most 100,000, or auto"),
+    (8.9, "8.9 is not a whole number; give a whole number of at least 1 and at most 100,000, or auto"),
 ])
 def test_batch_size_refuses_anything_else_naming_both_forms(given, message):
-    with pytest.raises(Exception, match=message):
+    with pytest.raises(click.BadParameter, match=message):
         config.convert_option("batch_size", given, "--batch-size")
 
 
@@ -119,7 +120,7 @@ def test_batch_size_auto_from_the_command_line_and_the_yaml(runner, tmp_path, mo
         assert result.exit_code == 0, result.output
     assert [cfg.batch_size for cfg in ran] == ["auto", 128, "auto", "auto"]
     result = runner.invoke(infer_main.main, [*args, "--batch-size", "0"])
-    assert result.exit_code == 2 and "give a whole number of at least 1, or auto" in result.output
+    assert result.exit_code == 2 and "give a whole number of at least 1 and at most 100,000, or auto" in result.output
 
 
 # ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from mxjob.run.checks import DriverCheck
 from mxjob.run.cluster import SparkStop, run_spark
 from mxjob.run.keys import carried_columns
 from mxjob.run.spark_start import SparkStart
-from mxjob.s3 import object_reader, writes
+from mxjob.s3 import clients, object_reader, writes
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,12 @@ def finish_run(run: PlannedRun, summary: dict, counts: merge.AssemblyCounts) -> 
     writes.put_text(run.client, cfg.output_bucket, cfg.summary_key, json.dumps(summary, indent=2) + "\n")
     for warning in summary["threads"]["warnings"]:
         log.warning("%s", warning)
-    removed = work.remove()
+    try:
+        removed = work.remove()
+    except clients.S3_ERRORS as exc:  # the output and its summary are published: the run succeeded
+        removed = 0
+        log.warning("the output is complete, but the work prefix %s could not be removed (%s); remove it with: "
+                    "aws s3 rm --recursive %s", work.uri, first_line(exc), work.uri)
     log.info("summary: %s", json.dumps({k: summary[k] for k in (
         "keys_listed", "predicted", "failed", "reused", "scored", "batches", "elapsed_seconds")}))
     log.info("wrote %s and s3://%s/%s; removed %d work objects under %s", cfg.output_uri, cfg.output_bucket,
@@ -206,6 +211,11 @@ def _assemble(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.List
     except work_prefix.ResumeError as exc:
         sink.abort()
         raise JobError(str(exc)) from exc
+    except clients.S3_ERRORS as exc:  # an upload, its completion or a commit failed after its retries
+        sink.abort()
+        call = getattr(exc, "operation_name", None) or type(exc).__name__
+        raise JobError(f"writing {cfg.output_uri} failed: S3 {call}: {first_line(exc)}; nothing was published, "
+                       "and the scored batches stay durable") from exc
     except BaseException:
         sink.abort()
         raise

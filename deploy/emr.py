@@ -466,11 +466,15 @@ def _load(path: Path) -> EmrConfig:
         raise click.ClickException(f"{path}: {exc}") from exc
 
 
-def _load_for_new_cluster(path: Path) -> EmrConfig:
-    """:func:`_load`, refusing the shipped placeholders (EMR would fail minutes later, or log to another's bucket)."""
+def _load_for_new_cluster(path: Path, dry_run: bool = False) -> EmrConfig:
+    """:func:`_load`, refusing the shipped placeholders (EMR would fail minutes later, or log to another's bucket);
+    a ``--dry-run`` preview prints the command with them, after a warning naming each."""
     conf = _load(path)
     unset = placeholders(conf)
-    if unset:
+    if unset and dry_run:
+        click.echo(f"warning: {path} still has placeholders for your account, shown as they are in the command "
+                   f"below; set them before running it: {'; '.join(unset)}", err=True)
+    elif unset:
         raise click.ClickException(f"{path} still has {'a placeholder' if len(unset) == 1 else 'placeholders'}"
                                    f" for your account: {'; '.join(unset)}")
     return conf
@@ -522,7 +526,7 @@ def cli() -> None:
 @dry_run_option
 def create_cluster(config_path: Path, s3: str, aws: str, dry_run: bool) -> None:
     """Start the cluster described by --config, bootstrapped from --s3."""
-    conf = _load_for_new_cluster(config_path)
+    conf = _load_for_new_cluster(config_path, dry_run)
     output = run(create_cluster_command(conf, s3, aws), dry_run=dry_run)
     if output and "ClusterId" in output:
         click.echo(f"next: make emr-submit CLUSTER_ID={output['ClusterId']} S3={s3}")
@@ -571,7 +575,7 @@ def run_job(
     job_args: tuple[str, ...],
 ) -> None:
     """Start a cluster that runs the job as its one step and terminates when it ends; JOB_ARGS as for add-step."""
-    conf = _load_for_new_cluster(config_path)
+    conf = _load_for_new_cluster(config_path, dry_run)
     output = check_job_args(job_args, job_file)
     job_config = job_config or f"{s3}/{JOB_CONFIG_NAME}"
     created = run(run_job_command(conf, s3, job_config, job_args, aws), dry_run=dry_run)

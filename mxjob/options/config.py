@@ -441,7 +441,7 @@ def check_run_mode(s: Settings) -> None:
         raise click.UsageError(f"{s.name('rescore_errors')} scores again the error rows that --skip-existing would "
                                "keep: give it with --skip-existing")
     if s["skip_existing"] and s["overwrite"]:
-        raise click.UsageError(f"{s.name('skip_existing')} keeps the output's rows and adds the new keys', "
+        raise click.UsageError(f"{s.name('skip_existing')} keeps the output's rows and adds the new keys; "
                                "--overwrite replaces the output: give one or the other")
 
 

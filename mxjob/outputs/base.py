@@ -217,7 +217,11 @@ class Output:
         return any(access.object_exists(client, self.bucket, key) for key in (self.key, self.side_key("summary.json")))
 
     def refuse_existing(self, cfg: JobConfig):
-        """Raise for an output that is there and that this run would replace."""
+        """Raise for an output that is there and that this run would replace: what to add, the usual intent
+        first (``--skip-existing`` for an output that takes new rows)."""
+        if self.adds_rows:
+            raise JobError(f"{self.uri} (or its summary) already exists; add --skip-existing to score only the keys "
+                           "it lacks, or --overwrite to replace it")
         raise JobError(f"{self.uri} (or its summary) already exists; add --overwrite to replace it")
 
     # --- after the listing

@@ -164,7 +164,7 @@ def refuse_foreign(found: Contents, uri: str) -> None:
     """A dataset prefix holding objects the job did not write is refused: its readers would read them as rows."""
     if found.foreign:
         raise JobError(f"{uri} holds {plural(len(found.foreign), 'object')} the job did not write (for example "
-                       f"{found.foreign[0].rsplit('/', 1)[-1]!r}): a reader of the dataset would read "
+                       f"{found.foreign[0]!r}): a reader of the dataset would read "
                        f"{'it' if len(found.foreign) == 1 else 'them'} too. Choose an empty prefix, or move "
                        f"{'it' if len(found.foreign) == 1 else 'them'} away")
 

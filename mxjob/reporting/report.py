@@ -17,6 +17,7 @@ import math
 import time
 
 from mxjob import tasks
+from mxjob.core.errors import EXIT_TOO_MANY_ERRORS
 from mxjob.executor.stats import StatsFold
 from mxjob.reporting.progress import duration, iso
 from mxjob.reporting.summary import RATES
@@ -363,6 +364,8 @@ def headline(v: dict) -> str:
                  ("images/s (scored / Spark job s)", "summary.rates.images_per_second_spark", rate,
                   "-" if rate is None else f"{rate:,.1f}"),
                  ("wall time", "summary.elapsed_seconds", s["elapsed_seconds"], duration(s["elapsed_seconds"]))]
+        if s.get("reused"):  # a resumed run: the keys whose line an earlier run made durable, not scored again
+            cards.insert(2, ("reused from the run before", "summary.reused", s["reused"], f"{s['reused']:,}"))
         if s.get("existing"):  # --skip-existing: the keys whose row the dataset held already
             skipped = s["existing"]["skipped"]
             cards.insert(1, ("skipped: already in the output", "summary.existing.skipped", skipped, f"{skipped:,}"))
@@ -482,8 +485,13 @@ def badge(v: dict) -> str:
     state, s = v["status"]["state"], v["summary"] or {}
     if state != "succeeded" or not s.get("failed"):
         return f'<span class="state {state}" id="state" data-value="{state}">{state}</span>'
+    failed = f'{s["failed"]:,} of {s["keys_listed"]:,} images failed'
+    if v["status"].get("exit_code") == EXIT_TOO_MANY_ERRORS:  # the output is whole, but the step failed
+        return (f'<span class="state failed" id="state" data-value="{state}">too many errors (exit '
+                f'{EXIT_TOO_MANY_ERRORS})</span> <a class="state-errors" href="#errors">{failed}, more than '
+                f'--max-errors allows</a>')
     return (f'<span class="state succeeded-with-errors" id="state" data-value="{state}">succeeded with errors</span> '
-            f'<a class="state-errors" href="#errors">{s["failed"]:,} of {s["keys_listed"]:,} images failed</a>')
+            f'<a class="state-errors" href="#errors">{failed}</a>')
 
 
 def render(v: dict) -> str:

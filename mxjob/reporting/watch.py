@@ -155,14 +155,22 @@ class Polling:
     stale_seconds: float
 
 
-def watch(client, bucket: str, key: str, polling: Polling, echo=click.echo, sleep=time.sleep) -> int:
+def watch(client, bucket: str, key: str, polling: Polling, echo=click.echo, sleep=time.sleep,
+          clock=time.time) -> int:
     """Print the status as it changes until the job ends; return the exit code (see the module's table)."""
     wait_seconds, stale_seconds = polling.wait_seconds, polling.stale_seconds
-    started, last_change, last_updated = time.time(), time.time(), None
+    started = last_change = clock()
+    last_updated = None
+    said_waiting = False
     while True:
         status = read_status(client, bucket, key)
-        now = time.time()
+        now = clock()
         if status is None:
+            if not said_waiting:  # at once: a mistyped output must not look like a job that is starting
+                echo(f"no status at s3://{bucket}/{key} yet: waiting up to {wait_seconds:.0f} s for a job writing "
+                     "this --output to start (a run writes its status within seconds of starting; check the "
+                     "output's spelling if it is running already)", err=True)
+                said_waiting = True
             if now - started > wait_seconds:
                 echo(f"no status at s3://{bucket}/{key} after {wait_seconds:.0f} s: is the job running, and is "
                      "this its --output?", err=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mxjob.core.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line
+from mxjob.core.errors import EXIT_TOO_MANY_ERRORS, JobError, first_line, plural
 from mxjob.executor.stats import StatsFold
 from mxjob.inputs import listing
 from mxjob.options.config import JobConfig, allowed_errors
@@ -158,8 +158,8 @@ def finish_run(run: PlannedRun, summary: dict, counts: merge.AssemblyCounts) -> 
              cfg.summary_key, removed, work.uri)
     limit = allowed_errors(cfg.max_errors, len(run.images))
     if counts.failed > limit:
-        log.error("%d images failed, more than --max-errors %s allows (%d); see the error lines in %s",
-                  counts.failed, cfg.max_errors, limit, cfg.output_uri)
+        log.error("%s failed, more than --max-errors %s allows (%d); see the error lines in %s",
+                  plural(counts.failed, "image"), cfg.max_errors, limit, cfg.output_uri)
         return EXIT_TOO_MANY_ERRORS
     return 0
 

@@ -92,10 +92,9 @@ def test_cli_reports_a_bad_config_and_exits_1(tmp_path, runner):
 ACCOUNT = {"subnet": "subnet-0123456789abcdef0", "key_pair": "my-key", "log_uri": "s3://my-emr-logs/batch/"}
 
 
-@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
-def test_create_cluster_refuses_the_shipped_placeholders_before_calling_aws(dry_run, runner):
+def test_create_cluster_refuses_the_shipped_placeholders_before_calling_aws(runner):
     result = runner.invoke(emr.cli, ["create-cluster", "--config", str(CONF), "--s3", S3, "--aws",
-                                     "/nonexistent/aws", *dry_run])
+                                     "/nonexistent/aws"])
     assert result.exit_code == 1, result.output
     assert "still has placeholders for your account" in result.output
     for key, value in (("subnet", "subnet-CHANGE-ME"), ("key_pair", "CHANGE-ME"),
@@ -104,9 +103,19 @@ def test_create_cluster_refuses_the_shipped_placeholders_before_calling_aws(dry_
     assert "+ " not in result.output and "not found" not in result.output  # no aws command was run
 
 
+def test_the_docs_dry_run_preview_works_on_a_fresh_checkout_with_the_placeholders_marked(stderr_runner):
+    """docs/emr.md's own preview: the command is printed (exit 0) after a warning that names each placeholder."""
+    result = stderr_runner.invoke(emr.cli, ["create-cluster", "--config", str(CONF), "--s3", S3, "--aws",
+                                            "/nonexistent/aws", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("warning: ") and "still has placeholders for your account" in result.stderr
+    assert "key_pair: 'CHANGE-ME' (set key_pair to " in result.stderr
+    assert "--ec2-attributes" in result.stdout and "subnet-CHANGE-ME" in result.stdout
+
+
 def test_create_cluster_names_the_one_placeholder_left(tmp_path, runner):
     path = write_conf(tmp_path, **{**ACCOUNT, "key_pair": "CHANGE-ME"})
-    result = runner.invoke(emr.cli, ["create-cluster", "--config", str(path), "--s3", S3, "--dry-run"])
+    result = runner.invoke(emr.cli, ["create-cluster", "--config", str(path), "--s3", S3])
     assert result.exit_code == 1 and "still has a placeholder for your account: key_pair: 'CHANGE-ME'" in result.output
 
 

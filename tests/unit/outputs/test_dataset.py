@@ -211,14 +211,15 @@ def dataset_config(prefix: str, *flags: str) -> config.JobConfig:
 def test_objects_the_job_did_not_write_are_refused_whatever_the_flags(s3):
     s3.put_object(Bucket=BUCKET, Key="foreign/notes.txt", Body=b"mine")
     for flags in ((), ("overwrite",), ("resume",)):
-        with pytest.raises(JobError, match=r"holds 1 object the job did not write \(for example 'notes.txt'\)"):
+        with pytest.raises(JobError, match=r"holds 1 object the job did not write \(for example 'foreign/notes.txt'\)"):
             cfg = dataset_config("foreign/", *flags)
             cfg.output.check(cfg, s3)
 
 
 def test_an_existing_dataset_is_refused_without_overwrite(s3):
     s3.put_object(Bucket=BUCKET, Key="done/part-00000.parquet", Body=b"x")
-    with pytest.raises(JobError, match=r"s3://dataset-bucket/done/ \(or its summary\) already exists; add --overwrite"):
+    with pytest.raises(JobError, match=r"s3://dataset-bucket/done/ \(or its summary\) already exists; add "
+                                       r"--skip-existing to score only the keys it lacks, or --overwrite to replace"):
         cfg = dataset_config("done/")
         cfg.output.check(cfg, s3)
     s3.put_object(Bucket=BUCKET, Key="status-only/_status.json", Body=b"{}")

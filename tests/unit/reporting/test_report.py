@@ -465,6 +465,16 @@ def test_one_image_is_one_image_not_1_images():
     assert ">1 image</text>" in chart and "1 images" not in chart
 
 
+def test_a_resumed_runs_report_says_how_many_keys_it_reused():
+    fold = one_executor_fold(10, keys=1)
+    doc = status.status_document("succeeded", None, None, status.RunFacts(T0, {"output": "s3://b/o"}),
+                                 status.RunEnd(0))
+    resumed = report.render(report.view(fold, [], doc, {**fake_summary(fold), "reused": 816}, {}))
+    assert 'reused from the run before' in resumed and ">816<" in resumed
+    fresh = report.render(report.view(fold, [], doc, {**fake_summary(fold), "reused": 0}, {}))
+    assert "reused from the run before" not in fresh
+
+
 def test_a_succeeded_run_with_failed_images_says_so_beside_its_badge():
     fold = one_executor_fold(10, keys=1)
     summ = {**fake_summary(fold), "keys_listed": 10, "predicted": 4, "failed": 6}
@@ -474,6 +484,12 @@ def test_a_succeeded_run_with_failed_images_says_so_beside_its_badge():
     assert ('<span class="state succeeded-with-errors" id="state" data-value="succeeded">succeeded with errors'
             '</span> <a class="state-errors" href="#errors">6 of 10 images failed</a></h1>') in page
     assert ".succeeded-with-errors{background:#CC79A7}" in report.STYLE
+    too_many = status.status_document("succeeded", None, None, status.RunFacts(T0, {"output": "s3://b/o"}),
+                                      status.RunEnd(3))
+    page = report.render(report.view(fold, [], too_many, summ, {}))
+    assert ('<span class="state failed" id="state" data-value="succeeded">too many errors (exit 3)</span> '
+            '<a class="state-errors" href="#errors">6 of 10 images failed, more than --max-errors allows</a>') in page
+    assert "succeeded with errors" not in page
     clean = report.render(report.view(fold, [], doc, {**summ, "predicted": 10, "failed": 0}, {}))
     assert '<span class="state succeeded" id="state" data-value="succeeded">succeeded</span></h1>' in clean
 

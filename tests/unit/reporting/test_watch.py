@@ -102,6 +102,24 @@ def test_watch_takes_the_status_written_before_the_plan_for_a_running_job():
     assert out[2] == "  model: no such layer"
 
 
+def test_watch_says_at_once_that_there_is_no_status_yet_and_what_it_waits_for():
+    """A mistyped output must not look like a job that is starting for the whole wait."""
+    class Client:
+        class exceptions:  # boto3's shape
+            NoSuchKey = KeyError
+
+        def get_object(self, **_):
+            raise KeyError("NoSuchKey")
+
+    out, clock = [], iter([0.0, 0.0, 1.0, 2.0, 100.0, 100.0])
+    code = watch.watch(Client(), "b", "typo.jsonl.status.json", watch.Polling(1, 60, 60),
+                       echo=lambda line, err=False: out.append(line), sleep=lambda _: None, clock=lambda: next(clock))
+    assert code == watch.EXIT_NO_STATUS
+    assert out[0].startswith("no status at s3://b/typo.jsonl.status.json yet: waiting up to 60 s")
+    assert "check the output's spelling" in out[0]
+    assert out[1].startswith("no status at s3://b/typo.jsonl.status.json after 60 s") and len(out) == 2
+
+
 @pytest.mark.parametrize(("doc", "code", "last"), [
     ({"state": "failed", "exit_code": 3}, 3, "exit 3: more images failed than --max-errors allows"),
     ({"state": "interrupted", "exit_code": 143}, 143, "exit 143: interrupted by SIGTERM"),

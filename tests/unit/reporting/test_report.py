@@ -219,7 +219,8 @@ def test_watch_prints_progress_and_exits_with_the_jobs_code():
     code = watch.watch(Client(), "b", "k", watch.Polling(0, 60, 60), echo=lambda s, err=False: out.append(s),
                        sleep=lambda _: None)
     assert code == 143
-    assert out[1] == "running: 1 of 2 batches, 64 of 128 images, 0 errors; 12.5 images/s; ETA estimating"
+    assert out[0].startswith("no status at s3://b/k yet: waiting up to 60 s")  # the first read found none
+    assert out[2] == "running: 1 of 2 batches, 64 of 128 images, 0 errors; 12.5 images/s; ETA estimating"
     assert out[-1] == "  resume with: x --resume"
 
 

@@ -11,7 +11,8 @@ that finds a live lease is refused before any work and told whose it is. A
 lease not renewed for :data:`LEASE_SECONDS` is a dead run's: the next run
 takes it over with ``If-Match`` on the dead one's ETag, so of two runs taking
 over at once only one wins. YARN's next attempt of the same application takes
-over its first attempt's lease at once. S3 has had both conditions since 2024.
+over its first attempt's lease at once, and so does a run on the host of a
+killed driver whose process is gone. S3 has had both conditions since 2024.
 """
 
 from __future__ import annotations
@@ -66,6 +67,33 @@ def holder_facts(run_id: str, output_uri: str, application: str | None, attempt:
     return {"run_id": run_id, "output": output_uri, "host": socket.gethostname(), "pid": os.getpid(),
             "yarn_application": application, "yarn_attempt": attempt, "started": round(now, 3),
             "started_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+
+
+def dead_here(holder: dict) -> bool:
+    """Whether the lease's run was on this host and its process is gone (killed, crashed): no need to wait for the
+    lease to expire. A run on another host is judged by the expiry alone."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def _takeover_reason(holder: dict, other: dict, now: float) -> str | None:
+    """Why this run may take ``other``'s lease at once, or None: the same YARN application's earlier attempt, a run
+    that stopped renewing it (expired), or a dead process on this host."""
+    if other.get("yarn_application") and other.get("yarn_application") == holder.get("yarn_application"):
+        return "this YARN application's earlier attempt"
+    if float(other.get("expires", 0)) <= now:
+        return "a run that stopped renewing it"
+    if dead_here(other):
+        return "a run on this host whose process is gone"
+    return None
 
 
 def describe(holder: dict, now: float | None = None) -> str:
@@ -148,10 +176,8 @@ class Lease:
                 continue  # released meanwhile: try to create it again
             other, etag = found
             now = time.time()
-            ours = bool(other.get("yarn_application")) and \
-                other.get("yarn_application") == self.holder.get("yarn_application")
-            if ours or float(other.get("expires", 0)) <= now:
-                why = "this YARN application's earlier attempt" if ours else "a run that stopped renewing it"
+            why = _takeover_reason(self.holder, other, now)
+            if why is not None:
                 try:
                     self._put(IfMatch=etag)
                 except ClientError as exc:
@@ -171,9 +197,7 @@ class Lease:
         if found is None:
             return
         other, now = found[0], time.time()
-        ours = bool(other.get("yarn_application")) and \
-            other.get("yarn_application") == self.holder.get("yarn_application")
-        if not ours and float(other.get("expires", 0)) > now:
+        if _takeover_reason(self.holder, other, now) is None:
             raise LeaseHeld(self._held_message(other, now, resume=resume, output_uri=output_uri))
 
     def _held_message(self, other: dict, now: float, *, resume: bool, output_uri: str) -> str:

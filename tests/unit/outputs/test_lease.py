@@ -9,6 +9,9 @@ real jobs at once through spark-submit.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -96,6 +99,23 @@ def test_of_two_runs_taking_over_an_expired_lease_at_once_exactly_one_holds_it(m
         except leases.LeaseLost:
             pass
     assert holding == [held_by(moto_buckets, key)["run_id"]]
+
+
+def test_a_lease_whose_process_on_this_host_is_gone_is_taken_over_at_once(moto_buckets):
+    key = "h/out.jsonl.lease.json"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = a_lease(moto_buckets, key, "killed")
+    dead.holder["pid"] = int(gone.stdout)  # a driver SIGKILLed a moment ago, its lease fresh
+    dead.take(resume=False, output_uri="s3://b/out.jsonl")
+    alive = a_lease(moto_buckets, "h2/out.jsonl.lease.json", "alive")
+    alive.holder["pid"] = os.getppid()  # a live process on this host: its lease stands
+    alive.take(resume=False, output_uri="s3://b/out.jsonl")
+    nxt = a_lease(moto_buckets, key, "next")
+    nxt.take(resume=True, output_uri="s3://b/out.jsonl")
+    assert held_by(moto_buckets, key)["run_id"] == "next"
+    with pytest.raises(leases.LeaseHeld):
+        a_lease(moto_buckets, "h2/out.jsonl.lease.json", "other").take(resume=True, output_uri="s3://b/out.jsonl")
 
 
 def test_yarns_next_attempt_takes_over_its_own_applications_lease_at_once(moto_buckets):

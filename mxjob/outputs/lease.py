@@ -17,6 +17,7 @@ killed driver whose process is gone. S3 has had both conditions since 2024.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,7 +27,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from botocore.exceptions import ClientError
+import psutil
+from botocore.exceptions import BotoCoreError, ClientError
+from urllib3.exceptions import ProtocolError
 
 from mxjob.core.errors import JobError, first_line
 
@@ -46,6 +49,10 @@ class LeaseHeld(JobError):
 class LeaseLost(JobError):
     """This run's lease was taken over (it expired while the run hung) or deleted: the run stops, publishing
     nothing."""
+
+
+#: A connection cut or a body cut off: what a flaky network does to a request whose answer botocore has begun.
+_CUT = (ProtocolError, BotoCoreError)
 
 
 def _error_code(exc: ClientError) -> str:
@@ -75,13 +82,12 @@ def dead_here(holder: dict) -> bool:
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    try:  # a killed driver whose parent died with it may linger as a zombie until something reaps it
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return True
-    except PermissionError:  # another user's live process
+    except psutil.Error:  # another user's process: alive, as far as can be told
         return False
-    return False
 
 
 def _takeover_reason(holder: dict, other: dict, now: float) -> str | None:
@@ -135,13 +141,33 @@ class Lease:
         return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
 
     def _call(self, operation: str, **params):
-        """One S3 request, counted and timed."""
-        started = time.monotonic()
-        try:
-            return getattr(self.client, operation)(Bucket=self.bucket, Key=self.key, **params)
-        finally:
-            self.requests += 1
-            self.spent += time.monotonic() - started
+        """One S3 request, counted and timed; a GET's body read whole. A connection cut mid-answer (which
+        botocore's own retries leave to the caller once the headers are in) is tried again, twice."""
+        for attempt in range(_TRIES):
+            started = time.monotonic()
+            try:
+                response = getattr(self.client, operation)(Bucket=self.bucket, Key=self.key, **params)
+                if operation == "get_object":
+                    response = {**response, "Body": response["Body"].read()}
+                return response
+            except _CUT as exc:
+                if attempt == _TRIES - 1:
+                    raise
+                log.debug("lease %s: %s cut off (%s); trying again", self.uri, operation, first_line(exc))
+                time.sleep(0.2 * 2 ** attempt)
+            finally:
+                self.requests += 1
+                self.spent += time.monotonic() - started
+        raise AssertionError("unreachable")
+
+    def _mine(self) -> bool:
+        """Whether the lease there now is this run's (a write whose answer was lost, then retried, found it
+        changed by itself); if so, its ETag is taken as this run's."""
+        found = self._read()
+        if found is None or found[0].get("run_id") != self.holder["run_id"]:
+            return False
+        self.etag = found[1]
+        return True
 
     def _put(self, **condition) -> None:
         response = self._call("put_object", Body=self._body(time.time()), ContentType="application/json",
@@ -157,13 +183,27 @@ class Lease:
                 return None
             raise
         try:
-            doc = json.loads(response["Body"].read())
+            doc = json.loads(response["Body"])
         except ValueError:
             doc = {}
         return (doc if isinstance(doc, dict) else {}), response["ETag"]
 
     def take(self, *, resume: bool, output_uri: str) -> None:
-        """Take the lease, or raise :class:`LeaseHeld` naming the run that holds it."""
+        """Take the lease, or raise :class:`LeaseHeld` naming the run that holds it (:class:`JobError` if S3
+        cannot be asked)."""
+        with self._asking_s3():
+            self._take(resume=resume, output_uri=output_uri)
+
+    @contextlib.contextmanager
+    def _asking_s3(self):
+        """S3's refusal or a connection lost, as one line saying what the lease needs."""
+        try:
+            yield
+        except (ClientError, *_CUT) as exc:
+            raise JobError(f"cannot take the output's lease {self.uri}: {first_line(exc)}; the job needs "
+                           "s3:GetObject, s3:PutObject and s3:DeleteObject beside the output") from exc
+
+    def _take(self, *, resume: bool, output_uri: str) -> None:
         for _ in range(_TRIES):
             try:
                 self._put(IfNoneMatch="*")
@@ -171,6 +211,8 @@ class Lease:
             except ClientError as exc:
                 if not _precondition_failed(exc):
                     raise
+            if self._mine():
+                return
             found = self._read()
             if found is None:
                 continue  # released meanwhile: try to create it again
@@ -193,7 +235,8 @@ class Lease:
     def refuse_if_held(self, *, resume: bool, output_uri: str) -> None:
         """Raise :class:`LeaseHeld` if another run holds a live lease; reads only (a dry run, and every run before
         its read-only refusals, so that those never describe a live run's work as an earlier run's)."""
-        found = self._read()
+        with self._asking_s3():
+            found = self._read()
         if found is None:
             return
         other, now = found[0], time.time()
@@ -214,11 +257,15 @@ class Lease:
             if self.lost or self._stop.is_set():
                 return False
             try:
-                self._put(IfMatch=self.etag)
-            except ClientError as exc:
-                if _precondition_failed(exc) or _missing(exc):
-                    self._lose("taken over or deleted while this run held it")
-                    return False
+                try:
+                    self._put(IfMatch=self.etag)
+                except ClientError as exc:
+                    if not (_precondition_failed(exc) or _missing(exc)):
+                        raise
+                    if not self._mine():
+                        self._lose("taken over or deleted while this run held it")
+                        return False
+            except (ClientError, *_CUT) as exc:  # S3 unreachable for now: the lease lasts five heartbeats
                 log.warning("cannot renew the lease %s (%s); trying again at the next heartbeat", self.uri,
                             first_line(exc))
                 return True
@@ -244,14 +291,28 @@ class Lease:
                 if not _missing(exc):
                     raise
                 etag = ""
-            if etag != self.etag:
+            if etag != self.etag and not self._mine():
                 self._lose("taken over or deleted while this run held it")
         if self.lost:
             raise LeaseLost(f"this run lost its lease on the output ({self.uri}: {self.lost}); it stops and "
                             f"publishes nothing. Another run may be writing the output: see its status beside it")
 
+    def holds(self) -> bool:
+        """Whether the lease is still this run's (:meth:`check` without raising; unknown while S3 cannot be asked,
+        taken as yes: it lasts five heartbeats)."""
+        try:
+            self.check()
+        except LeaseLost:
+            return False
+        except (ClientError, *_CUT):
+            return True
+        return True
+
     def _lose(self, why: str) -> None:
-        found = self._read()
+        try:
+            found = self._read()
+        except (ClientError, *_CUT):  # who holds it now is for the message only
+            found = None
         self.lost = f"{why}; now {describe(found[0])}" if found else why
         log.error("lease %s lost: %s", self.uri, self.lost)
 

@@ -266,17 +266,28 @@ class RunMonitor:
             return  # the files are the run's that took the lease over
         condition = {"IfMatch": self._etags[key]} if key in self._etags and self.lease is not None else {}
         try:
-            response = self.client.put_object(Bucket=self.bucket, Key=key, Body=text.encode("utf-8"),
-                                              ContentType=content_type, **condition)
-            if self.lease is not None:
-                self._etags[key] = response["ETag"]
+            try:
+                self._put_once(key, text, content_type, condition)
+            except Exception as exc:
+                code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+                if not condition or code not in ("PreconditionFailed", "412", "NoSuchKey",
+                                                 "ConditionalRequestConflict"):
+                    raise
+                if not self.lease.holds():
+                    self._overtaken = True
+                    log.warning("s3://%s/%s was written by another run; this run stops writing its status (its "
+                                "lease is checked before the next durable write)", self.bucket, key)
+                    return
+                # This run's own write, whose answer was lost and which botocore sent again: S3 has it.
+                self._put_once(key, text, content_type, {})
         except Exception as exc:  # noqa: BLE001 - status is best-effort; the job's output is not
-            if condition and getattr(exc, "response", {}).get("Error", {}).get("Code") in (
-                    "PreconditionFailed", "412", "NoSuchKey", "ConditionalRequestConflict"):
-                self._overtaken = True
-                log.warning("s3://%s/%s was written by another run; this run stops writing its status (its lease "
-                            "is checked before the next durable write)", self.bucket, key)
-            elif not self._warned:
+            if not self._warned:
                 log.warning("cannot write s3://%s/%s (%s); the job goes on without live status", self.bucket, key,
                             first_line(exc))
                 self._warned = True
+
+    def _put_once(self, key: str, text: str, content_type: str, condition: dict) -> None:
+        response = self.client.put_object(Bucket=self.bucket, Key=key, Body=text.encode("utf-8"),
+                                          ContentType=content_type, **condition)
+        if self.lease is not None:
+            self._etags[key] = response["ETag"]

@@ -13,9 +13,8 @@ import subprocess
 
 import pytest
 
-from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
-from tests.support.helpers import ROOT, bucket_with_model
+from tests.support.helpers import ROOT, bucket_with_digits
 
 pytestmark = pytest.mark.spark
 
@@ -28,10 +27,7 @@ SECRETS = (PASSWORD, TOKEN, SECRET_KEY)
 
 @pytest.fixture(scope="module")
 def world(moto_endpoint, demo_dir, tmp_path_factory):
-    s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
-    (_, _), (test_x, _) = make_demo.digits_split()
-    for i in range(8):
-        s3.put_object(Bucket=BUCKET, Key=f"imgs/{i:02d}.png", Body=make_demo.digit_png(test_x[i]))
+    s3, _ = bucket_with_digits(moto_endpoint, BUCKET, demo_dir / "model", 8)
     s3.put_object(Bucket=BUCKET, Key="imgs/broken.png", Body=b"not a png")
     events = tmp_path_factory.mktemp("events")
     endpoint = moto_endpoint.replace("://", f"://mxuser:{PASSWORD}@")

@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from demo import make_demo
 from demo.s3proxy import Faults, S3Proxy
-from tests.support.helpers import bucket_with_model, spark_submit
+from tests.support.helpers import bucket_with_digits, spark_submit
 
 pytestmark = pytest.mark.spark
 
@@ -20,10 +19,7 @@ IMAGES = 12
 
 @pytest.fixture(scope="module")
 def world(moto_endpoint, demo_dir):
-    s3 = bucket_with_model(moto_endpoint, BUCKET, demo_dir / "model")
-    (_, _), (test_x, _) = make_demo.digits_split()
-    for i in range(IMAGES):
-        s3.put_object(Bucket=BUCKET, Key=f"imgs/{i:02d}.png", Body=make_demo.digit_png(test_x[i]))
+    s3, _ = bucket_with_digits(moto_endpoint, BUCKET, demo_dir / "model", IMAGES)
     return {"s3": s3, "endpoint": moto_endpoint}
 
 

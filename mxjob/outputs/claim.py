@@ -224,6 +224,16 @@ class Completed(Exception):
         self.exit_code = exit_code
 
 
+def complete_already(cfg: JobConfig, client) -> Completed | None:
+    """Before the listing: a ``--resume`` of an output that an earlier run completed (it is there, and no progress
+    is left beside it) has nothing to do, in seconds however large the input. ``None`` otherwise."""
+    if not cfg.resume or cfg.skip_existing or cfg.dry_run:
+        return None
+    output_exists, work_exists, _ = existing_output(cfg, client,
+                                                    work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key))
+    return Completed(cfg.output_uri) if output_exists and not work_exists else None
+
+
 def finished_by_this_application(cfg: JobConfig, client) -> int | None:
     """The exit code of this YARN application's earlier attempt, if it finished the run; else ``None``.
 

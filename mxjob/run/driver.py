@@ -22,6 +22,7 @@ from mxjob.outputs import merge, work_prefix
 from mxjob.outputs.claim import (
     Completed,
     PlanInputs,
+    complete_already,
     finished_by_this_application,
     output_lease,
     plan_output,
@@ -65,6 +66,11 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     if cfg.output is not None:  # (a dry run may name none)
         cfg = replace(cfg, output=cfg.output.locate(cfg))
         # The output first: seconds, where the listing may take hours. A refused run writes nothing beside it.
+        done = complete_already(cfg, client)
+        if done is not None:
+            log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
+                     cfg.output_bucket, cfg.summary_key)
+            return done.exit_code
         lease = claim_output(cfg, client, retry)
     try:
         return monitored_run(cfg, client, started, resume_command, retry, spark_conf, lease)

@@ -92,11 +92,10 @@ def test_an_s3_endpoint_that_is_down_while_the_output_is_looked_for_is_named_not
     assert "s3:PutObject" not in message and "s3:ListBucket" not in message
 
 
-def test_overwrite_and_resume_pass_the_existing_output_check_on_to_the_listing(world, moto_endpoint, listed):
-    for flag in ("overwrite", "resume"):
-        with pytest.raises(errors.JobError, match="cannot list"):
-            driver.run_job(job(moto_endpoint, output=f"s3://{BUCKET}/done/out.jsonl", **{flag: True}))
-    assert listed == ["list_prefix", "list_prefix"]
+def test_overwrite_passes_the_existing_output_check_on_to_the_listing(world, moto_endpoint, listed):
+    with pytest.raises(errors.JobError, match="cannot list"):
+        driver.run_job(job(moto_endpoint, output=f"s3://{BUCKET}/done/out.jsonl", overwrite=True))
+    assert listed == ["list_prefix"]
     assert world.get_object(Bucket=BUCKET, Key="done/out.jsonl")["Body"].read() == b"yesterday's results\n"
 
 
@@ -145,3 +144,12 @@ def test_a_relative_local_model_labels_and_handler_become_absolute_at_the_edge(t
     kept = resolve(merge_settings({"input": "s3://in/", "model": "s3://m/digits", "labels": "",
                                    "output": "s3://o/p.jsonl"}, {}))
     assert kept.model.symbol_uri == "s3://m/digits-symbol.json" and kept.model.labels_uri == ""
+
+
+def test_a_resume_of_a_complete_output_ends_before_any_listing_writing_nothing(world, moto_endpoint, listed, caplog):
+    before = {o["Key"] for o in world.list_objects_v2(Bucket=BUCKET, Prefix="done/")["Contents"]}
+    with caplog.at_level("INFO", logger="mxjob.run.driver"):
+        code = driver.run_job(job(moto_endpoint, output=f"s3://{BUCKET}/done/out.jsonl", resume=True))
+    assert code == 0 and listed == []
+    assert f"s3://{BUCKET}/done/out.jsonl is already complete" in caplog.text and "nothing to resume" in caplog.text
+    assert {o["Key"] for o in world.list_objects_v2(Bucket=BUCKET, Prefix="done/")["Contents"]} == before

@@ -191,7 +191,7 @@ def test_earlier_runs_files_are_the_dataset_and_other_objects_are_still_refused(
     cfg.output.check(cfg, s3)  # neither refused as existing
     s3.put_object(Bucket=BUCKET, Key="both/part-2026-00000.parquet", Body=b"x")
     with pytest.raises(JobError, match=r"holds 1 object the job did not write \(for example "
-                                       r"'part-2026-00000.parquet'\)"):
+                                       r"'both/part-2026-00000.parquet'\)"):
         cfg.output.check(cfg, s3)
 
 
@@ -294,7 +294,8 @@ def test_rescored_errors_replace_their_rows_in_the_earlier_files_in_place(s3, mo
 def test_a_skip_existing_plan_appends_where_a_plain_run_is_refused(s3, moto_endpoint):
     write_files(s3, "plan/", ["p0", "p1"], 8)
     images = listed(["p0", "p1", "p2"])
-    with pytest.raises(JobError, match=r"already exists; add --overwrite"):
+    with pytest.raises(JobError, match=r"already exists; add --skip-existing to score only the keys it lacks, or "
+                                       r"--overwrite"):
         claim.plan_output(config_for("plan/", moto_endpoint), s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"),
                            images, FINGERPRINT, dry=True)
     cfg = config_for("plan/", moto_endpoint, skip_existing=True)

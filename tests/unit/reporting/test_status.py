@@ -75,20 +75,21 @@ def test_a_run_that_fails_before_its_plan_leaves_a_failed_status_with_the_reason
     assert "failed" in page
 
 
-@pytest.mark.parametrize(("prefix", "args", "refusal"), [
-    ("kept-refused", (), "already exists; add --overwrite"),
-    ("kept-resume", ("--resume", "--model", f"s3://{BUCKET}/model/missing"), "model file missing"),
-    ("kept-dry", ("--overwrite", "--dry-run", "--model", f"s3://{BUCKET}/model/missing"), "model file missing"),
+@pytest.mark.parametrize(("prefix", "args", "code", "said"), [
+    ("kept-refused", (), EXIT_FAILED, "already exists; add --overwrite"),
+    ("kept-resume", ("--resume", "--model", f"s3://{BUCKET}/model/missing"), 0, None),
+    ("kept-dry", ("--overwrite", "--dry-run", "--model", f"s3://{BUCKET}/model/missing"), EXIT_FAILED,
+     "model file missing"),
 ], ids=["existing-output-refused", "resume-of-a-complete-output", "dry-run"])
 def test_a_run_that_may_not_replace_the_output_leaves_the_earlier_status_untouched(world, moto_endpoint,
                                                                                   stderr_runner, prefix, args,
-                                                                                  refusal):
+                                                                                  code, said):
     # A refused output's status is the run's that wrote it; a --resume of a complete output has nothing to
-    # resume (it would end "already complete"); a dry run leaves nothing behind.
+    # resume and ends at once, before even the model's check; a dry run leaves nothing behind.
     before = finished_output(world, prefix)
     result = run(stderr_runner, moto_endpoint, prefix, *args)
-    assert result.exit_code == EXIT_FAILED, result.stderr
-    assert refusal in result.stderr
+    assert result.exit_code == code, result.stderr
+    assert said is None or said in result.stderr  # a complete output's resume logs, and prints no Error line
     assert world.get_object(Bucket=BUCKET, Key=f"{prefix}/out.jsonl.status.json")["Body"].read() == before
     assert "Contents" not in world.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/out.jsonl.report.html")
 

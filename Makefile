@@ -112,7 +112,7 @@ lint: $(STAMP) ## ruff, and the import layers of .importlinter (import-linter)
 
 .PHONY: docs
 docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/options/settings.py), docs/output.md's Parquet columns and Athena tables, and the summary's, status file's (docs/output.md) and dry-run plan's (docs/configuration.md) field tables (mxjob/reporting/output_docs.py, mxjob/reporting/records.py), and docs/layout.md's map of the code (deploy/layout_docs.py)
-	$(PY) -m mxjob.options.settings .
+	$(PY) -m mxjob.options.settings_docs .
 	$(PY) -m mxjob.reporting.output_docs .
 	$(PY) deploy/layout_docs.py .
 

@@ -15,7 +15,7 @@ import mxinfer
 from mxjob.executor import partition
 from mxjob.executor.partition import JobSpec
 from mxjob.inputs import listing
-from mxjob.options import config, option_types, settings
+from mxjob.options import config, option_types, settings, settings_docs
 from mxjob.planning import sizing
 from mxjob.s3 import clients, parallel_list
 
@@ -28,12 +28,12 @@ def resolved(**changes) -> config.JobConfig:
 
 
 def test_docs_options_page_is_generated_from_the_table():
-    assert (ROOT / "docs" / "options.md").read_text() == settings.options_markdown(), \
+    assert (ROOT / "docs" / "options.md").read_text() == settings_docs.options_markdown(), \
         "docs/options.md differs from SETTINGS: run `make docs`"
 
 
 def test_conf_defaults_yaml_is_generated_from_the_table():
-    assert (ROOT / "conf" / "defaults.yaml").read_text() == settings.defaults_yaml(), \
+    assert (ROOT / "conf" / "defaults.yaml").read_text() == settings_docs.defaults_yaml(), \
         "conf/defaults.yaml differs from SETTINGS: run `make docs`"
 
 
@@ -44,7 +44,7 @@ def test_conf_defaults_yaml_read_as_a_config_gives_the_defaults():
 
 
 def test_the_options_page_names_every_flag_and_default():
-    page = settings.options_markdown()
+    page = settings_docs.options_markdown()
     for s in settings.SETTINGS:
         row = next(line for line in page.splitlines() if line.startswith(f"| `{s.flags[0]}`"))
         if s.default_text() and not isinstance(s.default, bool):
@@ -112,7 +112,7 @@ def test_a_new_setting_reaches_every_destination_from_its_declaration_alone(monk
     assert "decode_threads" in {f.name for f in fields(cfg_cls)}
     # JobSpec, from the constants make docs generates (the executors read no table).
     generated: dict = {}
-    exec(settings.constants_text((ROOT / "mxjob" / "core" / "constants.py").read_text()), generated)
+    exec(settings_docs.constants_text((ROOT / "mxjob" / "core" / "constants.py").read_text()), generated)
     assert generated["EXECUTOR_SETTINGS"][-1] == "decode_threads" and generated["DEFAULT"].decode_threads == 3
     spec_cls = partition.job_spec_class(generated["EXECUTOR_SETTINGS"], generated["DEFAULT"])
     assert spec_cls(model=None, preprocess=None, bucket="b").decode_threads == 3
@@ -120,7 +120,8 @@ def test_a_new_setting_reaches_every_destination_from_its_declaration_alone(monk
     assert {s.name: s.task for s in settings.SETTINGS if s.task}["decode_threads"] == "detect"  # as TASK_ONLY is
     assert extra.in_fingerprint({"task": "detect"}) and not extra.in_fingerprint({"task": "classify"})
     # The docs and conf/defaults.yaml.
-    assert "`--decode-threads`" in settings.options_markdown() and "decode_threads: 3" in settings.defaults_yaml()
+    assert "`--decode-threads`" in settings_docs.options_markdown()
+    assert "decode_threads: 3" in settings_docs.defaults_yaml()
 
 
 @pytest.mark.parametrize(("record", "destination"), [(mxinfer.Preprocess, "preprocess"), (mxinfer.ModelSpec, "model")])

@@ -8,7 +8,7 @@ import textwrap
 
 import yaml
 
-from mxjob.options.settings import _FINGERPRINT_WHEN, SECTIONS, SETTINGS, going_to
+from mxjob.options import settings  # read at each call: a test may add a setting to the table
 
 
 def constants_text(current: str) -> str:
@@ -22,8 +22,8 @@ def constants_text(current: str) -> str:
     lines = ["", "", "class DEFAULT:",
              '    """Every setting\'s default as the library and the executors use it '
              '(``Setting.library_default``)."""', ""]
-    lines += [f"    {s.name} = {s.library_default!r}" for s in SETTINGS]
-    executor = ", ".join(f'"{s.name}"' for s in going_to("executor"))
+    lines += [f"    {s.name} = {s.library_default!r}" for s in settings.SETTINGS]
+    executor = ", ".join(f'"{s.name}"' for s in settings.going_to("executor"))
     lines += ["", "", "#: The settings an executor reads (``to=\"executor\"``): ``JobSpec``'s option fields, "
               "in table order.",
               *textwrap.wrap(f"EXECUTOR_SETTINGS = ({executor})", 118, subsequent_indent="    ",
@@ -46,9 +46,9 @@ def defaults_yaml() -> str:
         '# "_" for "-", and go through the same types and ranges as the command line.',
         "# Generated from SETTINGS in mxjob/options/settings.py by `make docs`; do not edit by hand.",
     ]
-    for section in SECTIONS:
+    for section in settings.SECTIONS:
         lines += ["", f"# --- {section}"]
-        for s in SETTINGS:
+        for s in settings.SETTINGS:
             if s.section != section:
                 continue
             value = list(s.default) if isinstance(s.default, tuple) else s.default
@@ -80,10 +80,10 @@ def options_markdown() -> str:
         "**Resume** marks the settings that change what a line says about an image: `--resume` refuses to "
         "continue a run with a different value (see [Resume](resume.md)).",
     ]
-    for section in SECTIONS:
+    for section in settings.SECTIONS:
         out += ["", f"## {section[0].upper()}{section[1:]}", "",
                 "| Option | Default | Goes to | Resume | What it does |", "|---|---|---|---|---|"]
-        for s in SETTINGS:
+        for s in settings.SETTINGS:
             if s.section != section:
                 continue
             flags = ", ".join(f"`{f}`" for f in s.flags)
@@ -94,7 +94,7 @@ def options_markdown() -> str:
             if s.default == ():
                 default_cell = "none"
             resume = ("" if not s.fingerprint else f"{s.task} only" if s.task is not None
-                      else "yes" if s.fingerprint is True else _FINGERPRINT_WHEN[s.fingerprint])
+                      else "yes" if s.fingerprint is True else settings._FINGERPRINT_WHEN[s.fingerprint])
             goes = {"resolve": "driver"}.get(s.to, s.to)
             out.append(f"| {flags} | {_cell(default_cell)} | {goes} | {resume} | {_cell(s.help)} |")
     return "\n".join(out) + "\n"

@@ -341,7 +341,26 @@ def memory_chart(v: dict) -> str:
         return '<p class="empty" id="chart-memory">No worker has finished a task yet.</p>'
     numbers = sorted({round(10 ** x) for _, xs, _, _ in series for x in xs})
     return line_chart("chart-memory", series, "MB resident", x_label=lambda x: f"task {10 ** x:.0f}",
-                      x_ticks=[math.log10(n) for n in numbers])
+                      x_ticks=spaced([math.log10(n) for n in numbers]))
+
+
+#: The least distance between two labelled ticks, as a share of the axis: "task 200" and "task 219" never overlap.
+MIN_TICK_GAP = 0.12
+
+
+def spaced(ticks: list[float]) -> list[float]:
+    """``ticks`` (sorted) thinned so that no two are closer than :data:`MIN_TICK_GAP` of their span; the first
+    and the last are kept (the last replaces a kept one too close to it)."""
+    if len(ticks) < 3:
+        return ticks
+    gap = (ticks[-1] - ticks[0]) * MIN_TICK_GAP
+    kept = [ticks[0]]
+    for tick in ticks[1:-1]:
+        if tick - kept[-1] >= gap:
+            kept.append(tick)
+    if ticks[-1] - kept[-1] < gap and len(kept) > 1:
+        kept.pop()
+    return [*kept, ticks[-1]]
 
 
 # ----------------------------------------------------------------------------

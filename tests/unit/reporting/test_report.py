@@ -7,6 +7,7 @@ run as root); without it they are skipped, saying so.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -459,6 +460,16 @@ def test_download_and_decode_say_they_are_summed_over_the_download_threads_and_o
 def test_an_embed_run_does_not_blame_missing_labels_on_an_output_handler():
     assert report.labels_chart({"top1": [], "options": {"task": "embed"}}) == (
         '<p class="empty" id="chart-labels">No top-1 labels: an embed run writes vectors, not labels.</p>')
+
+
+def test_the_memory_charts_task_labels_never_crowd_each_other():
+    """Two workers whose last tasks are 200 and 219: the ticks keep 1 and the last, and drop what would overlap."""
+    ticks = report.spaced([math.log10(n) for n in (1, 2, 5, 10, 20, 50, 100, 200, 219)])
+    shown = [round(10 ** t) for t in ticks]
+    assert shown[0] == 1 and shown[-1] == 219 and 200 not in shown
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert min(gaps) >= report.MIN_TICK_GAP * (ticks[-1] - ticks[0])
+    assert report.spaced([0.0, 1.0]) == [0.0, 1.0]
 
 
 def test_one_image_is_one_image_not_1_images():

@@ -17,7 +17,7 @@ import math
 import time
 
 from mxjob import tasks
-from mxjob.core.errors import EXIT_TOO_MANY_ERRORS
+from mxjob.core.errors import EXIT_TOO_MANY_ERRORS, plural
 from mxjob.executor.stats import StatsFold
 from mxjob.reporting.progress import duration, iso
 from mxjob.reporting.summary import RATES
@@ -259,6 +259,9 @@ def throughput_chart(v: dict) -> str:
 def progress_chart(v: dict) -> str:
     """Done keys and batches over time, as a share of the run's totals (from the progress ticks)."""
     ticks, status = v["ticks"], v["status"]
+    if len(ticks) < 2:  # a run shorter than two progress lines draws no line: say so instead of empty axes
+        return (f'<p class="empty" id="chart-progress">The run took {plural(len(ticks), "progress tick")}: too '
+                f'short to draw progress over time (a tick every --progress-seconds).</p>')
     keys_total = (status.get("keys") or {}).get("total") or 1
     batches_total = (status.get("batches") or {}).get("total") or 1
     xs = [t["time"] for t in ticks]

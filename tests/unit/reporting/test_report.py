@@ -462,6 +462,16 @@ def test_an_embed_run_does_not_blame_missing_labels_on_an_output_handler():
         '<p class="empty" id="chart-labels">No top-1 labels: an embed run writes vectors, not labels.</p>')
 
 
+def test_a_run_too_short_for_two_ticks_says_so_instead_of_an_empty_progress_chart():
+    doc = status.status_document("succeeded", None, None, status.RunFacts(T0, {"output": "s3://b/o"}),
+                                 status.RunEnd(0))
+    one_tick = [{"time": T0 + 1, "keys": 5, "batches": 1, "failed": 0, "recent_rate": 5.0, "eta_seconds": None,
+                 "predicted_end": None}]
+    chart = report.progress_chart({"ticks": one_tick, "status": doc})
+    assert chart.startswith('<p class="empty" id="chart-progress">The run took 1 progress tick: too short')
+    assert "<svg" not in chart
+
+
 def test_the_memory_charts_task_labels_never_crowd_each_other():
     """Two workers whose last tasks are 200 and 219: the ticks keep 1 and the last, and drop what would overlap."""
     ticks = report.spaced([math.log10(n) for n in (1, 2, 5, 10, 20, 50, 100, 200, 219)])

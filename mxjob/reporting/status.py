@@ -107,10 +107,14 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, run: RunF
         spark = p.now - p.first_start if p.first_start else None
         # An ended run has nothing left to estimate: its tick's ETA would say when a stopped run finishes.
         eta = tick if tick and state == "running" else None
-        done = p.batches_done if end.durable_batches is None else end.durable_batches
+        done, keys_done = p.batches_done, p.keys_done
+        if end.durable_batches is not None:  # what the resume will find: its keys counted from the same batches
+            done = end.durable_batches
+            per_batch = -(-p.keys_total // p.batches_total) if p.batches_total else 0
+            keys_done = min(done * per_batch, p.keys_total)
         progress = {
             "batches": Done(done=done, total=p.batches_total),
-            "keys": Done(done=p.keys_done, total=p.keys_total), "errors": p.failed,
+            "keys": Done(done=keys_done, total=p.keys_total), "errors": p.failed,
             "images_per_second": round(p.keys_done / spark, 2) if spark else None,
             "images_per_second_recent": round(tick.recent_rate, 2) if tick else None,
             "eta_seconds": round(eta.eta_seconds, 1) if eta and eta.eta_seconds is not None else None,

@@ -238,8 +238,9 @@ def test_a_stopped_runs_last_status_has_the_durable_batches_of_that_moment_and_n
     monitor.close()
     doc = client.docs[-1]
     assert doc["state"] == state and doc["batches"] == {"done": 32, "total": 40}
+    assert doc["keys"] == {"done": 128, "total": 160}  # the same 32 batches' keys, 4 each, not the tick's 100
     assert doc.get("eta_seconds") is None and doc.get("predicted_end_iso") is None
-    assert "ETA" not in watch.describe(doc) and "32 of 40 batches" in watch.describe(doc)
+    assert "ETA" not in watch.describe(doc) and "32 of 40 batches, 128 of 160 images" in watch.describe(doc)
 
 
 def test_a_stopped_run_whose_work_prefix_cannot_be_read_keeps_the_ticks_count():

@@ -409,6 +409,8 @@ def eta_shown(st: dict) -> str:
     batches = st.get("batches") or {}
     if batches.get("total") and batches.get("done", 0) >= batches["total"]:
         return "every batch done"
+    if st.get("state") not in (None, "running"):  # a stopped run has no finish to estimate
+        return f"none: the run {st['state']}"
     return duration(st.get("eta_seconds"))
 
 

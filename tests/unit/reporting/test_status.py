@@ -18,7 +18,7 @@ import infer_main
 from mxjob.core.errors import EXIT_FAILED, JobError
 from mxjob.executor.stats import StatsFold
 from mxjob.outputs import work_prefix
-from mxjob.reporting import record_fields, records, status, watch
+from mxjob.reporting import record_fields, records, report, status, watch
 from mxjob.reporting.progress import Progress, Tick
 from mxjob.run.signals import Interrupted
 from mxjob.s3 import parallel_list
@@ -241,6 +241,7 @@ def test_a_stopped_runs_last_status_has_the_durable_batches_of_that_moment_and_n
     assert doc["keys"] == {"done": 128, "total": 160}  # the same 32 batches' keys, 4 each, not the tick's 100
     assert doc.get("eta_seconds") is None and doc.get("predicted_end_iso") is None
     assert "ETA" not in watch.describe(doc) and "32 of 40 batches, 128 of 160 images" in watch.describe(doc)
+    assert report.eta_shown(doc) == f"none: the run {state}"  # never "estimating" for a run that stopped
 
 
 def test_a_stopped_run_whose_work_prefix_cannot_be_read_keeps_the_ticks_count():

@@ -27,7 +27,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import psutil
 from botocore.exceptions import BotoCoreError, ClientError
 from urllib3.exceptions import ProtocolError
 
@@ -82,6 +81,8 @@ def dead_here(holder: dict) -> bool:
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
         return False
+    import psutil  # here: the watch's ops venv imports this module and has no psutil; only the driver asks
+
     try:  # a killed driver whose parent died with it may linger as a zombie until something reaps it
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

@@ -209,7 +209,7 @@ def test_no_local_server_for_remote_or_missing_endpoints():
 @pytest.mark.parametrize(("args", "message"), [
     (["--estimate-cluster", "ten"], "must be NODESxVCPUS"),
     (["--node-price", "-1"], "is not in the range x>=0"),
-    (["--estimate-images", "-1"], "is not in the range x>=0"),
+    (["--estimate-images", "-1"], "is not in the range 0<=x<=100000"),
 ])
 def test_bad_estimate_options_exit_2_before_any_work(runner, monkeypatch, args, message):
     ran = []

@@ -66,6 +66,12 @@ def _missing(exc: ClientError) -> bool:
     return _error_code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
+def conditional_refusal(exc: BaseException) -> bool:
+    """Whether S3 refused a conditional write because the object is not as the condition said: another ETag
+    (``If-Match``), one there already (``If-None-Match``), or none at all."""
+    return isinstance(exc, ClientError) and (_precondition_failed(exc) or _missing(exc))
+
+
 def holder_facts(run_id: str, output_uri: str, application: str | None, attempt: int,
                  now: float | None = None) -> dict:
     """What the lease says about the run that holds it."""
@@ -161,14 +167,21 @@ class Lease:
                 self.spent += time.monotonic() - started
         raise AssertionError("unreachable")
 
-    def _mine(self) -> bool:
-        """Whether the lease there now is this run's (a write whose answer was lost, then retried, found it
-        changed by itself); if so, its ETag is taken as this run's."""
-        found = self._read()
+    def _adopt(self, found: tuple[dict, str] | None) -> bool:
+        """Whether ``found`` (:meth:`_read`) is this run's own lease (a write whose answer was lost, then retried,
+        changed it itself); if so, its ETag is taken as this run's."""
         if found is None or found[0].get("run_id") != self.holder["run_id"]:
             return False
         self.etag = found[1]
         return True
+
+    def _still_mine(self, why: str) -> bool:
+        """After the ETag was found changed: read the lease once; this run's (:meth:`_adopt`), or lost (``why``)."""
+        found = self._read()
+        if self._adopt(found):
+            return True
+        self._lose(why, found)
+        return False
 
     def _put(self, **condition) -> None:
         response = self._call("put_object", Body=self._body(time.time()), ContentType="application/json",
@@ -212,9 +225,9 @@ class Lease:
             except ClientError as exc:
                 if not _precondition_failed(exc):
                     raise
-            if self._mine():
-                return
             found = self._read()
+            if self._adopt(found):
+                return
             if found is None:
                 continue  # released meanwhile: try to create it again
             other, etag = found
@@ -224,7 +237,7 @@ class Lease:
                 try:
                     self._put(IfMatch=etag)
                 except ClientError as exc:
-                    if _precondition_failed(exc) or _missing(exc):
+                    if conditional_refusal(exc):
                         continue  # another run took it over first: read it again
                     raise
                 log.warning("took over the lease on %s from %s (%s)", output_uri, why, describe(other, now))
@@ -261,10 +274,9 @@ class Lease:
                 try:
                     self._put(IfMatch=self.etag)
                 except ClientError as exc:
-                    if not (_precondition_failed(exc) or _missing(exc)):
+                    if not conditional_refusal(exc):
                         raise
-                    if not self._mine():
-                        self._lose("taken over or deleted while this run held it")
+                    if not self._still_mine("taken over or deleted while this run held it"):
                         return False
             except (ClientError, *_CUT) as exc:  # S3 unreachable for now: the lease lasts five heartbeats
                 log.warning("cannot renew the lease %s (%s); trying again at the next heartbeat", self.uri,
@@ -292,8 +304,8 @@ class Lease:
                 if not _missing(exc):
                     raise
                 etag = ""
-            if etag != self.etag and not self._mine():
-                self._lose("taken over or deleted while this run held it")
+            if etag != self.etag:
+                self._still_mine("taken over or deleted while this run held it")
         if self.lost:
             raise LeaseLost(f"this run lost its lease on the output ({self.uri}: {self.lost}); it stops and "
                             f"publishes nothing. Another run may be writing the output: see its status beside it")
@@ -309,11 +321,7 @@ class Lease:
             return True
         return True
 
-    def _lose(self, why: str) -> None:
-        try:
-            found = self._read()
-        except (ClientError, *_CUT):  # who holds it now is for the message only
-            found = None
+    def _lose(self, why: str, found: tuple[dict, str] | None) -> None:
         self.lost = f"{why}; now {describe(found[0])}" if found else why
         log.error("lease %s lost: %s", self.uri, self.lost)
 

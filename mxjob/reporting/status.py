@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from mxjob.core.errors import EXIT_FAILED, first_line
 from mxjob.executor.stats import StatsFold
 from mxjob.outputs.base import side_key
+from mxjob.outputs.lease import conditional_refusal
 from mxjob.reporting import report
 from mxjob.reporting.progress import STATUS_SECONDS, Progress, Tick, Ticks, iso
 from mxjob.reporting.record_fields import ABSENT, to_json
@@ -273,9 +274,7 @@ class RunMonitor:
             try:
                 self._put_once(key, text, content_type, condition)
             except Exception as exc:
-                code = getattr(exc, "response", {}).get("Error", {}).get("Code")
-                if not condition or code not in ("PreconditionFailed", "412", "NoSuchKey",
-                                                 "ConditionalRequestConflict"):
+                if not condition or not conditional_refusal(exc):
                     raise
                 if not self.lease.holds():
                     self._overtaken = True

@@ -35,7 +35,14 @@ from mxjob.outputs import iceberg_catalog, iceberg_run, merge
 from mxjob.reporting import record_fields, records
 from mxjob.s3 import parallel_list
 from mxjob.tasks import classify
-from tests.support.helpers import bucket_with_model, make_s3_client, put_digits, spark_submit, start_spark_submit
+from tests.support.helpers import (
+    bucket_with_model,
+    make_s3_client,
+    put_digits,
+    put_fake_model,
+    spark_submit,
+    start_spark_submit,
+)
 
 BUCKET = "iceberg-job"
 CATALOG = "jobcat"
@@ -165,8 +172,7 @@ def test_a_table_with_a_live_lease_in_its_home_refuses_another_run_before_any_wo
     s3 = make_s3_client(moto_endpoint)
     if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
         s3.create_bucket(Bucket=BUCKET)
-    for suffix in ("-symbol.json", "-0000.params"):
-        s3.put_object(Bucket=BUCKET, Key=f"model/fake{suffix}", Body=b"{}")
+    put_fake_model(s3, BUCKET)
     home = "warehouse/preds.db/_mxinfer/leased/"
     holder = leases.holder_facts("table-run", table_uri("leased"), None, 1)
     live = leases.Lease(s3, BUCKET, f"{home}_lease.json", holder)

@@ -99,6 +99,18 @@ def make_s3_client(endpoint: str):
                         aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
+#: The stand-in model's URI prefix under a bucket (:func:`put_fake_model`).
+FAKE_MODEL = "model/fake"
+
+
+def put_fake_model(s3, bucket: str) -> str:
+    """Two empty files where a model's symbol and params belong: enough for the runs that end before the model is
+    loaded (its files are only looked for). Returns the ``--model`` URI."""
+    for suffix in ("-symbol.json", "-0000.params"):
+        s3.put_object(Bucket=bucket, Key=f"{FAKE_MODEL}{suffix}", Body=b"{}")
+    return f"s3://{bucket}/{FAKE_MODEL}"
+
+
 def bucket_with_model(endpoint: str, bucket: str, model_dir: Path):
     """Create ``bucket`` and upload every file of ``model_dir`` under ``model/``; return the client."""
     s3 = make_s3_client(endpoint)

@@ -20,6 +20,7 @@ import pytest
 import infer_main
 from mxjob.core.errors import EXIT_FAILED
 from mxjob.outputs import lease as leases
+from tests.support.helpers import put_fake_model
 
 BUCKET = "lease-bucket"
 
@@ -161,8 +162,7 @@ def test_the_heartbeat_renews_until_stopped(moto_buckets):
 @pytest.fixture(scope="module")
 def world(moto_buckets):
     """A fake model (looked for, never loaded), one image, and per output an earlier run's files and a live lease."""
-    for suffix in ("-symbol.json", "-0000.params"):
-        moto_buckets.put_object(Bucket=BUCKET, Key=f"model/fake{suffix}", Body=b"{}")
+    put_fake_model(moto_buckets, BUCKET)
     moto_buckets.put_object(Bucket=BUCKET, Key="imgs/0.png", Body=b"not read")
     return moto_buckets
 

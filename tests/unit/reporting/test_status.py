@@ -22,6 +22,7 @@ from mxjob.reporting import record_fields, records, report, status, watch
 from mxjob.reporting.progress import Progress, Tick
 from mxjob.run.signals import Interrupted
 from mxjob.s3 import parallel_list
+from tests.support.helpers import put_fake_model
 
 BUCKET = "status-bucket"
 MODEL = f"s3://{BUCKET}/model/fake"
@@ -34,8 +35,7 @@ EARLIER = {"state": "succeeded", "exit_code": 0, "updated": 1.0, "elapsed_second
 @pytest.fixture(scope="module")
 def world(moto_buckets):
     """The fake model and one image (never read: the runs here end before the model is loaded)."""
-    for suffix in ("-symbol.json", "-0000.params"):
-        moto_buckets.put_object(Bucket=BUCKET, Key=f"model/fake{suffix}", Body=b"{}")
+    put_fake_model(moto_buckets, BUCKET)
     moto_buckets.put_object(Bucket=BUCKET, Key="imgs/0.png", Body=b"not read")
     return moto_buckets
 

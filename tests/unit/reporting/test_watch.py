@@ -14,6 +14,7 @@ from mxjob.core.errors import EXIT_FAILED, EXIT_USAGE, JobError
 from mxjob.options import config
 from mxjob.reporting import status, watch
 from mxjob.run import driver
+from tests.support.helpers import put_fake_model
 
 BUCKET = "watch-bucket"
 
@@ -59,8 +60,7 @@ def test_loopback_endpoints_are_the_ones_on_this_machine(endpoint, loopback):
 
 
 def test_watch_exits_at_once_with_the_code_of_a_run_that_failed_before_its_plan(moto_endpoint, moto_buckets):
-    for suffix in ("-symbol.json", "-0000.params"):  # only looked for (HEAD) before the listing fails
-        moto_buckets.put_object(Bucket=BUCKET, Key=f"model/fake{suffix}", Body=b"{}")
+    put_fake_model(moto_buckets, BUCKET)  # only looked for (HEAD): the runs here end before loading it
     cfg = config.resolve(config.merge_settings({
         "input": f"s3://{BUCKET}/no-images/", "model": f"s3://{BUCKET}/model/fake",
         "output": f"s3://{BUCKET}/failed/p.jsonl", "endpoint_url": moto_endpoint}, {}))

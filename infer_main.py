@@ -130,15 +130,7 @@ def help_text() -> str:
                                  "show_default": True}, params=config.OPTIONS, help=help_text())
 def main(config_uri, **values):
     """The job's command line (:data:`HELP`): read the options and the YAML once, run the job, exit with its code."""
-    ctx = click.get_current_context()
-    given = {k: v for k, v in values.items()
-             if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
-    yaml_settings = (load_yaml(config_uri, given.get("endpoint_url"), given.get("region"), given.get("s3_max_attempts"))
-                     if config_uri else {})
-    # The plug-ins first: their tasks and outputs are what --task and --output are checked against.
-    plugin_files = config.load_plugins(given, yaml_settings, config_uri or "--config")
-    settings = merge_settings(given, yaml_settings, config_uri or "--config")
-    cfg = replace(resolve(settings), plugin_files=plugin_files)
+    cfg, settings = read_job(click.get_current_context(), config_uri, values)
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -171,6 +163,31 @@ def main(config_uri, **values):
     if code == 0:
         satisfy_application_master()  # in cluster mode, a run that needed no Spark job must still start Spark
     sys.exit(code)
+
+
+def read_job(ctx: click.Context, config_uri: str | None, values: dict):
+    """The options given (command line and environment) and the YAML, read once: the job's config and settings."""
+    given = {k: v for k, v in values.items()
+             if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    yaml_settings = (load_yaml(config_uri, given.get("endpoint_url"), given.get("region"), given.get("s3_max_attempts"))
+                     if config_uri else {})
+    # The plug-ins first: their tasks and outputs are what --task and --output are checked against.
+    plugin_files = config.load_plugins(given, yaml_settings, config_uri or "--config")
+    settings = merge_settings(given, yaml_settings, config_uri or "--config")
+    return replace(resolve(settings), plugin_files=plugin_files), settings
+
+
+def check(argv: Sequence[str]) -> None:
+    """Read ``argv`` and its ``--config`` (from S3 too) as :func:`main` does, and stop: exit 2 with click's
+    message on a usage error, else 0. ``make submit-yarn`` runs it before YARN starts anything, so that
+    a missing config or a bad option is one line in seconds, not an application's two failed attempts."""
+    try:
+        with main.make_context("infer_main.py", list(argv)) as ctx:
+            values = dict(ctx.params)
+            read_job(ctx, values.pop("config_uri"), values)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
 
 
 def _exit_interrupted(exc: Interrupted, cfg: JobConfig, console: _Console):

@@ -14,10 +14,12 @@ the same way, against any S3, to rehearse an EMR step before paying for one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -52,6 +54,8 @@ LOCAL_THREADS = {
 }
 
 SUBMITTED = re.compile(r"Submitted application (application_\d+_\d+)")
+#: An ERROR or WARNING of the job's own log (infer_main.py's and the mxjob package's loggers).
+JOB_LOG = re.compile(r" (ERROR|WARNING) (infer_main|mxjob[.\w]*): ")
 
 
 def emr_spark_defaults(emr_yaml: Path = ROOT / "conf" / "emr.yaml") -> dict[str, str]:
@@ -161,25 +165,78 @@ def submit_env(local_s3: bool, endpoint: str | None = None) -> dict[str, str]:
     return env
 
 
+class Stopped(Exception):
+    """A signal reached ``make submit-yarn`` or ``make run-yarn`` while YARN ran the job."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
 def run_submit(command: list[str], env: dict[str, str], log: Path | None = None) -> tuple[int, str | None]:
-    """Run spark-submit, echoing its output (and copying it to ``log``); its exit code and the application id."""
+    """Run spark-submit, echoing its output (and copying it to ``log``); its exit code and the application id.
+
+    A SIGINT, SIGTERM or SIGHUP here (Ctrl-C, ``make`` stopped, the terminal
+    closed) kills the application through YARN before it ends spark-submit:
+    in cluster mode the application does not belong to spark-submit, and
+    would run on without it. :class:`Stopped` then says which signal came.
+    """
     app_id = None
     sink = open(log, "w") if log else None
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with subprocess.Popen(command, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, bufsize=1) as process:
-            for line in process.stdout:
-                sys.stdout.write(line)
-                if sink:
-                    sink.write(line)
-                match = SUBMITTED.search(line)
-                if match and app_id is None:
-                    app_id = match.group(1)
-            code = process.wait()
+                              text=True, bufsize=1, start_new_session=True) as process:
+            try:
+                for line in process.stdout:
+                    sys.stdout.write(line)
+                    if sink:
+                        sink.write(line)
+                    match = SUBMITTED.search(line)
+                    if match and app_id is None:
+                        app_id = match.group(1)
+                code = process.wait()
+            except Stopped as stop:
+                for sig in previous:  # a second Ctrl-C must not cut the kill short
+                    signal.signal(sig, signal.SIG_IGN)
+                stop_application(process, app_id, stop)
+                raise
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if sink:
             sink.close()
     return code, app_id
+
+
+def stop_application(process: subprocess.Popen, app_id: str | None, stop: Stopped) -> None:
+    """Kill ``app_id`` through YARN (found in spark-submit's last lines if it had not said it yet), then end
+    spark-submit, saying each step: the application would otherwise run on after spark-submit is gone."""
+    print(f"\n== {stop}: stopping the job", flush=True)
+    if app_id is None:
+        process.terminate()
+        rest, _ = process.communicate(timeout=30)
+        found = SUBMITTED.search(rest or "")
+        app_id = found.group(1) if found else None
+    if app_id is None:
+        print("   YARN had accepted no application: nothing runs", flush=True)
+    else:
+        print(f"   killing YARN application {app_id} (yarn application -kill {app_id})", flush=True)
+        try:
+            yarn_local.kill_app(app_id)
+        except yarn_local.YarnError as exc:
+            print(f"!! could not kill {app_id}: {exc}; it may still run: {yarn_local.YARN_CLI} application "
+                  f"-kill {app_id}", file=sys.stderr, flush=True)
+        else:
+            print(f"   {app_id} is {yarn_local.app_report(app_id)['state']}; the job's status says interrupted "
+                  "and keeps every finished batch: rerun with --resume to finish it", flush=True)
+    if process.poll() is None:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def describe_application(app_id: str) -> dict[str, str]:
@@ -191,11 +248,40 @@ def describe_application(app_id: str) -> dict[str, str]:
         print(f"   diagnostics: {report['diagnostics'][:500]}")
     dirs = yarn_local.container_log_dirs(app_id)
     drivers = [d for d in dirs if d.name.endswith("_000001")]
+    if report["final_status"] != "SUCCEEDED":
+        for folder in drivers:  # the job's own last word is in its driver's stdout, not in YARN's diagnostics
+            said = job_said(folder)
+            if said:
+                print(f"== the job said (attempt {int(folder.name.split('_')[-2])}, {folder.name}): {said}")
     print(f"== the containers' logs (stdout, stderr), {len(dirs)} containers:")
     for folder in dirs:
         role = "the driver (ApplicationMaster)" if folder in drivers else "an executor"
         print(f"   {folder.relative_to(ROOT)}  {role}")
     return report
+
+
+def job_said(container: Path) -> str | None:
+    """The job's last word in a driver container's logs (``stdout`` and ``stderr``): the ``Error: ...`` or
+    ``Interrupted by ...`` line it ends on, else the last ERROR of its log, else the last WARNING."""
+    lines = []
+    for name in ("stdout", "stderr"):
+        with contextlib.suppress(OSError):
+            lines += (container / name).read_text(errors="replace").splitlines()
+    for said in (lambda line: line.startswith(("Error:", "Interrupted by")),
+                 lambda line: JOB_LOG.search(line) and " ERROR " in line,
+                 lambda line: JOB_LOG.search(line)):
+        found = next((line for line in reversed(lines) if said(line)), None)
+        if found:
+            return found.strip()
+    return None
+
+
+def precheck(job_args: list[str], env: dict[str, str]) -> int:
+    """The job's options and ``--config`` read as the driver will read them, here, before YARN starts anything
+    (:func:`infer_main.check`): a usage error is one line in seconds, not two failed attempts; its exit code."""
+    done = subprocess.run([sys.executable, "-c", "import sys, infer_main; infer_main.check(sys.argv[1:])",
+                           *job_args], env=env, cwd=str(ROOT), check=False)
+    return done.returncode
 
 
 def job_exit_code(s3, bucket: str, output_key: str, fallback: int) -> int:
@@ -264,6 +350,10 @@ def main_submit(job_args: list[str]) -> int:
     properties = yarn_local.STATE / "submit" / "submit-yarn.conf"
     command = submit_command(job_args, conf, properties)
     env = submit_env(local, endpoint)
+    code = precheck(job_args, env)
+    if code != 0:
+        print(f"!! refused before submitting (exit {code}): nothing was sent to YARN", file=sys.stderr)
+        return code
     print("== " + shell_line(command, {"HADOOP_CONF_DIR": env["HADOOP_CONF_DIR"],
                                        "PYSPARK_ARCHIVES_PATH": env["PYSPARK_ARCHIVES_PATH"]}), flush=True)
     print(f"   (the Spark settings, conf/emr.yaml's scaled to the local YARN, are in {properties})", flush=True)
@@ -274,6 +364,7 @@ def main_submit(job_args: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--demo"]:
-        sys.exit(main_demo())
-    sys.exit(main_submit(sys.argv[1:]))
+    try:
+        sys.exit(main_demo() if sys.argv[1:2] == ["--demo"] else main_submit(sys.argv[1:]))
+    except Stopped as stopped:
+        sys.exit(128 + stopped.signum)

@@ -8,9 +8,11 @@ Their jars come from Maven Central at first use (``yarn/pom.xml``, cached in
 is installed outside the checkout. ``.yarn/conf/`` is the client configuration
 (``HADOOP_CONF_DIR``) that ``spark-submit --master yarn`` reads.
 
-The same JVM does to the cluster what the tests do to a real one, on request
-(:func:`request`): it stops a NodeManager (a lost node), kills an application
-as ``yarn application -kill`` does, and reports an application's state, its
+As on EMR's master, the ResourceManager's UI and REST API answer on its web
+address, and ``.yarn/bin/yarn`` is Hadoop's ``yarn`` command for it
+(:func:`write_cli`); :func:`kill_app` kills through the REST API. The same JVM
+does on request (:func:`request`) what YARN has no working API for here: it
+stops a NodeManager (a lost node), and reports an application's state, its
 attempts and containers as ``yarn application -status`` does.
 
     python -m demo.yarn_local up | down | status | kill APPLICATION_ID | report APPLICATION_ID
@@ -21,12 +23,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import getpass
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +42,8 @@ LOG = STATE / "yarn.log"
 CLASSES = STATE / "classes"
 CLASSPATH = STATE / "classpath.txt"
 STATE_FILE = STATE / "state.properties"
+#: The ``yarn`` command, as on EMR's master: ``.yarn/bin/yarn application -kill ID`` (:func:`write_cli`).
+YARN_CLI = STATE / "bin" / "yarn"
 
 #: Two NodeManagers of 8 GiB and 2 vcores each: the cluster is sized by memory, as on EMR (the
 #: capacity scheduler's default resource calculator places containers by memory alone), and two
@@ -71,6 +78,7 @@ class ClusterState:
 
     pid: int
     rm_address: str
+    rm_web: str
     nodes: tuple[Node, ...]
     node_memory_mb: int
     requests: tuple[str, ...]
@@ -84,7 +92,8 @@ class ClusterState:
             for i in range(int(props["nodes"])))
         requests = tuple(value for key, value in sorted(props.items(), key=lambda kv: _request_order(kv[0]))
                          if key.startswith("request."))
-        return cls(int(props["pid"]), props["rm.address"], nodes, int(props["node.memory_mb"]), requests)
+        return cls(int(props["pid"]), props["rm.address"], props["rm.web"], nodes, int(props["node.memory_mb"]),
+                   requests)
 
 
 def _request_order(key: str) -> int:
@@ -135,7 +144,33 @@ def build() -> str:
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise YarnError(f"javac failed on {java_source}:\n{done.stderr[-3000:]}")
+    write_cli(classpath)
     return f"{CLASSES}{os.pathsep}{classpath}"
+
+
+def write_cli(classpath: str) -> None:
+    """``.yarn/bin/yarn``: Hadoop's own command-line classes for applications, attempts, containers and nodes,
+    as ``/usr/bin/yarn`` runs them on EMR, with ``.yarn/conf`` as the client configuration."""
+    log4j = STATE / "log4j-cli.properties"
+    log4j.write_text("log4j.rootLogger=WARN, console\n"
+                     "log4j.logger.org.apache.hadoop.util.NativeCodeLoader=ERROR\n"
+                     "log4j.appender.console=org.apache.log4j.ConsoleAppender\n"
+                     "log4j.appender.console.target=System.err\n"
+                     "log4j.appender.console.layout=org.apache.log4j.PatternLayout\n"
+                     "log4j.appender.console.layout.ConversionPattern=%p %c{1}: %m%n\n")
+    YARN_CLI.parent.mkdir(exist_ok=True)
+    YARN_CLI.write_text(f"""#!/bin/sh
+# The yarn command of the local YARN (make yarn-up; written by demo/yarn_local.py): Hadoop's own classes.
+case "$1" in
+  application|applicationattempt|container) class=org.apache.hadoop.yarn.client.cli.ApplicationCLI ;;
+  node) class=org.apache.hadoop.yarn.client.cli.NodeCLI; shift ;;
+  *) echo "usage: yarn application|applicationattempt|container|node OPTIONS (Hadoop's; this local YARN has these)" >&2
+     exit 1 ;;
+esac
+exec java {" ".join(JAVA_OPENS)} -Dlog4j.configuration=file:{log4j} \\
+  -cp "{CONF_DIR}{os.pathsep}{classpath}" "$class" "$@"
+""")
+    YARN_CLI.chmod(0o755)
 
 
 def emr_yarn_site(emr_yaml: Path = ROOT / "conf" / "emr.yaml") -> dict[str, str]:
@@ -245,6 +280,23 @@ def request(name: str, timeout: float = 60.0) -> str:
     return outcome
 
 
+def rest(path: str, method: str = "GET", body: dict | None = None) -> dict:
+    """The ResourceManager's REST API, ``/ws/v1/cluster/PATH``, as on EMR's master (port 8088 there)."""
+    state = read_state()
+    if state is None:
+        raise YarnError("no local YARN runs: start one with make yarn-up")
+    # Unsecured YARN takes the caller's name from user.name (curl's ?user.name=$USER on EMR).
+    url = f"http://{state.rm_web}/ws/v1/cluster/{path}?user.name={getpass.getuser()}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={
+        "Accept": "application/json", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as answer:
+            return json.loads(answer.read())
+    except (OSError, ValueError) as exc:
+        raise YarnError(f"the ResourceManager's REST API did not answer {method} {url}: {exc}") from exc
+
+
 def app_report(app_id: str) -> dict[str, str]:
     """What YARN says of ``app_id``: its state, final status, diagnostics, attempts and containers."""
     request(f"report-app-{app_id}")
@@ -252,9 +304,15 @@ def app_report(app_id: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def kill_app(app_id: str) -> None:
-    """``yarn application -kill app_id``."""
-    request(f"kill-app-{app_id}")
+def kill_app(app_id: str, timeout: float = 60.0) -> None:
+    """``yarn application -kill app_id``, as ``curl -X PUT .../ws/v1/cluster/apps/ID/state`` does it on EMR:
+    returns once YARN says the application ended."""
+    rest(f"apps/{app_id}/state", "PUT", {"state": "KILLED"})
+    deadline = time.monotonic() + timeout
+    while rest(f"apps/{app_id}/state")["state"] not in ("KILLED", "FINISHED", "FAILED"):
+        if time.monotonic() > deadline:
+            raise YarnError(f"YARN did not end {app_id} in {timeout:.0f} s after the kill")
+        time.sleep(0.2)
 
 
 def stop_node(index: int) -> None:
@@ -267,6 +325,12 @@ def container_log_dirs(app_id: str) -> list[Path]:
     state = read_state()
     roots = [node.log_dir for node in state.nodes] if state else sorted(STATE.glob("nodes/nm-*/logs"))
     return sorted(path for root in roots for path in (root / app_id).glob("container_*"))
+
+
+def web_lines(state: ClusterState) -> str:
+    """Where YARN's UI, REST API and command are, as on EMR's master."""
+    return (f"YARN's UI: http://{state.rm_web}/cluster; its REST API: curl -s http://{state.rm_web}/ws/v1/cluster/info"
+            f"\n   the yarn command: {YARN_CLI.relative_to(ROOT)} application -list -appStates ALL")
 
 
 def hadoop_conf_line() -> str:
@@ -288,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "up":
             up()
-            print(f"   use it with:\n   {hadoop_conf_line()}\n   stop it with: make yarn-down", flush=True)
+            print(f"   use it with:\n   {hadoop_conf_line()}\n   {web_lines(read_state())}\n"
+                  "   stop it with: make yarn-down", flush=True)
         elif args.action == "down":
             down()
         elif args.action == "status":
@@ -301,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   node {node.index}: {node.node_id}, {'running' if node.running else 'stopped'}, "
                       f"container logs in {node.log_dir}")
             print(f"   {hadoop_conf_line()}")
+            print(f"   {web_lines(state)}")
         else:
             if not args.application:
                 parser.error(f"{args.action} needs an application id (application_..._NNNN)")

@@ -18,7 +18,9 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -260,7 +262,10 @@ def test_application_killed_through_yarn_is_interrupted_and_resume_finishes_it(l
     output_key = "killed-app/out.jsonl"
     batches = -(-len(world["keys"]) // BATCH)
     with slow_run(world, tmp_path, output_key, batches // 3) as (submission, app_id, _):
-        yarn_local.kill_app(app_id)
+        # The yarn command, as on EMR's master.
+        killed = subprocess.run([str(yarn_local.YARN_CLI), "application", "-kill", app_id], capture_output=True,
+                                text=True, timeout=120, check=False)
+        assert killed.returncode == 0, killed.stdout + killed.stderr
         code = submission.wait()
     assert code != 0
     report = yarn_local.app_report(app_id)
@@ -279,7 +284,8 @@ def test_application_killed_through_yarn_is_interrupted_and_resume_finishes_it(l
     assert summary["reused"] >= durable * BATCH - BATCH
 
 
-def test_a_run_that_exits_3_fails_on_yarn_and_the_second_attempt_ends_as_the_first(local_yarn, world, tmp_path):
+def test_a_run_that_exits_3_fails_on_yarn_and_the_second_attempt_ends_as_the_first(local_yarn, world, tmp_path,
+                                                                                    capsys):
     # More images failed than --max-errors allows: the output is whole, the exit code 3. YARN starts a
     # second attempt for any non-zero exit; it must neither say "already exists" nor score again.
     output_key = "too-many-errors/out.jsonl"
@@ -291,7 +297,75 @@ def test_a_run_that_exits_3_fails_on_yarn_and_the_second_attempt_ends_as_the_fir
     assert status_of(world["s3"], output_key)["exit_code"] == 3
     assert summary_of(world["s3"], output_key)["spark"]["yarn_attempt"] == 1
     assert "attempt 1 finished the run (exit code 3), so this attempt ends as it did" in submission.logs()
+    # make submit-yarn's account of it: the job's own last word from each attempt's driver, not only YARN's.
+    run_yarn.describe_application(submission.app_id())
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("== the job said")]
+    assert [line.split(",")[0] for line in said] == ["== the job said (attempt 1", "== the job said (attempt 2"]
+    assert "failed, more than --max-errors 0 allows" in said[0], said
     assert len(read(world["s3"], output_key).decode().splitlines()) == len(world["keys"])
+
+
+def test_the_local_yarn_answers_as_emrs_does_on_its_web_ui_rest_api_and_yarn_command(local_yarn):
+    web = f"http://{local_yarn.rm_web}"
+    with urllib.request.urlopen(f"{web}/ws/v1/cluster/info", timeout=30) as answer:
+        assert json.loads(answer.read())["state"] == "STARTED"
+    with urllib.request.urlopen(f"{web}/cluster/apps", timeout=30) as answer:
+        assert "All Applications" in answer.read().decode()
+    conf = (yarn_local.CONF_DIR / "yarn-site.xml").read_text()
+    assert f"<name>yarn.resourcemanager.webapp.address</name><value>{local_yarn.rm_web}</value>" in conf
+    nodes = subprocess.run([str(yarn_local.YARN_CLI), "node", "-list"], capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert nodes.returncode == 0 and nodes.stdout.count("RUNNING") == yarn_local.NODES, nodes.stdout + nodes.stderr
+
+
+def yarn_applications() -> int:
+    listed = subprocess.run([str(yarn_local.YARN_CLI), "application", "-list", "-appStates", "ALL"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    return int(re.search(r"Total number of applications .*:(\d+)", listed.stdout).group(1))
+
+
+def submit_yarn(*args: str) -> subprocess.Popen:
+    """``make submit-yarn ARGS='...'`` (demo/run_yarn.py), in the background, its output piped."""
+    return subprocess.Popen([sys.executable, "-m", "demo.run_yarn", *args], cwd=str(run_yarn.ROOT), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_submit_yarn_refuses_a_missing_config_in_seconds_and_sends_nothing_to_yarn(local_yarn, world):
+    before = yarn_applications()
+    config = f"s3://{BUCKET}/conf/no-such-job.yaml"
+    refused = submit_yarn("--config", config, "--endpoint-url", world["endpoint"])
+    out, _ = refused.communicate(timeout=120)
+    assert refused.returncode == 2, out
+    assert f"Error: cannot read --config {config}" in out
+    assert "nothing was sent to YARN" in out
+    assert yarn_applications() == before
+
+
+def test_stopping_submit_yarn_kills_the_application_and_says_so(local_yarn, world):
+    output_key = "stopped-submit/out.jsonl"
+    with S3Proxy(world["endpoint"], latency=0.05) as proxy:
+        submitted = submit_yarn(*job_args(output_key, "--io-threads", "1", "--endpoint-url", proxy.endpoint))
+        lines = []
+        for line in submitted.stdout:  # until YARN runs the job and a batch is durable
+            lines.append(line)
+            app = run_yarn.SUBMITTED.search(line)
+            if app:
+                break
+        assert app, "".join(lines)
+        deadline = time.monotonic() + 240
+        while durable_parts(world["s3"], output_key) == 0:
+            assert time.monotonic() < deadline, "no batch became durable"
+            time.sleep(0.5)
+        submitted.send_signal(signal.SIGTERM)  # what make does to its recipe when it is stopped
+        out, _ = submitted.communicate(timeout=180)
+    assert submitted.returncode == 128 + signal.SIGTERM, out
+    assert f"killing YARN application {app.group(1)}" in out
+    assert yarn_local.app_report(app.group(1))["state"] == "KILLED"
+    deadline = time.monotonic() + 60
+    while status_of(world["s3"], output_key)["state"] == "running":  # the driver writes it as YARN stops it
+        assert time.monotonic() < deadline, status_of(world["s3"], output_key)
+        time.sleep(0.5)
+    assert status_of(world["s3"], output_key)["state"] == "interrupted"
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@ import java.io.File;
 import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.OutputStream;
+import java.lang.reflect.Field;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.StandardCopyOption;
@@ -36,15 +37,18 @@ import org.apache.hadoop.yarn.server.nodemanager.NodeManager;
  * <p>Arguments: the state folder (.yarn), the number of NodeManagers, each one's
  * memory in MB and vcores, then yarn-site settings as KEY=VALUE. It writes STATE/conf/yarn-site.xml and core-site.xml
  * (the client configuration, HADOOP_CONF_DIR) and STATE/state.properties (its
- * pid, the ResourceManager's addresses, each NodeManager's node id, web address
- * and whether it runs), then serves until SIGTERM. What the tests do to a real
- * cluster's nodes and applications, it does on request: a file
- * STATE/control/stop-node-I stops NodeManager I (its containers are killed and
- * it leaves the cluster, as a lost node does), kill-app-ID kills an application
- * through YarnClient, exactly as `yarn application -kill ID` does, and
- * report-app-ID writes what `yarn application -status ID` and the attempts'
- * and containers' listings say to STATE/reports/ID.properties. Each request
- * file is deleted once done; its outcome is in the state file.
+ * pid, the ResourceManager's RPC and web addresses, each NodeManager's node id,
+ * web port and whether it runs), then serves until SIGTERM. Applications are
+ * reported and killed as on any YARN: the ResourceManager's REST API and UI,
+ * or the `yarn` command (.yarn/bin/yarn). On request, it does what the tests
+ * need and YARN has no API for here: a file STATE/control/stop-node-I stops
+ * NodeManager I (its containers are killed and it leaves the cluster, as a
+ * lost node does), and report-app-ID writes what `yarn application -status ID`
+ * and the attempts' and containers' listings say to STATE/reports/ID.properties
+ * (the REST API's JSON records are of no use here: hadoop-client-minicluster
+ * relocates JAXB but not the annotations of YARN's records, so Jersey writes
+ * them field-less). Each request file is deleted once done; its outcome is in
+ * the state file.
  */
 public final class LocalYarn {
     private static final long POLL_MS = 100;
@@ -106,7 +110,7 @@ public final class LocalYarn {
         ResourceUtils.resetResourceTypes(conf);
         // Several NodeManagers in one JVM register metrics sources of the same names.
         DefaultMetricsSystem.setMiniClusterMode(true);
-        ResourceManager rm = new ResourceManager();
+        LateWebResourceManager rm = new LateWebResourceManager();
         rm.init(conf);
         rm.start();
         // The RM's services write the ports they bound (":0" asked for any) back into its configuration.
@@ -142,6 +146,11 @@ public final class LocalYarn {
             }
             Thread.sleep(POLL_MS);
         }
+
+        // The ResourceManager's web UI and REST API last, once every NodeManager's web server runs (see
+        // LateWebResourceManager), at the address the client configuration then names.
+        int webPort = rm.startWebAppLast();
+        live.set(YarnConfiguration.RM_WEBAPP_ADDRESS, HOST + ":" + webPort);
 
         File confDir = new File(state, "conf");
         confDir.mkdirs();
@@ -181,10 +190,6 @@ public final class LocalYarn {
             if (request.startsWith("stop-node-")) {
                 int index = Integer.parseInt(request.substring("stop-node-".length()));
                 cluster[index].stop();
-                return request + " done";
-            }
-            if (request.startsWith("kill-app-")) {
-                client.killApplication(ApplicationId.fromString(request.substring("kill-app-".length())));
                 return request + " done";
             }
             return request + " unknown";
@@ -242,6 +247,7 @@ public final class LocalYarn {
         StringBuilder out = new StringBuilder();
         out.append("pid=").append(ProcessHandle.current().pid()).append('\n');
         out.append("rm.address=").append(live.get(YarnConfiguration.RM_ADDRESS)).append('\n');
+        out.append("rm.web=").append(live.get(YarnConfiguration.RM_WEBAPP_ADDRESS)).append('\n');
         out.append("nodes=").append(nodes).append('\n');
         out.append("node.memory_mb=").append(nodeMb).append('\n');
         out.append("node.vcores=").append(nodeVcores).append('\n');
@@ -262,5 +268,36 @@ public final class LocalYarn {
         Files.write(partial.toPath(), out.toString().getBytes(StandardCharsets.UTF_8));
         Files.move(partial.toPath(), new File(state, "state.properties").toPath(),
                 StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+    }
+
+    /**
+     * A ResourceManager whose web application starts when asked, after the NodeManagers'.
+     *
+     * <p>Hadoop's web applications route requests through Guice's GuiceFilter, whose request
+     * pipeline is static: in one JVM the last web application started serves every web port (Guice
+     * logs "Multiple Servlet injectors detected"). Started last, the ResourceManager's is the one
+     * that answers, on its own port, as on EMR's master: its UI and REST API
+     * (/ws/v1/cluster/...). The NodeManagers' ports then answer with it too.
+     */
+    static final class LateWebResourceManager extends ResourceManager {
+        private boolean webAsked;
+
+        @Override
+        protected void startWepApp() {
+            if (webAsked) {
+                super.startWepApp();
+            }
+        }
+
+        /** Start the web application now; the port it bound. */
+        int startWebAppLast() throws ReflectiveOperationException {
+            webAsked = true;
+            startWepApp();
+            // ResourceManager keeps its WebApp private; WebApp.port() is public.
+            Field field = ResourceManager.class.getDeclaredField("webApp");
+            field.setAccessible(true);
+            Object webApp = field.get(this);
+            return (Integer) webApp.getClass().getMethod("port").invoke(webApp);
+        }
     }
 }

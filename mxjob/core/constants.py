@@ -91,6 +91,7 @@ class DEFAULT:
     estimate_images = 32
     estimate_cluster = None
     node_price = None
+    master_price = None
     dry_run = False
     app_name = 'mxnet-batch-inference'
     log_level = 'INFO'

@@ -430,7 +430,7 @@ def resolve_output(s: Settings, in_bucket: str | None) -> outputs.Output | None:
 
 def check_run_mode(s: Settings) -> None:
     """The settings that exclude each other: --resume and --overwrite; int8 on a GPU; another task's options;
-    --skip-existing's."""
+    --skip-existing's; --master-price without --node-price."""
     check_task_options(s)
     if s["resume"] and s["overwrite"]:
         raise click.UsageError("give --resume (finish an earlier run) or --overwrite (start again), not both")
@@ -443,6 +443,9 @@ def check_run_mode(s: Settings) -> None:
     if s["skip_existing"] and s["overwrite"]:
         raise click.UsageError(f"{s.name('skip_existing')} keeps the output's rows and adds the new keys; "
                                "--overwrite replaces the output: give one or the other")
+    if s["master_price"] is not None and s["node_price"] is None:
+        raise click.UsageError(f"{s.name('master_price')} prices the master beside the core nodes: give the core "
+                               "nodes' --node-price too")
 
 
 def check_task_options(s: Settings) -> None:

@@ -420,9 +420,12 @@ SETTINGS: tuple[Setting, ...] = (
        type=CheckedText("NxVCPUS", cluster_shape),
        show_default="the Spark configuration in force (its executors times their threads)"),
     _s("node_price", "--node-price", "estimate",
-       "USD per node-hour, core and master nodes alike: the estimate then gives what the cluster bills, from its "
-       "start-up to its idle timeout, part by part.",
+       "USD per core node-hour (m5.2xlarge in conf/emr.yaml): the estimate then gives what the cluster bills, "
+       "from its start-up to its idle timeout, part by part.",
        type=FiniteNumber(min=0), metavar="USD"),
+    _s("master_price", "--master-price", "estimate",
+       "USD per master node-hour (m5.xlarge in conf/emr.yaml, about half a core node), with --node-price.",
+       type=FiniteNumber(min=0), metavar="USD", show_default="--node-price"),
     # --- run
     _s("dry_run", "--dry-run/--no-dry-run", "run",
        "List, plan, load the model, score one image, check the output may be written; no Spark job. The plan is "

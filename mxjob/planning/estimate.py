@@ -60,7 +60,7 @@ TASK_OVERHEAD_SECONDS = 0.25
 #: that bootstrap. A cluster's own figure is the gap between CreationDateTime and ReadyDateTime in
 #: ``aws emr describe-cluster``'s Status.Timeline.
 CLUSTER_START_SECONDS = 8 * 60
-#: Master nodes billed beside the core nodes, at --node-price too: conf/emr.yaml's master.count.
+#: Master nodes billed beside the core nodes, at --master-price (else --node-price): conf/emr.yaml's master.count.
 MASTER_NODES = 1
 #: Seconds a cluster bills after its last step before it ends itself: conf/emr.yaml's idle_timeout_seconds,
 #: which the job never reads (a test keeps the two equal). A cluster that ends with its step
@@ -186,7 +186,8 @@ def _threads_shared(instances: int, tasks: int, host_vcpus: int) -> Cluster:
 
 @dataclass(frozen=True)
 class Cost:
-    """What the whole cluster bills for a run at ``node_price`` USD a node-hour, part by part (:func:`cluster_cost`).
+    """What the whole cluster bills for a run at ``node_price`` USD a core node-hour and ``master_price`` a master
+    node-hour, part by part (:func:`cluster_cost`).
 
     The core nodes bill through the start-up (provisioning and bootstrap),
     the job and the idle time after it, each a part; the master node bills
@@ -194,6 +195,7 @@ class Cost:
     """
 
     node_price: float
+    master_price: float
     core_nodes: int
     master_nodes: int
     start_up_hours: float
@@ -207,7 +209,8 @@ class Cost:
 
     def describe(self) -> str:
         """The parts in words, for the driver's log line."""
-        return (f"${self.total_usd:,.2f} at ${self.node_price}/node-hour: {self.core_nodes} core nodes x "
+        return (f"${self.total_usd:,.2f} at ${self.node_price}/core node-hour and ${self.master_price}/master "
+                f"node-hour: {self.core_nodes} core nodes x "
                 f"{self.job_hours:.2f} h of job ${self.core_nodes_job_usd:,.2f} + start-up (provisioning and "
                 f"bootstrap, assumed) {self.core_nodes} x {self.start_up_hours:.2f} h ${self.start_up_usd:,.2f} + "
                 f"master {self.master_nodes} x {self.start_up_hours + self.job_hours + self.idle_hours:.2f} h "
@@ -217,8 +220,10 @@ class Cost:
 
 
 def cluster_cost(core_nodes: int, node_price: float, job_seconds: float, *, start_up_seconds: float | None = None,
-                 idle_seconds: float | None = None, master_nodes: int = MASTER_NODES) -> Cost:
-    """The :class:`Cost` of ``core_nodes`` and ``master_nodes`` at ``node_price`` for a job of ``job_seconds``.
+                 idle_seconds: float | None = None, master_nodes: int = MASTER_NODES,
+                 master_price: float | None = None) -> Cost:
+    """The :class:`Cost` of ``core_nodes`` at ``node_price`` and ``master_nodes`` at ``master_price`` (by default
+    ``node_price``) for a job of ``job_seconds``.
 
     Start-up and idle time default to :data:`CLUSTER_START_SECONDS` and
     :data:`IDLE_TIMEOUT_SECONDS`.
@@ -226,11 +231,12 @@ def cluster_cost(core_nodes: int, node_price: float, job_seconds: float, *, star
     start = (CLUSTER_START_SECONDS if start_up_seconds is None else start_up_seconds) / 3600
     idle = (IDLE_TIMEOUT_SECONDS if idle_seconds is None else idle_seconds) / 3600
     job = job_seconds / 3600
+    master_price = node_price if master_price is None else master_price
     parts = {"core_nodes_job_usd": core_nodes * node_price * job, "start_up_usd": core_nodes * node_price * start,
-             "master_usd": master_nodes * node_price * (start + job + idle),
+             "master_usd": master_nodes * master_price * (start + job + idle),
              "idle_usd": core_nodes * node_price * idle}
-    return Cost(node_price=node_price, core_nodes=core_nodes, master_nodes=master_nodes, start_up_hours=start,
-                job_hours=job, idle_hours=idle, **parts, total_usd=sum(parts.values()))
+    return Cost(node_price=node_price, master_price=master_price, core_nodes=core_nodes, master_nodes=master_nodes,
+                start_up_hours=start, job_hours=job, idle_hours=idle, **parts, total_usd=sum(parts.values()))
 
 
 @dataclass(frozen=True)
@@ -270,7 +276,7 @@ class Estimate:
 
 
 def project(sample: SampleCost, images: int, batch_size: int, cluster: Cluster, *, start_seconds: float,
-            node_price: float | None = None) -> Estimate:
+            node_price: float | None = None, master_price: float | None = None) -> Estimate:
     """The wall time (and cost) of scoring ``images`` in batches of ``batch_size`` on ``cluster``.
 
     Each executor slot keeps ``cluster.threads`` vCPUs busy with its forward
@@ -279,8 +285,8 @@ def project(sample: SampleCost, images: int, batch_size: int, cluster: Cluster, 
     :data:`TASK_OVERHEAD_SECONDS`, and the batches run in waves over the
     slots (the last wave may be partly idle). Before the first wave:
     ``start_seconds`` (:func:`start_seconds`: Spark's start-up, MXNet's
-    import and the model's load on each worker). ``node_price`` prices the
-    whole cluster for that wall time (:func:`cluster_cost`).
+    import and the model's load on each worker). ``node_price`` (and
+    ``master_price``) price the whole cluster for that wall time (:func:`cluster_cost`).
     """
     cpu_per_image = sample.cpu_seconds_per_image
     batches = math.ceil(images / batch_size) if images else 0
@@ -289,7 +295,7 @@ def project(sample: SampleCost, images: int, batch_size: int, cluster: Cluster, 
     waves = math.ceil(batches / slots)
     compute = waves * batch_seconds
     wall = start_seconds + compute if batches else 0.0
-    cost = None if node_price is None else cluster_cost(cluster.nodes, node_price, wall)
+    cost = None if node_price is None else cluster_cost(cluster.nodes, node_price, wall, master_price=master_price)
     return Estimate(
         sample_images=sample.images, cpu_seconds_per_image=cpu_per_image,
         s3_server_cpu_seconds_per_image=sample.s3_server_cpu_seconds_per_image,

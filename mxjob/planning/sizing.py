@@ -121,7 +121,7 @@ def estimate_run(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Clus
         # task's overhead (a warm 28-image job's tasks took 0.42 s of its 1.05 s).
         start = max(estimate.TASK_OVERHEAD_SECONDS, start - head_start)
     projected = estimate.project(cost, to_score, cfg.batch_size, cluster, start_seconds=start,
-                                 node_price=cfg.node_price)
+                                 node_price=cfg.node_price, master_price=cfg.master_price)
     price = "" if projected.cost is None else f", about {projected.cost.describe()}"
     log.info("estimate: %d images in about %s (%.1f images/s on %d vCPUs: %s, after %.0f s of start-up)%s; measured "
              "on %d images at %.1f ms of CPU each", to_score, _duration(projected.wall_seconds),

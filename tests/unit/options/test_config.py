@@ -525,7 +525,7 @@ def test_dry_run_plan_holds_the_estimate_for_the_cluster_asked(small_world, stde
     assert estimate["cost_usd"] == pytest.approx(11 * 0.5 * hours, abs=0.01)
     assert estimate["cost"]["total_usd"] == pytest.approx(estimate["cost_usd"], abs=0.01)
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("estimate:")]
-    assert "on 160 vCPUs: --estimate-cluster 10x16" in line and "at $0.5/node-hour" in line
+    assert "on 160 vCPUs: --estimate-cluster 10x16" in line and "at $0.5/core node-hour" in line
     assert all(part in line for part in ("10 core nodes x", "start-up", "master 1 x", "idle", "= total $"))
 
 

@@ -125,6 +125,16 @@ def test_each_part_of_the_cost_is_its_nodes_times_the_price_times_its_hours():
                                            + cost.idle_usd)
 
 
+def test_the_master_is_priced_at_its_own_price_when_given():
+    same = estimate.cluster_cost(10, 0.5, 5400, start_up_seconds=480, idle_seconds=900)
+    cheaper = estimate.cluster_cost(10, 0.5, 5400, start_up_seconds=480, idle_seconds=900, master_price=0.25)
+    assert cheaper.master_usd == pytest.approx(same.master_usd / 2)  # 1 x 0.25 x (0.13333 + 1.5 + 0.25)
+    assert (cheaper.core_nodes_job_usd, cheaper.start_up_usd, cheaper.idle_usd) == (
+        same.core_nodes_job_usd, same.start_up_usd, same.idle_usd)
+    assert cheaper.total_usd == pytest.approx(same.total_usd - same.master_usd / 2)
+    assert "$0.5/core node-hour and $0.25/master node-hour" in cheaper.describe()
+
+
 def test_the_estimate_prices_the_whole_cluster_for_as_long_as_it_bills_and_names_each_part():
     priced = project(cluster="3x4", price=1.5)
     cost = priced.cost
@@ -222,7 +232,15 @@ def test_bad_estimate_options_exit_2_before_any_work(runner, monkeypatch, args, 
 def test_estimate_options_reach_the_config(runner, monkeypatch):
     ran = []
     monkeypatch.setattr(infer_main, "run_job", lambda cfg, **_: ran.append(cfg) or 0)
-    result = runner.invoke(infer_main.main, [*BASE, "--estimate-cluster", "10x16", "--node-price", "0.77"])
+    result = runner.invoke(infer_main.main, [*BASE, "--estimate-cluster", "10x16", "--node-price", "0.77",
+                                             "--master-price", "0.38"])
     assert result.exit_code == 0, result.output
     [cfg] = ran
-    assert (cfg.estimate_cluster, cfg.node_price, cfg.estimate_images) == ("10x16", 0.77, 32)
+    assert (cfg.estimate_cluster, cfg.node_price, cfg.master_price, cfg.estimate_images) == ("10x16", 0.77, 0.38, 32)
+
+
+def test_a_master_price_without_the_core_nodes_price_is_refused(runner):
+    result = runner.invoke(infer_main.main, [*BASE, "--master-price", "0.38"])
+    assert result.exit_code == 2
+    assert "--master-price prices the master beside the core nodes: give the core nodes' --node-price too" in (
+        result.output)

@@ -38,6 +38,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -57,6 +59,11 @@ from mxjob.run.signals import Interrupted
 
 log = logging.getLogger("infer_main")  # not __name__: spark-submit runs this file as __main__
 
+#: How often the driver looks whether spark-submit's JVM, its parent, is still there (_Console.watch_parent).
+PARENT_POLL_SECONDS = 0.5
+#: How long the driver then leaves a Spark call to notice the JVM's end by itself before it stops the run.
+PARENT_GRACE_SECONDS = 2.0
+
 
 class _Console:
     """Where the last word of a run that did not finish goes, even if spark-submit's JVM is gone.
@@ -70,7 +77,7 @@ class _Console:
     """
 
     def __init__(self):
-        self.parent, self.fd = os.getppid(), None
+        self.parent, self.fd, self.lost_parent = os.getppid(), None, False
         # Read now: once the JVM is gone, its command line (the resume command's spark options) is too.
         self.jvm_cmdline = rerun.parent_jvm_cmdline()
         try:
@@ -79,6 +86,30 @@ class _Console:
                     self.fd = os.open(f"/proc/{self.parent}/fd/2", os.O_WRONLY | os.O_APPEND)
         except OSError:  # not Linux, not a JVM parent, or its stderr cannot be opened: use ours
             self.fd = None
+
+    def watch_parent(self) -> None:
+        """Stop the run as interrupted once spark-submit's JVM is gone (a SIGTERM or Ctrl-C to it alone).
+
+        Once Spark runs a job, the JVM's shutdown hook stops the SparkContext
+        and the driver hears of it (:data:`mxjob.run.signals.JVM_SHUTDOWN`).
+        While the driver lists or checks the model it makes no Spark call, and
+        would go on to fail at its next one. A daemon thread polls the parent
+        (there is no portable notice of a parent's death) and sends this
+        process the SIGTERM the JVM's end amounts to.
+        """
+        if self.fd is None:
+            return
+
+        def watch():
+            while os.getppid() == self.parent:
+                time.sleep(PARENT_POLL_SECONDS)
+            # A Spark call in flight fails at once and ends the run its own way, saying what is durable.
+            time.sleep(PARENT_GRACE_SECONDS)
+            if not (signals.received or signals.ending.is_set()):  # nothing else is ending the run
+                self.lost_parent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="watch-spark-submit-jvm", daemon=True).start()
 
     def say(self, line: str, parent_going: bool = False) -> None:
         """Print ``line`` once, credentials masked, where the user sees it: through the JVM while it lives, else
@@ -139,9 +170,13 @@ def main(config_uri, **values):
         log.info("%s", note)
     console = _Console()
     previous = {sig: signal.signal(sig, signals.raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
+    console.watch_parent()
     try:
         code = run_job(cfg, resume_command=resume_command(sys.argv, console.jvm_cmdline))
     except Interrupted as exc:
+        if console.lost_parent:  # say what happened: the JVM went, not a signal to this process
+            work, exc = getattr(exc, "work", None), Interrupted(exc.signum, signals.JVM_SHUTDOWN)
+            exc.work = work
         _exit_interrupted(exc, cfg, console)
     except JobError as exc:
         if signals.received:  # the JVM failed first, because it was signalled too

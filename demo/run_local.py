@@ -235,15 +235,17 @@ def main(keep_s3: bool = False, iceberg: bool = False) -> int:
         summary = json.loads(summary_text)
         summary_copy = kept / f"{sidecars[1]}summary.json"
         summary_copy.write_text(summary_text)
+        # A table's runs keep their summary under its _mxinfer/ home, not beside its name.
+        summary_uri = f"s3://{bucket}/{sidecars[0]}summary.json"
         report_copy = kept / f"{sidecars[1]}report.html"
         s3.download_file(bucket, f"{sidecars[0]}report.html", str(report_copy))
         if keep_s3:
-            code = report(lines, summary, summary_copy, config, started)
+            code = report(lines, summary, summary_copy, summary_uri, config, started)
             catalog = {k: v for k, v in os.environ.items() if k.startswith("PYICEBERG_CATALOG__")} if iceberg else None
             print(keep_s3_message(endpoint, job_args, catalog), flush=True)
             print(f"\n== {wait_until_stopped()}: stopping the local S3 server", flush=True)
             return code
-    return report(lines, summary, summary_copy, config, started)
+    return report(lines, summary, summary_copy, summary_uri, config, started)
 
 
 def iceberg_output(s3, endpoint: str, kept: Path) -> tuple[list[str], str, tuple[str, str]]:
@@ -271,7 +273,8 @@ def iceberg_output(s3, endpoint: str, kept: Path) -> tuple[list[str], str, tuple
     return lines, summary_text, (home + "_", "digits.")
 
 
-def report(lines: list[str], summary: dict, summary_copy: Path, config: dict, started: float) -> int:
+def report(lines: list[str], summary: dict, summary_copy: Path, summary_uri: str, config: dict,
+           started: float) -> int:
     """Print the first lines, the summary and the demo's accuracy; 0 if the accuracy is as expected."""
     print(f"\n== {len(lines)} lines in {config['output']}; the first five:")
     for line in lines[:5]:
@@ -284,7 +287,7 @@ def report(lines: list[str], summary: dict, summary_copy: Path, config: dict, st
                                for name, worker in summary["python_workers"].items()}
     print(json.dumps(brief, indent=2))
     print("   (the whole summary, with per-executor timing and memory, is in "
-          f"{summary_copy.relative_to(ROOT)}, a copy of {config['output']}.summary.json)")
+          f"{summary_copy.relative_to(ROOT)}, a copy of {summary_uri})")
     rows = [json.loads(line) for line in lines]
     correct = sum(1 for row in rows if "predictions" in row
                   and row["predictions"][0]["class_id"] == make_demo.true_label(row["key"]))

@@ -180,6 +180,7 @@ def run_spark(cfg: JobConfig, run: work_prefix.Run, plan_key: str, start: SparkS
         fold = stats.value
         fold.lost_task_attempts = lost_task_attempts(sc, group)
     except BaseException as exc:
+        signals.ending.set()
         start.run_ended()
         stop.set()
         finished = stats.value  # the tasks that did finish: their workers' memory, for the message below

@@ -34,6 +34,7 @@ from mxjob.planning.sizing import choose_batch, size_run
 from mxjob.reporting.progress import STATUS_SECONDS
 from mxjob.reporting.status import RunMonitor
 from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
+from mxjob.run import signals
 from mxjob.run.checks import check_model_files, check_on_driver, prepare_handler, refuse_own_inputs
 from mxjob.run.dry_run import dry_run
 from mxjob.run.keys import list_images
@@ -107,11 +108,16 @@ def claim_output(cfg: JobConfig, client, retry: bool) -> Lease | None:
 def monitored_run(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool,
                   spark_conf: dict | None, lease: Lease | None) -> int:
     """The run under its status (:func:`open_status`) and its early SparkContext; returns the exit code."""
-    monitor = open_status(cfg, client, started, resume_command, retry, lease)
-    start = early_spark(cfg, spark_conf)
-    try:
+    monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
+                         {"options": cfg.options()}, output_uri=cfg.output_uri)
+    monitor.lease = lease
+    start = None
+    try:  # from the status's first write on: a signal while it is written, or while Spark starts, ends the run too
+        open_status(cfg, monitor, retry)
+        start = early_spark(cfg, spark_conf)
         code = checked_run(cfg, client, monitor, spark_conf, start)
     except (Exception, Interrupted) as exc:
+        signals.ending.set()
         monitor.ended(exc)  # the status says why (if it is this run's): mxjob.reporting.watch exits with the job's code
         if start is not None and not isinstance(exc, Interrupted):  # a signal's JVM shutdown stops Spark itself
             start.stop()
@@ -123,9 +129,8 @@ def monitored_run(cfg: JobConfig, client, started: float, resume_command: str | 
     return code
 
 
-def open_status(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool,
-                lease: Lease | None = None) -> RunMonitor:
-    """The run's :class:`RunMonitor`, claimed at once (status "running") by a run that nothing can refuse now.
+def open_status(cfg: JobConfig, monitor: RunMonitor, retry: bool) -> None:
+    """Claim the run's status at once (status "running") for a run that nothing can refuse now.
 
     The status beside the output is this run's at once for ``--overwrite``
     and for a fresh run (everything that would refuse them is refused
@@ -137,12 +142,8 @@ def open_status(cfg: JobConfig, client, started: float, resume_command: str | No
     they were. A dry run writes none. With ``lease``, nothing is written
     once the lease is lost.
     """
-    monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
-                         {"options": cfg.options()}, output_uri=cfg.output_uri)
-    monitor.lease = lease
     if not cfg.dry_run and (cfg.overwrite or not (cfg.resume or retry)):
         monitor.claim("starting")
-    return monitor
 
 
 def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 
 
 class Interrupted(BaseException):
@@ -24,6 +25,10 @@ JVM_SHUTDOWN = "a shutdown of spark-submit's JVM (SIGTERM or Ctrl-C to it)"
 #: Signals this driver received: the JVM gets a terminal's Ctrl-C or YARN's SIGTERM
 #: too, and its failure may reach the main thread before the signal's exception does.
 received: list[int] = []
+
+#: Set once the run is ending (an error or an interruption is being handled, its last status written): what
+#: ``infer_main`` does when spark-submit's JVM goes must not cut that short.
+ending = threading.Event()
 
 
 def raise_interrupted(signum, _frame):

@@ -108,3 +108,6 @@ def test_run_local_iceberg_writes_the_demo_to_a_table_read_back_with_pyiceberg(c
     assert "demo accuracy" in printed
     assert (run_local.ROOT / "run" / "output" / "digits.parquet").is_file()
     assert (run_local.ROOT / "run" / "output" / "digits.report.html").is_file()
+    # The summary is named where it is, under the table's _mxinfer/ home, not beside the table's name.
+    assert ("a copy of s3://demo-bucket/warehouse/demo.db/_mxinfer/digits/_summary.json)" in printed), printed
+    assert "demo.digits.summary.json" not in printed

@@ -9,6 +9,7 @@ to resume, not "failed".
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -106,3 +107,32 @@ def test_sigterm_to_the_spark_submit_jvm_alone_is_an_interruption_not_a_failure(
     what = str(signals.Interrupted(signal.SIGTERM, "a shutdown of spark-submit's JVM (SIGTERM or Ctrl-C to it)"))
     assert_interrupted(world, "jvm/out.jsonl", seconds, code, output, what)
     assert "SparkContext was shut down" not in output
+
+
+def test_sigterm_to_the_spark_submit_jvm_alone_before_any_spark_job_leaves_the_run_interrupted(world):
+    # While the driver lists and checks the model (no Spark job yet, so no Spark call notices the JVM going):
+    # the Python driver sees its parent gone and stops as interrupted, rather than leaving "running" behind.
+    output_key = "jvm-early/out.jsonl"
+    with S3Proxy(world["endpoint"], latency=1.0) as proxy:
+        process = start_spark_submit([
+            "--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits",
+            "--output", f"s3://{BUCKET}/{output_key}", "--endpoint-url", proxy.endpoint, "--input-shape", "3,32,32",
+            "--std", "255", "--batch-size", str(BATCH), "--progress-seconds", "1"])
+        deadline = time.time() + 300
+        while time.time() < deadline and process.poll() is None and "Contents" not in world["s3"].list_objects_v2(
+                Bucket=BUCKET, Prefix=f"{output_key}.status.json"):
+            time.sleep(0.1)
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert not world["s3"].list_objects_v2(Bucket=BUCKET, Prefix=f"{output_key}.parts/run-").get("Contents")
+        driver = python_driver(psutil.Process(process.pid))
+        psutil.Process(process.pid).send_signal(signal.SIGTERM)
+        signalled = time.time()
+        output, _ = process.communicate(timeout=120)
+        driver.wait(timeout=60)
+        seconds = time.time() - signalled
+    interrupted = [line for line in output.splitlines() if line.startswith("Interrupted by")]
+    assert interrupted and interrupted[0].startswith(f"Interrupted by {signals.JVM_SHUTDOWN}: "), output[-3000:]
+    assert "Error:" not in output and "Traceback" not in output, output[-3000:]
+    status = json.loads(world["s3"].get_object(Bucket=BUCKET, Key=f"{output_key}.status.json")["Body"].read())
+    assert status["state"] == "interrupted", status
+    assert seconds < 30, f"the driver went on for {seconds:.0f} s after its JVM"

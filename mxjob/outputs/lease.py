@@ -142,6 +142,11 @@ class Lease:
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
 
+    @property
+    def run_id(self) -> str:
+        """This run's id, which its lease names and its folder under the work prefix carries."""
+        return self.holder["run_id"]
+
     def _body(self, now: float) -> bytes:
         doc = dict(self.holder, renewed=round(now, 3), expires=round(now + self.seconds, 3),
                    lease_seconds=self.seconds)

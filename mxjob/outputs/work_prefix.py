@@ -5,11 +5,11 @@ results to S3 as soon as it has scored them (``mxjob.executor.partition.score_pa
 a *work prefix* that belongs to the output object::
 
     OUTPUT.parts/job.json                        what every row depends on (the fingerprint)
-    OUTPUT.parts/run-0001/run.json               one run's plan: batch size, batch count, keys, app id
-    OUTPUT.parts/run-0001/plan.arrows            that run's keys in batch order, a record batch per batch
-    OUTPUT.parts/run-0001/part-00000012.arrows.zst  batch 12's results: one record batch sorted by key
+    OUTPUT.parts/run-0001-RUNID/run.json         one run's plan: batch size, batch count, keys, app id
+    OUTPUT.parts/run-0001-RUNID/plan.arrows      that run's keys in batch order, a record batch per batch
+    OUTPUT.parts/run-0001-RUNID/part-00000012.arrows.zst  batch 12's results: one record batch sorted by key
                                                     (mxjob.results.results: an Arrow IPC stream in a zstd frame)
-    OUTPUT.parts/run-0002/...                       a resume's
+    OUTPUT.parts/run-0002-RUNID/...              a resume's (RUNID: the driver's run id in the lease)
 
 :mod:`mxjob.outputs.merge` merges the runs' parts into the output (:meth:`mxjob.outputs.Output.sink`)
 while Spark scores the batches or after; once every listed key has its row,
@@ -40,7 +40,10 @@ from mxjob.s3 import parallel_list, reads, writes
 
 #: A run's keys in batch order (:func:`plan_file.write_plan`), beside its ``run.json``.
 PLAN_NAME = "plan.arrows"
-_RUN = re.compile(r"run-(\d{4,})/(.+)$")
+#: A run's folder: its number, then (since the lease) the run id of the driver that made it, so that the late
+#: writes of a run whose lease was taken (an executor still finishing a batch) land in a folder of their own, which
+#: the next run ignores once its run.json is gone, instead of in the next run's own folder of the same number.
+_RUN = re.compile(r"(run-(\d{4,})(?:-[0-9a-z]+)?)/(.+)$")
 PART_PATTERN = re.compile(r"part-(\d{8})\.arrows\.zst$")
 
 
@@ -110,25 +113,22 @@ class WorkPrefix:
 
     def runs(self) -> list[Run]:
         """Every recorded run, oldest first, with the batches each made durable."""
-        files: dict[int, dict[str, str]] = {}
+        files: dict[tuple[int, str], dict[str, str]] = {}
         for key, _ in self._objects(self.prefix + "run-"):
             match = _RUN.match(key[len(self.prefix):])
             if match:
-                files.setdefault(int(match.group(1)), {})[match.group(2)] = key
+                files.setdefault((int(match.group(2)), match.group(1)), {})[match.group(3)] = key
         runs = []
-        for number in sorted(files):
-            names = files[number]
+        for number, folder in sorted(files):
+            names = files[number, folder]
             if "run.json" not in names:
-                continue  # the driver died while starting this run: it scored nothing
+                continue  # the driver died while starting this run, or it was removed under a late writer
             meta = json.loads(reads.read_object(self.client, self.bucket, names["run.json"]))
             done = frozenset(int(m.group(1)) for m in map(PART_PATTERN.match, names) if m)
-            runs.append(Run(number=number, prefix=self.run_prefix(number), batch_size=meta["batch_size"],
+            runs.append(Run(number=number, prefix=f"{self.prefix}{folder}/", batch_size=meta["batch_size"],
                             batches=meta["batches"], keys=meta["keys"], application=meta.get("application"),
                             done=done))
         return runs
-
-    def run_prefix(self, number: int) -> str:
-        return f"{self.prefix}run-{number:04d}/"
 
     def plan_key(self, run: Run) -> str:
         """The key of ``run``'s plan (its keys in batch order) in the output bucket."""
@@ -146,8 +146,8 @@ class WorkPrefix:
         """The keys of ``run`` in batch order."""
         return pa.chunked_array([batch.column(0) for batch in self.run_batches(run)], listing.KEY_TYPE)
 
-    def start_run(self, number: int, keys, batch_size: int, application: str | None) -> Run:
-        """Record run ``number``'s plan before any of its batches is scored.
+    def start_run(self, number: int, keys, batch_size: int, application: str | None, run_id: str | None = None) -> Run:
+        """Record run ``number``'s plan before any of its batches is scored, in ``run-NNNN-RUN_ID/``.
 
         ``keys`` (a :class:`listing.Listing`, or key strings) in batch order
         stream into ``plan.arrows`` (:func:`plan_file.write_plan`); the returned
@@ -159,7 +159,7 @@ class WorkPrefix:
             keys = listing.Listing(self.bucket, pa.table({"key": pa.array(keys, listing.KEY_TYPE),
                                                           "size": pa.array([listing.UNKNOWN_SIZE] * len(keys),
                                                                            pa.int64())}))
-        prefix = self.run_prefix(number)
+        prefix = f"{self.prefix}run-{number:04d}{'-' + run_id if run_id else ''}/"
         with writes.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
                                    content_type="application/vnd.apache.arrow.stream", lazy=True) as writer:
             spans = plan_file.write_plan(keys, batch_size, writer.write)

@@ -108,7 +108,8 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
     if batches:
         application, _ = yarn_attempt()
         monitor.check_lease()
-        this_run = work.start_run(plan.number, plan.todo, cfg.batch_size, application)
+        this_run = work.start_run(plan.number, plan.todo, cfg.batch_size, application,
+                                  run_id=monitor.lease.run_id if monitor.lease is not None else None)
         seconds["plan"] = time.time() - plan_started
         assembly = Assembly(merge, work, [*plan.runs, this_run], during=True)
         assembly.start()

@@ -40,8 +40,8 @@ def world(moto_endpoint, demo_dir):
 
 
 def parts(s3, output_key: str) -> list[str]:
-    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{output_key}.parts/run-0001/part-")
-    return [obj["Key"] for obj in listing.get("Contents", [])]
+    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{output_key}.parts/run-0001-")
+    return [obj["Key"] for obj in listing.get("Contents", []) if "/part-" in obj["Key"]]
 
 
 def python_driver(jvm: psutil.Process) -> psutil.Process:

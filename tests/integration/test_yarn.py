@@ -81,7 +81,7 @@ def status_of(s3, key: str) -> dict:
 
 def durable_parts(s3, output_key: str, run: str = "") -> int:
     """Batches whose lines are durable: the part objects of every run under the output's work prefix, or of
-    ``run`` alone (``"0001/"``: a first run's Spark job, without the estimate's sample it kept, run 2)."""
+    ``run`` alone (``"0001-"``: the first run's, whose folder is ``run-0001-RUNID/``)."""
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{output_key}.parts/run-{run}")
     return sum("/part-" in obj["Key"] for page in pages for obj in page.get("Contents", ()))
 
@@ -449,7 +449,7 @@ def test_a_lost_node_loses_no_line_and_doubles_none(local_yarn, world, reference
     output_key = "lost-node/out.jsonl"
     # Three of the Spark job's own batches durable, so that its tasks are running on the node that goes: the
     # estimate's sample the run kept (run 2) is durable before the job starts.
-    with slow_run(world, tmp_path, output_key, 3, run="0001/") as (submission, app_id, _):
+    with slow_run(world, tmp_path, output_key, 3, run="0001-") as (submission, app_id, _):
         report = yarn_local.app_report(app_id)
         driver_node = report[f"container.container_{app_id[len('application_'):]}_01_000001.node"]
         executor_nodes = {value for key, value in report.items() if key.endswith(".node")} - {driver_node}

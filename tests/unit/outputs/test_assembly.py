@@ -152,6 +152,24 @@ def test_a_resume_follows_the_new_run_and_merges_the_earlier_ones(s3):
     assert counts.parts_read == 5
 
 
+def test_a_late_part_of_a_run_whose_output_was_taken_over_never_lands_in_the_next_runs_folder(s3):
+    keys = [f"t{i}" for i in range(6)]
+    work = work_prefix.WorkPrefix(s3, BUCKET, "taken/out.jsonl")
+    old = work.start_run(1, keys, 2, None, run_id="0ld0ld0ld0ld")
+    write_part(work, old, keys, 0)
+    work.remove()  # the run that took the expired lease over with --overwrite starts again: its run 1
+    new = work.start_run(1, keys, 2, None, run_id="4ew4ew4ew4ew")
+    write_part(work, old, keys, 1)  # an executor of the old run, still finishing its batch
+    assert (old.prefix, new.prefix) == ("taken/out.jsonl.parts/run-0001-0ld0ld0ld0ld/",
+                                        "taken/out.jsonl.parts/run-0001-4ew4ew4ew4ew/")
+    [found] = work.runs()  # the old run's folder has no run.json any more: not a run
+    assert (found.prefix, found.done) == (new.prefix, frozenset())
+    write_part(work, new, keys, 2)
+    second = work.start_run(2, keys[:4], 2, None, run_id="r3sum3r3sum3")  # a resume of it, later
+    assert [(run.number, run.prefix, run.done) for run in work.runs()] == [
+        (1, new.prefix, frozenset({2})), (2, second.prefix, frozenset())]
+
+
 def test_a_failed_job_cancels_the_assembly_which_aborts_its_upload(s3):
     keys = [f"c{i}" for i in range(8)]
     work = work_prefix.WorkPrefix(s3, BUCKET, "cancel/out.jsonl")

@@ -261,8 +261,8 @@ def reference(s3, world):
 
 
 def parts(s3, output_key: str, run: int = 1) -> list[str]:
-    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{output_key}.parts/run-{run:04d}/part-")
-    return [obj["Key"] for obj in listing.get("Contents", [])]
+    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{output_key}.parts/run-{run:04d}-")
+    return [obj["Key"] for obj in listing.get("Contents", []) if "/part-" in obj["Key"]]
 
 
 def python_workers() -> list[psutil.Process]:

@@ -3,7 +3,12 @@
 #   make test        the unit and integration tests
 SHELL := /bin/bash
 PYTHON ?= python3
-VENV := .venv
+# The stack every target builds, runs and tests on: emr7 (Spark 3.5, the default) or emr8 (Spark 4.0 on
+# Python 3.11, as EMR 8 runs it). Each has its venv; stacks/STACK.txt holds the pins that differ from
+# requirements.txt (docs/running.md, "Two stacks").
+STACK ?= emr7
+$(if $(filter $(STACK),emr7 emr8),,$(error STACK must be emr7 or emr8, not '$(STACK)'))
+VENV := $(if $(filter emr7,$(STACK)),.venv,.venv-$(STACK))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The light venv of the targets that only watch a job or deploy it (watch, check-job, upload and
@@ -21,10 +26,13 @@ OPS_STAMP := $(OPS_VENV)/.installed
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt stacks/$(STACK).txt deploy/stack_pins.py
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(STACK)" == "emr8")' || { echo \
+		"EMR 8's stack runs on Python 3.11 (MXNet 1.9.1 needs numpy<1.24, whose wheels stop at 3.11): give PYTHON=python3.11" >&2; exit 2; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) deploy/stack_pins.py requirements.txt stacks/$(STACK).txt > $(VENV)/requirements.txt
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r $(VENV)/requirements.txt -r requirements-dev.txt
 	@touch $(STAMP)
 
 # What every target that runs the venv's Spark makes first: the JVMs' archives and the compiled Python zips
@@ -32,7 +40,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 LOCAL_SPARK := jvm-archives spark-zips
 
 .PHONY: venv
-venv: $(STAMP) $(LOCAL_SPARK) ## Create .venv from the pinned requirements (done by the other targets when needed)
+venv: $(STAMP) $(LOCAL_SPARK) ## Create .venv from the pinned requirements (STACK=emr8: .venv-emr8, Spark 4.0; done by the other targets when needed)
 
 # Spark's JVMs start from class-data sharing archives made from the venv's jars (demo/jvm_options.py,
 # about 15 s once); made again when the Java or the jars change, a no-op otherwise.
@@ -171,7 +179,7 @@ bench-peers: $(STAMP) $(LOCAL_SPARK) $(PEERS_STAMP) ## This job (three layouts) 
 # docs/emr.md walks through these. S3 is the prefix the cluster reads the job
 # from; everything else comes from conf/emr.yaml (EMR_CONF).
 DIST ?= dist
-EMR_CONF ?= conf/emr.yaml
+EMR_CONF ?= $(if $(filter emr8,$(STACK)),conf/emr8.yaml,conf/emr.yaml)
 S3 ?=
 CLUSTER_ID ?=
 JOB ?=
@@ -189,10 +197,11 @@ check-job: $(OPS_STAMP) ## Check JOB=my-job.yaml [ARGS='--top-k 3'] as infer_mai
 	$(OPS_PY) deploy/emr.py check-job --job-file "$(JOB)" -- $(ARGS)
 
 .PHONY: package
-package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-files: mxinfer.py, utils.py, mxjob/), install-deps.sh + requirements.txt, conf/
+package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-files: mxinfer.py, utils.py, mxjob/), install-deps.sh + the stack's requirements.txt, conf/
 	rm -rf "$(DIST)"
 	mkdir -p "$(DIST)/conf"
-	cp infer_main.py bootstrap/install-deps.sh requirements.txt "$(DIST)/"
+	cp infer_main.py bootstrap/install-deps.sh "$(DIST)/"
+	$(PYTHON) deploy/stack_pins.py requirements.txt stacks/$(STACK).txt > "$(DIST)/requirements.txt"
 	cp conf/defaults.yaml "$(EMR_CONF)" "$(DIST)/conf/"
 	$(PYTHON) deploy/package.py "$(DIST)/mxinfer_job.zip"
 

@@ -8,13 +8,20 @@
 #
 #   Path=s3://BUCKET/PREFIX/install-deps.sh,Args=[s3://BUCKET/PREFIX/requirements.txt]
 #
+# A second argument names the interpreter, since a bootstrap action cannot set
+# its own environment. EMR 8's python3 is 3.13 and the job's MXNet needs 3.11
+# (numpy<1.24 has no wheels past 3.11), so conf/emr8.yaml gives python3.11:
+#
+#   Args=[s3://BUCKET/PREFIX/requirements.txt,python3.11]
+#
 # Locally (a test, or a venv of your own):
 #
 #   PYTHON=/tmp/venv/bin/python bash install-deps.sh path/to/requirements.txt
 #
 # Environment:
-#   PYTHON        interpreter to install into (default: python3 on PATH, which on
-#                 EMR 7 is /usr/bin/python3, the one PYSPARK_PYTHON points at)
+#   PYTHON        interpreter to install into, if no second argument names it
+#                 (default: python3 on PATH, which on EMR 7 is /usr/bin/python3,
+#                 the one PYSPARK_PYTHON points at); 3.9 to 3.11
 #   EXCLUDE       space-separated requirement names to skip (default: pyspark,
 #                 because EMR ships its own Spark and a pip copy would shadow it)
 #   PIP_ATTEMPTS  how many times to try pip before giving up (default: 4)
@@ -23,7 +30,7 @@
 # Safe to run twice: pip leaves requirements that are already satisfied alone.
 set -euo pipefail
 
-PYTHON="${PYTHON:-python3}"
+PYTHON="${2:-${PYTHON:-python3}}"
 EXCLUDE="${EXCLUDE:-pyspark}"
 PIP_ATTEMPTS="${PIP_ATTEMPTS:-4}"
 PIP_RETRY_DELAY="${PIP_RETRY_DELAY:-15}"
@@ -45,6 +52,13 @@ trap 'rm -rf "${workdir}"' EXIT
 if ! python_path="$(command -v "${PYTHON}")"; then
   die "interpreter '${PYTHON}' not found; set PYTHON to the python3 Spark uses"
 fi
+
+# MXNet 1.9.1 needs numpy<1.24, whose wheels stop at Python 3.11: say so now, not deep inside pip.
+version="$("${python_path}" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+case "${version}" in
+  3.9 | 3.10 | 3.11) ;;
+  *) die "${python_path} is Python ${version}; the job's MXNet 1.9.1 needs numpy<1.24, which has wheels for Python 3.9 to 3.11 only. On EMR 8 give python3.11 as this script's second argument (conf/emr8.yaml does) and set PYSPARK_PYTHON to it" ;;
+esac
 
 # EMR runs bootstrap actions as the hadoop user, and the system python3's
 # site-packages belongs to root: go through sudo only when we cannot write there.

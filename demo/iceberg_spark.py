@@ -12,8 +12,8 @@ table's history with each snapshot's ``mxinfer.run-id`` and
 ``mxinfer.commit-id``.
 
 The jars (``iceberg/pom.xml``) are fetched from Maven Central into the
-ignored ``.iceberg-jars/`` at first use, with ``mvn``; Spark needs ``java``
-(17). The Java catalog reads pyiceberg's SQLite file as it is: pyiceberg
+ignored ``.iceberg-jars/SPARK_LINE/`` (3.5 or 4.0: the stack's) at first use,
+with ``mvn``; Spark needs ``java`` (17). The Java catalog reads pyiceberg's SQLite file as it is: pyiceberg
 writes the V0 layout of the JDBC catalog's tables (no ``iceberg_type``
 column), which Iceberg's ``JdbcCatalog`` reads when ``jdbc.schema-version``
 is V0, its default; V1 would add that column to the file. The reader also
@@ -48,7 +48,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 POM = ROOT / "iceberg" / "pom.xml"
-JARS = ROOT / ".iceberg-jars"
+#: Iceberg's Spark runtime for each Spark line the stacks run (Makefile STACK): its Scala version is Spark's.
+RUNTIMES = {"3.5": "3.5_2.12", "4.0": "4.0_2.13"}
+
+
+def spark_line() -> str:
+    """The installed pyspark's ``MAJOR.MINOR`` (3.5 on the EMR 7 stack, 4.0 on EMR 8's)."""
+    import pyspark
+
+    return ".".join(pyspark.__version__.split(".")[:2])
+
+
+#: The jars for this stack's Spark, a folder per Spark line: switching stacks never hands Spark the other's runtime.
+JARS = ROOT / ".iceberg-jars" / spark_line()
 #: The jars of the last fetch, one file name a line: newer than the pom, they are the pom's.
 JAR_LIST = JARS / "jars.txt"
 KEY_COLUMN, ERROR_COLUMN = "key", "error"
@@ -94,15 +106,20 @@ def fetch_jars() -> list[str]:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise ReaderError("Maven (mvn) is not on PATH: install it (apt-get install maven) to fetch Iceberg's jars "
-                          f"(iceberg/pom.xml) into {JARS.name}/")
+                          f"(iceberg/pom.xml) into {JARS.relative_to(ROOT)}/")
     _java()  # Maven runs on Java too: say so before its own less clear message
-    print(f"== fetching Iceberg's jars from Maven Central into {JARS.name}/ (first use only)", file=sys.stderr,
-          flush=True)
-    JARS.mkdir(exist_ok=True)
+    print(f"== fetching Iceberg's jars from Maven Central into {JARS.relative_to(ROOT)}/ (first use only)",
+          file=sys.stderr, flush=True)
+    JARS.mkdir(parents=True, exist_ok=True)
     for stale in JARS.glob("*.jar"):  # an older pom's versions
         stale.unlink()
+    runtime = RUNTIMES.get(spark_line())
+    if runtime is None:
+        raise ReaderError(f"no Iceberg runtime is known for Spark {spark_line()}: the stacks run Spark "
+                          f"{' and '.join(RUNTIMES)} (RUNTIMES in demo/iceberg_spark.py)")
     m2 = JARS / "m2"
-    command = [mvn, "-q", "-B", "-f", str(POM), f"-Dmaven.repo.local={m2}", "dependency:copy-dependencies"]
+    command = [mvn, "-q", "-B", "-f", str(POM), f"-Dspark.runtime={runtime}", f"-Djars.dir={JARS}",
+               f"-Dmaven.repo.local={m2}", "dependency:copy-dependencies"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ReaderError(f"Maven could not fetch Iceberg's jars (exit {done.returncode}; {' '.join(command)}):\n"

@@ -174,7 +174,9 @@ class ExecutorContainer:
 class SparkRun:
     """Where the Spark job ran."""
 
-    version: str = required("Spark's version")
+    version: str = required("Spark's version: 3.5.x on the EMR 7 stack, 4.0.x on EMR 8's")
+    python: str = required("the driver's Python version (the executors' is the same on a stack: 3.9 or 3.11 on EMR 7, "
+                           "3.11 on EMR 8)")
     master: str = required("the master (`yarn`, `local-cluster[2,1,1024]`, ...)")
     deploy_mode: str = required("`client` or `cluster` (the driver in YARN's ApplicationMaster)")
     application_id: str = required("the application's id")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
 import signal
 import threading
 import time
@@ -56,8 +57,9 @@ class SparkStop:
 
 
 def context_info(sc) -> dict:
-    """Where the job ran: Spark's master, deploy mode (``cluster``: the driver in YARN's AM container), app id."""
-    return {"version": sc.version, "master": sc.master,
+    """Where the job ran: Spark's and the driver's Python's versions (the stack: EMR 7 or 8), Spark's master, deploy
+    mode (``cluster``: the driver in YARN's AM container), app id."""
+    return {"version": sc.version, "python": platform.python_version(), "master": sc.master,
             "deploy_mode": sc.getConf().get("spark.submit.deployMode", "client"),
             "application_id": sc.applicationId}
 

@@ -29,6 +29,7 @@ import pytest
 
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
+from tests.support import event_logs
 from tests.support.helpers import ROOT, bucket_with_model
 
 BUCKET = "executor-loss"
@@ -221,13 +222,7 @@ def wait_for(log: Path, text: str, process: subprocess.Popen, seconds: float = 6
 
 def task_starts(events: Path) -> list[dict]:
     """Each ``SparkListenerTaskStart``'s task info in Spark's event logs under ``events``."""
-    starts = []
-    for log_file in events.iterdir():
-        for line in log_file.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("Event") == "SparkListenerTaskStart":
-                starts.append(event["Task Info"])
-    return starts
+    return [event["Task Info"] for event in event_logs.events(events) if event.get("Event") == "SparkListenerTaskStart"]
 
 
 def test_a_speculative_copy_of_a_slow_batch_never_doubles_a_line(world, two_hosts, tmp_path):

@@ -31,6 +31,7 @@ from mxjob.executor import partition
 from mxjob.inputs import listing
 from mxjob.outputs import work_prefix
 from mxjob.s3 import access, clients, parallel_list
+from tests.support import event_logs
 from tests.support.helpers import (
     MASTER,
     ROOT,
@@ -429,10 +430,12 @@ def test_canary_credentials_appear_in_no_process_list_log_or_event_log(bucket, m
     assert len(snapshots) > 5
     assert_exactly_one_clean_line_per_key(read_lines(bucket, "out/canary.jsonl"), keys)
     texts = {"process list": "\n".join(snapshots[:-1]), "driver log": log}
-    [event_log] = list(events.iterdir())
-    # local-cluster keeps each executor's stdout and stderr under SPARK_HOME/work/APP_ID/EXECUTOR_ID.
-    executor_logs = Path(pyspark.__file__).parent / "work" / event_log.name.split(".")[0]
-    for path in [event_log, *executor_logs.rglob("stdout"), *executor_logs.rglob("stderr")]:
+    # The event log decompressed (Spark 4 rolls and compresses it), and each executor's stdout and stderr, which
+    # local-cluster keeps under SPARK_HOME/work/APP_ID/EXECUTOR_ID.
+    texts.update({f"events {path}": text for path, text in event_logs.event_logs(events).items()})
+    [app_id] = event_logs.application_ids(events)
+    executor_logs = Path(pyspark.__file__).parent / "work" / app_id
+    for path in [*executor_logs.rglob("stdout"), *executor_logs.rglob("stderr")]:
         if path.is_file():
             texts[str(path)] = path.read_text(errors="replace")
     texts["summary"] = json.dumps(read_summary(bucket, "out/canary.jsonl"))

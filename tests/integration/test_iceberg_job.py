@@ -376,8 +376,9 @@ def test_fifty_new_images_alone_are_scored_into_the_table_then_nothing(runs):
 
 @pytest.mark.spark
 def test_spark_with_icebergs_own_runtime_reads_the_jobs_table_as_pyiceberg_does(runs, catalog_env):
-    """An independent reader: Spark 3.5 with iceberg-spark-runtime, through a JDBC catalog over the same SQLite
-    file (demo/iceberg_spark.py, make iceberg-spark), counts the same keys and error rows and the same commits."""
+    """An independent reader: the stack's Spark (3.5 or 4.0) with its iceberg-spark-runtime, through a JDBC catalog
+    over the same SQLite file (demo/iceberg_spark.py, make iceberg-spark), counts the same keys and error rows and
+    the same commits."""
     from demo import iceberg_spark
 
     uri = catalog_env[f"PYICEBERG_CATALOG__{CATALOG.upper()}__URI"]

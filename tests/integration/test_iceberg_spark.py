@@ -2,11 +2,11 @@
 
 pyiceberg writes a table as the job does (its Parquet sink's files, two
 commits with ``commit_files``) into a SQL catalog on SQLite with its data on
-the session's moto S3; Spark 3.5 with ``iceberg-spark-runtime``, Iceberg's
+the session's moto S3; the stack's Spark (3.5 or 4.0) with its ``iceberg-spark-runtime``, Iceberg's
 JDBC catalog on the same SQLite file and ``S3FileIO`` reads it back. The two
 agree on the rows, the keys, the error rows and the history, and Spark reads
 an error row's ``predictions`` as the null the file holds. The jars come
-from Maven Central at first use (``.iceberg-jars/``).
+from Maven Central at first use (``.iceberg-jars/3.5/`` or ``4.0/``).
 """
 
 from __future__ import annotations

@@ -135,6 +135,24 @@ def test_refuses_unusable_requirements(tmp_path, fake_python, content, message):
     assert not (tmp_path / "attempts").exists()
 
 
+def test_the_second_argument_names_the_interpreter(tmp_path, fake_python):
+    # EMR 8: a bootstrap action cannot set its own environment, so conf/emr8.yaml passes python3.11 as an argument.
+    result = run_script(str(REQUIREMENTS), str(fake_python), env={"PYTHON": "/nonexistent/python3"})
+    assert result.returncode == 0, result.stderr
+    assert pins(tmp_path / "asked.txt")  # the named interpreter's pip was asked
+
+
+@pytest.mark.parametrize("version", ["3.12", "3.13"])
+def test_refuses_a_python_mxnet_cannot_run_on_and_says_which_to_give(tmp_path, version):
+    python = tmp_path / "python3"
+    python.write_text(f'#!/usr/bin/env bash\nif [[ "$1" == -c ]]; then echo {version}; exit 0; fi\nexit 1\n')
+    python.chmod(0o755)
+    result = run_script(str(REQUIREMENTS), str(python), env={})
+    assert result.returncode == 1
+    assert f"is Python {version}; the job's MXNet 1.9.1 needs numpy<1.24" in result.stderr
+    assert "give python3.11 as this script's second argument" in result.stderr
+
+
 def test_refuses_missing_interpreter():
     result = run_script(str(REQUIREMENTS), env={"PYTHON": "/nonexistent/python3"})
     assert result.returncode == 1

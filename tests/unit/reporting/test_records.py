@@ -50,7 +50,8 @@ DRIVER_FIELDS = {
     "lease": {"key": "s3://o/k.jsonl.lease.json", "run_id": "a1b2c3d4e5f6", "lease_seconds": 300.0, "requests": 7,
               "seconds": 0.042, "renewals": 2},
 }
-SPARK = {"version": "3.5.7", "master": "yarn", "deploy_mode": "cluster", "application_id": "application_1_0001",
+SPARK = {"version": "3.5.7", "python": "3.9.20", "master": "yarn", "deploy_mode": "cluster",
+         "application_id": "application_1_0001",
          "executor_container": {"limit_mib": 3456, "memory_mib": 2048, "memory_overhead_mib": 1024,
                                 "pyspark_memory_mib": 384, "python_worker_peak_rss_mib": 612.5,
                                 "python_worker_peak_share_of_limit": 0.177},

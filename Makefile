@@ -202,7 +202,7 @@ package: ## Build dist/ (or DIST=...): infer_main.py, mxinfer_job.zip (--py-file
 	mkdir -p "$(DIST)/conf"
 	cp infer_main.py bootstrap/install-deps.sh "$(DIST)/"
 	$(PYTHON) deploy/stack_pins.py requirements.txt stacks/$(STACK).txt > "$(DIST)/requirements.txt"
-	cp conf/defaults.yaml "$(EMR_CONF)" "$(DIST)/conf/"
+	cp $(sort conf/defaults.yaml conf/emr.yaml $(EMR_CONF)) "$(DIST)/conf/"
 	$(PYTHON) deploy/package.py "$(DIST)/mxinfer_job.zip"
 
 .PHONY: upload

@@ -56,6 +56,8 @@ LOCAL_THREADS = {
 SUBMITTED = re.compile(r"Submitted application (application_\d+_\d+)")
 #: An ERROR or WARNING of the job's own log (infer_main.py's and the mxjob package's loggers).
 JOB_LOG = re.compile(r" (ERROR|WARNING) (infer_main|mxjob[.\w]*): ")
+#: The last line of a Python traceback: ``FileNotFoundError: ...``.
+PYTHON_ERROR = re.compile(r"^[A-Z]\w*(Error|Exception)\b.*: ")
 
 
 def emr_spark_defaults(emr_yaml: Path = ROOT / "conf" / "emr.yaml") -> dict[str, str]:
@@ -65,13 +67,17 @@ def emr_spark_defaults(emr_yaml: Path = ROOT / "conf" / "emr.yaml") -> dict[str,
     return {key: str(value).lower() if isinstance(value, bool) else str(value) for key, value in props.items()}
 
 
+#: What of pyspark's and py4j's packages goes into their zips: the files of EMR's own ``python/lib`` zips.
+ARCHIVED = frozenset({".py", ".json", ".pyi", ".typed"})
+
+
 @functools.cache
 def pyspark_archives() -> str:
     """``PYSPARK_ARCHIVES_PATH``: pyspark.zip and py4j's zip, as EMR keeps them in /usr/lib/spark/python/lib.
 
     spark-submit ships them to YARN's containers for their ``PYTHONPATH``; pip's
     pyspark has no ``python/lib`` folder, so they are built here from the
-    installed packages (sources only) once per version, and given as
+    installed packages (sources and data files) once per version, and given as
     ``local:`` files, which every node of this single-machine cluster has.
     """
     import py4j
@@ -86,8 +92,10 @@ def pyspark_archives() -> str:
         if not target.exists():
             partial = target.with_suffix(".zip.partial")
             with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-                for path in sorted(root.rglob("*.py")):
-                    if "__pycache__" not in path.parts:
+                for path in sorted(root.rglob("*")):
+                    # Sources and the data files they read (Spark 4: pyspark/errors/error-conditions.json);
+                    # not the jars, scripts and examples pip's pyspark also holds.
+                    if path.suffix in ARCHIVED and "__pycache__" not in path.parts:
                         archive.write(path, Path(root.name) / path.relative_to(root))
             os.replace(partial, target)
         zips.append(f"local:{target}")
@@ -262,14 +270,16 @@ def describe_application(app_id: str) -> dict[str, str]:
 
 def job_said(container: Path) -> str | None:
     """The job's last word in a driver container's logs (``stdout`` and ``stderr``): the ``Error: ...`` or
-    ``Interrupted by ...`` line it ends on, else the last ERROR of its log, else the last WARNING."""
+    ``Interrupted by ...`` line it ends on, else the last ERROR of its log, else the last WARNING, else the last
+    line of a Python traceback."""
     lines = []
     for name in ("stdout", "stderr"):
         with contextlib.suppress(OSError):
             lines += (container / name).read_text(errors="replace").splitlines()
     for said in (lambda line: line.startswith(("Error:", "Interrupted by")),
                  lambda line: JOB_LOG.search(line) and " ERROR " in line,
-                 lambda line: JOB_LOG.search(line)):
+                 lambda line: JOB_LOG.search(line),
+                 lambda line: PYTHON_ERROR.match(line)):  # the driver died on a traceback
         found = next((line for line in reversed(lines) if said(line)), None)
         if found:
             return found.strip()

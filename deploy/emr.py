@@ -162,13 +162,55 @@ def _instance_group(raw: Any, where: str, *, needs_vcpus: bool) -> InstanceGroup
     return group
 
 
+def read_layered(path: Path) -> dict[str, Any]:
+    """The YAML mapping at ``path``, laid over the file its ``extends:`` names (beside it), if any.
+
+    ``conf/emr8.yaml`` is ``conf/emr.yaml`` with what EMR 8 changes, so that
+    every other setting is declared once. A key of the upper file replaces the
+    lower one's, but ``bootstrap`` and ``step`` are merged key by key, and
+    ``configurations`` classification by classification (their ``Properties``
+    key by key, a property set to null removed; nested ``Configurations``
+    the same way).
+    """
+    raw = yaml.safe_load(path.read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path.name}: expected a YAML mapping")
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    lower = read_layered(path.parent / base)
+    merged = {**lower, **raw}
+    for section in ("bootstrap", "step"):
+        if section in raw and section in lower:
+            merged[section] = {**lower[section], **raw[section]}
+    if "configurations" in raw:
+        merged["configurations"] = _overlay_classifications(lower.get("configurations", []), raw["configurations"])
+    return merged
+
+
+def _overlay_classifications(lower: list[dict[str, Any]], upper: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """EMR classifications ``upper`` laid over ``lower`` by ``Classification`` (see :func:`read_layered`)."""
+    out = {c["Classification"]: dict(c) for c in lower}
+    for layer in upper:
+        name = layer["Classification"]
+        entry = out.setdefault(name, {"Classification": name})
+        if "Properties" in layer:
+            properties = {**entry.get("Properties", {}), **layer["Properties"]}
+            entry["Properties"] = {key: value for key, value in properties.items() if value is not None}
+        if "Configurations" in layer:
+            entry["Configurations"] = _overlay_classifications(entry.get("Configurations", []),
+                                                               layer["Configurations"])
+    return list(out.values())
+
+
 def load_config(path: Path) -> EmrConfig:
     """Read and check ``conf/emr.yaml``.
 
     Parameters
     ----------
     path : Path
-        The YAML file; see ``conf/emr.yaml`` for every key.
+        The YAML file; see ``conf/emr.yaml`` for every key (``conf/emr8.yaml``
+        extends it: :func:`read_layered`).
 
     Returns
     -------
@@ -181,9 +223,7 @@ def load_config(path: Path) -> EmrConfig:
         On a missing or unknown key, or Spark settings that do not give one
         executor per core node.
     """
-    raw = yaml.safe_load(path.read_text())
-    if not isinstance(raw, dict):
-        raise ValueError("expected a YAML mapping")
+    raw = read_layered(path)
     names = {f.name for f in fields(EmrConfig)}
     missing = names - set(raw) - {"idle_timeout_seconds", "task"}
     unknown = set(raw) - names

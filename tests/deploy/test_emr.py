@@ -440,3 +440,31 @@ def test_shipped_config_makes_a_lost_or_decommissioned_node_cheap():
     assert props["spark.storage.decommission.enabled"] == "false"  # no shuffle, no cached blocks to move
     yarn = next(c["Properties"] for c in conf.configurations if c["Classification"] == "yarn-site")
     assert yarn["yarn.resourcemanager.nodemanager-graceful-decommission-timeout-secs"] == "120"
+
+
+def test_the_emr8_config_is_emr_yamls_with_what_emr_8_changes():
+    seven, eight = emr.load_config(CONF), emr.load_config(ROOT / "conf" / "emr8.yaml")
+    assert (seven.release_label.startswith("emr-7."), eight.release_label) == (True, "emr-spark-8.0.0")
+    assert eight.bootstrap["args"] == ["{s3}/requirements.txt", "python3.11"]  # the interpreter, as an argument
+    assert eight.bootstrap["path"] == seven.bootstrap["path"]  # merged key by key, not replaced
+    spark7, spark8 = emr.spark_defaults(seven.configurations), emr.spark_defaults(eight.configurations)
+    assert "spark.blacklist.decommissioning.enabled" not in spark8  # a name Spark 4 ignores, removed by null
+    assert spark8 == {key: value for key, value in spark7.items() if key != "spark.blacklist.decommissioning.enabled"}
+
+    def exports(conf):
+        [env] = [c for c in conf.configurations if c["Classification"] == "spark-env"]
+        return env["Configurations"][0]["Properties"]
+
+    assert (exports(seven)["PYSPARK_PYTHON"], exports(eight)["PYSPARK_PYTHON"]) == (
+        "/usr/bin/python3", "/usr/bin/python3.11")
+    assert (seven.core, seven.master, seven.step) == (eight.core, eight.master, eight.step)  # declared once
+
+
+def test_make_package_ships_the_stacks_pins_and_config(tmp_path):
+    for stack, pyspark, config in (("emr7", "pyspark==3.5.7", "emr.yaml"), ("emr8", "pyspark==4.0.2", "emr8.yaml")):
+        dist = tmp_path / stack
+        done = subprocess.run(["make", "-s", "package", f"STACK={stack}", f"DIST={dist}"], cwd=ROOT,
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert pyspark in (dist / "requirements.txt").read_text().splitlines()
+        assert emr.load_config(dist / "conf" / config).bootstrap  # emr8.yaml's base, emr.yaml, goes with it

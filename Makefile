@@ -101,12 +101,20 @@ iceberg-spark: $(STAMP) ## A second reader of the Iceberg output: pyiceberg writ
 	$(PY) -m demo.iceberg_spark --self-check
 
 .PHONY: test
-test: $(STAMP) $(LOCAL_SPARK) ## Run ruff, the import layers and every test (unit and spark-submit integration); installs chromium (report tests) as root
+test: $(STAMP) $(LOCAL_SPARK) ## Run ruff, the import layers and every test (unit and spark-submit integration), then the EMR 8 leg (test-emr8); installs chromium (report tests) as root
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed and not root: the report's browser tests will be skipped" >&2; }
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(if $(filter emr7,$(STACK)),$(MAKE) --no-print-directory test-emr8)
+
+# make test's second leg: what tells Spark 4 from Spark 3.5 (the tests marked stacks: the job end to end, the
+# event-log and Iceberg readers, cluster mode on the local YARN, a signal to spark-submit's JVM) on EMR 8's stack.
+.PHONY: test-emr8
+test-emr8: ## The tests marked stacks, again on EMR 8's stack (.venv-emr8: Spark 4.0.2); make test runs it after the rest
+	$(MAKE) --no-print-directory venv STACK=emr8
+	.venv-emr8/bin/pytest -m stacks $(PYTEST_ARGS)
 
 .PHONY: watch
 watch: $(OPS_STAMP) ## Print a running job's progress until it ends: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]. make itself exits 2 on any failure: the job's code is on the last line, and .venv/bin/python -m mxjob.reporting.watch OUTPUT (.venv-ops/bin/python without .venv) exits with it

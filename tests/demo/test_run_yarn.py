@@ -74,15 +74,46 @@ def test_pyspark_archives_hold_the_installed_pyspark_and_py4j_sources():
         names = archive.namelist()
     assert "pyspark/__init__.py" in names and "pyspark/daemon.py" in names
     assert not any(name.startswith("pyspark/jars/") for name in names)
+    import pyspark
+
+    # The data files the sources read too (Spark 4 loads pyspark/errors/error-conditions.json at import).
+    root = Path(pyspark.__file__).parent
+    data = {f"pyspark/{path.relative_to(root)}" for path in root.rglob("*.json")}
+    assert data <= set(names)
+
+
+def container(tmp_path: Path, stdout: str = "", stderr: str = "") -> Path:
+    folder = tmp_path / "container_1_0001_01_000001"
+    folder.mkdir()
+    (folder / "stdout").write_text(stdout)
+    (folder / "stderr").write_text(stderr)
+    return folder
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "said"), [
+    ("2026-11-29 02:38:10,569 INFO mxjob.run.driver: listing\nError: cannot read --config s3://b/job.yaml: gone\n",
+     "26/11/29 02:38:11 ERROR ApplicationMaster: User application exited with status 2\n",
+     "Error: cannot read --config s3://b/job.yaml: gone"),
+    ("2026-11-29 02:38:10,569 ERROR mxjob.run.scoring: 1 image failed, more than --max-errors 0 allows (0)\n"
+     "2026-11-29 02:38:10,627 INFO mxjob.run.scoring: exit 3\n", "",
+     "2026-11-29 02:38:10,569 ERROR mxjob.run.scoring: 1 image failed, more than --max-errors 0 allows (0)"),
+    ("2026-11-29 02:38:38,457 WARNING mxjob.outputs.claim: attempt 1 finished the run (exit code 3)\n", "",
+     "2026-11-29 02:38:38,457 WARNING mxjob.outputs.claim: attempt 1 finished the run (exit code 3)"),
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1\nFileNotFoundError: /x/error-conditions.json\n", "",
+     "FileNotFoundError: /x/error-conditions.json"),
+    ("", "26/11/29 02:38:11 INFO ApplicationMaster: Final app status: SUCCEEDED\n", None),
+], ids=["error-line", "error-log", "warning-log", "traceback", "nothing"])
+def test_the_jobs_last_word_is_found_in_its_drivers_container(tmp_path, stdout, stderr, said):
+    assert run_yarn.job_said(container(tmp_path, stdout, stderr)) == said
 
 
 def test_cluster_state_reads_the_launchers_state_file():
     state = yarn_local.ClusterState.parse(
-        "pid=42\nrm.address=localhost:1\nnodes=2\nnode.memory_mb=8192\nnode.vcores=2\n"
+        "pid=42\nrm.address=localhost:1\nrm.web=127.0.0.1:2\nnodes=2\nnode.memory_mb=8192\nnode.vcores=2\n"
         "node.0.id=localhost:10\nnode.0.http=11\nnode.0.running=true\nnode.0.log_dirs=/x/nm-0/logs\n"
         "node.1.id=localhost:20\nnode.1.http=21\nnode.1.running=false\nnode.1.log_dirs=/x/nm-1/logs\n"
         "request.0=stop-node-1 done\nrequest.1=kill-app-application_1_0001 failed: no such app\n")
-    assert state.pid == 42 and state.node_memory_mb == 8192
+    assert state.pid == 42 and state.node_memory_mb == 8192 and state.rm_web == "127.0.0.1:2"
     assert [(node.node_id, node.running) for node in state.nodes] == [("localhost:10", True), ("localhost:20", False)]
     assert state.nodes[1].log_dir == Path("/x/nm-1/logs")
     assert state.requests == ("stop-node-1 done", "kill-app-application_1_0001 failed: no such app")
@@ -95,6 +126,6 @@ def test_emr_yarn_site_settings_reach_the_local_yarn():
 
 def test_no_local_yarn_is_reported_as_none_when_its_jvm_is_gone(tmp_path, monkeypatch):
     state = tmp_path / "state.properties"
-    state.write_text("pid=999999999\nrm.address=x\nnodes=0\nnode.memory_mb=1\nnode.vcores=1\n")
+    state.write_text("pid=999999999\nrm.address=x\nrm.web=x\nnodes=0\nnode.memory_mb=1\nnode.vcores=1\n")
     monkeypatch.setattr(yarn_local, "STATE_FILE", state)
     assert yarn_local.read_state() is None

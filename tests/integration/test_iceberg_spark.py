@@ -24,7 +24,7 @@ BUCKET = "iceberg-spark-bucket"
 IDENT = "preds.digits"
 CATALOG = "sparkcheck"
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stacks]
 
 
 @pytest.fixture

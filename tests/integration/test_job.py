@@ -156,6 +156,7 @@ def check_against_reference(lines, objects, reference, top_k):
     return compared
 
 
+@pytest.mark.stacks
 def test_logits_run_writes_one_line_per_listed_key_sorted_and_no_padding(logits_run, world):
     _result, lines, summary = logits_run
     keys = [json.loads(line)["key"] for line in lines]
@@ -173,12 +174,14 @@ def test_logits_run_exits_3_for_errors_over_the_default_limit_yet_writes_everyth
     assert len(lines) == 44
 
 
+@pytest.mark.stacks
 def test_logits_head_gets_softmax_and_matches_the_single_process_reference(logits_run, world):
     _, lines, _ = logits_run
     reference = Reference(world["demo"] / "model" / "digits", softmax_head=False)
     assert check_against_reference(lines, world["objects"], reference, top_k=3) == 40
 
 
+@pytest.mark.stacks
 def test_bad_objects_become_error_lines_with_their_stage(logits_run):
     _, lines, summary = logits_run
     rows = {json.loads(line)["key"]: json.loads(line) for line in lines}
@@ -219,6 +222,7 @@ def test_model_is_loaded_once_per_python_worker_and_reused(logits_run):
     assert all(w["model_loads"] == 1 for w in workers.values())  # ... and loaded the model once
 
 
+@pytest.mark.stacks
 def test_summary_reports_counts_timing_model_and_options(logits_run):
     result, _, summary = logits_run
     assert summary["elapsed_seconds"] > 0 and summary["images_per_second"] > 0

@@ -17,7 +17,7 @@ from demo.run_local import spark_env, spark_submit_command
 from tests.support.event_logs import event_logs
 from tests.support.helpers import ROOT, bucket_with_digits
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stacks]
 
 BUCKET = "secrets-job"
 PASSWORD = "PwInTheUri7731"

@@ -102,6 +102,7 @@ def test_sigterm_to_the_python_driver_alone_cancels_the_spark_job_within_seconds
     assert "Resume with: make submit ARGS='--input s3://signal-bucket/imgs/ " in line, line
 
 
+@pytest.mark.stacks
 def test_sigterm_to_the_spark_submit_jvm_alone_is_an_interruption_not_a_failure(world):
     seconds, code, output = signal_once_durable(world, "jvm/out.jsonl", "jvm")
     what = str(signals.Interrupted(signal.SIGTERM, "a shutdown of spark-submit's JVM (SIGTERM or Ctrl-C to it)"))

@@ -190,6 +190,7 @@ def cluster_run(local_yarn, world, tmp_path_factory):
     return code, app_id, yarn_local.app_report(app_id), submission
 
 
+@pytest.mark.stacks
 def test_cluster_mode_output_equals_client_mode_byte_for_byte(world, reference, cluster_run):
     code, _, report, submission = cluster_run
     assert code == 0, submission.output()[-3000:] + submission.logs()
@@ -198,6 +199,7 @@ def test_cluster_mode_output_equals_client_mode_byte_for_byte(world, reference, 
     assert [json.loads(line)["key"] for line in reference.decode().splitlines()] == world["keys"]
 
 
+@pytest.mark.stacks
 def test_summary_records_cluster_deploy_mode_and_the_application(world, cluster_run):
     _, app_id, _, _ = cluster_run
     spark = summary_of(world["s3"], "yarn/out.jsonl")["spark"]

@@ -12,6 +12,8 @@ from tests.support import event_logs
 START = {"Event": "SparkListenerApplicationStart", "App ID": "local-1795900000000"}
 ENVIRONMENT = {"Event": "SparkListenerEnvironmentUpdate", "Spark Properties": {"spark.master": "local"}}
 
+pytestmark = pytest.mark.stacks
+
 
 def lines(*records: dict) -> bytes:
     return "".join(json.dumps(record) + "\n" for record in records).encode()

@@ -16,7 +16,8 @@ STAMP := $(VENV)/.installed
 # instead where it is installed, so that a developer builds one venv, not two.
 LIGHT_VENV ?= .venv-ops
 LIGHT_STAMP := $(LIGHT_VENV)/.installed
-OPS_VENV := $(if $(wildcard $(STAMP)),$(VENV),$(LIGHT_VENV))
+# Any full venv serves them, whatever the stack: they need neither Spark nor MXNet.
+OPS_VENV := $(firstword $(foreach v,$(VENV) .venv .venv-emr8,$(if $(wildcard $(v)/.installed),$(v))) $(LIGHT_VENV))
 OPS_PY := $(OPS_VENV)/bin/python
 OPS_STAMP := $(OPS_VENV)/.installed
 
@@ -110,11 +111,12 @@ test: $(STAMP) $(LOCAL_SPARK) ## Run ruff, the import layers and every test (uni
 	$(if $(filter emr7,$(STACK)),$(MAKE) --no-print-directory test-emr8)
 
 # make test's second leg: what tells Spark 4 from Spark 3.5 (the tests marked stacks: the job end to end, the
-# event-log and Iceberg readers, cluster mode on the local YARN, a signal to spark-submit's JVM) on EMR 8's stack.
+# event-log and Iceberg readers, cluster mode on the local YARN, a signal to spark-submit's JVM) and the install
+# tests (the wheel into a fresh venv), on EMR 8's stack.
 .PHONY: test-emr8
-test-emr8: ## The tests marked stacks, again on EMR 8's stack (.venv-emr8: Spark 4.0.2); make test runs it after the rest
+test-emr8: ## The tests marked stacks or install, again on EMR 8's stack (.venv-emr8: Spark 4.0.2); make test runs it after the rest
 	$(MAKE) --no-print-directory venv STACK=emr8
-	.venv-emr8/bin/pytest -m stacks $(PYTEST_ARGS)
+	.venv-emr8/bin/pytest -m "stacks or install" $(PYTEST_ARGS)
 
 .PHONY: watch
 watch: $(OPS_STAMP) ## Print a running job's progress until it ends: OUTPUT=s3://bucket/key [ENDPOINT=http://127.0.0.1:5000]. make itself exits 2 on any failure: the job's code is on the last line, and .venv/bin/python -m mxjob.reporting.watch OUTPUT (.venv-ops/bin/python without .venv) exits with it

@@ -113,8 +113,15 @@ while IFS= read -r line || [[ -n "${line}" ]]; do
 done <"${requirements}"
 ((${#names[@]} > 0)) || die "no requirements left to install from ${requirements}"
 
-"${python_path}" -m pip --version >/dev/null 2>&1 \
-  || die "${python_path} has no pip; install python3-pip on the image first"
+# EMR 8's python3.11 may come without pip: bring it (ensurepip, else the OS package), as the site's owner.
+if ! "${python_path}" -m pip --version >/dev/null 2>&1; then
+  log "${python_path} has no pip: installing it"
+  as_owner "${python_path}" -m ensurepip --upgrade >&2 \
+    || { command -v dnf >/dev/null 2>&1 && sudo dnf install -y "python${version}-pip" >&2; } \
+    || true
+  "${python_path}" -m pip --version >/dev/null 2>&1 \
+    || die "${python_path} has no pip, and neither ensurepip nor dnf could install it; install python${version}-pip on the image first"
+fi
 
 log "installing into ${python_path} ($("${python_path}" --version 2>&1)): $(tr '\n' ' ' <"${to_install}")"
 attempt=1

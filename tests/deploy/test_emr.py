@@ -375,13 +375,18 @@ def test_make_emr_cluster_and_emr_submit(aws_env, moto_endpoint, tmp_path):
     ]  # fmt: skip
 
 
-def test_make_emr_run_creates_a_cluster_that_runs_the_step_and_terminates(aws_env, moto_endpoint, tmp_path):
+@pytest.mark.parametrize("stack", ["emr7", "emr8"])
+def test_make_emr_run_creates_a_cluster_that_runs_the_step_and_terminates(aws_env, moto_endpoint, tmp_path, stack):
     path = write_conf(tmp_path, **ACCOUNT)
     conf = yaml.safe_load(path.read_text())
+    if stack == "emr8":  # conf/emr8.yaml, extending the account's emr.yaml beside it
+        path = tmp_path / "emr8.yaml"
+        path.write_text((ROOT / "conf" / "emr8.yaml").read_text())
     client = boto3.client("emr", region_name=conf["region"], endpoint_url=moto_endpoint)
     output = "s3://emr-deploy-test/predictions/run.jsonl"
 
-    ran = make("emr-run", f"S3={S3}", f"EMR_CONF={path}", f"ARGS=--output {output} --top-k 3", env=aws_env)
+    ran = make("emr-run", f"STACK={stack}", f"S3={S3}", f"EMR_CONF={path}", f"ARGS=--output {output} --top-k 3",
+               env=aws_env)
     print(ran.stdout)
 
     command = re.search(r"^\+ \S*aws emr create-cluster --region .*$", ran.stdout, re.M).group(0)
@@ -393,6 +398,9 @@ def test_make_emr_run_creates_a_cluster_that_runs_the_step_and_terminates(aws_en
     cluster = client.describe_cluster(ClusterId=cluster_id)["Cluster"]
     assert cluster["AutoTerminate"] is True
     assert cluster["Name"] == conf["name"]
+    assert cluster["ReleaseLabel"] == ("emr-spark-8.0.0" if stack == "emr8" else conf["release_label"])
+    [bootstrap] = client.list_bootstrap_actions(ClusterId=cluster_id)["BootstrapActions"]
+    assert bootstrap["Args"][1:] == (["python3.11"] if stack == "emr8" else [])  # the interpreter it installs into
     [step] = client.list_steps(ClusterId=cluster_id)["Steps"]
     assert step["Name"] == conf["step"]["name"]
     assert step["ActionOnFailure"] == "TERMINATE_CLUSTER"  # a failed step must not keep the cluster up
@@ -448,8 +456,7 @@ def test_the_emr8_config_is_emr_yamls_with_what_emr_8_changes():
     assert eight.bootstrap["args"] == ["{s3}/requirements.txt", "python3.11"]  # the interpreter, as an argument
     assert eight.bootstrap["path"] == seven.bootstrap["path"]  # merged key by key, not replaced
     spark7, spark8 = emr.spark_defaults(seven.configurations), emr.spark_defaults(eight.configurations)
-    assert "spark.blacklist.decommissioning.enabled" not in spark8  # a name Spark 4 ignores, removed by null
-    assert spark8 == {key: value for key, value in spark7.items() if key != "spark.blacklist.decommissioning.enabled"}
+    assert spark8 == spark7 and not any("blacklist" in key for key in spark7)  # valid on both releases
 
     def exports(conf):
         [env] = [c for c in conf.configurations if c["Classification"] == "spark-env"]
@@ -458,6 +465,23 @@ def test_the_emr8_config_is_emr_yamls_with_what_emr_8_changes():
     assert (exports(seven)["PYSPARK_PYTHON"], exports(eight)["PYSPARK_PYTHON"]) == (
         "/usr/bin/python3", "/usr/bin/python3.11")
     assert (seven.core, seven.master, seven.step) == (eight.core, eight.master, eight.step)  # declared once
+
+
+def test_a_layer_removes_a_property_set_to_null_and_merges_nested_classifications(tmp_path):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({"name": "n", "bootstrap": {"name": "b", "path": "p"},
+        "configurations": [{"Classification": "spark-defaults", "Properties": {"a": 1, "b": 2}},
+                           {"Classification": "spark-env", "Configurations": [
+                               {"Classification": "export", "Properties": {"X": "1", "Y": "2"}}]}]}))
+    (tmp_path / "top.yaml").write_text(yaml.safe_dump({"extends": "base.yaml", "bootstrap": {"args": ["x"]},
+        "configurations": [{"Classification": "spark-defaults", "Properties": {"b": None, "c": 3}},
+                           {"Classification": "spark-env", "Configurations": [
+                               {"Classification": "export", "Properties": {"Y": "3"}}]}]}))
+    merged = emr.read_layered(tmp_path / "top.yaml")
+    assert merged["bootstrap"] == {"name": "b", "path": "p", "args": ["x"]} and merged["name"] == "n"
+    assert merged["configurations"] == [
+        {"Classification": "spark-defaults", "Properties": {"a": 1, "c": 3}},
+        {"Classification": "spark-env", "Configurations": [{"Classification": "export",
+                                                            "Properties": {"X": "1", "Y": "3"}}]}]
 
 
 def test_make_package_ships_the_stacks_pins_and_config(tmp_path):

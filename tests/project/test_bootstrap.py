@@ -153,6 +153,25 @@ def test_refuses_a_python_mxnet_cannot_run_on_and_says_which_to_give(tmp_path, v
     assert "give python3.11 as this script's second argument" in result.stderr
 
 
+def test_an_interpreter_without_pip_gets_it_before_the_install(tmp_path):
+    python = tmp_path / "python3.11"
+    python.write_text(textwrap.dedent(f"""\
+        #!/usr/bin/env bash
+        if [[ "$1 $2" == "-m ensurepip" ]]; then touch "{tmp_path}/has-pip"; exit 0; fi
+        if [[ "$1 $2" == "-m pip" ]]; then
+          [[ -f "{tmp_path}/has-pip" ]] || exit 1
+          if [[ "$3" == install ]]; then touch "{tmp_path}/installed"; fi
+          exit 0
+        fi
+        exec "{sys.executable}" "$@"
+        """))
+    python.chmod(0o755)
+    result = run_script(str(REQUIREMENTS), str(python), env={})
+    assert result.returncode == 0, result.stderr
+    assert "has no pip: installing it" in result.stderr
+    assert (tmp_path / "installed").exists()
+
+
 def test_refuses_missing_interpreter():
     result = run_script(str(REQUIREMENTS), env={"PYTHON": "/nonexistent/python3"})
     assert result.returncode == 1

@@ -71,6 +71,16 @@ def emr_spark_defaults(emr_yaml: Path = ROOT / "conf" / "emr.yaml") -> dict[str,
 ARCHIVED = frozenset({".py", ".json", ".pyi", ".typed"})
 
 
+def in_package(path: Path, root: Path) -> bool:
+    """Whether ``path`` is in a Python package under ``root``: every folder from ``root`` to it has ``__init__.py``."""
+    folder = path.parent
+    while folder != root.parent:
+        if not (folder / "__init__.py").is_file():
+            return False
+        folder = folder.parent
+    return True
+
+
 @functools.cache
 def pyspark_archives() -> str:
     """``PYSPARK_ARCHIVES_PATH``: pyspark.zip and py4j's zip, as EMR keeps them in /usr/lib/spark/python/lib.
@@ -93,9 +103,10 @@ def pyspark_archives() -> str:
             partial = target.with_suffix(".zip.partial")
             with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
                 for path in sorted(root.rglob("*")):
-                    # Sources and the data files they read (Spark 4: pyspark/errors/error-conditions.json);
-                    # not the jars, scripts and examples pip's pyspark also holds.
-                    if path.suffix in ARCHIVED and "__pycache__" not in path.parts:
+                    # Sources and the data files they read (Spark 4: pyspark/errors/error-conditions.json), in
+                    # the Python packages alone: not the jars, scripts, examples or local-cluster's work/ folder
+                    # that pip's pyspark also holds.
+                    if path.suffix in ARCHIVED and in_package(path, root):
                         archive.write(path, Path(root.name) / path.relative_to(root))
             os.replace(partial, target)
         zips.append(f"local:{target}")

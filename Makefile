@@ -16,8 +16,9 @@ STAMP := $(VENV)/.installed
 # instead where it is installed, so that a developer builds one venv, not two.
 LIGHT_VENV ?= .venv-ops
 LIGHT_STAMP := $(LIGHT_VENV)/.installed
-# Any full venv serves them, whatever the stack: they need neither Spark nor MXNet.
-OPS_VENV := $(firstword $(foreach v,$(VENV) .venv .venv-emr8,$(if $(wildcard $(v)/.installed),$(v))) $(LIGHT_VENV))
+# Any full venv serves them, this stack's first, else either stack's: they need neither Spark nor MXNet.
+FULL_VENVS := .venv .venv-emr8
+OPS_VENV := $(firstword $(foreach v,$(VENV) $(FULL_VENVS),$(if $(wildcard $(v)/.installed),$(v))) $(LIGHT_VENV))
 OPS_PY := $(OPS_VENV)/bin/python
 OPS_STAMP := $(OPS_VENV)/.installed
 

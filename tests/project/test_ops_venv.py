@@ -195,11 +195,21 @@ def make_dry_run(target: str, *variables: str) -> str:
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_without_a_full_venv_the_target_builds_the_light_one_and_runs_in_it(tmp_path, target):
     full, light = tmp_path / ".venv", tmp_path / ".venv-ops"
-    printed = make_dry_run(target, f"VENV={full}", f"LIGHT_VENV={light}", f"DIST={tmp_path / 'dist'}")
+    # No full venv of either stack (FULL_VENVS: the checkout's .venv and .venv-emr8, which this one may have).
+    printed = make_dry_run(target, f"VENV={full}", "FULL_VENVS=", f"LIGHT_VENV={light}", f"DIST={tmp_path / 'dist'}")
 
     assert f"{light}/bin/python -m pip install --quiet -r requirements-ops.txt" in printed
     assert TARGETS[target][1].format(venv=light) in printed
     assert "requirements-dev.txt" not in printed and f"{full}/" not in printed
+
+
+def test_with_only_the_other_stacks_venv_installed_the_targets_use_it(tmp_path):
+    full, other, light = tmp_path / ".venv", tmp_path / ".venv-emr8", tmp_path / ".venv-ops"
+    other.mkdir()
+    (other / ".installed").touch()
+    printed = make_dry_run("watch", f"VENV={full}", f"FULL_VENVS={other}", f"LIGHT_VENV={light}",
+                           "OUTPUT=s3://b/k.jsonl")
+    assert f"{other}/bin/python -m mxjob.reporting.watch" in printed and "pip install" not in printed
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

@@ -321,10 +321,11 @@ def stop_node(index: int) -> None:
 
 
 def container_log_dirs(app_id: str) -> list[Path]:
-    """Each container's log folder (``stdout``, ``stderr``) of ``app_id``, on every node."""
+    """Each container's log folder (``stdout``, ``stderr``) of ``app_id``, on every node, in container id order."""
     state = read_state()
     roots = [node.log_dir for node in state.nodes] if state else sorted(STATE.glob("nodes/nm-*/logs"))
-    return sorted(path for root in roots for path in (root / app_id).glob("container_*"))
+    # By container id (attempt, then container), whichever node each ran on.
+    return sorted((path for root in roots for path in (root / app_id).glob("container_*")), key=lambda p: p.name)
 
 
 def web_lines(state: ClusterState) -> str:

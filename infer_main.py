@@ -77,7 +77,7 @@ class _Console:
     """
 
     def __init__(self):
-        self.parent, self.fd, self.lost_parent = os.getppid(), None, False
+        self.parent, self.fd = os.getppid(), None
         # Read now: once the JVM is gone, its command line (the resume command's spark options) is too.
         self.jvm_cmdline = rerun.parent_jvm_cmdline()
         try:
@@ -106,8 +106,7 @@ class _Console:
             # A Spark call in flight fails at once and ends the run its own way, saying what is durable.
             time.sleep(PARENT_GRACE_SECONDS)
             if not (signals.received or signals.ending.is_set()):  # nothing else is ending the run
-                self.lost_parent = True
-                os.kill(os.getpid(), signal.SIGTERM)
+                signals.interrupt_self(signals.JVM_SHUTDOWN)
 
         threading.Thread(target=watch, name="watch-spark-submit-jvm", daemon=True).start()
 
@@ -174,9 +173,6 @@ def main(config_uri, **values):
     try:
         code = run_job(cfg, resume_command=resume_command(sys.argv, console.jvm_cmdline))
     except Interrupted as exc:
-        if console.lost_parent:  # say what happened: the JVM went, not a signal to this process
-            work, exc = getattr(exc, "work", None), Interrupted(exc.signum, signals.JVM_SHUTDOWN)
-            exc.work = work
         _exit_interrupted(exc, cfg, console)
     except JobError as exc:
         if signals.received:  # the JVM failed first, because it was signalled too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -30,6 +31,15 @@ received: list[int] = []
 #: ``infer_main`` does when spark-submit's JVM goes must not cut that short.
 ending = threading.Event()
 
+#: What the SIGTERM this process sent itself stands for (:func:`interrupt_self`), said by the Interrupted it raises.
+_self_sent: list[str] = []
+
+
+def interrupt_self(what: str) -> None:
+    """From another thread: stop the main thread as a SIGTERM would, its :class:`Interrupted` saying ``what``."""
+    _self_sent.append(what)
+    os.kill(os.getpid(), signal.SIGTERM)
+
 
 def raise_interrupted(signum, _frame):
     """The driver's SIGTERM and SIGINT handler: note the signal, ignore any second one, raise :class:`Interrupted`."""
@@ -37,4 +47,4 @@ def raise_interrupted(signum, _frame):
     # One interruption is enough: the clean-up below must not be cut short by a second one.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    raise Interrupted(signum)
+    raise Interrupted(signum, _self_sent[0] if _self_sent else None)

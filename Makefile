@@ -7,6 +7,8 @@ PYTHON ?= python3
 # Python 3.11, as EMR 8 runs it). Each has its venv; stacks/STACK.txt holds the pins that differ from
 # requirements.txt (docs/running.md, "Two stacks").
 STACK ?= emr7
+# Whether a python is 3.11, EMR 8's interpreter here: MXNet 1.9.1 needs numpy<1.24, whose wheels stop at 3.11.
+IS_PY311 := -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'
 $(if $(filter $(STACK),emr7 emr8),,$(error STACK must be emr7 or emr8, not '$(STACK)'))
 VENV := $(if $(filter emr7,$(STACK)),.venv,.venv-$(STACK))
 PY := $(VENV)/bin/python
@@ -29,7 +31,7 @@ help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 $(STAMP): requirements.txt requirements-dev.txt stacks/$(STACK).txt deploy/stack_pins.py
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(STACK)" == "emr8")' || { echo \
+	@[ "$(STACK)" != emr8 ] || $(PYTHON) $(IS_PY311) || { echo \
 		"EMR 8's stack runs on Python 3.11 (MXNet 1.9.1 needs numpy<1.24, whose wheels stop at 3.11): give PYTHON=python3.11" >&2; exit 2; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PYTHON) deploy/stack_pins.py requirements.txt stacks/$(STACK).txt > $(VENV)/requirements.txt
@@ -110,7 +112,7 @@ test: $(STAMP) $(LOCAL_SPARK) ## Run ruff, the import layers and every test (uni
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	@if [ "$(STACK)" != emr7 ]; then :; \
-	elif $(EMR8_PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then \
+	elif $(EMR8_PYTHON) $(IS_PY311) 2>/dev/null; then \
 		$(MAKE) --no-print-directory test-emr8 PYTHON=$(EMR8_PYTHON); \
 	else echo "the EMR 8 leg is skipped: it needs Python 3.11 ($(EMR8_PYTHON) is not); make test-emr8 PYTHON=python3.11 runs it" >&2; fi
 

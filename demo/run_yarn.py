@@ -255,7 +255,7 @@ def stop_application(process: subprocess.Popen, app_id: str | None, stop: Stoppe
                   "and keeps every finished batch: rerun with --resume to finish it", flush=True)
     if process.poll() is None:
         process.terminate()
-        process.wait(timeout=30)
+        process.communicate(timeout=30)  # read to its end: a full pipe would hold spark-submit's exit
 
 
 def describe_application(app_id: str) -> dict[str, str]:

@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
-            up()
-            print(f"   use it with:\n   {hadoop_conf_line()}\n   {web_lines(read_state())}\n"
+            state = up()
+            print(f"   use it with:\n   {hadoop_conf_line()}\n   {web_lines(state)}\n"
                   "   stop it with: make yarn-down", flush=True)
         elif args.action == "down":
             down()

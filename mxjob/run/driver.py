@@ -139,8 +139,8 @@ def open_status(cfg: JobConfig, monitor: RunMonitor, retry: bool) -> None:
     next attempt) claims it only at its plan, once the earlier run's
     fingerprint is found to be its own: a resume refused for changed
     settings leaves the stopped run's status, report and resume command as
-    they were. A dry run writes none. With ``lease``, nothing is written
-    once the lease is lost.
+    they were. A dry run writes none. With the monitor's lease, nothing is
+    written once the lease is lost.
     """
     if not cfg.dry_run and (cfg.overwrite or not (cfg.resume or retry)):
         monitor.claim("starting")

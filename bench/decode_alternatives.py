@@ -6,7 +6,7 @@ numbers") stays as it is although it alone costs a 500x375 JPEG most of
 the 3 ms of worker CPU per image the job aims at beyond the forward pass.
 Each alternative decodes the same JPEGs (quality 90, about 500x375:
 distinct random views of the nine real photos scikit-learn and
-scikit-image ship, ``bench.images.photo_views``) to EfficientNet-Lite0's
+scikit-image ship, ``demo.photos.photo_views``) to EfficientNet-Lite0's
 3x224x224 input:
 
 * ``recipe``: :func:`mxjob.model.preprocess.decode_image` (Pillow's libjpeg-turbo,
@@ -22,7 +22,7 @@ scikit-image ship, ``bench.images.photo_views``) to EfficientNet-Lite0's
 For each it prints the CPU per JPEG (best of ``--repeats`` passes, the
 alternatives interleaved), how far its input is from the recipe's (mean and
 largest absolute difference in units of ``std``), and the real
-EfficientNet-Lite0's (``bench/pretrained.py``) top-1 agreement and top-5
+EfficientNet-Lite0's (``demo/pretrained.py``) top-1 agreement and top-5
 (as a set) agreement with its answers on the recipe's input, against the
 0.99 top-1 agreement ``--precision int8`` must reach to run. The CPU is named
 (model, and whether it has VNNI).
@@ -47,9 +47,10 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import images, pretrained  # noqa: E402
 from bench.int8_search import cpu_description  # noqa: E402
 from bench.worker_steps import best_ms  # noqa: E402
+from demo import photos as images  # noqa: E402
+from demo import pretrained  # noqa: E402
 from mxjob.model.preprocess import Preprocess, decode_image, normalise_into  # noqa: E402
 
 #: The top-1 agreement ``--precision int8`` needs by default (``--min-agreement``): the same bar here.

@@ -1,7 +1,7 @@
 """The estimate against the measured time: ``--dry-run``'s projection beside the run it projected.
 
 Not a test: it prints measurements (``make bench-estimate``). Against a moto
-S3 server on this machine it uploads the first N JPEGs of ``bench/images.py``'s
+S3 server on this machine it uploads the first N JPEGs of ``demo/photos.py``'s
 set for each size and ResNet-18 (random weights, ``bench/models.py``), then
 per size runs the job twice through spark-submit on ``make run-local``'s master
 (``demo.run_local.MASTER``, ``conf/spark-local.conf``): a ``--dry-run`` with
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import boto3
 
-from bench import images as bench_images
 from bench import models
 from bench.worker_steps import cpu_model
+from demo import photos as bench_images
 from demo.run_local import MASTER, spark_env, spark_submit_command
 from demo.s3local import FAKE_AWS_ENV, moto_server
 from mxjob.executor import measure
@@ -56,7 +56,7 @@ def upload(s3, sizes: list[int], work: Path) -> None:
         s3.put_object(Bucket=BUCKET, Key=f"model/resnet18{suffix}", Body=Path(f"{prefix}{suffix}").read_bytes())
     jpegs = [p for p in bench_images.make_images(work / "images", int(max(sizes) * 1.2)) if p.suffix == ".jpg"]
     if len(jpegs) < max(sizes):
-        raise SystemExit(f"bench/images.py made {len(jpegs)} JPEGs, fewer than {max(sizes)}")
+        raise SystemExit(f"demo/photos.py made {len(jpegs)} JPEGs, fewer than {max(sizes)}")
     for size in sizes:
         for path in jpegs[:size]:
             s3.put_object(Bucket=BUCKET, Key=f"in{size}/{path.name}", Body=path.read_bytes())

@@ -1,10 +1,10 @@
 """``make bench-int8``: ``--int8-exclude auto`` on the real EfficientNet-Lite0, printed.
 
 Not a test: it prints what the driver's search does on a real pretrained
-model (``bench/pretrained.py``) and real photos. The photos are the nine
+model (``demo/pretrained.py``) and real photos. The photos are the nine
 that scikit-learn and scikit-image ship; there are too few of them, so each
 image is a distinct random view of one (a crop, a flip, brightness /
-contrast / colour jitter: ``bench.images.photo_views``, deterministic for a
+contrast / colour jitter: ``demo.photos.photo_views``, deterministic for a
 seed). The views are split as the job splits its sample: the even ones
 calibrate, the odd ones are held out. It prints the configurations tried,
 the layers kept in fp32, the agreement and the speed-up reached, the
@@ -31,7 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import images, pretrained  # noqa: E402
+from demo import photos as images  # noqa: E402
+from demo import pretrained  # noqa: E402
 
 
 def cpu_description() -> str:

@@ -2,10 +2,10 @@
 
 Not a test: it prints measurements. It
 
-1. makes ``N2`` distinct JPEGs of about 500x375 (``bench/images.py``, its
+1. makes ``N2`` distinct JPEGs of about 500x375 (``demo/photos.py``, its
    PNGs left out) and the checkpoint (``--model``: ``resnet18``, random
    weights from ``bench/models.py``, or ``efficientnet-lite0``, real ImageNet
-   weights from ``bench/pretrained.py``), and uploads the first ``N1`` and
+   weights from ``demo/pretrained.py``), and uploads the first ``N1`` and
    all ``N2`` images under two prefixes of one moto bucket (``demo/s3local.py``),
    which every system reads and writes, no latency added;
 2. runs, for each of ``--rounds`` interleaved rounds, each size and each
@@ -77,11 +77,11 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import images as bench_images  # noqa: E402
 from bench import models as bench_models  # noqa: E402
-from bench import pretrained  # noqa: E402
 from bench.int8_search import cpu_description  # noqa: E402
 from bench.run_bench import cpu_seconds, probe  # noqa: E402
+from demo import photos as bench_images  # noqa: E402
+from demo import pretrained  # noqa: E402
 from demo.run_local import MASTER, spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import moto_server  # noqa: E402
 
@@ -391,7 +391,7 @@ def driver_import_cpu() -> float:
 
 
 def jpegs(folder: Path, count: int) -> list[Path]:
-    """``count`` distinct JPEGs of about 500x375: ``bench/images.py``'s set without its PNGs (one in ten)."""
+    """``count`` distinct JPEGs of about 500x375: ``demo/photos.py``'s set without its PNGs (one in ten)."""
     made = bench_images.make_images(folder, math.ceil(count * 10 / 9) + 1)
     return [p for p in made if p.suffix == ".jpg"][:count]
 

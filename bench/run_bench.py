@@ -2,7 +2,7 @@
 
 Not a test: it prints measurements. In one run it
 
-1. makes a realistic image set (``bench/images.py``: distinct ~500x375 photos,
+1. makes a realistic image set (``demo/photos.py``: distinct ~500x375 photos,
    JPEG quality 90 with a tenth PNG, from the real photos scikit-learn ships)
    and the two checkpoints (``bench/models.py``: ResNet-18 at 3x224x224 and a
    ResNet-20 at 3x32x32, random weights);
@@ -32,7 +32,7 @@ Not a test: it prints measurements. In one run it
    agreement is printed, not required), with E_int8/E_fp32 and the per-process
    CPU breakdown;
 5. large photos (``--large-images``, 0 skips): 8-12 MP JPEGs made from the
-   real photos (``bench/images.py``): decode CPU per image with and without
+   real photos (``demo/photos.py``): decode CPU per image with and without
    DCT scaling (``probes.py decode``), S and E with the first model;
 6. the MXNet threads each Python worker ran with, and the summary's warning if
    threads x executors do not fill a host's cores;
@@ -69,7 +69,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import images as bench_images  # noqa: E402
+from demo import photos as bench_images  # noqa: E402
 from bench import int8_search, task_cost, worker_steps  # noqa: E402
 from bench import models as bench_models  # noqa: E402
 from bench import tasks as bench_tasks  # noqa: E402

@@ -1,7 +1,7 @@
 """The worker's own CPU per image beyond the forward pass, step by step: ``python -m bench.worker_steps``.
 
 Each step of what a Python worker does for one image besides the model is
-timed on its own, on the benchmark's realistic photos (:mod:`bench.images`:
+timed on its own, on the benchmark's realistic photos (:mod:`demo.photos`:
 about 500x375, JPEG quality 90) and on 8-12 MP ones, as CPU time of the
 calling thread (``time.thread_time``), not wall time, so that other load on
 the machine moves the figures little. Each figure is the best of
@@ -62,8 +62,8 @@ from mxjob.s3 import clients, object_reader, reads
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import images as bench_images  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
+from demo import photos as bench_images  # noqa: E402
 from mxjob.executor import partition  # noqa: E402
 from mxjob.model import preprocess  # noqa: E402
 from mxjob.model.predictor import ModelSpec  # noqa: E402

@@ -444,7 +444,9 @@ def test_simplejpeg_at_full_scale_then_the_recipes_resize_is_the_recipe_bit_for_
     """The claim make bench-recipes rests on: the same decoder, not a different one, is what the recipe pays for."""
     import numpy as np
 
-    from bench import decode_alternatives, images, pretrained
+    from bench import decode_alternatives
+    from demo import photos as images
+    from demo import pretrained
     from mxjob.model.preprocess import decode_image
 
     prep = pretrained.preprocess()
@@ -524,3 +526,4 @@ def test_the_large_photos_report_says_when_the_watch_saw_no_cpu_in_the_tasks_win
     }
     lines = run_bench.report_large(results)
     assert any("CPU per image in E, by process: not measured" in line and "0.4 s on 2 cores" in line for line in lines)
+

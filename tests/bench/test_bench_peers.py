@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bench import images as bench_images
 from bench import models as bench_models
 from bench import peers
+from demo import photos as bench_images
 from mxjob.model.preprocess import Preprocess
 from mxjob.tasks.classify import ImageClassifier
 from tests.support.helpers import ROOT, make_s3_client

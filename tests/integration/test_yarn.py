@@ -373,7 +373,8 @@ def test_stopping_submit_yarn_kills_the_application_and_says_so(local_yarn, worl
 @pytest.fixture(scope="module")
 def effnet_world(moto_endpoint, tmp_path_factory):
     """The real pretrained EfficientNet-Lite0 and 64 real photos, with its recipe: a worker of a real model's size."""
-    from bench import images, pretrained
+    from demo import photos as images
+    from demo import pretrained
 
     s3, _ = bucket_with_effnet(moto_endpoint, EFFNET_BUCKET, tmp_path_factory.mktemp("effnet"))
     for i, data in enumerate(images.photo_views(64, seed=5)):

@@ -140,12 +140,12 @@ def spark_submit(job_args: list[str], timeout: int = 600, extra_env: dict | None
 
 
 def bucket_with_effnet(endpoint: str, bucket: str, model_dir: Path) -> tuple:
-    """Create ``bucket`` with the real pretrained EfficientNet-Lite0 (``bench/pretrained.py``) under ``model/effnet``.
+    """Create ``bucket`` with the real pretrained EfficientNet-Lite0 (``demo/pretrained.py``) under ``model/effnet``.
 
     Returns ``(client, local checkpoint prefix)``. One PUT a file: moto's
     checksum of a multipart upload (``upload_file`` over 8 MB) fails botocore's check.
     """
-    from bench import pretrained
+    from demo import pretrained
 
     prefix = pretrained.export(model_dir)
     s3 = make_s3_client(endpoint)

@@ -129,7 +129,8 @@ def test_the_quantized_checkpoint_is_int8_but_for_excluded_layers_and_ships_its_
 
 @pytest.fixture(scope="module")
 def real_world(moto_endpoint, tmp_path_factory):
-    from bench import images, pretrained
+    from demo import photos as images
+    from demo import pretrained
 
     s3, _ = bucket_with_effnet(moto_endpoint, "int8-bucket", tmp_path_factory.mktemp("effnet"))
     for i, data in enumerate(images.photo_views(48, seed=3)):

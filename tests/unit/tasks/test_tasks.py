@@ -1,6 +1,6 @@
 """--task embed and --task detect: the result model's views, box mapping, refusals, and both through spark-submit.
 
-``embed`` runs on the real pretrained EfficientNet-Lite0 (``bench/pretrained.py``)
+``embed`` runs on the real pretrained EfficientNet-Lite0 (``demo/pretrained.py``)
 and real photos; every vector is compared with a plain MXNet Module bound on
 the layer's internal output. ``detect`` runs on a small SSD-style graph made
 in ``demo/examples.py`` (``MultiBoxPrior`` + ``MultiBoxDetection``, fixed random weights); every
@@ -289,7 +289,8 @@ def test_detect_job_writes_boxes_in_pixels_of_the_upright_image(moto_endpoint, d
 
 @pytest.fixture(scope="module")
 def effnet_world(moto_endpoint, tmp_path_factory):
-    from bench import images, pretrained
+    from demo import photos as images
+    from demo import pretrained
 
     s3, prefix = bucket_with_effnet(moto_endpoint, "embed-job", tmp_path_factory.mktemp("effnet-embed"))
     photos = {f"photos/{i:02d}.jpg": data for i, data in enumerate(images.photo_views(5, seed=11))}

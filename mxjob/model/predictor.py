@@ -341,11 +341,8 @@ class Predictor:
 
         ``mx.nd.array`` would allocate an NDArray and copy the micro-batch into
         it (9.6 MB at 16 x 3 x 224 x 224) before the module copies it again
-        into its bound input: on a 2-vCPU AMD EPYC without VNNI that first copy
-        cost the task's thread about 0.5 ms per image (0.80 to 0.26 ms in
-        process, 0.8 to 0.3 in ``make bench``); the module's own copy, which
-        now reads the micro-batch colder, took back most of it in ``make
-        bench`` (docs/performance.md). ``mx.nd.from_numpy`` wraps the
+        into its bound input: a copy the task's thread pays per image
+        (docs/performance.md, "Figures behind the code"). ``mx.nd.from_numpy`` wraps the
         numpy memory instead (DLPack; it marks the array it is given read-only,
         so it gets a view and the caller's array stays writeable); the memory
         is read only by the module's copy, which is done when :meth:`_forward`

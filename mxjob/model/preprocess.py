@@ -142,9 +142,8 @@ def decode_into(data: bytes, prep: Preprocess, out: np.ndarray) -> np.ndarray:
     out : numpy.ndarray
         float32 of shape ``prep.input_shape``: typically one row of a
         preallocated ``(N, C, H, W)`` batch, so the image needs no array of its
-        own and no ``np.stack`` before the forward pass (0.03-0.06 ms of CPU
-        per 500x375 JPEG in ``python -m bench.worker_steps``, 2-3%). On an
-        error its values are undefined.
+        own and no ``np.stack`` before the forward pass (``make bench-worker``
+        measures the copy it saves). On an error its values are undefined.
 
     Returns
     -------
@@ -275,14 +274,13 @@ def normalise_into(img: Image.Image, prep: Preprocess, out: np.ndarray) -> None:
     ``img`` is the resized image, mode RGB (or L for one channel). Each band
     is taken from Pillow already planar (``tobytes("raw", "R")``, one
     contiguous 224x224 copy), then subtracted and divided straight into
-    ``out[c]``: no HWC array, no CHW transpose copy, no float32 temporary.
-    Measured on 64 bench photos at 224x224 (AMD EPYC, a busy 2-vCPU machine,
-    best of 5): 0.080 ms per image, against 0.101 ms for ``np.asarray`` ->
-    CHW copy -> subtract -> divide into a new array. uint8 minus a float32
+    ``out[c]``: no HWC array, no CHW transpose copy, no float32 temporary
+    (faster than ``np.asarray`` -> CHW copy -> subtract -> divide into a new
+    array: docs/performance.md, "Figures behind the code"). uint8 minus a float32
     scalar into float32, then divided by a float32 scalar, gives the very
     values of ``(float32(x) - mean) / std``: bit-identical to the recipe.
     (``x * (1/std) + (-mean/std)`` differs from it by up to 5e-7, well within
-    1e-4, and was no faster: 0.114 ms.)
+    1e-4, and was no faster.)
     """
     means, stds = _constants(tuple(prep.mean), tuple(prep.std), prep.input_shape[0])
     bands = ("L",) if img.mode == "L" else ("R", "G", "B")

@@ -112,9 +112,7 @@ def worker_lanes(requested: int | None, threads: int, *, gpu: bool = False, hand
     MXNet threads. One forward pass on several OpenMP threads waits at every
     barrier for the slowest of them, so whenever another thread of the
     worker (a download, a decode), a JVM or the OS preempts one, its partners
-    spin: on a 2-vCPU AMD EPYC the job's one-executor shape spent 6-8 ms of
-    MXNet's CPU per image more than the forward pass alone, and 0.2 ms with
-    two lanes of one thread (``make bench``, docs/performance.md). ``requested``
+    spin (measured: docs/performance.md, "Figures behind the code"). ``requested``
     if given (at most ``threads`` and :data:`mxjob.core.state.MAX_MODELS`); else 1 on a GPU (one device, one stream)
     or with a handler module (its code would run on several threads at once);
     else the largest divisor of ``threads`` up to :data:`MAX_AUTO_LANES`.
@@ -131,7 +129,7 @@ def thread_env(threads: int, lanes: int = 1) -> dict[str, str]:
 
     ``OMP_NUM_THREADS`` sizes OpenMP (and oneDNN's convolutions) for one
     forward pass: ``threads // lanes``; without it MXNet uses half the cores
-    (ResNet-18 on 2 cores: 60 images/s by default, 117 with 2 threads).
+    (docs/performance.md, "Figures behind the code").
     ``MXNET_CPU_WORKER_NTHREADS`` (operators run at once) is ``lanes``, or
     the executor's environment's value if larger: one operator of each lane's
     chain of convolutions at a time, with that lane's threads.
@@ -178,8 +176,8 @@ def import_mxnet() -> float | None:
 
     ``None`` when MXNet was loaded before, untimed.
 
-    Every Python worker pays this before its first batch (1-2 s on a 2-vCPU
-    AMD EPYC, without the optional packages of :data:`MXNET_OPTIONAL`), so
+    Every Python worker pays this before its first batch (a second or two,
+    without the optional packages of :data:`MXNET_OPTIONAL`), so
     the driver's own import, timed here, is what :mod:`mxjob.planning.estimate`
     counts for the executors' start. The driver imports MXNet first through
     here, a worker when it loads its first model (:class:`mxjob.model.predictor.Predictor`).
@@ -205,8 +203,8 @@ def without_modules(*names: str):
     tries ``scipy.stats`` for the ``entropy`` calibration (the job calibrates
     int8 with ``naive``); ``mxnet.ndarray.sparse`` tries ``scipy.sparse`` for
     ``asscipy``. Where they are installed (the dev venv; requirements.txt
-    has none of them) those tries cost 1 CPU-s of a 2.3 s import on a 2-vCPU
-    AMD EPYC, in the driver and in every Python worker. ``None`` in
+    has none of them) those tries cost about a CPU-second, in the driver and
+    in every Python worker (docs/performance.md, "Figures behind the code"). ``None`` in
     ``sys.modules`` is Python's documented way to make an import raise
     ``ImportError`` (the import system's reference, "The module cache"). A
     module already loaded is left as it is. The block hides them from the
@@ -228,8 +226,8 @@ def freeze_long_lived() -> None:
     """Take what this worker keeps for good (modules, the model, clients) out of the cyclic GC's sight.
 
     A reused PySpark worker runs ``gc.collect()`` after every task, and with
-    MXNet, botocore and a model loaded a full collection costs 0.1-0.2 s of
-    CPU each time (``make bench`` measured it). Once the first task has loaded
+    MXNet, botocore and a model loaded a full collection costs a tenth of a
+    second or more each time (docs/performance.md). Once the first task has loaded
     everything, ``gc.freeze()`` moves the survivors of one last collection to
     the permanent generation, so later collections scan only new objects.
     Reference counting still frees frozen objects; only cycles among them

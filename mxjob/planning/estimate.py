@@ -38,20 +38,17 @@ log = logging.getLogger(__name__)
 
 #: Spark's start-up beyond the Python workers' import of MXNet, in units of this host's JVM start
 #: (:func:`jvm_start_seconds`): the SparkContext's own start, then the executors' JVMs starting (at once, on
-#: the host's vCPUs under local-cluster) and registering before their first task. Measured on
-#: local-cluster[2,1,1024] runs of this project on 2 vCPUs of an AMD EPYC: 12.5 s from the SparkContext's
-#: creation to the first task at a 2.65 s JVM start (no VNNI, 2026-11-25), 4-7 s on a faster one. A YARN
-#: cluster that must first allocate containers takes longer.
+#: the host's vCPUs under local-cluster) and registering before their first task (measured:
+#: docs/performance.md, "Figures behind the code"). A YARN cluster that must first allocate containers
+#: takes longer.
 SPARK_START_JVMS = 4.5
 #: This host's JVM start when it cannot be measured (the driver's parent is not spark-submit's JVM).
 DEFAULT_JVM_START_SECONDS = 1.5
 #: MXNet's import in a Python worker when the driver did not time its own (``mxjob.model.worker.import_mxnet``).
 DEFAULT_MXNET_IMPORT_SECONDS = 1.5
 #: Seconds of an executor's time a Spark task costs beyond its images: scheduling, serialising the task
-#: and its result, the Python worker's hand-over, the plan's GET and the part's PUT. Measured by
-#: ``bench/task_cost.py`` (``make bench``) on local-cluster[2,1,1024] on 2 vCPUs of an AMD EPYC shared with
-#: other work: 0.1-0.25 s a task over three runs (the top kept), of which 60-70 ms the Python worker's CPU,
-#: about what a trivial PySpark task costs.
+#: and its result, the Python worker's hand-over, the plan's GET and the part's PUT: the top of what
+#: ``bench/task_cost.py`` (``make bench``) measured (docs/performance.md, "Figures behind the code").
 #: ``--batch-size auto`` keeps it at most 5% of a task (:mod:`mxjob.planning.batchsize`).
 TASK_OVERHEAD_SECONDS = 0.25
 #: Seconds an EMR cluster bills before the job can start: EC2 provisions the nodes, each runs the bootstrap

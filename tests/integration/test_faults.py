@@ -26,12 +26,12 @@ from PIL import Image
 import mxinfer
 from demo import make_demo
 from demo.run_local import spark_env, spark_submit_command
-from demo.s3proxy import Faults, S3Proxy
 from mxjob.executor import partition
 from mxjob.inputs import listing
 from mxjob.outputs import work_prefix
 from mxjob.s3 import access, clients, parallel_list
 from tests.support import event_logs
+from tests.support.fault_proxy import FaultProxy, Faults
 from tests.support.helpers import (
     MASTER,
     ROOT,
@@ -118,7 +118,7 @@ def test_every_bad_object_is_one_error_line_and_its_batch_mates_are_unharmed(buc
         extra = {"StorageClass": "GLACIER"} if key.endswith("archived.jpg") else {}
         bucket.put_object(Bucket=BUCKET, Key=key, Body=body, **extra)
     deny = lambda method, path: "denied.jpg" in path  # noqa: E731
-    with S3Proxy(moto_endpoint, deny=deny) as proxy:
+    with FaultProxy(moto_endpoint, deny=deny) as proxy:
         job = job_spec(proxy.endpoint, demo_dir)
         client = clients.s3_client(proxy.endpoint)
         items = sorted(parallel_list.list_objects(client, BUCKET, "cases/"))
@@ -205,7 +205,7 @@ def test_faults_that_outlast_the_retries_become_an_error_line_with_the_cause(buc
     bucket.put_object(Bucket=BUCKET, Key="flaky/a.png", Body=encode(digit(11), "PNG"))
     bucket.put_object(Bucket=BUCKET, Key="flaky/b.png", Body=encode(digit(12), "PNG"))
     always = lambda method, path: method == "GET" and path.endswith("/flaky/b.png")  # noqa: E731
-    with S3Proxy(moto_endpoint, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=always)) as proxy:
+    with FaultProxy(moto_endpoint, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=always)) as proxy:
         job = job_spec(proxy.endpoint, demo_dir, s3_max_attempts=2)
         rows, _ = run_partition(job, [("flaky/a.png", 1), ("flaky/b.png", 1)])
     assert "predictions" in rows["flaky/a.png"]
@@ -221,7 +221,7 @@ def test_the_proxy_relays_a_heads_content_length_the_objects_size(bucket, moto_e
 
     body = b'{"metadata": "of a table"}'
     bucket.put_object(Bucket=BUCKET, Key="head/a.json", Body=body)
-    with S3Proxy(moto_endpoint) as proxy:
+    with FaultProxy(moto_endpoint) as proxy:
         head = make_s3_client(proxy.endpoint).head_object(Bucket=BUCKET, Key="head/a.json")
         fs = pafs.S3FileSystem(endpoint_override=proxy.endpoint.split("://", 1)[1], scheme="http",
                                region="us-east-1")
@@ -232,7 +232,7 @@ def test_the_proxy_relays_a_heads_content_length_the_objects_size(bucket, moto_e
 
 def test_cut_bodies_are_read_again(bucket, moto_endpoint, demo_dir):
     bucket.put_object(Bucket=BUCKET, Key="cut/a.png", Body=encode(digit(13), "PNG"))
-    with S3Proxy(moto_endpoint, faults=Faults(rate=0.6, kinds=("cut",), seed=3)) as proxy:
+    with FaultProxy(moto_endpoint, faults=Faults(rate=0.6, kinds=("cut",), seed=3)) as proxy:
         job = job_spec(proxy.endpoint, demo_dir, s3_max_attempts=8)
         rows, stats = run_partition(job, [("cut/a.png", 1)])
     assert "predictions" in rows["cut/a.png"], rows
@@ -275,7 +275,7 @@ def assert_exactly_one_clean_line_per_key(rows: list[dict], keys: list[str]) -> 
 def test_job_completes_through_20_percent_s3_faults_and_counts_the_retries(bucket, moto_endpoint):
     keys = upload_digits(bucket, "faulty/", 40)
     bucket.put_object(Bucket=BUCKET, Key="out/faulty.jsonl", Body=b"stale output of an earlier run\n")
-    with S3Proxy(moto_endpoint, faults=Faults(rate=0.2, seed=7)) as proxy:
+    with FaultProxy(moto_endpoint, faults=Faults(rate=0.2, seed=7)) as proxy:
         result = spark_submit(job_args(proxy.endpoint, "faulty/", "out/faulty.jsonl", "--batch-size", "8",
                                        "--s3-max-attempts", "8", "--overwrite"))
     output = result.stdout + result.stderr
@@ -327,7 +327,7 @@ def run_with_a_kill(bucket, moto_endpoint, prefix: str, output_key: str, kill) -
                 fired.set()
         return False  # deny nothing: this is only a hook
 
-    with S3Proxy(moto_endpoint, latency=0.15, deny=on_request) as proxy:
+    with FaultProxy(moto_endpoint, latency=0.15, deny=on_request) as proxy:
         # No estimate: its sample's GETs on the driver would reach the 12th before any executor ran.
         result = spark_submit(job_args(proxy.endpoint, prefix, output_key, "--batch-size", "4",
                                        "--io-threads", "1", "--max-in-flight", "1", "--estimate-images", "0"))
@@ -378,7 +378,7 @@ def test_weights_unreachable_from_executors_fail_fast_with_the_cause_and_leave_n
         return False
 
     started = time.time()
-    with S3Proxy(moto_endpoint, deny=deny_params) as proxy:
+    with FaultProxy(moto_endpoint, deny=deny_params) as proxy:
         result = spark_submit(job_args(proxy.endpoint, "nomodel/", "out/nomodel.jsonl", "--batch-size", "4",
                                        "--estimate-images", "0"))
     elapsed = time.time() - started
@@ -450,7 +450,7 @@ def test_canary_credentials_appear_in_no_process_list_log_or_event_log(bucket, m
 
 def test_implicit_synset_that_s3_refuses_is_skipped_but_an_explicit_one_is_an_error(bucket, moto_endpoint):
     deny = lambda method, path: path.endswith("/model/synset.txt")  # noqa: E731
-    with S3Proxy(moto_endpoint, deny=deny) as proxy:
+    with FaultProxy(moto_endpoint, deny=deny) as proxy:
         implicit = mxinfer.ModelSpec.from_prefix(f"s3://{BUCKET}/model/digits", endpoint_url=proxy.endpoint)
         assert mxinfer.Classifier(implicit, make_demo.INPUT_SHAPE, batch_size=2).labels is None
         explicit = mxinfer.ModelSpec.from_prefix(f"s3://{BUCKET}/model/digits", endpoint_url=proxy.endpoint,

@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 
 from demo import make_demo
-from demo.s3proxy import S3Proxy
 from mxjob.core.errors import JobError
 from mxjob.options import config
 from mxjob.outputs import iceberg_catalog, iceberg_run, merge
 from mxjob.reporting import record_fields, records
 from mxjob.s3 import parallel_list
 from mxjob.tasks import classify
+from tests.support.fault_proxy import FaultProxy
 from tests.support.helpers import (
     bucket_with_model,
     make_s3_client,
@@ -405,7 +405,7 @@ def test_a_run_that_would_write_every_key_again_is_refused(runs):
 def test_a_driver_killed_after_some_commits_is_finished_by_resume_every_key_once(runs):
     endpoint, env = runs["endpoint"], runs["env"]
     args = ["--commit-seconds", "0", "--io-threads", "1"]
-    with S3Proxy(endpoint, latency=0.05) as proxy:
+    with FaultProxy(endpoint, latency=0.05) as proxy:
         process = start_spark_submit([*job_args(proxy.endpoint, table_uri("killed")), *args], extra_env=env)
         deadline, commits = time.time() + 300, []
         while time.time() < deadline and process.poll() is None:
@@ -450,7 +450,7 @@ def test_a_file_uploaded_but_not_committed_when_the_driver_died_is_committed_onc
             return True
         return False
 
-    with S3Proxy(endpoint, deny=hold_commit) as proxy:
+    with FaultProxy(endpoint, deny=hold_commit) as proxy:
         process = start_spark_submit([*job_args(proxy.endpoint, table_uri("between")), "--commit-seconds", "0"],
                                      extra_env=env)
         held = holding.wait(300)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from demo.s3proxy import Faults, S3Proxy
+from tests.support.fault_proxy import FaultProxy, Faults
 from tests.support.helpers import bucket_with_digits, spark_submit
 
 pytestmark = pytest.mark.spark
@@ -37,7 +37,7 @@ def test_a_persistent_failure_writing_the_output_is_one_line_and_resume_finishes
     s3, output_key = world["s3"], f"{call.lower()}/preds.jsonl"
     faults = Faults(rate=1.0, kinds=("internal",), methods=(method,),
                     key_filter=lambda m, path: path.startswith(f"/{BUCKET}/{output_key}?") and marker in path)
-    with S3Proxy(world["endpoint"], faults=faults) as proxy:
+    with FaultProxy(world["endpoint"], faults=faults) as proxy:
         failed = spark_submit(job_args(proxy.endpoint, output_key))
     text = failed.stdout + failed.stderr
     assert failed.returncode == 1, text[-3000:]
@@ -61,7 +61,7 @@ def test_a_cleanup_refused_after_the_output_is_published_is_a_warning_and_the_ru
     faults = Faults(rate=1.0, kinds=("internal",), methods=("POST", "DELETE"),
                     key_filter=lambda m, path: (path.split("?")[0].rstrip("/") == f"/{BUCKET}" and "delete" in path)
                     or (m == "DELETE" and path.startswith(f"/{BUCKET}/{output_key}.parts/")))
-    with S3Proxy(world["endpoint"], faults=faults) as proxy:
+    with FaultProxy(world["endpoint"], faults=faults) as proxy:
         result = spark_submit(job_args(proxy.endpoint, output_key))
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-3000:]

@@ -152,9 +152,9 @@ def test_the_list_client_reads_keys_and_sizes_itself_as_botocore_would(bucket, m
 
 
 def test_a_cut_off_page_is_still_retried_by_botocore(bucket, moto_endpoint):
-    from demo.s3proxy import Faults, S3Proxy
+    from tests.support.fault_proxy import FaultProxy, Faults
 
-    with S3Proxy(moto_endpoint, faults=Faults(rate=0.3, kinds=("cut",), seed=3)) as proxy:
+    with FaultProxy(moto_endpoint, faults=Faults(rate=0.3, kinds=("cut",), seed=3)) as proxy:
         client = lean_list.list_client(proxy.endpoint, max_attempts=10)
         keys, sizes = parallel_list.list_prefix(client, BUCKET, "set/", 4, page_size=20)
     assert proxy.counts["cut"] >= 2, proxy.counts

@@ -21,13 +21,13 @@ from collections import Counter
 
 import pytest
 
-from demo.s3proxy import S3Proxy
 from mxjob.core import state
 from mxjob.executor import partition
 from mxjob.executor.stats import StatsAccumulator, StatsFold
 from mxjob.outputs import jsonl, merge, work_prefix
 from mxjob.outputs.assembly import Assembly
 from mxjob.s3 import access, writes
+from tests.support.fault_proxy import FaultProxy
 from tests.support.helpers import bucket_with_digits, lines_part, make_s3_client, spark_submit
 
 BUCKET = "assembly-bucket"
@@ -261,7 +261,7 @@ def waiting_for(live: merge.LiveRun, index: int) -> tuple[threading.Thread, dict
 def test_the_merge_reads_a_part_it_is_told_of_and_lists_nothing(s3, moto_endpoint):
     keys = [f"n{i:02d}" for i in range(8)]
     log = RequestLog("told/out.jsonl")
-    with S3Proxy(moto_endpoint, deny=log) as proxy:
+    with FaultProxy(moto_endpoint, deny=log) as proxy:
         work = work_prefix.WorkPrefix(make_s3_client(proxy.endpoint), BUCKET, "told/out.jsonl")
         run = work.start_run(1, keys, 2, None)
         assembly = Assembly(merge_into(s3, work, keys, "told/out.jsonl", []), work, [run], during=True)
@@ -470,7 +470,7 @@ def test_a_real_runs_merge_follows_its_tasks_stats_with_a_handful_of_listings_an
     same bytes, each key once and in order."""
     s3, batches = digits["s3"], len(digits["keys"]) // 4
     log = RequestLog("out/live.jsonl")
-    with S3Proxy(digits["endpoint"], deny=log) as proxy:
+    with FaultProxy(digits["endpoint"], deny=log) as proxy:
         live = spark_submit(digits_args(proxy.endpoint, "out/live.jsonl"))
     assert live.returncode == 0, (live.stdout + live.stderr)[-3000:]
     again = spark_submit(digits_args(digits["endpoint"], "out/again.jsonl"))

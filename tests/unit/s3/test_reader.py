@@ -21,9 +21,9 @@ import botocore.utils
 import pytest
 
 from demo.s3local import free_port
-from demo.s3proxy import Faults, S3Proxy
 from mxjob.options import config
 from mxjob.s3 import clients, object_reader, reads
+from tests.support.fault_proxy import FaultProxy, Faults
 
 BUCKET = "reader-bucket"
 BODIES = {f"r/{name}": bytes([i]) * (1000 + 997 * i) for i, name in enumerate(
@@ -48,9 +48,9 @@ def fresh_reader(endpoint: str, max_attempts: int = clients.S3_MAX_ATTEMPTS) -> 
     return object_reader.ObjectReader(client, credentials, max_attempts, retry)
 
 
-def seen(proxy: S3Proxy) -> int:
-    """Requests that reached the proxy (a denied one is answered before it is counted as a request)."""
-    return proxy.counts["requests"] + proxy.counts["denied"]
+def seen(proxy: FaultProxy) -> int:
+    """Requests that reached the proxy, denied ones included."""
+    return proxy.counts["requests"]
 
 
 def botocore_sends(client) -> list:
@@ -60,7 +60,7 @@ def botocore_sends(client) -> list:
 
 
 def test_botocore_makes_the_first_get_of_a_bucket_and_the_reader_the_rest(bucket, moto_endpoint):
-    with S3Proxy(moto_endpoint) as proxy:
+    with FaultProxy(moto_endpoint) as proxy:
         reader = fresh_reader(proxy.endpoint)
         assert reader.enabled
         sent = botocore_sends(reader.client)
@@ -92,7 +92,7 @@ def test_a_body_that_does_not_match_its_checksum_is_refused():
 @pytest.mark.parametrize("key, code", [("r/missing.jpg", "NoSuchKey"), ("r/denied.jpg", "AccessDenied"),
                                        ("r/archived.jpg", "InvalidObjectState")])
 def test_final_errors_are_botocores_own_and_not_retried(bucket, moto_endpoint, key, code):
-    with S3Proxy(moto_endpoint, deny=lambda method, path: "denied" in path) as proxy:
+    with FaultProxy(moto_endpoint, deny=lambda method, path: "denied" in path) as proxy:
         reader = fresh_reader(proxy.endpoint)
         reader.read(BUCKET, "r/a.jpg")
         before = seen(proxy)
@@ -109,7 +109,7 @@ def test_final_errors_are_botocores_own_and_not_retried(bucket, moto_endpoint, k
 @pytest.mark.parametrize("attempts", [1, 3])
 def test_throttling_goes_to_botocore_with_the_attempts_left(bucket, moto_endpoint, attempts):
     throttled = lambda method, path: path.endswith("/r/b.jpg")  # noqa: E731
-    with S3Proxy(moto_endpoint, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=throttled)) as proxy:
+    with FaultProxy(moto_endpoint, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=throttled)) as proxy:
         reader = fresh_reader(proxy.endpoint, max_attempts=attempts)
         reader.read(BUCKET, "r/a.jpg")
         stats = reads.IOStats()
@@ -120,7 +120,7 @@ def test_throttling_goes_to_botocore_with_the_attempts_left(bucket, moto_endpoin
 
 
 def test_resets_and_cut_bodies_are_read_again_and_counted(bucket, moto_endpoint):
-    with S3Proxy(moto_endpoint, faults=Faults(rate=0.5, kinds=("reset", "cut"), seed=1,
+    with FaultProxy(moto_endpoint, faults=Faults(rate=0.5, kinds=("reset", "cut"), seed=1,
                                               key_filter=lambda method, path: not path.endswith("/r/a.jpg"))) as proxy:
         reader = fresh_reader(proxy.endpoint, max_attempts=8)
         reader.read(BUCKET, "r/a.jpg")
@@ -211,7 +211,7 @@ def test_s3_reader_is_one_per_process_and_settings(moto_endpoint):
 def test_an_object_over_max_bytes_is_refused_from_its_content_length_on_both_paths(bucket, moto_endpoint,
                                                                                       monkeypatch):
     big = BODIES["r/e.jpg"]  # the largest body; r/a.jpg is the smallest
-    with S3Proxy(moto_endpoint) as proxy:
+    with FaultProxy(moto_endpoint) as proxy:
         reader = fresh_reader(proxy.endpoint)
         with pytest.raises(reads.ObjectTooLargeError, match=f"object is {len(big)} bytes, over max_object_bytes=1500"):
             reader.read(BUCKET, "r/e.jpg", max_bytes=1500)  # botocore's GET (the bucket's first)
@@ -275,7 +275,7 @@ def test_the_proxy_answers_kept_objects_from_memory_as_moto_did(bucket, moto_end
     for key, body in kept.items():
         bucket.put_object(Bucket=BUCKET, Key=key, Body=body, ChecksumAlgorithm="CRC32")
     etags = {key: bucket.head_object(Bucket=BUCKET, Key=key)["ETag"].strip('"') for key in kept}
-    with S3Proxy(moto_endpoint) as proxy:
+    with FaultProxy(moto_endpoint) as proxy:
         assert proxy.keep_in_memory(bucket, BUCKET, kept) == sum(map(len, kept.values()))
         for key in kept:
             bucket.delete_object(Bucket=BUCKET, Key=key)

@@ -25,7 +25,6 @@ import yaml
 
 import infer_main
 from demo import make_demo
-from demo.s3proxy import Faults, S3Proxy
 from mxjob.core import state
 from mxjob.core.errors import JobError
 from mxjob.inputs import listing
@@ -34,6 +33,7 @@ from mxjob.options import config
 from mxjob.run import checks
 from mxjob.s3 import clients, lean_list, object_reader, parallel_list
 from mxjob.tasks.classify import Classifier
+from tests.support.fault_proxy import FaultProxy, Faults
 from tests.support.helpers import bucket_with_model
 
 BUCKET = "s3-settings-bucket"
@@ -65,9 +65,9 @@ def first_gets(count: int, suffix: str):
     return eligible
 
 
-def failing_proxy(upstream: str, count: int, suffix: str) -> S3Proxy:
+def failing_proxy(upstream: str, count: int, suffix: str) -> FaultProxy:
     """A proxy that answers ``503 SlowDown`` to the first ``count`` GETs of ``suffix``, and passes the rest."""
-    return S3Proxy(upstream, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=first_gets(count, suffix)))
+    return FaultProxy(upstream, faults=Faults(rate=1.0, kinds=("slowdown",), key_filter=first_gets(count, suffix)))
 
 
 # --- the model's and the labels' reads
@@ -80,13 +80,13 @@ def test_the_model_spec_decides_how_often_its_reads_are_tried(bucket, moto_endpo
         spec = ModelSpec.from_prefix(prefix, endpoint_url=proxy.endpoint, s3_max_attempts=3)
         model = Classifier(spec, make_demo.INPUT_SHAPE, 4)
     assert model.labels == make_demo.LABELS  # the labels came through too
-    assert proxy.counts["slowdown"] == 2 and len(proxy.fault_key_filter.gets) == 3  # two 503s, then the file
+    assert proxy.counts["slowdown"] == 2 and len(proxy.faults.key_filter.gets) == 3  # two 503s, then the file
 
     with failing_proxy(moto_endpoint, 2, suffix) as proxy:
         spec = ModelSpec.from_prefix(prefix, endpoint_url=proxy.endpoint, s3_max_attempts=2)
         with pytest.raises(botocore.exceptions.ClientError, match=GAVE_UP):
             Classifier(spec, make_demo.INPUT_SHAPE, 4)
-    assert proxy.counts["slowdown"] == 2 and len(proxy.fault_key_filter.gets) == 2  # both attempts, no more
+    assert proxy.counts["slowdown"] == 2 and len(proxy.faults.key_filter.gets) == 2  # both attempts, no more
 
 
 def test_the_jobs_s3_max_attempts_reaches_the_models_reads(bucket, moto_endpoint):

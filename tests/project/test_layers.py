@@ -137,3 +137,32 @@ def test_a_new_module_changes_the_map(tree_copy):
     assert layout_docs.page(tree_copy) == (ROOT / "docs" / "layout.md").read_text()
     (tree_copy / "mxjob" / "tasks" / "segment.py").write_text('"""--task segment: a class per pixel."""\n')
     assert "  tasks/segment.py" in layout_docs.page(tree_copy) and "a class per pixel" in layout_docs.page(tree_copy)
+
+
+
+def imports_of(folder: Path, package: str, skip: str = "") -> list[str]:
+    """``file: module`` for each import of ``package`` or its modules by a file under ``folder`` (not under its
+    subfolder ``skip``), in functions too."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        if skip and path.relative_to(folder).parts[0] == skip:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(folder)}: {name}" for name in names
+                      if name == package or name.startswith(package + ".")]
+    return found
+
+
+@pytest.mark.parametrize("folder, package, skip", [("demo", "tests", ""), ("bench", "tests", ""),
+                                                   ("tests", "bench", "bench")])
+def test_the_demo_and_the_bench_import_no_test_and_only_the_benchs_tests_import_the_bench(folder, package, skip):
+    assert imports_of(ROOT / folder, package, skip) == []
+
+
+def test_an_import_of_the_bench_in_a_function_is_found(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "test_own.py").write_text("from bench import scale\n")
+    (tmp_path / "test_x.py").write_text("def test_x():\n    from bench.scale import write_manifest\n")
+    assert imports_of(tmp_path, "bench", skip="bench") == ["test_x.py: bench.scale"]

@@ -143,7 +143,7 @@ print(len(images), peak, images.load().nbytes)
 
 
 def test_sorting_a_million_keys_out_of_core_holds_a_run_not_two_copies_of_the_keys(tmp_path):
-    from bench.scale import write_manifest
+    from tests.support.manifests import write_manifest
 
     path = tmp_path / "million.csv"
     write_manifest(path, 1_000_000)

@@ -429,7 +429,7 @@ def test_reading_a_million_key_csv_manifest_costs_two_copies_of_the_keys_at_most
     import subprocess
     import sys
 
-    from bench.scale import write_manifest
+    from tests.support.manifests import write_manifest
 
     path = tmp_path / "million.csv"
     write_manifest(path, 1_000_000)  # ImageNet-like keys, not in code point order: the sort runs

@@ -69,10 +69,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from demo import photos as bench_images  # noqa: E402
-from bench import int8_search, task_cost, worker_steps  # noqa: E402
+from bench import int8_search, option_gains, task_cost, worker_steps  # noqa: E402
 from bench import models as bench_models  # noqa: E402
 from bench import tasks as bench_tasks  # noqa: E402
+from demo import photos as bench_images  # noqa: E402
 from demo.run_local import spark_env, spark_submit_command  # noqa: E402
 from demo.s3local import FAKE_AWS_ENV, moto_server  # noqa: E402
 from demo.s3proxy import S3Proxy  # noqa: E402
@@ -422,6 +422,12 @@ def run(args) -> dict:
         stand_in = StandIn(s3, proxy, moto)
         for model in chosen:
             results["models"][model.name] = run_model(args, stand_in, model, str(prefixes[model.name]), paths)
+        for model in chosen if args.option_rounds > 0 else []:
+            count = min(len(paths), args.option_images)
+            log(f"options: each tuning option and fast path against the defaults, {model.name}, {count} images, "
+                f"{args.option_rounds} round(s) of {len(args.option_rows) + 1} runs, after one uncounted")
+            results.setdefault("options", {})[model.name] = option_gains.run(args, stand_in, submit, BenchJob, model,
+                                                                             count)
         if args.tasks:
             results["tasks"] = bench_tasks.run(args, stand_in, submit, probe, results["models"], paths, work)
         if args.int8:
@@ -567,8 +573,8 @@ def report(results: dict) -> str:
         tasks = results["tasks"]
         out.extend(bench_tasks.report(tasks, results["models"][tasks["model"]]["L"]["images_per_second"],
                                       machine.get("cpu", "an unnamed CPU")))
-    out.extend(report_int8(results))
-    out.extend(report_large(results))
+    out.extend([*(line for result in results.get("options", {}).values() for line in option_gains.report(result)),
+                *report_int8(results), *report_large(results)])
     out.append("MXNet threads per Python worker (the job's default; --threads and OMP_NUM_THREADS unset):")
     runs = [(f"E-{n}", r["E"]) for n, r in results["models"].items()]
     runs += [(f"E-{n}-int8", r["E"]) for n, r in results.get("int8", {}).items()]
@@ -866,6 +872,12 @@ def main(argv=None) -> int:
                         help="also run --task embed (float32, float16; Parquet and JSON Lines) and/or detect (an "
                              "SSD head on the same backbone) beside classify, on the first of --models "
                              "(bench/tasks.py)")
+    parser.add_argument("--option-rounds", type=int, default=2,
+                        help="interleaved rounds of the option rows, on each of --models (bench/option_gains.py; "
+                             "0: skip)")
+    parser.add_argument("--option-rows", default=",".join(row for row, _, _ in option_gains.VARIANTS),
+                        help="which option rows to run, comma-separated (all by default)")
+    parser.add_argument("--option-images", type=int, default=640, help="images of each option row's run")
     parser.add_argument("--task-cost-tasks", type=int, default=200,
                         help="tasks of each kind for Spark's per-task cost, trivial and ours (0: skip)")
     args = parser.parse_args(argv)
@@ -873,12 +885,18 @@ def main(argv=None) -> int:
         args.images, args.models, args.limit_seconds, args.square_batches = 128, "resnet20", 1.0, 1
         args.driver_results, args.memory_tasks = "1000", 0
         args.calibration_images, args.large_images, args.task_cost_tasks = 24, 8, 20  # 20 held out: int8's floor
+        args.option_rounds = 0
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     try:
         args.tasks = bench_tasks.parse_tasks(args.tasks)
     except ValueError as exc:
         parser.error(str(exc))
     args.job_args = args.job_args.split()
+    args.option_rows = [row.strip() for row in args.option_rows.split(",") if row.strip()]
+    unknown = set(args.option_rows) - {row for row, _, _ in option_gains.VARIANTS}
+    if unknown:
+        parser.error(f"--option-rows takes {', '.join(row for row, _, _ in option_gains.VARIANTS)}, not "
+                     f"{', '.join(sorted(unknown))}")
     args.driver_results = [int(x) for x in str(args.driver_results).split(",") if x]
     results = run(args)
     text = report(results)

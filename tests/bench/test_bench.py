@@ -527,3 +527,25 @@ def test_the_large_photos_report_says_when_the_watch_saw_no_cpu_in_the_tasks_win
     lines = run_bench.report_large(results)
     assert any("CPU per image in E, by process: not measured" in line and "0.4 s on 2 cores" in line for line in lines)
 
+
+def test_the_option_rows_keep_what_gains_two_percent_or_a_user_needs_and_remove_the_rest():
+    from bench import option_gains
+
+    def runs(e, cpu_ms):
+        return [{"E": e, "cpu_ms": cpu_ms, "wall": 10.0}]
+
+    result = {"images": 640, "master": "local-cluster[1,1,2048]", "rounds": 1, "model": "resnet18", "batch": 64,
+              "runs": {"defaults": runs(20.0, 80.0),
+                       "forward lanes": runs(19.0, 80.0),      # the default gains 5.3% in E: kept
+                       "micro-batches": runs(20.0, 84.0),      # 5% in CPU per image: kept
+                       "lean S3 reader": runs(19.9, 80.5),     # 0.5% and 0.6%: removed
+                       "io threads": runs(20.0, 80.0),         # nothing, but a user needs it
+                       "images in flight": runs(20.4, 79.0)}}  # worse, but a user needs it
+    rows = {line.split("|")[1].strip(): line for line in option_gains.report(result) if line.startswith("  | ")}
+    assert rows["forward lanes"].endswith("| +5.3% | 80.0 ms | +0.0% | keep |")
+    assert rows["micro-batches"].endswith("| +0.0% | 84.0 ms | +5.0% | keep |")
+    assert "`--micro-batch-size 64`" in rows["micro-batches"]
+    assert rows["lean S3 reader"].endswith("| remove |")
+    assert rows["io threads"].endswith(f"| keep: {option_gains.NEEDED['io threads']} |")
+    assert "| keep: " in rows["images in flight"]
+    assert option_gains.report(None) == []

@@ -256,10 +256,10 @@ def driver(model: str, shape: tuple, endpoint: str, bucket: str, results: int, b
     started = time.perf_counter()
     counts = assemble_output(cfg, client, work, images)
     assembly_seconds = time.perf_counter() - started
-    plan = work_prefix.Plan(runs=runs, todo=todo, number=2, resumed=True)
+    workload = work_prefix.Workload(runs=runs, todo=todo, number=2, resumed=True)
     summary = summarize(cfg, RunOutcome(images=len(images), batches=0, fold=StatsFold(), counts=counts, elapsed=1.0,
                                         model_summary=classifier.model_summary(),
-                                        seconds={"assembly": assembly_seconds}, plan=plan, fingerprint={}))
+                                        seconds={"assembly": assembly_seconds}, workload=workload, fingerprint={}))
     writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(summary))
     after = worker.memory_bytes()
     size = client.head_object(Bucket=cfg.output_bucket, Key=cfg.output_key)["ContentLength"]

@@ -117,7 +117,7 @@ def our_job(sc, endpoint: str, tasks: int, number: int, plan):
     job = JobSpec(model=ModelSpec(f"s3://{BUCKET}/m-symbol.json", f"s3://{BUCKET}/m-0000.params"),
                   preprocess=Preprocess(input_shape=(3, 8, 8)), bucket=BUCKET, endpoint_url=endpoint,
                   batch_size=1, micro_batch_size=1, output_bucket=BUCKET, parts_prefix=run.prefix,
-                  plan_key=work.plan_key(run), thread_plan=plan)
+                  batches_key=work.batches_key(run), host_threads=plan)
     stats = sc.accumulator(StatsFold(), StatsAccumulator())
 
     def go():
@@ -131,11 +131,11 @@ def measure(endpoint: str, tasks: int, out: Path) -> None:
     """Warm up, then time ``tasks`` trivial tasks and ``tasks`` of ours; write the results to ``out``."""
     from pyspark import SparkConf, SparkContext
 
-    from mxjob.run.cluster import expected_executors, thread_plan
+    from mxjob.run.cluster import expected_executors, host_threads
 
     sc = SparkContext.getOrCreate(SparkConf().setAppName("task-cost"))
     sc.setLogLevel("WARN")
-    plan = thread_plan(sc)  # waits for the executors to register
+    plan = host_threads(sc)  # waits for the executors to register
     executors = expected_executors(dict(sc.getConf().getAll())) or 1
     driver_jvm, server = psutil.Process().parent(), local_server_process(endpoint)
     results = {"master": sc.master, "executors": executors}

@@ -106,7 +106,7 @@ def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False
     the executors measure only for a CPU run
     (:func:`mxjob.run.warm_up.executors_check`), the driver has no GPU to use.
     """
-    job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, plan_key=None)
+    job = replace(job, model=replace(job.model, context="cpu"), parts_prefix=None, batches_key=None)
     tasks_run = state.counters.tasks_run
     try:
         return _measure(job, items, endpoint_url, warm_batch)

@@ -1,7 +1,7 @@
 """One partition of the job: download, decode and score one batch; write its results to S3.
 
 :func:`score_partition` is what each Spark task runs. A partition holds one
-batch: the task reads its keys from the run's plan (one ranged GET), fetches
+batch: the task reads its keys from the run's batch list (one ranged GET), fetches
 and decodes the images on a thread pool while the model loads or scores the
 previous micro-batch, and writes the batch's results, one record batch sorted
 by key (:mod:`mxjob.results.results`), to S3 as one Arrow IPC part before Spark hears
@@ -28,13 +28,13 @@ from mxjob import tasks
 from mxjob.core import constants, plugins, state
 from mxjob.core.errors import error_object, first_line
 from mxjob.executor.stats import ERROR_EXAMPLES, StatsFold, TaskStats
-from mxjob.inputs import plan_file
+from mxjob.inputs import batch_list
 from mxjob.model.device import task_context
 from mxjob.model.handlers import Handlers, get_handlers
 from mxjob.model.predictor import ModelError, ModelSpec, Predictor, get_model
 from mxjob.model.preprocess import Preprocess
 from mxjob.model.worker import (
-    ThreadPlan,
+    HostThreads,
     configure_threads,
     freeze_long_lived,
     host_share,
@@ -71,13 +71,13 @@ class _JobSpecBase:
     plugins : tuple of str
         The driver's local copies of the --plugin files, shipped the same way;
         a task imports them first (their tasks are registered then).
-    thread_plan : ThreadPlan, optional
-        Where the workers run, from the driver (``mxjob.run.cluster.thread_plan``); ``None`` outside a Spark job.
+    host_threads : HostThreads, optional
+        Where the workers run, from the driver (``mxjob.run.cluster.host_threads``); ``None`` outside a Spark job.
     output_bucket, parts_prefix : str, optional
         Where each batch's results become durable: ``s3://output_bucket/parts_prefix``
         (see :func:`part_key`). ``None``: the part travels back to the caller instead.
-    plan_key : str, optional
-        The run's plan in ``output_bucket`` (``plan_file.write_plan``): when set, a
+    batches_key : str, optional
+        The run's batch list in ``output_bucket`` (``batch_list.write_batches``): when set, a
         partition holds one ``(offset, length)`` span and the task reads its keys from there.
     json_lines : bool
         Each part holds its rows' rendered JSON lines (``part_format.write_part``):
@@ -89,10 +89,10 @@ class _JobSpecBase:
     bucket: str
     handler: str | None = None
     plugins: tuple = ()
-    thread_plan: ThreadPlan | None = None
+    host_threads: HostThreads | None = None
     output_bucket: str | None = None
     parts_prefix: str | None = None
-    plan_key: str | None = None
+    batches_key: str | None = None
     json_lines: bool = True
 
     @property
@@ -135,7 +135,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     ``count`` is the number of rows the batch made (one per key), ``stats`` a
     :class:`TaskStats`. ``items`` are ``(key, size)`` pairs; ``None`` marks a
     padding slot, which downloads nothing and yields nothing. With
-    ``job.plan_key``, ``items`` is one ``(offset, length)`` span of the run's
+    ``job.batches_key``, ``items`` is one ``(offset, length)`` span of the run's
     plan instead, and the batch's keys come from one ranged GET of it (the
     driver never ships the keys). The partition's results, one record batch
     sorted by key (:mod:`mxjob.results.results`), are written to S3 as one part
@@ -179,7 +179,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
                  "task_thread_cpu": round(time.thread_time() - started_thread_cpu, 4)},
         s3_retries={"request": io_stats.request_retries, "body": io_stats.body_retries},
         model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads, lanes=lanes,
-        host=host_share(job.thread_plan), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
+        host=host_share(job.host_threads), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
         error_kinds=results.error_kinds(batch, ERROR_EXAMPLES), top1=task.top_labels(batch),
     )
     _task_done()
@@ -189,18 +189,19 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
 
 
 def batch_keys(items: Iterable, job: JobSpec, reader: object_reader.ObjectReader, io_stats: reads.IOStats) -> list:
-    """The batch's ``(key, size)`` pairs: read from the run's plan (``job.plan_key``), else ``items`` less padding."""
-    if job.plan_key is None:
+    """The batch's ``(key, size)`` pairs: read from the run's batch list (``job.batches_key``), else ``items`` less
+    padding."""
+    if job.batches_key is None:
         return [item for item in items if item is not None]
     [(offset, length)] = list(items)
-    plan = reads.read_object(reader.client, job.output_bucket, job.plan_key, stats=io_stats,
+    plan = reads.read_object(reader.client, job.output_bucket, job.batches_key, stats=io_stats,
                              byte_range=(offset, length))
-    return plan_file.read_plan_batch(plan)
+    return batch_list.read_batch(plan)
 
 
 def _threads_and_lanes(job: JobSpec) -> tuple[int, int]:
     """This worker's MXNet threads in all and its forward lanes (``--threads``, ``--forward-lanes``)."""
-    threads = worker_threads(job.threads, job.thread_plan)
+    threads = worker_threads(job.threads, job.host_threads)
     gpu = str(job.model.context).startswith("gpu")
     return threads, worker_lanes(job.forward_lanes, threads, gpu=gpu, handlers=job.handler is not None)
 

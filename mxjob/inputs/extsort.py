@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mxjob.inputs.batch_list import rebatch
 from mxjob.inputs.listing import KEY_TYPE, UNKNOWN_SIZE, Listing, Skipped, keep_images, sorted_unique
-from mxjob.inputs.plan_file import rebatch
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +319,7 @@ class SpilledListing:
     Answers what the dry run asks of a :class:`listing.Listing` without
     holding the keys: ``len``, iteration, ``listing[i]``, a slice (a
     :class:`listing.Listing` of those rows, in memory: keep it short),
-    :meth:`tables` (for :func:`plan_file.write_plan`), :meth:`load` (all of
+    :meth:`tables` (for :func:`batch_list.write_batches`), :meth:`load` (all of
     it, in memory). Every batch of the file holds :data:`SPILLED_ROWS` rows
     (the last fewer), so row ``i`` is in batch ``i // SPILLED_ROWS``.
     """

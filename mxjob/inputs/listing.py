@@ -1,7 +1,7 @@
 """The job's key list: held compactly in Arrow columns, listed from S3 in parallel.
 
 The driver holds the listing; executors import this module only to read
-their batch's keys from the run's plan (:func:`read_plan_batch`). At ten million
+their batch's keys from the run's batch list (:func:`read_batch`). At ten million
 keys a Python list of ``(key, size)`` tuples costs more than 150 bytes a key;
 a :class:`Listing` keeps the keys in one Arrow ``large_string`` column and the
 sizes in an ``int64`` column (about the key's own bytes plus 16), sorted and
@@ -13,7 +13,7 @@ each part from its ``StartAfter``, so a prefix of a million keys costs about
 ``pages / concurrency`` round trips instead of ``pages``. :mod:`manifest`
 builds a :class:`Listing` from a manifest file instead.
 
-:func:`write_plan` writes the keys a run scores as one Arrow IPC stream with
+:func:`write_batches` writes the keys a run scores as one Arrow IPC stream with
 one record batch per job batch, and returns each batch's byte span. Spark
 then parallelizes only those spans (a few bytes per batch, not the keys), and
 each task reads its batch's keys with one ranged GET: neither the driver's
@@ -146,7 +146,7 @@ class Listing:
         return self.table.nbytes
 
     def tables(self) -> Iterator[pa.Table]:
-        """The keys in order as tables of ``key`` and ``size``, one a chunk (what :func:`write_plan` reads).
+        """The keys in order as tables of ``key`` and ``size``, one a chunk (what :func:`write_batches` reads).
 
         A chunk at a time: slicing a table of many chunks (a listing merged
         from sorted runs has one per 16,384 keys) costs a step per chunk.
@@ -355,7 +355,7 @@ def _as_column(values, kind: pa.DataType) -> pa.ChunkedArray:
 
 
 # ----------------------------------------------------------------------------
-# A run's plan: the keys it scores, read back one batch at a time
+# A run's batch list: the keys it scores, read back one batch at a time
 
 
 # ----------------------------------------------------------------------------

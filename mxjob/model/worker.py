@@ -3,7 +3,7 @@
 Since Spark 3.0 every Python worker gets ``OMP_NUM_THREADS`` = the executor's
 cores unless ``spark.executorEnv.OMP_NUM_THREADS`` is set, so with
 ``spark.executor.cores=1`` MXNet would use one core whatever the node has.
-The driver sends a :class:`ThreadPlan` (where the workers run); each worker
+The driver sends a :class:`HostThreads` (where the workers run); each worker
 divides its host's cores by the workers the host runs at once
 (:func:`worker_threads`) and applies that before MXNet loads
 (:func:`configure_threads`).
@@ -26,7 +26,7 @@ from mxjob.core import state
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
-class ThreadPlan:
+class HostThreads:
     """What the driver knows about where the Python workers run, for :func:`worker_threads`.
 
     Since Spark 3.0 (SPARK-28843) every Python worker gets ``OMP_NUM_THREADS``
@@ -73,12 +73,12 @@ def host_names() -> list[str]:
     return names
 
 
-def host_share(plan: ThreadPlan | None) -> dict:
+def host_share(plan: HostThreads | None) -> dict:
     """This host's ``cores`` and the Python ``workers`` the driver's plan puts on it at once (``None``: no plan)."""
     return {"cores": os.cpu_count(), "workers": plan.workers_on(host_names()) if plan is not None else None}
 
 
-def worker_threads(requested: int | None = None, plan: ThreadPlan | None = None) -> int:
+def worker_threads(requested: int | None = None, plan: HostThreads | None = None) -> int:
     """How many cores one forward pass of this Python worker may use.
 
     ``requested`` (the ``threads`` option) if given; else ``OMP_NUM_THREADS``

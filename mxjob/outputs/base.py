@@ -72,8 +72,8 @@ def output_of(key: str) -> str:
 
 
 @dataclass(frozen=True)
-class Planning:
-    """What an output's files are planned from (:meth:`Output.files`), in :func:`mxjob.outputs.claim.plan_output`."""
+class LayoutInputs:
+    """What an output's files are planned from (:meth:`Output.files`), in :func:`mxjob.outputs.claim.claim_workload`."""
 
     #: The output's work prefix (:class:`mxjob.outputs.work_prefix.WorkPrefix`).
     work: object
@@ -240,7 +240,7 @@ class Output:
         """Before any Spark work: make or check what must exist with the run's columns (``schema``: the Parquet
         view of its rows and carried columns) and fingerprint (an Iceberg table). Nothing for most."""
 
-    # --- the plan (mxjob.outputs.claim)
+    # --- the workload (mxjob.outputs.claim)
 
     def progress_advice(self, work) -> str:
         """What to do with an earlier run's progress (under ``work``) this run does not resume."""
@@ -253,8 +253,8 @@ class Output:
         """``--overwrite``: remove what must go before any new file appears (a dataset's files); nothing for an
         object, which its upload replaces whole."""
 
-    def files(self, cfg: JobConfig, client, planning: Planning):
-        """The run's files (a :class:`mxjob.outputs.dataset.DatasetPlan`) for an output that cuts its rows into
+    def files(self, cfg: JobConfig, client, planning: LayoutInputs):
+        """The run's files (a :class:`mxjob.outputs.dataset.DatasetLayout`) for an output that cuts its rows into
         files; ``None`` for one object."""
         return None
 
@@ -267,12 +267,12 @@ class Output:
 
     # --- writing
 
-    def sink(self, cfg: JobConfig, client, work, plan):
+    def sink(self, cfg: JobConfig, client, work, workload):
         """The sink the merge writes the rows into, in key order: ``write``, ``close``, ``abort``
-        (:mod:`mxjob.outputs.merge`); ``plan`` is the run's (:class:`mxjob.outputs.work.Plan`)."""
+        (:mod:`mxjob.outputs.merge`); ``workload`` is the run's (:class:`mxjob.outputs.work_prefix.Workload`)."""
         raise NotImplementedError
 
-    def summary_entry(self, sink, plan) -> dict | None:
+    def summary_entry(self, sink, workload) -> dict | None:
         """The summary's :attr:`summary_field` entry, from the sink once closed."""
         return None
 

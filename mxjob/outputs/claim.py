@@ -1,6 +1,6 @@
 """Claiming the output for a run: a fresh run or the next of an earlier one, and what would overwrite or mix results.
 
-:func:`plan_output` decides from what is already there (the output itself,
+:func:`claim_workload` decides from what is already there (the output itself,
 asked through its :class:`mxjob.outputs.Output`; an earlier run's progress
 under the work prefix) and the run's fingerprint
 (:mod:`mxjob.outputs.fingerprint`); YARN's next attempt of an application
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 from mxjob.core.errors import JobError, first_line, plural
 from mxjob.inputs import extsort, listing
 from mxjob.outputs import work_prefix
-from mxjob.outputs.base import Planning, side_key
+from mxjob.outputs.base import LayoutInputs, side_key
 from mxjob.outputs.fingerprint import differences
 from mxjob.outputs.lease import Lease, holder_facts, new_run_id
 from mxjob.s3 import access
@@ -62,8 +62,8 @@ def yarn_attempt() -> tuple[str | None, int]:
 
 
 @dataclass(frozen=True)
-class PlanInputs:
-    """What a plan's files are made from besides the key list and the settings."""
+class WorkloadInputs:
+    """What a workload's files are made from besides the key list and the settings."""
 
     #: ``--rows-per-file auto``'s ``(rows, why)`` for this model and key list.
     auto_rows: tuple = (0, "")
@@ -71,12 +71,12 @@ class PlanInputs:
     existing: object = None
 
 
-#: A plan's inputs when there are none.
-NO_INPUTS = PlanInputs()
+#: A workload's inputs when there are none.
+NO_INPUTS = WorkloadInputs()
 
 
-def plan_output(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict,
-                dry: bool = False, inputs: PlanInputs = NO_INPUTS) -> work_prefix.Plan:
+def claim_workload(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict,
+                dry: bool = False, inputs: WorkloadInputs = NO_INPUTS) -> work_prefix.Workload:
     """Decide between a fresh run and a resume; refuse what would overwrite or mix results.
 
     Raises :class:`JobError` with what to do: the output exists (``--overwrite``),
@@ -86,7 +86,7 @@ def plan_output(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: li
     ``--overwrite`` removes the earlier progress (and what the output clears:
     :meth:`mxjob.outputs.Output.clear`), unless ``dry``. An output cut into
     files plans them (:meth:`mxjob.outputs.Output.files`, from ``inputs``);
-    they are the plan's ``dataset``.
+    they are the workload's ``layout``.
 
     ``--skip-existing`` (``inputs.existing``: what :meth:`mxjob.outputs.Output.existing`
     read, ``images`` the keys it left) adds to an output that exists, as a new
@@ -109,16 +109,16 @@ def plan_output(cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: li
         output.check_fingerprints(existing, fingerprint)
     if cfg.overwrite and not dry:
         output.clear(cfg, client, found)
-    files = output.files(cfg, client, Planning(work, images, inputs.auto_rows, existing, found, resumed=work_exists,
+    files = output.files(cfg, client, LayoutInputs(work, images, inputs.auto_rows, existing, found, resumed=work_exists,
                                                appending=appending, dry=dry))
     if work_exists:
-        plan = resume_plan(work, images, fingerprint)
+        workload = resumed_workload(work, images, fingerprint)
     else:
-        plan = fresh_plan(cfg, work, images, fingerprint, resume and not appending, dry, files)
-    plan.dataset = files
+        workload = fresh_workload(cfg, work, images, fingerprint, resume and not appending, dry, files)
+    workload.layout = files
     if not dry and (cfg.overwrite or work_exists):
         abort_left_uploads(work, output)
-    return plan
+    return workload
 
 
 def refuse_progress(work: work_prefix.WorkPrefix, output) -> NoReturn:
@@ -177,9 +177,9 @@ def yarn_retry(work: work_prefix.WorkPrefix) -> bool:
     return False
 
 
-def fresh_plan(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict, resume: bool,
-               dry: bool, new_dataset=None) -> work_prefix.Plan:
-    """Every key to score; records the fingerprint (and a dataset's plan) under the work prefix (not for a dry run)."""
+def fresh_workload(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict,
+                   resume: bool, dry: bool, new_dataset=None) -> work_prefix.Workload:
+    """Every key to score; records the fingerprint (and a dataset's layout) under the work prefix (not dry)."""
     if resume:
         log.info("--resume: nothing under %s yet; scoring every key", work.uri)
     if not dry:
@@ -189,10 +189,10 @@ def fresh_plan(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Lis
             raise JobError(f"cannot write {work.uri}: {first_line(exc)}; the job needs s3:PutObject, "
                            "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
                            "prefix beside it") from exc
-    return work_prefix.Plan(runs=[], todo=images, number=1, resumed=False)
+    return work_prefix.Workload(runs=[], todo=images, number=1, resumed=False)
 
 
-def resume_plan(work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict) -> work_prefix.Plan:
+def resumed_workload(work: work_prefix.WorkPrefix, images: listing.Listing, fingerprint: dict) -> work_prefix.Workload:
     """The keys without a durable line, after checking that the earlier run's fingerprint is this one's."""
     job = work.read_job()
     if job is None:
@@ -209,7 +209,8 @@ def resume_plan(work: work_prefix.WorkPrefix, images: listing.Listing, fingerpri
     todo = images.filter(work_prefix.remaining_keys(work, runs, images))
     log.info("--resume: %d of %d keys already have a durable line (%d runs under %s); scoring %d",
              len(images) - len(todo), len(images), len(runs), work.uri, len(todo))
-    return work_prefix.Plan(runs=runs, todo=todo, number=max((run.number for run in runs), default=0) + 1, resumed=True)
+    number = max((run.number for run in runs), default=0) + 1
+    return work_prefix.Workload(runs=runs, todo=todo, number=number, resumed=True)
 
 
 class Completed(Exception):

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from mxjob.core.errors import JobError, first_line, plural
 from mxjob.inputs import extsort, listing
 from mxjob.outputs import claim, merge, work_prefix
-from mxjob.outputs.base import NAMES, Output, OutputError, Planning, is_prefix, refuse_gzipped_parquet, side_key
+from mxjob.outputs.base import NAMES, LayoutInputs, Output, OutputError, is_prefix, refuse_gzipped_parquet, side_key
 from mxjob.outputs.dataset_files import DatasetSink, file_id, summary_of
 from mxjob.outputs.existing import EarlierFile, Existing, KeyFilter, output_filesystem, read_keys, select
 from mxjob.outputs.fingerprint import differences
@@ -170,7 +170,7 @@ def refuse_foreign(found: Contents, uri: str) -> None:
 
 
 @dataclass
-class DatasetPlan:
+class DatasetLayout:
     """A run's dataset: rows per file (and why), the key list's digest, and the files an earlier run completed."""
 
     rows_per_file: int
@@ -211,8 +211,8 @@ def file_keys(keys, existing=None):
     return keys.filter(pa.array(~rescore))
 
 
-def fresh_plan(given, auto: tuple[int, str], keys, run: str | None = None, existing=None,
-               rescore_errors: bool = False, skip_existing: bool | None = None) -> DatasetPlan:
+def fresh_layout(given, auto: tuple[int, str], keys, run: str | None = None, existing=None,
+               rescore_errors: bool = False, skip_existing: bool | None = None) -> DatasetLayout:
     """A first run's dataset: its rows per file, and the digest of the keys its files will hold.
 
     ``run`` and ``existing``: a ``--skip-existing`` run's name (:func:`new_run`) and what the earlier
@@ -220,14 +220,14 @@ def fresh_plan(given, auto: tuple[int, str], keys, run: str | None = None, exist
     (default: whether it has a name, as a dataset's runs do).
     """
     rows, why = rows_setting(given, auto)
-    return DatasetPlan(rows, why, keys_digest(file_keys(keys, existing)), run=run, existing=existing,
+    return DatasetLayout(rows, why, keys_digest(file_keys(keys, existing)), run=run, existing=existing,
                        rescore_errors=rescore_errors,
                        skip_existing=run is not None if skip_existing is None else skip_existing)
 
 
-def table_resume_plan(record: dict | None, given, auto: tuple[int, str], existing=None,
-                      skip_existing: bool = False, rescore_errors: bool = False) -> DatasetPlan:
-    """A resumed Iceberg table run's plan: the first attempt's name and rows per file (no files are kept by
+def table_resumed_layout(record: dict | None, given, auto: tuple[int, str], existing=None,
+                      skip_existing: bool = False, rescore_errors: bool = False) -> DatasetLayout:
+    """A resumed Iceberg table run's layout: the first attempt's name and rows per file (no files are kept by
     index: the run's files are committed and their keys left out before the plan, by
     :func:`mxjob.outputs.iceberg_run.settle`)."""
     record = record or {}
@@ -242,20 +242,20 @@ def table_resume_plan(record: dict | None, given, auto: tuple[int, str], existin
                        "list depends on it; resume it as it was started")
     rows, why = (int(record["rows_per_file"]), str(record.get("why") or "the first run's")) \
         if "rows_per_file" in record else rows_setting(given, auto)
-    return DatasetPlan(rows, why, "", run=record["run"], existing=existing, skip_existing=skip_existing,
+    return DatasetLayout(rows, why, "", run=record["run"], existing=existing, skip_existing=skip_existing,
                        rescore_errors=rescore_errors)
 
 
-def resume_plan(record: dict | None, given, auto: tuple[int, str], keys, found: Contents, existing=None,
-                skip_existing: bool = False) -> DatasetPlan:
+def resumed_layout(record: dict | None, given, auto: tuple[int, str], keys, found: Contents, existing=None,
+                skip_existing: bool = False) -> DatasetLayout:
     """A resume's dataset: the first run's rows per file and name; its files kept if the key list is the same.
 
     A number given now that is not the first run's is refused: the files
     written so far have the first run's boundaries. So is a resume with or
     without ``--skip-existing`` of a run that was the other kind: its key
-    list would be another. The caller deletes the run's files this plan does
-    not keep (:attr:`DatasetPlan.keep`), before any new one appears; the
-    earlier runs' files are never this plan's to keep or delete.
+    list would be another. The caller deletes the run's files this layout does
+    not keep (:attr:`DatasetLayout.keep`), before any new one appears; the
+    earlier runs' files are never this layout's to keep or delete.
     """
     record = record or {}
     if bool(record.get("skip_existing")) != skip_existing:
@@ -265,18 +265,18 @@ def resume_plan(record: dict | None, given, auto: tuple[int, str], keys, found: 
     rescore_errors = bool(record.get("rescore_errors"))
     if "rows_per_file" not in record:
         rows, why = rows_setting(given, auto)
-        return DatasetPlan(rows, why, digest, run=run, existing=existing, rescore_errors=rescore_errors,
+        return DatasetLayout(rows, why, digest, run=run, existing=existing, rescore_errors=rescore_errors,
                            skip_existing=skip_existing)
     rows = int(record["rows_per_file"])
     if isinstance(given, int) and given != rows:
         raise JobError(f"--rows-per-file {given}: the run being resumed cut its files at {rows:,} rows, and the "
                        f"files it wrote keep that; resume with --rows-per-file {rows} (or auto), or start again "
                        "with --overwrite")
-    plan = DatasetPlan(rows, str(record.get("why") or "the first run's"), digest, run=run, existing=existing,
+    layout = DatasetLayout(rows, str(record.get("why") or "the first run's"), digest, run=run, existing=existing,
                        rescore_errors=rescore_errors, skip_existing=skip_existing)
     if record.get("keys_sha256") == digest:
-        plan.keep = found.run_files(run)
-    return plan
+        layout.keep = found.run_files(run)
+    return layout
 
 
 def skip_existing_mismatch(earlier: bool) -> str:
@@ -364,30 +364,30 @@ class DatasetOutput(Output):
             log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"),
                      self.uri)
 
-    def files(self, cfg, client, planning: Planning) -> DatasetPlan:
+    def files(self, cfg, client, planning: LayoutInputs) -> DatasetLayout:
         if not planning.resumed:
             run = new_run(planning.found) if planning.appending else None
-            return fresh_plan(cfg.rows_per_file, planning.auto_rows, planning.images, run, planning.existing,
+            return fresh_layout(cfg.rows_per_file, planning.auto_rows, planning.images, run, planning.existing,
                               cfg.rescore_errors, skip_existing=cfg.skip_existing)
         return self._resumed(cfg, client, planning)
 
-    def _resumed(self, cfg, client, planning: Planning) -> DatasetPlan:
-        """A resumed dataset's plan: the first run's rows per file; its files kept, or deleted if the keys
+    def _resumed(self, cfg, client, planning: LayoutInputs) -> DatasetLayout:
+        """A resumed dataset's layout: the first run's rows per file; its files kept, or deleted if the keys
         changed. Only the run's own files: a ``--skip-existing`` run's earlier runs' files are never its to delete."""
         found = planning.found
         job = planning.work.read_job() or {}
-        plan = resume_plan(job.get("dataset"), cfg.rows_per_file, planning.auto_rows, planning.images, found,
+        layout = resumed_layout(job.get("dataset"), cfg.rows_per_file, planning.auto_rows, planning.images, found,
                            planning.existing, cfg.skip_existing)
-        stale = [key for index, (key, _) in found.run_files(plan.run).items() if index not in plan.keep]
-        if plan.keep:
+        stale = [key for index, (key, _) in found.run_files(layout.run).items() if index not in layout.keep]
+        if layout.keep:
             log.info("--resume: keeping the %s an earlier run completed under %s (same keys)",
-                     plural(len(plan.keep), "dataset file"), self.uri)
+                     plural(len(layout.keep), "dataset file"), self.uri)
         if stale and not planning.dry:
             # The key list changed since: those files' rows would not be this run's. Gone before any new file appears.
             writes.delete_objects(client, self.bucket, stale)
             log.info("--resume: the input's keys changed since the earlier run; deleted its %s under %s, to be "
                      "written again", plural(len(stale), "dataset file"), self.uri)
-        return plan
+        return layout
 
     def left_upload(self, key: str) -> bool:
         return file_id(key, self.key) is not None
@@ -404,13 +404,13 @@ class DatasetOutput(Output):
         log.info("--skip-existing: the run being resumed has no listed key left; removed its %s and %d work objects",
                  plural(gone, "file"), work.remove())
 
-    def sink(self, cfg, client, work, plan):
-        files = plan.dataset
+    def sink(self, cfg, client, work, workload):
+        files = workload.layout
         return DatasetSink(client, self.bucket, self.key, files.rows_per_file, provenance(work.read_job()),
                            files.keep, files if files.run else None)
 
-    def summary_entry(self, sink, plan) -> dict:
-        return {**summary_of(sink), "rows_per_file_why": plan.dataset.why}
+    def summary_entry(self, sink, workload) -> dict:
+        return {**summary_of(sink), "rows_per_file_why": workload.layout.why}
 
 
 # ----------------------------------------------------------------------------

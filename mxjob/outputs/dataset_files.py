@@ -61,9 +61,9 @@ class DatasetSink:
     over the same key list) are not written again; their rows are only
     counted. :meth:`close` writes the last file and ``_SUCCESS``.
 
-    A ``--skip-existing`` run (``appending``: its :class:`mxjob.outputs.dataset.DatasetPlan`)
-    names its files after the plan's ``run`` (``part-<run>-NNNNN.parquet``)
-    and writes no empty file; the plan's ``existing``
+    A ``--skip-existing`` run (``appending``: its :class:`mxjob.outputs.dataset.DatasetLayout`)
+    names its files after the layout's ``run`` (``part-<run>-NNNNN.parquet``)
+    and writes no empty file; the layout's ``existing``
     (:class:`mxjob.outputs.existing.Existing`) lists the earlier runs' files for
     ``_SUCCESS``. With ``--rescore-errors``, the rows of the keys whose earlier
     row was an error (``existing.rescore``, one flag per row written, in

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from mxjob.core.constants import ICEBERG_SCHEME as SCHEME
 from mxjob.outputs import dataset
-from mxjob.outputs.base import Output, OutputError, Planning, side_key
+from mxjob.outputs.base import LayoutInputs, Output, OutputError, side_key
 from mxjob.s3 import uris
 
 log = logging.getLogger(__name__)
@@ -188,15 +188,15 @@ class IcebergOutput(Output):
             return
         iceberg_run.open_for_run(cfg, schema, fingerprint)
 
-    def files(self, cfg, client, planning: Planning) -> dataset.DatasetPlan:
+    def files(self, cfg, client, planning: LayoutInputs) -> dataset.DatasetLayout:
         """A table's run is a dataset run whose files are the table's, named by the run's id."""
         if planning.resumed:
-            return dataset.table_resume_plan((planning.work.read_job() or {}).get("dataset"), cfg.rows_per_file,
+            return dataset.table_resumed_layout((planning.work.read_job() or {}).get("dataset"), cfg.rows_per_file,
                                              planning.auto_rows, planning.existing, cfg.skip_existing,
                                              cfg.rescore_errors)
         from mxjob.outputs import iceberg_run
 
-        return dataset.fresh_plan(cfg.rows_per_file, planning.auto_rows, planning.images, iceberg_run.new_run_id(),
+        return dataset.fresh_layout(cfg.rows_per_file, planning.auto_rows, planning.images, iceberg_run.new_run_id(),
                                   planning.existing, cfg.rescore_errors, skip_existing=cfg.skip_existing)
 
     def finish_nothing_new(self, cfg, client, work, found) -> None:
@@ -205,16 +205,16 @@ class IcebergOutput(Output):
             log.info("the run being resumed has every listed key in the table; removed its %d work objects",
                      work.remove())
 
-    def sink(self, cfg, client, work, plan):
+    def sink(self, cfg, client, work, workload):
         from mxjob.outputs import iceberg_run
         from mxjob.outputs.parquet import provenance
 
-        files, settled = plan.dataset, plan.dataset.settled
+        files, settled = workload.layout, workload.layout.settled
         run_files = iceberg_run.RunFiles(files.run, files.rows_per_file,
                                          settled.next_index if settled is not None else 0,
                                          getattr(files.existing, "rescore", None))
         return iceberg_run.TableSink(client, iceberg_run.target(cfg).table, run_files, cfg.commit_seconds,
                                      provenance(work.read_job()))
 
-    def summary_entry(self, sink, plan) -> dict:
-        return sink.summary_entry(self.uri, plan.dataset.why, plan.dataset.settled)
+    def summary_entry(self, sink, workload) -> dict:
+        return sink.summary_entry(self.uri, workload.layout.why, workload.layout.settled)

@@ -49,7 +49,7 @@ class JsonLinesOutput(ObjectOutput):
         and pandas choose gzip by the suffix and would fail on it."""
         return "application/gzip" if is_gzip(self.key) else "application/x-ndjson"
 
-    def sink(self, cfg, client, work, plan) -> JsonLinesSink:
+    def sink(self, cfg, client, work, workload) -> JsonLinesSink:
         return JsonLinesSink(self.writer(client), gzip=is_gzip(self.key))
 
 

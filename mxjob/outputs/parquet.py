@@ -43,7 +43,7 @@ class ParquetOutput(ObjectOutput):
     def content_type(self) -> str:
         return PARQUET_TYPE
 
-    def sink(self, cfg, client, work, plan) -> ParquetSink:
+    def sink(self, cfg, client, work, workload) -> ParquetSink:
         return ParquetSink(self.writer(client), metadata=provenance(work.read_job()))
 
 

@@ -5,8 +5,8 @@ results to S3 as soon as it has scored them (``mxjob.executor.partition.score_pa
 a *work prefix* that belongs to the output object::
 
     OUTPUT.parts/job.json                        what every row depends on (the fingerprint)
-    OUTPUT.parts/run-0001-RUNID/run.json         one run's plan: batch size, batch count, keys, app id
-    OUTPUT.parts/run-0001-RUNID/plan.arrows      that run's keys in batch order, a record batch per batch
+    OUTPUT.parts/run-0001-RUNID/run.json         one run's record: batch size, batch count, keys, app id
+    OUTPUT.parts/run-0001-RUNID/batches.arrows      that run's keys in batch order, a record batch per batch
     OUTPUT.parts/run-0001-RUNID/part-00000012.arrows.zst  batch 12's results: one record batch sorted by key
                                                     (mxjob.results.results: an Arrow IPC stream in a zstd frame)
     OUTPUT.parts/run-0002-RUNID/...              a resume's (RUNID: the driver's run id in the lease)
@@ -34,12 +34,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob.inputs import listing, plan_file
+from mxjob.inputs import batch_list, listing
 from mxjob.outputs.base import side_key
 from mxjob.s3 import parallel_list, reads, writes
 
-#: A run's keys in batch order (:func:`plan_file.write_plan`), beside its ``run.json``.
-PLAN_NAME = "plan.arrows"
+#: A run's keys in batch order (:func:`batch_list.write_batches`), beside its ``run.json``.
+BATCHES_NAME = "batches.arrows"
 #: A run's folder: its number, then (since the lease) the run id of the driver that made it, so that the late
 #: writes of a run whose lease was taken (an executor still finishing a batch) land in a folder of their own, which
 #: the next run ignores once its run.json is gone, instead of in the next run's own folder of the same number.
@@ -53,7 +53,7 @@ class ResumeError(Exception):
 
 @dataclass(frozen=True)
 class Run:
-    """One run recorded under the work prefix: its plan and which of its batches are durable."""
+    """One run recorded under the work prefix: its record and which of its batches are durable."""
 
     number: int
     prefix: str
@@ -62,24 +62,24 @@ class Run:
     keys: int
     application: str | None
     done: frozenset = field(default_factory=frozenset)
-    #: ``(offset, length)`` of each batch in the run's plan; known to the run that wrote it only.
+    #: ``(offset, length)`` of each batch in the run's batch list; known to the run that wrote it only.
     spans: tuple = ()
 
 
 @dataclass
-class Plan:
+class Workload:
     """What this run does: the earlier runs it reuses and the keys it scores (a :class:`listing.Listing`)."""
 
     runs: list
     todo: listing.Listing
     number: int
     resumed: bool
-    #: For a dataset output: its :class:`mxjob.outputs.dataset.DatasetPlan`.
-    dataset: object = None
+    #: For a dataset or a table: its files (a :class:`mxjob.outputs.dataset.DatasetLayout`).
+    layout: object = None
 
 
 class WorkPrefix:
-    """The work prefix of one output object: what earlier runs made durable, and the next run's plan."""
+    """The work prefix of one output object: what earlier runs made durable, and the next run's workload."""
 
     def __init__(self, client, bucket: str, output_key: str):
         self.client, self.bucket, self.output_key = client, bucket, output_key
@@ -130,15 +130,15 @@ class WorkPrefix:
                             done=done))
         return runs
 
-    def plan_key(self, run: Run) -> str:
-        """The key of ``run``'s plan (its keys in batch order) in the output bucket."""
-        return run.prefix + PLAN_NAME
+    def batches_key(self, run: Run) -> str:
+        """The key of ``run``'s batch list (its keys in batch order) in the output bucket."""
+        return run.prefix + BATCHES_NAME
 
     def run_batches(self, run: Run) -> Iterator[pa.RecordBatch]:
-        """The keys (and sizes) of ``run``, one record batch per batch of the run, streamed from its plan."""
-        body = self.client.get_object(Bucket=self.bucket, Key=self.plan_key(run))["Body"]
+        """The keys (and sizes) of ``run``, one record batch per batch of the run, streamed from its batch list."""
+        body = self.client.get_object(Bucket=self.bucket, Key=self.batches_key(run))["Body"]
         try:
-            yield from plan_file.read_plan(body)
+            yield from batch_list.read_batches(body)
         finally:
             body.close()
 
@@ -147,10 +147,10 @@ class WorkPrefix:
         return pa.chunked_array([batch.column(0) for batch in self.run_batches(run)], listing.KEY_TYPE)
 
     def start_run(self, number: int, keys, batch_size: int, application: str | None, run_id: str | None = None) -> Run:
-        """Record run ``number``'s plan before any of its batches is scored, in ``run-NNNN-RUN_ID/``.
+        """Record run ``number`` and its batch list before any of its batches is scored, in ``run-NNNN-RUN_ID/``.
 
         ``keys`` (a :class:`listing.Listing`, or key strings) in batch order
-        stream into ``plan.arrows`` (:func:`plan_file.write_plan`); the returned
+        stream into ``batches.arrows`` (:func:`batch_list.write_batches`); the returned
         run's ``spans`` say where each batch is in it, for the tasks.
         ``batch_size``: keys per batch.
         """
@@ -160,9 +160,9 @@ class WorkPrefix:
                                                           "size": pa.array([listing.UNKNOWN_SIZE] * len(keys),
                                                                            pa.int64())}))
         prefix = f"{self.prefix}run-{number:04d}{'-' + run_id if run_id else ''}/"
-        with writes.MultipartWriter(self.client, self.bucket, prefix + PLAN_NAME,
+        with writes.MultipartWriter(self.client, self.bucket, prefix + BATCHES_NAME,
                                    content_type="application/vnd.apache.arrow.stream", lazy=True) as writer:
-            spans = plan_file.write_plan(keys, batch_size, writer.write)
+            spans = batch_list.write_batches(keys, batch_size, writer.write)
         meta = {"batch_size": batch_size, "batches": len(spans), "keys": len(keys), "application": application,
                 "started": time.time()}
         # run.json last: a run without it never started, and resume ignores it.
@@ -171,7 +171,7 @@ class WorkPrefix:
                    application=application, spans=tuple(spans))
 
     def abort_uploads(self, also: Callable[[str], bool] | None = None) -> int:
-        """Abort the uploads an earlier driver left open (the output's, a plan's, and those ``also`` accepts under
+        """Abort the uploads an earlier driver left open (the output's, a batch list's, and those ``also`` accepts under
         the output's key: a dataset's files); return how many."""
         return writes.abort_uploads(self.client, self.bucket, self.output_key, lambda key: (
             key == self.output_key or key.startswith(self.prefix) or (also is not None and also(key))))
@@ -185,7 +185,7 @@ def remaining_keys(work: WorkPrefix, runs: Sequence[Run], keys) -> pa.Array:
     """For each of ``keys`` (a :class:`listing.Listing`, or key strings), whether it still needs scoring.
 
     A boolean Arrow array: true where no earlier run made the key's line
-    durable. Only the durable batches' keys are read, one run's plan at a time.
+    durable. Only the durable batches' keys are read, one run's batch list at a time.
     """
     column = keys.keys if isinstance(keys, listing.Listing) else pa.array(list(keys), listing.KEY_TYPE)
     done = [chunk for run in runs if run.done for chunk in _done_keys(work, run)]

@@ -171,7 +171,7 @@ def _threads_shared(instances: int, tasks: int, host_vcpus: int) -> Cluster:
 
     The slots fill nodes the size of this host, at most one a vCPU, evenly;
     each worker gets the node's vCPUs divided by the workers on it, rounded
-    down (:func:`mxjob.model.worker.worker_threads` with the driver's ThreadPlan).
+    down (:func:`mxjob.model.worker.worker_threads` with the driver's HostThreads).
     """
     slots = instances * tasks
     nodes = max(1, math.ceil(slots / host_vcpus))

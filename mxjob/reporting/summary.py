@@ -40,7 +40,7 @@ from mxjob.reporting.records import (
 @dataclass(frozen=True)
 class RunOutcome:
     """What a run came to, as its summary reports it (:func:`summarize`): the driver's
-    :func:`mxjob.run.scoring.planned_run`
+    :func:`mxjob.run.scoring.end_run`
     builds it once the output is whole.
 
     Attributes
@@ -62,7 +62,7 @@ class RunOutcome:
         job's end to the output's), ``assembly_cpu``, ``output_close`` (the output's last upload: a single
         object's last part and CompleteMultipartUpload, a dataset's last file) and ``output_after_last_task``
         (from the last task's end to the output's, whole).
-    plan : work_prefix.Plan
+    plan : work_prefix.Workload
         The earlier runs reused and the keys scored.
     fingerprint : dict
         What every line depends on (:func:`fingerprint.fingerprint`).
@@ -89,7 +89,7 @@ class RunOutcome:
     elapsed: float
     model_summary: dict
     seconds: dict
-    plan: work_prefix.Plan
+    workload: work_prefix.Workload
     fingerprint: dict
     spark: dict | None = None
     skipped_keys: dict | None = None
@@ -126,7 +126,7 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         tasks' window), then per executor, per Python worker and per host
         (``threads``), then the model, fingerprint and options, the rates named.
     """
-    fold, counts, plan, images, elapsed = run.fold, run.counts, run.plan, run.images, run.elapsed
+    fold, counts, workload, images, elapsed = run.fold, run.counts, run.workload, run.images, run.elapsed
     executors = {name: ExecutorStats(**{k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()})
                  for name, e in fold.executors.items()}
     # Throughput while tasks ran: from the first task's start to the last one's end
@@ -148,7 +148,7 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         skipped_keys=SkippedKeys(**run.skipped_keys) if run.skipped_keys is not None else None,
         predicted=counts.predicted, failed=counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
-        reused=images - len(plan.todo), scored=scored, resumed=plan.resumed, runs=plan.number,
+        reused=images - len(workload.todo), scored=scored, resumed=workload.resumed, runs=workload.number,
         errors_by_stage=ErrorsByStage(**fold.errors), batches=run.batches, batch_size=cfg.batch_size,
         elapsed_seconds=round(elapsed, 3), images_per_second=images_per_second,
         seconds=stage_seconds,

@@ -15,7 +15,7 @@ from mxjob.core import state
 from mxjob.core.errors import JobError, first_line, spark_failure_reason
 from mxjob.executor.partition import score_into
 from mxjob.executor.stats import StatsAccumulator, StatsFold
-from mxjob.model.worker import ThreadPlan, memory_bytes
+from mxjob.model.worker import HostThreads, memory_bytes
 from mxjob.options.config import JobConfig
 from mxjob.outputs import work_prefix
 from mxjob.reporting.progress import Reporter
@@ -127,12 +127,12 @@ def ship_files(sc, job) -> None:
         sc.addFile(path)
 
 
-def run_spark(cfg: JobConfig, run: work_prefix.Run, plan_key: str, start: SparkStart | None = None,
+def run_spark(cfg: JobConfig, run: work_prefix.Run, batches_key: str, start: SparkStart | None = None,
               on_tick=None, ticks=None) -> tuple[StatsFold, SparkStop]:
     """Score one partition per batch of ``run`` on the cluster; return the tasks' stats, folded, and the stop.
 
-    Each partition holds one ``(offset, length)`` span of the run's plan
-    (``plan_key``): the task reads its keys from there and writes its lines
+    Each partition holds one ``(offset, length)`` span of the run's batch list
+    (``batches_key``): the task reads its keys from there and writes its lines
     under the run's prefix (:func:`part_key`). The keys never pass
     through Py4J, and nothing but an accumulator of stats comes back here.
     ``start`` is the SparkContext the driver started early (:class:`SparkStart`); without it one
@@ -155,8 +155,8 @@ def run_spark(cfg: JobConfig, run: work_prefix.Run, plan_key: str, start: SparkS
     log.info("Spark %s, master %s (%s deploy mode), app %s: %d partitions", context["version"], context["master"],
              context["deploy_mode"], context["application_id"], run.batches)
     rdd = sc.parallelize(run.spans, run.batches)
-    job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=run.prefix, plan_key=plan_key,
-                  thread_plan=thread_plan(sc))
+    job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=run.prefix, batches_key=batches_key,
+                  host_threads=host_threads(sc))
     ship_files(sc, job)
     # Each task's stats tell the driver's live merge that the task's part is durable (StatsAccumulator).
     stats = sc.accumulator(StatsFold(), StatsAccumulator((job.output_bucket, job.parts_prefix)))
@@ -399,7 +399,7 @@ def executor_hosts(sc) -> list[str]:
             if (info.host(), info.port()) != (driver.host(), driver.port())]
 
 
-def thread_plan(sc, wait_seconds: float = 30.0) -> ThreadPlan | None:
+def host_threads(sc, wait_seconds: float = 30.0) -> HostThreads | None:
     """What the workers need to size their threads (:func:`worker_threads`).
 
     Executors register a few seconds after the SparkContext starts; this waits
@@ -420,11 +420,11 @@ def thread_plan(sc, wait_seconds: float = 30.0) -> ThreadPlan | None:
                     "their threads without them: set --threads if the summary warns", type(exc).__name__,
                     first_line(exc))
         return None
-    return plan_threads(conf, hosts)
+    return count_host_threads(conf, hosts)
 
 
-def plan_threads(conf: dict, hosts: list[str]) -> ThreadPlan:
-    """The :class:`ThreadPlan` for a Spark conf and the executors' hosts (pure)."""
+def count_host_threads(conf: dict, hosts: list[str]) -> HostThreads:
+    """The :class:`HostThreads` for a Spark conf and the executors' hosts (pure)."""
     master = conf.get("spark.master", "")
     cores = conf.get("spark.executor.cores")
     if cores is None and master.startswith("local-cluster["):
@@ -433,5 +433,5 @@ def plan_threads(conf: dict, hosts: list[str]) -> ThreadPlan:
     counts: dict[str, int] = {}
     for host in hosts:
         counts[host] = counts.get(host, 0) + 1
-    return ThreadPlan(omp_from_user="spark.executorEnv.OMP_NUM_THREADS" in conf,
+    return HostThreads(omp_from_user="spark.executorEnv.OMP_NUM_THREADS" in conf,
                               executors_by_host=tuple(sorted(counts.items())), tasks_per_executor=tasks)

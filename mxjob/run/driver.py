@@ -21,11 +21,11 @@ from mxjob.options.config import JobConfig
 from mxjob.outputs import merge, work_prefix
 from mxjob.outputs.claim import (
     Completed,
-    PlanInputs,
+    WorkloadInputs,
+    claim_workload,
     complete_already,
     finished_by_this_application,
     output_lease,
-    plan_output,
     refuse_unresumed_progress,
     yarn_attempt,
 )
@@ -38,7 +38,7 @@ from mxjob.run import signals
 from mxjob.run.checks import check_model_files, check_on_driver, prepare_handler, refuse_own_inputs
 from mxjob.run.dry_run import dry_run
 from mxjob.run.keys import list_images
-from mxjob.run.scoring import PlannedRun, planned_run, score_and_assemble
+from mxjob.run.scoring import ClaimedRun, end_run, score_and_assemble
 from mxjob.run.signals import Interrupted
 from mxjob.run.spark_start import SparkStart
 from mxjob.run.warm_up import begin_spark, early_spark, executors_check, warm_up
@@ -149,7 +149,7 @@ def open_status(cfg: JobConfig, monitor: RunMonitor, retry: bool) -> None:
 def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | None,
                 start: SparkStart | None = None) -> int:
     """:func:`run_job` once the output is checked: the handler and the model's files, the listing, the driver's
-    checks, the plan, then the scoring (:func:`planned_run`)."""
+    checks, the plan, then the scoring (:func:`end_run`)."""
     seconds: dict[str, float] = {}
     # The handler and the model's files before the listing too: seconds, where the listing may take hours.
     cfg = prepare_handler(cfg, client)
@@ -167,7 +167,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     cfg, checked = check_on_driver(cfg, client, images, start if warmed and executors_check(cfg) else None)
     if not warmed:
         warm_up(start, cfg)  # the checked model (int8's, the layer found): loaded while the driver samples and plans
-    inputs = PlanInputs(checked.auto_rows, found)
+    inputs = WorkloadInputs(checked.auto_rows, found)
     if cfg.dry_run:
         return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, inputs)
     checked.classifier = None  # checked: the driver needs the model no more (its cache keeps it for the sample)
@@ -177,26 +177,26 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     monitor.check_lease()  # the plan records the run, or clears the earlier one's under --overwrite
     try:
-        plan = plan_output(cfg, client, work, images, checked.fingerprint, inputs=inputs)
-        if plan.dataset is not None:
-            plan.dataset.settled = settled
+        workload = claim_workload(cfg, client, work, images, checked.fingerprint, inputs=inputs)
+        if workload.layout is not None:
+            workload.layout.settled = settled
     except Completed as done:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
         return done.exit_code
     # Before the run's plan is written (score_and_assemble): its batches are of the size chosen here.
-    cfg, sizing = size_run(cfg, images, len(plan.todo), spark_conf,
+    cfg, sizing = size_run(cfg, images, len(workload.todo), spark_conf,
                            head_start=start.head_start() if start is not None else 0.0, measured=checked.sample_cost)
     monitor.context = {"options": cfg.options(), "fingerprint": checked.fingerprint}
     monitor.claim("planning")  # from the plan on the files are this run's, whoever's they were
-    run = PlannedRun(cfg, client, work, images, plan, monitor)
+    run = ClaimedRun(cfg, client, work, images, workload, monitor)
     try:
         scored = score_and_assemble(run, start, seconds, plan_started)
     except (JobError, Interrupted) as exc:
         if not isinstance(exc, LeaseLost):  # the output is another run's now: nothing of this one to resume
             exc.work = work  # main() says what is durable and how to resume
         raise
-    return planned_run(run, checked, sizing, scored, seconds)
+    return end_run(run, checked, sizing, scored, seconds)
 
 
 def keys_to_score(cfg: JobConfig, client, monitor: RunMonitor, images, seconds: dict) -> tuple:
@@ -237,7 +237,7 @@ def nothing_new(cfg: JobConfig, client, monitor: RunMonitor, found, seconds: dic
     made = summarize(cfg, RunOutcome(
         images=0, batches=0, fold=StatsFold(), counts=merge.AssemblyCounts(),
         elapsed=time.time() - monitor.started, model_summary={}, seconds={**stage, **seconds},
-        plan=work_prefix.Plan(runs=[], todo=found.new, number=1, resumed=False), fingerprint={},
+        workload=work_prefix.Workload(runs=[], todo=found.new, number=1, resumed=False), fingerprint={},
         precision={"precision": cfg.precision}, batch_size_choice=choice.as_dict(), estimate=None,
         files=dict(monitor.where), existing=found.entry(),
         lease=monitor.lease.entry() if monitor.lease is not None else None))

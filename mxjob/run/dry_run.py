@@ -11,11 +11,11 @@ import click
 
 from mxjob import tasks
 from mxjob.executor.partition import score_partition
-from mxjob.inputs import plan_file
+from mxjob.inputs import batch_list
 from mxjob.model.predictor import Predictor
 from mxjob.options.config import JobConfig
 from mxjob.outputs import work_prefix
-from mxjob.outputs.claim import NO_INPUTS, Completed, PlanInputs, plan_output
+from mxjob.outputs.claim import NO_INPUTS, Completed, WorkloadInputs, claim_workload
 from mxjob.planning.sizing import size_run
 from mxjob.reporting.record_fields import ABSENT, to_json
 from mxjob.reporting.records import Plan, PlanDataset, SummaryExisting
@@ -25,11 +25,11 @@ log = logging.getLogger(__name__)
 
 
 def dry_run(cfg: JobConfig, images: list, classifier: Predictor, client, fingerprint: dict,
-            inputs: PlanInputs = NO_INPUTS) -> int:
+            inputs: WorkloadInputs = NO_INPUTS) -> int:
     """Make every check the real run makes before Spark, score one image on the driver's CPU, print the plan.
 
     Starts no Spark job and leaves nothing behind. The checks: the output may
-    be written, and :func:`plan_output`'s (an existing output, an earlier
+    be written, and :func:`claim_workload`'s (an existing output, an earlier
     run's progress, a resume with other settings). The plan is one JSON object
     on the last line of standard output: under spark-submit the driver's log
     and MXNet's own messages share that stream, so a script reads the last
@@ -41,8 +41,8 @@ def dry_run(cfg: JobConfig, images: list, classifier: Predictor, client, fingerp
     if cfg.output_key:  # preflight.check_before_listing proved the output writable already
         work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
         try:
-            planned = plan_output(cfg, client, work, images, fingerprint, dry=True, inputs=inputs)
-            to_score, dataset_plan = len(planned.todo), planned.dataset
+            planned = claim_workload(cfg, client, work, images, fingerprint, dry=True, inputs=inputs)
+            to_score, dataset_plan = len(planned.todo), planned.layout
         except Completed:
             to_score, dataset_plan = 0, None
     cfg, sizing = size_run(cfg, images, to_score)
@@ -56,7 +56,7 @@ def dry_run(cfg: JobConfig, images: list, classifier: Predictor, client, fingerp
         [(_, _, blob, stats)] = score_partition(0, first[:1], job)
     # Plan every batch as the run would, without writing the plan anywhere: its size is what the run's
     # executors read (a ranged GET each), and planning is the driver's last step before Spark.
-    spans = plan_file.write_plan(images, cfg.batch_size, lambda data: None)
+    spans = batch_list.write_batches(images, cfg.batch_size, lambda data: None)
     batches = len(spans)
     plan = Plan(
         input=cfg.input_uri, output=cfg.output_uri, output_format=cfg.output_format,

@@ -1,5 +1,5 @@
-"""The run once its plan is made: its batches scored on Spark while the output is assembled, then the summary,
-the last status and the exit code (:class:`PlannedRun`)."""
+"""The run once its workload is claimed: its batches scored on Spark while the output is assembled, then the summary,
+the last status and the exit code (:class:`ClaimedRun`)."""
 
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class PlannedRun:
-    """A run once its plan is made: what the driver's last steps (Spark, the assembly, the summary) pass around.
+class ClaimedRun:
+    """A run once its workload is claimed: what the driver's last steps (Spark, the assembly, the summary) pass around.
 
     ``cfg`` holds the batch size chosen for the run (:func:`size_run`);
     ``work`` is its work prefix, read and written with ``client``;
-    ``images`` every key listed; ``plan`` the keys still to score and the
+    ``images`` every key listed; ``workload`` the keys still to score and the
     earlier runs reused; ``monitor`` writes the status beside the output.
     """
 
@@ -45,25 +45,25 @@ class PlannedRun:
     client: Any
     work: work_prefix.WorkPrefix
     images: listing.Listing
-    plan: work_prefix.Plan
+    workload: work_prefix.Workload
     monitor: RunMonitor
 
 
-def planned_run(run: PlannedRun, checked: DriverCheck, sizing: Sizing, scored: tuple, seconds: dict) -> int:
+def end_run(run: ClaimedRun, checked: DriverCheck, sizing: Sizing, scored: tuple, seconds: dict) -> int:
     """The run's end once Spark has scored it: the summary, the last status, the closing lines; the exit code."""
-    cfg, images, plan, monitor = run.cfg, run.images, run.plan, run.monitor
+    cfg, images, workload, monitor = run.cfg, run.images, run.workload, run.monitor
     stats, counts, spark_stop = scored
     if stats.last_end is not None:  # the output is whole now: how long after the last task's end
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, RunOutcome(
-        images=len(images), batches=plan.todo.num_batches(cfg.batch_size), fold=stats,
+        images=len(images), batches=workload.todo.num_batches(cfg.batch_size), fold=stats,
         counts=counts,
-        elapsed=time.time() - monitor.started, model_summary=checked.model_summary, seconds=seconds, plan=plan,
+        elapsed=time.time() - monitor.started, model_summary=checked.model_summary, seconds=seconds, workload=workload,
         fingerprint=checked.fingerprint, spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys,
         precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
         # the manifest's keys that got no line, by reason, and its repeated keys
         manifest=images.manifest, files=dict(monitor.where),
-        existing=plan.dataset.existing.entry() if plan.dataset is not None and plan.dataset.existing else None,
+        existing=workload.layout.existing.entry() if workload.layout is not None and workload.layout.existing else None,
         lease=monitor.lease.entry() if monitor.lease is not None else None,
         **({cfg.output.summary_field: counts.entry} if cfg.output.summary_field else {})))
     code = finish_run(run, summary, counts)
@@ -85,9 +85,9 @@ def spark_summary(spark_stop: SparkStop | None) -> dict | None:
     return {**spark_stop.context, "yarn_attempt": attempt if application else None}
 
 
-def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
+def score_and_assemble(run: ClaimedRun, start: SparkStart | None, seconds: dict,
                        plan_started: float) -> tuple[StatsFold, merge.AssemblyCounts, SparkStop | None]:
-    """Run the plan's batches on Spark (if any are left) and merge every durable line into the output.
+    """Run the workload's batches on Spark (if any are left) and merge every durable line into the output.
 
     The merge follows the run while Spark scores it (:class:`mxjob.outputs.assembly.Assembly`).
     Adds the ``plan``, ``spark``, ``assembly`` (from the job's end to the
@@ -95,27 +95,27 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
     stats, the assembly's counts, and the SparkContext's stop (``None``
     without a Spark job), still running: the caller waits for it last.
     """
-    cfg, client, work, images, plan, monitor = run.cfg, run.client, run.work, run.images, run.plan, run.monitor
-    batches = plan.todo.num_batches(cfg.batch_size)
+    cfg, client, work, images, workload, monitor = run.cfg, run.client, run.work, run.images, run.workload, run.monitor
+    batches = workload.todo.num_batches(cfg.batch_size)
     log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
-             f"{len(images) - len(plan.todo)} already scored, " if plan.resumed else "",
+             f"{len(images) - len(workload.todo)} already scored, " if workload.resumed else "",
              batches, cfg.batch_size)
     stats, spark_stop = StatsFold(), None
 
     def merge(runs, live):
-        return assemble_output(cfg, client, work, images, runs, live, plan, before_close=monitor.check_lease)
+        return assemble_output(cfg, client, work, images, runs, live, workload, before_close=monitor.check_lease)
 
     if batches:
         application, _ = yarn_attempt()
         monitor.check_lease()
-        this_run = work.start_run(plan.number, plan.todo, cfg.batch_size, application,
+        this_run = work.start_run(workload.number, workload.todo, cfg.batch_size, application,
                                   run_id=monitor.lease.run_id if monitor.lease is not None else None)
         seconds["plan"] = time.time() - plan_started
-        assembly = Assembly(merge, work, [*plan.runs, this_run], during=True)
+        assembly = Assembly(merge, work, [*workload.runs, this_run], during=True)
         assembly.start()
         spark_started = time.time()
         try:
-            stats, spark_stop = run_spark(cfg, this_run, work.plan_key(this_run), start,
+            stats, spark_stop = run_spark(cfg, this_run, work.batches_key(this_run), start,
                                           on_tick=monitor and monitor.on_tick, ticks=monitor and monitor.ticks)
         except BaseException:
             assembly.cancel()
@@ -123,7 +123,7 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
         seconds["spark"] = time.time() - spark_started
     else:
         seconds["plan"] = time.time() - plan_started
-        assembly = Assembly(merge, work, plan.runs, during=False)
+        assembly = Assembly(merge, work, workload.runs, during=False)
     tail_started = time.time()
     counts = assembly.finish()
     seconds["assembly"] = time.time() - tail_started
@@ -140,7 +140,7 @@ def score_and_assemble(run: PlannedRun, start: SparkStart | None, seconds: dict,
     return stats, counts, spark_stop
 
 
-def finish_run(run: PlannedRun, summary: dict, counts: merge.AssemblyCounts) -> int:
+def finish_run(run: ClaimedRun, summary: dict, counts: merge.AssemblyCounts) -> int:
     """Write the summary, remove the work prefix, and return the exit code (3: more errors than --max-errors)."""
     cfg, work = run.cfg, run.work
     run.monitor.check_lease()
@@ -182,7 +182,7 @@ def durable_status(work: work_prefix.WorkPrefix | None) -> str:
 
 def assemble_output(  # noqa: PLR0913 - the merge's inputs, then optional ones its callers name
         cfg: JobConfig, client, work: work_prefix.WorkPrefix, images: listing.Listing,
-        runs: list | None = None, live: merge.LiveRun | None = None, plan: work_prefix.Plan | None = None, *,
+        runs: list | None = None, live: merge.LiveRun | None = None, workload: work_prefix.Workload | None = None, *,
         before_close: Callable[[], None] | None = None) -> merge.AssemblyCounts:
     """Merge the durable lines of ``runs`` (default: every run under ``work``) into the output's sink
     (:meth:`mxjob.outputs.Output.sink`: one object, completed only when whole, or files each completed when
@@ -190,9 +190,9 @@ def assemble_output(  # noqa: PLR0913 - the merge's inputs, then optional ones i
     ``before_close`` runs just before the output is published (the lease's check): if it raises, the sink is
     aborted and nothing appears.
     """
-    sink = cfg.output.sink(cfg, client, work, plan)
+    sink = cfg.output.sink(cfg, client, work, workload)
     counts = _assemble(cfg, work, images, runs, live, sink, before_close)
-    counts.entry = cfg.output.summary_entry(sink, plan)
+    counts.entry = cfg.output.summary_entry(sink, workload)
     return counts
 
 

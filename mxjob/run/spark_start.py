@@ -174,7 +174,7 @@ class SparkStart:
         Spark's FIFO scheduler launches the tasks of the job submitted first
         first: the warm-up's then load the model once per executor and the
         run's find it. Both threads wait for the executors to register
-        (:func:`mxjob.run.cluster.thread_plan`), so this waits milliseconds, for
+        (:func:`mxjob.run.cluster.host_threads`), so this waits milliseconds, for
         the warm-up's few Py4J calls (Spark's public status tracker tells
         when its job exists), and at most ``wait_seconds`` for each step; a
         warm-up that has not begun to submit by then submits nothing.

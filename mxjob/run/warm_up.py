@@ -19,7 +19,7 @@ from mxjob.executor.model_check import WarmReport, warm_and_check
 from mxjob.inputs import listing
 from mxjob.options.config import JobConfig
 from mxjob.planning.sizing import bound_batch, sample_items, sample_size
-from mxjob.run.cluster import expected_executors, thread_plan
+from mxjob.run.cluster import expected_executors, host_threads
 from mxjob.run.spark_start import SparkStart
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False, sampl
 
     def job_for(sc):
         job = replace(cfg, batch_size=bound_batch(cfg)).job_spec()
-        return replace(job, thread_plan=thread_plan(sc)), expected_executors(dict(sc.getConf().getAll())) or 1
+        return replace(job, host_threads=host_threads(sc)), expected_executors(dict(sc.getConf().getAll())) or 1
 
     start.warm(job_for, functools.partial(warm_and_check, sample=sample, endpoint_url=cfg.endpoint_url,
                                           check=sample is not None))

@@ -163,7 +163,7 @@ def test_a_task_reads_its_keys_and_sizes_from_the_runs_plan_and_writes_its_part(
     run = work.start_run(1, images, 2, None)
     assert run.batches == 3 and len(run.spans) == 3
     job = job_spec(moto_endpoint, demo_dir, output_bucket=BUCKET, parts_prefix=run.prefix,
-                   plan_key=work.plan_key(run))
+                   batches_key=work.batches_key(run))
     [(index, count, blob, stats)] = mxinfer.score_partition(1, [run.spans[1]], job)
     part = bucket.get_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 1))["Body"].read()
     rows = [json.loads(line) for line in part_lines(part)]

@@ -125,11 +125,11 @@ def test_summary_has_task_window_steady_state_inputs_idle_time_and_memory_by_tas
     # One worker, 200 tasks of 1 s with 0.1 s between them; RSS grows by 1 byte per task.
     stats = [task_stats("7", n, 1000.0 + (n - 1) * 1.1, 500 + n) for n in range(1, 201)]
     keys = listing.Listing.build("b", [f"k{i}" for i in range(200 * 64)])
-    plan = work_prefix.Plan(runs=[], todo=keys, number=1, resumed=False)
+    workload = work_prefix.Workload(runs=[], todo=keys, number=1, resumed=False)
     counts = merge.AssemblyCounts(predicted=12800, failed=0)
     stats.reverse()  # order must not matter
     summary = summarize(cfg, RunOutcome(images=200 * 64, batches=200, fold=StatsFold.of(stats), counts=counts,
-                                        elapsed=300.0, model_summary={}, seconds={"assembly": 0.5}, plan=plan,
+                                        elapsed=300.0, model_summary={}, seconds={"assembly": 0.5}, workload=workload,
                                         fingerprint={}))
     window = 199 * 1.1 + 1.0
     assert summary["tasks"]["seconds"] == pytest.approx(window, abs=1e-3)
@@ -156,12 +156,12 @@ def test_stats_folded_per_task_in_any_order_and_grouping_give_the_same_summary()
              for worker in ("7", "8") for n in range(1, 31)]
     stats[5].attempt = 1
     stats[7].errors = {"download": 1, "decode": 2, "predict": 0}
-    plan = work_prefix.Plan(runs=[], todo=listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)]), number=1,
-                           resumed=False)
+    keys = listing.Listing.build("b", [f"k{i}" for i in range(60 * 64)])
+    workload = work_prefix.Workload(runs=[], todo=keys, number=1, resumed=False)
     counts = merge.AssemblyCounts(predicted=3840, failed=3)
     def outcome(fold: StatsFold) -> RunOutcome:
         return RunOutcome(images=3840, batches=60, fold=fold, counts=counts, elapsed=100.0, model_summary={},
-                          seconds={}, plan=plan, fingerprint={})
+                          seconds={}, workload=workload, fingerprint={})
 
     whole = summarize(cfg, outcome(StatsFold.of(stats)))
     # As Spark's accumulator sees them: each task's own fold, merged as tasks end, in any order.
@@ -182,23 +182,23 @@ def test_spark_implicit_omp_is_ignored_and_the_host_cores_are_shared_among_its_e
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Spark sets for spark.executor.cores=1
     monkeypatch.setattr(worker.os, "cpu_count", lambda: 36)
     monkeypatch.setattr(worker, "host_names", lambda: ["node-a", "10.0.0.1"])
-    one_each = worker.ThreadPlan(executors_by_host=(("node-a", 1), ("node-b", 1)))
+    one_each = worker.HostThreads(executors_by_host=(("node-a", 1), ("node-b", 1)))
     assert worker.worker_threads(None, one_each) == 36
-    assert worker.worker_threads(None, worker.ThreadPlan(executors_by_host=(("10.0.0.1", 4),))) == 9
+    assert worker.worker_threads(None, worker.HostThreads(executors_by_host=(("10.0.0.1", 4),))) == 9
     # Not listed under any of its names: the busiest host's share, never more threads than cores.
-    assert worker.worker_threads(None, worker.ThreadPlan(executors_by_host=(("x", 2), ("y", 3)))) == 12
-    assert worker.worker_threads(None, worker.ThreadPlan(executors_by_host=(("node-a", 2),),
+    assert worker.worker_threads(None, worker.HostThreads(executors_by_host=(("x", 2), ("y", 3)))) == 12
+    assert worker.worker_threads(None, worker.HostThreads(executors_by_host=(("node-a", 2),),
                                                            tasks_per_executor=2)) == 9
-    assert worker.worker_threads(None, worker.ThreadPlan(omp_from_user=True)) == 1
+    assert worker.worker_threads(None, worker.HostThreads(omp_from_user=True)) == 1
     assert worker.worker_threads(3, one_each) == 3
 
 
 def test_plan_threads_counts_executors_per_host_and_tells_a_user_omp_setting_apart():
     conf = {"spark.master": "yarn", "spark.executor.cores": "4", "spark.task.cpus": "2"}
-    plan = cluster.plan_threads(conf, ["b", "a", "b"])
-    assert plan == worker.ThreadPlan(False, (("a", 1), ("b", 2)), 2)
-    assert cluster.plan_threads({**conf, "spark.executorEnv.OMP_NUM_THREADS": "8"}, ["a"]).omp_from_user
-    assert cluster.plan_threads({"spark.master": "local-cluster[2,1,1024]"}, []).tasks_per_executor == 1
+    hosts = cluster.count_host_threads(conf, ["b", "a", "b"])
+    assert hosts == worker.HostThreads(False, (("a", 1), ("b", 2)), 2)
+    assert cluster.count_host_threads({**conf, "spark.executorEnv.OMP_NUM_THREADS": "8"}, ["a"]).omp_from_user
+    assert cluster.count_host_threads({"spark.master": "local-cluster[2,1,1024]"}, []).tasks_per_executor == 1
 
 
 @pytest.mark.parametrize(("conf", "wanted"), [
@@ -229,7 +229,7 @@ def test_thread_fit_warns_when_threads_times_executors_differ_from_the_host_core
 
 
 class FakeSparkContext:
-    """Just what thread_plan reads: the conf, and executors that register one call at a time."""
+    """Just what host_threads reads: the conf, and executors that register one call at a time."""
 
     def __init__(self, conf: dict, registrations: list[list[tuple[str, int]]]):
         self.conf, self.registrations, self.calls = conf, registrations, 0
@@ -252,14 +252,14 @@ class FakeSparkContext:
 def test_thread_plan_waits_for_the_expected_executors_and_leaves_out_the_driver():
     sc = FakeSparkContext({"spark.master": "local-cluster[2,1,1024]"},
                           [[], [("127.0.0.1", 5)], [("127.0.0.1", 5), ("127.0.0.1", 6)]])
-    plan = cluster.thread_plan(sc, wait_seconds=5)
-    assert plan.executors_by_host == (("127.0.0.1", 2),) and sc.calls == 3
+    hosts = cluster.host_threads(sc, wait_seconds=5)
+    assert hosts.executors_by_host == (("127.0.0.1", 2),) and sc.calls == 3
 
 
 def test_thread_plan_gives_up_on_a_broken_executor_list_and_workers_fall_back():
     sc = FakeSparkContext({"spark.master": "yarn"}, [[]])
     sc._jsc = SimpleNamespace(sc=lambda: (_ for _ in ()).throw(RuntimeError("no such method")))
-    assert cluster.thread_plan(sc, wait_seconds=0.1) is None
+    assert cluster.host_threads(sc, wait_seconds=0.1) is None
 
 
 @pytest.mark.parametrize(("threads", "lanes"), [(1, 1), (2, 2), (3, 3), (4, 4), (6, 3), (8, 4), (16, 4), (7, 1)])

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import infer_main
-from mxjob.inputs import extsort, listing, manifest, plan_file
+from mxjob.inputs import batch_list, extsort, listing, manifest
 from tests.support.helpers import make_s3_client
 
 SUFFIXES = (".jpg", "PNG")
@@ -37,7 +37,7 @@ def tricky_manifest(path: Path, count: int = 3_000, seed: int = 5) -> Path:
 
 def plan_of(keys, batch_size: int) -> tuple[list, bytes]:
     pieces: list[bytes] = []
-    spans = plan_file.write_plan(keys, batch_size, pieces.append)
+    spans = batch_list.write_batches(keys, batch_size, pieces.append)
     return spans, b"".join(pieces)
 
 

@@ -234,7 +234,7 @@ def test_the_run_summary_names_the_labels_file_the_lines_used(logits_prefix):
     made = summary.summarize(cfg, summary.RunOutcome(
         images=0, batches=0, fold=stats.StatsFold(), counts=merge.AssemblyCounts(), elapsed=1.0,
         model_summary=classifier.model_summary(), seconds={},
-        plan=work_prefix.Plan(runs=[], todo=[], number=1, resumed=False), fingerprint={}))
+        workload=work_prefix.Workload(runs=[], todo=[], number=1, resumed=False), fingerprint={}))
     assert made["model"]["labels"] == str(logits_prefix.parent / "synset.txt")
     assert made["model"]["labels_count"] == 10
 

@@ -14,7 +14,7 @@ import yaml
 import infer_main
 import mxinfer
 from mxjob.core import errors
-from mxjob.inputs import listing, plan_file
+from mxjob.inputs import batch_list, listing
 from mxjob.options import config, option_types
 from mxjob.outputs import jsonl
 from mxjob.planning import sizing
@@ -375,8 +375,8 @@ def test_missing_config_file_is_a_usage_error(tmp_path, resolve):
 def test_plan_cuts_whole_batches_and_a_short_last_one_without_padding(n, batch, batches):
     images = listing.Listing.build("b", [f"k{i}" for i in range(n)], list(range(n)))
     stream = bytearray()
-    spans = plan_file.write_plan(images, batch, stream.extend)
-    planned = [plan_file.read_plan_batch(bytes(stream[offset:offset + length])) for offset, length in spans]
+    spans = batch_list.write_batches(images, batch, stream.extend)
+    planned = [batch_list.read_batch(bytes(stream[offset:offset + length])) for offset, length in spans]
     assert len(planned) == batches == images.num_batches(batch)
     assert [item for b in planned for item in b] == list(images)  # every item once, in order
     assert all(len(b) == batch for b in planned[:-1]) and 1 <= len(planned[-1]) <= batch

@@ -341,7 +341,7 @@ def test_only_the_drivers_accumulator_tells_and_its_fold_keeps_no_batches():
 def test_an_upload_a_killed_driver_left_open_is_aborted_and_no_other(s3):
     work = work_prefix.WorkPrefix(s3, BUCKET, "open/out.jsonl")
     mine = [s3.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
-            for key in ("open/out.jsonl", "open/out.jsonl.parts/run-0001/plan.arrows")]
+            for key in ("open/out.jsonl", "open/out.jsonl.parts/run-0001/batches.arrows")]
     other = s3.create_multipart_upload(Bucket=BUCKET, Key="open/out.jsonl.bak")["UploadId"]
     assert work.abort_uploads() == 2
     left = [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=BUCKET, Prefix="open/").get("Uploads", [])]
@@ -441,7 +441,7 @@ def request_kind(method: str, path: str, output_key: str, images: str) -> str:
         return "part LIST" if prefix.startswith(work) and prefix.endswith("/part-") else "other LIST"
     if key.startswith(work) and "/part-" in key:
         return f"part {method}"
-    if key.startswith(work) and key.endswith("/plan.arrows"):
+    if key.startswith(work) and key.endswith("/batches.arrows"):
         return f"plan {method}"
     if key.startswith(images) and method == "GET":
         return "image GET"

@@ -134,10 +134,10 @@ def test_files_an_earlier_run_completed_are_kept_and_not_written_again(s3):
     first.abort()  # the driver died: file 0 is whole
     before = s3.head_object(Bucket=BUCKET, Key="keep/part-00000.parquet")
     found = dataset.contents(s3, BUCKET, "keep/")
-    plan = dataset.resume_plan({"rows_per_file": 10, "keys_sha256": dataset.keys_digest(keys)}, "auto",
+    layout = dataset.resumed_layout({"rows_per_file": 10, "keys_sha256": dataset.keys_digest(keys)}, "auto",
                                (999, "auto"), keys, found)
-    assert plan.rows_per_file == 10 and set(plan.keep) == {0}
-    again = dataset_files.DatasetSink(s3, BUCKET, "keep/", plan.rows_per_file, {}, plan.keep)
+    assert layout.rows_per_file == 10 and set(layout.keep) == {0}
+    again = dataset_files.DatasetSink(s3, BUCKET, "keep/", layout.rows_per_file, {}, layout.keep)
     again.write([rows_batch(keys)])
     again.close()
     after = s3.head_object(Bucket=BUCKET, Key="keep/part-00000.parquet")
@@ -150,10 +150,10 @@ def test_a_changed_key_list_keeps_nothing_and_another_rows_per_file_is_refused()
     keys = ["a", "b", "c"]
     found = dataset.Contents(files={"p/part-00000.parquet": 10}, prefix="p/")
     record = {"rows_per_file": 2, "keys_sha256": dataset.keys_digest(keys)}
-    assert dataset.resume_plan(record, "auto", (5, ""), ["a", "b", "c", "d"], found).keep == {}
-    assert dataset.resume_plan(record, 2, (5, ""), keys, found).keep == {0: ("p/part-00000.parquet", 10)}
+    assert dataset.resumed_layout(record, "auto", (5, ""), ["a", "b", "c", "d"], found).keep == {}
+    assert dataset.resumed_layout(record, 2, (5, ""), keys, found).keep == {0: ("p/part-00000.parquet", 10)}
     with pytest.raises(JobError, match=r"cut its files at 2 rows.*resume with --rows-per-file 2"):
-        dataset.resume_plan(record, 3, (5, ""), keys, found)
+        dataset.resumed_layout(record, 3, (5, ""), keys, found)
 
 
 def test_the_key_digest_ignores_chunking_and_sees_every_key():

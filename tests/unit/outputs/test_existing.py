@@ -143,10 +143,10 @@ def test_skip_existing_with_overwrite_and_rescore_errors_alone_are_refused():
 def test_a_resume_of_the_other_kind_of_run_is_refused():
     found = dataset.Contents(prefix="p/")
     with pytest.raises(JobError, match=r"was a --skip-existing run .* resume it with --skip-existing"):
-        dataset.resume_plan({"rows_per_file": 2, "skip_existing": True, "run": "20260101T000000Z"}, "auto",
+        dataset.resumed_layout({"rows_per_file": 2, "skip_existing": True, "run": "20260101T000000Z"}, "auto",
                             (5, ""), ["a"], found)
     with pytest.raises(JobError, match=r"was not a --skip-existing run"):
-        dataset.resume_plan({"rows_per_file": 2}, "auto", (5, ""), ["a"], found, skip_existing=True)
+        dataset.resumed_layout({"rows_per_file": 2}, "auto", (5, ""), ["a"], found, skip_existing=True)
 
 
 def test_rows_made_with_other_settings_are_not_added():
@@ -228,25 +228,25 @@ def test_a_second_run_finds_the_first_runs_keys_and_adds_files_of_its_own(s3, mo
                              "files_read": 3, "rows_read": 20, "seconds": round(found.seconds, 3)}
     record_fields.from_json(records.SummaryExisting, found.entry())
 
-    plan = dataset.fresh_plan(8, (0, ""), found.new, dataset.new_run(dataset.contents(s3, BUCKET, "two/")), found)
-    sink = write_files(s3, "two/", found.new.keys.to_pylist(), 8, appending=plan)
-    assert [f["key"] for f in sink.files] == [f"two/part-{plan.run}-0000{i}.parquet" for i in range(3)]
+    layout = dataset.fresh_layout(8, (0, ""), found.new, dataset.new_run(dataset.contents(s3, BUCKET, "two/")), found)
+    sink = write_files(s3, "two/", found.new.keys.to_pylist(), 8, appending=layout)
+    assert [f["key"] for f in sink.files] == [f"two/part-{layout.run}-0000{i}.parquet" for i in range(3)]
     table = read_dataset(moto_endpoint, "two/")
     assert sorted(table.column("key").to_pylist()) == images.keys.to_pylist()  # each key once
     success = json.loads(s3.get_object(Bucket=BUCKET, Key="two/_SUCCESS")["Body"].read())
     assert success["rows"] == 40 and len(success["files"]) == 6
-    assert [(r["run"], len(r["files"]), r["rows"]) for r in success["runs"]] == [(None, 3, 20), (plan.run, 3, 20)]
-    assert dataset_files.summary_of(sink)["run"] == plan.run
+    assert [(r["run"], len(r["files"]), r["rows"]) for r in success["runs"]] == [(None, 3, 20), (layout.run, 3, 20)]
+    assert dataset_files.summary_of(sink)["run"] == layout.run
 
     # Nothing new now; and a resume of the second run leaves its own files out of what exists.
     assert len(dataset.find(cfg, s3, images).new) == 0
     work = work_prefix.WorkPrefix(s3, BUCKET, "two/")
-    work.write_job(FINGERPRINT, cfg.output_uri, plan.record())
+    work.write_job(FINGERPRINT, cfg.output_uri, layout.record())
     try:
         with pytest.raises(JobError, match=r"holds an earlier run's progress .* add --resume"):
             dataset.find(cfg, s3, images)
         again = dataset.find(config_for("two/", moto_endpoint, skip_existing=True, resume=True), s3, images)
-        assert again.new.keys.to_pylist() == found.new.keys.to_pylist() and again.run == plan.run
+        assert again.new.keys.to_pylist() == found.new.keys.to_pylist() and again.run == layout.run
         with pytest.raises(JobError, match=r"started without --rescore-errors"):
             dataset.find(config_for("two/", moto_endpoint, skip_existing=True, resume=True, rescore_errors=True),
                           s3, images)
@@ -262,14 +262,14 @@ def test_rescored_errors_replace_their_rows_in_the_earlier_files_in_place(s3, mo
     found = dataset.find(cfg, s3, images)
     assert found.new.keys.to_pylist() == ["r01", "r07", "r08", "r12", "r13"]
     assert found.rescored == 3 and found.skipped == 9 and found.owner.tolist() == [0, 1, 1]
-    plan = dataset.fresh_plan(5, (0, ""), found.new, dataset.new_run(dataset.contents(s3, BUCKET, "rescore/")),
+    layout = dataset.fresh_layout(5, (0, ""), found.new, dataset.new_run(dataset.contents(s3, BUCKET, "rescore/")),
                               found, rescore_errors=True)
-    assert plan.keys_sha256 == dataset.keys_digest(["r12", "r13"])  # the run's files hold only the new keys
+    assert layout.keys_sha256 == dataset.keys_digest(["r12", "r13"])  # the run's files hold only the new keys
     untouched = s3.head_object(Bucket=BUCKET, Key="rescore/part-00002.parquet")["ETag"]
-    sink = dataset_files.DatasetSink(s3, BUCKET, "rescore/", 5, METADATA, appending=plan)
+    sink = dataset_files.DatasetSink(s3, BUCKET, "rescore/", 5, METADATA, appending=layout)
     sink.write([rows_batch(found.new.keys.to_pylist(), fail=frozenset({"r08"}), class_id=3)])
     sink.close()
-    assert [f["key"] for f in sink.files] == [f"rescore/part-{plan.run}-00000.parquet"]
+    assert [f["key"] for f in sink.files] == [f"rescore/part-{layout.run}-00000.parquet"]
     assert [(f["key"], f["replaced"]) for f in sink.rewritten] == [("rescore/part-00000.parquet", 1),
                                                                    ("rescore/part-00001.parquet", 2)]
     assert s3.head_object(Bucket=BUCKET, Key="rescore/part-00002.parquet")["ETag"] == untouched
@@ -296,16 +296,17 @@ def test_a_skip_existing_plan_appends_where_a_plain_run_is_refused(s3, moto_endp
     images = listed(["p0", "p1", "p2"])
     with pytest.raises(JobError, match=r"already exists; add --skip-existing to score only the keys it lacks, or "
                                        r"--overwrite"):
-        claim.plan_output(config_for("plan/", moto_endpoint), s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"),
+        claim.claim_workload(config_for("plan/", moto_endpoint), s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"),
                            images, FINGERPRINT, dry=True)
     cfg = config_for("plan/", moto_endpoint, skip_existing=True)
     found = dataset.find(cfg, s3, images)
-    plan = claim.plan_output(cfg, s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"), found.new, FINGERPRINT, dry=True,
-                              inputs=claim.PlanInputs((8, "given"), found))
-    assert plan.todo.keys.to_pylist() == ["p2"] and plan.dataset.run and not plan.resumed
+    work = work_prefix.WorkPrefix(s3, BUCKET, "plan/")
+    workload = claim.claim_workload(cfg, s3, work, found.new, FINGERPRINT, dry=True,
+                                    inputs=claim.WorkloadInputs((8, "given"), found))
+    assert workload.todo.keys.to_pylist() == ["p2"] and workload.layout.run and not workload.resumed
     with pytest.raises(JobError, match=r"made with other settings"):
-        claim.plan_output(cfg, s3, work_prefix.WorkPrefix(s3, BUCKET, "plan/"), found.new, {**FINGERPRINT, "top_k": 3},
-                           dry=True, inputs=claim.PlanInputs((8, "given"), found))
+        claim.claim_workload(cfg, s3, work, found.new, {**FINGERPRINT, "top_k": 3},
+                             dry=True, inputs=claim.WorkloadInputs((8, "given"), found))
 
 
 # ----------------------------------------------------------------------------

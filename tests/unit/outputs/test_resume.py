@@ -171,14 +171,14 @@ def test_an_existing_output_is_refused_and_left_untouched_unless_overwrite(s3):
     images = listing.Listing.build(BUCKET, ["in/a.jpg"], [1])
     with pytest.raises(errors.JobError, match=r"s3://resume-bucket/done/out.jsonl \(or its summary\) already "
                                                   r"exists; add --overwrite to replace it"):
-        claim.plan_output(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
+        claim.claim_workload(config("done/out.jsonl"), s3, work, images, {"top_k": 2})
     assert read(s3, "done/out.jsonl") == b"yesterday's results\n" and not work.exists()
-    plan = claim.plan_output(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
+    plan = claim.claim_workload(config("done/out.jsonl", "--overwrite"), s3, work, images, {"top_k": 2})
     assert plan.todo is images and work.read_job()["fingerprint"] == {"top_k": 2}
     # --resume of a finished output (no work prefix left) has nothing to do.
     work.remove()
     with pytest.raises(claim.Completed, match=r"s3://resume-bucket/done/out\.jsonl"):
-        claim.plan_output(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
+        claim.claim_workload(config("done/out.jsonl", "--resume"), s3, work, images, {"top_k": 2})
 
 
 def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, monkeypatch):
@@ -189,12 +189,12 @@ def test_a_second_yarn_attempt_of_the_same_application_resumes_by_itself(s3, mon
     s3.put_object(Bucket=BUCKET, Key=partition.part_key(run.prefix, 0), Body=lines_part([]))
     images = listing.Listing.build(BUCKET, keys, [1] * len(keys))
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0007_02_000001")
-    plan = claim.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+    plan = claim.claim_workload(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
     assert plan.resumed and [k for k, _ in plan.todo] == ["c", "d"] and plan.number == 2
     # Attempt 2 of another application never takes this work over.
     monkeypatch.setenv("CONTAINER_ID", "container_e05_1700000000000_0008_02_000001")
     with pytest.raises(errors.JobError, match="holds an earlier run's progress"):
-        claim.plan_output(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
+        claim.claim_workload(config("yarn/out.jsonl"), s3, work, images, {"top_k": 2})
 
 
 def test_yarn_attempt_is_read_from_the_container_id(monkeypatch):

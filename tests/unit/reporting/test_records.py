@@ -30,7 +30,7 @@ WHERE = {"output": "s3://o/k.jsonl", "summary": "s3://o/k.jsonl.summary.json",
          "report": "s3://o/k.jsonl.report.html", "status": "s3://o/k.jsonl.status.json"}
 T0 = 1_700_000_000.0
 WORKER = "host/1/7"
-#: What the driver adds to the summary after summarize, in its order (scoring.planned_run).
+#: What the driver adds to the summary after summarize, in its order (scoring.end_run).
 DRIVER_FIELDS = {
     "precision": {"precision": "fp32"},
     "batch_size_choice": {"chosen": 64, "requested": 64, "why": "--batch-size 64"},
@@ -78,7 +78,7 @@ def summary_of(**driver_fields) -> dict:
         images=640, batches=10, fold=StatsFold.of(task(n) for n in range(1, 11)),
         counts=AssemblyCounts(predicted=630, failed=10, parts_read=10, bytes_read=4096), elapsed=12.5,
         model_summary={"num_classes": 10}, seconds=dict(DRIVER_SECONDS),
-        plan=work_prefix.Plan(runs=[], todo=keys, number=1, resumed=False), fingerprint={"task": "classify"},
+        workload=work_prefix.Workload(runs=[], todo=keys, number=1, resumed=False), fingerprint={"task": "classify"},
         spark=copy.deepcopy(SPARK), skipped_keys={"count": 1, "why": "not ending in .png", "examples": ["p/x.txt"]},
         **copy.deepcopy(driver_fields)))
     return json.loads(json.dumps(made))
@@ -166,15 +166,15 @@ def test_the_status_status_document_makes_is_valid_and_a_bad_one_is_refused():
 
 
 def test_a_bad_plan_is_refused_naming_the_field():
-    plan = {"input": "s3://in/p/", "output": None, "output_format": "jsonl", "output_writable": None, "images": 5,
+    workload = {"input": "s3://in/p/", "output": None, "output_format": "jsonl", "output_writable": None, "images": 5,
             "to_score": 5, "batch_size": 2, "batch_size_choice": {}, "batches": 3, "partitions": 3,
             "plan_bytes": 24, "first_key": "p/0.png", "last_key": "p/4.png", "model": {}, "sample": {"key": "p/0.png"},
             "sample_seconds": {"task": 0.2}, "estimate": None}
-    assert record_fields.to_json(record_fields.from_json(records.Plan, plan)) == plan
+    assert record_fields.to_json(record_fields.from_json(records.Plan, workload)) == workload
     with pytest.raises(ValueError, match=r"plan: required field 'dataset\.files_kept' is missing"):
-        record_fields.from_json(records.Plan, {**plan, "dataset": {"rows_per_file": 2, "why": "w", "files": 3}})
+        record_fields.from_json(records.Plan, {**workload, "dataset": {"rows_per_file": 2, "why": "w", "files": 3}})
     with pytest.raises(ValueError, match=r"plan: field 'sample_seconds\.task' must be a number, got '0\.2'"):
-        record_fields.from_json(records.Plan, {**plan, "sample_seconds": {"task": "0.2"}})
+        record_fields.from_json(records.Plan, {**workload, "sample_seconds": {"task": "0.2"}})
 
 
 def test_a_field_left_out_is_not_written_and_none_is_written_as_null():

@@ -191,10 +191,10 @@ def test_the_summary_counts_and_names_the_keys_a_prefix_listing_skipped():
     cfg = config.resolve(config.merge_settings({"input": "s3://b/in/", "model": "s3://m/r",
                                                 "output": "s3://b/o.jsonl"}, {}))
     skipped = {"count": 11, "why": "not ending in .jpg", "examples": [f"in/{i}.txt" for i in range(10)]}
-    plan = work_prefix.Plan(runs=[], todo=[], number=1, resumed=False)
+    workload = work_prefix.Workload(runs=[], todo=[], number=1, resumed=False)
     made = summary.summarize(cfg, summary.RunOutcome(
         images=0, batches=0, fold=StatsFold(), counts=merge.AssemblyCounts(), elapsed=1.0, model_summary={},
-        seconds={}, plan=plan, fingerprint={}, skipped_keys=skipped))
+        seconds={}, workload=workload, fingerprint={}, skipped_keys=skipped))
     assert made["skipped_keys"] == skipped
     # Listed and skipped beside each other, before the figures of the scoring.
     assert list(made)[list(made).index("keys_listed") + 1] == "skipped_keys"

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mxjob.executor import partition
-from mxjob.inputs import extsort, listing, manifest, manifest_text, plan_file
+from mxjob.inputs import batch_list, extsort, listing, manifest, manifest_text
 from mxjob.options.config import merge_settings, resolve
 from mxjob.outputs import fingerprint, jsonl, merge, parquet, work_prefix
 from mxjob.run import keys
@@ -83,8 +83,9 @@ def test_the_plan_holds_keys_and_sizes_only(tmp_path):
     path.write_text(csv_text())
     images = manifest.read_manifest(str(path), suffixes=SUFFIXES)
     out = io.BytesIO()
-    plan_file.write_plan(images, 2, out.write)
-    assert [batch.schema for batch in plan_file.read_plan(io.BytesIO(out.getvalue()))] == [plan_file.PLAN_SCHEMA] * 2
+    batch_list.write_batches(images, 2, out.write)
+    schemas = [batch.schema for batch in batch_list.read_batches(io.BytesIO(out.getvalue()))]
+    assert schemas == [batch_list.BATCHES_SCHEMA] * 2
 
 
 @pytest.mark.parametrize("name", ["predictions", "error", "Key", "etag", "size"])

@@ -174,6 +174,6 @@ def test_without_the_java_context_handle_the_executors_are_not_listed_and_the_wa
     sc = FakeSparkContext(RuntimeError("unused"))
     del sc._jsc
     with caplog.at_level(logging.WARNING, logger=cluster.__name__):
-        assert cluster.thread_plan(sc, wait_seconds=0.1) is None  # workers size their threads without the plan
+        assert cluster.host_threads(sc, wait_seconds=0.1) is None  # workers size their threads without the plan
     [warning] = warnings_of(caplog)
     assert "through PySpark's private SparkContext._jsc" in warning and "has no SparkContext._jsc" in warning

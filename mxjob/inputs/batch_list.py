@@ -1,8 +1,8 @@
-"""The run's plan file: its keys in batch order, one Arrow record batch per batch, read by the executors.
+"""The run's batch list: its keys in batch order, one Arrow record batch per batch, read by the executors.
 
-The driver writes it once under the work prefix (:func:`write_plan`); each
+The driver writes it once under the work prefix (:func:`write_batches`); each
 Spark partition holds one ``(offset, length)`` span, and its task reads
-that batch's keys with one ranged GET (:func:`read_plan_batch`), so the
+that batch's keys with one ranged GET (:func:`read_batch`), so the
 driver never ships key lists through Spark.
 """
 
@@ -17,14 +17,14 @@ import pyarrow as pa
 
 from mxjob.s3.parallel_list import KEY_TYPE
 
-if TYPE_CHECKING:  # the driver's key list: the executors read a plan, never a Listing
+if TYPE_CHECKING:  # the driver's key list: the executors read a batch list, never a Listing
     from mxjob.inputs.listing import Listing
 
 log = logging.getLogger(__name__)
 
 
-#: A run's plan: one Arrow record batch per job batch (see :func:`write_plan`).
-PLAN_SCHEMA = pa.schema([("key", KEY_TYPE), ("size", pa.int64())])
+#: A run's batch list: one Arrow record batch per job batch (see :func:`write_batches`).
+BATCHES_SCHEMA = pa.schema([("key", KEY_TYPE), ("size", pa.int64())])
 
 
 class _CountingFile(io.RawIOBase):
@@ -47,7 +47,7 @@ class _CountingFile(io.RawIOBase):
         return self.position
 
 
-def write_plan(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
+def write_batches(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
     """Write ``keys`` as an Arrow IPC stream of one record batch per job batch; return each batch's span.
 
     Parameters
@@ -58,24 +58,24 @@ def write_plan(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]:
         Keys per batch: batch ``i`` holds rows ``i * batch_size`` onwards.
     sink : callable
         Called with each piece of the stream (``bytes``), in order: for
-        example a :class:`writes.MultipartWriter`'s ``write``, so the plan
+        example a :class:`writes.MultipartWriter`'s ``write``, so the batch list
         streams to S3 without ever being whole in memory.
 
     Returns
     -------
     list of (int, int)
         ``(offset, length)`` in the stream of each batch's message: what
-        :func:`read_plan_batch` decodes after a ranged GET. Buffers are zstd
+        :func:`read_batch` decodes after a ranged GET. Buffers are zstd
         compressed per batch, so a batch reads alone.
     """
     out = _CountingFile(sink)
     spans = []
     options = pa.ipc.IpcWriteOptions(compression="zstd")
-    with pa.ipc.new_stream(out, PLAN_SCHEMA, options=options) as writer:
-        # The plan holds keys and sizes only: carried columns stay on the driver, for the assembly.
-        for batch in rebatch((table.select(PLAN_SCHEMA.names) for table in keys.tables()), batch_size):
+    with pa.ipc.new_stream(out, BATCHES_SCHEMA, options=options) as writer:
+        # The batch list holds keys and sizes only: carried columns stay on the driver, for the assembly.
+        for batch in rebatch((table.select(BATCHES_SCHEMA.names) for table in keys.tables()), batch_size):
             before = out.tell()
-            writer.write_batch(batch.cast(PLAN_SCHEMA))
+            writer.write_batch(batch.cast(BATCHES_SCHEMA))
             spans.append((before, out.tell() - before))
     return spans
 
@@ -86,7 +86,7 @@ def rebatch(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.RecordBatch]:
     Each batch's columns are copied into buffers of their own, exactly its
     rows' bytes, whatever chunks the tables came in: the IPC writer writes a
     sliced string column's data up to 64 bytes past the slice's end (its
-    alignment), so a slice's bytes in a plan would depend on the keys after
+    alignment), so a slice's bytes in a batch list would depend on the keys after
     it in memory. Copied, the same rows give the same bytes, whether the
     keys were held in memory or streamed from sorted runs on disk. Holds at
     most one input table and one batch besides.
@@ -107,18 +107,18 @@ def _compact(table: pa.Table) -> pa.RecordBatch:
                                       schema=table.schema)
 
 
-def read_plan_batch(data: bytes) -> list[tuple[str, int]]:
-    """The ``(key, size)`` pairs of one batch (the bytes of a span :func:`write_plan` returned).
+def read_batch(data: bytes) -> list[tuple[str, int]]:
+    """The ``(key, size)`` pairs of one batch (the bytes of a span :func:`write_batches` returned).
 
     The first batch's span also holds the stream's schema message, which is skipped.
     """
     for message in pa.ipc.MessageReader.open_stream(pa.py_buffer(data)):
         if message.type == "record batch":
-            batch = pa.ipc.read_record_batch(message, PLAN_SCHEMA)
+            batch = pa.ipc.read_record_batch(message, BATCHES_SCHEMA)
             return list(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()))
-    raise ValueError(f"no record batch in {len(data)} bytes of a plan")
+    raise ValueError(f"no record batch in {len(data)} bytes of a batch list")
 
 
-def read_plan(source) -> Iterator[pa.RecordBatch]:
-    """Every batch of a plan stream (``bytes`` or a readable file, such as a GET's body), in order."""
+def read_batches(source) -> Iterator[pa.RecordBatch]:
+    """Every batch of a batch list stream (``bytes`` or a readable file, such as a GET's body), in order."""
     yield from pa.ipc.open_stream(source)

@@ -146,7 +146,7 @@ docs: $(STAMP) ## Regenerate docs/options.md and conf/defaults.yaml (mxjob/optio
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: $(STAMP) $(LOCAL_SPARK) ## Throughput (L, S, E) and memory on this machine, printed as a table (about 4 min; BENCH_ARGS=--quick; BENCH_ARGS='--tasks embed,detect': embed and detect rows beside classify on the first --models model, five more spark-submit runs)
+bench: $(STAMP) $(LOCAL_SPARK) ## Throughput (L, S, E), what each tuning option gains, and memory on this machine, printed as a table (about 25 min; BENCH_ARGS='--option-rounds 0': about 4, without the option rows; BENCH_ARGS=--quick; BENCH_ARGS='--tasks embed,detect': embed and detect rows beside classify on the first --models model, five more spark-submit runs)
 	$(PY) -m bench.run_bench $(BENCH_ARGS)
 
 .PHONY: bench-int8

@@ -34,15 +34,18 @@ Not a test: it prints measurements. In one run it
 5. large photos (``--large-images``, 0 skips): 8-12 MP JPEGs made from the
    real photos (``demo/photos.py``): decode CPU per image with and without
    DCT scaling (``probes.py decode``), S and E with the first model;
-6. the MXNet threads each Python worker ran with, and the summary's warning if
+6. the option rows (``bench/option_gains.py``; ``--option-rounds 0`` skips
+   them): on each model, the job at its defaults beside one tuning option or
+   fast path changed, and what the default gains in E and CPU per image;
+7. the MXNet threads each Python worker ran with, and the summary's warning if
    threads x executors do not fill a host's cores;
-7. memory: one Python worker's RSS after its 10th and 200th task of a long
+8. memory: one Python worker's RSS after its 10th and 200th task of a long
    run (the small model, batch 16, one executor), and the driver's peak RSS
    for 10,000 and 100,000 results from a fake fast model (``probes driver``).
 
 Usage::
 
-    python -m bench.run_bench            # everything (about 10 minutes here)
+    python -m bench.run_bench            # everything (about 25 minutes here)
     python -m bench.run_bench --quick    # a smoke run: small model, few images (about a minute)
 """
 

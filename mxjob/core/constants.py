@@ -33,7 +33,6 @@ class DEFAULT:
     bucket = None
     prefix = ''
     input_manifest = None
-    list_concurrency = 16
     suffixes = ('.jpg', '.jpeg', '.png', '.gif', '.bmp', '.tif', '.tiff', '.webp')
     limit = None
     model = None
@@ -75,14 +74,8 @@ class DEFAULT:
     endpoint_url = None
     region = None
     s3_max_attempts = 5
-    s3_reader = 'lean'
     max_errors = '1%'
     max_object_bytes = 52428800
-    io_threads = 16
-    max_in_flight = 128
-    micro_batch_size = 16
-    threads = None
-    forward_lanes = None
     precision = 'fp32'
     calibration_images = 256
     min_agreement = 0.99
@@ -96,9 +89,16 @@ class DEFAULT:
     app_name = 'mxnet-batch-inference'
     log_level = 'INFO'
     progress_seconds = 15.0
+    list_concurrency = 16
+    s3_reader = 'lean'
+    io_threads = 16
+    max_in_flight = 128
+    micro_batch_size = 16
+    threads = None
+    forward_lanes = None
 
 
 #: The settings an executor reads (``to="executor"``): ``JobSpec``'s option fields, in table order.
 EXECUTOR_SETTINGS = ("with_object_metadata", "batch_size", "task", "top_k", "embedding_dtype", "normalize",
-    "min_score", "max_detections", "endpoint_url", "region", "s3_max_attempts", "s3_reader", "max_object_bytes",
-    "io_threads", "max_in_flight", "micro_batch_size", "threads", "forward_lanes", "precision")
+    "min_score", "max_detections", "endpoint_url", "region", "s3_max_attempts", "max_object_bytes", "precision",
+    "s3_reader", "io_threads", "max_in_flight", "micro_batch_size", "threads", "forward_lanes")

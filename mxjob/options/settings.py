@@ -62,8 +62,10 @@ from mxjob.options.option_types import (
 #: Where a setting goes (:attr:`Setting.to`).
 DESTINATIONS = ("driver", "executor", "model", "preprocess", "resolve")
 #: The sections of ``--help``'s reference, ``conf/defaults.yaml`` and ``docs/options.md``, in order.
-SECTIONS = ("input", "model", "output", "scoring", "preprocessing", "S3", "failures", "executors", "int8", "estimate",
-            "run")
+#: ``tuning`` comes last: options that change how fast the job runs, never what it writes, each kept because
+#: ``make bench`` measured a gain (docs/performance.md, "Tuning knobs") or a user needs it; the defaults fit.
+SECTIONS = ("input", "model", "output", "scoring", "preprocessing", "S3", "failures", "int8", "estimate", "run",
+            "tuning")
 
 REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
                    "aws_session_token")
@@ -251,9 +253,6 @@ SETTINGS: tuple[Setting, ...] = (
        "Score the keys this file names (path or s3://) instead of listing: text (a key or s3://B/K a line), CSV "
        "(bucket,key[,size]) or an S3 Inventory manifest.json; --input then filters by bucket and prefix.",
        metavar="URI", to="resolve"),
-    _s("list_concurrency", "--list-concurrency", "input",
-       "List calls in flight while listing --input: enough to hide S3's per-page latency, far below its request "
-       "rate per prefix.", default=16, type=count(1, MAX_LIST_CALLS)),
     _s("suffixes", "--suffixes", "input", "Comma-separated image suffixes, case-insensitive.",
        default=(".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"), type=Suffixes()),
     _s("limit", "--limit", "input", "Score only the first N keys (sorted).", type=count()),
@@ -358,36 +357,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("s3_max_attempts", "--s3-max-attempts", "S3",
        "Attempts per S3 request (botocore standard retries), for every S3 client of the job.",
        default=5, type=count(1, 100), to="executor"),
-    _s("s3_reader", "--s3-reader", "S3",
-       "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
-       "parser, both with botocore's internals; botocore: only boto3's public API.",
-       default=S3_READERS[0], type=click.Choice(S3_READERS, case_sensitive=False),
-       to="executor"),
     # --- failures
     _s("max_errors", "--max-errors", "failures",
        "Exit 3 if more images than this fail (still writing all output).", default="1%",
        type=CheckedText("N|P%", parse_max_errors)),
     _s("max_object_bytes", "--max-object-bytes", "failures", "Larger objects become error lines, undownloaded.",
        default=50 * 1024 * 1024, type=count(1, MAX_OBJECT_BYTES), to="executor", fingerprint=True),
-    # --- executors
-    _s("io_threads", "--io-threads", "executors",
-       "Download and decode threads per executor: enough requests in flight to hide S3's latency.", default=16,
-       type=count(1, MAX_IO_THREADS), to="executor"),
-    _s("max_in_flight", "--max-in-flight", "executors",
-       "Images downloaded or decoded ahead of the model, per executor (bounds memory).", default=128,
-       type=count(1, MAX_BATCH), to="executor"),
-    _s("micro_batch_size", "--micro-batch-size", "executors",
-       "Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first "
-       "ones while the rest download.", default=16, type=count(1, MAX_BATCH), to="executor"),
-    _s("threads", "--threads", "executors", "MXNet/OpenMP threads per executor.", type=count(1, MAX_THREADS),
-       to="executor",
-       show_default="spark.executorEnv.OMP_NUM_THREADS if set, else the host's cores divided among its executors"),
-    _s("forward_lanes", "--forward-lanes", "executors",
-       "Forward passes an executor runs at once, each on its own copy of the model with --threads / lanes "
-       "MXNet threads: a pass on several threads stalls whenever one of them is preempted, independent passes "
-       "do not. Each lane adds a copy of the model and its activations to the executor's memory.",
-       type=count(1, MAX_THREADS), to="executor",
-       show_default="the largest divisor of the threads up to 4; 1 on a GPU or with --handler"),
     # --- int8
     _s("precision", "--precision", "int8",
        "int8: quantize the model once (oneDNN), calibrated on the job's own images, and run only if it agrees "
@@ -435,6 +410,33 @@ SETTINGS: tuple[Setting, ...] = (
        type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case_sensitive=False)),
     _s("progress_seconds", "--progress-seconds", "run", "Seconds between progress lines.", default=15.0,
        type=FiniteNumber(min=1, max=3600)),
+    # --- tuning
+    _s("list_concurrency", "--list-concurrency", "tuning",
+       "List calls in flight while listing --input: enough to hide S3's per-page latency, far below its request "
+       "rate per prefix.", default=16, type=count(1, MAX_LIST_CALLS)),
+    _s("s3_reader", "--s3-reader", "tuning",
+       "lean: most GETs signed and sent by the job itself (about 1.3 ms less CPU each) and a faster listing "
+       "parser, both with botocore's internals; botocore: only boto3's public API.",
+       default=S3_READERS[0], type=click.Choice(S3_READERS, case_sensitive=False),
+       to="executor"),
+    _s("io_threads", "--io-threads", "tuning",
+       "Download and decode threads per executor: enough requests in flight to hide S3's latency.", default=16,
+       type=count(1, MAX_IO_THREADS), to="executor"),
+    _s("max_in_flight", "--max-in-flight", "tuning",
+       "Images downloaded or decoded ahead of the model, per executor (bounds memory).", default=128,
+       type=count(1, MAX_BATCH), to="executor"),
+    _s("micro_batch_size", "--micro-batch-size", "tuning",
+       "Images per forward pass (the module's bound batch), at most --batch-size: the model starts on the first "
+       "ones while the rest download.", default=16, type=count(1, MAX_BATCH), to="executor"),
+    _s("threads", "--threads", "tuning", "MXNet/OpenMP threads per executor.", type=count(1, MAX_THREADS),
+       to="executor",
+       show_default="spark.executorEnv.OMP_NUM_THREADS if set, else the host's cores divided among its executors"),
+    _s("forward_lanes", "--forward-lanes", "tuning",
+       "Forward passes an executor runs at once, each on its own copy of the model with --threads / lanes "
+       "MXNet threads: a pass on several threads stalls whenever one of them is preempted, independent passes "
+       "do not. Each lane adds a copy of the model and its activations to the executor's memory.",
+       type=count(1, MAX_THREADS), to="executor",
+       show_default="the largest divisor of the threads up to 4; 1 on a GPU or with --handler"),
 )
 
 #: Every setting by name.

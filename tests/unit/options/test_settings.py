@@ -92,7 +92,7 @@ def test_job_spec_carries_every_executor_setting_of_the_run_and_pickles():
 
 def test_a_new_setting_reaches_every_destination_from_its_declaration_alone(monkeypatch):
     """What docs/layout.md promises: declare it in SETTINGS, run make docs, and every layer has it."""
-    extra = settings.Setting("decode_threads", ("--decode-threads",), "executors", "Test only.", default=3,
+    extra = settings.Setting("decode_threads", ("--decode-threads",), "tuning", "Test only.", default=3,
                              type=option_types.WholeNumber(min=1), to="executor", fingerprint=True, task="detect")
     monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, extra))
     # The command line (and so --help): its option, typed.
@@ -207,3 +207,10 @@ def test_a_bad_declaration_is_refused_at_import(kwargs, match):
 def test_help_lists_every_setting_in_table_order():
     options = [p for p in config.OPTIONS if isinstance(p, click.Option) and not p.hidden and p.name != "config_uri"]
     assert [p.name for p in options] == [s.name for s in settings.SETTINGS]
+
+
+def test_the_table_is_in_section_order_so_the_tuning_options_come_last_in_help():
+    order = [settings.SECTIONS.index(s.section) for s in settings.SETTINGS]
+    assert order == sorted(order)
+    assert {s.name for s in settings.SETTINGS[-7:]} == {"list_concurrency", "s3_reader", "io_threads", "max_in_flight",
+                                                        "micro_batch_size", "threads", "forward_lanes"}

@@ -65,7 +65,7 @@ class _Retry(Exception):
 
 
 class ObjectReader:
-    """Whole-object GETs that cost about 1 ms of CPU each instead of botocore's 2.5.
+    """Whole-object GETs at less than half the CPU of botocore's ``get_object`` (docs/performance.md).
 
     botocore's ``get_object`` runs event hooks, endpoint rules, response
     parsing and per-call bookkeeping on every request; on an executor that
@@ -220,9 +220,8 @@ class ObjectReader:
 def _signed_get(credentials, region: str, url: str, user_agent: str | None) -> botocore.awsrequest.AWSRequest:
     """The lean path's GET of ``url``, signed as botocore signs ``get_object``'s (public ``S3SigV4Auth``).
 
-    A hand-written signer saved 0.05 ms of CPU a GET (0.015 against 0.066 ms
-    to sign; 0.52 against 0.60 ms a GET with the send, ``make bench-worker``
-    on a shared 2-vCPU AMD EPYC): not worth a second SigV4 implementation.
+    A hand-written signer saved too little CPU a GET to be worth a second
+    SigV4 implementation (docs/performance.md, "Figures behind the code").
     """
     headers = {"x-amz-checksum-mode": "ENABLED"}  # botocore's get_object asks for the object's checksum too
     if user_agent:
@@ -263,10 +262,10 @@ def s3_reader(
     ``kind="lean"`` reads through a client of the reader's own (cached apart
     from :func:`s3_client`'s, see :func:`cached_client`), since its lean path
     registers a ``before-send`` hook on it. ``kind="botocore"`` turns the lean
-    path off: every GET is botocore's own ``get_object`` (about 1.3 ms more
-    CPU each) on :func:`s3_client`'s plain client, no hook of ours anywhere,
-    for an endpoint or a credential provider the lean path does not serve as
-    you need.
+    path off: every GET is botocore's own ``get_object`` (more CPU each) on
+    :func:`s3_client`'s plain client, no hook of ours anywhere, for an
+    endpoint or a credential provider the lean path does not serve as you
+    need.
     """
     if kind not in S3_READERS:
         raise ValueError(f"s3 reader {kind!r}: choose one of {', '.join(S3_READERS)}")

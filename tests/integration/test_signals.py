@@ -2,7 +2,7 @@
 
 Through spark-submit on local-cluster, slowed down by a proxy adding latency
 to every S3 request: once the first batch is durable, SIGTERM goes to one
-process only (not the process group, which tests/unit/outputs/test_resume.py signals). The
+process only (not the process group, which tests/integration/test_resume.py signals). The
 job must stop within seconds, with one line that says "Interrupted" and how
 to resume, not "failed".
 """

@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the merge of parts from two workers and a lost executor are what the suite runs. make run-local's own
 #: layout (demo.run_local.MASTER) runs in tests/demo/test_run_local.py and tests/demo/test_submit.py.
 MASTER = "local-cluster[2,1,1024]"
+#: The two labels of the tests' small detector (tests/integration/test_tasks.py's job) and of the example rows
+#: tests/unit/reporting/test_output_docs.py writes.
+CLASSES = ("cat", "dog")
 
 
 def encode(img: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:

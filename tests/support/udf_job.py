@@ -1,4 +1,4 @@
-"""Score a folder of PNGs with ``mxinfer.model_udf`` on Spark; ``tests/unit/executor/test_udf.py`` spark-submits it::
+"""Score a folder of PNGs with ``mxinfer.model_udf`` on Spark; ``tests/integration/test_udf.py`` spark-submits it::
 
     spark-submit --py-files dist/mxinfer_job.zip tests/support/udf_job.py IMAGES_DIR MODEL_PREFIX OUT.json
 

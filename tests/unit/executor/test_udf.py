@@ -1,43 +1,20 @@
-"""mxinfer.model_udf: a DataFrame column of image bytes to top-k predictions.
+"""mxinfer.model_udf: a DataFrame column of image bytes to top-k predictions, without Spark.
 
-One spark-submit of ``tests/support/udf_job.py`` on local-cluster (two executors, the
-modules shipped with ``--py-files``) proves it on Spark; the executor side is
-also tested in this process, without Spark.
+The executor side, in this process: ``score_images``, the UDF's batches, its
+arguments and recipe. ``tests/integration/test_udf.py`` proves it on Spark
+(one spark-submit of ``tests/support/udf_job.py`` on local-cluster).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
-import numpy as np
 import pandas as pd
 import pytest
 
 import mxinfer
 from demo import make_demo
-from demo.run_local import spark_env, spark_submit_command
 from mxjob.core import state
 from mxjob.executor import udf
-from tests.support.helpers import MASTER, ROOT
-
-SHAPE = make_demo.INPUT_SHAPE
-
-
-def digit_pngs(count: int) -> list[bytes]:
-    (_, _), (test_x, _) = make_demo.digits_split()
-    return [make_demo.digit_png(img) for img in test_x[:count]]
-
-
-def reference(logits_prefix, images: list[bytes], top_k: int = 3):
-    clf = mxinfer.ImageClassifier(str(logits_prefix), SHAPE, batch_size=4, preprocess=make_demo.PREPROCESS)
-    return clf.classify_images(images, top_k=top_k)
-
-
-def assert_same(predictions: list[dict], expected: list[tuple]) -> None:
-    assert [(p["class_id"], p["label"]) for p in predictions] == [(c, label) for c, label, _ in expected]
-    np.testing.assert_allclose([p["probability"] for p in predictions], [p for _, _, p in expected], atol=1e-6)
+from tests.support.udf_reference import SHAPE, assert_same, digit_pngs, reference
 
 
 def test_score_images_matches_classify_images_with_per_row_errors(logits_prefix):
@@ -95,37 +72,3 @@ def test_model_udf_takes_the_jobs_whole_recipe_decode_included(logits_prefix, mo
     for predict in made:
         list(predict(iter([pd.Series([], dtype=object)])))
     assert [(p.decode, p.resize) for p in seen] == [("draft", "short-side-crop"), ("exact", "short-side-crop")]
-
-
-@pytest.fixture(scope="module")
-def udf_run(tmp_path_factory, logits_prefix):
-    """spark-submit tests/support/udf_job.py on local-cluster over 14 digit PNGs and one bad file."""
-    work = tmp_path_factory.mktemp("udf")
-    images = work / "images"
-    images.mkdir()
-    pngs = digit_pngs(14)
-    for i, png in enumerate(pngs):
-        (images / f"{i:02d}.png").write_bytes(png)
-    (images / "bad.png").write_bytes(b"<html>403</html>")
-    out = work / "out.json"
-    command = spark_submit_command([str(images), str(logits_prefix), str(out)], MASTER)
-    command[command.index(str(ROOT / "infer_main.py"))] = str(ROOT / "tests" / "support" / "udf_job.py")
-    result = subprocess.run(command, env=spark_env(), cwd=str(work), capture_output=True, text=True,
-                            timeout=600, check=False)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    rows = {Path(path).name: value for path, value in json.loads(out.read_text()).items()}
-    return rows, pngs
-
-
-@pytest.mark.spark
-def test_model_udf_on_local_cluster_gives_classify_images_predictions(udf_run, logits_prefix):
-    rows, pngs = udf_run
-    assert len(rows) == 16
-    expected = reference(logits_prefix, pngs)
-    for i, want in enumerate(expected):
-        row = rows[f"{i:02d}.png"]
-        assert row["error"] is None
-        assert_same(row["predictions"], want)
-    assert rows["bad.png"]["predictions"] is None
-    assert rows["bad.png"]["error"]["stage"] == "decode"
-    assert rows["null"] == {"predictions": None, "error": None}

@@ -17,7 +17,7 @@ from mxjob.int8 import int8_prep
 from mxjob.int8.int8 import agreement_refusal, int8_excluded, weight_layers
 from mxjob.int8.int8_search import SearchResult, Trial
 from mxjob.options import config
-from tests.support.helpers import bucket_with_effnet, bucket_with_model, spark_submit
+from tests.support.helpers import bucket_with_effnet
 
 BASE = {"input": "s3://in/p/", "model": "s3://m/r", "output": "s3://o/k.jsonl"}
 
@@ -178,38 +178,6 @@ def test_int8_exclude_auto_on_the_real_model_passes_faster_or_refuses_with_the_b
     assert re.search(r"The best: layers .* top-1 agreement [0-9.]+%, speed-up [0-9.]+x\. Nothing was scored",
                      result.output), result.output
     assert written_but_the_status(s3) == []
-
-
-@pytest.mark.spark
-def test_the_executors_score_with_the_drivers_int8_checkpoint(moto_endpoint, demo_dir, tmp_path):
-    s3 = bucket_with_model(moto_endpoint, "int8-job", demo_dir / "model")
-    paths = sorted((demo_dir / "images").rglob("*.png"))[:40]
-    keys = [f"imgs/{p.parent.name}/{p.name}" for p in paths]
-    for key, path in zip(keys, paths):
-        s3.put_object(Bucket="int8-job", Key=key, Body=path.read_bytes())
-    result = spark_submit(["--input", "s3://int8-job/imgs/", "--model", "s3://int8-job/model/digits",
-                           "--output", "s3://int8-job/out/p.jsonl", "--endpoint-url", moto_endpoint,
-                           "--input-shape", "3,32,32", "--std", "255", "--batch-size", "8", "--top-k", "10",
-                           "--precision", "int8", "--calibration-images", "20", "--min-agreement", "0.8"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(s3.get_object(Bucket="int8-job", Key="out/p.jsonl.summary.json")["Body"].read())
-    assert summary["precision"]["precision"] == "int8" and summary["precision"]["images"] == 20
-    assert summary["precision"]["top1_agreement"] >= 0.8 and summary["predicted"] == 40
-    # The same documented sample, quantized here, gives the job's probabilities.
-    by_key = dict(zip(keys, paths))
-    listing = sorted((key, path.stat().st_size) for key, path in by_key.items())
-    calibration, _ = int8_prep.sample_keys(listing, 20)
-    arrays = np.stack([mxinfer.decode_image(by_key[k].read_bytes(), make_demo.PREPROCESS) for k, _ in calibration])
-    spec = mxinfer.ModelSpec.from_prefix(str(demo_dir / "model" / "digits"), labels_uri="")
-    int8 = mxinfer.Classifier(mxinfer.quantize_int8(spec, make_demo.INPUT_SHAPE, arrays, str(tmp_path / "q")),
-                              make_demo.INPUT_SHAPE, 8)
-    lines = [json.loads(line) for line in
-             s3.get_object(Bucket="int8-job", Key="out/p.jsonl")["Body"].read().decode().splitlines()]
-    mine = int8.probabilities(np.stack([mxinfer.decode_image(by_key[line["key"]].read_bytes(),
-                                                             make_demo.PREPROCESS) for line in lines]))
-    for line, row in zip(lines, mine):
-        got = {p["class_id"]: p["probability"] for p in line["predictions"]}
-        np.testing.assert_allclose([got[c] for c in range(10)], row, atol=1e-4)
 
 
 def test_a_model_that_cannot_be_quantized_fails_with_what_to_do(monkeypatch, logits_prefix):

@@ -1,4 +1,4 @@
-"""The assembly while the Spark job runs (mxjob.outputs.assembly, merge.LiveRun), without Spark but the last test.
+"""The assembly while the Spark job runs (mxjob.outputs.assembly, merge.LiveRun), without Spark.
 
 Parts are written by a thread of the test, and each task's stats applied as
 the driver's accumulator server applies them, while the assembly follows the
@@ -6,8 +6,8 @@ run: it merges each part it is told of without listing, finds a part whose
 notice was lost by listing, gives the output an assembly after the job would
 give, stops (and aborts its upload) when the job fails, names a batch the job
 finished without, and falls back to a merge after the job when the live one
-fails for another reason. The last test runs the job through spark-submit
-behind the proxy and counts its requests per batch.
+fails for another reason. ``tests/integration/test_assembly.py`` runs the job
+through spark-submit behind the proxy and counts its requests per batch.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import json
 import pickle
 import threading
 import time
-import urllib.parse
-from collections import Counter
 
 import pytest
 
@@ -28,7 +26,8 @@ from mxjob.outputs import jsonl, merge, work_prefix
 from mxjob.outputs.assembly import Assembly
 from mxjob.s3 import access, writes
 from tests.support.fault_proxy import FaultProxy
-from tests.support.helpers import bucket_with_digits, lines_part, make_s3_client, spark_submit
+from tests.support.helpers import lines_part, make_s3_client
+from tests.support.request_log import RequestLog
 
 BUCKET = "assembly-bucket"
 
@@ -403,84 +402,3 @@ def assemble_after(s3, work, keys, out_key):
         sink.abort()
         raise
     return counts, read(s3, out_key)
-
-
-# --- requests beyond the images, counted through the proxy in front of moto
-
-#: A real run's merge lists the run's parts at most this often: on a lost notice, and at the job's end.
-MAX_PART_LISTINGS = 3
-
-
-class RequestLog:
-    """Every request the proxy sees, by kind (:func:`request_kind`): the proxy's ``deny`` hook, denying nothing."""
-
-    def __init__(self, output_key: str, images: str = "imgs/"):
-        self.output_key, self.images = output_key, images
-        self.kinds: Counter = Counter()
-        self._lock = threading.Lock()
-
-    def __call__(self, method: str, path: str) -> bool:
-        kind = request_kind(method, path, self.output_key, self.images)
-        with self._lock:
-            self.kinds[kind] += 1
-        return False
-
-    def per_batch(self, batches: int) -> dict:
-        """Each kind's requests per batch, images' GETs apart."""
-        return {kind: round(count / batches, 2) for kind, count in sorted(self.kinds.items())}
-
-
-def request_kind(method: str, path: str, output_key: str, images: str) -> str:
-    """What a path-style S3 request is for: an image, the plan, a part, a listing of the parts, anything else."""
-    path, _, query = path.partition("?")
-    params = urllib.parse.parse_qs(query)
-    key = urllib.parse.unquote(path.split("/", 2)[2]) if path.count("/") >= 2 else ""
-    work = output_key + ".parts/"
-    if method == "GET" and "list-type" in params:
-        prefix = params.get("prefix", [""])[0]
-        return "part LIST" if prefix.startswith(work) and prefix.endswith("/part-") else "other LIST"
-    if key.startswith(work) and "/part-" in key:
-        return f"part {method}"
-    if key.startswith(work) and key.endswith("/batches.arrows"):
-        return f"plan {method}"
-    if key.startswith(images) and method == "GET":
-        return "image GET"
-    return f"other {method}"
-
-
-@pytest.fixture(scope="module")
-def digits(moto_endpoint, demo_dir):
-    """A bucket of its own with the demo model and 64 held-out digits under ``imgs/``."""
-    s3, keys = bucket_with_digits(moto_endpoint, LIVE_BUCKET, demo_dir / "model", 64)
-    return {"s3": s3, "keys": keys, "endpoint": moto_endpoint}
-
-
-LIVE_BUCKET = "live-assembly-bucket"
-
-
-def digits_args(endpoint: str, output_key: str, *extra: str) -> list[str]:
-    return ["--input", f"s3://{LIVE_BUCKET}/imgs/", "--model", f"s3://{LIVE_BUCKET}/model/digits",
-            "--output", f"s3://{LIVE_BUCKET}/{output_key}", "--endpoint-url", endpoint, "--input-shape", "3,32,32",
-            "--std", "255", "--batch-size", "4", "--top-k", "2", "--estimate-images", "0", *extra]
-
-
-@pytest.mark.spark
-def test_a_real_runs_merge_follows_its_tasks_stats_with_a_handful_of_listings_and_writes_the_same_bytes(digits):
-    """16 batches, the merge following them through the counting proxy; then the same job without the proxy: the
-    same bytes, each key once and in order."""
-    s3, batches = digits["s3"], len(digits["keys"]) // 4
-    log = RequestLog("out/live.jsonl")
-    with FaultProxy(digits["endpoint"], deny=log) as proxy:
-        live = spark_submit(digits_args(proxy.endpoint, "out/live.jsonl"))
-    assert live.returncode == 0, (live.stdout + live.stderr)[-3000:]
-    again = spark_submit(digits_args(digits["endpoint"], "out/again.jsonl"))
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    print(f"\nrequests per batch of 4 images, {batches} batches: {log.per_batch(batches)}")
-    live_bytes = s3.get_object(Bucket=LIVE_BUCKET, Key="out/live.jsonl")["Body"].read()
-    assert live_bytes == s3.get_object(Bucket=LIVE_BUCKET, Key="out/again.jsonl")["Body"].read()
-    assert [json.loads(line)["key"] for line in live_bytes.splitlines()] == sorted(digits["keys"])
-    kinds = log.kinds
-    assert kinds["image GET"] == len(digits["keys"])
-    # One ranged GET of the plan and one PUT of its part per batch; the merge reads each part once.
-    assert (kinds["plan GET"], kinds["part PUT"], kinds["part GET"]) == (batches, batches, batches)
-    assert kinds["part LIST"] <= MAX_PART_LISTINGS, kinds

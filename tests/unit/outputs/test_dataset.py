@@ -3,29 +3,23 @@
 Without Spark: the keys beside an output, the sink's files (boundaries,
 rows, schema and metadata equal to one Parquet object's, ``_SUCCESS``, an
 abort leaves no file), the key list's digest, ``auto``'s rows per file, the
-resume plan, and the refusals. Through spark-submit: a dataset read with
-pyarrow.dataset while the job runs and after its driver is SIGKILLed sees
-whole rows only and no key twice; ``--resume`` finishes it, keeping the
-files already written, and its rows equal the single Parquet object's.
+resume plan, the refusals, where ``watch`` finds the status, and a dry run's
+plan. ``tests/integration/test_dataset.py`` runs the job through spark-submit:
+a dataset read while the job runs, after its driver is SIGKILLed and after
+``--resume``.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import signal
-import time
 from types import SimpleNamespace
 
 import click
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from demo.s3proxy import S3Proxy
 from mxjob import tasks
 from mxjob.core.errors import JobError
 from mxjob.options import config
@@ -35,15 +29,14 @@ from mxjob.outputs.base import output_of, side_key
 from mxjob.reporting import record_fields, records
 from mxjob.s3 import access, parallel_list, uris, writes
 from mxjob.tasks import classify
-from tests.support.helpers import bucket_with_digits, spark_submit, start_spark_submit
+from tests.support import dataset_job
+from tests.support.dataset_job import BUCKET, ROWS_PER_FILE, job_args
 
-BUCKET = "dataset-bucket"
+# The fixtures shared with tests/integration/test_dataset.py, bound here for pytest to find.
+s3 = dataset_job.s3
+world = dataset_job.world
+
 BASE = {"input": "s3://in/p/", "model": "s3://m/r"}
-
-
-@pytest.fixture(scope="module")
-def s3(moto_buckets):
-    return moto_buckets
 
 
 def rows_batch(keys: list[str], fail: set = frozenset()) -> pa.RecordBatch:
@@ -228,83 +221,7 @@ def test_an_existing_dataset_is_refused_without_overwrite(s3):
 
 
 # ----------------------------------------------------------------------------
-# Through spark-submit
-
-IMAGES = 96
-BATCH = 8
-ROWS_PER_FILE = 16
-
-
-@pytest.fixture(scope="module")
-def world(moto_endpoint, demo_dir):
-    s3, keys = bucket_with_digits(moto_endpoint, BUCKET, demo_dir / "model", IMAGES)
-    s3.put_object(Bucket=BUCKET, Key="imgs/bad.png", Body=b"not a png")
-    return {"endpoint": moto_endpoint, "keys": sorted([*keys, "imgs/bad.png"])}
-
-
-def job_args(endpoint: str, output: str, *extra: str) -> list[str]:
-    return ["--input", f"s3://{BUCKET}/imgs/", "--model", f"s3://{BUCKET}/model/digits", "--output",
-            f"s3://{BUCKET}/{output}", "--endpoint-url", endpoint, "--input-shape", "3,32,32", "--std", "255",
-            "--batch-size", str(BATCH), "--top-k", "2", "--progress-seconds", "1", "--max-errors", "1",
-            "--rows-per-file", str(ROWS_PER_FILE), *extra]
-
-
-def read_dataset(endpoint: str, prefix: str) -> pa.Table:
-    """The dataset as a reader sees it now: pyarrow.dataset over the prefix (hidden ``_`` names skipped)."""
-    fs = pafs.S3FileSystem(endpoint_override=endpoint, access_key="testing", secret_key="testing",
-                           region="us-east-1", scheme="http")
-    return ds.dataset(f"{BUCKET}/{prefix}", format="parquet", filesystem=fs).to_table()
-
-
-def assert_whole_rows_once(table: pa.Table, keys: list[str]) -> None:
-    got = table.column("key").to_pylist()
-    assert len(got) == len(set(got)), "a key twice"
-    assert set(got) <= set(keys)
-    assert got == keys[:len(got)]  # files are whole and in key order: a prefix of the key list
-
-
-@pytest.mark.spark
-def test_a_dataset_read_while_running_after_a_kill_and_after_resume(s3, world):
-    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
-    with S3Proxy(world["endpoint"], latency=0.05) as proxy:
-        process = start_spark_submit(job_args(proxy.endpoint, "live/", "--io-threads", "1"))
-        seen, deadline = [], time.time() + 300
-        while time.time() < deadline and process.poll() is None:
-            files = [k for k, _ in parallel_list.list_objects(s3, BUCKET, "live/part-")]
-            if files and not seen:
-                seen.append(read_dataset(world["endpoint"], "live/"))  # while the job runs
-            if len(files) >= 2:
-                os.killpg(process.pid, signal.SIGKILL)
-                break
-            time.sleep(0.05)
-        process.communicate(timeout=120)
-    assert seen and 0 < seen[0].num_rows < len(world["keys"])
-    assert_whole_rows_once(seen[0], world["keys"])
-    after_kill = read_dataset(world["endpoint"], "live/")
-    assert_whole_rows_once(after_kill, world["keys"])
-    assert after_kill.num_rows % ROWS_PER_FILE == 0 and after_kill.num_rows >= 2 * ROWS_PER_FILE
-    kept = {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"]
-            for k, _ in parallel_list.list_objects(s3, BUCKET, "live/part-")}
-
-    result = spark_submit(job_args(world["endpoint"], "live/", "--resume"))
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    final = read_dataset(world["endpoint"], "live/")
-    assert final.column("key").to_pylist() == world["keys"]
-    assert {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in kept} == kept  # not written again
-    summary = json.loads(s3.get_object(Bucket=BUCKET, Key="live/_summary.json")["Body"].read())
-    record_fields.from_json(records.Summary, summary)  # a resumed dataset run's: its dataset entry too
-    assert summary["resumed"] is True and summary["dataset"]["kept_from_an_earlier_run"] == len(kept)
-    assert summary["dataset"]["files"] == -(-len(world["keys"]) // ROWS_PER_FILE)
-    success = json.loads(s3.get_object(Bucket=BUCKET, Key="live/_SUCCESS")["Body"].read())
-    assert success["rows"] == len(world["keys"])
-    assert not list(parallel_list.list_objects(s3, BUCKET, "live/_parts/"))
-
-    # The same job to one Parquet object: the same rows.
-    single = spark_submit(job_args(world["endpoint"], "one.parquet"))
-    assert single.returncode == 0, (single.stdout + single.stderr)[-3000:]
-    one = pq.read_table(io.BytesIO(s3.get_object(Bucket=BUCKET, Key="one.parquet")["Body"].read()))
-    assert final.select(one.column_names).to_pylist() == one.to_pylist()
-    assert final.filter(pa.compute.is_valid(final.column("error"))).column("key").to_pylist() == ["imgs/bad.png"]
+# The status's location, and a dry run
 
 
 def test_watch_finds_the_status_of_an_object_and_of_a_dataset():

@@ -22,8 +22,7 @@ from mxjob import tasks
 from mxjob.reporting import output_docs, record_fields
 from mxjob.results import athena_table, parquet_view, part_format, results
 from mxjob.tasks import classify, detect, embed
-from tests.support.helpers import parquet_of
-from tests.unit.tasks.test_tasks import CLASSES
+from tests.support.helpers import CLASSES, parquet_of
 
 ROOT = Path(__file__).resolve().parents[3]
 ERROR = "struct<stage:string,type:string,message:string>"

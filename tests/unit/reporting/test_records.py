@@ -2,9 +2,10 @@
 dry-run plan.
 
 Here: what the builders make checks against its declaration, and the checker refuses a bad document naming the
-field. What real runs write is checked where those runs are: test_report.py's run on local-cluster (the summary
-and every status it wrote), test_dataset.py's resumed dataset run (its summary) and dry run (its plan),
-test_config.py's dry run (its plan), test_status.py's runs that fail before their plan (their status).
+field. What real runs write is checked where those runs are: tests/integration/test_report.py's run on
+local-cluster (the summary and every status it wrote), tests/integration/test_dataset.py's resumed dataset run (its
+summary), tests/unit/outputs/test_dataset.py's dry run (its plan), test_config.py's dry run (its plan),
+test_status.py's runs that fail before their plan (their status).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The run report, the ETA, the status file and the closing lines: pure functions, and the page in chromium.
 
 The browser tests need Debian's ``chromium`` (``make test`` installs it when
-run as root); without it they are skipped, saying so.
+run as root); without it they are skipped, saying so. A real run's status,
+``watch`` and report, through spark-submit: ``tests/integration/test_report.py``.
 """
 
 from __future__ import annotations
@@ -10,20 +11,18 @@ import json
 import math
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from mxjob.executor.stats import StatsFold, TaskStats
 from mxjob.options import config
 from mxjob.outputs import merge, work_prefix
-from mxjob.reporting import record_fields, records, report, status, summary, watch
+from mxjob.reporting import report, status, summary, watch
 from mxjob.reporting.progress import Progress, Reporter, Tick, Ticks, estimate_remaining
+from tests.support.report_page import CHARTS, assert_figures_match, assert_self_contained, check_in_browser, figures
 
 T0 = 1_700_000_000.0
-CHROMIUM = shutil.which("chromium")
 
 
 def task(i: int, executor: str, started: float, seconds: float, keys: int = 64, failed: int = 0,
@@ -237,20 +236,6 @@ def test_the_page_is_self_contained_and_has_every_chart(tmp_path):
         assert f'id="{chart}"' in page
 
 
-CHARTS = ("chart-throughput", "chart-progress", "chart-eta", "chart-time", "chart-io", "chart-labels",
-          "chart-memory", "errors", "workers", "settings", "fingerprint")
-
-
-def assert_self_contained(page: str) -> None:
-    assert not re.search(r"""(src|href)\s*=\s*["']?\s*https?:|url\(\s*["']?https?:""", page)
-    # An http:// in text (the --endpoint-url option) is no request; only attributes and url() are.
-    assert "<script" not in page and "<link" not in page and "@import" not in page
-
-
-def figures(page: str) -> dict:
-    return {m.group(1): m.group(2) for m in re.finditer(r'data-field="([^"]+)" data-value="([^"]*)"', page)}
-
-
 def test_the_pages_figures_are_the_summarys(tmp_path):
     path, summ = fake_page(tmp_path)
     shown = figures(path.read_text())
@@ -282,120 +267,11 @@ def test_the_page_counts_and_names_the_keys_the_input_skipped():
         {**fake_summary(fake_fold(2)), "skipped_keys": {"count": 0, "why": "not ending in .jpg", "examples": []}})
     assert 'id="skipped"' not in skipped_page(None)  # counted once the run ends
 
-def assert_figures_match(shown: dict, summ: dict) -> None:
-    assert int(shown["summary.keys_listed"]) == summ["keys_listed"]
-    assert int(shown["summary.predicted"]) == summ["predicted"]
-    assert int(shown["summary.failed"]) == summ["failed"]
-    assert float(shown["summary.rates.images_per_second_spark"]) == summ["rates"]["images_per_second_spark"]
-    assert float(shown["summary.elapsed_seconds"]) == summ["elapsed_seconds"]
-    assert float(shown["summary.tasks.last_end"]) == summ["tasks"]["last_end"]
-
-
-def chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (make test installs it with apt-get when run as root)")
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                           "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                           "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-                           '--host-resolver-rules=MAP * ~NOTFOUND', *args, page.as_uri()],
-                          capture_output=True, text=True, timeout=120, check=False)
-
-
-def check_in_browser(tmp_path: Path, page: Path, summ: dict | None = None) -> Path:
-    """Screenshot (not blank) and DOM (every chart, the summary's figures) of ``page`` in headless chromium."""
-    shot = tmp_path / "report.png"
-    result = chromium(tmp_path, page, f"--screenshot={shot}", "--window-size=1280,2000")
-    assert shot.exists(), result.stderr[-2000:]
-    with Image.open(shot) as img:
-        assert img.size == (1280, 2000)
-        colours = img.convert("RGB").resize((320, 500)).getcolors(maxcolors=100_000)
-        assert colours is not None and len(colours) > 50
-    dom = chromium(tmp_path, page, "--dump-dom").stdout
-    for chart in CHARTS:
-        assert f'id="{chart}"' in dom
-    if summ is not None:
-        assert_figures_match(figures(dom), summ)
-    return shot
-
 
 def test_the_page_renders_in_headless_chromium(tmp_path):
     path, summ = fake_page(tmp_path)
     shot = check_in_browser(tmp_path, path, summ)
     shutil.copy(shot, Path("/tmp/report-fake.png"))
-
-
-# ----------------------------------------------------------------------------
-# A real run on local-cluster: the status while it runs, watch, the report
-
-
-SPARK_BUCKET = "report-bucket"
-SPARK_IMAGES = 40
-
-
-@pytest.mark.spark
-def test_status_watch_and_report_of_a_real_run(tmp_path, moto_endpoint, demo_dir):
-    import os
-    import sys
-    import time
-
-    from demo import make_demo
-    from demo.s3proxy import S3Proxy
-    from tests.support.helpers import bucket_with_model, start_spark_submit
-
-    s3 = bucket_with_model(moto_endpoint, SPARK_BUCKET, demo_dir / "model")
-    (_, _), (test_x, _) = make_demo.digits_split()
-    for i in range(SPARK_IMAGES):
-        s3.put_object(Bucket=SPARK_BUCKET, Key=f"imgs/{i:03d}.png", Body=make_demo.digit_png(test_x[i]))
-    s3.put_object(Bucket=SPARK_BUCKET, Key="imgs/bad.png", Body=b"<html>no</html>")
-    output = f"s3://{SPARK_BUCKET}/out/run.jsonl"
-    with S3Proxy(moto_endpoint, latency=0.05) as proxy:  # slow enough to read the status mid-run
-        process = start_spark_submit([
-            "--input", f"s3://{SPARK_BUCKET}/imgs/", "--model", f"s3://{SPARK_BUCKET}/model/digits",
-            "--output", output, "--endpoint-url", proxy.endpoint, "--input-shape", "3,32,32", "--std", "255",
-            "--batch-size", "2", "--io-threads", "1", "--progress-seconds", "1", "--max-errors", "5"])
-        watcher = subprocess.Popen([sys.executable, "-m", "mxjob.reporting.watch", output, "--endpoint-url",
-                                    moto_endpoint, "--every", "0.5"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True,
-                                   env={**os.environ}, cwd=str(Path(__file__).resolve().parents[3]))
-        seen = []
-        deadline = time.time() + 300
-        while process.poll() is None and time.time() < deadline:
-            try:
-                seen.append(json.loads(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.status.json")["Body"]
-                                       .read()))
-            except s3.exceptions.NoSuchKey:
-                pass
-            time.sleep(0.3)
-        log, _ = process.communicate(timeout=120)
-    watched, _ = watcher.communicate(timeout=120)
-    assert process.returncode == 0, log[-3000:]
-    running = [d for d in seen if d["state"] == "running" and "keys" in d]
-    assert any(d["batches"]["done"] < d["batches"]["total"] for d in running), seen[-3:]
-    # spark_submit_command is make submit's line: the status says to resume with make submit, whole.
-    assert all(d["resume_command"].startswith("make submit ARGS=") and d["resume_command"].endswith("--resume'")
-               for d in running)
-    final = json.loads(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.status.json")["Body"].read())
-    assert (final["state"], final["exit_code"], final["keys"]["done"]) == ("succeeded", 0, SPARK_IMAGES + 1)
-    for doc in [*seen, final]:  # every status the run wrote, before its plan and after: the declared fields
-        record_fields.from_json(records.Status, doc)
-    assert watcher.returncode == 0, watched
-    assert re.search(r"running: \d+ of 21 batches", watched) and "succeeded: 21 of 21 batches" in watched
-    # The closing lines are the run's last words.
-    assert re.search(r"run finished: 41 keys, 40 predicted, 1 failed \(decode 1\)", log)
-    assert "images/s (keys scored / Spark job wall seconds)" in log and "report:  s3://report-bucket/out/run" in log
-    summ = json.loads(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.summary.json")["Body"].read())
-    record_fields.from_json(records.Summary, summ)  # docs/output.md's table: every field declared, typed, none missing
-    assert summ["rates"]["what"]["images_per_second_spark"].startswith("keys the Spark job scored / seconds of "
-                                                                       "the Spark job")
-    assert (summ["scored"], summ["batches"]) == (41, 21)
-    page = tmp_path / "run.report.html"
-    page.write_bytes(s3.get_object(Bucket=SPARK_BUCKET, Key="out/run.jsonl.report.html")["Body"].read())
-    text = page.read_text()
-    assert_self_contained(text)
-    assert_figures_match(figures(text), summ)
-    assert 'data-field="errors.decode/UnidentifiedImageError" data-value="1"' in text
-    shot = check_in_browser(tmp_path, page, summ)
-    shutil.copy(shot, Path("/tmp/report-real.png"))
 
 
 # ----------------------------------------------------------------------------

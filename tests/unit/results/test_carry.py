@@ -5,7 +5,7 @@ refusals (a name the output already has, more than three columns without a
 header), a manifest sorted out of core, the assembly appends them to
 JSON Lines and Parquet rows from fake parts, the ETags and sizes the tasks'
 GETs read (carried in their parts) and the listing's, and the fingerprint.
-Through spark-submit: one manifest job with the demo model.
+``tests/integration/test_carry.py`` runs one manifest job through spark-submit.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mxjob.options.config import merge_settings, resolve
 from mxjob.outputs import fingerprint, jsonl, merge, parquet, work_prefix
 from mxjob.run import keys
 from mxjob.s3 import parallel_list, writes
-from tests.support.helpers import bucket_with_digits, lines_part, spark_submit
+from tests.support.helpers import lines_part
 
 BUCKET = "carry-bucket"
 SUFFIXES = (".jpg",)
@@ -298,29 +298,3 @@ def test_the_fingerprint_differs_with_carried_columns_and_with_object_metadata(m
     assert metadata["carried"] == ["etag", "size"] and metadata["with_object_metadata"] is True
     assert len({json.dumps(f, sort_keys=True) for f in (without, carried, metadata)}) == 3
     assert fingerprint.differences(without, carried) == ['carried: null then, ["product_id", "shop"] now']
-
-
-# --- through spark-submit
-
-
-@pytest.mark.spark
-def test_a_csv_manifest_job_carries_its_columns_to_every_line(moto_endpoint, demo_dir, tmp_path):
-    bucket = "carry-job"
-    s3, keys = bucket_with_digits(moto_endpoint, bucket, demo_dir / "model", 6)
-    path = tmp_path / "keys.csv"
-    path.write_text("bucket,key,size,product_id,shop\n"
-                    + "".join(f"{bucket},{key},,p-{i},s{i % 2}\n" for i, key in reversed(list(enumerate(keys)))))
-    result = spark_submit(["--input-manifest", str(path), "--model", f"s3://{bucket}/model/digits",
-                           "--output", f"s3://{bucket}/out/carried.jsonl", "--endpoint-url", moto_endpoint,
-                           "--input-shape", "3,32,32", "--std", "255", "--batch-size", "4", "--top-k", "1",
-                           "--with-object-metadata"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in
-            s3.get_object(Bucket=bucket, Key="out/carried.jsonl")["Body"].read().decode().splitlines()]
-    assert [row["key"] for row in rows] == keys
-    assert [(row["product_id"], row["shop"]) for row in rows] == [(f"p-{i}", f"s{i % 2}") for i in range(6)]
-    assert all(list(row)[:2] == ["key", "predictions"] and len(row["predictions"]) == 1 for row in rows)
-    # Named by neither the manifest nor a listing: the GETs that scored the images told them.
-    heads = [s3.head_object(Bucket=bucket, Key=key) for key in keys]
-    assert [(row["etag"], row["size"]) for row in rows] == [
-        (head["ETag"].strip('"'), head["ContentLength"]) for head in heads]

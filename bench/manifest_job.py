@@ -1,6 +1,6 @@
 """A manifest job at scale: one output line per named key, real images and missing keys alike.
 
-Not a test (``tests/unit/inputs/test_manifest.py`` runs the same with 20 keys): it
+Not a test (``tests/integration/test_manifest.py`` runs the same with 20 keys): it
 prints measurements. It trains the demo model, starts moto in this process
 (``ThreadedMotoServer``, filled through its backend: faster than PUTs over
 HTTP), stores real digit PNGs under half of ``--keys`` keys and nothing under

@@ -75,10 +75,8 @@ def medians(samples: list[dict]) -> dict:
     return {key: statistics.median(s[key] for s in samples) for key in ("E", "cpu_ms", "wall")}
 
 
-def report(result: dict | None) -> list[str]:
-    """The option table: each variant's E and CPU beside the defaults', the gains and the verdict (none: no rows)."""
-    if result is None:
-        return []
+def report(result: dict) -> list[str]:
+    """The option table: each variant's E and CPU beside the defaults', the gains and the verdict."""
     base = medians(result["runs"]["defaults"])
     lines = [f"What each tuning option and fast path gains ({result['model']}, {result['images']} images, "
              f"{result['master']}, median of {result['rounds']} interleaved round(s); keep at a gain of "

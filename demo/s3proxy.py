@@ -32,6 +32,67 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 _NOT_RELAYED = ("transfer-encoding", "connection", "content-length", "server", "date")
 
 
+class _ProxyHandler(BaseHTTPRequestHandler):
+    """One request through the proxy: S3's own answer relayed, after the proxy's latency."""
+
+    proxy: S3Proxy  # set per proxy by S3Proxy._handler_class
+    protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: the headers and the body go out as two writes, and Nagle's
+    # algorithm would hold the body until the client's delayed ACK, adding
+    # about 40 ms to every request on top of ``latency``.
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args):  # quiet: tests and benchmarks read counts instead
+        pass
+
+    def _forward(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        if self.proxy.latency:
+            time.sleep(self.proxy.latency)
+        self.proxy.count("requests")
+        if not self.intercept():
+            self._relay(body)
+
+    def intercept(self) -> bool:
+        """Answer the request here instead of relaying it; True if it did (never, in this proxy)."""
+        return False
+
+    def _relay(self, body) -> None:
+        """Send the request upstream (or take the answer kept in memory) and the answer back."""
+        held = self.proxy._held(self.command, self.path, self.headers)
+        if held is not None:
+            self._answer(200, "OK", *held)
+            return
+        upstream = http.client.HTTPConnection(self.proxy.upstream_host, self.proxy.upstream_port, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            upstream.request(self.command, self.path, body=body, headers=headers)
+            response = upstream.getresponse()
+            data = response.read()
+        finally:
+            upstream.close()
+        relayed = [(name, value) for name, value in response.getheaders() if name.lower() not in _NOT_RELAYED]
+        # A HEAD's answer has no body, but its Content-Length is the object's size: pyarrow's S3 files read it.
+        length = response.getheader("Content-Length") if self.command == "HEAD" else None
+        self._answer(response.status, response.reason, relayed, data, length)
+
+    def _answer(self, status: int, reason: str, headers: list, data: bytes, length: str | None = None) -> None:
+        self.send_response(status, reason)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", length if length is not None else str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.write_body(data)
+
+    def write_body(self, data: bytes) -> None:
+        """The answer's body, after its headers."""
+        self.wfile.write(data)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+
 class S3Proxy:
     """Forward every request to ``upstream``, after ``latency`` seconds.
 
@@ -102,71 +163,7 @@ class S3Proxy:
             self.counts[what] += 1
 
     #: The handler class this proxy's requests are answered by (a subclass's may answer some itself).
-    handler: type = None  # set below: _ProxyHandler
+    handler: type = _ProxyHandler
 
     def _handler_class(self) -> type:
         return type("Handler", (self.handler,), {"proxy": self})
-
-
-class _ProxyHandler(BaseHTTPRequestHandler):
-    """One request through the proxy: S3's own answer relayed, after the proxy's latency."""
-
-    proxy: S3Proxy  # set per proxy by S3Proxy._handler_class
-    protocol_version = "HTTP/1.1"
-    # TCP_NODELAY: the headers and the body go out as two writes, and Nagle's
-    # algorithm would hold the body until the client's delayed ACK, adding
-    # about 40 ms to every request on top of ``latency``.
-    disable_nagle_algorithm = True
-
-    def log_message(self, *args):  # quiet: tests and benchmarks read counts instead
-        pass
-
-    def _forward(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else None
-        if self.proxy.latency:
-            time.sleep(self.proxy.latency)
-        self.proxy.count("requests")
-        if not self.intercept():
-            self._relay(body)
-
-    def intercept(self) -> bool:
-        """Answer the request here instead of relaying it; True if it did (never, in this proxy)."""
-        return False
-
-    def _relay(self, body) -> None:
-        """Send the request upstream (or take the answer kept in memory) and the answer back."""
-        held = self.proxy._held(self.command, self.path, self.headers)
-        if held is not None:
-            self._answer(200, "OK", *held)
-            return
-        upstream = http.client.HTTPConnection(self.proxy.upstream_host, self.proxy.upstream_port, timeout=60)
-        try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-            upstream.request(self.command, self.path, body=body, headers=headers)
-            response = upstream.getresponse()
-            data = response.read()
-        finally:
-            upstream.close()
-        relayed = [(name, value) for name, value in response.getheaders() if name.lower() not in _NOT_RELAYED]
-        # A HEAD's answer has no body, but its Content-Length is the object's size: pyarrow's S3 files read it.
-        length = response.getheader("Content-Length") if self.command == "HEAD" else None
-        self._answer(response.status, response.reason, relayed, data, length)
-
-    def _answer(self, status: int, reason: str, headers: list, data: bytes, length: str | None = None) -> None:
-        self.send_response(status, reason)
-        for name, value in headers:
-            self.send_header(name, value)
-        self.send_header("Content-Length", length if length is not None else str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.write_body(data)
-
-    def write_body(self, data: bytes) -> None:
-        """The answer's body, after its headers."""
-        self.wfile.write(data)
-
-    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
-
-
-S3Proxy.handler = _ProxyHandler

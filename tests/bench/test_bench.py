@@ -548,4 +548,3 @@ def test_the_option_rows_keep_what_gains_two_percent_or_a_user_needs_and_remove_
     assert rows["lean S3 reader"].endswith("| remove |")
     assert rows["io threads"].endswith(f"| keep: {option_gains.NEEDED['io threads']} |")
     assert "| keep: " in rows["images in flight"]
-    assert option_gains.report(None) == []

@@ -54,45 +54,6 @@ class Faults:
     seed: int = 0
 
 
-class FaultProxy(S3Proxy):
-    """An :class:`S3Proxy` that injects ``faults`` and denies what ``deny(method, path)`` matches.
-
-    Parameters
-    ----------
-    upstream, latency
-        As :class:`S3Proxy`'s.
-    faults : Faults, optional
-        The faults to inject, and into which requests (none by default).
-    deny : callable, optional
-        ``f(method, path) -> bool``: matching requests get ``403 AccessDenied``, always.
-    """
-
-    def __init__(self, upstream: str, latency: float = 0.0, faults: Faults | None = None, deny=None):
-        self.faults, self.deny = faults or Faults(), deny
-        self._random = random.Random(self.faults.seed)
-        super().__init__(upstream, latency)
-
-    def draw_fault(self, method: str, path: str) -> str | None:
-        """The fault this request gets, if any (counted by kind)."""
-        faults = self.faults
-        with self._lock:
-            if method not in faults.methods or faults.rate <= 0:
-                return None
-            if faults.key_filter is not None and not faults.key_filter(method, path):
-                return None
-            if self._random.random() >= faults.rate:
-                return None
-            # A cut body is only drawn for GETs: cutting the answer to a POST
-            # that upstream already carried out (CompleteMultipartUpload) tests
-            # moto's idempotency, not ours.
-            choices = [f for f in faults.kinds if f != "cut" or method == "GET"]
-            if not choices:
-                return None
-            fault = self._random.choice(choices)
-            self.counts[fault] += 1
-            return fault
-
-
 class _FaultHandler(S3Proxy.handler):
     """One request through a :class:`FaultProxy`: denied, answered with a fault, or relayed (perhaps cut)."""
 
@@ -137,4 +98,42 @@ class _FaultHandler(S3Proxy.handler):
             self.wfile.write(payload)
 
 
-FaultProxy.handler = _FaultHandler
+class FaultProxy(S3Proxy):
+    """An :class:`S3Proxy` that injects ``faults`` and denies what ``deny(method, path)`` matches.
+
+    Parameters
+    ----------
+    upstream, latency
+        As :class:`S3Proxy`'s.
+    faults : Faults, optional
+        The faults to inject, and into which requests (none by default).
+    deny : callable, optional
+        ``f(method, path) -> bool``: matching requests get ``403 AccessDenied``, always.
+    """
+
+    handler = _FaultHandler
+
+    def __init__(self, upstream: str, latency: float = 0.0, faults: Faults | None = None, deny=None):
+        self.faults, self.deny = faults or Faults(), deny
+        self._random = random.Random(self.faults.seed)
+        super().__init__(upstream, latency)
+
+    def draw_fault(self, method: str, path: str) -> str | None:
+        """The fault this request gets, if any (counted by kind)."""
+        faults = self.faults
+        with self._lock:
+            if method not in faults.methods or faults.rate <= 0:
+                return None
+            if faults.key_filter is not None and not faults.key_filter(method, path):
+                return None
+            if self._random.random() >= faults.rate:
+                return None
+            # A cut body is only drawn for GETs: cutting the answer to a POST
+            # that upstream already carried out (CompleteMultipartUpload) tests
+            # moto's idempotency, not ours.
+            choices = [f for f in faults.kinds if f != "cut" or method == "GET"]
+            if not choices:
+                return None
+            fault = self._random.choice(choices)
+            self.counts[fault] += 1
+            return fault

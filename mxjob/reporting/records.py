@@ -345,9 +345,9 @@ class Summary:
     precision: dict[str, Any] = required("the precision the run scored in; with int8, its check against fp32 "
                                          "(see [int8](int8.md))")
     batch_size_choice: dict[str, Any] = required("what `--batch-size auto` chose and why (see "
-                                                 "[LayoutInputs a run](planning.md))")
+                                                 "[Planning a run](planning.md))")
     estimate: Optional[dict[str, Any]] = required("the run's time and cost as estimated before it (see "
-                                                  "[LayoutInputs a run](planning.md)); `null` with "
+                                                  "[Planning a run](planning.md)); `null` with "
                                                   "`--estimate-images 0`")
     manifest: dict[str, Any] = optional("the manifest's keys and those that got no line, by reason (see "
                                         "[Input](input.md))", "with `--input-manifest`")
@@ -439,7 +439,7 @@ class Plan:
     to_score: int = required("keys the run would score (fewer for a `--resume`)")
     batch_size: int = required("images per batch")
     batch_size_choice: dict[str, Any] = required("what `--batch-size auto` chose and why (see "
-                                                 "[LayoutInputs a run](planning.md))")
+                                                 "[Planning a run](planning.md))")
     batches: int = required("batches of the listing")
     partitions: int = required("Spark partitions: one per batch")
     plan_bytes: int = required("the batch plan's size, which the executors read")
@@ -450,7 +450,7 @@ class Plan:
     sample: dict[str, Any] = required("the first key's output line, scored on the driver's CPU")
     sample_seconds: dict[str, float] = required("its task's seconds by stage, as an executor measures them "
                                                 "(`download`, `decode`, `forward`, ..., `task`: the whole)")
-    estimate: Optional[dict[str, Any]] = required("the run's time and cost (see [LayoutInputs a run](planning.md)); "
+    estimate: Optional[dict[str, Any]] = required("the run's time and cost (see [Planning a run](planning.md)); "
                                                   "`null` with `--estimate-images 0`")
     dataset: PlanDataset = optional("the dataset's rows per file and files", "a Parquet dataset output")
     existing: SummaryExisting = optional("the keys the dataset holds already and those the run would score; "

@@ -177,20 +177,20 @@ bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, st
 bench-estimate: $(STAMP) $(LOCAL_SPARK) ## The estimate against the measured time: --dry-run's projection beside the run, 128 and 1,280 JPEGs, and the EMR layout modelled (about 2 min; BENCH_ARGS='--sizes 16,64 --layout 10x16 --node-price 0.96')
 	$(PY) -m bench.estimate_check $(BENCH_ARGS)
 
-# The peers' own venv: Daft needs Python 3.10+, so it is a bench dependency only, never the job's.
+# The peers' own venv: Daft and Ray need Python 3.10+, so they are bench dependencies only, never the job's.
 PEERS_VENV := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
 $(PEERS_STAMP): bench/requirements-peers.txt requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-		|| { echo "Daft needs Python 3.10 or later: make bench-peers PYTHON=python3.11" >&2; exit 2; }
+		|| { echo "Daft and Ray need Python 3.10 or later: make bench-peers PYTHON=python3.11" >&2; exit 2; }
 	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/requirements-peers.txt
 	@touch $(PEERS_STAMP)
 
 .PHONY: bench-peers
-bench-peers: $(STAMP) $(LOCAL_SPARK) $(PEERS_STAMP) ## This job (three layouts) beside Daft and Spark's predict_batch_udf on the same images, model, recipe and S3 stand-in: E, whole-job time at 128 and 1,280 images, CPU by process, top-1 agreement, targets, CPU (about 20 min; makes .venv-peers; BENCH_ARGS='--sizes 8,16 --rounds 1')
+bench-peers: $(STAMP) $(LOCAL_SPARK) $(PEERS_STAMP) ## This job (three layouts) beside Daft, Ray Data and Spark's predict_batch_udf, each peer at the fastest of its configurations, on the same images, model, recipe and S3 stand-in: E and E/L, whole-job time at 128 and 1,280 images, CPU by process, top-1 agreement, targets, CPU (about 30 min; makes .venv-peers; BENCH_ARGS='--sizes 8,16 --rounds 1 --no-sweep')
 	$(PY) -m bench.peers $(BENCH_ARGS)
 
 # --- EMR deploy ---

@@ -4,12 +4,19 @@ Runs in the bench's own venv ``.venv-peers`` (``bench/requirements-peers.txt``):
 Daft needs Python 3.10 or later, so it is never a dependency of the job.
 
 The pipeline: ``daft.from_glob_path`` lists the images, ``.download()`` fetches
-them, a ``@daft.func`` decodes each with the job's own recipe
-(``mxjob.model.preprocess.decode_image``, so every system gets the same model input),
-a ``@daft.cls`` class holds the MXNet module (``bench/peer_mxnet.py``, loaded
-once per instance, as the docs' class UDFs hold a model) and scores batches of
-``--batch`` images,
-and ``write_parquet`` writes each image's top ``--top-k`` classes back to S3.
+them, and they are decoded either
+
+- ``--decode recipe``: by a ``@daft.func`` with the job's own recipe
+  (``mxjob.model.preprocess.decode_image``: every system gets the same model input), or
+- ``--decode daft``: by Daft's own ``decode_image`` and ``resize`` (Rust, on
+  Daft's threads), kept as a uint8 tensor until the batch function scales it
+  with the recipe's mean and std, as Daft's image-classification guide does;
+
+then a ``@daft.cls`` class holds the MXNet module (``bench/peer_mxnet.py``,
+loaded once per instance, as the docs' class UDFs hold a model; ``--instances``
+of them at once) and scores batches of ``--batch`` images, and
+``write_parquet`` writes each image's top ``--top-k`` classes back to S3.
+MXNet's threads are the environment's ``OMP_NUM_THREADS`` (the bench sets it).
 
 Usage (moto's fake keys in the environment)::
 
@@ -48,25 +55,41 @@ def io_config(endpoint: str) -> daft.io.IOConfig:
         session_token=os.environ.get("AWS_SESSION_TOKEN"), use_ssl=endpoint.startswith("https")))
 
 
-def build(args: argparse.Namespace):
-    """The two functions of the pipeline, made for ``args`` (the input shape, recipe, model and batch)."""
-    shape = tuple(int(x) for x in args.input_shape.split(","))
-    prep = Preprocess(input_shape=shape, mean=tuple(float(x) for x in args.mean.split(",")),
+def recipe(args: argparse.Namespace) -> Preprocess:
+    return Preprocess(input_shape=tuple(int(x) for x in args.input_shape.split(",")),
+                      mean=tuple(float(x) for x in args.mean.split(",")),
                       std=tuple(float(x) for x in args.std.split(",")))
 
+
+def build(args: argparse.Namespace):
+    """The decode expression's maker and the classifier of the pipeline, for ``args``."""
+    prep = recipe(args)
+    shape = prep.input_shape
+    channels, height, width = shape
+    mean = np.asarray(prep.mean, dtype=np.float32).reshape(1, channels, 1, 1)
+    std = np.asarray(prep.std, dtype=np.float32).reshape(1, channels, 1, 1)
+
     @daft.func(return_dtype=DataType.tensor(DataType.float32(), shape=shape))
-    def decode(data: bytes) -> np.ndarray:
+    def decode_recipe(data: bytes) -> np.ndarray:
         return decode_image(data, prep)
 
-    # One instance: its MXNet uses every core, as the job's one-executor shape does; two would fight over them.
-    @daft.cls(max_concurrency=1)
+    def decode(data: daft.Expression) -> daft.Expression:
+        if args.decode == "recipe":
+            return decode_recipe(data)
+        image = data.decode_image(mode="RGB").resize(width, height)
+        return image.cast(DataType.tensor(DataType.uint8(), shape=(height, width, channels)))
+
+    @daft.cls(max_concurrency=args.instances)
     class Classifier:
         def __init__(self, model: str, endpoint: str, batch: int, top_k: int):
             self.module, self.top_k = Module(model, endpoint, shape, batch), top_k
 
         @daft.method.batch(return_dtype=TOP, batch_size=args.batch)
         def predict(self, images: daft.Series) -> list:
-            ids, probs = self.module.top_k(np.stack(images.to_pylist()), self.top_k)
+            batch = np.stack(images.to_pylist())
+            if batch.dtype == np.uint8:  # Daft's decode: HWC bytes, scaled here as the recipe scales them
+                batch = (batch.transpose(0, 3, 1, 2).astype(np.float32) - mean) / std
+            ids, probs = self.module.top_k(batch, self.top_k)
             return [[{"class_id": int(c), "probability": float(p)} for c, p in zip(*row)] for row in zip(ids, probs)]
 
     return decode, Classifier(args.model, args.endpoint_url, args.batch, args.top_k)
@@ -86,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
 def main(argv=None) -> int:
     parser = peer_arguments(__doc__.split("\n")[0], "glob of the images, e.g. 's3://bench/peers/n128/*'",
                             "s3:// folder for the Parquet files")
+    parser.add_argument("--decode", choices=("recipe", "daft"), default="recipe",
+                        help="the job's recipe in a @daft.func, or Daft's own decode_image and resize")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="classifier instances at once (max_concurrency); each holds a module")
     args = parser.parse_args(argv)
     files = run(args)
     print(f"daft {daft.__version__}: wrote {files} Parquet file(s) under {args.output}", flush=True)

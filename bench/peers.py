@@ -21,18 +21,27 @@ Not a test: it prints measurements. It
      mxnet-spark job's shape (one executor, MXNet on both cores);
    - ``daft``: ``bench/peer_daft.py`` in ``.venv-peers`` (Daft needs Python
      3.10+; ``bench/requirements-peers.txt``): ``from_glob_path``,
-     ``.download()``, the job's own decode recipe in a ``@daft.func`` and a
-     ``@daft.cls`` holding the MXNet module, ``write_parquet``;
+     ``.download()``, Daft's own ``decode_image`` and ``resize`` (or the job's
+     recipe in a ``@daft.func``), a ``@daft.cls`` holding the MXNet module,
+     ``write_parquet``;
+   - ``ray``: ``bench/peer_ray.py`` in the same venv: Ray Data's
+     ``read_binary_files``, decode tasks (or the actor decoding), a callable
+     class holding the module on actors, ``write_parquet``;
    - ``spark-udf``: ``bench/peer_spark_udf.py``, Spark's own
      ``predict_batch_udf`` on ``local[2]`` with Spark's defaults but Arrow
      batches of 64 rows, a pandas UDF decoding with the same recipe (the
      driver lists and PUTs with boto3: Spark's S3A connector is not on this
      machine);
 
+   each peer first in each configuration of its :data:`SYSTEMS` entry (its
+   batch, its instances or actors, MXNet's threads: what its docs offer),
+   once at ``N2`` images, and then in the fastest of them (``--no-sweep``:
+   the first);
+
 3. samples each run's process tree every 0.1 s with psutil and charges each
    process's CPU to its group (our Python workers, the Python driver, the
    driver's JVM (on ``local[2]`` the executor's too), the executors' JVMs,
-   Daft's processes; the moto server's CPU over the run; the rest of the
+   Daft's and Ray's processes; the moto server's CPU over the run; the rest of the
    machine's busy CPU beside them), reads
    every output back and compares each image's top-1 class with ours;
 4. measures, in each round, Spark's own floor on each of our masters (an empty
@@ -42,7 +51,8 @@ Not a test: it prints measurements. It
    imports take in a fresh process (``infer_main``, ``pyspark.sql``, ``mxnet``);
 5. prints one table: E = (N2 - N1) / (T_N2 - T_N1), images/s with the fixed
    start-up cancelled (median over rounds), E against ours, the whole job's
-   wall time at both sizes, top-1 agreement with ours; then the CPU by process
+   wall time at both sizes, E against the model's limit L (so that a weak peer
+   shows), top-1 agreement with ours; the sweep; then the CPU by process
    group at N2, the model's limit, the CPU's name, and each target of
    :data:`TARGETS` with whether it is met.
 
@@ -100,11 +110,27 @@ def log(message: str) -> None:
 
 
 @dataclass(frozen=True)
+class Config:
+    """One way to run a peer: its own options and environment (MXNet's threads), as its docs offer them."""
+
+    name: str  # the printout's words
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def threads(n: int) -> tuple[tuple[str, str], ...]:
+    """MXNet's threads in each process that holds a module (OpenMP's, which MXNet 1.9 reads at its import)."""
+    return (("OMP_NUM_THREADS", str(n)),)
+
+
+@dataclass(frozen=True)
 class System:
     name: str  # what --systems names, and the runs' output keys
     label: str  # the table's words
-    kind: str  # "ours", "daft" or "spark-udf"
+    kind: str  # "ours", "daft", "ray" or "spark-udf"
     master: str = ""
+    #: The configurations the sweep tries (the first without a sweep); the fastest at N2 runs the rounds.
+    configs: tuple[Config, ...] = (Config("its defaults"),)
 
 
 SYSTEMS = {s.name: s for s in (
@@ -112,10 +138,34 @@ SYSTEMS = {s.name: s for s in (
     System("two-executors", "this job, two executors local-cluster[2,1,2048]", "ours", "local-cluster[2,1,2048]"),
     System("original-shape", "this job, the original's shape local-cluster[1,1,6144]", "ours",
            "local-cluster[1,1,6144]"),
-    System("daft", "Daft {version}, download + a class UDF holding the module", "daft"),
-    System("spark-udf", "Spark's predict_batch_udf, local[2]", "spark-udf", "local[2]"),
+    System("daft", "Daft {daft}", "daft", configs=(
+        Config("Daft's decode_image and resize, one module on both cores, batch 16",
+               ("--decode", "daft", "--instances", "1", "--batch", "16"), threads(2)),
+        Config("Daft's decode_image and resize, one module on both cores, batch 64",
+               ("--decode", "daft", "--instances", "1", "--batch", "64"), threads(2)),
+        Config("Daft's decode_image and resize, two modules of one core, batch 16",
+               ("--decode", "daft", "--instances", "2", "--batch", "16"), threads(1)),
+        Config("the job's recipe in a @daft.func, one module on both cores, batch 16",
+               ("--decode", "recipe", "--instances", "1", "--batch", "16"), threads(2)),
+    )),
+    System("ray", "Ray Data {ray}", "ray", configs=(
+        # An actor reserves one CPU (or half): the read tasks need one left over.
+        Config("decode tasks, one actor with MXNet on both cores, batch 16",
+               ("--decode", "task", "--actors", "1", "--actor-cpus", "1", "--batch", "16"), threads(2)),
+        Config("decode in the actor, one actor with MXNet on both cores, batch 16",
+               ("--decode", "actor", "--actors", "1", "--actor-cpus", "1", "--batch", "16"), threads(2)),
+        Config("decode in the actors, two actors of one thread (half a CPU reserved each), batch 16",
+               ("--decode", "actor", "--actors", "2", "--actor-cpus", "0.5", "--batch", "16"), threads(1)),
+    )),
+    System("spark-udf", "Spark's predict_batch_udf, local[2]", "spark-udf", "local[2]", configs=(
+        Config("two Python workers of one thread, batch 16", ("--batch", "16"), threads(1)),
+        Config("two Python workers of one thread, batch 64", ("--batch", "64"), threads(1)),
+        Config("two Python workers on both cores each (MXNet's default), batch 16", ("--batch", "16")),
+    )),
 )}
 REFERENCE = "ours"
+#: The process group a peer's processes without one of their own are charged to, by kind.
+PEER_GROUP = {"daft": "Daft", "ray": "Ray"}
 
 
 @dataclass(frozen=True)
@@ -146,7 +196,7 @@ def export_model(model: Model, folder: Path) -> Path:
 # CPU by process group
 
 #: The groups CPU is charged to, in the printout's order.
-GROUPS = ("Python workers", "Python driver", "driver JVM", "executor JVMs", "spark-submit's scripts", "Daft",
+GROUPS = ("Python workers", "Python driver", "driver JVM", "executor JVMs", "spark-submit's scripts", "Daft", "Ray",
           "S3 stand-in (moto)", "rest of the machine")
 
 
@@ -166,7 +216,9 @@ def process_group(name: str, cmdline: str) -> str | None:
         return "Python workers"
     if "infer_main.py" in cmdline or "peer_spark_udf.py" in cmdline or FLOOR_SCRIPT in cmdline:
         return "Python driver"
-    return "Daft" if "bench.peer_daft" in cmdline else None
+    # Ray's workers and daemons rename themselves: PEER_GROUP takes them.
+    return next((group for module, group in (("bench.peer_daft", "Daft"), ("bench.peer_ray", "Ray"))
+                 if module in cmdline), None)
 
 
 def record(seen: dict, key: tuple, group: str | None, cpu: float) -> None:
@@ -298,8 +350,8 @@ class Setup:
     work: Path
 
 
-def command(system: System, setup: Setup, n: int, tag: str) -> tuple[list[str], str]:
-    """The command line of one run and the S3 key (or folder) of its output."""
+def command(system: System, setup: Setup, n: int, tag: str, config: Config) -> tuple[list[str], str]:
+    """The command line of one run of ``system`` in ``config`` and the S3 key (or folder) of its output."""
     model = setup.model
     if system.kind == "ours":
         out = f"out/{tag}.parquet"
@@ -310,7 +362,7 @@ def command(system: System, setup: Setup, n: int, tag: str) -> tuple[list[str], 
     # The peers' own options: the same checkpoint, recipe and forward batch.
     shared = ["--model", f"s3://{BUCKET}/models/{model.name}", "--endpoint-url", setup.endpoint,
               "--input-shape", model.shape, "--mean", model.mean, "--std", model.std,
-              "--batch", str(FORWARD_BATCH), "--top-k", "5"]
+              "--batch", str(FORWARD_BATCH), "--top-k", "5", *config.args]
     if system.kind == "spark-udf":
         out = f"out/{tag}.parquet"
         return [str(Path(sys.executable).with_name("spark-submit")), "--master", system.master,
@@ -320,15 +372,17 @@ def command(system: System, setup: Setup, n: int, tag: str) -> tuple[list[str], 
                 str(ROOT / "bench" / "peer_spark_udf.py"), "--input", f"s3://{BUCKET}/peers/n{n}/",
                 "--output", f"s3://{BUCKET}/{out}", *shared], out
     out = f"out/{tag}/"
-    return [str(PEERS_PYTHON), "-m", "bench.peer_daft", "--input", f"s3://{BUCKET}/peers/n{n}/*",
+    glob = "*" if system.kind == "daft" else ""  # Daft lists a glob, Ray a folder
+    return [str(PEERS_PYTHON), "-m", f"bench.peer_{system.kind}", "--input", f"s3://{BUCKET}/peers/n{n}/{glob}",
             "--output", f"s3://{BUCKET}/{out}", *shared], out
 
 
-def run_once(system: System, setup: Setup, n: int, round_: int) -> dict:
+def run_once(system: System, setup: Setup, n: int, round_, config: Config | None = None) -> dict:
     """One whole job, from a cold start: its wall time, CPU by group and each image's top-1 class."""
+    config = config or system.configs[0]
     tag = f"{system.name}-{n}-r{round_}"
-    argv, out = command(system, setup, n, tag)
-    env = spark_env({"PYTHONPATH": str(ROOT)})
+    argv, out = command(system, setup, n, tag, config)
+    env = spark_env({"PYTHONPATH": str(ROOT), **dict(config.env)})
     log_path = setup.work / "logs" / f"{tag}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     moto_before, machine_before = cpu_seconds(setup.moto), busy_cpu()
@@ -340,10 +394,10 @@ def run_once(system: System, setup: Setup, n: int, round_: int) -> dict:
     wall = time.perf_counter() - started
     if code != 0:
         raise RuntimeError(f"{tag} exited {code}; see {log_path}")
-    cpu = cpu_by_group(tree.seen, "Daft" if system.kind == "daft" else "spark-submit's scripts")
+    cpu = cpu_by_group(tree.seen, PEER_GROUP.get(system.kind, "spark-submit's scripts"))
     cpu["S3 stand-in (moto)"] = cpu_seconds(setup.moto) - moto_before
     cpu["rest of the machine"] = max(0.0, busy_cpu() - machine_before - sum(cpu.values()))
-    keys = parquet_keys(setup.s3, out) if system.kind == "daft" else [out]
+    keys = parquet_keys(setup.s3, out) if out.endswith("/") else [out]
     best = top1(read_rows(setup.s3, keys))
     return {"system": system.name, "n": n, "round": round_, "wall": wall, "cpu": cpu, "top1": best}
 
@@ -409,22 +463,47 @@ def upload(s3, paths: list[Path], sizes: list[int], prefix: Path, model: Model) 
                                                 Body=job[1].read_bytes()), jobs))
 
 
-def peers_daft_version(systems: list[System]) -> str:
-    """Daft's version in ``.venv-peers`` (which proves the venv works), or ``""`` when no system needs it."""
-    if not any(s.kind == "daft" for s in systems):
-        return ""
+def peers_versions(systems: list[System]) -> dict[str, str]:
+    """Daft's and Ray's versions in ``.venv-peers`` (which proves the venv works); empty when no system needs it."""
+    if not any(s.kind in PEER_GROUP for s in systems):
+        return {}
     if not PEERS_PYTHON.exists():
         raise SystemExit(f"{PEERS_PYTHON} is missing: `make bench-peers` makes it (bench/requirements-peers.txt)")
-    result = subprocess.run([str(PEERS_PYTHON), "-c", "import daft, mxnet; print(daft.__version__)"],
-                            capture_output=True, text=True, check=False)
+    code = "import daft, ray, mxnet; print(daft.__version__, ray.__version__)"
+    result = subprocess.run([str(PEERS_PYTHON), "-c", code], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise SystemExit(f".venv-peers cannot import daft and mxnet:\n{result.stderr[-2000:]}")
-    return result.stdout.strip()
+        raise SystemExit(f".venv-peers cannot import daft, ray and mxnet:\n{result.stderr[-2000:]}")
+    daft_version, ray_version = result.stdout.split()
+    return {"daft": daft_version, "ray": ray_version}
+
+
+def sweep(systems: list[System], setup: Setup, n: int, results: dict) -> dict[str, Config]:
+    """Each peer's configurations run once at ``n`` images; the fastest whole job of each, by system name.
+
+    A system with one configuration is not run here. Every run goes to
+    ``results["sweep"]`` (the printout's sweep table).
+    """
+    best: dict[str, Config] = {}
+    for system in systems:
+        if len(system.configs) < 2:
+            best[system.name] = system.configs[0]
+            continue
+        timed = []
+        for config in system.configs:
+            log(f"sweep, {n} images: {system.name}, {config.name}")
+            done = run_once(system, setup, n, f"sweep{len(timed)}", config)
+            total = sum(v for g, v in done["cpu"].items() if g not in ("rest of the machine", "S3 stand-in (moto)"))
+            log(f"  {done['wall']:.1f} s, {total:.1f} CPU-s without the S3 stand-in")
+            results["sweep"].append({"system": system.name, "config": config.name, "wall": done["wall"],
+                                     "cpu": total})
+            timed.append((done["wall"], config))
+        best[system.name] = min(timed, key=lambda t: t[0])[1]
+    return best
 
 
 def run(args) -> dict:
     systems = [SYSTEMS[name] for name in args.systems]
-    daft_version = peers_daft_version(systems)
+    versions = peers_versions(systems)
     work = args.work
     model = MODELS[args.model]
     log(f"making {max(args.sizes)} JPEGs and the {model.weights} checkpoint under {work}")
@@ -433,7 +512,7 @@ def run(args) -> dict:
     results: dict = {"cpu": cpu_description(), "sizes": args.sizes, "rounds": args.rounds,
                      "model": f"{model.weights}, {model.shape.replace(',', 'x')}",
                      "image_kb": sum(p.stat().st_size for p in paths) / len(paths) / 1000,
-                     "labels": {s.name: s.label.format(version=daft_version) for s in systems}, "runs": []}
+                     "labels": {s.name: s.label.format(**versions) for s in systems}, "runs": [], "sweep": []}
     log(f"the model's limit: forward passes only, batch {FORWARD_BATCH}, every core ({args.limit_seconds:g} s)")
     results["limit"] = probe(["limit", "--model", str(prefix), "--shape", model.shape, "--batch", str(FORWARD_BATCH),
                               "--seconds", str(args.limit_seconds), *map(str, paths[: 2 * FORWARD_BATCH])],
@@ -448,6 +527,11 @@ def run(args) -> dict:
         masters = sorted({s.master for s in systems if s.kind == "ours"})
         results["floor"] = {master: [] for master in masters}
         (work / "logs").mkdir(parents=True, exist_ok=True)
+        chosen = sweep(systems, setup, max(args.sizes), results) if args.sweep else {
+            s.name: s.configs[0] for s in systems}
+        for s in systems:
+            if s.kind != "ours":
+                results["labels"][s.name] += f" ({chosen[s.name].name})"
         for round_ in range(1, args.rounds + 1):
             for master in masters:
                 log(f"round {round_}: Spark's floor on {master}, an empty PySpark job")
@@ -456,7 +540,7 @@ def run(args) -> dict:
             for n in args.sizes:
                 for system in systems:
                     log(f"round {round_}, {n} images: {results['labels'][system.name]}")
-                    done = run_once(system, setup, n, round_)
+                    done = run_once(system, setup, n, round_, chosen[system.name])
                     rest = done["cpu"]["rest of the machine"]
                     log(f"  {done['wall']:.1f} s, {sum(done['cpu'].values()) - rest:.1f} CPU-s "
                         f"(the rest of the machine meanwhile: {rest:.1f})")
@@ -532,17 +616,36 @@ def walls(values: list[float]) -> str:
 
 
 def speed_table(results: dict, summary: dict) -> list[str]:
+    """E, E against ours and against the model's limit L (a weak peer shows), the whole job's times, agreement."""
     n1, n2 = results["sizes"]
     ours = (summary.get(REFERENCE) or {}).get("E")
+    limit = results["limit"]["images_per_second"]
     rows = []
     for name, s in summary.items():
         ratio = s["E"] / ours if s["E"] is not None and ours else None
+        of_limit = s["E"] / limit if s["E"] is not None and limit else None
         agreed = s["agreement"]
         agree = ("reference" if name == REFERENCE else f"{agreed[0]}/{agreed[1]}") if agreed else "n/a"
-        rows.append([results["labels"][name], fmt(s["E"]), fmt(ratio, 2), walls(s["wall"][n2]),
+        rows.append([results["labels"][name], fmt(s["E"]), fmt(ratio, 2), fmt(of_limit, 2), walls(s["wall"][n2]),
                      walls(s["wall"][n1]), agree])
-    return markdown(["system", "E img/s (median)", "E / ours", f"whole job, {n2:,} images",
+    return markdown(["system", "E img/s (median)", "E / ours", "E / L", f"whole job, {n2:,} images",
                      f"whole job, {n1:,} images", "top-1 same as ours"], rows)
+
+
+def sweep_table(results: dict) -> list[str]:
+    """What the sweep tried for each peer, and which configuration ran the rounds (the fastest whole job)."""
+    runs = results.get("sweep") or []
+    if not runs:
+        return []
+    n2 = results["sizes"][1]
+    fastest = {}
+    for r in runs:
+        if r["system"] not in fastest or r["wall"] < fastest[r["system"]]["wall"]:
+            fastest[r["system"]] = r
+    rows = [[r["system"], r["config"], f"{r['wall']:.1f} s", fmt(r["cpu"]),
+             "best: runs the rounds" if fastest[r["system"]] is r else ""] for r in runs]
+    return ["", f"Each peer's configurations, one whole job of {n2:,} images each (CPU: the S3 stand-in and the rest "
+            "of the machine left out):", *markdown(["peer", "configuration", "whole job", "CPU-s", ""], rows)]
 
 
 def cpu_table(results: dict, summary: dict) -> list[str]:
@@ -634,8 +737,9 @@ def report(results: dict) -> str:
            f"{results['rounds']} interleaved round(s), each run a whole job from a cold start", ""]
     out += speed_table(results, summary)
     out += ["", f"E = ({n2:,} - {n1:,}) / (T_{n2} - T_{n1}): images/s with the start-up cancelled. "
-            f"The model's own limit on these cores: {lim['images_per_second']:.1f} img/s "
+            f"L, the model's own limit on these cores: {lim['images_per_second']:.1f} img/s "
             f"(forward passes only, batch {FORWARD_BATCH}, {lim['cpu_ms_per_image']:.1f} ms of CPU an image)."]
+    out += sweep_table(results)
     distinct = summary.get(REFERENCE, {}).get("distinct_top1")
     if distinct is not None:
         out.append(f"Ours gave {distinct} distinct top-1 classes over a run's images.")
@@ -667,6 +771,8 @@ def main(argv=None) -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet18")
     parser.add_argument("--limit-seconds", type=float, default=15.0, help="seconds of forward passes for the limit")
+    parser.add_argument("--no-sweep", dest="sweep", action="store_false",
+                        help="run each peer in its first configuration instead of the fastest of a sweep")
     parser.add_argument("--work", type=Path, default=ROOT / "run" / "peers",
                         help="folder for the images, the model, the logs and results.json")
     args = parser.parse_args(argv)

@@ -1,8 +1,9 @@
 """``make bench-peers`` (bench/peers.py): E from two sizes, CPU by process group, agreement, the printout, the targets.
 
-Fast and without Daft: the pure functions run on made-up runs. One test runs
-Daft's side (bench/peer_daft.py) in ``.venv-peers`` on a few images, and is
-skipped where that venv was never made (``make bench-peers`` makes it).
+Fast and without Daft: the pure functions run on made-up runs. Three tests run
+Daft's and Ray's sides (bench/peer_daft.py, bench/peer_ray.py) in ``.venv-peers``
+on a few images, and are skipped where that venv was never made (``make
+bench-peers`` makes it).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def test_e_is_unknown_for_a_round_whose_larger_job_was_not_slower_or_is_missing(
     ("python3.11", "/w/.venv/bin/python /w/infer_main.py --input s3://b/", "Python driver"),
     ("python3", "/w/.venv/bin/python -m pyspark.daemon", "Python workers"),
     ("python", "/w/.venv-peers/bin/python -m bench.peer_daft --input s3://b/*", "Daft"),
+    ("python", "/w/.venv-peers/bin/python -m bench.peer_ray --input s3://b/", "Ray"),
+    ("raylet", "/w/.venv-peers/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --port 0", None),
     ("python", "/w/.venv/bin/python /w/bench/peer_spark_udf.py --input s3://b/", "Python driver"),
     ("moto_server", "moto_server -H 127.0.0.1", None),
     ("python", "/w/.venv/bin/python /w/run/peers/spark_floor.py", "Python driver"),
@@ -147,11 +150,13 @@ def test_the_printout_has_the_table_the_cpu_split_the_limit_the_cpu_and_each_tar
                           driver_cpu=7.0, imports=3.0, ours_cpu=150.0, daft_cpu=93.0)
     text = peers.report(results)
     e_ours, e_daft = (1152 / 48 + 1152 / 50) / 2, (1152 / 45 + 1152 / 44) / 2
-    assert f"| this job | {e_ours:.1f} | 1.00 | 90.0 s (88.0-92.0) | 41.0 s (40.0-42.0) | reference |" in text
-    assert (f"| Daft 0.7.26 | {e_daft:.1f} | {e_daft / e_ours:.2f} | 55.8 s (55.5-56.0) | 11.2 s (11.0-11.5) "
-            "| 16/16 |") in text
+    assert (f"| this job | {e_ours:.1f} | 1.00 | {e_ours / 28.6:.2f} | 90.0 s (88.0-92.0) | 41.0 s (40.0-42.0) "
+            "| reference |") in text
+    assert (f"| Daft 0.7.26 | {e_daft:.1f} | {e_daft / e_ours:.2f} | {e_daft / 28.6:.2f} | 55.8 s (55.5-56.0) "
+            "| 11.2 s (11.0-11.5) | 16/16 |") in text
     cpu_header = next(line for line in text.splitlines() if line.startswith("| system | Python workers"))
     assert cpu_header.split(" | ")[1:5] == ["Python workers", "Python driver", "driver JVM", "Daft"]
+    assert "configuration" not in text  # no sweep ran: no sweep table
     assert f"| this job | {150 - 7 - 2:.1f} | 7.0 | 2.0 | 0.0 | 50.0 | 150.0 | {150_000 / N2:.1f} |" in text
     assert "Test CPU, 2 cores, VNNI: no" in text and "28.6 img/s" in text
     target_lines = [line for line in text.splitlines() if line.startswith("  this job: ")]
@@ -170,45 +175,108 @@ def test_sizes_are_two_counts_the_first_smaller(text):
 
 
 def test_the_bench_refuses_an_unknown_system():
-    result = subprocess.run([sys.executable, "-m", "bench.peers", "--systems", "ours,ray"], cwd=str(ROOT),
+    result = subprocess.run([sys.executable, "-m", "bench.peers", "--systems", "ours,dask"], cwd=str(ROOT),
                             capture_output=True, text=True, check=False)
     assert result.returncode == 2
-    assert "--systems: unknown ray; choose from ours, two-executors, original-shape, daft, spark-udf" in result.stderr
+    assert ("--systems: unknown dask; choose from ours, two-executors, original-shape, daft, ray, spark-udf"
+            in result.stderr)
 
 
-@pytest.mark.skipif(not peers.PEERS_PYTHON.exists(), reason=".venv-peers is not made (make bench-peers makes it)")
-def test_dafts_pipeline_gives_every_image_the_jobs_own_top_5(tmp_path, moto_endpoint):
-    """Daft's side decodes with the job's recipe and scores with the same checkpoint: the job's classes and
-    probabilities on every image, as the bench's agreement column assumes."""
+def test_the_sweep_runs_each_configuration_of_a_peer_once_and_keeps_the_fastest(monkeypatch):
+    walls = {"daft": [30.0, 20.0, 25.0, 40.0], "ray": [50.0, 45.0, 44.0]}
+    ran = []
+
+    def fake_run(system, setup, n, round_, config):
+        ran.append((system.name, n, config.name))
+        wall = walls[system.name][system.configs.index(config)]
+        return {"wall": wall, "cpu": {"Daft": wall, "S3 stand-in (moto)": 5.0, "rest of the machine": 1.0}}
+
+    monkeypatch.setattr(peers, "run_once", fake_run)
+    results = {"sweep": [], "sizes": [N1, N2]}
+    systems = [peers.SYSTEMS[name] for name in ("ours", "daft", "ray")]
+    best = peers.sweep(systems, None, N2, results)
+    assert best == {"ours": peers.SYSTEMS["ours"].configs[0], "daft": peers.SYSTEMS["daft"].configs[1],
+                    "ray": peers.SYSTEMS["ray"].configs[2]}
+    assert [name for name, _, _ in ran] == ["daft"] * 4 + ["ray"] * 3 and {n for _, n, _ in ran} == {N2}
+    assert [r["cpu"] for r in results["sweep"]] == walls["daft"] + walls["ray"]  # moto and the rest left out
+    table = peers.sweep_table(results)
+    best_rows = [line for line in table if "best: runs the rounds" in line]
+    assert best_rows == [f"| daft | {peers.SYSTEMS['daft'].configs[1].name} | 20.0 s | 20.0 | best: runs the rounds |",
+                         f"| ray | {peers.SYSTEMS['ray'].configs[2].name} | 44.0 s | 44.0 | best: runs the rounds |"]
+
+
+@pytest.mark.parametrize("name", ["daft", "ray", "spark-udf"])
+def test_a_peers_command_and_environment_carry_its_configuration(name, monkeypatch, tmp_path):
+    system = peers.SYSTEMS[name]
+    setup = peers.Setup(None, "http://127.0.0.1:5000", None, peers.MODELS["resnet18"], tmp_path)
+    for config in system.configs:
+        argv, _ = peers.command(system, setup, N1, "t", config)
+        assert argv[-len(config.args):] == list(config.args)  # after the shared options: argparse keeps the last
+    assert {dict(c.env).get("OMP_NUM_THREADS") for c in system.configs} >= {"1"}
+
+
+NO_PEERS_VENV = pytest.mark.skipif(not peers.PEERS_PYTHON.exists(),
+                                   reason=".venv-peers is not made (make bench-peers makes it)")
+
+
+def peer_rows(tmp_path, endpoint: str, module: str, glob: str, *extra: str) -> tuple[list, dict]:
+    """Five JPEGs and ResNet-20 on the S3 stand-in, the peer ``module`` run over them: the images and the rows."""
     bucket = "peers-test"
-    s3 = make_s3_client(moto_endpoint)
-    s3.create_bucket(Bucket=bucket)
-    prefix = bench_models.export(bench_models.RESNET20, tmp_path / "models")
+    s3 = make_s3_client(endpoint)
+    if bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=bucket)
+    bench_models.export(bench_models.RESNET20, tmp_path / "models")
     for suffix in ("-symbol.json", "-0000.params"):
         s3.put_object(Bucket=bucket, Key=f"models/resnet20{suffix}", Body=(tmp_path / "models" / f"resnet20{suffix}")
                       .read_bytes())
     paths = peers.jpegs(tmp_path / "images", 5)
     for path in paths:
         s3.put_object(Bucket=bucket, Key=f"peers/n5/{path.name}", Body=path.read_bytes())
-    shape = bench_models.RESNET20.shape_arg
+    out = f"out/{module}-{tmp_path.name}/"
     result = subprocess.run(
-        [str(peers.PEERS_PYTHON), "-m", "bench.peer_daft", "--input", f"s3://{bucket}/peers/n5/*",
-         "--model", f"s3://{bucket}/models/resnet20", "--output", f"s3://{bucket}/out/daft/",
-         "--endpoint-url", moto_endpoint, "--input-shape", shape, "--mean", bench_models.MEAN,
-         "--std", bench_models.STD, "--batch", "2"],
-        cwd=str(ROOT), env=peers.spark_env(), capture_output=True, text=True, check=False, timeout=300)
+        [str(peers.PEERS_PYTHON), "-m", f"bench.{module}", "--input", f"s3://{bucket}/peers/n5/{glob}",
+         "--model", f"s3://{bucket}/models/resnet20", "--output", f"s3://{bucket}/{out}",
+         "--endpoint-url", endpoint, "--input-shape", bench_models.RESNET20.shape_arg, "--mean", bench_models.MEAN,
+         "--std", bench_models.STD, "--batch", "2", *extra],
+        cwd=str(ROOT), env=peers.spark_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True, check=False,
+        timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = {peers.object_key(r["key"]): r["predictions"]
-            for r in peers.read_rows(s3, peers.parquet_keys(s3, "out/daft/", bucket), bucket)}
+    written = peers.read_rows(s3, peers.parquet_keys(s3, out, bucket), bucket)
+    rows = {peers.object_key(r["key"]): r["predictions"] for r in written}
     assert sorted(rows) == [f"peers/n5/{p.name}" for p in paths]
+    return paths, rows
+
+
+@NO_PEERS_VENV
+@pytest.mark.parametrize(("module", "glob", "extra"), [
+    ("peer_daft", "*", ("--decode", "recipe")),
+    ("peer_ray", "", ("--decode", "task")),
+    ("peer_ray", "", ("--decode", "actor", "--actors", "2", "--actor-cpus", "0.5")),
+])
+def test_a_peer_decoding_with_the_jobs_recipe_gives_every_image_the_jobs_own_top_5(tmp_path, moto_endpoint, module,
+                                                                                   glob, extra):
+    """The peer scores with the same checkpoint and decodes with the job's recipe: the job's classes and
+    probabilities on every image, as the bench's agreement column assumes."""
+    paths, rows = peer_rows(tmp_path, moto_endpoint, module, glob, *extra)
     prep = Preprocess(input_shape=bench_models.RESNET20.input_shape,
                       mean=tuple(map(float, bench_models.MEAN.split(","))),
                       std=tuple(map(float, bench_models.STD.split(","))))
-    ours = ImageClassifier(str(prefix), bench_models.RESNET20.input_shape, 5, preprocess=prep)
+    ours = ImageClassifier(str(tmp_path / "models" / "resnet20"), bench_models.RESNET20.input_shape, 5,
+                           preprocess=prep)
     for path, expected in zip(paths, ours.classify_images([p.read_bytes() for p in paths], 5)):
         got = rows[f"peers/n5/{path.name}"]
         assert [p["class_id"] for p in got] == [c for c, _, _ in expected]
         np.testing.assert_allclose([p["probability"] for p in got], [p for _, _, p in expected], rtol=1e-4)
+
+
+@NO_PEERS_VENV
+def test_dafts_own_decode_gives_every_image_five_classes_best_first(tmp_path, moto_endpoint):
+    """Daft's decode_image and resize feed the module uint8 tensors it scales with the recipe's mean and std."""
+    _, rows = peer_rows(tmp_path, moto_endpoint, "peer_daft", "*", "--decode", "daft", "--instances", "2")
+    for predictions in rows.values():
+        probabilities = [p["probability"] for p in predictions]
+        assert len({p["class_id"] for p in predictions}) == 5 and probabilities == sorted(probabilities, reverse=True)
+        assert 0 < sum(probabilities) <= 1.0 + 1e-5
 
 
 def test_jpegs_leave_out_the_image_sets_pngs(tmp_path):

@@ -44,13 +44,6 @@ def file_id(key: str, prefix: str) -> tuple[str | None, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
-def file_index(key: str, prefix: str) -> int | None:
-    """The index of a dataset file's key under ``prefix``, whichever run wrote it, else ``None``."""
-    found = file_id(key, prefix)
-    return found[1] if found else None
-
-
-
 class DatasetSink:
     """The assembly's rows, in key order, cut into files of ``rows_per_file`` rows under ``prefix``.
 

@@ -36,7 +36,7 @@ from mxjob.outputs.fingerprint import carried_names, job_fingerprint
 from mxjob.planning.sizing import bound_batch
 from mxjob.run.keys import carried_columns
 from mxjob.run.spark_start import SparkStart
-from mxjob.run.warm_up import executors_report
+from mxjob.run.warm_up import executors_report, killed_for_memory
 from mxjob.s3 import access, clients, reads, uris
 from mxjob.tasks import Task
 
@@ -136,6 +136,9 @@ def check_on_driver(cfg: JobConfig, client, images: listing.Listing,
     if report is not None and report.failure is not None:
         raise JobError(report.failure)
     classifier = load_model_on_driver(cfg) if report is None else None
+    killed = killed_for_memory(start)
+    if killed is not None:  # the run's tasks would be killed as the warm-up's were
+        raise JobError(killed)
     model = ModelFacts.of(classifier) if report is None else report.facts
     task = run_task(cfg)
     for warning in task.warnings(cfg, cfg.output_format == "parquet"):

@@ -74,6 +74,8 @@ class SparkStart:
         self._run_began = False
         #: What each warm-up task returned, once its job ended; ``None`` until then, or when it failed.
         self.reports: list | None = None
+        #: Why the warm-up's job failed (Spark's exception, as text), once it has; ``None`` otherwise.
+        self.failure: str | None = None
         if begin:
             self.begin()
 
@@ -152,6 +154,7 @@ class SparkStart:
             if self._stopping:  # cancelled by stop(), or its context stopped under it: the run has ended
                 log.debug("the warm-up ended with the run: %s", spark_failure_reason(exc))
             else:
+                self.failure = str(exc)
                 log.info("warming the executors up did not finish (%s); the run's first tasks load the model",
                          spark_failure_reason(exc))
         finally:

@@ -3,7 +3,8 @@ one of them checking it and measuring the estimate's sample, so the driver loads
 
 :mod:`mxjob.run.spark_start` starts the SparkContext in a thread of its own; this module decides when
 (:func:`early_spark`, :func:`begin_spark`), what the executors load (:func:`warm_up`), and reads the
-checking task's report (:func:`executors_report`).
+checking task's report (:func:`executors_report`), or why its job failed when YARN killed its executors for their
+memory (:func:`killed_for_memory`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from mxjob import tasks
 from mxjob.executor.measure import combined
 from mxjob.executor.model_check import WarmReport, warm_and_check
 from mxjob.inputs import listing
+from mxjob.model.worker import memory_bytes
 from mxjob.options.config import JobConfig
 from mxjob.planning.sizing import bound_batch, sample_items, sample_size
+from mxjob.run import container_memory
 from mxjob.run.cluster import expected_executors, host_threads
 from mxjob.run.spark_start import SparkStart
 
@@ -120,3 +123,20 @@ def executors_report(start: SparkStart | None) -> WarmReport | None:
     elif report.failure is None:
         log.info("an executor checked the model as it warmed up; the driver loads no MXNet")
     return report
+
+
+def killed_for_memory(start: SparkStart | None) -> str | None:
+    """What to raise, when YARN killed the warm-up's executors for their memory as often as Spark retried its task.
+
+    The run's tasks load the same model in the same containers: they would
+    be killed the same way, each kill a container's start and a model's load
+    later. The driver says so now (:func:`mxjob.run.container_memory.killed_message`,
+    with its own peak: it has just loaded the model for its check), before
+    the run claims the output. ``None`` for any other failure, or none.
+    """
+    if start is None or start.failure is None:
+        return None
+    container = container_memory.ExecutorContainer.from_conf(dict(start.context().getConf().getAll()))
+    driver_peak = memory_bytes()["max_rss"]
+    return container_memory.killed_message(start.failure, container, {},
+                                           driver_peak / container_memory.MIB if driver_peak else None)

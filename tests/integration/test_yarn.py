@@ -95,6 +95,8 @@ class Submission:
 
     def __init__(self, tmp_path: Path, endpoint: str, args: list[str], overrides: dict | None = None):
         self.log = tmp_path / "spark-submit.log"
+        # The client polls YARN every second, not make submit-yarn's 5: each test sees its application end sooner.
+        overrides = {"spark.yarn.report.interval": "1s", **(overrides or {})}
         conf = run_yarn.yarn_spark_conf(overrides, env=run_yarn.container_env(True, endpoint))
         command = run_yarn.submit_command(args, conf, tmp_path / "spark-yarn.conf")
         env = run_yarn.submit_env(True, endpoint)
@@ -413,13 +415,13 @@ def test_an_executor_over_its_memory_limit_is_killed_by_yarn_and_the_job_says_wh
     assert (report["state"], report["final_status"]) == ("FINISHED", "FAILED")
     assert "Container killed by YARN for exceeding physical memory limits" in submission.logs()
     status = json.loads(s3.get_object(Bucket=EFFNET_BUCKET, Key="memory/out.jsonl.status.json")["Body"].read())
-    assert status["state"] == "failed"
+    # Killed as they loaded the model for the warm-up: the driver says so then, and starts no run to be killed again.
+    assert (status["state"], status["stage"]) == ("failed", "model_check")
     message = status["message"]
     assert "YARN killed an executor's container for exceeding its memory limit" in message
     assert "of 544 MB" in message  # YARN's limit, as YARN rounded it
     assert "528 MiB (spark.executor.memory 512 MiB + spark.executor.memoryOverhead 16 MiB)" in message
-    assert re.search(r"Python workers' measured peak RSS was [\d,]+ MiB|the driver, which loaded the same model "
-                     r"for its check, peaked at [\d,]+ MiB", message), message
+    assert re.search(r"the driver, which loaded the same model for its check, peaked at [\d,]+ MiB", message), message
     assert re.search(r"Raise spark.executor.memoryOverhead to \d+m or more", message), message
     assert open_uploads(s3, EFFNET_BUCKET) == []
 
@@ -427,7 +429,8 @@ def test_an_executor_over_its_memory_limit_is_killed_by_yarn_and_the_job_says_wh
 @pytest.mark.real_model
 def test_the_documented_memory_settings_finish_it_with_a_real_model_in_forward_lanes(effnet_world, memory_killed,
                                                                                     tmp_path):
-    # --resume of the killed run with conf/emr.yaml's settings as make run-yarn scales them
+    # --resume of the killed run (which stopped before its plan: nothing of it to resume) with conf/emr.yaml's
+    # settings as make run-yarn scales them
     # (run_yarn.LOCAL_MEMORY), and two MXNet threads per executor, so that each worker runs two
     # forward lanes, each with its own bound copy of the model: no container killed, no line lost.
     s3, output_key = effnet_world["s3"], "memory/out.jsonl"
@@ -439,7 +442,7 @@ def test_the_documented_memory_settings_finish_it_with_a_real_model_in_forward_l
     keys = [json.loads(line)["key"] for line in lines]
     assert keys == [f"photos/{i:03d}.jpg" for i in range(64)]
     summary = json.loads(s3.get_object(Bucket=EFFNET_BUCKET, Key=f"{output_key}.summary.json")["Body"].read())
-    assert summary["predicted"] == 64 and summary["resumed"] is True
+    assert summary["predicted"] == 64 and summary["resumed"] is False
     assert {worker["lanes"] for worker in summary["python_workers"].values()} == {2}
     fit = summary["spark"]["executor_container"]
     assert fit["limit_mib"] == 6144 and fit["memory_overhead_mib"] == 5120

@@ -1,6 +1,6 @@
 """Unit tests for :mod:`mxjob.run.container_memory` (an executor's YARN container and the advice when YARN kills
-one) and for :func:`mxjob.outputs.claim.finished_by_this_application` (a later YARN attempt ending as the earlier
-one did)."""
+one), for :func:`mxjob.run.warm_up.killed_for_memory` (the warm-up's executors killed so) and for
+:func:`mxjob.outputs.claim.finished_by_this_application` (a later YARN attempt ending as the earlier one did)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from mxjob.run.container_memory import (
     size_mib,
     suggested_overhead_mib,
 )
+from mxjob.run.warm_up import killed_for_memory
 
 #: The reason Spark gives when YARN kills an executor's container for its memory (a container of 640 MiB).
 KILLED_REASON = (
@@ -267,3 +268,31 @@ def test_finished_by_this_application_is_none_without_a_summary(monkeypatch):
 def test_finished_by_this_application_is_none_when_the_status_has_no_exit_code(monkeypatch):
     monkeypatch.setenv("CONTAINER_ID", ATTEMPT_2)
     assert finished_by_this_application(CFG, finished_run(exit_code=None)) is None
+
+
+# --- warm_up.killed_for_memory: the warm-up's executors killed for their memory -----------------------------------
+
+
+class _Conf:
+    def getAll(self):  # SparkConf's name
+        return [("spark.master", "yarn"), ("spark.executor.memory", "512m"), ("spark.executor.memoryOverhead", "128m")]
+
+
+def warmed(failure: str | None):
+    """A SparkStart as the driver finds it after its warm-up: its context's conf, and why its job failed."""
+    return types.SimpleNamespace(failure=failure, context=lambda: types.SimpleNamespace(getConf=_Conf))
+
+
+def test_a_warm_up_killed_by_yarn_for_memory_is_the_runs_failure_with_the_container_and_what_to_raise():
+    message = killed_for_memory(warmed(KILLED_REASON))
+    assert message.startswith("YARN killed an executor's container for exceeding its memory limit (685.1 MB used "
+                              "of 640 MB)")
+    assert "640 MiB (spark.executor.memory 512 MiB + spark.executor.memoryOverhead 128 MiB)" in message
+    assert "the driver, which loaded the same model for its check, peaked at" in message
+    assert re.search(r"Raise spark.executor.memoryOverhead to \d+m or more", message)
+
+
+@pytest.mark.parametrize("failure", [None, "Job aborted due to stage failure: Task 0 failed 4 times: ValueError: x"])
+def test_a_warm_up_that_failed_otherwise_or_not_at_all_leaves_the_run_to_go_on(failure):
+    assert killed_for_memory(warmed(failure)) is None
+    assert killed_for_memory(None) is None

@@ -177,6 +177,10 @@ bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, st
 bench-estimate: $(STAMP) $(LOCAL_SPARK) ## The estimate against the measured time: --dry-run's projection beside the run, 128 and 1,280 JPEGs, and the EMR layout modelled (about 2 min; BENCH_ARGS='--sizes 16,64 --layout 10x16 --node-price 0.96')
 	$(PY) -m bench.estimate_check $(BENCH_ARGS)
 
+.PHONY: bench-startup
+bench-startup: $(STAMP) $(LOCAL_SPARK) ## Where a small run's start-up goes: each step's end from spark-submit's start to the first durable batch (the driver, the listing, the executors' JVMs and Python workers, MXNet and the model, the first batch), medians of 3 cold runs, CPU by process (about 2 min; BENCH_ARGS='--images 16 --runs 1')
+	$(PY) -m bench.startup $(BENCH_ARGS)
+
 # The peers' own venv: Daft and Ray need Python 3.10+, so they are bench dependencies only, never the job's.
 PEERS_VENV := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed

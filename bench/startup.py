@@ -49,7 +49,7 @@ from bench.int8_search import cpu_description  # noqa: E402
 from demo.run_local import spark_env  # noqa: E402
 from demo.s3local import moto_server  # noqa: E402
 
-#: The steps, in the order they end, with what ends each: the printout's rows.
+#: The steps, in the order they usually end, with what ends each: the printout's rows.
 STEPS = (
     ("python_driver", "spark-submit's JVM starts and launches the Python driver"),
     ("listing_began", "the driver's imports and its checks of the options, the output and the model's files"),
@@ -127,26 +127,27 @@ def median_marks(runs: list[dict]) -> dict[str, float | None]:
 
 
 def report(results: dict) -> str:
-    """The steps' medians, each step's own seconds and share of the time to the first durable batch; CPU by group."""
+    """The steps' medians in the order they ended, what each added after the one before it and its share of the
+    time to the first durable batch (steps that did not show last); CPU by group."""
     runs = results["runs"]
     at = median_marks(runs)
     total = at["first_durable"]
     rows, before = [], 0.0
-    for name, words in STEPS:
-        end = at[name]
-        if end is None:
-            rows.append([words, "n/a", "n/a", "n/a"])
-            continue
+    # In the order they ended in these runs: steps overlap (Spark may start before the listing ends), and each
+    # row's own time is what it added after the one before it.
+    known = sorted((at[name], words) for name, words in STEPS if at[name] is not None)
+    for end, words in known:
         own = end - before
         share = f"{100 * own / total:.0f}%" if total else "n/a"
         rows.append([words, f"{end:.2f} s", f"{own:.2f} s", share])
         before = end
+    rows += [[words, "n/a", "n/a", "n/a"] for name, words in STEPS if at[name] is None]
     wall = statistics.median(r["wall"] for r in runs)
     groups = [g for g in peers.GROUPS if any(r["cpu"].get(g, 0.0) >= 0.05 for r in runs)]
     cpu = {g: statistics.median(r["cpu"].get(g, 0.0) for r in runs) for g in groups}
     out = [f"CPU: {results['cpu']}; {results['images']} JPEGs, {results['model']}, make run-local's master; "
            f"medians of {len(runs)} run(s), each from a cold start", "",
-           *peers.markdown(["step (in the order they end)", "ends at", "takes", "of the first durable batch"], rows),
+           *peers.markdown(["step (in the order they ended)", "ends at", "adds", "of the first durable batch"], rows),
            "", f"The whole job: {wall:.1f} s. CPU-seconds by process group over the whole run (medians): "
            + ", ".join(f"{g} {v:.1f}" for g, v in cpu.items()) + "."]
     return "\n".join(out)

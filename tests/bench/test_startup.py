@@ -58,3 +58,14 @@ def test_the_printout_gives_each_steps_end_its_own_seconds_and_share_and_the_cpu
            "| 36% |" in text  # one run's line: the other run did not show it
     assert "| the first batch: its images read, decoded, scored, its part written | 10.50 s | 1.00 s | 10% |" in text
     assert "The whole job: 15.0 s" in text and "(medians): Python workers 7.0, driver JVM 4.0." in text  # GROUPS order
+
+
+def test_steps_are_printed_in_the_order_they_ended_each_adding_what_came_after_the_one_before():
+    # Spark's executor JVM started before the listing ended: it comes first, and the listing adds the rest.
+    early = {**startup.marks(STARTED, PROCESSES, LOG, SUMMARY), "executor_jvm": 3.5, "first_batch": None}
+    text = startup.report({"cpu": "c", "images": 1, "model": "m", "runs": [{"marks": early, "wall": 1.0, "cpu": {}}]})
+    lines = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| step")]
+    assert [line.split(" | ")[0][2:] for line in lines][2:4] == ["the SparkContext, and the first executor's JVM "
+                                                                "starting", "the listing"]
+    assert "| the listing | 3.75 s | 0.25 s | 2% |" in text
+    assert lines[-1].startswith("| the plan and the run's Spark job, to its first task | n/a |")

@@ -221,10 +221,11 @@ def test_a_loads_failure_reads_the_same_wherever_it_happened(exc, line):
 
 
 class Reported:
-    """A started Spark whose warm-up has ended with ``reports`` (``None``: it failed)."""
+    """A started Spark whose warm-up has ended with ``reports`` (``None``: it failed, for no reason YARN gave)."""
 
     def __init__(self, reports):
         self.reports = reports
+        self.failure = None
 
     def wait_reports(self):
         return self.reports

@@ -660,9 +660,11 @@ def cpu_table(results: dict, summary: dict) -> list[str]:
     return markdown(["system", *used, "total (the rest of the machine left out)", "ms per image"], rows)
 
 
+#: What E must be against Daft's (#47's target).
+E_OVER_DAFT = 1.05
 #: The targets the printout checks, each against Daft, in the words it prints them with (:func:`target_words`).
 TARGETS = (
-    "E >= Daft's E in the same round",
+    "E >= 1.05 x Daft's E in the same round",
     "whole job at {n2:,} images <= Daft's, at {n1:,} <= 1.5 x Daft's",
     "the Python driver's CPU for {n2:,} images <= 5 s beyond its imports",
     "total CPU per image for {n2:,} images, start-up included, <= 1.1 x Daft's",
@@ -688,7 +690,7 @@ def check_targets(results: dict, summary: dict) -> list[tuple[str, str, bool | N
         if SYSTEMS[name].kind != "ours" or daft is None:
             continue
         pairs = [(a, b) for a, b in zip(s["E_rounds"], daft["E_rounds"]) if a is not None and b is not None]
-        met = all(a >= b for a, b in pairs) if pairs else None
+        met = all(a >= E_OVER_DAFT * b for a, b in pairs) if pairs else None
         out.append((name, words[0], met, ", ".join(f"{a:.1f} vs {b:.1f}" for a, b in pairs) or "no E"))
         m1, m2 = median(s["wall"][n1]), median(s["wall"][n2])
         d1, d2 = median(daft["wall"][n1]), median(daft["wall"][n2])

@@ -145,6 +145,14 @@ def test_the_targets_are_met_when_ours_is_ahead_and_the_wall_at_n1_may_be_half_a
     assert met == {targets[0]: True, targets[1]: True, targets[2]: False, targets[3]: True}
 
 
+def test_e_a_little_ahead_of_dafts_is_not_enough_the_target_is_five_percent_ahead():
+    # Ours: E 1152/40 = 28.8 in both rounds; Daft's 1152/41 = 28.1: 2.5% behind the target's 5% ahead.
+    results = results_for([(16.0, 56.0), (16.0, 56.0)], [(11.0, 52.0), (11.0, 52.0)],
+                          driver_cpu=9.0, imports=3.0, ours_cpu=100.0, daft_cpu=93.0)
+    first = peers.check_targets(results, peers.summarize(results))[0]
+    assert first[1] == "E >= 1.05 x Daft's E in the same round" and first[2] is False
+
+
 def test_the_printout_has_the_table_the_cpu_split_the_limit_the_cpu_and_each_target():
     results = results_for([(40.0, 88.0), (42.0, 92.0)], [(11.0, 56.0), (11.5, 55.5)],
                           driver_cpu=7.0, imports=3.0, ours_cpu=150.0, daft_cpu=93.0)

@@ -66,6 +66,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -75,7 +76,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,9 +217,9 @@ def process_group(name: str, cmdline: str) -> str | None:
         return "Python workers"
     if "infer_main.py" in cmdline or "peer_spark_udf.py" in cmdline or FLOOR_SCRIPT in cmdline:
         return "Python driver"
-    # Ray's workers and daemons rename themselves: PEER_GROUP takes them.
-    return next((group for module, group in (("bench.peer_daft", "Daft"), ("bench.peer_ray", "Ray"))
-                 if module in cmdline), None)
+    # A peer's driver by its module (command's bench.peer_KIND); Ray's workers and daemons rename themselves, and
+    # run_once charges them to PEER_GROUP's group by default.
+    return next((group for kind, group in PEER_GROUP.items() if f"bench.peer_{kind}" in cmdline), None)
 
 
 def record(seen: dict, key: tuple, group: str | None, cpu: float) -> None:
@@ -377,24 +378,39 @@ def command(system: System, setup: Setup, n: int, tag: str, config: Config) -> t
             "--output", f"s3://{BUCKET}/{out}", *shared], out
 
 
-def run_once(system: System, setup: Setup, n: int, round_, config: Config | None = None) -> dict:
-    """One whole job, from a cold start: its wall time, CPU by group and each image's top-1 class."""
-    config = config or system.configs[0]
-    tag = f"{system.name}-{n}-r{round_}"
-    argv, out = command(system, setup, n, tag, config)
-    env = spark_env({"PYTHONPATH": str(ROOT), **dict(config.env)})
-    log_path = setup.work / "logs" / f"{tag}.log"
+@dataclass(frozen=True)
+class Watched:
+    """A command that ran to its end under :class:`TreeCpu`: its start (epoch seconds), wall time and processes."""
+
+    started: float
+    wall: float
+    seen: dict
+
+
+def watched(argv: list[str], env: dict, log_path: Path, what: str) -> Watched:
+    """Run ``argv`` from the checkout with its output in ``log_path``, sampling its process tree; raise, naming
+    ``what`` and the log, if it exits non-zero."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    moto_before, machine_before = cpu_seconds(setup.moto), busy_cpu()
-    started = time.perf_counter()
+    started, clock = time.time(), time.perf_counter()
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(argv, env=env, cwd=str(ROOT), stdout=log_file, stderr=subprocess.STDOUT)
         with TreeCpu(process.pid) as tree:
             code = process.wait()
-    wall = time.perf_counter() - started
+    wall = time.perf_counter() - clock
     if code != 0:
-        raise RuntimeError(f"{tag} exited {code}; see {log_path}")
-    cpu = cpu_by_group(tree.seen, PEER_GROUP.get(system.kind, "spark-submit's scripts"))
+        raise RuntimeError(f"{what} exited {code}; see {log_path}")
+    return Watched(started, wall, tree.seen)
+
+
+def run_once(system: System, setup: Setup, n: int, round_: int | str, config: Config) -> dict:
+    """One whole job, from a cold start: its wall time, CPU by group and each image's top-1 class."""
+    tag = f"{system.name}-{n}-r{round_}"
+    argv, out = command(system, setup, n, tag, config)
+    env = spark_env({"PYTHONPATH": str(ROOT), **dict(config.env)})
+    moto_before, machine_before = cpu_seconds(setup.moto), busy_cpu()
+    ran = watched(argv, env, setup.work / "logs" / f"{tag}.log", tag)
+    wall = ran.wall
+    cpu = cpu_by_group(ran.seen, PEER_GROUP.get(system.kind, "spark-submit's scripts"))
     cpu["S3 stand-in (moto)"] = cpu_seconds(setup.moto) - moto_before
     cpu["rest of the machine"] = max(0.0, busy_cpu() - machine_before - sum(cpu.values()))
     keys = parquet_keys(setup.s3, out) if out.endswith("/") else [out]
@@ -421,14 +437,8 @@ def spark_floor(master: str, work: Path) -> dict:
     script.write_text(FLOOR_JOB)
     argv = spark_submit_command([], master)
     argv[-1] = str(script)  # in place of infer_main.py
-    started = time.perf_counter()
-    with open(work / "logs" / f"floor-{master}.log", "w") as log_file:
-        process = subprocess.Popen(argv, env=spark_env(), cwd=str(ROOT), stdout=log_file, stderr=subprocess.STDOUT)
-        with TreeCpu(process.pid) as tree:
-            code = process.wait()
-    if code != 0:
-        raise RuntimeError(f"the empty PySpark job on {master} exited {code}; see {log_file.name}")
-    return {"wall": time.perf_counter() - started, "cpu": cpu_by_group(tree.seen, "spark-submit's scripts")}
+    ran = watched(argv, spark_env(), work / "logs" / f"floor-{master}.log", f"the empty PySpark job on {master}")
+    return {"wall": ran.wall, "cpu": cpu_by_group(ran.seen, "spark-submit's scripts")}
 
 
 def driver_import_cpu() -> float:
@@ -463,6 +473,17 @@ def upload(s3, paths: list[Path], sizes: list[int], prefix: Path, model: Model) 
                                                 Body=job[1].read_bytes()), jobs))
 
 
+@contextlib.contextmanager
+def stand_in(work: Path, paths: list[Path], sizes: list[int], prefix: Path, model: Model) -> Iterator[Setup]:
+    """A moto server for the runs, with the model and the first ``n`` images of each size uploaded (:func:`upload`)."""
+    with moto_server(work / "moto.log") as endpoint:
+        moto = next(p for p in psutil.Process().children() if "moto" in " ".join(p.cmdline()))
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        upload(s3, paths, sizes, prefix, model)
+        yield Setup(s3, endpoint, moto, model, work)
+
+
 def peers_versions(systems: list[System]) -> dict[str, str]:
     """Daft's and Ray's versions in ``.venv-peers`` (which proves the venv works); empty when no system needs it."""
     if not any(s.kind in PEER_GROUP for s in systems):
@@ -481,7 +502,7 @@ def sweep(systems: list[System], setup: Setup, n: int, results: dict) -> dict[st
     """Each peer's configurations run once at ``n`` images; the fastest whole job of each, by system name.
 
     A system with one configuration is not run here. Every run goes to
-    ``results["sweep"]`` (the printout's sweep table).
+    ``results["sweep"]`` (the printout's sweep table), the chosen one marked ``best``.
     """
     best: dict[str, Config] = {}
     for system in systems:
@@ -494,10 +515,11 @@ def sweep(systems: list[System], setup: Setup, n: int, results: dict) -> dict[st
             done = run_once(system, setup, n, f"sweep{len(timed)}", config)
             total = sum(v for g, v in done["cpu"].items() if g not in ("rest of the machine", "S3 stand-in (moto)"))
             log(f"  {done['wall']:.1f} s, {total:.1f} CPU-s without the S3 stand-in")
-            results["sweep"].append({"system": system.name, "config": config.name, "wall": done["wall"],
-                                     "cpu": total})
-            timed.append((done["wall"], config))
-        best[system.name] = min(timed, key=lambda t: t[0])[1]
+            entry = {"system": system.name, "config": config.name, "wall": done["wall"], "cpu": total, "best": False}
+            results["sweep"].append(entry)
+            timed.append((done["wall"], config, entry))
+        _, best[system.name], fastest = min(timed, key=lambda t: t[0])
+        fastest["best"] = True
     return best
 
 
@@ -518,12 +540,7 @@ def run(args) -> dict:
                               "--seconds", str(args.limit_seconds), *map(str, paths[: 2 * FORWARD_BATCH])],
                              os.cpu_count() or 1)
     results["driver_import_cpu"] = driver_import_cpu()
-    with moto_server(work / "moto.log") as endpoint:
-        moto = next(p for p in psutil.Process().children() if "moto" in " ".join(p.cmdline()))
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-        upload(s3, paths, args.sizes, prefix, model)
-        setup = Setup(s3, endpoint, moto, model, work)
+    with stand_in(work, paths, args.sizes, prefix, model) as setup:
         masters = sorted({s.master for s in systems if s.kind == "ours"})
         results["floor"] = {master: [] for master in masters}
         (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -638,12 +655,8 @@ def sweep_table(results: dict) -> list[str]:
     if not runs:
         return []
     n2 = results["sizes"][1]
-    fastest = {}
-    for r in runs:
-        if r["system"] not in fastest or r["wall"] < fastest[r["system"]]["wall"]:
-            fastest[r["system"]] = r
     rows = [[r["system"], r["config"], f"{r['wall']:.1f} s", fmt(r["cpu"]),
-             "best: runs the rounds" if fastest[r["system"]] is r else ""] for r in runs]
+             "best: runs the rounds" if r["best"] else ""] for r in runs]
     return ["", f"Each peer's configurations, one whole job of {n2:,} images each (CPU: the S3 stand-in and the rest "
             "of the machine left out):", *markdown(["peer", "configuration", "whole job", "CPU-s", ""], rows)]
 

@@ -33,13 +33,8 @@ import datetime
 import json
 import re
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
-
-import boto3
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,7 +42,6 @@ sys.path.insert(0, str(ROOT))
 from bench import peers  # noqa: E402
 from bench.int8_search import cpu_description  # noqa: E402
 from demo.run_local import spark_env  # noqa: E402
-from demo.s3local import moto_server  # noqa: E402
 
 #: The steps, in the order they usually end, with what ends each: the printout's rows.
 STEPS = (
@@ -103,19 +97,10 @@ def run_once(setup: peers.Setup, n: int, tag: str) -> dict:
     system = peers.SYSTEMS["ours"]
     argv, out = peers.command(system, setup, n, tag, system.configs[0])
     log_path = setup.work / "logs" / f"{tag}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    with open(log_path, "w") as log_file:
-        process = subprocess.Popen(argv, env=spark_env({"PYTHONPATH": str(ROOT)}), cwd=str(ROOT), stdout=log_file,
-                                   stderr=subprocess.STDOUT)
-        with peers.TreeCpu(process.pid) as tree:
-            code = process.wait()
-    wall = time.time() - started
-    if code != 0:
-        raise RuntimeError(f"{tag} exited {code}; see {log_path}")
+    ran = peers.watched(argv, spark_env({"PYTHONPATH": str(ROOT)}), log_path, tag)
     summary = json.loads(setup.s3.get_object(Bucket=peers.BUCKET, Key=f"{out}.summary.json")["Body"].read())
-    return {"marks": marks(started, first_started(tree.seen), log_path.read_text(errors="replace"), summary),
-            "wall": wall, "cpu": peers.cpu_by_group(tree.seen, "spark-submit's scripts")}
+    return {"marks": marks(ran.started, first_started(ran.seen), log_path.read_text(errors="replace"), summary),
+            "wall": ran.wall, "cpu": peers.cpu_by_group(ran.seen, "spark-submit's scripts")}
 
 
 def median_marks(runs: list[dict]) -> dict[str, float | None]:
@@ -168,12 +153,7 @@ def main(argv=None) -> int:
     paths = peers.jpegs(args.work / "images", args.images)
     prefix = peers.export_model(model, args.work / "models")
     results = {"cpu": cpu_description(), "images": args.images, "model": model.weights, "runs": []}
-    with moto_server(args.work / "moto.log") as endpoint:
-        moto = next(p for p in psutil.Process().children() if "moto" in " ".join(p.cmdline()))
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-        peers.upload(s3, paths, [args.images], prefix, model)
-        setup = peers.Setup(s3, endpoint, moto, model, args.work)
+    with peers.stand_in(args.work, paths, [args.images], prefix, model) as setup:
         for run in range(1, args.runs + 1):
             peers.log(f"run {run} of {args.runs}: {args.images} images")
             results["runs"].append(run_once(setup, args.images, f"startup-{run}"))

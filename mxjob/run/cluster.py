@@ -15,7 +15,7 @@ from mxjob.core import state
 from mxjob.core.errors import JobError, first_line, spark_failure_reason
 from mxjob.executor.partition import score_into
 from mxjob.executor.stats import StatsAccumulator, StatsFold
-from mxjob.model.worker import HostThreads, memory_bytes
+from mxjob.model.worker import HostThreads
 from mxjob.options.config import JobConfig
 from mxjob.outputs import work_prefix
 from mxjob.reporting.progress import Reporter
@@ -200,9 +200,8 @@ def run_spark(cfg: JobConfig, run: work_prefix.Run, batches_key: str, start: Spa
         if shutting_down:  # a signal to spark-submit's JVM alone: an interruption, not a failure
             raise signals.Interrupted(signal.SIGTERM, signals.JVM_SHUTDOWN) from exc
         if isinstance(exc, Exception):
-            driver_peak = memory_bytes()["max_rss"]
             raise JobError(container_memory.killed_message(str(exc), container, finished.workers,
-                                                           driver_peak / container_memory.MIB if driver_peak else None)
+                                                           container_memory.driver_peak_mib())
                            or f"the Spark job failed: {spark_failure_reason(exc)}") from exc
         raise
     if container is not None:

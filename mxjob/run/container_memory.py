@@ -16,6 +16,8 @@ import dataclasses
 import math
 import re
 
+from mxjob.model.worker import memory_bytes
+
 MIB = 1 << 20
 
 #: Spark's overhead when ``spark.executor.memoryOverhead`` is not set: this share of the heap, at least 384 MiB.
@@ -102,6 +104,13 @@ def suggested_overhead_mib(container: ExecutorContainer, used_mib: float, worker
     needed = max(used_mib, (worker_peak_mib or 0) + container.memory_mib + JVM_BEYOND_HEAP_MIB) * 1.25
     needed -= container.memory_mib + container.pyspark_mib
     return max(container.overhead_mib * 2, int(math.ceil(needed / 256) * 256))
+
+
+def driver_peak_mib() -> float | None:
+    """The driver's peak resident memory so far in MiB (``None`` where not measured): the model it loaded for its
+    check stands for a worker's when no task finished (:func:`killed_message`)."""
+    peak = memory_bytes()["max_rss"]
+    return peak / MIB if peak else None
 
 
 def killed_message(reason: str, container: ExecutorContainer | None, workers: dict,

@@ -18,7 +18,6 @@ from mxjob import tasks
 from mxjob.executor.measure import combined
 from mxjob.executor.model_check import WarmReport, warm_and_check
 from mxjob.inputs import listing
-from mxjob.model.worker import memory_bytes
 from mxjob.options.config import JobConfig
 from mxjob.planning.sizing import bound_batch, sample_items, sample_size
 from mxjob.run import container_memory
@@ -137,6 +136,4 @@ def killed_for_memory(start: SparkStart | None) -> str | None:
     if start is None or start.failure is None:
         return None
     container = container_memory.ExecutorContainer.from_conf(dict(start.context().getConf().getAll()))
-    driver_peak = memory_bytes()["max_rss"]
-    return container_memory.killed_message(start.failure, container, {},
-                                           driver_peak / container_memory.MIB if driver_peak else None)
+    return container_memory.killed_message(start.failure, container, {}, container_memory.driver_peak_mib())

@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 import daft  # noqa: E402
 from daft import DataType  # noqa: E402
 
-from bench.peer_mxnet import Module, peer_arguments  # noqa: E402
-from mxjob.model.preprocess import Preprocess, decode_image  # noqa: E402
+from bench.peer_mxnet import Module, peer_arguments, recipe  # noqa: E402
+from mxjob.model.preprocess import decode_image  # noqa: E402
 
 TOP = DataType.list(DataType.struct({"class_id": DataType.int32(), "probability": DataType.float32()}))
 
@@ -53,12 +53,6 @@ def io_config(endpoint: str) -> daft.io.IOConfig:
         endpoint_url=endpoint, region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
         key_id=os.environ["AWS_ACCESS_KEY_ID"], access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
         session_token=os.environ.get("AWS_SESSION_TOKEN"), use_ssl=endpoint.startswith("https")))
-
-
-def recipe(args: argparse.Namespace) -> Preprocess:
-    return Preprocess(input_shape=tuple(int(x) for x in args.input_shape.split(",")),
-                      mean=tuple(float(x) for x in args.mean.split(",")),
-                      std=tuple(float(x) for x in args.std.split(",")))
 
 
 def build(args: argparse.Namespace):

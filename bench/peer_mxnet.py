@@ -55,6 +55,16 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return best.astype(np.int32), np.take_along_axis(probs, best, axis=1).astype(np.float32)
 
 
+def recipe(args: argparse.Namespace):
+    """The job's decode recipe (:class:`mxjob.model.preprocess.Preprocess`) from :func:`peer_arguments`' shape,
+    mean and std: every peer decodes with it, or scales its own decode with its mean and std."""
+    from mxjob.model.preprocess import Preprocess
+
+    return Preprocess(input_shape=tuple(int(x) for x in args.input_shape.split(",")),
+                      mean=tuple(float(x) for x in args.mean.split(",")),
+                      std=tuple(float(x) for x in args.std.split(",")))
+
+
 def peer_arguments(description: str, input_help: str, output_help: str) -> argparse.ArgumentParser:
     """The command line both peers take: the same images, model, recipe, batch and top-k as the job's run."""
     parser = argparse.ArgumentParser(description=description)

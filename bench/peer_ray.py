@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import pyarrow.fs  # noqa: E402
 import ray  # noqa: E402
 
-from bench.peer_mxnet import Module, peer_arguments  # noqa: E402
+from bench.peer_mxnet import Module, peer_arguments, recipe  # noqa: E402
 from mxjob.model.preprocess import Preprocess, decode_image  # noqa: E402
 
 
@@ -54,12 +54,6 @@ def filesystem(endpoint: str) -> pyarrow.fs.S3FileSystem:
 def bucket_path(uri: str) -> str:
     """``s3://bucket/key`` as pyarrow's filesystem names it, ``bucket/key``."""
     return uri[len("s3://"):] if uri.startswith("s3://") else uri
-
-
-def recipe(args) -> Preprocess:
-    return Preprocess(input_shape=tuple(int(x) for x in args.input_shape.split(",")),
-                      mean=tuple(float(x) for x in args.mean.split(",")),
-                      std=tuple(float(x) for x in args.std.split(",")))
 
 
 def decode(batch: dict, prep: Preprocess) -> dict:

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.peer_mxnet import peer_arguments  # noqa: E402
+from bench.peer_mxnet import peer_arguments, recipe  # noqa: E402
 
 #: The Parquet columns, as Daft's and the job's outputs have them.
 SCHEMA = pa.schema([("key", pa.string()), ("predictions", pa.list_(pa.struct(
@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, StructType
 
-    shape = tuple(int(x) for x in args.input_shape.split(","))
-    mean, std = tuple(float(x) for x in args.mean.split(",")), tuple(float(x) for x in args.std.split(","))
+    prep = recipe(args)
+    shape = prep.input_shape
     bucket = args.input[len("s3://"):].partition("/")[0]
     endpoint, model, batch, top_k = args.endpoint_url, args.model, args.batch, args.top_k
     spark = SparkSession.builder.appName("peer-predict-batch-udf").getOrCreate()
@@ -67,10 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
     @F.pandas_udf(ArrayType(FloatType()))
     def load(batch_keys: pd.Series) -> pd.Series:
-        from mxjob.model.preprocess import Preprocess, decode_image
+        from mxjob.model.preprocess import decode_image
 
         client = boto3.client("s3", endpoint_url=endpoint)
-        prep = Preprocess(input_shape=shape, mean=mean, std=std)
         return pd.Series([decode_image(client.get_object(Bucket=bucket, Key=k)["Body"].read(), prep).ravel()
                           for k in batch_keys])
 

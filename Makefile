@@ -170,7 +170,7 @@ bench-scale: $(STAMP) $(LOCAL_SPARK) ## Driver time and memory, per-task overhea
 	$(PY) -m bench.scale $(BENCH_ARGS)
 
 .PHONY: bench-worker
-bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, step by step: GET, decode, resize, normalise, glue, the whole task in process; 12 MP photos (about 15 s; BENCH_ARGS=--task-only)
+bench-worker: $(STAMP) ## The worker's CPU per image beyond the forward pass, step by step: GET, decode, resize, normalise, glue, the whole task in process; the task with ResNet-18's real forward pass in fp32 and int8 and the share of int8's gain it keeps; 12 MP photos (about 2 min; BENCH_ARGS='--model none': about 15 s)
 	$(PY) -m bench.worker_steps $(BENCH_ARGS)
 
 .PHONY: bench-estimate

@@ -28,6 +28,11 @@ the machine moves the figures little. Each figure is the best of
   result rows, the record batch, the JSON lines, the part's Arrow IPC + zstd,
   the PUT); what is left is the pool, the threads and the task's bookkeeping.
   ``--profile`` prints cProfile's top functions of one such task;
+* the whole task with the model's real forward pass (ResNet-18, random
+  weights, one thread), in fp32 and in int8 quantized as the job's driver
+  does: the forward pass alone, the whole task, what the task adds beyond
+  the forward pass, the local S3 stand-in's CPU, and how much of int8's
+  speed-up the task keeps (``--model none`` leaves it out);
 * large photos: decode CPU per photo with DCT scaling (``draft``), without
   (``exact``), and the JPEG decoder's floor: entropy decoding at 1/8 scale
   (``img.draft("RGB", (w // 8, h // 8))`` then ``load()``), which no scaling avoids.
@@ -62,6 +67,7 @@ from mxjob.s3 import clients, object_reader, reads
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import models as bench_models  # noqa: E402
 from bench.models import MEAN, STD  # noqa: E402
 from demo import photos as bench_images  # noqa: E402
 from mxjob.executor import partition  # noqa: E402
@@ -429,6 +435,107 @@ def task_profile(prep: Preprocess, endpoint: str, keys: list[str], top: int = 25
 
 
 # ----------------------------------------------------------------------------
+# The model's real forward pass, fp32 and int8
+
+
+#: The precisions the real model's rows are measured in, as ``--precision`` names them.
+PRECISIONS = ("fp32", "int8")
+
+
+def precision_ms(endpoint: str, keys: list[str], datas: list[bytes], repeats: int, model=bench_models.RESNET18,
+                 folder: Path | None = None) -> dict:
+    """CPU ms per image of ``model``'s forward pass alone and of the whole task around it, in fp32 and in int8.
+
+    The checkpoint is ``bench.models``' (random weights, made once in
+    ``folder``); its int8 copy is quantized as the job's driver does
+    (:func:`mxjob.int8.int8.quantize_int8`, calibrated on ``datas``). One
+    forward lane of one thread (``configure_threads(1, 1)``, unless MXNet was
+    loaded before, as in a test), so that each figure is the CPU an image
+    costs, not what an idle core's OpenMP spin adds; a worker of two lanes
+    spends as much per image. Per precision:
+
+    - ``"forward pass alone"``: ``predict`` on whole micro-batches of the
+      decoded photos, process CPU (the passes run on MXNet's engine threads);
+    - ``"whole task"``: :func:`partition.score_partition` over ``keys``
+      (Parquet output), every thread of the process;
+    - ``"beyond the forward pass"``: the difference: the GET, the decode,
+      the rows, the part and its PUT, the pool;
+    - ``"S3 stand-in's server"``: the local moto server's CPU over the
+      task's passes, per image: what the same cores spend here that real
+      S3 costs the cluster nothing.
+    """
+    from mxjob.executor.measure import local_server_process
+    from mxjob.int8.int8 import quantize_int8
+    from mxjob.model.worker import configure_threads
+
+    configure_threads(1, 1)
+    prep = bench_preprocess(model.input_shape)
+    job = replace(task_job(prep, endpoint, keys), json_lines=False)
+    micro = job.forward_batch
+    decoded = [decode_image(data, prep) for data in datas]
+    batches = [np.stack(decoded[i:i + micro]) for i in range(0, len(decoded) - micro + 1, micro)]
+    if not batches:
+        raise ValueError(f"precision_ms needs at least one micro-batch of {micro} photos, got {len(decoded)}")
+    prefix = bench_models.export(model, folder or Path(os.environ.get("TMPDIR", "/tmp")) / "mxinfer-worker-steps")
+    fp32 = ModelSpec.from_prefix(str(prefix))
+    specs = {"fp32": fp32,
+             "int8": quantize_int8(fp32, prep.input_shape, np.stack(decoded), f"{prefix}-int8", (), micro)}
+    server = local_server_process(endpoint)
+    out = {}
+    for precision in PRECISIONS:
+        net = Classifier(specs[precision], prep.input_shape, batch_size=micro)
+        net.predict(batches[0])  # the first pass builds the kernels
+        forward = best_ms(net.predict, batches, repeats, time.process_time) / micro
+        run_task(job, keys, net)  # the first task: the reader learns the bucket, the pool starts
+        served = server.cpu_times() if server is not None else None
+        task = best_ms(lambda _, net=net: run_task(job, keys, net), [None], repeats, time.process_time) / len(keys)
+        after = server.cpu_times() if server is not None else None
+        stand_in = (1000 * (after.user + after.system - served.user - served.system) / (repeats * len(keys))
+                    if served is not None else 0.0)
+        out[precision] = {"forward pass alone": forward, "whole task": task,
+                          "beyond the forward pass": max(0.0, task - forward), "S3 stand-in's server": stand_in}
+    return out
+
+
+def kept_gain(fp32: dict, int8: dict) -> dict:
+    """int8's speed-up of the forward pass alone and of the whole task (with and without the S3 stand-in's CPU),
+    and the share of the forward pass's speed-up the task keeps: ``(task gain - 1) / (model gain - 1)``.
+
+    >>> kept = kept_gain({"forward pass alone": 8.0, "whole task": 10.0, "S3 stand-in's server": 1.0},
+    ...                  {"forward pass alone": 2.0, "whole task": 4.0, "S3 stand-in's server": 1.0})
+    >>> kept["model"], kept["task"], round(kept["task with the stand-in"], 3), round(kept["kept"], 3)
+    (4.0, 2.5, 2.2, 0.5)
+    """
+    model = fp32["forward pass alone"] / int8["forward pass alone"]
+    task = fp32["whole task"] / int8["whole task"]
+    served = ((fp32["whole task"] + fp32["S3 stand-in's server"]) /
+              (int8["whole task"] + int8["S3 stand-in's server"]))
+    return {"model": model, "task": task, "task with the stand-in": served,
+            "kept": (task - 1) / (model - 1) if model != 1 else float("nan")}
+
+
+def precision_table(result: dict) -> list[str]:
+    """The fp32 and int8 rows of :func:`table`, with int8's gain kept by the whole task."""
+    figures = result.get("precision")
+    if not figures:
+        return []
+    fp32, int8 = figures["fp32"], figures["int8"]
+    lines = ["", f"The worker with the model's real forward pass ({result['precision_model']}, random weights, "
+                 f"bound at 16, one thread), a batch of {result['task_batch']}, Parquet output: ms of CPU per image",
+             "| step | fp32 | int8 | fp32 / int8 |", "|---|---|---|---|"]
+    for step in fp32:
+        ratio = fp32[step] / int8[step] if int8[step] > 0 else float("nan")
+        lines.append(f"| {step} | {fp32[step]:.2f} | {int8[step]:.2f} | {ratio:.2f} |")
+    kept = kept_gain(fp32, int8)
+    share = int8["beyond the forward pass"] / int8["whole task"] if int8["whole task"] > 0 else float("nan")
+    lines += ["", f"int8's speed-up: the forward pass alone {kept['model']:.2f}x, the whole task {kept['task']:.2f}x "
+                  f"({kept['task with the stand-in']:.2f}x with the S3 stand-in's CPU); the task keeps "
+                  f"{kept['kept']:.0%} of the model's gain; beyond the forward pass is {share:.0%} of an int8 image "
+                  f"(#47's target, on a CPU with VNNI: E int8 / E fp32 >= 2.5)"]
+    return lines
+
+
+# ----------------------------------------------------------------------------
 # Large photos
 
 
@@ -456,11 +563,14 @@ def bench_preprocess(input_shape: tuple = (3, 224, 224)) -> Preprocess:
 
 
 def measure(images: int, large: int, repeats: int, s3: bool = True, steps: bool = True,
-            task_batch: int = 64) -> dict:
+            task_batch: int = 64, model=None) -> dict:
     """Every figure of the table, as a dict; ``steps=False`` leaves out the recipe's steps and the glue.
 
     With ``s3``, the GETs and the whole task (:func:`task_ms`, batches of
-    ``task_batch`` of the photos; 0 leaves it out) against a local moto server.
+    ``task_batch`` of the photos; 0 leaves it out) against a local moto server;
+    with a ``model`` too (a ``bench.models`` model), the whole task with its
+    real forward pass in fp32 and int8 (:func:`precision_ms`, best of
+    ``repeats`` but at most 2: a ResNet-18's pass over 64 photos takes seconds).
     """
     prep = bench_preprocess()
     datas = photos(max(images, task_batch if s3 else 0))
@@ -478,6 +588,10 @@ def measure(images: int, large: int, repeats: int, s3: bool = True, steps: bool 
                 out["task_batch"] = task_batch
                 out["task"] = {label: task_ms(prep, endpoint, keys[:task_batch], repeats, **options)
                                for label, options in task_variants().items()}
+                if model is not None:
+                    out["precision_model"] = model.description
+                    out["precision"] = precision_ms(endpoint, keys[:task_batch], datas[:task_batch],
+                                                    min(repeats, 2), model)
     if large:
         out["large"] = large_ms(large_photos(large), prep, max(2, repeats // 2))
     return out
@@ -506,6 +620,7 @@ def table(result: dict) -> str:
         lines.append(f"| lean GET's SigV4 signing + prepare (botocore S3SigV4Auth) | {signer['sign']:.4f} |")
         lines.append(f"| lean GET signed, sent and read (local moto) | {signer['sign + send']:.3f} |")
     lines += task_table(result)
+    lines += precision_table(result)
     large = result.get("large")
     if large:
         lines += ["", "8-12 MP JPEGs (q90) to 3x224x224: decode CPU per photo",
@@ -542,6 +657,9 @@ def main(argv=None) -> int:
                         help="images in the whole task's batch (default 64, as make bench; 0: leave the task out)")
     parser.add_argument("--task-only", action="store_true",
                         help="only the GET and the whole task (no recipe steps, no large photos)")
+    parser.add_argument("--model", choices=("resnet18", "none"), default="resnet18",
+                        help="the real model of the whole task's fp32 and int8 rows (default resnet18, about 2 "
+                             "minutes; none: leave them out)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions of one task")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args(argv)
@@ -549,7 +667,8 @@ def main(argv=None) -> int:
         with _served(photos(args.task_batch or 64)) as (endpoint, keys):
             print(task_profile(bench_preprocess(), endpoint, keys))
     result = measure(args.images, 0 if args.task_only else args.large, args.repeats, s3=not args.no_s3,
-                     steps=not args.task_only, task_batch=args.task_batch)
+                     steps=not args.task_only, task_batch=args.task_batch,
+                     model=bench_models.MODELS.get(args.model))
     print(table(result))
     if args.json:
         print(json.dumps(result))

@@ -30,9 +30,10 @@ the machine moves the figures little. Each figure is the best of
   ``--profile`` prints cProfile's top functions of one such task;
 * the whole task with the model's real forward pass (ResNet-18, random
   weights, one thread), in fp32 and in int8 quantized as the job's driver
-  does: the forward pass alone, the whole task, what the task adds beyond
-  the forward pass, the local S3 stand-in's CPU, and how much of int8's
-  speed-up the task keeps (``--model none`` leaves it out);
+  does: the forward pass alone, the rest of the task (measured with a
+  forward pass that costs nothing), the whole task, the local S3
+  stand-in's CPU, and how much of int8's speed-up the worker's image keeps
+  (``--model none`` leaves it out);
 * large photos: decode CPU per photo with DCT scaling (``draft``), without
   (``exact``), and the JPEG decoder's floor: entropy decoding at 1/8 scale
   (``img.draft("RGB", (w // 8, h // 8))`` then ``load()``), which no scaling avoids.
@@ -444,7 +445,7 @@ PRECISIONS = ("fp32", "int8")
 
 def precision_ms(endpoint: str, keys: list[str], datas: list[bytes], repeats: int, model=bench_models.RESNET18,
                  folder: Path | None = None) -> dict:
-    """CPU ms per image of ``model``'s forward pass alone and of the whole task around it, in fp32 and in int8.
+    """CPU ms per image of ``model``'s forward pass, of the rest of the task, and of the whole task, fp32 and int8.
 
     The checkpoint is ``bench.models``' (random weights, made once in
     ``folder``); its int8 copy is quantized as the job's driver does
@@ -452,16 +453,19 @@ def precision_ms(endpoint: str, keys: list[str], datas: list[bytes], repeats: in
     forward lane of one thread (``configure_threads(1, 1)``, unless MXNet was
     loaded before, as in a test), so that each figure is the CPU an image
     costs, not what an idle core's OpenMP spin adds; a worker of two lanes
-    spends as much per image. Per precision:
+    spends as much per image. Returns ``{"rest": ms, "fp32": {...}, "int8": {...}}``:
 
-    - ``"forward pass alone"``: ``predict`` on whole micro-batches of the
-      decoded photos, process CPU (the passes run on MXNet's engine threads);
-    - ``"whole task"``: :func:`partition.score_partition` over ``keys``
-      (Parquet output), every thread of the process;
-    - ``"beyond the forward pass"``: the difference: the GET, the decode,
-      the rows, the part and its PUT, the pool;
-    - ``"S3 stand-in's server"``: the local moto server's CPU over the
-      task's passes, per image: what the same cores spend here that real
+    - ``"rest"``: the task with a forward pass that costs nothing
+      (:class:`FreeForward`): the GET, the decode, the rows, the part and its
+      PUT, the pool. It is the same in both precisions, and measured so
+      rather than as the whole task less the forward pass, a difference of
+      two figures twenty times its size that the noise of either swamps;
+    - per precision, ``"forward pass alone"``: ``predict`` on whole
+      micro-batches of the decoded photos, process CPU (the passes run on
+      MXNet's engine threads); ``"whole task"``: :func:`partition.score_partition`
+      over ``keys`` (Parquet output) with the real model, every thread of
+      the process; ``"S3 stand-in's server"``: the local moto server's CPU
+      over those tasks, per image: what the same cores spend here that real
       S3 costs the cluster nothing.
     """
     from mxjob.executor.measure import local_server_process
@@ -481,57 +485,67 @@ def precision_ms(endpoint: str, keys: list[str], datas: list[bytes], repeats: in
     specs = {"fp32": fp32,
              "int8": quantize_int8(fp32, prep.input_shape, np.stack(decoded), f"{prefix}-int8", (), micro)}
     server = local_server_process(endpoint)
-    out = {}
+
+    def task_cpu(net) -> tuple[float, float]:
+        run_task(job, keys, net)  # the first task: the reader learns the bucket, the pool starts
+        before = server.cpu_times() if server is not None else None
+        task = best_ms(lambda _: run_task(job, keys, net), [None], repeats, time.process_time) / len(keys)
+        after = server.cpu_times() if server is not None else None
+        served = (1000 * (after.user + after.system - before.user - before.system) / (repeats * len(keys))
+                  if before is not None else 0.0)
+        return task, served
+
+    out: dict = {"rest": task_cpu(FreeForward(prep.input_shape, micro))[0]}
     for precision in PRECISIONS:
         net = Classifier(specs[precision], prep.input_shape, batch_size=micro)
         net.predict(batches[0])  # the first pass builds the kernels
         forward = best_ms(net.predict, batches, repeats, time.process_time) / micro
-        run_task(job, keys, net)  # the first task: the reader learns the bucket, the pool starts
-        served = server.cpu_times() if server is not None else None
-        task = best_ms(lambda _, net=net: run_task(job, keys, net), [None], repeats, time.process_time) / len(keys)
-        after = server.cpu_times() if server is not None else None
-        stand_in = (1000 * (after.user + after.system - served.user - served.system) / (repeats * len(keys))
-                    if served is not None else 0.0)
-        out[precision] = {"forward pass alone": forward, "whole task": task,
-                          "beyond the forward pass": max(0.0, task - forward), "S3 stand-in's server": stand_in}
+        task, served = task_cpu(net)
+        out[precision] = {"forward pass alone": forward, "whole task": task, "S3 stand-in's server": served}
     return out
 
 
-def kept_gain(fp32: dict, int8: dict) -> dict:
-    """int8's speed-up of the forward pass alone and of the whole task (with and without the S3 stand-in's CPU),
-    and the share of the forward pass's speed-up the task keeps: ``(task gain - 1) / (model gain - 1)``.
+def kept_gain(rest: float, fp32: dict, int8: dict) -> dict:
+    """int8's speed-up of the forward pass alone and of the worker's image (the forward pass and the ``rest``),
+    with and without the S3 stand-in's CPU, and the share of the forward pass's speed-up the image keeps:
+    ``(image gain - 1) / (model gain - 1)``.
 
-    >>> kept = kept_gain({"forward pass alone": 8.0, "whole task": 10.0, "S3 stand-in's server": 1.0},
-    ...                  {"forward pass alone": 2.0, "whole task": 4.0, "S3 stand-in's server": 1.0})
-    >>> kept["model"], kept["task"], round(kept["task with the stand-in"], 3), round(kept["kept"], 3)
+    >>> kept = kept_gain(2.0, {"forward pass alone": 8.0, "S3 stand-in's server": 1.0},
+    ...                  {"forward pass alone": 2.0, "S3 stand-in's server": 1.0})
+    >>> kept["model"], kept["image"], round(kept["image with the stand-in"], 3), round(kept["kept"], 3)
     (4.0, 2.5, 2.2, 0.5)
     """
     model = fp32["forward pass alone"] / int8["forward pass alone"]
-    task = fp32["whole task"] / int8["whole task"]
-    served = ((fp32["whole task"] + fp32["S3 stand-in's server"]) /
-              (int8["whole task"] + int8["S3 stand-in's server"]))
-    return {"model": model, "task": task, "task with the stand-in": served,
-            "kept": (task - 1) / (model - 1) if model != 1 else float("nan")}
+    image = (fp32["forward pass alone"] + rest) / (int8["forward pass alone"] + rest)
+    served = ((fp32["forward pass alone"] + rest + fp32["S3 stand-in's server"]) /
+              (int8["forward pass alone"] + rest + int8["S3 stand-in's server"]))
+    return {"model": model, "image": image, "image with the stand-in": served,
+            "kept": (image - 1) / (model - 1) if model != 1 else float("nan")}
 
 
 def precision_table(result: dict) -> list[str]:
-    """The fp32 and int8 rows of :func:`table`, with int8's gain kept by the whole task."""
+    """The fp32 and int8 rows of :func:`table`, with the share of int8's gain the worker's image keeps."""
     figures = result.get("precision")
     if not figures:
         return []
-    fp32, int8 = figures["fp32"], figures["int8"]
+    rest, fp32, int8 = figures["rest"], figures["fp32"], figures["int8"]
+    rows = [("forward pass alone", fp32["forward pass alone"], int8["forward pass alone"]),
+            ("the rest of the task: GET, decode, rows, part, pool (with a forward pass that costs nothing)", rest,
+             rest),
+            ("**the worker's image: the two above**", fp32["forward pass alone"] + rest,
+             int8["forward pass alone"] + rest),
+            ("whole task with the real model, measured", fp32["whole task"], int8["whole task"]),
+            ("S3 stand-in's server (not the worker's)", fp32["S3 stand-in's server"], int8["S3 stand-in's server"])]
     lines = ["", f"The worker with the model's real forward pass ({result['precision_model']}, random weights, "
                  f"bound at 16, one thread), a batch of {result['task_batch']}, Parquet output: ms of CPU per image",
              "| step | fp32 | int8 | fp32 / int8 |", "|---|---|---|---|"]
-    for step in fp32:
-        ratio = fp32[step] / int8[step] if int8[step] > 0 else float("nan")
-        lines.append(f"| {step} | {fp32[step]:.2f} | {int8[step]:.2f} | {ratio:.2f} |")
-    kept = kept_gain(fp32, int8)
-    share = int8["beyond the forward pass"] / int8["whole task"] if int8["whole task"] > 0 else float("nan")
-    lines += ["", f"int8's speed-up: the forward pass alone {kept['model']:.2f}x, the whole task {kept['task']:.2f}x "
-                  f"({kept['task with the stand-in']:.2f}x with the S3 stand-in's CPU); the task keeps "
-                  f"{kept['kept']:.0%} of the model's gain; beyond the forward pass is {share:.0%} of an int8 image "
-                  f"(#47's target, on a CPU with VNNI: E int8 / E fp32 >= 2.5)"]
+    lines += [f"| {step} | {a:.2f} | {b:.2f} | {a / b if b > 0 else float('nan'):.2f} |" for step, a, b in rows]
+    kept = kept_gain(rest, fp32, int8)
+    share = rest / (int8["forward pass alone"] + rest)
+    lines += ["", f"int8's speed-up: the forward pass alone {kept['model']:.2f}x, the worker's image "
+                  f"{kept['image']:.2f}x ({kept['image with the stand-in']:.2f}x with the S3 stand-in's CPU): it "
+                  f"keeps {kept['kept']:.0%} of the model's gain; the rest of the task is {share:.0%} of an int8 "
+                  f"image (#47's target, on a CPU with VNNI: E int8 / E fp32 >= 2.5)"]
     return lines
 
 

@@ -59,26 +59,28 @@ def test_the_free_forward_classifier_scores_like_a_classifier_of_its_classes():
     assert all(label == f"class {c}, a label of about this length" for row in rows for c, label, _ in row)
 
 
-def test_the_real_models_rows_measure_fp32_and_int8_and_what_the_task_adds(monkeypatch, tmp_path):
+def test_the_real_models_rows_measure_fp32_and_int8_and_the_rest_of_the_task(monkeypatch, tmp_path):
     monkeypatch.setattr(state, "counters", state.Counters())  # the threads this probe sets stay its own
     datas = worker_steps.photos(16)
     with worker_steps._served(datas) as (endpoint, keys):
         result = worker_steps.precision_ms(endpoint, keys, datas, repeats=1, model=bench_models.RESNET20,
                                            folder=tmp_path)
-    assert set(result) == {"fp32", "int8"}
-    assert list((tmp_path).glob("*-int8-symbol.json"))  # the int8 rows ran a quantized copy, not the fp32 one
-    for figures in result.values():
+    assert set(result) == {"rest", "fp32", "int8"} and result["rest"] > 0
+    assert list(tmp_path.glob("*-int8-symbol.json"))  # the int8 rows ran a quantized copy, not the fp32 one
+    for precision in ("fp32", "int8"):
+        figures = result[precision]
         assert figures["forward pass alone"] > 0 and figures["whole task"] > 0
-        assert figures["beyond the forward pass"] == max(0.0, figures["whole task"] - figures["forward pass alone"])
         assert figures["S3 stand-in's server"] >= 0
     lines = worker_steps.precision_table({"precision": result, "precision_model": "ResNet-20", "task_batch": 16})
     assert "| step | fp32 | int8 | fp32 / int8 |" in lines
-    assert any(line.startswith("| beyond the forward pass |") for line in lines)
+    image = [line for line in lines if line.startswith("| **the worker's image")]
+    fp32_image = result["fp32"]["forward pass alone"] + result["rest"]
+    assert len(image) == 1 and f"| {fp32_image:.2f} |" in image[0]
     assert any("int8's speed-up: the forward pass alone" in line for line in lines)
 
 
-def test_the_gain_kept_is_the_tasks_speed_up_over_the_models():
-    kept = worker_steps.kept_gain({"forward pass alone": 8.0, "whole task": 10.0, "S3 stand-in's server": 1.0},
-                                  {"forward pass alone": 2.0, "whole task": 4.0, "S3 stand-in's server": 1.0})
-    assert (kept["model"], kept["task"], kept["kept"]) == (4.0, 2.5, 0.5)
-    assert round(kept["task with the stand-in"], 3) == 2.2  # 11 / 5
+def test_the_gain_kept_is_the_images_speed_up_over_the_models():
+    kept = worker_steps.kept_gain(2.0, {"forward pass alone": 8.0, "S3 stand-in's server": 1.0},
+                                  {"forward pass alone": 2.0, "S3 stand-in's server": 1.0})
+    assert (kept["model"], kept["image"], kept["kept"]) == (4.0, 2.5, 0.5)
+    assert round(kept["image with the stand-in"], 3) == 2.2  # 11 / 5

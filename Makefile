@@ -178,7 +178,7 @@ bench-estimate: $(STAMP) $(LOCAL_SPARK) ## The estimate against the measured tim
 	$(PY) -m bench.estimate_check $(BENCH_ARGS)
 
 .PHONY: bench-startup
-bench-startup: $(STAMP) $(LOCAL_SPARK) ## Where a small run's start-up goes: each step's end from spark-submit's start to the first durable batch (the driver, the listing, the executors' JVMs and Python workers, MXNet and the model, the first batch), medians of 3 cold runs, CPU by process (about 2 min; BENCH_ARGS='--images 16 --runs 1')
+bench-startup: $(STAMP) $(LOCAL_SPARK) ## Where a small run's start-up goes: each step's end from spark-submit's start to the first durable batch (the driver, the listing, the executors' JVMs and Python workers, the warm-up's MXNet import, model load, first forward pass and sample, the first batch), medians of 3 cold runs, CPU by process (about 2 min; BENCH_ARGS='--images 16 --runs 1')
 	$(PY) -m bench.startup $(BENCH_ARGS)
 
 # The peers' own venv: Daft and Ray need Python 3.10+, so they are bench dependencies only, never the job's.

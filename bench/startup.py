@@ -11,8 +11,10 @@ in seconds from spark-submit's start:
   worker started (their processes' creation times);
 - from the driver's log (its lines carry their times): when the listing
   began and ended, and when the executors had loaded the model
-  (``mxjob.run.spark_start``'s line: MXNet's import, the model's load, the
-  model's check and the estimate's sample, on the executors);
+  (``mxjob.run.spark_start``'s line); going back from there by the checking
+  warm-up task's own split (``mxjob.run.warm_up``'s line: the estimate's
+  sample, the first forward pass, the model's load, MXNet's import), when
+  each of those began, and so when the warm-up's task reached the worker;
 - from the run's summary: when its first batch began and when the first one
   was durable (its part written), and the job's end.
 
@@ -42,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from bench import peers  # noqa: E402
 from bench.int8_search import cpu_description  # noqa: E402
 from demo.run_local import spark_env  # noqa: E402
+from mxjob.run import warm_up  # noqa: E402
 
 #: The steps, in the order they usually end, with what ends each: the printout's rows.
 STEPS = (
@@ -50,13 +53,23 @@ STEPS = (
     ("listing_ended", "the listing"),
     ("executor_jvm", "the SparkContext, and the first executor's JVM starting"),
     ("python_worker", "that executor's start, to its first Python worker"),
-    ("model_loaded", "MXNet's import, the model's load and check, the estimate's sample (on the executors)"),
+    ("warm_up_began", "the warm-up's task reaching that worker (Spark's task, its function unpickled)"),
+    ("mxnet_imported", "MXNet's import, on the executor"),
+    ("model_read", "the model's load and check (its files read, every lane's copy bound)"),
+    ("first_pass", "the first forward pass, which builds the kernels"),
+    ("model_loaded", "the estimate's sample, timed (to the warm-up job's end: the executors loaded the model)"),
     ("first_batch", "the plan and the run's Spark job, to its first task"),
     ("first_durable", "the first batch: its images read, decoded, scored, its part written"),
 )
 #: The driver's log lines the steps are read from (``infer_main``'s format: ``%(asctime)s %(levelname)s ...``).
 LISTED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO mxjob\.s3\.parallel_list: listed .* in ([\d.]+)s ",
                     re.MULTILINE)
+#: The warm-up's split in the driver's log (:func:`mxjob.run.warm_up.split_words`): each step's seconds, in order.
+SPLIT = re.compile(r"as it warmed up \(" + ", ".join(re.escape(words) + r" ([\d.]+) s"
+                                                     for words in warm_up.WARM_STEPS.values()) + r"\)")
+#: The marks the split places back from the warm-up's end, latest first, with the step that ends each.
+SPLIT_MARKS = (("model_loaded", "sample"), ("first_pass", "first_pass"), ("model_read", "model_load"),
+               ("mxnet_imported", "mxnet_import"), ("warm_up_began", None))
 LOADED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO mxjob\.run\.spark_start: the executors' Python "
                     r"workers loaded the model", re.MULTILINE)
 
@@ -85,11 +98,26 @@ def marks(started: float, processes: dict[str, float], log: str, summary: dict) 
         "listing_ended": log_time(listed.group(1)) if listed else None,
         "executor_jvm": processes.get("executor JVMs"),
         "python_worker": processes.get("Python workers"),
-        "model_loaded": log_time(loaded.group(1)) if loaded else None,
+        **warm_up_marks(log_time(loaded.group(1)) if loaded else None, SPLIT.search(log)),
         "first_batch": (summary.get("tasks") or {}).get("first_start"),
         "first_durable": min(ends) if ends else None,
     }
-    return {name: None if value is None else value - started for name, value in at.items()}
+    return {name: None if at.get(name) is None else at[name] - started for name, _ in STEPS}
+
+
+def warm_up_marks(loaded: float | None, split: re.Match | None) -> dict[str, float | None]:
+    """The warm-up's steps' ends: the job's end (``loaded``) and, going back from it by the checking task's split
+    (its log line's seconds), when its sample, first pass, model load and MXNet import began."""
+    out: dict[str, float | None] = dict.fromkeys(name for name, _ in SPLIT_MARKS)
+    out["model_loaded"] = loaded
+    if loaded is None or split is None:
+        return out
+    seconds = dict(zip(warm_up.WARM_STEPS, map(float, split.groups())))
+    at = loaded
+    for (name, _), (_, step) in zip(SPLIT_MARKS[1:], SPLIT_MARKS[:-1]):
+        at -= seconds[step]
+        out[name] = at
+    return out
 
 
 def run_once(setup: peers.Setup, n: int, tag: str) -> dict:

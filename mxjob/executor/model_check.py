@@ -12,6 +12,7 @@ The driver falls back to its own check when the warm-up cannot answer.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from mxjob.core import state
@@ -94,6 +95,8 @@ class WarmReport:
     facts: ModelFacts | None = None
     cost: SampleCost | None = None
     failure: str | None = None
+    #: Where a measuring task's seconds went, in order (:func:`warm_split`); ``None`` for the others.
+    seconds: dict | None = None
 
 
 def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = None,
@@ -116,14 +119,37 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
     if not check:
         warm_worker(index, job)
         return WarmReport(index, state.counters.model_loads)
+    started = time.perf_counter()
     try:
         models = warm_worker(index, job)
     except ModelError as exc:  # every task: a retried task would print Spark's errors and stacks before the line
         return WarmReport(index, state.counters.model_loads, failure=executor_failure(exc, job.model.symbol_uri))
+    loaded = time.perf_counter()
     count = measurers(len(sample or ()), tasks, job.forward_batch)
     share = list(sample[index::count]) if index < count else []
     cost = measure(job, share, endpoint_url, warm_batch=True) if share else None
-    return WarmReport(index, state.counters.model_loads, ModelFacts.of(models[0]) if index == 0 else None, cost)
+    seconds = warm_split(loaded - started, time.perf_counter() - loaded, cost) if cost is not None else None
+    return WarmReport(index, state.counters.model_loads, ModelFacts.of(models[0]) if index == 0 else None, cost,
+                      seconds=seconds)
+
+
+def warm_split(load: float, measured: float, cost: SampleCost) -> dict:
+    """A measuring warm-up task's seconds, in order: MXNet's import, the model's load (every lane's copy), the
+    first forward pass (one image or a micro-batch per lane: it builds the kernels), the sample's timed pass.
+
+    ``load`` is :func:`warm_worker`'s time (the import included, when this worker imported MXNet there),
+    ``measured`` :func:`measure`'s; the first pass's is its task's own (``cost.first``).
+
+    >>> from types import SimpleNamespace
+    >>> first = (b"", SimpleNamespace(seconds={"task": 2.0}))
+    >>> cost = SampleCost(16, 16, 0.1, 0.0, 2.5, mxnet_import_seconds=2.3, first=first)
+    >>> warm_split(2.9, 3.7, cost)
+    {'mxnet_import': 2.3, 'model_load': 0.6, 'first_pass': 2.0, 'sample': 1.7}
+    """
+    imported = cost.mxnet_import_seconds or 0.0
+    first = cost.first[1].seconds.get("task", 0.0) if cost.first is not None else 0.0
+    return {"mxnet_import": round(imported, 3), "model_load": round(max(0.0, load - imported), 3),
+            "first_pass": round(first, 3), "sample": round(max(0.0, measured - first), 3)}
 
 
 def measurers(sample: int, tasks: int, micro_batch: int) -> int:

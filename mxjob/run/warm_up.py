@@ -117,11 +117,32 @@ def executors_report(start: SparkStart | None) -> WarmReport | None:
         return None
     report = replace(checked[0], cost=combined([r.cost for r in reports]))  # each task measured its share
     if report.cost is not None:
-        log.info("an executor checked the model and measured the estimate's sample on %d images as it warmed up; "
-                 "the driver loads no MXNet", report.cost.images)
+        log.info("an executor checked the model and measured the estimate's sample on %d images as it warmed up%s; "
+                 "the driver loads no MXNet", report.cost.images, split_words(checked[0].seconds))
     elif report.failure is None:
         log.info("an executor checked the model as it warmed up; the driver loads no MXNet")
     return report
+
+
+#: The warm-up's steps as :func:`split_words` names them (:func:`mxjob.executor.model_check.warm_split`'s keys).
+WARM_STEPS = {"mxnet_import": "MXNet's import", "model_load": "the model's load",
+              "first_pass": "the first forward pass", "sample": "the sample's timed pass"}
+
+
+def split_words(seconds: dict | None) -> str:
+    """`` (MXNet's import 2.3 s, ...)``: where the checking task's warm-up went; empty without its split.
+
+    The first forward pass is the one that builds the model's kernels (the sample's timed pass then excludes them).
+
+    >>> split_words({"mxnet_import": 2.31, "model_load": 0.6, "first_pass": 2.0, "sample": 1.7})
+    " (MXNet's import 2.3 s, the model's load 0.6 s, the first forward pass 2.0 s, the sample's timed \
+pass 1.7 s)"
+    >>> split_words(None)
+    ''
+    """
+    if not seconds:
+        return ""
+    return " (" + ", ".join(f"{WARM_STEPS[step]} {seconds[step]:.1f} s" for step in WARM_STEPS if step in seconds) + ")"
 
 
 def killed_for_memory(start: SparkStart | None) -> str | None:

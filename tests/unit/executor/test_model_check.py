@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import time
 from dataclasses import replace
 
 import pytest
@@ -26,7 +27,7 @@ from mxjob.options import config
 from mxjob.outputs import fingerprint
 from mxjob.planning import estimate
 from mxjob.planning.sizing import bound_batch
-from mxjob.run import checks, driver
+from mxjob.run import checks, driver, warm_up
 from tests.support.helpers import bucket_with_model
 
 BUCKET = "model-check"
@@ -255,6 +256,25 @@ def test_the_driver_takes_the_executors_report_and_loads_no_model(moto_endpoint,
     assert checked.model_summary == report.facts.summary
     assert checked.fingerprint == fingerprint.job_fingerprint(cfg, report.facts)
     assert "an executor checked the model and measured the estimate's sample on 2 images" in caplog.text
+    # Where the checking task's warm-up went, in the words of the split it reported.
+    assert warm_up.split_words(report.seconds) in caplog.text and "MXNet's import" in caplog.text
+
+
+def test_a_measuring_warm_up_reports_where_its_seconds_went_and_the_others_report_none(moto_endpoint, digits,
+                                                                                       fresh_state, passes):
+    _, keys = digits
+    job = executor_job(job_config(moto_endpoint, micro_batch_size=2))
+    started = time.perf_counter()
+    report = warm_and_check(0, 1, job, sample=keys, endpoint_url=moto_endpoint, check=True)
+    wall = time.perf_counter() - started
+    assert list(report.seconds) == ["mxnet_import", "model_load", "first_pass", "sample"]
+    assert all(seconds >= 0 for seconds in report.seconds.values())
+    assert report.seconds["first_pass"] > 0 and report.seconds["sample"] > 0  # two passes ran: both timed
+    assert sum(report.seconds.values()) <= wall + 0.01  # parts of the task's own time, none counted twice
+    assert report.seconds["first_pass"] == round(report.cost.first[1].seconds["task"], 3)
+    # A task that measured nothing (no sample asked for, or not a measurer) has no split to report.
+    assert warm_and_check(0, 1, job, check=True).seconds is None
+    assert warm_and_check(0, 1, job).seconds is None
 
 
 def test_the_driver_refuses_the_run_with_the_executors_failure(moto_endpoint, digits, monkeypatch):

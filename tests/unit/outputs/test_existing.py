@@ -1,7 +1,7 @@
 """``--skip-existing`` and ``--rescore-errors`` on a dataset output (mxjob/outputs/existing.py, dataset.py, sinks.py).
 
 Without Spark: the filter on Arrow arrays (special characters, nothing there,
-a million keys), the selection of error rows to score again, the refusals
+200,000 keys in ten files), the selection of error rows to score again, the refusals
 (one output object, ``--overwrite``, a resume of the other kind, other
 settings), each run's file names, earlier runs' files accepted where objects
 the job did not write are refused, and the files of two runs read back on the
@@ -13,7 +13,6 @@ spark-submit.
 from __future__ import annotations
 
 import json
-import time
 
 import click
 import numpy as np
@@ -85,21 +84,19 @@ def test_an_empty_dataset_leaves_every_key_to_score():
     assert existing.select(images, found)[0].keys.to_pylist() == ["a.jpg", "b.jpg"]
 
 
-def test_a_million_listed_keys_against_a_million_existing_in_seconds():
-    n = 1_000_000
+def test_a_listing_against_a_dataset_of_many_files_keeps_exactly_the_keys_it_lacks():
+    """How fast is measured, not asserted: ``make bench-scale`` (``--existing-keys``) prints the seconds."""
+    n = 200_000
     keys = pa.array([f"photos/{i % 997:03d}/{i:08d}.jpg" for i in range(n)], pa.large_string())
     images = listing.Listing.build("b", keys, pa.array(np.ones(n, dtype=np.int64)))
-    # What the dataset holds: every key but each 7th, in files of 100,000 keys, as a first run wrote them.
+    # What the dataset holds: every key but each 7th, in files of 20,000 keys, as a first run wrote them.
     sorted_keys = images.keys.combine_chunks()
     held = sorted_keys.filter(pa.array(np.arange(n) % 7 != 0)).cast(pa.string())
-    started = time.perf_counter()
     marks = existing.KeyFilter(images.keys)
-    for start in range(0, len(held), 100_000):
-        marks.add(held.slice(start, 100_000))
+    for start in range(0, len(held), 20_000):
+        marks.add(held.slice(start, 20_000))
     new, _, _ = existing.select(images, marks.finish())
-    seconds = time.perf_counter() - started
     assert new.keys.combine_chunks().equals(sorted_keys.filter(pa.array(np.arange(n) % 7 == 0)))
-    assert seconds < 20, f"{seconds:.1f} s to filter a million keys"
 
 
 def test_rescore_errors_selects_the_error_rows_keys_with_the_file_holding_each():

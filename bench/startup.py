@@ -8,7 +8,8 @@ in seconds from spark-submit's start:
 
 - from the process tree, sampled every 0.1 s (:class:`bench.peers.TreeCpu`):
   when the Python driver, the first executor's JVM and the first Python
-  worker started (their processes' creation times);
+  worker started (their processes' creation times, put on the wall clock by
+  spark-submit's own: :meth:`bench.peers.Watched.wall_clock`);
 - from the driver's log (its lines carry their times): when the listing
   began and ended, and when the executors had loaded the model
   (``mxjob.run.spark_start``'s line); going back from there by the checking
@@ -127,7 +128,8 @@ def run_once(setup: peers.Setup, n: int, tag: str) -> dict:
     log_path = setup.work / "logs" / f"{tag}.log"
     ran = peers.watched(argv, spark_env({"PYTHONPATH": str(ROOT)}), log_path, tag)
     summary = json.loads(setup.s3.get_object(Bucket=peers.BUCKET, Key=f"{out}.summary.json")["Body"].read())
-    return {"marks": marks(ran.started, first_started(ran.seen), log_path.read_text(errors="replace"), summary),
+    processes = {group: ran.wall_clock(created) for group, created in first_started(ran.seen).items()}
+    return {"marks": marks(ran.started, processes, log_path.read_text(errors="replace"), summary),
             "wall": ran.wall, "cpu": peers.cpu_by_group(ran.seen, "spark-submit's scripts")}
 
 

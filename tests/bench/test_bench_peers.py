@@ -87,6 +87,17 @@ def test_tree_sampling_charges_a_childs_cpu_to_the_runs_tree():
     assert cpu["Daft"] >= 0.25
 
 
+def test_a_childs_creation_time_is_put_on_the_wall_clock_of_the_commands_start(tmp_path):
+    """psutil's creation times count from the boot time in whole seconds (up to a second off time.time()):
+    a child started 0.5 s after the command reads 0.5 s after its start, whatever that offset."""
+    code = ("import subprocess, sys, time; time.sleep(0.5); "
+            "subprocess.run([sys.executable, '-c', 'import time; time.sleep(0.4)'])")
+    ran = peers.watched([sys.executable, "-c", code], {}, tmp_path / "run.log", "the child")
+    child = max(created for _, created in ran.seen)  # the last process made
+    assert 0.45 <= ran.wall_clock(child) - ran.started <= 0.9
+    assert ran.wall_clock(ran.created) == ran.started
+
+
 def test_agreement_matches_dafts_paths_to_our_keys_and_counts_missing_and_error_rows_as_different():
     ours = peers.top1([{"key": "peers/n4/a.jpg", "predictions": [{"class_id": 7}, {"class_id": 1}]},
                        {"key": "peers/n4/b.jpg", "predictions": [{"class_id": 3}]},

@@ -677,6 +677,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions of one task")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args(argv)
+    if args.model != "none" and not args.no_s3 and 0 < args.task_batch < 16:
+        parser.error(f"--model {args.model} scores whole micro-batches of 16: give --task-batch 16 or more, "
+                     "or --model none")
     if args.profile:
         with _served(photos(args.task_batch or 64)) as (endpoint, keys):
             print(task_profile(bench_preprocess(), endpoint, keys))

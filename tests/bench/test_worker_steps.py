@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from bench import models as bench_models
 from bench import worker_steps
@@ -77,6 +78,13 @@ def test_the_real_models_rows_measure_fp32_and_int8_and_the_rest_of_the_task(mon
     fp32_image = result["fp32"]["forward pass alone"] + result["rest"]
     assert len(image) == 1 and f"| {fp32_image:.2f} |" in image[0]
     assert any("int8's speed-up: the forward pass alone" in line for line in lines)
+
+
+def test_a_task_batch_shorter_than_a_micro_batch_is_refused_with_the_real_model(capsys):
+    with pytest.raises(SystemExit) as exited:
+        worker_steps.main(["--task-batch", "4"])
+    assert exited.value.code == 2
+    assert "give --task-batch 16 or more, or --model none" in capsys.readouterr().err
 
 
 def test_the_gain_kept_is_the_images_speed_up_over_the_models():

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench import peers  # noqa: E402
 from bench.int8_search import cpu_description  # noqa: E402
 from demo.run_local import spark_env  # noqa: E402
-from mxjob.run import warm_up  # noqa: E402
+from mxjob.executor.model_check import WARM_STEPS  # noqa: E402
 
 #: The steps, in the order they usually end, with what ends each: the printout's rows.
 STEPS = (
@@ -67,7 +67,7 @@ LISTED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO mxjob\.s3\.pa
                     re.MULTILINE)
 #: The warm-up's split in the driver's log (:func:`mxjob.run.warm_up.split_words`): each step's seconds, in order.
 SPLIT = re.compile(r"as it warmed up \(" + ", ".join(re.escape(words) + r" ([\d.]+) s"
-                                                     for words in warm_up.WARM_STEPS.values()) + r"\)")
+                                                     for words in WARM_STEPS.values()) + r"\)")
 #: The marks the split places back from the warm-up's end, latest first, with the step that ends each.
 SPLIT_MARKS = (("model_loaded", "sample"), ("first_pass", "first_pass"), ("model_read", "model_load"),
                ("mxnet_imported", "mxnet_import"), ("warm_up_began", None))
@@ -113,7 +113,7 @@ def warm_up_marks(loaded: float | None, split: re.Match | None) -> dict[str, flo
     out["model_loaded"] = loaded
     if loaded is None or split is None:
         return out
-    seconds = dict(zip(warm_up.WARM_STEPS, map(float, split.groups())))
+    seconds = dict(zip(WARM_STEPS, map(float, split.groups())))
     at = loaded
     for (name, _), (_, step) in zip(SPLIT_MARKS[1:], SPLIT_MARKS[:-1]):
         at -= seconds[step]

@@ -133,6 +133,13 @@ def warm_and_check(index: int, tasks: int, job: JobSpec, sample: list | None = N
                       seconds=seconds)
 
 
+#: A measuring warm-up task's steps, in their order (:func:`warm_split`'s keys), and the words the driver's log names
+#: them with (``mxjob.run.warm_up.split_words``). The first forward pass builds the model's kernels, which the
+#: sample's timed pass then excludes.
+WARM_STEPS = {"mxnet_import": "MXNet's import", "model_load": "the model's load",
+              "first_pass": "the first forward pass", "sample": "the sample's timed pass"}
+
+
 def warm_split(load: float, measured: float, cost: SampleCost) -> dict:
     """A measuring warm-up task's seconds, in order: MXNet's import, the model's load (every lane's copy), the
     first forward pass (one image or a micro-batch per lane: it builds the kernels), the sample's timed pass.
@@ -148,8 +155,8 @@ def warm_split(load: float, measured: float, cost: SampleCost) -> dict:
     """
     imported = cost.mxnet_import_seconds or 0.0
     first = cost.first[1].seconds.get("task", 0.0) if cost.first is not None else 0.0
-    return {"mxnet_import": round(imported, 3), "model_load": round(max(0.0, load - imported), 3),
-            "first_pass": round(first, 3), "sample": round(max(0.0, measured - first), 3)}
+    steps = (imported, max(0.0, load - imported), first, max(0.0, measured - first))
+    return {step: round(seconds, 3) for step, seconds in zip(WARM_STEPS, steps)}
 
 
 def measurers(sample: int, tasks: int, micro_batch: int) -> int:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from mxjob import tasks
 from mxjob.executor.measure import combined
-from mxjob.executor.model_check import WarmReport, warm_and_check
+from mxjob.executor.model_check import WARM_STEPS, WarmReport, warm_and_check
 from mxjob.inputs import listing
 from mxjob.options.config import JobConfig
 from mxjob.planning.sizing import bound_batch, sample_items, sample_size
@@ -124,25 +124,19 @@ def executors_report(start: SparkStart | None) -> WarmReport | None:
     return report
 
 
-#: The warm-up's steps as :func:`split_words` names them (:func:`mxjob.executor.model_check.warm_split`'s keys).
-WARM_STEPS = {"mxnet_import": "MXNet's import", "model_load": "the model's load",
-              "first_pass": "the first forward pass", "sample": "the sample's timed pass"}
-
-
 def split_words(seconds: dict | None) -> str:
-    """`` (MXNet's import 2.3 s, ...)``: where the checking task's warm-up went; empty without its split.
+    """`` (MXNet's import 2.3 s, ...)``: where the checking task's warm-up went, in the words of
+    :data:`mxjob.executor.model_check.WARM_STEPS`; empty without its split.
 
-    The first forward pass is the one that builds the model's kernels (the sample's timed pass then excludes them).
-
-    >>> split_words({"mxnet_import": 2.31, "model_load": 0.6, "first_pass": 2.0, "sample": 1.7})
-    " (MXNet's import 2.3 s, the model's load 0.6 s, the first forward pass 2.0 s, the sample's timed \
-pass 1.7 s)"
+    >>> split_words({"mxnet_import": 2.31, "sample": 1.7})
+    " (MXNet's import 2.3 s, the sample's timed pass 1.7 s)"
     >>> split_words(None)
     ''
     """
     if not seconds:
         return ""
-    return " (" + ", ".join(f"{WARM_STEPS[step]} {seconds[step]:.1f} s" for step in WARM_STEPS if step in seconds) + ")"
+    return " (" + ", ".join(f"{words} {seconds[step]:.1f} s" for step, words in WARM_STEPS.items()
+                            if step in seconds) + ")"
 
 
 def killed_for_memory(start: SparkStart | None) -> str | None:

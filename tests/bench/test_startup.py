@@ -8,6 +8,7 @@ import datetime
 import pytest
 
 from bench import startup
+from mxjob.run import warm_up
 
 STARTED = datetime.datetime(2026, 11, 29, 10, 0, 0).timestamp()
 LOG = "\n".join([
@@ -56,8 +57,8 @@ def test_a_step_the_run_did_not_show_is_unknown_not_zero():
 
 
 def test_the_split_is_read_in_the_words_the_driver_logs_it():
-    line = "as it warmed up" + startup.warm_up.split_words({"mxnet_import": 2.31, "model_load": 0.6,
-                                                              "first_pass": 2.0, "sample": 1.7})
+    line = "as it warmed up" + warm_up.split_words({"mxnet_import": 2.31, "model_load": 0.6, "first_pass": 2.0,
+                                                    "sample": 1.7})
     assert [float(x) for x in startup.SPLIT.search(line).groups()] == [2.3, 0.6, 2.0, 1.7]
 
 

@@ -68,9 +68,8 @@ LISTED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO mxjob\.s3\.pa
 #: The warm-up's split in the driver's log (:func:`mxjob.run.warm_up.split_words`): each step's seconds, in order.
 SPLIT = re.compile(r"as it warmed up \(" + ", ".join(re.escape(words) + r" ([\d.]+) s"
                                                      for words in WARM_STEPS.values()) + r"\)")
-#: The marks the split places back from the warm-up's end, latest first, with the step that ends each.
-SPLIT_MARKS = (("model_loaded", "sample"), ("first_pass", "first_pass"), ("model_read", "model_load"),
-               ("mxnet_imported", "mxnet_import"), ("warm_up_began", None))
+#: The mark where each of the warm-up's steps begins, in WARM_STEPS' order (the last step ends at ``model_loaded``).
+BEGINS = dict(zip(WARM_STEPS, ("warm_up_began", "mxnet_imported", "model_read", "first_pass")))
 LOADED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO mxjob\.run\.spark_start: the executors' Python "
                     r"workers loaded the model", re.MULTILINE)
 
@@ -109,15 +108,13 @@ def marks(started: float, processes: dict[str, float], log: str, summary: dict) 
 def warm_up_marks(loaded: float | None, split: re.Match | None) -> dict[str, float | None]:
     """The warm-up's steps' ends: the job's end (``loaded``) and, going back from it by the checking task's split
     (its log line's seconds), when its sample, first pass, model load and MXNet import began."""
-    out: dict[str, float | None] = dict.fromkeys(name for name, _ in SPLIT_MARKS)
-    out["model_loaded"] = loaded
+    out: dict[str, float | None] = {**dict.fromkeys(BEGINS.values()), "model_loaded": loaded}
     if loaded is None or split is None:
         return out
-    seconds = dict(zip(WARM_STEPS, map(float, split.groups())))
     at = loaded
-    for (name, _), (_, step) in zip(SPLIT_MARKS[1:], SPLIT_MARKS[:-1]):
-        at -= seconds[step]
-        out[name] = at
+    for step, seconds in reversed(list(zip(WARM_STEPS, map(float, split.groups())))):
+        at -= seconds
+        out[BEGINS[step]] = at
     return out
 
 

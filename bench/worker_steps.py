@@ -384,9 +384,7 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     """
     job = task_job(prep, endpoint, keys, **options)
     model = FreeForward(prep.input_shape, job.forward_batch)
-    run_task(job, keys, model)  # the first task: the reader learns the bucket, the pool starts
-    out = {"task (score_partition)": best_ms(lambda _: run_task(job, keys, model), [None], repeats,
-                                             time.process_time) / len(keys)}
+    out = {"task (score_partition)": task_cpu_ms(job, keys, model, repeats)[0]}
     reader = object_reader.s3_reader(endpoint)
     datas = [reader.read(BUCKET, key) for key in keys]
     out["GET (lean reader, client)"] = best_ms(partial(reader.read, BUCKET), keys, repeats)
@@ -417,6 +415,20 @@ def task_ms(prep: Preprocess, endpoint: str, keys: list[str], repeats: int, **op
     out["the rest: pool, threads, bookkeeping"] = max(0.0, out["task (score_partition)"] - sum(
         ms for step, ms in out.items() if step != "task (score_partition)"))
     return out
+
+
+def task_cpu_ms(job: partition.JobSpec, keys: list[str], model: Classifier, repeats: int,
+                server=None) -> tuple[float, float]:
+    """CPU ms per image of :func:`run_task` (every thread of the process, the best of ``repeats``, after a first
+    task in which the reader learns the bucket and the pool starts), and of the local ``server`` (a
+    ``psutil.Process``; 0 without one) over those ``repeats`` tasks."""
+    run_task(job, keys, model)
+    before = server.cpu_times() if server is not None else None
+    task = best_ms(lambda _: run_task(job, keys, model), [None], repeats, time.process_time) / len(keys)
+    if before is None:
+        return task, 0.0
+    after = server.cpu_times()
+    return task, 1000 * (after.user + after.system - before.user - before.system) / (repeats * len(keys))
 
 
 def task_profile(prep: Preprocess, endpoint: str, keys: list[str], top: int = 25, **options) -> str:
@@ -485,22 +497,12 @@ def precision_ms(endpoint: str, keys: list[str], datas: list[bytes], repeats: in
     specs = {"fp32": fp32,
              "int8": quantize_int8(fp32, prep.input_shape, np.stack(decoded), f"{prefix}-int8", (), micro)}
     server = local_server_process(endpoint)
-
-    def task_cpu(net) -> tuple[float, float]:
-        run_task(job, keys, net)  # the first task: the reader learns the bucket, the pool starts
-        before = server.cpu_times() if server is not None else None
-        task = best_ms(lambda _: run_task(job, keys, net), [None], repeats, time.process_time) / len(keys)
-        after = server.cpu_times() if server is not None else None
-        served = (1000 * (after.user + after.system - before.user - before.system) / (repeats * len(keys))
-                  if before is not None else 0.0)
-        return task, served
-
-    out: dict = {"rest": task_cpu(FreeForward(prep.input_shape, micro))[0]}
+    out: dict = {"rest": task_cpu_ms(job, keys, FreeForward(prep.input_shape, micro), repeats)[0]}
     for precision in PRECISIONS:
         net = Classifier(specs[precision], prep.input_shape, batch_size=micro)
         net.predict(batches[0])  # the first pass builds the kernels
         forward = best_ms(net.predict, batches, repeats, time.process_time) / micro
-        task, served = task_cpu(net)
+        task, served = task_cpu_ms(job, keys, net, repeats, server)
         out[precision] = {"forward pass alone": forward, "whole task": task, "S3 stand-in's server": served}
     return out
 

@@ -103,15 +103,12 @@ class Output:
     kind: ClassVar[str] = ""
     #: The rows' format: ``jsonl`` (the tasks render each row's JSON line into its part) or ``parquet``.
     format: ClassVar[str] = "parquet"
-    #: ``--output``'s form, and what it is, for ``--help``.
+    #: ``--output``'s form, for messages.
     form: ClassVar[str] = ""
-    described: ClassVar[str] = ""
     #: Whether a run may add rows to what it holds (``--skip-existing``, ``--rescore-errors``).
     adds_rows: ClassVar[bool] = False
     #: Whether its rows go into files of ``--rows-per-file`` rows.
     cuts_files: ClassVar[bool] = False
-    #: Whether ``--overwrite`` may replace it.
-    replaceable: ClassVar[bool] = True
     #: The summary's entry this output fills from its sink (``dataset``, ``table``), if any.
     summary_field: ClassVar[str | None] = None
     #: Options that apply to this kind only, refused with any other, and what this kind is called then.
@@ -165,10 +162,6 @@ class Output:
         """The key of ``name`` (one of :data:`NAMES`) in the home's bucket."""
         return side_key(self.key, name)
 
-    @property
-    def summary_uri(self) -> str:
-        return f"s3://{self.bucket}/{self.side_key('summary.json')}"
-
     def locate(self, cfg: JobConfig) -> Output:
         """This output with its home known (an Iceberg table's is found through its catalog); most know it already."""
         return self
@@ -210,7 +203,6 @@ class Output:
     def contents(self, cfg: JobConfig, client):
         """What the output holds, read once for every look at it (a dataset's listing); ``None`` when nothing
         needs reading."""
-        return None
 
     def exists(self, cfg: JobConfig, client, found) -> bool:
         """Whether the output is there (``found``: :meth:`contents`): the object, or its summary."""
@@ -256,7 +248,6 @@ class Output:
     def files(self, cfg: JobConfig, client, planning: LayoutInputs):
         """The run's files (a :class:`mxjob.outputs.dataset.DatasetLayout`) for an output that cuts its rows into
         files; ``None`` for one object."""
-        return None
 
     def left_upload(self, key: str) -> bool:
         """Whether an open upload under the output's key is one of this output's that a killed driver left."""
@@ -273,8 +264,7 @@ class Output:
         raise NotImplementedError
 
     def summary_entry(self, sink, workload) -> dict | None:
-        """The summary's :attr:`summary_field` entry, from the sink once closed."""
-        return None
+        """The summary's :attr:`summary_field` entry, from the sink once closed (``None`` for most)."""
 
 
 def s3_object(uri: str, settings=None) -> tuple[str, str]:
@@ -318,8 +308,7 @@ class ObjectOutput(Output):
     def claims(cls, uri: str, requested_format: str | None) -> bool:
         if not uris.is_s3_uri(uri) or is_prefix(uri):
             return False
-        named = uri.lower().endswith(cls.suffixes)
-        return requested_format == cls.format if requested_format else named
+        return requested_format == cls.format if requested_format else uri.lower().endswith(cls.suffixes)
 
     @classmethod
     def parse(cls, uri: str, settings) -> Output:
@@ -361,8 +350,7 @@ _KINDS: list[type[Output]] = []
 
 def register(kind: type[Output]) -> type[Output]:
     """Add an output kind; the latest registered is asked first (a ``--plugin``'s before the built-ins)."""
-    if kind in _KINDS:
-        _KINDS.remove(kind)
+    unregister(kind)
     _KINDS.insert(0, kind)
     return kind
 

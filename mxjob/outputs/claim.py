@@ -186,9 +186,8 @@ def fresh_workload(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing
         try:
             work.write_job(fingerprint, cfg.output_uri, new_dataset.record() if new_dataset is not None else None)
         except Exception as exc:
-            raise JobError(f"cannot write {work.uri}: {first_line(exc)}; the job needs s3:PutObject, "
-                           "s3:GetObject, s3:ListBucket and s3:DeleteObject on the output key and the "
-                           "prefix beside it") from exc
+            raise JobError(f"cannot write {work.uri}: {first_line(exc)}; the job needs s3:PutObject, s3:GetObject, "
+                           "s3:ListBucket and s3:DeleteObject on the output key and the prefix beside it") from exc
     return work_prefix.Workload(runs=[], todo=images, number=1, resumed=False)
 
 

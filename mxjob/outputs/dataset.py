@@ -41,11 +41,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mxjob.core.errors import JobError, first_line, plural
-from mxjob.inputs import extsort, listing
+from mxjob.inputs import listing
 from mxjob.outputs import claim, merge, work_prefix
 from mxjob.outputs.base import NAMES, LayoutInputs, Output, OutputError, is_prefix, refuse_gzipped_parquet, side_key
 from mxjob.outputs.dataset_files import DatasetSink, file_id, summary_of
-from mxjob.outputs.existing import EarlierFile, Existing, KeyFilter, output_filesystem, read_keys, select
+from mxjob.outputs.existing import EarlierFile, Existing, KeyFilter, in_memory, output_filesystem, read_keys, select
 from mxjob.outputs.fingerprint import differences
 from mxjob.outputs.parquet import provenance
 from mxjob.s3 import clients, parallel_list, writes
@@ -84,8 +84,7 @@ def auto_rows_per_file(key_bytes: float, task_bytes: float, what: str) -> tuple[
     finds the same number in ``job.json``.
     """
     row = key_bytes + task_bytes + ROW_OVERHEAD_BYTES
-    rows = int(TARGET_FILE_BYTES // row)
-    rows = min(max(rows, AUTO_ROWS[0]), AUTO_ROWS[1])
+    rows = min(max(int(TARGET_FILE_BYTES // row), AUTO_ROWS[0]), AUTO_ROWS[1])
     rows = rows // 1000 * 1000 if rows >= 10_000 else rows
     return rows, (f"about {row:.0f} bytes a row before compression (a {key_bytes:.0f}-byte key, {what}): "
                   f"{rows:,} rows for files of about {TARGET_FILE_BYTES // 2**20} MiB")
@@ -124,23 +123,14 @@ class Contents:
     #: The dataset's prefix (ends with ``/``).
     prefix: str = ""
 
-    @property
-    def output_exists(self) -> bool:
-        """Whether a dataset is there: files, ``_SUCCESS`` or a summary (a status or report alone is a run's)."""
-        return bool(self.files) or any(key.endswith(("_SUCCESS", "_summary.json")) for key in self.own)
-
     def runs(self) -> list[str | None]:
         """The runs whose files are there, in the order they ran (``None``: the files of a run without a name)."""
         return list(dict.fromkeys(file_id(key, self.prefix)[0] for key in sorted(self.files)))
 
     def run_files(self, run: str | None) -> dict[int, tuple[str, int]]:
         """The files of ``run`` (``None``: ``part-NNNNN.parquet``) by index: ``(key, bytes)``."""
-        out = {}
-        for key, size in self.files.items():
-            found_run, index = file_id(key, self.prefix)
-            if found_run == run:
-                out[index] = (key, size)
-        return out
+        ids = {key: file_id(key, self.prefix) for key in self.files}
+        return {index: (key, self.files[key]) for key, (found_run, index) in ids.items() if found_run == run}
 
 
 def contents(client, bucket: str, prefix: str) -> Contents:
@@ -212,42 +202,41 @@ def file_keys(keys, existing=None):
 
 
 def fresh_layout(given, auto: tuple[int, str], keys, run: str | None = None, existing=None,
-               rescore_errors: bool = False, skip_existing: bool | None = None) -> DatasetLayout:
+                 rescore_errors: bool = False, skip_existing: bool | None = None) -> DatasetLayout:
     """A first run's dataset: its rows per file, and the digest of the keys its files will hold.
 
     ``run`` and ``existing``: a ``--skip-existing`` run's name (:func:`new_run`) and what the earlier
     files hold (:class:`mxjob.outputs.existing.Existing`). ``skip_existing``: whether the run adds to an output
     (default: whether it has a name, as a dataset's runs do).
     """
-    rows, why = rows_setting(given, auto)
-    return DatasetLayout(rows, why, keys_digest(file_keys(keys, existing)), run=run, existing=existing,
-                       rescore_errors=rescore_errors,
-                       skip_existing=run is not None if skip_existing is None else skip_existing)
+    return DatasetLayout(*rows_setting(given, auto), keys_digest(file_keys(keys, existing)), run=run,
+                         existing=existing, rescore_errors=rescore_errors,
+                         skip_existing=run is not None if skip_existing is None else skip_existing)
+
+
+def recorded_rows(record: dict, given, auto: tuple[int, str]) -> tuple[int, str]:
+    """``(rows, why)`` of the run being resumed (its ``job.json``'s), or as given now if it recorded none."""
+    if "rows_per_file" not in record:
+        return rows_setting(given, auto)
+    return int(record["rows_per_file"]), str(record.get("why") or "the first run's")
 
 
 def table_resumed_layout(record: dict | None, given, auto: tuple[int, str], existing=None,
-                      skip_existing: bool = False, rescore_errors: bool = False) -> DatasetLayout:
+                         skip_existing: bool = False, rescore_errors: bool = False) -> DatasetLayout:
     """A resumed Iceberg table run's layout: the first attempt's name and rows per file (no files are kept by
     index: the run's files are committed and their keys left out before the plan, by
     :func:`mxjob.outputs.iceberg_run.settle`)."""
     record = record or {}
-    if bool(record.get("skip_existing")) != skip_existing:
-        raise JobError(skip_existing_mismatch(bool(record.get("skip_existing"))))
+    check_resumable(record, skip_existing, rescore_errors)
     if record.get("run") is None:
         raise JobError("cannot resume: the run being resumed did not write to an Iceberg table (its job.json names "
                        "no run); resume it with the output it was started with")
-    if bool(record.get("rescore_errors")) != rescore_errors:
-        started = "with" if record.get("rescore_errors") else "without"
-        raise JobError(f"cannot resume: the run being resumed was started {started} --rescore-errors, and its key "
-                       "list depends on it; resume it as it was started")
-    rows, why = (int(record["rows_per_file"]), str(record.get("why") or "the first run's")) \
-        if "rows_per_file" in record else rows_setting(given, auto)
-    return DatasetLayout(rows, why, "", run=record["run"], existing=existing, skip_existing=skip_existing,
-                       rescore_errors=rescore_errors)
+    return DatasetLayout(*recorded_rows(record, given, auto), "", run=record["run"], existing=existing,
+                         skip_existing=skip_existing, rescore_errors=rescore_errors)
 
 
 def resumed_layout(record: dict | None, given, auto: tuple[int, str], keys, found: Contents, existing=None,
-                skip_existing: bool = False) -> DatasetLayout:
+                   skip_existing: bool = False) -> DatasetLayout:
     """A resume's dataset: the first run's rows per file and name; its files kept if the key list is the same.
 
     A number given now that is not the first run's is refused: the files
@@ -258,34 +247,34 @@ def resumed_layout(record: dict | None, given, auto: tuple[int, str], keys, foun
     earlier runs' files are never this layout's to keep or delete.
     """
     record = record or {}
-    if bool(record.get("skip_existing")) != skip_existing:
-        raise JobError(skip_existing_mismatch(bool(record.get("skip_existing"))))
-    run = record.get("run")
-    digest = keys_digest(file_keys(keys, existing))
-    rescore_errors = bool(record.get("rescore_errors"))
-    if "rows_per_file" not in record:
-        rows, why = rows_setting(given, auto)
-        return DatasetLayout(rows, why, digest, run=run, existing=existing, rescore_errors=rescore_errors,
-                           skip_existing=skip_existing)
-    rows = int(record["rows_per_file"])
-    if isinstance(given, int) and given != rows:
+    check_resumable(record, skip_existing)
+    rows, why = recorded_rows(record, given, auto)
+    if "rows_per_file" in record and isinstance(given, int) and given != rows:
         raise JobError(f"--rows-per-file {given}: the run being resumed cut its files at {rows:,} rows, and the "
                        f"files it wrote keep that; resume with --rows-per-file {rows} (or auto), or start again "
                        "with --overwrite")
-    layout = DatasetLayout(rows, str(record.get("why") or "the first run's"), digest, run=run, existing=existing,
-                       rescore_errors=rescore_errors, skip_existing=skip_existing)
-    if record.get("keys_sha256") == digest:
-        layout.keep = found.run_files(run)
+    digest = keys_digest(file_keys(keys, existing))
+    layout = DatasetLayout(rows, why, digest, run=record.get("run"), existing=existing,
+                           rescore_errors=bool(record.get("rescore_errors")), skip_existing=skip_existing)
+    if "rows_per_file" in record and record.get("keys_sha256") == digest:
+        layout.keep = found.run_files(layout.run)
     return layout
 
 
-def skip_existing_mismatch(earlier: bool) -> str:
-    """Why a resume is refused whose ``--skip-existing`` is not the run's it resumes (``earlier``: that run's)."""
-    if earlier:
-        return ("cannot resume: the run being resumed was a --skip-existing run (it adds its files beside the "
-                "earlier runs'); resume it with --skip-existing, as it was started")
-    return ("cannot resume: the run being resumed was not a --skip-existing run (it writes every key); resume it "
-            "without --skip-existing, or add --overwrite instead of --resume to start again")
+def check_resumable(record: dict, skip_existing: bool, rescore_errors: bool | None = None) -> None:
+    """Refuse a resume whose ``--skip-existing`` (and, unless ``None``, ``--rescore-errors``) is not the run's it
+    resumes (``record``: that run's): the key list depends on both."""
+    earlier = bool(record.get("skip_existing"))
+    if earlier and not skip_existing:
+        raise JobError("cannot resume: the run being resumed was a --skip-existing run (it adds its files beside the "
+                       "earlier runs'); resume it with --skip-existing, as it was started")
+    if skip_existing and not earlier:
+        raise JobError("cannot resume: the run being resumed was not a --skip-existing run (it writes every key); "
+                       "resume it without --skip-existing, or add --overwrite instead of --resume to start again")
+    if rescore_errors is not None and bool(record.get("rescore_errors")) != rescore_errors:
+        started = "with" if record.get("rescore_errors") else "without"
+        raise JobError(f"cannot resume: the run being resumed was started {started} --rescore-errors, and its key "
+                       "list depends on it; resume it as it was started")
 
 
 def check_fingerprints(fingerprints: dict, fingerprint: dict, uri: str) -> None:
@@ -318,7 +307,6 @@ class DatasetOutput(Output):
     kind = "dataset"
     format = "parquet"
     form = "s3://BUCKET/PREFIX/"
-    described = "a Parquet dataset: part files that appear as the job runs"
     called = "a Parquet dataset, a prefix ending in '/'"
     adds_rows = True
     cuts_files = True
@@ -352,7 +340,8 @@ class DatasetOutput(Output):
                            "s3:GetObject on the output bucket") from exc
 
     def exists(self, cfg, client, found) -> bool:
-        return found.output_exists
+        """Whether a dataset is there: files, ``_SUCCESS`` or a summary (a status or report alone is a run's)."""
+        return bool(found.files) or any(key.endswith(("_SUCCESS", "_summary.json")) for key in found.own)
 
     def check_fingerprints(self, existing, fingerprint: dict) -> None:
         check_fingerprints(existing.fingerprints, fingerprint, self.uri)
@@ -361,8 +350,7 @@ class DatasetOutput(Output):
         """``--overwrite``: its files, ``_SUCCESS`` and summary go before any new file appears."""
         removed = writes.delete_objects(client, self.bucket, [*found.files, *found.own])
         if removed:
-            log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"),
-                     self.uri)
+            log.info("--overwrite: removed the %s of the earlier dataset under %s", plural(removed, "object"), self.uri)
 
     def files(self, cfg, client, planning: LayoutInputs) -> DatasetLayout:
         if not planning.resumed:
@@ -428,13 +416,10 @@ def find(cfg, client, images: listing.Listing) -> Existing:
     fingerprint (:func:`dataset.check_fingerprints`).
     """
     started = time.time()
-    if isinstance(images, extsort.SpilledListing):
-        images = images.load()
+    images, sample = in_memory(images)
     found = cfg.output.contents(cfg, client)
     work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     own = resumed_run(cfg, work)
-    first = images[0] if len(images) else None
-    sample = listing.Listing.build(images.bucket, [first[0]], [first[1]]) if first else None
     files = [EarlierFile(key, size) for key, size in found.files.items()
              if own is None or file_id(key, found.prefix)[0] != own]
     if not files:
@@ -479,10 +464,5 @@ def resumed_run(cfg, work) -> str | None:
     if not (cfg.resume or claim.yarn_retry(work)):
         claim.refuse_progress(work, cfg.output)
     record = (work.read_job() or {}).get("dataset") or {}
-    if not record.get("skip_existing"):
-        raise JobError(skip_existing_mismatch(False))
-    if bool(record.get("rescore_errors")) != cfg.rescore_errors:
-        started = "with" if record.get("rescore_errors") else "without"
-        raise JobError(f"cannot resume: the run being resumed was started {started} --rescore-errors, and its key "
-                       "list depends on it; resume it as it was started")
+    check_resumable(record, True, cfg.rescore_errors)
     return record.get("run")

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from mxjob.inputs import listing
+from mxjob.inputs import extsort, listing
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +164,7 @@ class KeyFilter:
         if stop <= start:
             return
         hits = pc.is_in(self.keys.slice(start, stop - start), value_set=values)
-        self.found[start:stop] |= np.asarray(hits.combine_chunks() if isinstance(hits, pa.ChunkedArray) else hits,
-                                             dtype=bool)
+        self.found[start:stop] |= np.asarray(hits, dtype=bool)
         del values, hits
         pa.default_memory_pool().release_unused()  # the group's and the hash table's pages, before the next group
 
@@ -177,15 +176,22 @@ def select(images: listing.Listing, found: np.ndarray, error_keys: pa.Array | No
     if error_keys is None or not len(error_keys):
         return (images.filter(pa.array(~found)) if found.any() else images), None, None
     error_keys = error_keys.cast(listing.KEY_TYPE)
-    failed = pc.is_in(images.keys, value_set=error_keys)
-    failed = np.asarray(failed.combine_chunks() if isinstance(failed, pa.ChunkedArray) else failed, dtype=bool)
+    failed = np.asarray(pc.is_in(images.keys, value_set=error_keys), dtype=bool)
     todo = ~found | failed
     new = images.filter(pa.array(todo))
     rescore = failed[todo]
     where = pc.index_in(new.keys.filter(pa.array(rescore)), value_set=error_keys)
-    owner = np.asarray(error_owner)[np.asarray(where.combine_chunks() if isinstance(where, pa.ChunkedArray)
-                                               else where)]
+    owner = np.asarray(error_owner)[np.asarray(where)]
     return new, rescore, owner
+
+
+def in_memory(images: listing.Listing) -> tuple[listing.Listing, listing.Listing | None]:
+    """``(images, sample)``: the listing in memory (a spilled one loaded), and its first key alone, which a dry run
+    with nothing new scores (``None`` without keys)."""
+    if isinstance(images, extsort.SpilledListing):
+        images = images.load()
+    first = images[0] if len(images) else None
+    return images, listing.Listing.build(images.bucket, [first[0]], [first[1]]) if first else None
 
 
 # ----------------------------------------------------------------------------

@@ -27,7 +27,8 @@ def fingerprint(settings: dict, files: dict[str, bytes | str | None]) -> dict:
     A file is its bytes, or (a ``str``) the SHA-256 hex digest whoever read them took.
     """
     digests = {name: _digest(data) for name, data in files.items()}
-    return {**{k: _plain(v) for k, v in settings.items()}, **digests, "part_format": results.FORMAT}
+    # The settings as JSON gives them back (tuples as lists), so that a fingerprint equals its own round trip.
+    return {**json.loads(json.dumps(settings)), **digests, "part_format": results.FORMAT}
 
 
 def _digest(data: bytes | str | None) -> str | None:
@@ -35,11 +36,6 @@ def _digest(data: bytes | str | None) -> str | None:
     if data is None or isinstance(data, str):
         return data
     return hashlib.sha256(data).hexdigest()
-
-
-def _plain(value):
-    """The value as JSON gives it back (tuples as lists), so a fingerprint equals its own round trip."""
-    return json.loads(json.dumps(value))
 
 
 #: The fingerprint's file entries (compared by digest, named as files in messages).

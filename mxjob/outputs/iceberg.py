@@ -29,11 +29,6 @@ class TableUriError(ValueError):
     """An ``iceberg://`` URI that does not name a catalog, a namespace and a table."""
 
 
-def is_table_uri(uri: str) -> bool:
-    """Whether ``uri`` names an Iceberg table (it starts with ``iceberg://``)."""
-    return uri.startswith(SCHEME)
-
-
 def parse_table_uri(uri: str) -> tuple[str, str, str]:
     """Split ``iceberg://CATALOG/NAMESPACE.TABLE`` into its catalog, namespace and table.
 
@@ -58,7 +53,7 @@ def parse_table_uri(uri: str) -> tuple[str, str, str]:
     >>> parse_table_uri("iceberg://glue/analytics.predictions")
     ('glue', 'analytics', 'predictions')
     """
-    if not is_table_uri(uri):
+    if not uri.startswith(SCHEME):
         raise TableUriError(f"{uri!r} is not an Iceberg table URI; expected {URI_FORM}")
     rest = uri[len(SCHEME):]
     catalog, _, identifier = rest.partition("/")
@@ -91,17 +86,15 @@ class IcebergOutput(Output):
     kind = "iceberg"
     format = "parquet"
     form = URI_FORM
-    described = "an Apache Iceberg table, created when absent, its files committed exactly once"
     called = "an Iceberg table output"
     adds_rows = True
     cuts_files = True
-    replaceable = False
     summary_field = "table"
     own_options: ClassVar[tuple] = ("accept_other_fingerprint",)
 
     @classmethod
     def claims(cls, uri: str, requested_format: str | None) -> bool:
-        return is_table_uri(uri)
+        return uri.startswith(SCHEME)
 
     @classmethod
     def check_options(cls, uri: str, settings) -> None:
@@ -131,9 +124,7 @@ class IcebergOutput(Output):
             raise OutputError(f"{settings.name('output')}: {exc}") from None
 
     def locate(self, cfg) -> IcebergOutput:
-        from mxjob.outputs import iceberg_run
-
-        return IcebergOutput(self.uri, *iceberg_run.locate(cfg))
+        return IcebergOutput(self.uri, *_iceberg_run().locate(cfg))
 
     @classmethod
     def status_location(cls, uri: str, endpoint_url: str | None, region: str | None) -> tuple[str, str]:
@@ -153,34 +144,25 @@ class IcebergOutput(Output):
 
     def exists(self, cfg, client, found) -> bool:
         """A table's home holds only the job's own files; its rows are the table's."""
-        from mxjob.outputs import iceberg_run
-
-        return iceberg_run.target(cfg).rows > 0
+        return _iceberg_run().target(cfg).rows > 0
 
     def refuse_existing(self, cfg):
-        from mxjob.outputs import iceberg_run
-
-        iceberg_run.refuse_rows(cfg)
+        _iceberg_run().refuse_rows(cfg)
 
     def progress_advice(self, work) -> str:
         return (f"add --resume to finish it (the rows it committed to the table stay either way), or delete "
                 f"{work.uri} to start a new run")
 
     def settle(self, cfg, client, images):
-        from mxjob.outputs import iceberg_run
-
-        return iceberg_run.settle(cfg, client, images)
+        return _iceberg_run().settle(cfg, client, images)
 
     def existing(self, cfg, client, images):
-        from mxjob.outputs import iceberg_run
-
-        return iceberg_run.find_existing(cfg, images)
+        return _iceberg_run().find_existing(cfg, images)
 
     def open(self, cfg, schema, fingerprint: dict) -> None:
         """The table, created with the run's columns and fingerprint, or checked against them; a dry run creates
         nothing: it checks a table that exists, and says what a new one would hold."""
-        from mxjob.outputs import iceberg_run
-
+        iceberg_run = _iceberg_run()
         schema = iceberg_run.table_schema(schema)
         if cfg.dry_run and iceberg_run.target(cfg).table is None:
             log.info("--dry-run: the Iceberg table %s does not exist; a run would create it with the columns %s",
@@ -192,12 +174,11 @@ class IcebergOutput(Output):
         """A table's run is a dataset run whose files are the table's, named by the run's id."""
         if planning.resumed:
             return dataset.table_resumed_layout((planning.work.read_job() or {}).get("dataset"), cfg.rows_per_file,
-                                             planning.auto_rows, planning.existing, cfg.skip_existing,
-                                             cfg.rescore_errors)
-        from mxjob.outputs import iceberg_run
-
-        return dataset.fresh_layout(cfg.rows_per_file, planning.auto_rows, planning.images, iceberg_run.new_run_id(),
-                                  planning.existing, cfg.rescore_errors, skip_existing=cfg.skip_existing)
+                                                planning.auto_rows, planning.existing, cfg.skip_existing,
+                                                cfg.rescore_errors)
+        run = _iceberg_run().new_run_id()
+        return dataset.fresh_layout(cfg.rows_per_file, planning.auto_rows, planning.images, run, planning.existing,
+                                    cfg.rescore_errors, skip_existing=cfg.skip_existing)
 
     def finish_nothing_new(self, cfg, client, work, found) -> None:
         """A resumed table run whose files hold every listed key: its rows are committed."""
@@ -218,3 +199,10 @@ class IcebergOutput(Output):
 
     def summary_entry(self, sink, workload) -> dict:
         return sink.summary_entry(self.uri, workload.layout.why, workload.layout.settled)
+
+
+def _iceberg_run():
+    """:mod:`mxjob.outputs.iceberg_run`, imported at its first use: only a table output pays for pyiceberg's imports."""
+    from mxjob.outputs import iceberg_run
+
+    return iceberg_run

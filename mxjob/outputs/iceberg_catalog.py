@@ -39,7 +39,7 @@ import logging
 import re
 import time
 from collections.abc import Collection, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -106,9 +106,6 @@ class Commit:
     commit_id: str | None
     added_files: int
     added_records: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def load_catalog(name: str, endpoint_url: str | None = None, region: str | None = None):
@@ -337,8 +334,7 @@ def data_file_path(table: Table, run_id: str, index: int) -> str:
 
 def _check_name(value: str, what: str) -> None:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise ValueError(f"{what} {value!r} must be letters, digits, '.', '_' and '-', starting with a letter "
-                         "or digit")
+        raise ValueError(f"{what} {value!r} must be letters, digits, '.', '_' and '-', starting with a letter or digit")
 
 
 def commit_files(table: Table, paths: list[str], run_id: str, commit_id: str,

@@ -38,7 +38,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from mxjob import tasks
 from mxjob.core import state
 from mxjob.core.errors import JobError, first_line, plural
-from mxjob.inputs import extsort, listing
+from mxjob.inputs import listing
 from mxjob.outputs import claim, existing, iceberg_catalog, work_prefix
 from mxjob.outputs.parquet import PARQUET_TYPE, ParquetSink
 from mxjob.s3 import parallel_list, uris, writes
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 #: The folder beside a table's location that holds its runs' homes.
 HOME_FOLDER = "_mxinfer"
-#: A commit's id: the run's id and the first and last index of the files it adds.
+#: A commit's id: the run's id and the first and last index of the files it adds (the same at every attempt of the run).
 COMMIT_ID = "{run}/{first:05d}-{last:05d}"
 _COMMIT_ID = re.compile(r"(?P<run>.+)/(?P<first>\d+)-(?P<last>\d+)")
 
@@ -155,12 +155,10 @@ def refuse_rows(cfg) -> None:
                        "listed keys it lacks, or write to another table")
 
 
-def table_schema(result_schema: pa.Schema, carried: pa.Schema | None = None) -> pa.Schema:
+def table_schema(result_schema: pa.Schema) -> pa.Schema:
     """The table's columns: the Parquet view of the run's results (its task's,
-    :meth:`mxjob.tasks.Task.parquet_schema`), then the carried columns (the manifest's, the objects' etag and size) as
-    :func:`mxjob.results.part_format.carry` appends them."""
-    columns = list(tasks.of_schema(result_schema).parquet_schema(result_schema))
-    return pa.schema(columns + (list(carried) if carried is not None else []))
+    :meth:`mxjob.tasks.Task.parquet_schema`), without the schema's metadata."""
+    return pa.schema(list(tasks.of_schema(result_schema).parquet_schema(result_schema)))
 
 
 def open_for_run(cfg, schema: pa.Schema, fingerprint: dict):
@@ -192,11 +190,6 @@ def data_path(table) -> str:
 def new_run_id() -> str:
     """A run's id: its UTC start and six random hex digits (two runs of one second differ)."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-def commit_id(run: str, first: int, last: int) -> str:
-    """The id of the commit of the run's files ``first`` to ``last``: the same at every attempt of the run."""
-    return COMMIT_ID.format(run=run, first=first, last=last)
 
 
 def committed_indices(table, run: str) -> set[int]:
@@ -284,8 +277,8 @@ def settle(cfg, client, images: listing.Listing) -> tuple[listing.Listing, Settl
     if left:
         # A --rescore-errors run's files replace the error rows of their keys: read which keys they hold.
         replacing = (_file_keys(cfg, table, [files[i] for i in left]) if record.get("rescore_errors") else [])
-        commit = iceberg_catalog.commit_files(table, [files[i][0] for i in left], run,
-                                            commit_id(run, left[0], left[-1]), replace_errors_of=replacing)
+        cid = COMMIT_ID.format(run=run, first=left[0], last=left[-1])
+        commit = iceberg_catalog.commit_files(table, [files[i][0] for i in left], run, cid, replace_errors_of=replacing)
         out.committed_now = len(left)
         out.snapshot_id = commit.snapshot_id if commit is not None else None
         log.info("--resume: committed the %s the earlier attempt of run %s had written but not committed to %s "
@@ -413,7 +406,7 @@ class TableSink:
     def _commit(self) -> None:
         pending, self._pending = self._pending, []
         replacing, self._replacing = self._replacing, []
-        cid = commit_id(self.run, pending[0][0], pending[-1][0])
+        cid = COMMIT_ID.format(run=self.run, first=pending[0][0], last=pending[-1][0])
         try:
             made = iceberg_catalog.commit_files(self.table, [uri for _, uri, _, _ in pending], self.run, cid,
                                               replace_errors_of=replacing)
@@ -457,10 +450,7 @@ def find_existing(cfg, images: listing.Listing) -> existing.Existing:
     """``--skip-existing`` against the table: the listed keys without a row in it (its ``key`` column, read once
     through pyiceberg's scan a batch at a time, looked up as it comes: :class:`mxjob.outputs.existing.KeyFilter`)."""
     started = time.time()
-    if isinstance(images, extsort.SpilledListing):
-        images = images.load()
-    first = images[0] if len(images) else None
-    sample = listing.Listing.build(images.bucket, [first[0]], [first[1]]) if first else None
+    images, sample = existing.in_memory(images)
     found = target(cfg)
     if found.table is None or not found.rows:
         log.info("--skip-existing: the Iceberg table %s holds no row yet; every listed key is new", cfg.output_uri)

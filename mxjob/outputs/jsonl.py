@@ -33,7 +33,6 @@ class JsonLinesOutput(ObjectOutput):
     kind = "jsonl"
     format = "jsonl"
     form = "s3://BUCKET/KEY.jsonl"
-    described = "JSON Lines, one line per image (KEY.jsonl.gz: gzipped)"
     suffixes: ClassVar[tuple] = (".jsonl", ".json", ".jsonl.gz", ".ndjson")
 
     @classmethod
@@ -71,9 +70,7 @@ class JsonLinesSink:
         self.write_lines([line for batch in batches for line in tasks.of_schema(batch.schema).json_lines(batch)])
 
     def write_lines(self, lines: list[str]) -> None:
-        self._write("".join(line + "\n" for line in lines).encode("utf-8"))
-
-    def _write(self, data: bytes) -> None:
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
         self.writer.write(self._deflate.compress(data) if self._deflate is not None else data)
 
     def close(self) -> None:

@@ -72,10 +72,9 @@ def conditional_refusal(exc: BaseException) -> bool:
     return isinstance(exc, ClientError) and (_precondition_failed(exc) or _missing(exc))
 
 
-def holder_facts(run_id: str, output_uri: str, application: str | None, attempt: int,
-                 now: float | None = None) -> dict:
+def holder_facts(run_id: str, output_uri: str, application: str | None, attempt: int) -> dict:
     """What the lease says about the run that holds it."""
-    now = time.time() if now is None else now
+    now = time.time()
     return {"run_id": run_id, "output": output_uri, "host": socket.gethostname(), "pid": os.getpid(),
             "yarn_application": application, "yarn_attempt": attempt, "started": round(now, 3),
             "started_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
@@ -148,8 +147,7 @@ class Lease:
         return self.holder["run_id"]
 
     def _body(self, now: float) -> bytes:
-        doc = dict(self.holder, renewed=round(now, 3), expires=round(now + self.seconds, 3),
-                   lease_seconds=self.seconds)
+        doc = dict(self.holder, renewed=round(now, 3), expires=round(now + self.seconds, 3), lease_seconds=self.seconds)
         return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
 
     def _call(self, operation: str, **params):
@@ -180,17 +178,18 @@ class Lease:
         self.etag = found[1]
         return True
 
-    def _still_mine(self, why: str) -> bool:
-        """After the ETag was found changed: read the lease once; this run's (:meth:`_adopt`), or lost (``why``)."""
+    def _still_mine(self) -> bool:
+        """After the ETag was found changed: read the lease once; this run's (:meth:`_adopt`), or lost."""
         found = self._read()
         if self._adopt(found):
             return True
-        self._lose(why, found)
+        why = "taken over or deleted while this run held it"
+        self.lost = f"{why}; now {describe(found[0])}" if found else why
+        log.error("lease %s lost: %s", self.uri, self.lost)
         return False
 
     def _put(self, **condition) -> None:
-        response = self._call("put_object", Body=self._body(time.time()), ContentType="application/json",
-                              **condition)
+        response = self._call("put_object", Body=self._body(time.time()), ContentType="application/json", **condition)
         self.etag = response["ETag"]
 
     def _read(self) -> tuple[dict, str] | None:
@@ -281,7 +280,7 @@ class Lease:
                 except ClientError as exc:
                     if not conditional_refusal(exc):
                         raise
-                    if not self._still_mine("taken over or deleted while this run held it"):
+                    if not self._still_mine():
                         return False
             except (ClientError, *_CUT) as exc:  # S3 unreachable for now: the lease lasts five heartbeats
                 log.warning("cannot renew the lease %s (%s); trying again at the next heartbeat", self.uri,
@@ -310,7 +309,7 @@ class Lease:
                     raise
                 etag = ""
             if etag != self.etag:
-                self._still_mine("taken over or deleted while this run held it")
+                self._still_mine()
         if self.lost:
             raise LeaseLost(f"this run lost its lease on the output ({self.uri}: {self.lost}); it stops and "
                             f"publishes nothing. Another run may be writing the output: see its status beside it")
@@ -326,10 +325,6 @@ class Lease:
             return True
         return True
 
-    def _lose(self, why: str, found: tuple[dict, str] | None) -> None:
-        self.lost = f"{why}; now {describe(found[0])}" if found else why
-        log.error("lease %s lost: %s", self.uri, self.lost)
-
     def entry(self) -> dict:
         """The summary's ``lease``: its key, run, length, and what it cost so far (the release comes after)."""
         return {"key": self.uri, "run_id": self.holder["run_id"], "lease_seconds": self.seconds,
@@ -339,16 +334,13 @@ class Lease:
         """Stop renewing; delete the lease if it is still this run's. A failure is a warning: it expires anyway."""
         self._stop.set()
         with self._lock:
-            self._delete_if_mine()
-
-    def _delete_if_mine(self) -> None:
-        try:
-            if not self.lost and self._call("head_object")["ETag"] == self.etag:
-                self._call("delete_object")
-        except Exception as exc:  # noqa: BLE001 - the run has ended; an unreleased lease only expires later
-            if not (isinstance(exc, ClientError) and _missing(exc)):
-                log.warning("cannot delete the lease %s (%s); it expires %.0f s after its last renewal",
-                            self.uri, first_line(exc), self.seconds)
+            try:
+                if not self.lost and self._call("head_object")["ETag"] == self.etag:
+                    self._call("delete_object")
+            except Exception as exc:  # noqa: BLE001 - the run has ended; an unreleased lease only expires later
+                if not (isinstance(exc, ClientError) and _missing(exc)):
+                    log.warning("cannot delete the lease %s (%s); it expires %.0f s after its last renewal",
+                                self.uri, first_line(exc), self.seconds)
 
 
 def new_run_id() -> str:

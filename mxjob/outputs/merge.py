@@ -57,10 +57,6 @@ class AssemblyCounts:
     entry: dict | None = None
     #: Seconds the sink's close took: the last upload's end (last part, CompleteMultipartUpload).
     close_seconds: float = 0.0
-    #: Listings of the followed run's parts (:class:`LiveRun`): none when every task's stats told the merge.
-    part_listings: int = 0
-    #: Batches of the followed run that only a listing found: their tasks' stats never told the merge.
-    unannounced_batches: int = 0
 
 
 class AssemblyCancelled(Exception):
@@ -140,7 +136,8 @@ class LiveRun:
         while True:
             with self._changed:
                 # Before every part, so that a cancel stops a merge that has all it needs.
-                self._stop_if_cancelled()
+                if self._cancelled:
+                    raise AssemblyCancelled(f"the assembly of {self.run.prefix} stopped: the Spark job did not finish")
                 if index in self.done:
                     return True
                 if not wait:
@@ -158,10 +155,6 @@ class LiveRun:
             if finished:
                 raise ResumeError(f"the Spark job finished, but batch {index} has no part under "
                                   f"s3://{self.work.bucket}/{self.run.prefix}")
-
-    def _stop_if_cancelled(self) -> None:
-        if self._cancelled:
-            raise AssemblyCancelled(f"the assembly of {self.run.prefix} stopped: the Spark job did not finish")
 
     def _list(self, frontier: int) -> None:
         """Add the parts listed from batch ``frontier`` on (every earlier one is known durable)."""
@@ -277,7 +270,6 @@ class _Selection:
             carried = None if self.carried is None else self.carried.slice(self.written, piece.num_rows)
             slices.append(part_format.carry(piece, carried))  # also takes a part's OBJECT_METADATA out
             self.written += piece.num_rows
-        for piece in slices:
             failed = piece.num_rows - piece.column("error").null_count
             self.counts.failed += failed
             self.counts.predicted += piece.num_rows - failed
@@ -323,8 +315,7 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, reader: object_r
         if len(parts) == 1:  # one run (no resume): its parts are in key order already
             parts, position = _whole_parts(parts[0], key_column(keys), selection)
         streams = [_run_rows(p) for p in parts]
-        merged = (streams[0] if len(streams) == 1 else
-                  heapq.merge(*streams, key=lambda item: item[0]) if streams else iter(()))
+        merged = heapq.merge(*streams, key=lambda item: item[0])
         expected = iter_keys(keys, position)
         want = next(expected, None)
         last = None
@@ -344,11 +335,8 @@ def assemble(work: WorkPrefix, runs: Sequence[Run], keys, sink, reader: object_r
             else:
                 counts.dropped += 1
         if want is not None:
-            raise ResumeError(f"no line for key {want!r} under {work.uri} "
-                              f"({len(keys) - position} keys without a line)")
+            raise ResumeError(f"no line for key {want!r} under {work.uri} ({len(keys) - position} keys without a line)")
         selection.flush()
-    if live is not None:
-        counts.part_listings, counts.unannounced_batches = live.listings, live.found_by_listing
     return counts
 
 

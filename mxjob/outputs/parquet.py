@@ -36,7 +36,6 @@ class ParquetOutput(ObjectOutput):
     kind = "parquet"
     format = "parquet"
     form = "s3://BUCKET/KEY.parquet"
-    described = "one Parquet object (a key with no suffix: --output-format parquet)"
     suffixes: ClassVar[tuple] = (".parquet",)
 
     @property

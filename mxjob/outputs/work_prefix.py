@@ -125,9 +125,8 @@ class WorkPrefix:
                 continue  # the driver died while starting this run, or it was removed under a late writer
             meta = json.loads(reads.read_object(self.client, self.bucket, names["run.json"]))
             done = frozenset(int(m.group(1)) for m in map(PART_PATTERN.match, names) if m)
-            runs.append(Run(number=number, prefix=f"{self.prefix}{folder}/", batch_size=meta["batch_size"],
-                            batches=meta["batches"], keys=meta["keys"], application=meta.get("application"),
-                            done=done))
+            runs.append(Run(number=number, prefix=f"{self.prefix}{folder}/", batch_size=meta["batch_size"], done=done,
+                            batches=meta["batches"], keys=meta["keys"], application=meta.get("application")))
         return runs
 
     def batches_key(self, run: Run) -> str:

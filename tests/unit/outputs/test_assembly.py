@@ -125,7 +125,7 @@ def test_the_assembly_follows_the_run_and_writes_what_an_assembly_after_it_write
     assert read(s3, "after/out.jsonl") == live_text
     assert [json.loads(x)["key"] for x in live_text.splitlines()] == keys
     # Told of every batch, the merge never listed the run's parts.
-    assert (counts.part_listings, assembly.live.notices, counts.unannounced_batches) == (0, 10, 0)
+    assert (assembly.live.listings, assembly.live.notices, assembly.live.found_by_listing) == (0, 10, 0)
     assert 0 <= assembly.live.left_at_finish < 10 and assembly.live.merged == 10  # what the tail had left to read
     assert assembly.live.key not in state.durable_batches  # the finished run is no longer followed
 
@@ -236,10 +236,10 @@ def test_finish_wakes_a_merge_whose_notices_never_came_and_one_listing_finds_the
     time.sleep(0.2)
     assert assembly.live.listings == 0  # no notice yet: no task has ended as far as the merge knows
     started = time.monotonic()
-    counts = assembly.finish()
+    assembly.finish()
     assert time.monotonic() - started < 5.0
     assert [json.loads(x)["key"] for x in read(s3, "wake/out.jsonl").splitlines()] == keys
-    assert (counts.part_listings, counts.unannounced_batches) == (1, 2)
+    assert (assembly.live.listings, assembly.live.found_by_listing) == (1, 2)
 
 
 def waiting_for(live: merge.LiveRun, index: int) -> tuple[threading.Thread, dict]:
@@ -267,10 +267,10 @@ def test_the_merge_reads_a_part_it_is_told_of_and_lists_nothing(s3, moto_endpoin
         assembly.start()
         for index in range(run.batches):
             task_ends(work, run, keys, index)
-        counts = assembly.finish()
+        assembly.finish()
     assert [json.loads(x)["key"] for x in read(s3, "told/out.jsonl").splitlines()] == keys
     assert log.kinds["part LIST"] == 0 and log.kinds["part GET"] == run.batches == log.kinds["part PUT"]
-    assert (counts.part_listings, counts.unannounced_batches, assembly.live.notices) == (0, 0, 4)
+    assert (assembly.live.listings, assembly.live.found_by_listing, assembly.live.notices) == (0, 0, 4)
 
 
 def test_a_part_whose_notice_was_lost_is_found_by_the_heartbeat_which_then_slows_down(s3):

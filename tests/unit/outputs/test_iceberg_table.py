@@ -269,7 +269,6 @@ def test_two_commit_ids_make_two_snapshots_with_their_summaries(table, s3):
     assert len({c.snapshot_id for c in summaries}) == 3
     assert iceberg_catalog.committed_ids(table, "r1") == ["r1:0", "r1:1"]
     assert iceberg_catalog.committed_ids(table, "r3") == []
-    assert summaries[0].to_dict()["commit_id"] == "r1:0"
 
 
 def test_a_crash_between_upload_and_commit_is_committed_once_by_the_next_driver(table, s3, env, moto_endpoint):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -50,12 +51,9 @@ class Example:
 
 def examples() -> list[Example]:
     """The parts of the page, in its order: each task's (:attr:`mxjob.tasks.Task.doc_examples`)."""
-    out = []
-    for task in map(tasks.get, tasks.names()):
-        for name, shape, table, location in task.doc_examples:
-            meanings = {**results.MEANINGS, **task.meanings}
-            out.append(Example(name, task.parquet_schema(task.schema(**shape)), table, location, meanings))
-    return out
+    return [Example(name, task.parquet_schema(task.schema(**shape)), table, location,
+                    {**results.MEANINGS, **task.meanings})
+            for task in map(tasks.get, tasks.names()) for name, shape, table, location in task.doc_examples]
 
 
 def arrow_text(type_: pa.DataType) -> str:
@@ -77,8 +75,7 @@ def part(example: Example) -> str:
             athena = f"`{athena_table.athena_type(field.type, field.name)}`"
         except ValueError:
             athena = "none (below)"
-        rows.append(f"| `{field.name}` | `{arrow_text(field.type)}` | {athena} | "
-                    f"{example.meanings[field.name]} |")
+        rows.append(f"| `{field.name}` | `{arrow_text(field.type)}` | {athena} | {example.meanings[field.name]} |")
     try:
         table = "```sql\n" + athena_table.athena_ddl(example.schema, example.table, example.location) + "\n```"
     except ValueError as exc:
@@ -86,14 +83,10 @@ def part(example: Example) -> str:
     return "\n".join(rows) + "\n\n" + table
 
 
-def _markers(name: str) -> tuple[str, str]:
-    return (f"<!-- generated: {name} (make docs; tests/unit/reporting/test_output_docs.py keeps it equal) -->",
-            f"<!-- end generated: {name} -->")
-
-
 def _fill(page: str, where: str, name: str, text: str) -> str:
     """``page`` (the file ``where``) with ``text`` between the markers of part ``name``; ValueError without them."""
-    begin, end = _markers(name)
+    begin = f"<!-- generated: {name} (make docs; tests/unit/reporting/test_output_docs.py keeps it equal) -->"
+    end = f"<!-- end generated: {name} -->"
     pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
     if not pattern.search(page):
         raise ValueError(f"{where} lacks the markers of the generated part {name!r}: {begin}")
@@ -114,10 +107,8 @@ def render(page: str, where: str = PAGE) -> str:
 if __name__ == "__main__":  # python -m mxjob.reporting.output_docs ROOT: rewrite the generated parts (make docs)
     import sys
 
+    root = sys.argv[1] if len(sys.argv) > 1 else "."
     for where in (PAGE, CONFIG_PAGE):
-        path = os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", where)
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(render(text, where))
+        path = os.path.join(root, where)
+        Path(path).write_text(render(Path(path).read_text(encoding="utf-8"), where), encoding="utf-8")
         print(f"wrote {path}")

@@ -94,17 +94,14 @@ def _steady_rate(p: Progress) -> float | None:
     """Keys a second once warm: keys after the first tasks over the executors' seconds since theirs ended."""
     busy = sum(max(0.0, p.now - end) for end in p.warm_ends)
     after = p.keys_done - p.warm_keys
-    if busy <= 0 or after <= 0:
-        return None
-    return after / busy * len(p.warm_ends)
+    return after / busy * len(p.warm_ends) if busy > 0 and after > 0 else None
 
 
 def progress_of(fold, now: float, batches: int, keys: int, executors: int | None) -> Progress:
     """The :class:`Progress` of a :class:`mxjob.executor.stats.StatsFold` at ``now``."""
     firsts: dict[str, tuple] = {}
     for name, w in fold.workers.items():
-        executor = name.rsplit("/", 1)[0]
-        first = w["first"]
+        executor, first = name.rsplit("/", 1)[0], w["first"]
         if first.number == 1 and (executor not in firsts or first.ended < firsts[executor][0]):
             firsts[executor] = (first.ended, first.keys)
     return Progress(now=now, batches_done=fold.tasks, batches_total=batches, keys_done=fold.keys, keys_total=keys,
@@ -117,8 +114,7 @@ def duration(seconds: float | None) -> str:
     """``1h05m``, ``3m07s`` or ``12s``; "estimating" for ``None``."""
     if seconds is None or math.isnan(seconds):
         return "estimating"
-    seconds = round(seconds)
-    hours, rest = divmod(seconds, 3600)
+    hours, rest = divmod(round(seconds), 3600)
     if hours:
         return f"{hours}h{rest // 60:02d}m"
     return f"{rest // 60}m{rest % 60:02d}s" if rest >= 60 else f"{rest}s"
@@ -126,9 +122,7 @@ def duration(seconds: float | None) -> str:
 
 def iso(epoch: float | None) -> str | None:
     """Local time as ISO 8601 with its offset, to the second (``None`` stays ``None``)."""
-    if epoch is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(epoch))
+    return None if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(epoch))
 
 
 @dataclass(frozen=True)
@@ -200,8 +194,7 @@ class Reporter:
         self.read_fold, self.batches, self.keys, self.every = read_fold, batches, keys, every
         self.executors, self.on_tick = executors, on_tick
         self.ticks = ticks if ticks is not None else Ticks()
-        self._last = (time.time(), 0)
-        self._last_line = 0.0
+        self._last, self._last_line = (time.time(), 0), 0.0
 
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set: first after :data:`FIRST_TICK_SECONDS`, then every ``min(every, 60)``."""

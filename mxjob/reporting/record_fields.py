@@ -41,10 +41,10 @@ def optional(doc: str, when: str) -> Any:
     return dataclasses.field(default=ABSENT, metadata={"doc": doc, "when": when})
 
 
-def choice(doc: str, choices: tuple, when: Optional[str] = None) -> Any:
-    """A string field that is one of ``choices`` (``doc`` names each: tests/unit/reporting/test_records.py checks
-    it)."""
-    return dataclasses.field(default=ABSENT, metadata={"doc": doc, "when": when, "choices": choices})
+def choice(doc: str, choices: tuple) -> Any:
+    """A required string field that is one of ``choices`` (``doc`` names each: tests/unit/reporting/test_records.py
+    checks it)."""
+    return dataclasses.field(default=ABSENT, metadata={"doc": doc, "when": None, "choices": choices})
 
 
 # Every field defaults to ABSENT, so that an optional field may sit between required ones in JSON order
@@ -77,13 +77,18 @@ def from_json(cls: type, doc: Any) -> Any:
     return _load(cls, doc, getattr(cls, "record_name", cls.__name__), "")
 
 
+def _non_null(tp: Any) -> Any:
+    """``X`` of ``Optional[X]`` (the only unions a record declares); any other type as it is."""
+    if typing.get_origin(tp) is typing.Union:
+        [tp] = [a for a in typing.get_args(tp) if a is not type(None)]
+    return tp
+
+
 def _load(tp: Any, value: Any, name: str, path: str) -> Any:
+    if value is None and typing.get_origin(tp) is typing.Union:  # Optional[X]
+        return None
+    tp = _non_null(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X]
-        if value is None and type(None) in args:
-            return None
-        [tp] = [a for a in args if a is not type(None)]
-        return _load(tp, value, name, path)
     if dataclasses.is_dataclass(tp):
         return _load_record(tp, value, name, path)
     if origin is dict:
@@ -92,20 +97,10 @@ def _load(tp: Any, value: Any, name: str, path: str) -> Any:
     if origin is list:
         _expect(isinstance(value, list), "an array", value, name, path)
         return [_load(args[0], v, name, f"{path}[{i}]") for i, v in enumerate(value)]
-    _check_scalar(tp, value, name, path)
+    if tp is not Any:  # a number may be written as an integer; bool is an int in Python, not in JSON
+        ok = isinstance(value, (int, float) if tp is float else tp) and (tp is bool or not isinstance(value, bool))
+        _expect(ok, JSON_TYPES[tp][1], value, name, path)
     return value
-
-
-def _check_scalar(tp: Any, value: Any, name: str, path: str) -> None:
-    if tp is Any:
-        return
-    # bool is an int in Python, not in JSON: a count of True is a wrong document.
-    if tp is float:
-        _expect(isinstance(value, (int, float)) and not isinstance(value, bool), "a number", value, name, path)
-    elif tp is int:
-        _expect(isinstance(value, int) and not isinstance(value, bool), "an integer", value, name, path)
-    else:
-        _expect(isinstance(value, tp), JSON_TYPES[tp][1], value, name, path)
 
 
 def _load_record(cls: type, value: Any, name: str, path: str) -> Any:
@@ -149,8 +144,7 @@ def type_text(tp: Any) -> str:
     if tp is Any:
         return "any"
     if origin is typing.Union:
-        [inner] = [a for a in args if a is not type(None)]
-        return f"{type_text(inner)} or null"
+        return f"{type_text(_non_null(tp))} or null"
     if dataclasses.is_dataclass(tp):
         return "object"
     if origin is dict:  # a JSON object whose keys are names (executors, hosts), not fields
@@ -163,8 +157,7 @@ def type_text(tp: Any) -> str:
 def field_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """``(dotted name, type, when it is there, meaning)`` of every field of ``cls`` and of the records in it, in
     document order; a map's entries are named ``*`` (``executors.*.batches``)."""
-    rows = []
-    hints = typing.get_type_hints(cls)
+    rows, hints = [], typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         name, tp = f"{prefix}{f.name}", hints[f.name]
         rows.append((name, type_text(tp), f.metadata["when"] or "always", f.metadata["doc"]))
@@ -176,10 +169,8 @@ def field_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
 
 def _record_in(tp: Any) -> Optional[tuple]:
     """``(record, "" or ".*")``: the record a field holds, itself or as a map's values; else ``None``."""
+    tp = _non_null(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:
-        [tp] = [a for a in args if a is not type(None)]
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
         return tp, ""
     if origin is dict and dataclasses.is_dataclass(args[1]):

@@ -445,8 +445,7 @@ class Plan:
     plan_bytes: int = required("the batch plan's size, which the executors read")
     first_key: str = required("the listing's first key")
     last_key: str = required("the listing's last key")
-    model: dict[str, Any] = required("the model as loaded on the driver: parameters, inputs, outputs, classes, "
-                                     "head")
+    model: dict[str, Any] = required("the model as loaded on the driver: parameters, inputs, outputs, classes, head")
     sample: dict[str, Any] = required("the first key's output line, scored on the driver's CPU")
     sample_seconds: dict[str, float] = required("its task's seconds by stage, as an executor measures them "
                                                 "(`download`, `decode`, `forward`, ..., `task`: the whole)")

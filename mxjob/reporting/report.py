@@ -63,11 +63,11 @@ def view(fold: StatsFold, ticks: list[dict], status: dict, summary: dict | None,
     context : dict
         ``options`` and ``fingerprint`` of the run.
     """
-    workers = {name: fold.worker_summary(name) for name in sorted(fold.workers)}
     return {"status": status, "summary": summary, "ticks": ticks, "timeline": fold.timeline.series(),
             "executors": executor_time(fold), "errors": dict(sorted(fold.error_kinds.items())),
-            "errors_by_stage": dict(fold.errors), "top1": sorted(fold.top1.items(), key=lambda kv: (-kv[1], kv[0])),
-            "workers": workers, "options": context.get("options", {}), "fingerprint": context.get("fingerprint", {})}
+            "top1": sorted(fold.top1.items(), key=lambda kv: (-kv[1], kv[0])),
+            "workers": {name: fold.worker_summary(name) for name in sorted(fold.workers)},
+            "options": context.get("options", {}), "fingerprint": context.get("fingerprint", {})}
 
 
 def executor_time(fold: StatsFold) -> dict:
@@ -132,24 +132,15 @@ class Axes:
         return self.height - PAD_B - y / self.y1 * (self.height - PAD_T - PAD_B)
 
     def grid(self, y_label: str, x_label, x_ticks: list | None = None) -> str:
-        """Horizontal grid lines with the y values, labels along x (at ``x_ticks``, or six), the y axis' name."""
-        out = []
+        """Horizontal grid lines with the y values, labels along x (at ``x_ticks``, or six; one the same as the last
+        one shown is left out: seconds repeat on a short run), the y axis' name."""
+        out, last = [], None
         for i in range(5):
             y = self.y1 * i / 4
             out.append(f'<line class="grid" x1="{PAD_L}" x2="{WIDTH - PAD_R}" y1="{self.py(y):.1f}" '
                        f'y2="{self.py(y):.1f}"/><text class="tick" x="{PAD_L - 6}" y="{self.py(y) + 4:.1f}" '
                        f'text-anchor="end">{_fmt(y)}</text>')
-        out += self.x_ticks(x_label, x_ticks)
-        out.append(f'<text class="axis" x="14" y="{PAD_T + (self.height - PAD_T - PAD_B) / 2:.0f}" '
-                   f'transform="rotate(-90 14 {PAD_T + (self.height - PAD_T - PAD_B) / 2:.0f})" '
-                   f'text-anchor="middle">{_esc(y_label)}</text>')
-        return "".join(out)
-
-    def x_ticks(self, x_label, xs: list | None) -> list[str]:
-        """Labels along x; one the same as the last one shown is left out (seconds repeat on a short run)."""
-        xs = xs if xs is not None else [self.x0 + (self.x1 - self.x0) * i / 5 for i in range(6)]
-        out, last = [], None
-        for x in xs:
+        for x in x_ticks if x_ticks is not None else [self.x0 + (self.x1 - self.x0) * i / 5 for i in range(6)]:
             label = x_label(x)
             if label == last:
                 continue
@@ -158,13 +149,15 @@ class Axes:
             out.append(f'<text class="tick" x="{self.px(x):.1f}" y="{self.height - PAD_B + 16}" '
                        f'text-anchor="{anchor}">{_esc(label)}</text>')
             last = label
-        return out
+        out.append(f'<text class="axis" x="14" y="{PAD_T + (self.height - PAD_T - PAD_B) / 2:.0f}" '
+                   f'transform="rotate(-90 14 {PAD_T + (self.height - PAD_T - PAD_B) / 2:.0f})" '
+                   f'text-anchor="middle">{_esc(y_label)}</text>')
+        return "".join(out)
 
-    def polyline(self, xs: list, ys: list, colour: str, name: str, width: float = 2, dash: str = "") -> str:
+    def polyline(self, xs: list, ys: list, colour: str, name: str, width: float) -> str:
         points = " ".join(f"{self.px(x):.1f},{self.py(y):.1f}" for x, y in zip(xs, ys) if y is not None)
-        style = f' stroke-dasharray="{dash}"' if dash else ""
         return (f'<polyline class="series" data-series="{_esc(name)}" fill="none" stroke="{colour}" '
-                f'stroke-width="{width}"{style} points="{points}"/>')
+                f'stroke-width="{width}" points="{points}"/>')
 
 
 def _clock(epoch: float) -> str:
@@ -191,17 +184,12 @@ def line_chart(chart_id: str, series: list[tuple[str, list, list, str]], y_label
     axes = Axes(min(xs), max(xs), top)
     body = axes.grid(y_label, x_label, x_ticks) + "".join(axes.polyline(sx, sy, c, n, 3 if i == 0 else 1.5)
                                                  for i, (n, sx, sy, c) in enumerate(series))
-    if extra:
-        body += extra_lines(axes, extra)
+    if extra:  # a dashed horizontal line at extra[1] named extra[0] (the actual finish, say)
+        name, y = extra
+        body += (f'<line class="actual" x1="{PAD_L}" x2="{WIDTH - PAD_R}" y1="{axes.py(y):.1f}" '
+                 f'y2="{axes.py(y):.1f}" stroke="#000" stroke-dasharray="6 4"/><text class="tick" '
+                 f'x="{WIDTH - PAD_R - 4}" y="{axes.py(y) - 6:.1f}" text-anchor="end">{_esc(name)}</text>')
     return _svg(chart_id, body) + _legend([(n, c) for n, _, _, c in series])
-
-
-def extra_lines(axes: Axes, value) -> str:
-    """A dashed horizontal line at ``value[1]`` named ``value[0]`` (the actual finish, say)."""
-    name, y = value
-    return (f'<line class="actual" x1="{PAD_L}" x2="{WIDTH - PAD_R}" y1="{axes.py(y):.1f}" y2="{axes.py(y):.1f}" '
-            f'stroke="#000" stroke-dasharray="6 4"/><text class="tick" x="{WIDTH - PAD_R - 4}" '
-            f'y="{axes.py(y) - 6:.1f}" text-anchor="end">{_esc(name)}</text>')
 
 
 def hbar_chart(chart_id: str, rows: list[tuple[str, list[tuple[str, float, str]]]], unit: str) -> str:
@@ -272,8 +260,7 @@ def progress_chart(v: dict) -> str:
 
 def eta_chart(v: dict) -> str:
     """The finish as predicted at each tick (minutes after the start), against the actual finish."""
-    ticks, started = predictions(v), v["status"]["started"]
-    actual = actual_end(v)
+    ticks, started, actual = predictions(v), v["status"]["started"], actual_end(v)
     if not ticks:
         if any(t["predicted_end"] is not None for t in v["ticks"]):
             return '<p class="empty" id="chart-eta">No ETA was made before every batch was done.</p>'
@@ -292,10 +279,8 @@ def predictions(v: dict) -> list[dict]:
 
 def actual_end(v: dict) -> float | None:
     """When the tasks ended: the last task's end, once the run is over."""
-    summary = v["summary"]
-    if summary and (summary.get("tasks") or {}).get("last_end"):
-        return summary["tasks"]["last_end"]
-    return None
+    tasks = (v["summary"] or {}).get("tasks") or {}
+    return tasks.get("last_end") or None
 
 
 def time_chart(v: dict) -> str:
@@ -370,7 +355,9 @@ def spaced(ticks: list[float]) -> list[float]:
 # Tables and the page
 
 
-def _figure(label: str, field: str, value, shown: str) -> str:
+def _figure(label: str, field: str, value, shown: str | None = None) -> str:
+    """A card: ``value`` shown as ``shown``, by default as a count (``1,234``)."""
+    shown = f"{value:,}" if shown is None else shown
     return (f'<div class="card"><div class="label">{_esc(label)}</div><div class="figure" data-field="{_esc(field)}" '
             f'data-value="{_esc(value)}">{_esc(shown)}</div></div>')
 
@@ -380,23 +367,21 @@ def headline(v: dict) -> str:
     s, st = v["summary"], v["status"]
     if s:
         rate = s["rates"]["images_per_second_spark"]
-        cards = [("keys listed", "summary.keys_listed", s["keys_listed"], f"{s['keys_listed']:,}"),
-                 ("predicted", "summary.predicted", s["predicted"], f"{s['predicted']:,}"),
-                 ("failed", "summary.failed", s["failed"], f"{s['failed']:,}"),
+        cards = [("keys listed", "summary.keys_listed", s["keys_listed"]),
+                 ("predicted", "summary.predicted", s["predicted"]), ("failed", "summary.failed", s["failed"]),
                  ("images/s (scored / Spark job s)", "summary.rates.images_per_second_spark", rate,
                   "-" if rate is None else f"{rate:,.1f}"),
                  ("wall time", "summary.elapsed_seconds", s["elapsed_seconds"], duration(s["elapsed_seconds"]))]
         if s.get("reused"):  # a resumed run: the keys whose line an earlier run made durable, not scored again
-            cards.insert(2, ("reused from the run before", "summary.reused", s["reused"], f"{s['reused']:,}"))
+            cards.insert(2, ("reused from the run before", "summary.reused", s["reused"]))
         if s.get("existing"):  # --skip-existing: the keys whose row the dataset held already
-            skipped = s["existing"]["skipped"]
-            cards.insert(1, ("skipped: already in the output", "summary.existing.skipped", skipped, f"{skipped:,}"))
+            cards.insert(1, ("skipped: already in the output", "summary.existing.skipped", s["existing"]["skipped"]))
     else:
         keys, batches = st.get("keys") or {}, st.get("batches") or {}
         done = f"{keys.get('done', 0):,} of {keys.get('total', 0):,}"
         cards = [("keys done", "status.keys.done", keys.get("done", 0), done),
-                 ("batches done", "status.batches.done", batches.get("done", 0), f"{batches.get('done', 0):,}"),
-                 ("errors so far", "status.errors", st.get("errors", 0), f"{st.get('errors', 0):,}"),
+                 ("batches done", "status.batches.done", batches.get("done", 0)),
+                 ("errors so far", "status.errors", st.get("errors", 0)),
                  ("images/s since the first task", "status.images_per_second", st.get("images_per_second"),
                   "-" if st.get("images_per_second") is None else f"{st['images_per_second']:,.1f}"),
                  ("ETA", "status.eta_seconds", st.get("eta_seconds"), eta_shown(st))]
@@ -416,8 +401,7 @@ def eta_shown(st: dict) -> str:
 
 def finish_line(v: dict) -> str:
     """Predicted vs actual finish, in words."""
-    predicted = predictions(v)
-    actual = actual_end(v)
+    predicted, actual = predictions(v), actual_end(v)
     if not predicted:
         return "<p>No ETA was made (the job was too short, or is still estimating).</p>"
     first = predicted[0]

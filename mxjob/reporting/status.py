@@ -32,11 +32,6 @@ def status_key(output_key: str) -> str:
     return side_key(output_key, "status.json")
 
 
-def report_key(output_key: str) -> str:
-    """The report's key beside ``output_key``."""
-    return side_key(output_key, "report.html")
-
-
 @dataclass(frozen=True)
 class RunFacts:
     """What every status of a run repeats, whatever its state.
@@ -122,10 +117,9 @@ def status_document(state: str, p: Progress | None, tick: Tick | None, run: RunF
             "predicted_end_iso": iso(eta.predicted_end) if eta else None,
         }
     # where: the output's and its side files' URIs (RunMonitor.where); a field not given is left out.
-    started = run.started
     return to_json(Status(
-        state=state, stage=stage or ABSENT, updated=now, updated_iso=iso(now), started=started,
-        started_iso=iso(started), elapsed_seconds=round(now - started, 1), **run.where, **progress,
+        state=state, stage=stage or ABSENT, updated=now, updated_iso=iso(now), started=run.started,
+        started_iso=iso(run.started), elapsed_seconds=round(now - run.started, 1), **run.where, **progress,
         exit_code=ABSENT if end.exit_code is None else end.exit_code, message=end.message or ABSENT,
         resume_command=run.resume if state != "succeeded" and run.resume else ABSENT))
 
@@ -159,7 +153,7 @@ class RunMonitor:
         self.started, self.resume, self.context = started, resume, context
         self.where = {"output": output_uri or f"s3://{bucket}/{output_key}",
                       "summary": f"s3://{bucket}/{side_key(output_key, 'summary.json')}",
-                      "report": f"s3://{bucket}/{report_key(output_key)}",
+                      "report": f"s3://{bucket}/{side_key(output_key, 'report.html')}",
                       "status": f"s3://{bucket}/{status_key(output_key)}"}
         self.ticks = Ticks()
         self.latest: tuple = (StatsFold(), None, None)
@@ -219,7 +213,7 @@ class RunMonitor:
                 self._closed.set()
             self._written = time.time()
             self._put(status_key(self.output_key), json.dumps(doc, indent=1) + "\n", "application/json")
-            self._put(report_key(self.output_key), page, "text/html; charset=utf-8")
+            self._put(side_key(self.output_key, "report.html"), page, "text/html; charset=utf-8")
         return doc
 
     def ended(self, exc: BaseException) -> None:

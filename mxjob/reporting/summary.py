@@ -9,32 +9,9 @@ from mxjob.executor.stats import StatsFold
 from mxjob.model.worker import memory_bytes
 from mxjob.options.config import JobConfig
 from mxjob.outputs import merge, work_prefix
+from mxjob.reporting import records
 from mxjob.reporting.progress import duration, iso
 from mxjob.reporting.record_fields import ABSENT, to_json
-from mxjob.reporting.records import (
-    Assembly,
-    ErrorsByStage,
-    ExecutorContainer,
-    ExecutorStats,
-    Files,
-    FirstTask,
-    Host,
-    PythonWorker,
-    Rates,
-    S3Retries,
-    Seconds,
-    SkippedKeys,
-    SparkRun,
-    Summary,
-    SummaryDataset,
-    SummaryExisting,
-    SummaryLease,
-    SummaryTable,
-    SummaryTableResume,
-    Tasks,
-    Threads,
-    TimesIso,
-)
 
 
 @dataclass(frozen=True)
@@ -127,39 +104,33 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         (``threads``), then the model, fingerprint and options, the rates named.
     """
     fold, counts, workload, images, elapsed = run.fold, run.counts, run.workload, run.images, run.elapsed
-    executors = {name: ExecutorStats(**{k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()})
+    executors = {name: records.ExecutorStats(**{k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()})
                  for name, e in fold.executors.items()}
     # Throughput while tasks ran: from the first task's start to the last one's end
     # (elapsed_seconds also counts listing, Spark start-up and the assembly).
     window = fold.last_end - fold.first_start if fold.first_start is not None else None
-    scored = fold.keys
-    tasks = Tasks(first_start=fold.first_start, last_end=fold.last_end,
-                  seconds=round(window, 3) if window else None,
-                  images_per_second=round(fold.keys / window, 2) if window else None,
-                  first_start_iso=iso(fold.first_start), last_end_iso=iso(fold.last_end))
-    stage_seconds = Seconds(**{k: round(sum(e[k] for e in fold.executors.values()), 3) for k in fold.STAGES},
-                            **{k: round(v, 3) for k, v in run.seconds.items()})
-    images_per_second = round(scored / elapsed, 2) if elapsed > 0 else None
+    tasks = records.Tasks(first_start=fold.first_start, last_end=fold.last_end,
+                          seconds=round(window, 3) if window else None,
+                          images_per_second=round(fold.keys / window, 2) if window else None,
+                          first_start_iso=iso(fold.first_start), last_end_iso=iso(fold.last_end))
+    stage_seconds = records.Seconds(**{k: round(sum(e[k] for e in fold.executors.values()), 3) for k in fold.STAGES},
+                                    **{k: round(v, 3) for k, v in run.seconds.items()})
+    images_per_second = round(fold.keys / elapsed, 2) if elapsed > 0 else None
     spark_seconds = stage_seconds.spark or None  # ABSENT without a Spark job; rounded, as the summary shows it
-    skipped = run.existing["skipped"] if run.existing is not None else 0
-    return to_json(Summary(
+    return to_json(records.Summary(
         input=cfg.input_uri, output=cfg.output_uri, output_format=cfg.output_format,
-        keys_listed=images + skipped,
-        skipped_keys=SkippedKeys(**run.skipped_keys) if run.skipped_keys is not None else None,
+        keys_listed=images + (run.existing["skipped"] if run.existing is not None else 0),
+        skipped_keys=records.SkippedKeys(**run.skipped_keys) if run.skipped_keys is not None else None,
         predicted=counts.predicted, failed=counts.failed,
         # reused: keys whose line an earlier run made durable; scored: keys this run scored.
-        reused=images - len(workload.todo), scored=scored, resumed=workload.resumed, runs=workload.number,
-        errors_by_stage=ErrorsByStage(**fold.errors), batches=run.batches, batch_size=cfg.batch_size,
-        elapsed_seconds=round(elapsed, 3), images_per_second=images_per_second,
-        seconds=stage_seconds,
-        assembly=Assembly(parts_read=counts.parts_read, bytes_read=counts.bytes_read,
-                          lines_dropped=counts.dropped, lines_superseded=counts.superseded),
-        executors=executors,
-        s3_retries=S3Retries(**fold.s3_retries),
+        reused=images - len(workload.todo), scored=fold.keys, resumed=workload.resumed, runs=workload.number,
+        errors_by_stage=records.ErrorsByStage(**fold.errors), batches=run.batches, batch_size=cfg.batch_size,
+        elapsed_seconds=round(elapsed, 3), images_per_second=images_per_second, seconds=stage_seconds,
+        assembly=records.Assembly(parts_read=counts.parts_read, bytes_read=counts.bytes_read,
+                                  lines_dropped=counts.dropped, lines_superseded=counts.superseded),
+        executors=executors, s3_retries=records.S3Retries(**fold.s3_retries),
         python_workers={name: python_worker(fold.worker_summary(name)) for name in sorted(fold.workers)},
-        tasks=tasks,
-        driver_max_rss_bytes=memory_bytes()["max_rss"],
-        spark=spark_run(run.spark),
+        tasks=tasks, driver_max_rss_bytes=memory_bytes()["max_rss"], spark=spark_run(run.spark),
         # Batches whose result came from a retried task (lost worker or executor, ...).
         retried_batches=fold.retried,
         # Task attempts that failed and were run again (a lost spot node's in-flight batches): Spark's count.
@@ -167,29 +138,27 @@ def summarize(cfg: JobConfig, run: RunOutcome) -> dict:
         # A classifier's model_summary replaces "labels" with the file it read, and adds "labels_count".
         model={"symbol": cfg.model.symbol_uri, "params": cfg.model.params_uri,
                "labels": cfg.model.labels_uri, **run.model_summary},
-        fingerprint=run.fingerprint,
-        options=cfg.options(),
-        threads=thread_fit(fold),
+        fingerprint=run.fingerprint, options=cfg.options(), threads=thread_fit(fold),
         # Beside the machine fields, what a person reads: the rates, named (images_per_second and
         # tasks.images_per_second stay), and what the seconds sum.
-        rates=Rates(images_per_second_spark=round(fold.keys / spark_seconds, 2) if spark_seconds else None,
-                    images_per_second_tasks=tasks.images_per_second,
-                    images_per_second_elapsed=images_per_second, what=RATES),
-        seconds_what=SECONDS_WHAT,
+        rates=records.Rates(images_per_second_spark=round(fold.keys / spark_seconds, 2) if spark_seconds else None,
+                            images_per_second_tasks=tasks.images_per_second,
+                            images_per_second_elapsed=images_per_second, what=RATES), seconds_what=SECONDS_WHAT,
         precision=run.precision, batch_size_choice=run.batch_size_choice, estimate=run.estimate,
         manifest=ABSENT if run.manifest is None else run.manifest,
-        files=Files(**run.files) if run.files is not ABSENT else ABSENT,
-        dataset=ABSENT if run.dataset is None else SummaryDataset(**run.dataset),
-        existing=ABSENT if run.existing is None else SummaryExisting(**run.existing),
+        files=records.Files(**run.files) if run.files is not ABSENT else ABSENT,
+        dataset=ABSENT if run.dataset is None else records.SummaryDataset(**run.dataset),
+        existing=ABSENT if run.existing is None else records.SummaryExisting(**run.existing),
         table=ABSENT if run.table is None else summary_table(run.table),
-        lease=ABSENT if run.lease is None else SummaryLease(**run.lease),
+        lease=ABSENT if run.lease is None else records.SummaryLease(**run.lease),
     ))
 
 
-def summary_table(entry: dict) -> SummaryTable:
+def summary_table(entry: dict) -> records.SummaryTable:
     """The summary's ``table`` record from :meth:`mxjob.outputs.iceberg_run.TableSink.summary_entry`."""
     resumed = entry.get("resumed")
-    return SummaryTable(**{**entry, "resumed": ABSENT if resumed is None else SummaryTableResume(**resumed)})
+    return records.SummaryTable(
+        **{**entry, "resumed": ABSENT if resumed is None else records.SummaryTableResume(**resumed)})
 
 
 #: What each of the summary's rates measures (``rates.what``).
@@ -210,20 +179,21 @@ SECONDS_WHAT = ("seconds summed over executors; download and decode are also sum
                 "them)")
 
 
-def python_worker(worker: dict) -> PythonWorker:
+def python_worker(worker: dict) -> records.PythonWorker:
     """One Python worker's entry (:meth:`StatsFold.worker_summary`), with its first task's times in ISO 8601 beside
     the epoch ones: beside ``first_task``, not in it, so that ``first_task`` keeps its machine shape."""
     first = worker["first_task"]
-    return PythonWorker(**{**worker, "first_task": FirstTask(**first),
-                           "first_task_iso": TimesIso(started=iso(first["started"]), ended=iso(first["ended"]))})
+    times = records.TimesIso(started=iso(first["started"]), ended=iso(first["ended"]))
+    return records.PythonWorker(**{**worker, "first_task": records.FirstTask(**first), "first_task_iso": times})
 
 
-def spark_run(spark: dict | None) -> SparkRun | None:
+def spark_run(spark: dict | None) -> records.SparkRun | None:
     """The summary's ``spark`` (where the Spark job ran) from the driver's dict, or ``None`` without a Spark job."""
     if spark is None:
         return None
     container = spark.get("executor_container")
-    return SparkRun(**{**spark, **({"executor_container": ExecutorContainer(**container)} if container else {})})
+    nested = {"executor_container": records.ExecutorContainer(**container)} if container else {}
+    return records.SparkRun(**{**spark, **nested})
 
 
 def closing_lines(summary: dict, code: int) -> list[str]:
@@ -240,12 +210,15 @@ def closing_lines(summary: dict, code: int) -> list[str]:
     rate = summary["rates"]["images_per_second_spark"]
     files = summary.get("files", {})
     existing = summary.get("existing")
+    # The whole run's rate, named, after the Spark job's: the summary's images_per_second is this one.
+    elapsed = summary["rates"].get("images_per_second_elapsed")
+    whole = f", {elapsed:,.1f} over the whole run (keys scored / elapsed seconds)" if elapsed else ""
     lines = [
         f"run finished: {summary['keys_listed']:,} keys, {summary['predicted']:,} predicted, "
         f"{summary['failed']:,} failed ({errors}); {summary['reused']:,} reused from an earlier run"
         + (f"; {existing['skipped']:,} skipped: already in the output" if existing else ""),
         f"wall time {duration(summary['elapsed_seconds'])} (Spark job {duration(summary['seconds'].get('spark', 0))}); "
-        + (f"{rate:,.1f} images/s (keys scored / Spark job wall seconds){_elapsed_rate(summary)}" if rate
+        + (f"{rate:,.1f} images/s (keys scored / Spark job wall seconds){whole}" if rate
            else "nothing scored in this run"),
         f"output:  {summary['output']}",
         f"report:  {files.get('report', '-')} (copy it here and open it in a browser)",
@@ -256,13 +229,7 @@ def closing_lines(summary: dict, code: int) -> list[str]:
     return lines
 
 
-def _elapsed_rate(summary: dict) -> str:
-    """The whole run's rate, named, after the Spark job's: the summary's ``images_per_second`` is this one."""
-    rate = summary["rates"].get("images_per_second_elapsed")
-    return f", {rate:,.1f} over the whole run (keys scored / elapsed seconds)" if rate else ""
-
-
-def thread_fit(fold: StatsFold) -> Threads:
+def thread_fit(fold: StatsFold) -> records.Threads:
     """Per host: its cores, executors and MXNet threads in all; a warning where threads x executors miss the cores.
 
     ``fold`` holds the tasks' stats. The
@@ -271,16 +238,15 @@ def thread_fit(fold: StatsFold) -> Threads:
     Assumes one task at a time per executor (``spark.executor.cores=1``, the
     job's shape); an executor's threads are the most any of its workers used.
     """
-    out = Threads(hosts={}, warnings=[])
+    out = records.Threads(hosts={}, warnings=[])
     for host, h in sorted(fold.hosts.items()):
         executors = max(len(h["executors"]), h["planned"])
         total = max(h["executors"].values()) * executors
-        out.hosts[host] = Host(cores=h["cores"], executors=executors, threads=total)
+        out.hosts[host] = records.Host(cores=h["cores"], executors=executors, threads=total)
         if total != h["cores"]:
+            fit = "cores left idle" if total < h["cores"] else "threads wait for cores"
             out.warnings.append(
                 f"host {host}: {plural(executors, 'executor')} x {max(h['executors'].values())} MXNet threads = "
-                f"{total} "
-                f"on {h['cores']} cores ({'cores left idle' if total < h['cores'] else 'threads wait for cores'}); "
-                f"leave --threads and spark.executorEnv.OMP_NUM_THREADS unset to fit the node, or set them "
-                f"to cores / executors per host")
+                f"{total} on {h['cores']} cores ({fit}); leave --threads and spark.executorEnv.OMP_NUM_THREADS unset "
+                "to fit the node, or set them to cores / executors per host")
     return out

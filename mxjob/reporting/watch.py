@@ -56,8 +56,7 @@ def status_location(uri: str, endpoint_url: str | None = None, region: str | Non
     """``(bucket, key)`` of the status of the output ``uri`` (or of ``uri`` itself if it is a status file), as the
     kind of output that claims it keeps it (:meth:`mxjob.outputs.Output.status_location`)."""
     try:
-        kind = outputs.kind_of(uri)
-        return kind.status_location(uri, endpoint_url, region)
+        return outputs.kind_of(uri).status_location(uri, endpoint_url, region)
     except outputs.OutputError as exc:
         raise uris.S3UriError(str(exc)) from None
 
@@ -65,10 +64,8 @@ def status_location(uri: str, endpoint_url: str | None = None, region: str | Non
 def is_loopback(endpoint_url: str | None) -> bool:
     """Whether ``endpoint_url`` names a server on this machine (``localhost``, ``127.0.0.1``, ``[::1]``)."""
     host = urlsplit(endpoint_url).hostname if endpoint_url else None
-    if host == "localhost":
-        return True
     try:
-        return host is not None and ipaddress.ip_address(host).is_loopback
+        return host == "localhost" or (host is not None and ipaddress.ip_address(host).is_loopback)
     except ValueError:  # a DNS name
         return False
 
@@ -109,8 +106,7 @@ def describe(status: dict) -> str:
     if "keys" not in status:  # before the plan: the stage says what the driver is doing (or failed at)
         label = f"{state} ({status['stage']})" if status.get("stage") else state
         return f"{label}: no batch has been scored yet ({duration(status.get('elapsed_seconds'))} since the start)"
-    keys, batches = status["keys"], status["batches"]
-    rate = status.get("images_per_second")
+    keys, batches, rate = status["keys"], status["batches"], status.get("images_per_second")
     eta = ("" if state != "running" else
            f"; ETA {duration(status.get('eta_seconds'))}"
            + (f" (at {status['predicted_end_iso']})" if status.get("eta_seconds") is not None else ""))
@@ -155,13 +151,11 @@ class Polling:
     stale_seconds: float
 
 
-def watch(client, bucket: str, key: str, polling: Polling, echo=click.echo, sleep=time.sleep,
-          clock=time.time) -> int:
+def watch(client, bucket: str, key: str, polling: Polling, echo=click.echo, sleep=time.sleep, clock=time.time) -> int:
     """Print the status as it changes until the job ends; return the exit code (see the module's table)."""
     wait_seconds, stale_seconds = polling.wait_seconds, polling.stale_seconds
     started = last_change = clock()
-    last_updated = None
-    said_waiting = False
+    last_updated, said_waiting = None, False
     while True:
         status = read_status(client, bucket, key)
         now = clock()

@@ -22,7 +22,7 @@ task's last.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from mxjob.core import constants
 from mxjob.options import settings
@@ -64,14 +64,9 @@ class BatchChoice:
 
     def as_dict(self) -> dict:
         share = self.overhead_share
-        return {"chosen": self.chosen, "requested": self.requested, "why": self.why,
+        return {**asdict(self),  # the fields in their order, then the share
                 "per_image_seconds": None if self.per_image_seconds is None else round(self.per_image_seconds, 6),
-                "task_overhead_seconds": self.task_overhead_seconds,
                 "overhead_share": None if share is None else round(share, 4)}
-
-
-def _round_up(n: int, step: int) -> int:
-    return -(-n // step) * step
 
 
 def _round_down(n: int, step: int) -> int:
@@ -104,7 +99,7 @@ def choose_batch_size(per_image_seconds: float, task_overhead_seconds: float, ex
     unit = micro_batch * max(1, lanes)
     of = (f"the micro-batch {micro_batch}" if unit == micro_batch else
           f"the micro-batch {micro_batch} times the executors' {lanes} forward lanes ({unit})")
-    batch = _round_up(max(need, 1), unit)
+    batch = -(-max(need, 1) // unit) * unit  # rounded up to a multiple of the unit
     overhead = (f"{OVERHEAD_SHARE:.0%} of a task for Spark's {task_overhead_seconds:g} s per task needs {need} "
                 f"images of {1000 * per_image_seconds:.4g} ms")
     why = f"{overhead}, rounded up to a multiple of {of}"
@@ -121,12 +116,6 @@ def choose_batch_size(per_image_seconds: float, task_overhead_seconds: float, ex
         batch = _round_down(maximum, unit)
         why = f"the largest batch auto picks, {maximum} ({overhead})"
     return BatchChoice(batch, constants.AUTO, why, per_image_seconds, task_overhead_seconds)
-
-
-def given(batch_size: int, per_image_seconds: float | None, task_overhead_seconds: float) -> BatchChoice:
-    """The choice when ``--batch-size`` names a number: that number."""
-    return BatchChoice(int(batch_size), int(batch_size), f"--batch-size {batch_size}", per_image_seconds,
-                       task_overhead_seconds)
 
 
 def unmeasured(reason: str, task_overhead_seconds: float) -> BatchChoice:

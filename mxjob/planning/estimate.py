@@ -22,7 +22,6 @@ and the model's load, both timed on the driver (:func:`start_seconds`).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import re
@@ -33,8 +32,6 @@ from mxjob.options.option_types import cluster_shape
 
 if TYPE_CHECKING:  # the record only: mxjob.executor.measure scores, the estimate projects
     from mxjob.executor.measure import SampleCost
-
-log = logging.getLogger(__name__)
 
 #: Spark's start-up beyond the Python workers' import of MXNet, in units of this host's JVM start
 #: (:func:`jvm_start_seconds`): the SparkContext's own start, then the executors' JVMs starting (at once, on
@@ -287,9 +284,8 @@ def project(sample: SampleCost, images: int, batch_size: int, cluster: Cluster, 
     """
     cpu_per_image = sample.cpu_seconds_per_image
     batches = math.ceil(images / batch_size) if images else 0
-    slots = max(1, cluster.executors)
     batch_seconds = batch_size * cpu_per_image / max(cluster.threads, 1e-9) + TASK_OVERHEAD_SECONDS
-    waves = math.ceil(batches / slots)
+    waves = math.ceil(batches / max(1, cluster.executors))  # over the executors' slots
     compute = waves * batch_seconds
     wall = start_seconds + compute if batches else 0.0
     cost = None if node_price is None else cluster_cost(cluster.nodes, node_price, wall, master_price=master_price)
@@ -297,11 +293,9 @@ def project(sample: SampleCost, images: int, batch_size: int, cluster: Cluster, 
         sample_images=sample.images, cpu_seconds_per_image=cpu_per_image,
         s3_server_cpu_seconds_per_image=sample.s3_server_cpu_seconds_per_image,
         model_load_seconds=sample.model_load_seconds, start_seconds=start_seconds if batches else 0.0, images=images,
-        batches=batches, cluster=cluster.source,
-        vcpus=cluster.vcpus, executors=cluster.executors,
+        batches=batches, cluster=cluster.source, vcpus=cluster.vcpus, executors=cluster.executors,
         images_per_second=images / compute if compute else 0.0, wall_seconds=wall,
-        cost_usd=None if cost is None else cost.total_usd, cost=cost,
-    )
+        cost_usd=None if cost is None else cost.total_usd, cost=cost)
 
 
 def start_seconds(model_load_seconds: float, jvm_seconds: float | None = None,

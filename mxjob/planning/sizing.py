@@ -57,9 +57,8 @@ def size_run(cfg: JobConfig, images: listing.Listing, to_score: int, spark_conf:
     cost = cluster = None
     if cfg.estimate_images and to_score:
         cluster = run_cluster(cfg, spark_conf)
-        if measured is not None:
-            cost = measured
-        else:
+        cost = measured
+        if cost is None:
             items = sample_items(images, sample_size(cfg.estimate_images, to_score, bound_batch(cfg)))
             bound = replace(cfg, batch_size=bound_batch(cfg))  # a number, whatever auto will choose
             cost = measure(bound.job_spec(), items, cfg.endpoint_url)
@@ -86,8 +85,9 @@ def choose_batch(cfg: JobConfig, cost: SampleCost | None, cluster: estimate.Clus
     if cost is not None and cost.scored and cost.cpu_seconds_per_image > 0:
         # One image's wall time on one executor: its CPU over the executor's share of the node's vCPUs.
         per_image = cost.cpu_seconds_per_image * cluster.executors / cluster.vcpus
-    if cfg.batch_size != constants.AUTO:
-        return batchsize.given(cfg.batch_size, per_image, overhead)
+    if cfg.batch_size != constants.AUTO:  # a number: that number
+        size = int(cfg.batch_size)
+        return batchsize.BatchChoice(size, size, f"--batch-size {cfg.batch_size}", per_image, overhead)
     if per_image is None:
         reason = ("--estimate-images 0 measures nothing" if not cfg.estimate_images else
                   "nothing to score" if not to_score else "no sample image could be scored")

@@ -78,10 +78,8 @@ def check_model_files(spec: ModelSpec) -> None:
 
     ``http(s)://`` files are left to the model's load, as are a file's contents.
     """
-    files = [spec.symbol_uri, spec.params_uri]
-    if spec.labels_uri:  # given by --labels: it must exist (synset.txt beside the model is optional)
-        files.append(spec.labels_uri)
-    for uri in files:
+    # A labels file given by --labels must exist (synset.txt beside the model is optional).
+    for uri in [spec.symbol_uri, spec.params_uri, *([spec.labels_uri] if spec.labels_uri else [])]:
         if uris.is_s3_uri(uri):
             exists = _s3_file_exists(spec, uri)
         elif uri.startswith(("http://", "https://")):
@@ -202,10 +200,6 @@ def run_task(cfg: JobConfig) -> Task:
         raise JobError(f"--handler: {exc}") from exc
 
 
-#: The name the driver gives its copy of ``--handler``, before the file's own name.
-HANDLER_PREFIX = "mxinfer_handler_"
-
-
 def prepare_handler(cfg: JobConfig, client) -> JobConfig:
     """Check --handler on the driver, downloading a URI first; return ``cfg`` with its local file.
 
@@ -227,7 +221,7 @@ def prepare_handler(cfg: JobConfig, client) -> JobConfig:
     # Shipped under a name of its own: SparkContext.addFile puts files side by side with
     # the --py-files, so a handler called utils.py would clash with ours (and Spark
     # refuses a second file of one name with different contents).
-    path = os.path.join(folder, HANDLER_PREFIX + path.rsplit("/", 1)[-1])
+    path = os.path.join(folder, "mxinfer_handler_" + path.rsplit("/", 1)[-1])
     with open(path, "wb") as handle:
         handle.write(data)
     try:

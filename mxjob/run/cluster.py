@@ -9,6 +9,7 @@ import platform
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 
 from mxjob.core import state
@@ -60,8 +61,7 @@ def context_info(sc) -> dict:
     """Where the job ran: Spark's and the driver's Python's versions (the stack: EMR 7 or 8), Spark's master, deploy
     mode (``cluster``: the driver in YARN's AM container), app id."""
     return {"version": sc.version, "python": platform.python_version(), "master": sc.master,
-            "deploy_mode": sc.getConf().get("spark.submit.deployMode", "client"),
-            "application_id": sc.applicationId}
+            "deploy_mode": sc.getConf().get("spark.submit.deployMode", "client"), "application_id": sc.applicationId}
 
 
 def satisfy_application_master() -> None:
@@ -149,9 +149,10 @@ def run_spark(cfg: JobConfig, run: work_prefix.Run, batches_key: str, start: Spa
         # KeyboardInterrupt, with Py4J's stacks): Ctrl-C must end as SIGTERM does.
         signal.signal(signal.SIGINT, signals.raise_interrupted)
     sc.setLogLevel("WARN")
-    rerun.remember_conf(dict(sc.getConf().getAll()))  # for the resume command, if the run does not finish
+    conf = dict(sc.getConf().getAll())
+    rerun.remember_conf(conf)  # for the resume command, if the run does not finish
     context = context_info(sc)
-    container = ExecutorContainer.from_conf(dict(sc.getConf().getAll()))
+    container = ExecutorContainer.from_conf(conf)
     log.info("Spark %s, master %s (%s deploy mode), app %s: %d partitions", context["version"], context["master"],
              context["deploy_mode"], context["application_id"], run.batches)
     rdd = sc.parallelize(run.spans, run.batches)
@@ -163,7 +164,7 @@ def run_spark(cfg: JobConfig, run: work_prefix.Run, batches_key: str, start: Spa
     score = functools.partial(score_into, job=job, stats=stats)
     stop = threading.Event()
     reporter = Reporter(lambda: stats.value, run.batches, run.keys, cfg.progress_seconds,
-                        expected_executors(dict(sc.getConf().getAll())), on_tick, ticks)
+                        expected_executors(conf), on_tick, ticks)
     threading.Thread(target=reporter.run, args=(stop,), daemon=True).start()
     group = f"mxinfer-{run.prefix}"
 
@@ -185,25 +186,23 @@ def run_spark(cfg: JobConfig, run: work_prefix.Run, batches_key: str, start: Spa
         signals.ending.set()
         start.run_ended()
         stop.set()
-        finished = stats.value  # the tasks that did finish: their workers' memory, for the message below
-        # Asked before the stop below, which would make every failure look like the JVM's shutdown.
-        shutting_down = isinstance(exc, Exception) and jvm_shutting_down(sc, exc)
-        if isinstance(exc, Exception):
-            # Release the executors now rather than letting the JVM's shutdown race them (a JVM shutting down
-            # alone, too: its RPC threads print stack traces when the executors are left to it).
-            stop_context(sc)
-        else:
+        if not isinstance(exc, Exception):
             # A signal (YARN's kill, Ctrl-C): the status must say "interrupted" before YARN's SIGKILL
             # (yarn.nodemanager.sleep-delay-before-sigkill.ms after its SIGTERM), and a stop can take
             # seconds on a loaded node: it goes on in the background while the driver writes the status.
             SparkStop(sc)
+            raise
+        finished = stats.value  # the tasks that did finish: their workers' memory, for the message below
+        # Asked before the stop below, which would make every failure look like the JVM's shutdown.
+        shutting_down = jvm_shutting_down(sc, exc)
+        # Release the executors now rather than letting the JVM's shutdown race them (a JVM shutting down
+        # alone, too: its RPC threads print stack traces when the executors are left to it).
+        stop_context(sc)
         if shutting_down:  # a signal to spark-submit's JVM alone: an interruption, not a failure
             raise signals.Interrupted(signal.SIGTERM, signals.JVM_SHUTDOWN) from exc
-        if isinstance(exc, Exception):
-            raise JobError(container_memory.killed_message(str(exc), container, finished.workers,
-                                                           container_memory.driver_peak_mib())
-                           or f"the Spark job failed: {spark_failure_reason(exc)}") from exc
-        raise
+        raise JobError(container_memory.killed_message(str(exc), container, finished.workers,
+                                                       container_memory.driver_peak_mib())
+                       or f"the Spark job failed: {spark_failure_reason(exc)}") from exc
     if container is not None:
         context["executor_container"] = container_memory.fit(container, fold.workers)
         log_container_fit(container, context["executor_container"])
@@ -429,8 +428,5 @@ def count_host_threads(conf: dict, hosts: list[str]) -> HostThreads:
     if cores is None and master.startswith("local-cluster["):
         cores = master[len("local-cluster["):].split(",")[1]
     tasks = max(1, int(cores or 1) // max(1, int(conf.get("spark.task.cpus", 1))))
-    counts: dict[str, int] = {}
-    for host in hosts:
-        counts[host] = counts.get(host, 0) + 1
     return HostThreads(omp_from_user="spark.executorEnv.OMP_NUM_THREADS" in conf,
-                              executors_by_host=tuple(sorted(counts.items())), tasks_per_executor=tasks)
+                       executors_by_host=tuple(sorted(Counter(hosts).items())), tasks_per_executor=tasks)

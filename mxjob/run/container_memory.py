@@ -31,12 +31,12 @@ _SIZE = re.compile(r"^\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[kmgtp]?)(?:i?b)?\s
 _UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 ** 2, "p": 1024 ** 3}
 
 
-def size_mib(text: str, default_unit: str = "m") -> float:
+def size_mib(text: str) -> float:
     """A Spark memory setting (``"4g"``, ``"1536m"``, ``"512"``: MiB when no unit) or YARN's ``"1.0 GB"``, in MiB."""
     match = _SIZE.match(str(text))
     if not match:
         raise ValueError(f"not a memory size: {text!r}")
-    return float(match["value"]) * _UNIT_MIB[(match["unit"] or default_unit).lower()]
+    return float(match["value"]) * _UNIT_MIB[(match["unit"] or "m").lower()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +76,6 @@ class ExecutorContainer:
             parts.append(f"spark.executor.pyspark.memory {self.pyspark_mib} MiB")
         return f"{self.limit_mib} MiB ({' + '.join(parts)})"
 
-    def as_dict(self) -> dict:
-        return {"limit_mib": self.limit_mib, "memory_mib": self.memory_mib, "memory_overhead_mib": self.overhead_mib,
-                "pyspark_memory_mib": self.pyspark_mib}
-
 
 def workers_peak_mib(workers: dict) -> float | None:
     """The highest peak RSS of the Python workers whose tasks finished (``StatsFold.workers``), in MiB."""
@@ -90,7 +86,9 @@ def workers_peak_mib(workers: dict) -> float | None:
 def fit(container: ExecutorContainer, workers: dict) -> dict:
     """The summary's ``executor_container``: the limit, the workers' peak and its share of the limit."""
     peak = workers_peak_mib(workers)
-    return {**container.as_dict(), "python_worker_peak_rss_mib": round(peak, 1) if peak else None,
+    return {"limit_mib": container.limit_mib, "memory_mib": container.memory_mib,
+            "memory_overhead_mib": container.overhead_mib, "pyspark_memory_mib": container.pyspark_mib,
+            "python_worker_peak_rss_mib": round(peak, 1) if peak else None,
             "python_worker_peak_share_of_limit": round(peak / container.limit_mib, 3) if peak else None}
 
 

@@ -18,17 +18,7 @@ from dataclasses import replace
 from mxjob.core.errors import JobError
 from mxjob.executor.stats import StatsFold
 from mxjob.options.config import JobConfig
-from mxjob.outputs import merge, work_prefix
-from mxjob.outputs.claim import (
-    Completed,
-    WorkloadInputs,
-    claim_workload,
-    complete_already,
-    finished_by_this_application,
-    output_lease,
-    refuse_unresumed_progress,
-    yarn_attempt,
-)
+from mxjob.outputs import claim, merge, work_prefix
 from mxjob.outputs.lease import Lease, LeaseLost
 from mxjob.planning.sizing import choose_batch, size_run
 from mxjob.reporting.progress import STATUS_SECONDS
@@ -61,13 +51,13 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
     """
     started = time.time()
     client = clients.s3_client(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts)
-    retry = yarn_attempt()[1] > 1
+    retry = claim.yarn_attempt()[1] > 1
     lease = None
     # The output's home (an Iceberg table's is beside its location) holds the run's status, summary and work.
     if cfg.output is not None:  # (a dry run may name none)
         cfg = replace(cfg, output=cfg.output.locate(cfg))
         # The output first: seconds, where the listing may take hours. A refused run writes nothing beside it.
-        done = complete_already(cfg, client)
+        done = claim.complete_already(cfg, client)
         if done is not None:
             log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                      cfg.output_bucket, cfg.summary_key)
@@ -95,11 +85,11 @@ def claim_output(cfg: JobConfig, client, retry: bool) -> Lease | None:
     """
     refuse_own_inputs(cfg)
     cfg.output.check(cfg, client, yarn_retry=retry)
-    lease = output_lease(cfg, client)
+    lease = claim.output_lease(cfg, client)
     lease.refuse_if_held(resume=cfg.resume, output_uri=cfg.output_uri)
     if cfg.dry_run:
         return None
-    refuse_unresumed_progress(cfg, client, retry)
+    claim.refuse_unresumed_progress(cfg, client, retry)
     lease.take(resume=cfg.resume, output_uri=cfg.output_uri)
     lease.keep_renewed(STATUS_SECONDS)
     return lease
@@ -167,7 +157,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     cfg, checked = check_on_driver(cfg, client, images, start if warmed and executors_check(cfg) else None)
     if not warmed:
         warm_up(start, cfg)  # the checked model (int8's, the layer found): loaded while the driver samples and plans
-    inputs = WorkloadInputs(checked.auto_rows, found)
+    inputs = claim.WorkloadInputs(checked.auto_rows, found)
     if cfg.dry_run:
         return dry_run(cfg, images, checked.classifier, client, checked.fingerprint, inputs)
     checked.classifier = None  # checked: the driver needs the model no more (its cache keeps it for the sample)
@@ -177,10 +167,10 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     work = work_prefix.WorkPrefix(client, cfg.output_bucket, cfg.output_key)
     monitor.check_lease()  # the plan records the run, or clears the earlier one's under --overwrite
     try:
-        workload = claim_workload(cfg, client, work, images, checked.fingerprint, inputs=inputs)
+        workload = claim.claim_workload(cfg, client, work, images, checked.fingerprint, inputs=inputs)
         if workload.layout is not None:
             workload.layout.settled = settled
-    except Completed as done:
+    except claim.Completed as done:
         log.info("%s is already complete (its summary is s3://%s/%s); nothing to resume", cfg.output_uri,
                  cfg.output_bucket, cfg.summary_key)
         return done.exit_code
@@ -221,7 +211,7 @@ def nothing_new(cfg: JobConfig, client, monitor: RunMonitor, found, seconds: dic
     YARN's earlier attempt of this application if that attempt finished the
     run (it wrote these rows, then exited with it).
     """
-    code = finished_by_this_application(cfg, client)
+    code = claim.finished_by_this_application(cfg, client)
     if code is not None:
         return code
     log.info("--skip-existing: nothing new to score: all %s listed keys have a row in %s; no Spark job, no new "
@@ -239,8 +229,7 @@ def nothing_new(cfg: JobConfig, client, monitor: RunMonitor, found, seconds: dic
         elapsed=time.time() - monitor.started, model_summary={}, seconds={**stage, **seconds},
         workload=work_prefix.Workload(runs=[], todo=found.new, number=1, resumed=False), fingerprint={},
         precision={"precision": cfg.precision}, batch_size_choice=choice.as_dict(), estimate=None,
-        files=dict(monitor.where), existing=found.entry(),
-        lease=monitor.lease.entry() if monitor.lease is not None else None))
+        files=dict(monitor.where), existing=found.entry(), lease=monitor.lease.entry() if monitor.lease else None))
     writes.put_text(client, cfg.output_bucket, cfg.summary_key, json.dumps(made, indent=2) + "\n")
     monitor.write("succeeded", 0, summary=made)
     for line in closing_lines(made, 0):

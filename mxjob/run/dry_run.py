@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from dataclasses import replace
 
@@ -20,8 +19,6 @@ from mxjob.planning.sizing import size_run
 from mxjob.reporting.record_fields import ABSENT, to_json
 from mxjob.reporting.records import Plan, PlanDataset, SummaryExisting
 from mxjob.results import part_format
-
-log = logging.getLogger(__name__)
 
 
 def dry_run(cfg: JobConfig, images: list, classifier: Predictor, client, fingerprint: dict,
@@ -63,13 +60,9 @@ def dry_run(cfg: JobConfig, images: list, classifier: Predictor, client, fingerp
         output_writable=bool(cfg.output_key) or None,
         # keys an earlier run made durable (--resume) are not scored again
         images=len(images) + (found.skipped if found is not None else 0), to_score=to_score,
-        batch_size=cfg.batch_size,
-        batch_size_choice=sizing.choice, batches=batches,
-        partitions=batches, plan_bytes=sum(spans[-1]) if spans else 0,
-        first_key=first[0][0], last_key=first[-1][0],
-        model=classifier.model_summary(),
-        sample=sample_object(blob),
-        sample_seconds=stats.seconds,
+        batch_size=cfg.batch_size, batch_size_choice=sizing.choice, batches=batches, partitions=batches,
+        plan_bytes=sum(spans[-1]) if spans else 0, first_key=first[0][0], last_key=first[-1][0],
+        model=classifier.model_summary(), sample=sample_object(blob), sample_seconds=stats.seconds,
         estimate=sizing.estimate,
         dataset=ABSENT if dataset_plan is None else PlanDataset(
             rows_per_file=dataset_plan.rows_per_file, why=dataset_plan.why,

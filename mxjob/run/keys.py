@@ -3,8 +3,6 @@ to the output."""
 
 from __future__ import annotations
 
-import logging
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -13,8 +11,6 @@ from mxjob.inputs import extsort, listing, manifest
 from mxjob.options.config import JobConfig
 from mxjob.outputs.fingerprint import carried_names
 from mxjob.s3 import lean_list, parallel_list
-
-log = logging.getLogger(__name__)
 
 
 def list_images(client, cfg: JobConfig) -> listing.Listing:

@@ -155,12 +155,10 @@ def _from_submit_line(options: list[str], script: str, job: list[str], cwd: str 
 
 def _names_a_relative_path(args: Sequence[str], cwd: str) -> bool:
     """Whether an argument (a ``--flag=`` value, an item of a comma-separated list) is a file relative to ``cwd``."""
-    for arg in args:
-        value = arg.partition("=")[2] if arg.startswith("-") else arg
-        for item in value.split(","):  # ':' marks a URI (s3://, file:, local:), never a relative path
-            if item and ":" not in item and not os.path.isabs(item) and os.path.exists(os.path.join(cwd, item)):
-                return True
-    return False
+    values = (arg.partition("=")[2] if arg.startswith("-") else arg for arg in args)
+    # ':' marks a URI (s3://, file:, local:), never a relative path
+    return any(item and ":" not in item and not os.path.isabs(item) and os.path.exists(os.path.join(cwd, item))
+               for value in values for item in value.split(","))
 
 
 def _from_conf(conf: dict[str, str], script: str, job: list[str]) -> str:
@@ -175,8 +173,7 @@ def _from_conf(conf: dict[str, str], script: str, job: list[str]) -> str:
 def parent_jvm_cmdline() -> list[str] | None:
     """The parent process's command line if it is spark-submit's JVM (Linux ``/proc``), else ``None``."""
     try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
-            data = handle.read().decode("utf-8", "replace")
+        data = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode("utf-8", "replace")
     except OSError:
         return None
     parts = data[:-1].split("\0") if data.endswith("\0") else data.split("\0")  # each argument ends in NUL

@@ -16,9 +16,7 @@ from mxjob.inputs import listing
 from mxjob.options.config import JobConfig, allowed_errors
 from mxjob.outputs import merge, work_prefix
 from mxjob.outputs.assembly import Assembly
-from mxjob.outputs.claim import (
-    yarn_attempt,
-)
+from mxjob.outputs.claim import yarn_attempt
 from mxjob.planning.sizing import Sizing
 from mxjob.reporting.status import RunMonitor
 from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
@@ -56,8 +54,7 @@ def end_run(run: ClaimedRun, checked: DriverCheck, sizing: Sizing, scored: tuple
     if stats.last_end is not None:  # the output is whole now: how long after the last task's end
         seconds["output_after_last_task"] = max(0.0, time.time() - stats.last_end)
     summary = summarize(cfg, RunOutcome(
-        images=len(images), batches=workload.todo.num_batches(cfg.batch_size), fold=stats,
-        counts=counts,
+        images=len(images), batches=workload.todo.num_batches(cfg.batch_size), fold=stats, counts=counts,
         elapsed=time.time() - monitor.started, model_summary=checked.model_summary, seconds=seconds, workload=workload,
         fingerprint=checked.fingerprint, spark=spark_summary(spark_stop), skipped_keys=images.skipped_keys,
         precision=checked.precision, batch_size_choice=sizing.choice, estimate=sizing.estimate,
@@ -106,9 +103,8 @@ def score_and_assemble(run: ClaimedRun, start: SparkStart | None, seconds: dict,
         return assemble_output(cfg, client, work, images, runs, live, workload, before_close=monitor.check_lease)
 
     if batches:
-        application, _ = yarn_attempt()
         monitor.check_lease()
-        this_run = work.start_run(workload.number, workload.todo, cfg.batch_size, application,
+        this_run = work.start_run(workload.number, workload.todo, cfg.batch_size, yarn_attempt()[0],
                                   run_id=monitor.lease.run_id if monitor.lease is not None else None)
         seconds["plan"] = time.time() - plan_started
         assembly = Assembly(merge, work, [*workload.runs, this_run], during=True)
@@ -191,15 +187,7 @@ def assemble_output(  # noqa: PLR0913 - the merge's inputs, then optional ones i
     aborted and nothing appears.
     """
     sink = cfg.output.sink(cfg, client, work, workload)
-    counts = _assemble(cfg, work, images, runs, live, sink, before_close)
-    counts.entry = cfg.output.summary_entry(sink, workload)
-    return counts
-
-
-def _assemble(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.Listing, runs: list | None,
-              live: merge.LiveRun | None, sink, before_close: Callable[[], None] | None = None) -> merge.AssemblyCounts:
-    """Merge into ``sink``, then close it; on any failure abort it (nothing partial appears)."""
-    try:
+    try:  # on any failure the sink is aborted: nothing partial appears
         reader = object_reader.s3_reader(cfg.endpoint_url, cfg.region, max_attempts=cfg.s3_max_attempts,
                                          kind=cfg.s3_reader)
         counts = merge.assemble(work, work.runs() if runs is None else runs, images, sink, reader=reader,
@@ -209,15 +197,14 @@ def _assemble(cfg: JobConfig, work: work_prefix.WorkPrefix, images: listing.List
         closing = time.monotonic()
         sink.close()
         counts.close_seconds = time.monotonic() - closing
-    except work_prefix.ResumeError as exc:
+    except BaseException as exc:
         sink.abort()
-        raise JobError(str(exc)) from exc
-    except clients.S3_ERRORS as exc:  # an upload, its completion or a commit failed after its retries
-        sink.abort()
-        call = getattr(exc, "operation_name", None) or type(exc).__name__
-        raise JobError(f"writing {cfg.output_uri} failed: S3 {call}: {first_line(exc)}; nothing was published, "
-                       "and the scored batches stay durable") from exc
-    except BaseException:
-        sink.abort()
+        if isinstance(exc, work_prefix.ResumeError):
+            raise JobError(str(exc)) from exc
+        if isinstance(exc, clients.S3_ERRORS):  # an upload, its completion or a commit failed after its retries
+            call = getattr(exc, "operation_name", None) or type(exc).__name__
+            raise JobError(f"writing {cfg.output_uri} failed: S3 {call}: {first_line(exc)}; nothing was published, "
+                           "and the scored batches stay durable") from exc
         raise
+    counts.entry = cfg.output.summary_entry(sink, workload)
     return counts

@@ -91,9 +91,7 @@ class SparkStart:
         from pyspark import SparkConf, SparkContext
 
         try:
-            conf = SparkConf().setAppName(app_name)
-            for key, value in spark_conf.items():
-                conf.set(key, value)
+            conf = SparkConf().setAppName(app_name).setAll(spark_conf.items())
             # The UI and the event log mask a value holding a URI's password (the driver's command line's).
             conf.set("spark.redaction.regex", spark_redaction_regex(conf.get("spark.redaction.regex", None)))
             self._sc = SparkContext.getOrCreate(conf)

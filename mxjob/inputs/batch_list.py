@@ -70,8 +70,7 @@ def write_batches(keys: Listing, batch_size: int, sink) -> list[tuple[int, int]]
     """
     out = _CountingFile(sink)
     spans = []
-    options = pa.ipc.IpcWriteOptions(compression="zstd")
-    with pa.ipc.new_stream(out, BATCHES_SCHEMA, options=options) as writer:
+    with pa.ipc.new_stream(out, BATCHES_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
         # The batch list holds keys and sizes only: carried columns stay on the driver, for the assembly.
         for batch in rebatch((table.select(BATCHES_SCHEMA.names) for table in keys.tables()), batch_size):
             before = out.tell()

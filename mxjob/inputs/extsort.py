@@ -98,18 +98,11 @@ class KeySorter:
     def __init__(self, *, prefix: str = "", suffixes: Iterable[str] | None = None,
                  spill_bytes: int = SPILL_BYTES, directory: str | None = None):
         self.prefix, self.suffixes = prefix, None if suffixes is None else list(suffixes)
-        #: What the filter dropped, by reason, across every run (the manifest's report).
-        self.skipped = Skipped(prefix, self.suffixes)
         self.spill_bytes, self.directory = spill_bytes, directory
-        self.rows = 0
-        #: Names of the manifest's carried columns (strings, beside each key): they follow their keys through
-        #: the runs and the merge, as through the in-memory sort.
-        self.carried: list[str] = []
-        self._pending: list[pa.Table] = []
-        self._pending_bytes = 0
         self._runs: list[str] = []
         self._folder: str | None = None
         self._cleanup = None
+        self.reset()  # the keys gathered, their count, carried columns and what the filter skipped: none yet
 
     @property
     def spilled(self) -> bool:
@@ -124,10 +117,7 @@ class KeySorter:
         """
         if carried:
             self.carried = list(carried)
-            schema = pa.schema([*_SCHEMA, *(pa.field(name, pa.string()) for name in carried)])
-            table = pa.table({"key": keys, "size": sizes, **carried}, schema=schema)
-        else:
-            table = pa.table({"key": keys, "size": sizes}, schema=_SCHEMA)
+        table = pa.table({"key": keys, "size": sizes, **(carried or {})}, schema=self._schema() if carried else _SCHEMA)
         self._pending.append(table)
         self._pending_bytes += table.nbytes
         self.rows += table.num_rows
@@ -139,16 +129,15 @@ class KeySorter:
         if self.spilled:
             raise RuntimeError("the keys were spilled: merge them instead")
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        keys = pa.chunked_array([c for t in pending for c in t["key"].chunks], KEY_TYPE)
-        sizes = pa.chunked_array([c for t in pending for c in t["size"].chunks], pa.int64())
-        carried = [pa.chunked_array([c for t in pending for c in t[name].chunks], pa.string())
-                   for name in self.carried]
-        return (keys, sizes, *carried)
+        return tuple(pa.chunked_array([c for t in pending for c in t[f.name].chunks], f.type) for f in self._schema())
 
     def reset(self) -> None:
         """Forget every key gathered or spilled (a manifest read again from its start)."""
         self._pending, self._pending_bytes, self.rows = [], 0, 0
-        self.carried = []
+        #: Names of the manifest's carried columns (strings, beside each key): they follow their keys through
+        #: the runs and the merge, as through the in-memory sort.
+        self.carried: list[str] = []
+        #: What the filter dropped, by reason, across every run (the manifest's report).
         self.skipped = Skipped(self.prefix, self.suffixes)
         for path in self._runs:
             os.remove(path)
@@ -270,22 +259,9 @@ class _Run:
         if column[-1].as_py() <= frontier:
             cut = self.window.num_rows
         else:
-            cut = bisect.bisect_right(_Keys(column), frontier)
+            cut = bisect.bisect_right(column, frontier, key=lambda scalar: scalar.as_py())
         taken, self.window = self.window.slice(0, cut), self.window.slice(cut)
         return taken
-
-
-class _Keys:
-    """A string column as a sequence of Python strings, read one at a time (for :mod:`bisect`)."""
-
-    def __init__(self, column: pa.Array):
-        self.column = column
-
-    def __len__(self) -> int:
-        return len(self.column)
-
-    def __getitem__(self, index: int) -> str:
-        return self.column[index].as_py()
 
 
 def merge_runs(paths: list[str]) -> Iterator[pa.Table]:
@@ -346,11 +322,6 @@ class SpilledListing:
                 rows += batch.num_rows
         return cls(bucket, path, rows, folder)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the file on disk (the keys compressed); none of them are held in memory."""
-        return os.path.getsize(self.path)
-
     def __len__(self) -> int:
         return self.rows
 
@@ -382,10 +353,6 @@ class SpilledListing:
         batches = [self._reader.get_batch(i) for i in range(first, min(last + 1, self._reader.num_record_batches))]
         table = pa.Table.from_batches(batches, _SCHEMA)
         return Listing(self.bucket, table.slice(start - first * SPILLED_ROWS, max(0, stop - start)))
-
-    def batch(self, index: int, batch_size: int) -> Listing:
-        """Batch ``index`` (from 0) of ``batch_size`` keys, in memory."""
-        return self[index * batch_size: (index + 1) * batch_size]
 
     def num_batches(self, batch_size: int) -> int:
         """How many batches of ``batch_size`` the keys fill (the last one may be short)."""

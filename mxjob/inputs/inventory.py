@@ -8,6 +8,7 @@ versions (not delete markers) to a key sorter.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -47,10 +48,8 @@ def read_inventory(uri: str, path: str, client, work: str, sorter: KeySorter) ->
         local = os.path.join(work, f"data-{number}-" + key.rsplit("/", 1)[-1])
         manifest_text.download(client, destination, key, local, f"inventory data file {number} of {uri}")
         what = f"inventory data file s3://{destination}/{key}"
-        if kind == "CSV":
-            table = _inventory_csv(what, local, str(manifest.get("fileSchema") or ""))
-        else:
-            table = _inventory_columnar(what, local, kind)
+        table = (_inventory_csv(what, local, str(manifest.get("fileSchema") or "")) if kind == "CSV"
+                 else _inventory_columnar(what, local, kind))
         os.remove(local)  # one data file on disk at a time
         buckets.update(pc.unique(table["bucket"]).to_pylist() if "bucket" in table.column_names else ())
         for batch in table.select(["key", "size"]).to_batches():
@@ -155,18 +154,11 @@ def _inventory_columnar(what: str, path: str, kind: str) -> pa.Table:
 
 def _current_versions(table: pa.Table, latest: str, marker: str, text: bool):
     """A filter keeping current versions that are not delete markers; None for an inventory without versions."""
-
-    def equals(name: str, value: bool):
-        column = table[name]
-        if text:
-            found = pc.equal(pc.utf8_lower(column), str(value).lower())
-        else:
-            found = pc.equal(column.cast(pa.bool_()), value)
-        return pc.fill_null(found, False)
-
-    keep = None
+    kept = []
     for name, dropped in ((latest, False), (marker, True)):
         if name in table.column_names:
-            kept = pc.invert(equals(name, dropped))
-            keep = kept if keep is None else pc.and_(keep, kept)
-    return keep
+            column = table[name]
+            found = (pc.equal(pc.utf8_lower(column), str(dropped).lower()) if text
+                     else pc.equal(column.cast(pa.bool_()), dropped))
+            kept.append(pc.invert(pc.fill_null(found, False)))
+    return functools.reduce(pc.and_, kept) if kept else None

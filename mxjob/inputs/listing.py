@@ -22,6 +22,7 @@ Python nor its JVM holds the keys twice, however many there are.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Iterable, Iterator
@@ -174,10 +175,6 @@ class Listing:
             raise IndexError(f"index {index} out of range for {len(self)} keys")
         return self.table["key"][index].as_py(), self.table["size"][index].as_py()
 
-    def batch(self, index: int, batch_size: int) -> Listing:
-        """Batch ``index`` (from 0) of ``batch_size`` keys: a zero-copy slice, shorter at the end."""
-        return self[index * batch_size: (index + 1) * batch_size]
-
     def filter(self, mask) -> Listing:
         """The keys where ``mask`` (a boolean Arrow array or list, one per key) is true."""
         return Listing(self.bucket, self.table.filter(mask))
@@ -232,10 +229,6 @@ class Skipped:
         shown = [_shown(key) for key in dropped.take(first).to_pylist()]
         self.examples[reason] = sorted(self.examples[reason] + shown)[:self.SHOWN]
 
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
     def entry(self, reason: str) -> dict:
         """``{"count", "why", "examples"}`` of one reason, even if it skipped nothing."""
         return {"count": self.counts[reason], "why": self.why[reason], "examples": sorted(self.examples[reason])}
@@ -274,12 +267,8 @@ def keep_images(table: pa.Table, *, prefix: str = "", suffixes: Iterable[str] | 
         if image is not None:
             skipped.add("not_image", keys, _both(_both(pc.invert(image), inside), fits))
     masks = [m for m in (fits, inside, image) if m is not None]
-    if not masks:
-        return table
-    mask = masks[0]
-    for other in masks[1:]:
-        mask = pc.and_(mask, other)
-    if pc.all(mask).as_py():  # usually every key is an image: then no copy
+    mask = functools.reduce(pc.and_, masks) if masks else None
+    if mask is None or pc.all(mask).as_py():  # usually every key is an image: then no copy
         return table
     return table.filter(mask)
 
@@ -347,11 +336,10 @@ def _strictly_increasing(column: pa.ChunkedArray) -> bool:
 
 
 def _as_column(values, kind: pa.DataType) -> pa.ChunkedArray:
-    if isinstance(values, pa.ChunkedArray):
-        return values.cast(kind) if values.type != kind else values
-    if isinstance(values, pa.Array):
-        return pa.chunked_array([values.cast(kind) if values.type != kind else values], kind)
-    return pa.chunked_array([pa.array(list(values), kind)], kind)
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)):
+        values = pa.array(list(values), kind)
+    values = values.cast(kind) if values.type != kind else values
+    return values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values], kind)
 
 
 # ----------------------------------------------------------------------------

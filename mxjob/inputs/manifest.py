@@ -166,9 +166,8 @@ def manifest_report(uri: str, named: int, images: int, kept: int | None, skipped
     never dropped silently. A key named more than once gets one line; the
     repeats are ``duplicates`` (``None`` when ``--limit`` stopped the count).
     """
-    duplicates = None if kept is None else named - skipped.total - kept
-    return {"uri": uri, "keys_named": named, "images": images, "duplicates": duplicates,
-            "skipped": skipped.report()}
+    duplicates = None if kept is None else named - sum(skipped.counts.values()) - kept
+    return {"uri": uri, "keys_named": named, "images": images, "duplicates": duplicates, "skipped": skipped.report()}
 
 
 def describe_skipped(report: dict) -> str:

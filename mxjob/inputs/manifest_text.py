@@ -92,8 +92,7 @@ def read_text(uri: str, path: str, sorter: KeySorter) -> set:
 
 
 def read_csv(uri: str, path: str, sorter: KeySorter) -> set:
-    return _fast_or_scanned(uri, path, sorter, lambda path_, sorter_: _fast_csv(path_, sorter_, uri), _scan_csv,
-                            "row")
+    return _fast_or_scanned(uri, path, sorter, lambda path_, sorter_: _fast_csv(path_, sorter_, uri), _scan_csv, "row")
 
 
 def _fast_or_scanned(uri: str, path: str, sorter: KeySorter, fast, scan, unit: str) -> set:
@@ -178,17 +177,12 @@ def _csv_layout(uri: str, path: str) -> tuple[list[str] | None, int]:
                 if not row or not any(field.strip() for field in row):
                     continue
                 header = _header(uri, row) if reader.line_num == 1 else None
-                if header is not None:
-                    return header, _first_fields(reader)
-                return None, len(row)
+                if header is None:
+                    return None, len(row)
+                return header, next((len(row) for row in reader if row and any(field.strip() for field in row)), 0)
         except (csv.Error, UnicodeDecodeError) as exc:
             raise _Doubt(str(exc)) from None
     return None, 0
-
-
-def _first_fields(reader) -> int:
-    """Fields of the next row with any text (0 at the end)."""
-    return next((len(row) for row in reader if row and any(field.strip() for field in row)), 0)
 
 
 def _header(uri: str, row: list[str]) -> list[str] | None:
@@ -224,13 +218,6 @@ def _carried_names(header: list[str]) -> list[str]:
     return header[3:] if len(header) > 2 and header[2].lower() == "size" else header[2:]
 
 
-def _no_header(uri: str, fields: int) -> ManifestError:
-    return ManifestError(f"--input-manifest {uri}: its rows have {fields} fields, but only bucket,key[,size] "
-                                  "are read without a header row; to carry the other columns to the output, name them "
-                                  "in a first line such as bucket,key,size,product_id (or cut the rows to "
-                                  "bucket,key,size)")
-
-
 def _fast_csv(path: str, sorter: KeySorter, uri: str | None = None) -> set:
     uri = uri or path  # names the manifest in messages
     header, fields = _csv_layout(uri, path)
@@ -242,7 +229,10 @@ def _fast_csv(path: str, sorter: KeySorter, uri: str | None = None) -> set:
         names = ["bucket", "key", *(["size"] if len(header) - len(carried) == 3 else []), *carried]
     else:
         if header is None and fields > 3:
-            raise _no_header(uri, fields)
+            raise ManifestError(f"--input-manifest {uri}: its rows have {fields} fields, but only bucket,key[,size] "
+                                "are read without a header row; to carry the other columns to the output, name them "
+                                "in a first line such as bucket,key,size,product_id (or cut the rows to "
+                                "bucket,key,size)")
         if fields not in (0, 2, 3):
             raise _Doubt(f"{fields} fields")
         names = ["bucket", "key", "size"][:fields]

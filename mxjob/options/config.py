@@ -18,7 +18,7 @@ import math
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
 import click
@@ -69,9 +69,7 @@ class _JobConfigBase:
 
     @property
     def input_uri(self) -> str:
-        if self.input_manifest:
-            return self.input_manifest
-        return f"s3://{self.input_bucket}/{self.input_prefix}"
+        return self.input_manifest or f"s3://{self.input_bucket}/{self.input_prefix}"
 
     @property
     def output_uri(self) -> str | None:
@@ -103,20 +101,11 @@ class _JobConfigBase:
 
         The recipe's settings are one entry, ``preprocess``.
         """
-        values = {s.name: self.setting_value(s) for s in table.SETTINGS if s.to != "resolve"}
-        out: dict = {}
-        for s in table.SETTINGS:
-            if s.in_fingerprint(values):
-                if s.to == "preprocess":
-                    out["preprocess"] = asdict(self.preprocess)
-                else:
-                    out[s.name] = values[s.name]
-        return out
-
-    def setting_value(self, setting: table.Setting):
-        """The value of a ``driver``, ``executor``, ``model`` or ``preprocess`` setting in this run."""
-        holder = {"model": self.model, "preprocess": self.preprocess}.get(setting.to, self)
-        return getattr(holder, setting.name)
+        holders = {"model": self.model, "preprocess": self.preprocess}  # where each setting's value is held
+        values = {s.name: getattr(holders.get(s.to, self), s.name) for s in table.SETTINGS if s.to != "resolve"}
+        held = ["preprocess" if s.to == "preprocess" else s.name for s in table.SETTINGS if s.in_fingerprint(values)]
+        values["preprocess"] = asdict(self.preprocess)
+        return {name: values[name] for name in held}
 
     def job_spec(self) -> JobSpec:
         """What the executors need: every executor setting, the model (int8 once quantized) and the recipe."""
@@ -127,10 +116,8 @@ class _JobConfigBase:
     def options(self) -> dict:
         """The settings as plain JSON values, for the summary: the output as its URI, kind, format and home;
         credentials masked."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {name: asdict(value) if is_dataclass(value) else value for name, value in values.items()}
         if self.output is not None:
             out.update(output=self.output.uri, output_kind=self.output.kind, output_format=self.output_format,
                        output_bucket=self.output_bucket, output_key=self.output_key)
@@ -271,9 +258,7 @@ class Settings(dict):
     def __init__(self, values: dict, names: dict[str, str], given: frozenset = frozenset(),
                  notes: tuple[str, ...] = ()):
         super().__init__(values)
-        self.names = names
-        self.given = given
-        self.notes = notes
+        self.names, self.given, self.notes = names, given, notes
 
     def name(self, key: str) -> str:
         return self.names.get(key) or option_flag(key)
@@ -357,10 +342,8 @@ def resolve(settings: Settings) -> JobConfig:
     output = resolve_output(settings, in_bucket)
     plain = {s.name: settings[s.name] for s in table.going_to("driver", "executor")}
     plain["handler"] = local_absolute(plain.get("handler"))
-    return JobConfig(
-        **plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest, output=output,
-        model=resolve_model(settings), preprocess=resolve_preprocess(settings),
-    )
+    return JobConfig(**plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
+                     output=output, model=resolve_model(settings), preprocess=resolve_preprocess(settings))
 
 
 def resolve_input(s: Settings) -> tuple[str | None, str, str | None]:
@@ -464,12 +447,10 @@ def resolve_model(s: Settings) -> ModelSpec:
                                "set the model: give either --model PREFIX or --sym_url and --param_url")
     if s["labels"] and s["label_url"]:
         raise click.UsageError(f"{name('labels')} and {name('label_url')} both set the labels: give one")
-    kwargs = {
-        # "" means no labels at all; None means synset.txt beside the model if it exists.
-        "labels_uri": local_absolute(s["labels"] if s["labels"] is not None else s["label_url"]),
-        "endpoint_url": s["endpoint_url"], "region": s["region"], "s3_max_attempts": s["s3_max_attempts"],
-        **{m.name: s[m.name] for m in table.going_to("model")},
-    }
+    # labels_uri "" means no labels at all; None means synset.txt beside the model if it exists.
+    kwargs = {"labels_uri": local_absolute(s["labels"] if s["labels"] is not None else s["label_url"]),
+              "endpoint_url": s["endpoint_url"], "region": s["region"], "s3_max_attempts": s["s3_max_attempts"],
+              **{m.name: s[m.name] for m in table.going_to("model")}}
     if s["model"]:
         return ModelSpec.from_prefix(local_absolute(s["model"]), s["epoch"], **kwargs)
     if s["sym_url"] and s["param_url"]:

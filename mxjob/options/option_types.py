@@ -14,9 +14,7 @@ import re
 import click
 
 from mxjob import tasks
-from mxjob.core.constants import (
-    AUTO,
-)
+from mxjob.core.constants import AUTO
 from mxjob.model.device import parse_context
 
 
@@ -42,8 +40,6 @@ class BatchSize(WholeNumber):
     The command line and the YAML both take ``auto`` in any case; every other
     value goes through :class:`WholeNumber`, and a refusal says both forms.
     """
-
-    name = "integer"
 
     def __init__(self, maximum: int | None = None):
         super().__init__(min=1, max=maximum)
@@ -92,10 +88,8 @@ class NumberList(click.ParamType):
         self._element = WholeNumber(min=1) if kind is int else FiniteNumber()
 
     def convert(self, value, param, ctx):
-        if isinstance(value, (list, tuple)):
-            parts = list(value)
-        else:
-            parts = [p for p in str(value).replace(" ", "").split(",") if p]
+        parts = (list(value) if isinstance(value, (list, tuple))
+                 else [p for p in str(value).replace(" ", "").split(",") if p])
         what = "whole numbers of at least 1" if self.kind is int else "numbers"
         try:
             numbers = tuple(self._element.convert(p, None, None) for p in parts)
@@ -110,23 +104,8 @@ class NumberList(click.ParamType):
         return numbers
 
 
-class Suffixes(click.ParamType):
-    """Comma-separated key suffixes, or a YAML list, to a tuple of strings."""
-
-    name = "suffixes"
-    #: A YAML list is one of its values' forms (mxjob.options.config.convert_option).
-    takes_lists = True
-
-    def convert(self, value, param, ctx):
-        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-        suffixes = tuple(s for s in (str(x).strip() for x in items) if s)
-        if not suffixes:
-            self.fail("no suffix given, so no key could match; give some, such as .jpg,.png", param, ctx)
-        return suffixes
-
-
 class Names(click.ParamType):
-    """Comma-separated names, or a YAML list, to a tuple of strings; empty is allowed."""
+    """Comma-separated names, or a YAML list, to a tuple of strings (stripped, blanks left out); empty is allowed."""
 
     name = "names"
     #: A YAML list is one of its values' forms (mxjob.options.config.convert_option).
@@ -135,6 +114,18 @@ class Names(click.ParamType):
     def convert(self, value, param, ctx):
         items = value if isinstance(value, (list, tuple)) else str(value).split(",")
         return tuple(s for s in (str(x).strip() for x in items) if s)
+
+
+class Suffixes(Names):
+    """Comma-separated key suffixes, or a YAML list, to a tuple of strings."""
+
+    name = "suffixes"
+
+    def convert(self, value, param, ctx):
+        suffixes = super().convert(value, param, ctx)
+        if not suffixes:
+            self.fail("no suffix given, so no key could match; give some, such as .jpg,.png", param, ctx)
+        return suffixes
 
 
 class OptionalText(click.ParamType):
@@ -235,16 +226,13 @@ class TaskName(click.ParamType):
         return str(value)
 
 
-class PluginFiles(click.ParamType):
+class PluginFiles(Names):
     """``.py`` files, comma-separated (or a YAML list): local paths that exist, or URIs the driver downloads."""
 
     name = "FILE.py[,FILE.py]"
-    #: A YAML list is one of its values' forms (mxjob.options.config.convert_option).
-    takes_lists = True
 
     def convert(self, value, param, ctx):
-        items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",")]
-        files = tuple(str(item).strip() for item in items if str(item).strip())
+        files = super().convert(value, param, ctx)
         for path in files:
             HandlerFile().convert(path, param, ctx)
         return files

@@ -9,7 +9,8 @@ this table:
 - the YAML layer (``mxjob.options.config.merge_settings`` converts each value with the option's type);
 - :class:`mxjob.options.config.JobConfig`'s fields and :class:`mxjob.executor.partition.JobSpec`'s
   option fields (:func:`make_settings_dataclass`);
-- the library's defaults (``Preprocess``, ``ModelSpec``, ``Classifier``, ``model_udf`` take :data:`DEFAULT`);
+- the library's defaults (``Preprocess``, ``ModelSpec``, ``Classifier``, ``model_udf`` take
+  :data:`mxjob.core.constants.DEFAULT`, generated from this table);
 - the fingerprint's settings (``mxjob.outputs.claim.line_settings``);
 - ``conf/defaults.yaml`` and ``docs/options.md`` (:func:`defaults_yaml`,
   :func:`options_markdown`; ``make docs`` writes both, ``tests/unit/options/test_settings.py`` checks them).
@@ -29,7 +30,6 @@ from typing import Any
 import click
 
 from mxjob import tasks
-from mxjob.core import constants
 from mxjob.core.constants import (
     AUTO,
     DECODE_MODES,
@@ -67,8 +67,7 @@ DESTINATIONS = ("driver", "executor", "model", "preprocess", "resolve")
 SECTIONS = ("input", "model", "output", "scoring", "preprocessing", "S3", "failures", "int8", "estimate", "run",
             "tuning")
 
-REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key",
-                   "aws_session_token")
+REFUSED_SECRETS = ("access_key", "secret_key", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 SECRETS_MESSAGE = (
     "AWS keys are not accepted as options: they would show in the process list, the Spark UI "
     "and the logs. Credentials come from boto3's default chain: the EMR instance role on a "
@@ -176,33 +175,24 @@ class Setting:
 
     def default_text(self) -> str | None:
         """The default as a command line would give it (``"3,224,224"``); ``None`` when unset."""
-        value = self.default
-        if value is None:
+        if self.default is None:
             return None
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, (tuple, list)):
-            return ",".join(_number(v) for v in value)
-        return _number(value)
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        if isinstance(self.default, (tuple, list)):
+            return ",".join(_number(v) for v in self.default)
+        return _number(self.default)
 
     def click_option(self) -> click.Option:
         """This setting as the command line's option."""
-        flags = [*self.flags, self.name]  # named as the table names it, whatever the flags
-        kwargs: dict[str, Any] = {"help": self.help}
-        if self.is_flag:
-            kwargs.update(is_flag=True, default=bool(self.default))
-        else:
-            text = self.default_text()
-            kwargs["default"] = self.default if isinstance(self.default, bool) else text
-            if self.type is not None:
-                kwargs["type"] = self.type
-        if self.metavar:
-            kwargs["metavar"] = self.metavar
-        if self.show_default is not None:
-            kwargs["show_default"] = self.show_default
-        elif self.default in ("", ()):
-            kwargs["show_default"] = False if self.default == "" else "none"
-        return click.Option(flags, **kwargs)
+        show_default = self.show_default
+        if show_default is None and self.default in ("", ()):
+            show_default = False if self.default == "" else "none"
+        default = bool(self.default) if self.is_flag or isinstance(self.default, bool) else self.default_text()
+        flag = {"is_flag": True} if self.is_flag else {}  # is_flag=False would stop click seeing --x/--no-x as one
+        # named as the table names it, whatever the flags
+        return click.Option([*self.flags, self.name], help=self.help, default=default, type=self.type,
+                            metavar=self.metavar, show_default=show_default, **flag)
 
 
 def _number(value) -> str:
@@ -447,12 +437,6 @@ BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 TASK_ONLY: dict[str, str] = {s.name: s.task for s in SETTINGS if s.task is not None}
 
 
-#: Every setting's default as the library uses it (:attr:`Setting.library_default`): ``DEFAULT.batch_size``
-#: is 64, the job's fallback, where the job's own default is ``auto``. Generated into :mod:`mxjob.core.constants`
-#: (:func:`constants_text`), where the executors and the library read it without this table.
-DEFAULT = constants.DEFAULT
-
-
 def going_to(*destinations: str) -> tuple[Setting, ...]:
     """The settings whose :attr:`Setting.to` is one of ``destinations``, in table order."""
     return tuple(s for s in SETTINGS if s.to in destinations)
@@ -470,10 +454,8 @@ def click_options() -> list[click.Option]:
         click.Option(["--config", "config_uri"], metavar="URI",
                      help="YAML file of options (path or s3://); the command line overrides it."),
         *(s.click_option() for s in SETTINGS),
-        click.Option(["--access_key", "--access-key", "access_key"], hidden=True, expose_value=False,
-                     callback=_refuse_secret),
-        click.Option(["--secret_key", "--secret-key", "secret_key"], hidden=True, expose_value=False,
-                     callback=_refuse_secret),
+        *(click.Option([f"--{key}", f"--{key.replace('_', '-')}", key], hidden=True, expose_value=False,
+                       callback=_refuse_secret) for key in ("access_key", "secret_key")),
     ]
 
 
@@ -488,13 +470,9 @@ def make_settings_dataclass(name: str, base: type, settings: Iterable[Setting], 
     job decides at run time). The class is made importable as
     ``module.name`` so that it pickles to the executors.
     """
-    fields: list[tuple] = []
-    for s in settings:
-        metadata = {"help": s.help, "flag": s.flag}
-        if with_defaults:
-            fields.append((s.name, Any, dataclasses.field(default=s.library_default, metadata=metadata)))
-        else:
-            fields.append((s.name, Any, dataclasses.field(metadata=metadata)))
+    fields = [(s.name, Any, dataclasses.field(metadata={"help": s.help, "flag": s.flag},
+                                              **({"default": s.library_default} if with_defaults else {})))
+              for s in settings]
     cls = dataclasses.make_dataclass(name, [*fields, *extra], bases=(base,), frozen=True,
                                      namespace={"__doc__": base.__doc__})
     cls.__module__ = module

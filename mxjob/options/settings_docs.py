@@ -48,9 +48,7 @@ def defaults_yaml() -> str:
     ]
     for section in settings.SECTIONS:
         lines += ["", f"# --- {section}"]
-        for s in settings.SETTINGS:
-            if s.section != section:
-                continue
+        for s in [s for s in settings.SETTINGS if s.section == section]:
             value = list(s.default) if isinstance(s.default, tuple) else s.default
             dumped = yaml.safe_dump({s.name: value}, default_flow_style=True, width=1000).strip()
             if dumped.startswith("{") and dumped.endswith("}"):
@@ -83,9 +81,7 @@ def options_markdown() -> str:
     for section in settings.SECTIONS:
         out += ["", f"## {section[0].upper()}{section[1:]}", "",
                 "| Option | Default | Goes to | Resume | What it does |", "|---|---|---|---|---|"]
-        for s in settings.SETTINGS:
-            if s.section != section:
-                continue
+        for s in [s for s in settings.SETTINGS if s.section == section]:
             flags = ", ".join(f"`{f}`" for f in s.flags)
             shown = s.default_text()
             if s.is_flag or isinstance(s.default, bool):

@@ -118,8 +118,7 @@ def measure(job, items: list, endpoint_url: str | None, warm_batch: bool = False
 
 def _measure(job, items: list, endpoint_url: str | None, warm_batch: bool) -> SampleCost:
     server = local_server_process(endpoint_url)
-    loads = state.counters.model_loads
-    load_started = time.perf_counter()
+    loads, load_started = state.counters.model_loads, time.perf_counter()
     # The first forward pass builds the model's kernels, and its time is the load's, not an image's.
     warm = warm_images(len(items), job.forward_batch, state.counters.lanes) if warm_batch else 1
     [(_, _, first_part, first_stats)] = score_partition(0, items[:warm], job)
@@ -159,15 +158,14 @@ def combined(costs: list[SampleCost | None]) -> SampleCost | None:
     own = sum((cost.cpu_seconds_per_image - cost.s3_server_cpu_seconds_per_image) * max(1, cost.timed_images)
               for cost in costs)
     windows = [cost.server_cpu_window for cost in costs if cost.server_cpu_window is not None]
-    server = max(end for _, end in windows) - min(start for start, _ in windows) if windows else 0.0
+    window = (min(start for start, _ in windows), max(end for _, end in windows)) if windows else None
+    server = window[1] - window[0] if window else 0.0
     imports = [cost.mxnet_import_seconds for cost in costs if cost.mxnet_import_seconds is not None]
     n = max(1, timed)
-    return SampleCost(images=images, scored=sum(cost.scored for cost in costs), timed=timed,
+    return SampleCost(images=images, scored=sum(cost.scored for cost in costs), timed=timed, server_cpu_window=window,
                       cpu_seconds_per_image=(own + server) / n, s3_server_cpu_seconds_per_image=server / n,
                       model_load_seconds=max(cost.model_load_seconds for cost in costs),
-                      mxnet_import_seconds=max(imports) if imports else None,
-                      server_cpu_window=(min(start for start, _ in windows), max(end for _, end in windows))
-                      if windows else None)
+                      mxnet_import_seconds=max(imports) if imports else None)
 
 
 def local_server_process(endpoint_url: str | None):

@@ -29,19 +29,11 @@ from mxjob.core import constants, plugins, state
 from mxjob.core.errors import error_object, first_line
 from mxjob.executor.stats import ERROR_EXAMPLES, StatsFold, TaskStats
 from mxjob.inputs import batch_list
+from mxjob.model import worker
 from mxjob.model.device import task_context
 from mxjob.model.handlers import Handlers, get_handlers
 from mxjob.model.predictor import ModelError, ModelSpec, Predictor, get_model
 from mxjob.model.preprocess import Preprocess
-from mxjob.model.worker import (
-    HostThreads,
-    configure_threads,
-    freeze_long_lived,
-    host_share,
-    memory_bytes,
-    worker_lanes,
-    worker_threads,
-)
 from mxjob.results import part_format, results
 from mxjob.s3 import object_reader, reads
 from mxjob.tasks import Task
@@ -89,7 +81,7 @@ class _JobSpecBase:
     bucket: str
     handler: str | None = None
     plugins: tuple = ()
-    host_threads: HostThreads | None = None
+    host_threads: worker.HostThreads | None = None
     output_bucket: str | None = None
     parts_prefix: str | None = None
     batches_key: str | None = None
@@ -150,7 +142,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     started, started_at, started_cpu = time.perf_counter(), time.time(), time.process_time()
     started_thread_cpu = time.thread_time()
     # First thing: MXNet reads its thread settings when it loads, and a handler may import it.
-    threads, lanes = configure_threads(*_threads_and_lanes(job))
+    threads, lanes = worker.configure_threads(*_threads_and_lanes(job))
     handlers = get_handlers(job.handler)
     task = job_task(job, handlers)
     reader = object_reader.s3_reader(job.endpoint_url, job.region, max_attempts=job.s3_max_attempts,
@@ -162,7 +154,7 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     # Downloading and decoding start now, so a worker's first task fetches while MXNet
     # loads and the model comes in; later tasks find the model in this worker's cache.
     fetch = partial(_fetch_and_decode, reader, job, decoder(job, task, handlers), io_stats=io_stats, seen=seen)
-    fetched = _prefetched(keys, fetch, _pool(job.io_threads), max(job.max_in_flight, 1))
+    fetched = _prefetched(keys, fetch, _pool(state.pools, job.io_threads, "fetch"), max(job.max_in_flight, 1))
     scoring = Scoring([load_model(job, index, task.model_class, lane) for lane in range(lanes)], job, task)
     for result in fetched:
         scoring.add(result)
@@ -173,15 +165,14 @@ def score_partition(index: int, items: Iterable, job: JobSpec) -> Iterator[tuple
     scoring.timing["write"] = time.perf_counter() - write_started
     stats = TaskStats(
         partition=index, executor=f"{socket.gethostname()}/{os.getppid()}", worker_pid=os.getpid(),
-        attempt=_task_attempt(), keys=len(keys), errors=scoring.errors,
+        attempt=_task_attempt(), keys=len(keys), errors=scoring.errors, worker_task=state.counters.tasks_run + 1,
         seconds={**{k: round(v, 4) for k, v in scoring.timing.items()},
                  "task": round(time.perf_counter() - started, 4), "cpu": round(time.process_time() - started_cpu, 4),
                  "task_thread_cpu": round(time.thread_time() - started_thread_cpu, 4)},
         s3_retries={"request": io_stats.request_retries, "body": io_stats.body_retries},
         model_loads=state.counters.model_loads, started=started_at, ended=time.time(), threads=threads, lanes=lanes,
-        host=host_share(job.host_threads), worker_task=state.counters.tasks_run + 1, memory=memory_bytes(),
-        error_kinds=results.error_kinds(batch, ERROR_EXAMPLES), top1=task.top_labels(batch),
-    )
+        host=worker.host_share(job.host_threads), memory=worker.memory_bytes(),
+        error_kinds=results.error_kinds(batch, ERROR_EXAMPLES), top1=task.top_labels(batch))
     _task_done()
     log.info("partition %d: %d keys, %d errors in %.2fs", index, len(keys), sum(scoring.errors.values()),
              stats.seconds["task"])
@@ -194,16 +185,15 @@ def batch_keys(items: Iterable, job: JobSpec, reader: object_reader.ObjectReader
     if job.batches_key is None:
         return [item for item in items if item is not None]
     [(offset, length)] = list(items)
-    plan = reads.read_object(reader.client, job.output_bucket, job.batches_key, stats=io_stats,
-                             byte_range=(offset, length))
-    return batch_list.read_batch(plan)
+    return batch_list.read_batch(reads.read_object(reader.client, job.output_bucket, job.batches_key,
+                                                   stats=io_stats, byte_range=(offset, length)))
 
 
 def _threads_and_lanes(job: JobSpec) -> tuple[int, int]:
     """This worker's MXNet threads in all and its forward lanes (``--threads``, ``--forward-lanes``)."""
-    threads = worker_threads(job.threads, job.host_threads)
+    threads = worker.worker_threads(job.threads, job.host_threads)
     gpu = str(job.model.context).startswith("gpu")
-    return threads, worker_lanes(job.forward_lanes, threads, gpu=gpu, handlers=job.handler is not None)
+    return threads, worker.worker_lanes(job.forward_lanes, threads, gpu=gpu, handlers=job.handler is not None)
 
 
 def load_model(job: JobSpec, index: int, kind: type, lane: int = 0) -> Predictor:
@@ -246,10 +236,9 @@ class Scoring:
         self.results = task.results(task.result_schema(job, self.model))
         self.timing = dict.fromkeys(("forward", "wait", *FetchTimes._fields), 0.0)
         self.errors = {"download": 0, "decode": 0, "predict": 0}
-        self._keys: list[str] = []
-        self._inputs: list = []
+        self._keys, self._inputs = [], []  # the micro-batch waiting for its forward pass
         self._waiting_since = time.perf_counter()
-        self._lanes = _lane_pool(len(self.models)) if len(self.models) > 1 else None
+        self._lanes = _pool(state.lane_pools, len(self.models), "lane") if len(self.models) > 1 else None
         self._running: deque = deque()  # (future, its Results), oldest first; at most one per lane
         self._passes = 0
 
@@ -326,22 +315,17 @@ def write_results(job: JobSpec, task: Task, index: int, client, batch: pa.Record
     data = task.write_part(batch, job.json_lines, metadata)
     if job.parts_prefix is None:
         return data
-    # Durable before Spark hears the task is done: a dead driver loses nothing this task scored.
-    put_part(client, job.output_bucket, part_key(job.parts_prefix, index), data)
+    # Durable before Spark hears the task is done: a dead driver loses nothing this task scored. One PUT: atomic.
+    client.put_object(Bucket=job.output_bucket, Key=part_key(job.parts_prefix, index), Body=data,
+                      ContentType="application/vnd.apache.arrow.stream", ContentEncoding="zstd")
     return None
-
-
-def put_part(client, bucket: str, key: str, data: bytes) -> None:
-    """PUT a part's bytes (:func:`part_format.write_part`): one request, atomic."""
-    client.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/vnd.apache.arrow.stream",
-                      ContentEncoding="zstd")
 
 
 def _task_done() -> None:
     """Count the task; after a worker's first Spark task, its long-lived objects leave the GC's young generations."""
     state.counters.tasks_run += 1
     if state.counters.tasks_run == 1 and state.spark_task() is not None:
-        freeze_long_lived()
+        worker.freeze_long_lived()
 
 
 def score_into(index: int, items: Iterable, job: JobSpec, stats) -> Iterator[int]:
@@ -355,14 +339,10 @@ def score_into(index: int, items: Iterable, job: JobSpec, stats) -> Iterator[int
 # What the runner calls
 
 
-def _lane_pool(lanes: int) -> ThreadPoolExecutor:
-    """This worker's pool of ``lanes`` threads, one per forward lane (kept in :data:`mxjob.core.state.lane_pools`)."""
-    return state.lane_pools.get(lanes, lambda: ThreadPoolExecutor(lanes, thread_name_prefix="lane"))
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """This worker's download pool of ``threads`` threads (kept in :data:`mxjob.core.state.pools`)."""
-    return state.pools.get(threads, lambda: ThreadPoolExecutor(threads, thread_name_prefix="fetch"))
+def _pool(pools, threads: int, prefix: str) -> ThreadPoolExecutor:
+    """This worker's pool of ``threads`` threads named ``prefix``, kept in ``pools``: :data:`mxjob.core.state.pools`
+    (downloads) or :data:`mxjob.core.state.lane_pools` (one thread per forward lane)."""
+    return pools.get(threads, lambda: ThreadPoolExecutor(threads, thread_name_prefix=prefix))
 
 
 def decoder(job: JobSpec, task: Task, handlers: Handlers | None):
@@ -463,6 +443,6 @@ def warm_worker(index: int, job: JobSpec) -> list[Predictor]:
     the warm-up job's task (:func:`mxjob.executor.model_check.warm_and_check`); returns
     each forward lane's copy of the model.
     """
-    _, lanes = configure_threads(*_threads_and_lanes(job))
+    _, lanes = worker.configure_threads(*_threads_and_lanes(job))
     kind = job_task(job).model_class
     return [load_model(job, index, kind, lane) for lane in range(lanes)]

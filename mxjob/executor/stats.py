@@ -135,14 +135,13 @@ class StatsFold:
         fold.errors = {k: s.errors[k] for k in fold.errors}
         fold.s3_retries = {k: s.s3_retries[k] for k in fold.s3_retries}
         fold.first_start, fold.last_end = s.started, s.ended
-        fold.executors[s.executor] = {"batches": 1, "images": s.keys,
-                                      **{k: s.seconds.get(k, 0.0) for k in cls.STAGES}}
+        fold.executors[s.executor] = {"batches": 1, "images": s.keys, **{k: s.seconds.get(k, 0.0) for k in cls.STAGES}}
         n, rss, max_rss = s.worker_task, s.memory.get("rss"), s.memory.get("max_rss")
-        first = FirstTask(n, s.started, s.ended, s.keys, s.seconds.get("cpu"), cpu_parts(s.seconds))
+        # The CPU parts, or None if the task did not measure them.
+        parts = tuple(s.seconds[k] for k in cls.CPU_PARTS) if all(k in s.seconds for k in cls.CPU_PARTS) else None
         worker = {"batches": 1, "model_loads": s.model_loads, "last_task": n, "threads": s.threads, "lanes": s.lanes,
-                  "last_rss": rss, "first": first,
-                  "task_seconds": s.ended - s.started,
-                  "last_end": s.ended, "rss_after": {}}
+                  "last_rss": rss, "first": FirstTask(n, s.started, s.ended, s.keys, s.seconds.get("cpu"), parts),
+                  "task_seconds": s.ended - s.started, "last_end": s.ended, "rss_after": {}}
         if max_rss:
             worker["max_rss"] = max_rss
         # Resident memory after the worker's 1st, 2nd, 5th, 10th, 20th, ... task: flat once warm, or it leaks.
@@ -166,10 +165,9 @@ class StatsFold:
         """Fold in another fold (an executor's, when its task ends)."""
         self.tasks += other.tasks
         self.keys += other.keys
-        for k in self.errors:
-            self.errors[k] += other.errors[k]
-        for k in self.s3_retries:
-            self.s3_retries[k] += other.s3_retries[k]
+        for mine, theirs in ((self.errors, other.errors), (self.s3_retries, other.s3_retries)):
+            for k in mine:
+                mine[k] += theirs[k]
         self.retried += other.retried
         self.first_start = min(filter(None, (self.first_start, other.first_start)), default=None)
         self.last_end = max(filter(None, (self.last_end, other.last_end)), default=None)
@@ -225,16 +223,15 @@ class StatsFold:
     def worker_summary(self, name: str) -> dict:
         """One Python worker as the job's summary shows it."""
         w = self.workers[name]
-        out = {"batches": w["batches"], "model_loads": w["model_loads"], "threads": w["threads"],
-               "lanes": w.get("lanes", 1)}
         first = w["first"]
         # The first task includes importing MXNet and loading the model: steady state starts after it.
-        out["first_task"] = {"started": first.started, "ended": first.ended, "images": first.keys, "cpu": first.cpu}
+        first_task = {"started": first.started, "ended": first.ended, "images": first.keys, "cpu": first.cpu}
         if first.cpu_parts is not None:
-            out["first_task"].update(zip(self.CPU_PARTS, first.cpu_parts))
-        # In tasks, and idle between them (Spark handing over the next task).
-        out["task_seconds"] = round(w["task_seconds"], 3)
-        out["idle_between_tasks_seconds"] = round(w["last_end"] - first.started - w["task_seconds"], 3)
+            first_task.update(zip(self.CPU_PARTS, first.cpu_parts))
+        # Then the seconds in tasks, and idle between them (Spark handing over the next task).
+        out = {"batches": w["batches"], "model_loads": w["model_loads"], "threads": w["threads"],
+               "lanes": w.get("lanes", 1), "first_task": first_task, "task_seconds": round(w["task_seconds"], 3),
+               "idle_between_tasks_seconds": round(w["last_end"] - first.started - w["task_seconds"], 3)}
         if "max_rss" in w:
             out["max_rss_bytes"] = w["max_rss"]
         after = {str(k): v for k, v in sorted(w["rss_after"].items())}
@@ -242,13 +239,6 @@ class StatsFold:
             after["last"] = w["last_rss"]
         out["rss_bytes_after_task"] = after
         return out
-
-
-def cpu_parts(seconds: dict) -> tuple | None:
-    """A task's :data:`StatsFold.CPU_PARTS` from its ``seconds``, or ``None`` if it did not measure them."""
-    if not all(k in seconds for k in StatsFold.CPU_PARTS):
-        return None
-    return tuple(seconds[k] for k in StatsFold.CPU_PARTS)
 
 
 try:  # executors and the driver have pyspark; the library's other users may not

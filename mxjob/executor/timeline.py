@@ -34,9 +34,8 @@ class Timeline:
 
     def add(self, ended: float, executor: str, values: dict) -> Timeline:
         """Add one task that ended at ``ended`` (epoch seconds); ``values`` has some of :data:`FIELDS`."""
-        row = self.buckets.setdefault(math.floor(ended / self.width), {}).setdefault(executor, [0.0] * len(FIELDS))
-        for i, name in enumerate(FIELDS):
-            row[i] += values.get(name, 0.0)
+        row = [values.get(name, 0.0) for name in FIELDS]
+        _add_buckets(self.buckets, {math.floor(ended / self.width): {executor: row}}, 1)
         self._bound()
         return self
 
@@ -44,13 +43,7 @@ class Timeline:
         """Fold ``other`` in, at the wider of the two widths."""
         while self.width < other.width:
             self._coarsen()
-        factor = round(self.width / other.width)
-        for index, executors in other.buckets.items():
-            bucket = self.buckets.setdefault(index // factor, {})
-            for name, values in executors.items():
-                row = bucket.setdefault(name, [0.0] * len(FIELDS))
-                for i, v in enumerate(values):
-                    row[i] += v
+        _add_buckets(self.buckets, other.buckets, round(self.width / other.width))
         self._bound()
         return self
 
@@ -60,14 +53,7 @@ class Timeline:
 
     def _coarsen(self) -> None:
         """Double the width: buckets ``2i`` and ``2i + 1`` become ``i``."""
-        merged: dict[int, dict[str, list[float]]] = {}
-        for index, executors in self.buckets.items():
-            bucket = merged.setdefault(index // 2, {})
-            for name, values in executors.items():
-                row = bucket.setdefault(name, [0.0] * len(FIELDS))
-                for i, v in enumerate(values):
-                    row[i] += v
-        self.buckets, self.width = merged, self.width * 2
+        self.buckets, self.width = _add_buckets({}, self.buckets, 2), self.width * 2
 
     def series(self) -> dict:
         """Plain JSON: ``width``, ``start`` of each bucket (epoch seconds), and per executor each field's list.
@@ -82,3 +68,14 @@ class Timeline:
         executors = {name: {field: [round(self.buckets.get(i, {}).get(name, zero)[k], 4) for i in indices]
                             for k, field in enumerate(FIELDS)} for name in names}
         return {"width": self.width, "start": [i * self.width for i in indices], "executors": executors}
+
+
+def _add_buckets(buckets: dict, other: dict, factor: int) -> dict:
+    """Add ``other``'s rows into ``buckets`` (returned), its bucket ``i`` into bucket ``i // factor``."""
+    for index, executors in other.items():
+        bucket = buckets.setdefault(index // factor, {})
+        for name, values in executors.items():
+            row = bucket.setdefault(name, [0.0] * len(FIELDS))
+            for i, v in enumerate(values):
+                row[i] += v
+    return buckets

@@ -10,19 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-import pyarrow as pa
-
 from mxjob.core import constants
 from mxjob.model.device import parse_context, task_context
 from mxjob.model.predictor import ModelSpec
 from mxjob.model.preprocess import Preprocess, decode_image
 from mxjob.tasks import classify
-from mxjob.tasks.classify import Classifier, get_classifier, top_k_or_errors
-
-
-def udf_schema() -> pa.Schema:
-    """The UDF's struct: classify's columns less ``key``."""
-    return pa.schema([f for f in classify.TASK.schema() if f.name != "key"])
 
 
 def udf_return_type():
@@ -36,7 +28,8 @@ def udf_return_type():
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
-    return StructType([StructField(f.name, from_arrow_type(f.type)) for f in udf_schema()])
+    return StructType([StructField(f.name, from_arrow_type(f.type))
+                       for f in classify.TASK.schema() if f.name != "key"])
 
 
 @dataclass(frozen=True)
@@ -136,24 +129,19 @@ def _udf_batches(batches: Iterator, spec: UdfSpec) -> Iterator:
     import pandas as pd
 
     model = replace(spec.model, context=task_context(spec.model.context))
-    classifier = get_classifier(model, spec.preprocess.input_shape, spec.batch_size)
+    classifier = classify.get_classifier(model, spec.preprocess.input_shape, spec.batch_size)
     for series in batches:
         rows = score_images(classifier, list(series), spec.preprocess, spec.top_k)
         yield pd.DataFrame({"predictions": [p for p, _ in rows], "error": [e for _, e in rows]})
 
 
-def udf_rows(batch: pa.RecordBatch) -> list[tuple[list[dict] | None, dict | None]]:
-    """Per row of a classify batch, ``(predictions, error)`` as :func:`mxjob.executor.udf.model_udf` returns them."""
-    return list(zip(batch.column("predictions").to_pylist(), batch.column("error").to_pylist()))
-
-
-def score_images(classifier: Classifier, images: Sequence[bytes | None], preprocess: Preprocess,
+def score_images(classifier: classify.Classifier, images: Sequence[bytes | None], preprocess: Preprocess,
                  top_k: int) -> list[tuple[list[dict] | None, dict | None]]:
     """Per image, ``(predictions, None)`` or ``(None, error)``; ``(None, None)`` for ``None``.
 
     Decodes and scores ``classifier.batch_size`` images at a time, so memory
     stays bounded however large the Arrow batch. The rows are the job's
-    (:func:`udf_rows` of a classify record batch): probabilities with
+    (``predictions`` and ``error`` of a classify record batch): probabilities with
     the job's 6 significant digits.
     """
     out = classify.TASK.results()
@@ -170,10 +158,11 @@ def score_images(classifier: Classifier, images: Sequence[bytes | None], preproc
             except Exception as exc:  # noqa: BLE001 - an unreadable image is that row's error
                 out.fail_stage(row_key(i), "decode", exc)
         if arrays:
-            for key, (row, exc) in zip(where, top_k_or_errors(classifier, arrays, top_k)):
+            for key, (row, exc) in zip(where, classify.top_k_or_errors(classifier, arrays, top_k)):
                 if exc is not None:
                     out.fail_stage(key, "predict", exc)
                 else:
                     out.add(key, classify.prediction_entries(row))
     # Sorted by key: back in the images' order (a batch's decoding failures were added before its predictions).
-    return udf_rows(out.record_batch())
+    batch = out.record_batch()
+    return list(zip(batch.column("predictions").to_pylist(), batch.column("error").to_pylist()))

@@ -78,11 +78,7 @@ def quantize_int8(spec: ModelSpec, input_shape: tuple, calibration: np.ndarray, 
     import mxnet as mx
     from mxnet.contrib.quantization import quantize_model_mkldnn
 
-    symbol_json = spec.read(spec.symbol_uri).decode("utf-8")
-    symbol = mx.sym.load_json(symbol_json)
-    saved = mx.nd.load_frombuffer(spec.read(spec.params_uri))
-    arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
-    aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
+    symbol, arg_params, aux_params = int8_search.load_checkpoint(spec)
     label_names = [n for n in symbol.list_arguments() if n.endswith("_label")]
     data = mx.io.NDArrayIter({spec.data_name: calibration}, batch_size=min(batch_size, len(calibration)))
     with warnings.catch_warnings():
@@ -92,8 +88,7 @@ def quantize_int8(spec: ModelSpec, input_shape: tuple, calibration: np.ndarray, 
             excluded_sym_names=list(exclude), calib_mode="naive", calib_data=data,
             num_calib_examples=len(calibration), quantized_dtype="auto", quantize_mode="smart")
     mx.model.save_checkpoint(out_prefix, 0, qsym, qargs, qaux)
-    return replace(spec, symbol_uri=f"{out_prefix}-symbol.json", params_uri=f"{out_prefix}-0000.params",
-                   shipped=True)
+    return replace(spec, symbol_uri=f"{out_prefix}-symbol.json", params_uri=f"{out_prefix}-0000.params", shipped=True)
 
 
 #: Held-out images below which the agreement is not a check at all (one image "agrees 100%"): the job refuses.
@@ -111,8 +106,7 @@ def sample_too_small(held_out: int, sampled: int, calibration_images: int, liste
         return None
     if sampled < calibration_images:
         cause = (f"the input has {plural(listed, 'image')}, of which half ({sampled}) were held out; int8 needs "
-                 f"at least "
-                 f"{2 * MIN_HELD_OUT} images: use --precision fp32")
+                 f"at least {2 * MIN_HELD_OUT} images: use --precision fp32")
     else:
         cause = (f"--calibration-images {calibration_images} held out {plural(sampled, 'image')}"
                  f"{f', of which {held_out} decoded' if held_out < sampled else ''}; give --calibration-images "
@@ -165,7 +159,6 @@ def agreement(reference: np.ndarray, candidate: np.ndarray) -> dict:
     """
     if reference.shape != candidate.shape or not len(reference):
         raise ValueError(f"need two non-empty arrays of one shape, got {reference.shape} and {candidate.shape}")
-    same = np.argmax(reference, axis=1) == np.argmax(candidate, axis=1)
-    return {"top1_agreement": round(float(same.mean()), 4),
+    return {"top1_agreement": round(int8_search.top1_agreement(reference, candidate), 4),
             "max_probability_difference": round(float(np.abs(reference - candidate).max()), 4),
             "images": len(reference)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import pathlib
 import shutil
 import tempfile
 import time
@@ -44,8 +45,7 @@ def sample_keys(images: list, count: int) -> tuple[list, list]:
     """
     n = min(2 * count, len(images))
     picked = [images[i * len(images) // n] for i in range(n)]
-    calibration, held_out = picked[0::2], picked[1::2]
-    return calibration, held_out or calibration
+    return picked[0::2], picked[1::2] or picked[0::2]
 
 
 def sample_arrays(cfg: JobConfig, client, items: list) -> np.ndarray:
@@ -92,8 +92,8 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
     if not len(calibration) or not len(held_out):
         raise JobError(f"--precision int8: none of the {len(calibration_keys) + len(held_out_keys)} sampled "
                        f"images could be read and decoded; check the input, or use --precision fp32")
-    too_small = sample_too_small(len(held_out), len(held_out_keys), cfg.calibration_images, len(images))
-    if too_small:  # before the quantization: a sample this small proves nothing
+    # Before the quantization: a sample this small proves nothing.
+    if too_small := sample_too_small(len(held_out), len(held_out_keys), cfg.calibration_images, len(images)):
         raise JobError(too_small)
     try:
         symbol_json = cfg.model.read(cfg.model.symbol_uri).decode("utf-8")
@@ -103,30 +103,26 @@ def prepare_precision(cfg: JobConfig, client, images: list, classifier: Predicto
     folder = tempfile.mkdtemp(prefix="mxinfer-int8-")
     # Kept until the driver exits: executors fetch the files from the driver while the job runs.
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    forward_batch = bound_batch(cfg)
     spec, exclude, search = quantize_for_job(cfg, symbol_json, exclude, calibration, held_out,
                                              os.path.join(folder, "model-int8"), classifier)
-    labels_uri = ""
-    if classifier.labels:
-        labels_uri = os.path.join(folder, "synset.txt")
-        with open(labels_uri, "w", encoding="utf-8") as handle:
-            handle.write("\n".join(classifier.labels) + "\n")
+    labels_uri = os.path.join(folder, "synset.txt") if classifier.labels else ""
+    if labels_uri:
+        pathlib.Path(labels_uri).write_text("\n".join(classifier.labels) + "\n", encoding="utf-8")
     spec = replace(spec, labels_uri=labels_uri, context=cfg.model.context)
-    int8 = Classifier(spec, cfg.preprocess.input_shape, forward_batch, context="cpu")
+    int8 = Classifier(spec, cfg.preprocess.input_shape, bound_batch(cfg), context="cpu")
     figures = agreement(classifier.probabilities(held_out), int8.probabilities(held_out))
-    layers = weight_layers(symbol_json)
     report = {"precision": "int8", **figures, "min_agreement": cfg.min_agreement,
               "calibration_images": len(calibration), "excluded_layers": exclude,
               "quantize_seconds": round(time.time() - started, 2)}
     if search is not None:
-        report.update(granularity=search.chosen.granularity, speedup=search.timing["speedup"],
-                      search=search.as_dict())
+        report.update(granularity=search.chosen.granularity, speedup=search.timing["speedup"], search=search.as_dict())
     log.info("int8: top-1 agreement with fp32 %.2f%% on %d held-out images, largest probability difference "
              "%.4f (calibrated on %d images, %s kept in fp32, %.1fs)",
              100 * figures["top1_agreement"], figures["images"], figures["max_probability_difference"],
              len(calibration), plural(len(exclude), "layer"), report["quantize_seconds"])
     if figures["top1_agreement"] < cfg.min_agreement:
-        raise JobError(agreement_refusal(figures, cfg.min_agreement, layers, len(calibration), search))
+        raise JobError(agreement_refusal(figures, cfg.min_agreement, weight_layers(symbol_json), len(calibration),
+                                         search))
     return replace(cfg, int8_model=spec), report
 
 

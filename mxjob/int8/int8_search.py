@@ -25,13 +25,13 @@ stopped; the driver refuses the job unless it ``passed``.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mxjob.model.predictor import ModelError, ModelSpec
+# bind (an inference Module, on the CPU here) is the model's own; bench/ imports it from this module too.
+from mxjob.model.predictor import ModelError, ModelSpec, bind, padded_batches
 from mxjob.tasks.classify import softmax
 
 #: ``--int8-exclude auto``: the value that asks for the search instead of naming layers.
@@ -96,8 +96,7 @@ class Calibration:
         self._mx = mx
         self.fused = symbol.get_backend_symbol("MKLDNN_QUANTIZE")
         self.arg_params, self.aux_params, self.data_name = arg_params, aux_params, data_name
-        self.batch_size = batch_size
-        self.output_is_probability = output_is_probability
+        self.batch_size, self.output_is_probability = batch_size, output_is_probability
         self.ranges: dict[str, tuple[float, float]] = {}
         module = bind(self.fused, arg_params, aux_params, data_name, calibration.shape[1:], batch_size)
         # Every output, not only those of one configuration's quantized layers: excluding a layer makes its
@@ -129,6 +128,16 @@ class Calibration:
         return qsym.get_backend_symbol("MKLDNN_QUANTIZE"), qargs, self.aux_params
 
 
+def load_checkpoint(spec: ModelSpec) -> tuple:
+    """The fp32 checkpoint's ``(symbol, arg_params, aux_params)``."""
+    import mxnet as mx
+
+    symbol = mx.sym.load_json(spec.read(spec.symbol_uri).decode("utf-8"))
+    saved = mx.nd.load_frombuffer(spec.read(spec.params_uri))
+    return (symbol, {k[4:]: v for k, v in saved.items() if k.startswith("arg:")},
+            {k[4:]: v for k, v in saved.items() if k.startswith("aux:")})
+
+
 def _min_max(array) -> tuple[float, float]:
     """A calibration output's least and greatest values (the ``Monitor``'s statistic)."""
     import mxnet as mx
@@ -136,30 +145,12 @@ def _min_max(array) -> tuple[float, float]:
     return float(mx.nd.min(array).asscalar()), float(mx.nd.max(array).asscalar())
 
 
-def bind(symbol, arg_params: dict, aux_params: dict, data_name: str, input_shape: tuple, batch_size: int):
-    """An inference Module for ``symbol`` on the CPU, bound at ``batch_size``."""
-    import mxnet as mx
-
-    label_names = [n for n in symbol.list_arguments() if n.endswith("_label")]
-    module = mx.mod.Module(symbol, data_names=[data_name], label_names=label_names, context=mx.cpu())
-    with warnings.catch_warnings():
-        # Inference binds no label shapes; Module warns that they differ from label_names.
-        warnings.filterwarnings("ignore", message="Data provided by label_shapes")
-        module.bind(for_training=False, data_shapes=[(data_name, (batch_size, *input_shape))])
-    module.set_params(arg_params, aux_params, allow_missing=False, allow_extra=True)
-    return module
-
-
 def forward(module, arrays: np.ndarray, batch_size: int) -> np.ndarray:
     """The first output of ``module`` for every row of ``arrays`` (the last batch padded with zeros)."""
     import mxnet as mx
 
     outputs = []
-    for start in range(0, len(arrays), batch_size):
-        batch = arrays[start:start + batch_size]
-        rows = len(batch)
-        if rows < batch_size:
-            batch = np.concatenate([batch, np.zeros((batch_size - rows, *batch.shape[1:]), batch.dtype)])
+    for batch, rows in padded_batches(arrays, batch_size):
         module.forward(mx.io.DataBatch([mx.nd.array(batch)]), is_train=False)
         outputs.append(module.get_outputs()[0].asnumpy().reshape(batch_size, -1)[:rows])
     return np.concatenate(outputs)
@@ -254,8 +245,7 @@ class _Trials:
     def __init__(self, calibration: Calibration, held_out: np.ndarray, reference: np.ndarray, fp32_module,
                  min_agreement: float, deadline: float, clock: Callable[[], float]):
         self.calibration, self.held_out, self.reference = calibration, held_out, reference
-        self.fp32_module, self.min_agreement = fp32_module, min_agreement
-        self.deadline, self.clock = deadline, clock
+        self.fp32_module, self.min_agreement, self.deadline, self.clock = fp32_module, min_agreement, deadline, clock
         self.count, self.longest = 0, 0.0
         self.done: list[Trial] = []
 
@@ -266,8 +256,7 @@ class _Trials:
     def probabilities(self, exclude: Sequence[str], granularity: str, arrays: np.ndarray,
                       timed: bool = False) -> tuple[np.ndarray, float | None]:
         """The int8 probabilities for ``arrays``, and with ``timed`` the speed-up (:func:`time_models`)."""
-        started = self.clock()
-        c = self.calibration
+        started, c = self.clock(), self.calibration
         module = bind(*c.quantize(exclude, granularity), c.data_name, arrays.shape[1:], c.batch_size)
         probabilities = to_probabilities(forward(module, arrays, c.batch_size), c.output_is_probability)
         speedup = time_models(self.fp32_module, module, arrays, c.batch_size, SEARCH_TIMING)["speedup"] if timed \
@@ -291,8 +280,7 @@ class _Trials:
         Takes at most :data:`RANKING_SHARE` of the time left, so that some is
         left to try exclusions; the layers it had no time for are left out.
         """
-        images = self.held_out[:SENSITIVITY_IMAGES]
-        reference = self.reference[:SENSITIVITY_IMAGES]
+        images, reference = self.held_out[:SENSITIVITY_IMAGES], self.reference[:SENSITIVITY_IMAGES]
         until = self.clock() + RANKING_SHARE * (self.deadline - self.clock())
         scores = []
         for layer in layers:
@@ -396,8 +384,7 @@ def _keep_most_sensitive(trials: _Trials, ranking: list, granularity: str, count
             return SearchResult(None, best_of(trials.done), sensitivity=ranking, stopped="time budget spent")
         trial = trials.run([name for name, _ in ranking[:k]], granularity)
         if trial.passed:
-            return SearchResult(trial, trial, sensitivity=ranking,
-                                stopped=f"passes with {k} of {count} layers in fp32")
+            return SearchResult(trial, trial, sensitivity=ranking, stopped=f"passes with {k} of {count} layers in fp32")
         if trial.speedup < MIN_SPEEDUP:
             return SearchResult(None, best_of(trials.done), sensitivity=ranking,
                                 stopped=f"no faster than fp32 with {k} of {count} layers in fp32")
@@ -457,10 +444,7 @@ def quantize_auto(spec: ModelSpec, layers: Sequence[str], sample: SampleArrays, 
     import mxnet as mx
 
     calibration, held_out = sample.calibration, sample.held_out
-    symbol = mx.sym.load_json(spec.read(spec.symbol_uri).decode("utf-8"))
-    saved = mx.nd.load_frombuffer(spec.read(spec.params_uri))
-    args = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
-    aux = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
+    symbol, args, aux = load_checkpoint(spec)
     batch_size = min(batch_size, len(calibration), len(held_out))
     calibrated = Calibration(symbol, args, aux, spec.data_name, calibration, batch_size, output_is_probability)
     fp32 = bind(symbol, args, aux, spec.data_name, held_out.shape[1:], batch_size)

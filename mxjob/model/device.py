@@ -15,10 +15,8 @@ def parse_context(name: str) -> tuple[str, int | None]:
     ``ValueError``.
     """
     kind, colon, index = str(name).partition(":")
-    if kind == "cpu" and not colon:
-        return "cpu", None
-    if kind == "gpu" and not colon:
-        return "gpu", None
+    if kind in ("cpu", "gpu") and not colon:
+        return kind, None
     if kind == "gpu" and index.isdigit():
         return "gpu", int(index)
     raise ValueError(f"context must be cpu, gpu or gpu:N, got {name!r}")
@@ -82,9 +80,8 @@ def choose_context(requested: str, resources: Mapping | None, partition_index: i
         return f"gpu:{int(addresses[0])}"
     if num_gpus > 0:
         return f"gpu:{partition_index % num_gpus}"
-    raise ValueError("context gpu: Spark assigned this task no GPU and this process sees none; "
-                     "set spark.executor.resource.gpu.amount and spark.task.resource.gpu.amount, "
-                     "or use context cpu")
+    raise ValueError("context gpu: Spark assigned this task no GPU and this process sees none; set "
+                     "spark.executor.resource.gpu.amount and spark.task.resource.gpu.amount, or use context cpu")
 
 
 def task_context(requested: str, partition_index: int | None = None) -> str:

@@ -101,7 +101,4 @@ def get_handlers(path: str | None) -> Handlers | None:
     ``SparkContext.addFile`` (found by its name with ``SparkFiles.get``);
     elsewhere (the driver's dry run, tests) ``path`` itself.
     """
-    if not path:
-        return None
-
-    return state.handlers.get(path, lambda: load_handlers(plugins.shipped_copy(path)))
+    return state.handlers.get(path, lambda: load_handlers(plugins.shipped_copy(path))) if path else None

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -107,9 +107,7 @@ class ModelSpec:
 
     def shipped_files(self) -> list[str]:
         """The local files a Spark job must ``addFile`` for this model: none unless ``shipped``."""
-        if not self.shipped:
-            return []
-        return [uri for uri in (self.symbol_uri, self.params_uri, self.labels_uri) if uri]
+        return [uri for uri in (self.symbol_uri, self.params_uri, self.labels_uri) if uri] if self.shipped else []
 
 
 def read_labels(spec: ModelSpec) -> tuple[list[str] | None, str | None]:
@@ -117,10 +115,8 @@ def read_labels(spec: ModelSpec) -> tuple[list[str] | None, str | None]:
 
     A labels file named explicitly must exist; the implicit one is optional.
     """
-    uri = spec.labels_uri
-    explicit = uri is not None
-    if uri is None:
-        uri = uris.sibling_uri(spec.symbol_uri, "synset.txt")
+    explicit = spec.labels_uri is not None
+    uri = spec.labels_uri if explicit else uris.sibling_uri(spec.symbol_uri, "synset.txt")
     if not uri:
         return None, None
     try:
@@ -139,10 +135,31 @@ def read_labels(spec: ModelSpec) -> tuple[list[str] | None, str | None]:
         return None, uri
 
 
-def _head_op(symbol_json: str) -> str:
-    graph = json.loads(symbol_json)
-    head = graph["heads"][0][0]
-    return graph["nodes"][head]["op"]
+def bind(symbol, arg_params: dict, aux_params: dict, data_name: str, input_shape: tuple, batch_size: int,
+         context=None):
+    """An inference Module for ``symbol``, bound at ``(batch_size, *input_shape)`` on ``context`` (default the
+    CPU), holding these weights."""
+    import mxnet as mx
+
+    label_names = [n for n in symbol.list_arguments() if n.endswith("_label")]
+    module = mx.mod.Module(symbol, data_names=[data_name], label_names=label_names,
+                           context=mx.cpu() if context is None else context)
+    with warnings.catch_warnings():
+        # Inference binds no label shapes; Module warns that they differ from label_names.
+        warnings.filterwarnings("ignore", message="Data provided by label_shapes")
+        module.bind(data_shapes=[(data_name, (batch_size, *input_shape))], for_training=False)
+    module.set_params(arg_params, aux_params, allow_missing=False, allow_extra=True)
+    return module
+
+
+def padded_batches(arrays: np.ndarray, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
+    """Each ``batch_size`` rows of ``arrays`` in turn, the last padded with zeros, and how many of its rows are real."""
+    for start in range(0, len(arrays), batch_size):
+        batch = arrays[start:start + batch_size]
+        rows = len(batch)
+        if rows < batch_size:
+            batch = np.concatenate([batch, np.zeros((batch_size - rows, *batch.shape[1:]), batch.dtype)])
+        yield batch, rows
 
 
 class Predictor:
@@ -194,26 +211,14 @@ class Predictor:
         arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
         aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
         symbol, symbol_json = self._select_output(symbol, symbol_json)
-        self.head_op = _head_op(symbol_json)
+        graph = json.loads(symbol_json)
+        self.head_op = graph["nodes"][graph["heads"][0][0]]["op"]
         self.output_is_probability = self.head_op in SOFTMAX_OPS
         self._check(symbol, arg_params, aux_params)
-        self._ctx = mx_context(spec.context)
-        self._symbol = symbol
-        self._mx = mx
-        self._module = self._bind(arg_params, aux_params)
+        self._ctx, self._symbol, self._mx = mx_context(spec.context), symbol, mx
+        self._module = bind(symbol, arg_params, aux_params, spec.data_name, self.input_shape, self.batch_size,
+                            self._ctx)
         self._lock = threading.Lock()
-
-    def _bind(self, arg_params: dict, aux_params: dict):
-        """A Module of this model bound for inference at ``(batch_size, *input_shape)``, holding these weights."""
-        label_names = [n for n in self._symbol.list_arguments() if n.endswith("_label")]
-        module = self._mx.mod.Module(self._symbol, data_names=[self.spec.data_name], label_names=label_names,
-                                     context=self._ctx)
-        with warnings.catch_warnings():
-            # Inference binds no label shapes; Module warns that they differ from label_names.
-            warnings.filterwarnings("ignore", message="Data provided by label_shapes")
-            module.bind(data_shapes=[(self.spec.data_name, (self.batch_size, *self.input_shape))], for_training=False)
-        module.set_params(arg_params, aux_params, allow_missing=False, allow_extra=True)
-        return module
 
     def bound_copy(self) -> Predictor:
         """This model bound again apart, for a forward pass at the same time as this one's (a forward lane).
@@ -226,7 +231,8 @@ class Predictor:
         against 0.03 s for the copy.
         """
         twin = copy.copy(self)
-        twin._module = self._bind(*self._module.get_params())
+        twin._module = bind(self._symbol, *self._module.get_params(), self.spec.data_name, self.input_shape,
+                            self.batch_size, self._ctx)
         twin._lock = threading.Lock()
         return twin
 
@@ -291,9 +297,8 @@ class Predictor:
         sizes = dict.fromkeys([(given_h, given_w)] + [(n, n) for n in self._COMMON_SIZES])
         for height, width in sizes:
             for c in channels:
-                shape = (1, c, height, width)
                 try:
-                    arg_shapes, _, aux_shapes = symbol.infer_shape(**{self.spec.data_name: shape})
+                    arg_shapes, _, aux_shapes = symbol.infer_shape(**{self.spec.data_name: (1, c, height, width)})
                 except Exception:  # noqa: BLE001 - MXNetError: this shape does not fit; try the next
                     continue
                 inferred = dict(zip(symbol.list_arguments(), arg_shapes))
@@ -317,14 +322,7 @@ class Predictor:
             raise ValueError(f"expected shape (N, {', '.join(map(str, self.input_shape))}), got {array.shape}")
         if array.dtype != np.float32:
             raise ValueError(f"expected dtype float32, got {array.dtype}")
-        n = array.shape[0]
-        chunks = []
-        for start in range(0, n, self.batch_size):
-            chunk = array[start: start + self.batch_size]
-            rows = chunk.shape[0]
-            if rows < self.batch_size:
-                chunk = np.concatenate([chunk, np.zeros((self.batch_size - rows, *self.input_shape), np.float32)])
-            chunks.append((self._forward(chunk), rows))
+        chunks = [(self._forward(chunk), rows) for chunk, rows in padded_batches(array, self.batch_size)]
         if not chunks:
             return [np.zeros((0, *s), np.float32) for s in self.output_shapes]
         return [np.concatenate([outs[i][:rows] for outs, rows in chunks]) for i in range(len(chunks[0][0]))]
@@ -398,8 +396,7 @@ def preprocess_for(predictor: Predictor, preprocess: Preprocess | None) -> Prepr
     return preprocess
 
 
-def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type,
-              lane: int = 0) -> Predictor:
+def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type, lane: int = 0) -> Predictor:
     """:func:`get_classifier` for any of the classes: ``Predictor`` serves models that are no classifiers.
 
     ``lane`` > 0 is another copy of the same model, bound apart, for a forward pass at the same time as
@@ -413,8 +410,7 @@ def get_model(spec: ModelSpec, input_shape: tuple, batch_size: int, kind: type,
         started = time.perf_counter()
         if first is not None:
             model = first.bound_copy()
-            log.info("bound lane %d's copy of model %s in %.2fs", lane, spec.symbol_uri,
-                     time.perf_counter() - started)
+            log.info("bound lane %d's copy of model %s in %.2fs", lane, spec.symbol_uri, time.perf_counter() - started)
             return model
         model = kind(spec, input_shape, batch_size)
         state.counters.model_loads += 1

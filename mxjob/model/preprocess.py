@@ -71,10 +71,9 @@ class Preprocess:
                 raise ValueError(f"{name} needs 1 or {channels} values, got {len(values)}")
         if any(s == 0 for s in self.std):
             raise ValueError("std values must be non-zero")
-        if self.resize not in RESIZE_MODES:
-            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
-        if self.decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
+        for name, modes in (("resize", RESIZE_MODES), ("decode", DECODE_MODES)):
+            if getattr(self, name) not in modes:
+                raise ValueError(f"{name} must be one of {', '.join(modes)}, got {getattr(self, name)!r}")
 
 
 class ImageTooLargeError(ValueError):
@@ -294,9 +293,8 @@ def normalise_into(img: Image.Image, prep: Preprocess, out: np.ndarray) -> None:
 @functools.lru_cache(maxsize=16)
 def _constants(mean: tuple, std: tuple, channels: int) -> tuple[tuple, tuple]:
     """Per channel float32 means and stds (one value given: the same for every channel), made once per recipe."""
-    def per_channel(values):
-        return tuple(np.float32(values[c if len(values) > 1 else 0]) for c in range(channels))
-    return per_channel(mean), per_channel(std)
+    return tuple(tuple(np.float32(values[c if len(values) > 1 else 0]) for c in range(channels))
+                 for values in (mean, std))
 
 
 def map_boxes(boxes: np.ndarray, geometry: Geometry) -> np.ndarray:
@@ -308,11 +306,9 @@ def map_boxes(boxes: np.ndarray, geometry: Geometry) -> np.ndarray:
     """
     left, top, right, bottom = geometry.window
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    x = left + boxes[:, 0::2] * (right - left)
-    y = top + boxes[:, 1::2] * (bottom - top)
     out = np.empty_like(boxes)
-    out[:, 0::2] = np.clip(x, 0, geometry.width)
-    out[:, 1::2] = np.clip(y, 0, geometry.height)
+    out[:, 0::2] = np.clip(left + boxes[:, 0::2] * (right - left), 0, geometry.width)
+    out[:, 1::2] = np.clip(top + boxes[:, 1::2] * (bottom - top), 0, geometry.height)
     return out.astype(np.float32)
 
 
@@ -351,8 +347,7 @@ def _short_side_crop(img: Image.Image, width: int, height: int) -> tuple[Image.I
 
     Also returns the crop's window in the pixels of ``img`` as given (before the resize).
     """
-    short = short_side(width, height)
-    scale = short / min(img.width, img.height)
+    scale = short_side(width, height) / min(img.width, img.height)
     new_w = max(width, round(img.width * scale))
     new_h = max(height, round(img.height * scale))
     sx, sy = img.width / new_w, img.height / new_h

@@ -63,9 +63,7 @@ class HostThreads:
 def host_names() -> list[str]:
     """The names the driver may list this host under: hostname, FQDN, address, Spark's and YARN's."""
     names = [socket.gethostname(), socket.getfqdn()]
-    for variable in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME", "NM_HOST"):
-        if os.environ.get(variable):
-            names.append(os.environ[variable])
+    names += [os.environ[var] for var in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME", "NM_HOST") if os.environ.get(var)]
     try:
         names.append(socket.gethostbyname(socket.gethostname()))
     except OSError:
@@ -243,9 +241,8 @@ def memory_bytes() -> dict[str, int | None]:
         import resource
     except ImportError:  # pragma: no cover - Windows
         return {"rss": None, "max_rss": None}
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # ru_maxrss is in KiB on Linux, in bytes on macOS.
-    peak = peak if os.uname().sysname == "Darwin" else peak * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if os.uname().sysname == "Darwin" else 1024)
     try:
         with open("/proc/self/statm") as handle:
             rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -22,9 +23,7 @@ def spark_failure_reason(exc: BaseException) -> str:
     python_lines = [line.strip().removeprefix(": ") for line in text.splitlines()
                     if line.strip() and ("Error:" in line or "Exception:" in line)
                     and not line.strip().startswith(("at ", "py4j", "org.apache", "Caused by: org.apache"))]
-    if python_lines:
-        return python_lines[-1][:1000]
-    return first_line(exc)[:1000]
+    return (python_lines[-1] if python_lines else first_line(exc))[:1000]
 
 
 def plural(count: int, singular: str, plural_form: str | None = None) -> str:
@@ -66,10 +65,8 @@ def exit_line(code: int, meanings: dict | None = None) -> str:
     """
     meaning = (meanings or EXIT_MEANINGS).get(code)
     if meaning is None and code > 128:
-        try:
+        with contextlib.suppress(ValueError):  # no such signal: the code alone
             meaning = f"interrupted by {signal.Signals(code - 128).name}"
-        except ValueError:  # no such signal: the code alone
-            meaning = None
     return f"exit {code}: {meaning}" if meaning else f"exit {code}"
 
 

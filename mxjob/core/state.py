@@ -23,7 +23,21 @@ from dataclasses import dataclass
 from typing import Any
 
 
-class ProcessCache:
+class _Bounded:
+    """Entries by key, in the order of their last use, under one lock: what a cache and a listener table share."""
+
+    def __init__(self, name: str, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"{name}: capacity must be at least 1, got {capacity}")
+        self.name, self.capacity = name, capacity
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+
+class ProcessCache(_Bounded):
     """A keyed, locked, bounded cache; the least recently used entry goes first.
 
     Parameters
@@ -37,11 +51,8 @@ class ProcessCache:
     """
 
     def __init__(self, name: str, capacity: int, on_evict: Callable[[Any], None] | None = None):
-        if capacity < 1:
-            raise ValueError(f"{name}: capacity must be at least 1, got {capacity}")
-        self.name, self.capacity, self._on_evict = name, capacity, on_evict
-        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        super().__init__(name, capacity)
+        self._on_evict = on_evict
 
     def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """The value for ``key``, made by ``make()`` on first use.
@@ -68,9 +79,6 @@ class ProcessCache:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._entries
 
 
 #: Bound modules a worker keeps. An executor serves one job, which needs one
@@ -106,7 +114,7 @@ s3_readers = ProcessCache("S3 readers", MAX_S3_READERS)
 catalogs = ProcessCache("Iceberg catalogs", 2)
 
 
-class Listeners:
+class Listeners(_Bounded):
     """Who in this process hears of something, one listener per key: keyed, locked and bounded like the caches.
 
     :meth:`notify` calls the key's listener outside the lock (a listener takes
@@ -120,38 +128,28 @@ class Listeners:
         Keys kept; listening to one more forgets the oldest (a listener nobody forgot).
     """
 
-    def __init__(self, name: str, capacity: int):
-        if capacity < 1:
-            raise ValueError(f"{name}: capacity must be at least 1, got {capacity}")
-        self.name, self.capacity = name, capacity
-        self._listeners: OrderedDict[Hashable, Callable] = OrderedDict()
-        self._lock = threading.Lock()
-
     def listen(self, key: Hashable, listener: Callable) -> None:
         """``listener(*args)`` hears every :meth:`notify` of ``key`` from now on, in place of any other."""
         with self._lock:
-            self._listeners[key] = listener
-            self._listeners.move_to_end(key)
-            while len(self._listeners) > self.capacity:
-                self._listeners.popitem(last=False)
+            self._entries[key] = listener
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
 
     def forget(self, key: Hashable, listener: Callable) -> None:
         """``listener`` hears no more of ``key`` (a later listener of the same key stays)."""
         with self._lock:
-            if self._listeners.get(key) == listener:  # equal, not identical: each ``obj.method`` is a new object
-                del self._listeners[key]
+            if self._entries.get(key) == listener:  # equal, not identical: each ``obj.method`` is a new object
+                del self._entries[key]
 
     def notify(self, key: Hashable, *args) -> bool:
         """Tell ``key``'s listener; whether there was one."""
         with self._lock:
-            listener = self._listeners.get(key)
+            listener = self._entries.get(key)
         if listener is None:
             return False
         listener(*args)
         return True
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._listeners
 
 
 #: Runs whose durable batches a driver follows at once. A driver follows the one run Spark is scoring

@@ -46,25 +46,17 @@ def json_lines(batch: pa.RecordBatch, bodies: Bodies) -> list[str]:
         if batch.column(index).null_count == 0:  # the task wrote their lines already
             return batch.column(index).to_pylist()
         # A part written without lines (write_part): the lines from the model's columns, then the carried ones.
-        model = pa.RecordBatch.from_arrays(batch.columns[:index], schema=_leading(batch.schema, index))
-        carried = pa.RecordBatch.from_arrays(batch.columns[index + 1:],
-                                             schema=pa.schema(list(batch.schema)[index + 1:]))
+        model, carried = batch.select(range(index)), batch.select(range(index + 1, batch.num_columns))
         return with_members(pa.array(json_lines(model, bodies), pa.string()), carried).to_pylist()
     keys = [dumps(k) for k in batch.column("key").to_pylist()]
     errors = batch.column("error")
     lines = []
-    error_rows = errors.to_pylist() if errors.null_count < len(errors) else None
-    for i, (key, body) in enumerate(zip(keys, bodies(batch))):
+    error_rows = errors.to_pylist() if errors.null_count < len(errors) else [None] * len(errors)
+    for key, body, error in zip(keys, bodies(batch), error_rows):
         if body is None:
-            error = error_rows[i] if error_rows is not None else None
             body = ', "error": ' + dumps(error) + "}" if error is not None else "}"
         lines.append('{"key": ' + key + body)
     return lines
-
-
-def _leading(schema_: pa.Schema, count: int) -> pa.Schema:
-    """The first ``count`` fields of ``schema_``, with its metadata (the task)."""
-    return pa.schema(list(schema_)[:count], metadata=schema_.metadata)
 
 
 @functools.lru_cache(maxsize=65_536)  # the model's classes: their text is made once per worker

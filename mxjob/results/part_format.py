@@ -21,13 +21,9 @@ from mxjob.results.results import LINE, OBJECT_METADATA
 
 def object_metadata(keys: Iterable[str], seen: dict) -> pa.RecordBatch:
     """:data:`OBJECT_METADATA` for ``keys`` from ``seen`` (``{key: (etag, size)}``; a key not in it: nulls)."""
-    etags, sizes = [], []
-    for key in keys:
-        etag, size = seen.get(key, (None, None))
-        etags.append(etag)
-        sizes.append(size)
-    return pa.RecordBatch.from_arrays([pa.array(etags, pa.string()), pa.array(sizes, pa.int64())],
-                                      schema=OBJECT_METADATA)
+    pairs = [seen.get(key, (None, None)) for key in keys]
+    return pa.RecordBatch.from_arrays([pa.array([etag for etag, _ in pairs], pa.string()),
+                                       pa.array([size for _, size in pairs], pa.int64())], schema=OBJECT_METADATA)
 
 
 def write_part(batch: pa.RecordBatch, bodies: Bodies | None = None, metadata: pa.RecordBatch | None = None) -> bytes:
@@ -70,12 +66,6 @@ def read_part(data: bytes) -> pa.RecordBatch:
     if len(batches) == 1:
         return batches[0]
     return pa.Table.from_batches(batches, reader.schema).combine_chunks().to_batches()[0]
-
-
-def model_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` without a part's :data:`LINE` column: the result model alone."""
-    index = batch.schema.get_field_index(LINE.name)
-    return batch if index < 0 else batch.drop_columns([LINE.name])
 
 
 def carry(batch: pa.RecordBatch, carried: pa.Table | pa.RecordBatch | None) -> pa.RecordBatch:

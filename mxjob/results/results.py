@@ -69,13 +69,8 @@ LINE = pa.field("json_line", pa.string())
 OBJECT_METADATA = pa.schema([pa.field("etag", pa.string()), pa.field("size", pa.int64())])
 
 #: Names a carried column cannot take: the key, the error, the part's line, ``--with-object-metadata``'s, and every
-#: registered task's columns (:func:`reserve`, called by ``mxjob.tasks.register``).
+#: registered task's columns, lower-cased (``mxjob.tasks.register`` adds them).
 RESERVED: set[str] = {"key", "error", LINE.name, "etag", "size", "bucket"}
-
-
-def reserve(names) -> None:
-    """Add a task's column names to :data:`RESERVED` (a manifest's carried column may take none of them)."""
-    RESERVED.update(name.lower() for name in names)
 
 
 # ----------------------------------------------------------------------------

@@ -5,15 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-import botocore
-import botocore.auth
-import botocore.awsrequest
-import botocore.config
 import botocore.exceptions
-import botocore.handlers
-import botocore.parsers
-import botocore.session
-import botocore.utils
 
 from mxjob.s3.clients import S3_ERRORS
 

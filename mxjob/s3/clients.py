@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 import boto3
-import botocore
-import botocore.auth
-import botocore.awsrequest
 import botocore.config
 import botocore.exceptions
-import botocore.handlers
-import botocore.parsers
-import botocore.session
-import botocore.utils
 
 from mxjob.core import constants, state
-
-log = logging.getLogger(__name__)
-
 
 # Every S3 client of the job is configured from these: the driver's, the
 # listing's, the executors' readers, the model's and the --config read.
@@ -39,13 +28,8 @@ S3_CONNECT_TIMEOUT = 10
 S3_READ_TIMEOUT = 60.0
 
 
-def s3_client(
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    max_attempts: int = S3_MAX_ATTEMPTS,
-    max_pool_connections: int = S3_POOL_CONNECTIONS,
-    read_timeout: float = S3_READ_TIMEOUT,
-):
+def s3_client(endpoint_url: str | None = None, region: str | None = None, max_attempts: int = S3_MAX_ATTEMPTS,
+              max_pool_connections: int = S3_POOL_CONNECTIONS):
     """Return this process's S3 client for these settings, creating it once.
 
     boto3 clients are thread safe (sessions are not), so one client serves
@@ -56,22 +40,20 @@ def s3_client(
     event hooks: :func:`s3_reader` builds its client apart, so the hook its
     lean path registers never rides on a client handed out here.
     """
-    return cached_client(endpoint_url, region, max_attempts, max_pool_connections, read_timeout)[0]
+    return cached_client(endpoint_url, region, max_attempts, max_pool_connections)[0]
 
 
-def client_config(max_attempts: int = S3_MAX_ATTEMPTS, max_pool_connections: int = S3_POOL_CONNECTIONS,
-                  read_timeout: float = S3_READ_TIMEOUT) -> botocore.config.Config:
+def client_config(max_attempts: int = S3_MAX_ATTEMPTS,
+                  max_pool_connections: int = S3_POOL_CONNECTIONS) -> botocore.config.Config:
     """The botocore settings of every S3 client of the job: retries, connection pool, timeouts."""
-    return botocore.config.Config(
-        retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
-        max_pool_connections=max_pool_connections,
-        connect_timeout=S3_CONNECT_TIMEOUT,
-        read_timeout=read_timeout,
-    )
+    # total_max_attempts: the first try included.
+    return botocore.config.Config(retries={"mode": "standard", "total_max_attempts": max_attempts},
+                                  max_pool_connections=max_pool_connections, connect_timeout=S3_CONNECT_TIMEOUT,
+                                  read_timeout=S3_READ_TIMEOUT)
 
 
 def cached_client(endpoint_url: str | None, region: str | None, max_attempts: int, max_pool_connections: int,
-                  read_timeout: float = S3_READ_TIMEOUT, purpose: str = "plain") -> tuple:
+                  purpose: str = "plain") -> tuple:
     """``(client, credentials)``: :func:`s3_client`'s client, with the credentials its session resolved for it.
 
     The two are cached together, so :class:`ObjectReader` signs with exactly
@@ -82,7 +64,7 @@ def cached_client(endpoint_url: str | None, region: str | None, max_attempts: in
     """
 
     def make() -> tuple:
-        config = client_config(max_attempts, max_pool_connections, read_timeout)
+        config = client_config(max_attempts, max_pool_connections)
         # One session for all of them: botocore loads S3's service model and endpoint rules once a session
         # (0.06 CPU-s a client otherwise; a driver or worker makes three or four), and resolves the
         # credentials once a process (refreshing an instance role's). Made under the cache's lock, one
@@ -94,8 +76,7 @@ def cached_client(endpoint_url: str | None, region: str | None, max_attempts: in
         return client, session.get_credentials()
 
     # The pid: a client made before a fork (PySpark's daemon forks its workers) is not the child's.
-    return state.s3_clients.get((endpoint_url, region, max_attempts, max_pool_connections, read_timeout, purpose,
-                                 os.getpid()), make)
+    return state.s3_clients.get((endpoint_url, region, max_attempts, max_pool_connections, purpose, os.getpid()), make)
 
 
 #: What a boto3 S3 call raises: an error answer, or no answer at all.

@@ -15,15 +15,10 @@ from urllib.parse import unquote_plus
 from xml.etree import ElementTree
 
 import boto3
-import botocore
-import botocore.auth
-import botocore.awsrequest
 import botocore.config
-import botocore.exceptions
 import botocore.handlers
 import botocore.parsers
 import botocore.session
-import botocore.utils
 
 from mxjob.core import constants, state
 from mxjob.s3 import clients
@@ -36,9 +31,8 @@ _S3_XML = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 log = logging.getLogger(__name__)
 
 
-def list_client(endpoint_url: str | None = None, region: str | None = None,
-                max_attempts: int = clients.S3_MAX_ATTEMPTS, max_pool_connections: int = clients.S3_POOL_CONNECTIONS,
-                kind: str = constants.DEFAULT.s3_reader):
+def list_client(endpoint_url: str | None = None, region: str | None = None, max_attempts: int = clients.S3_MAX_ATTEMPTS,
+                max_pool_connections: int = clients.S3_POOL_CONNECTIONS, kind: str = constants.DEFAULT.s3_reader):
     """A new S3 client for :func:`list_prefix`, configured as :func:`clients.s3_client`'s.
 
     ``kind`` is the job's ``--s3-reader``. ``"botocore"`` gives a plain boto3

@@ -23,14 +23,9 @@ import threading
 import zlib
 from xml.etree import ElementTree
 
-import botocore
 import botocore.auth
 import botocore.awsrequest
-import botocore.config
 import botocore.exceptions
-import botocore.handlers
-import botocore.parsers
-import botocore.session
 import botocore.utils
 
 from mxjob.core import constants, state
@@ -102,18 +97,15 @@ class ObjectReader:
         self._fallback_logged: set[str] = set()
         self._lock = threading.Lock()
         self._sent = threading.local()
+        #: False when turned off (``lean=False``), without credentials to sign with (unsigned access) or without
+        #: botocore's HTTP session; decided once, as none of them changes.
+        self.enabled = lean and self.unavailable() is None
         if self.enabled:
             client.meta.events.register("before-send.s3.GetObject", self._remember_request)
         elif lean:
             # Once per process and settings (s3_reader caches the reader): the job goes on, on botocore.
             log.warning("--s3-reader lean is not available here (%s); every GET goes through botocore's "
                         "get_object, at about 1.3 ms more CPU each", self.unavailable())
-
-    @property
-    def enabled(self) -> bool:
-        """False when turned off (``lean=False``), without credentials to sign with (unsigned access) or
-        without botocore's HTTP session."""
-        return self.lean and self.unavailable() is None
 
     def unavailable(self) -> str | None:
         """Why the lean path cannot serve this client (``None``: it can, or it was turned off)."""
@@ -250,13 +242,8 @@ def _error_code(body: bytes) -> tuple[str | None, str | None]:
 S3_READERS = constants.S3_READERS
 
 
-def s3_reader(
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    max_attempts: int = S3_MAX_ATTEMPTS,
-    max_pool_connections: int = S3_POOL_CONNECTIONS,
-    kind: str = S3_READERS[0],
-) -> ObjectReader:
+def s3_reader(endpoint_url: str | None = None, region: str | None = None, max_attempts: int = S3_MAX_ATTEMPTS,
+              max_pool_connections: int = S3_POOL_CONNECTIONS, kind: str = S3_READERS[0]) -> ObjectReader:
     """Return this process's :class:`ObjectReader` for these settings, creating it once.
 
     ``kind="lean"`` reads through a client of the reader's own (cached apart

@@ -135,10 +135,8 @@ def _list_page(client, bucket: str, prefix: str, span: tuple, page_size: int, et
         # Every key between two strings starts with their common prefix: asking for it keeps
         # S3 from returning (and the client from reading) keys past the end of the range.
         prefix = max(prefix, os.path.commonprefix([start_after, end]), key=len)
-    kwargs = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
-    if start_after is not None:
-        kwargs["StartAfter"] = start_after
-    response = client.list_objects_v2(**kwargs)
+    extra = {} if start_after is None else {"StartAfter": start_after}
+    response = client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=page_size, **extra)
     tags = None
     if "KeysAndSizes" in response:  # the lean list_client
         if etags:

@@ -11,11 +11,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
-import botocore.auth
-import botocore.awsrequest
-import botocore.config
 import botocore.exceptions
-import botocore.utils
 import urllib3.exceptions
 
 from mxjob.s3.clients import s3_client
@@ -27,16 +23,10 @@ log = logging.getLogger(__name__)
 # Errors raised while *reading a response body*. botocore retries a request
 # that fails before the body starts, but not a body cut off in the middle,
 # so read_object retries these itself.
-BODY_READ_ERRORS = (
-    botocore.exceptions.IncompleteReadError,
-    botocore.exceptions.ReadTimeoutError,
-    botocore.exceptions.ResponseStreamingError,
-    botocore.exceptions.ConnectionClosedError,
-    urllib3.exceptions.ProtocolError,
-    urllib3.exceptions.ReadTimeoutError,
-    http.client.IncompleteRead,
-    ConnectionError,
-)
+BODY_READ_ERRORS = (botocore.exceptions.IncompleteReadError, botocore.exceptions.ReadTimeoutError,
+                    botocore.exceptions.ResponseStreamingError, botocore.exceptions.ConnectionClosedError,
+                    urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError, http.client.IncompleteRead,
+                    ConnectionError)
 
 
 class ObjectTooLargeError(ValueError):

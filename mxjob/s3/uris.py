@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-import urllib.error
 import urllib.parse
-import urllib.request
-
-log = logging.getLogger(__name__)
 
 
 class S3UriError(ValueError):

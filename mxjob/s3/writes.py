@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
-
-log = logging.getLogger(__name__)
-
 
 #: S3 refuses multipart parts under 5 MiB (except the last one).
 MIN_PART_BYTES = 5 * 1024 * 1024
@@ -81,9 +77,8 @@ class MultipartWriter:
         self.upload_id = None if lazy else self._create()
 
     def _create(self) -> str:
-        return self.client.create_multipart_upload(
-            Bucket=self.bucket, Key=self.key, ContentType=self.content_type
-        )["UploadId"]
+        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=self.key, ContentType=self.content_type)
+        return upload["UploadId"]
 
     def write(self, data: bytes) -> None:
         self._buffer += data
@@ -96,9 +91,8 @@ class MultipartWriter:
         if self.upload_id is None:  # lazy: the first part creates the upload
             self.upload_id = self._create()
         number = len(self._parts) + 1
-        response = self.client.upload_part(
-            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=data
-        )
+        response = self.client.upload_part(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
+                                           PartNumber=number, Body=data)
         self._parts.append({"ETag": response["ETag"], "PartNumber": number})
         if number % self.PARTS_PER_SIZE == 0:
             self.part_bytes = min(2 * self.part_bytes, MAX_PART_BYTES)
@@ -113,10 +107,8 @@ class MultipartWriter:
         if self._buffer or not self._parts:
             self._upload_part(bytes(self._buffer))
             self._buffer.clear()
-        self.client.complete_multipart_upload(
-            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-            MultipartUpload={"Parts": self._parts},
-        )
+        self.client.complete_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
+                                              MultipartUpload={"Parts": self._parts})
         self.upload_id = None
 
     def abort(self) -> None:

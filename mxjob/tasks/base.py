@@ -90,11 +90,6 @@ class Task:
         """Columns after ``error`` (an ``output_handler``'s ``result``)."""
         return []
 
-    @property
-    def column_names(self) -> frozenset:
-        """Every column name its rows have: a carried column may take none of them (:data:`results.RESERVED`)."""
-        return frozenset(self.schema(**self.example_shape).names)
-
     def shape(self, job, model) -> dict:
         """The keyword arguments of :meth:`columns` for this run's ``job`` (a JobSpec) and loaded ``model``."""
         return {}
@@ -217,7 +212,8 @@ def register(task: Task) -> Task:
     if not task.name or not task.name.replace("_", "").isalnum():
         raise ValueError(f"a task's name is letters, digits and _, got {task.name!r}")
     _TASKS[task.name] = task
-    results.reserve(task.column_names)
+    # A manifest's carried column may take none of its columns' names.
+    results.RESERVED.update(name.lower() for name in task.schema(**task.example_shape).names)
     return task
 
 

@@ -9,6 +9,7 @@ string, probability float64>>``; float32 in Parquet).
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
@@ -25,8 +26,7 @@ from mxjob.tasks.base import Task, TaskOption, get
 
 def softmax(x: np.ndarray) -> np.ndarray:
     """Row-wise softmax, stable for large logits."""
-    shifted = x - x.max(axis=1, keepdims=True)
-    e = np.exp(shifted)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
 
 
@@ -64,22 +64,17 @@ class Classifier(Predictor):
                  context: str | None = None):
         super().__init__(model, input_shape, batch_size, context)
         self.num_classes = int(np.prod(self.output_shapes[0]))
+        self.labels, uri = read_labels(self.spec)
         #: The labels file read (``synset.txt`` beside the model when --labels is not given), or None.
-        self.labels_uri: str | None = None
-        self.labels = self._load_labels()
+        self.labels_uri: str | None = uri if self.labels is not None else None
+        if self.labels is not None and len(self.labels) != self.num_classes:
+            raise ModelError(f"labels file {uri} has {len(self.labels)} lines but the model has "
+                             f"{self.num_classes} classes")
 
     def model_summary(self) -> dict:
         """:meth:`Predictor.model_summary`, with the labels file the lines' labels came from and its count."""
         return {**super().model_summary(), "labels": self.labels_uri if self.labels else None,
                 "labels_count": len(self.labels) if self.labels else 0}
-
-    def _load_labels(self) -> list[str] | None:
-        labels, uri = read_labels(self.spec)
-        self.labels_uri = uri if labels is not None else None
-        if labels is not None and len(labels) != self.num_classes:
-            raise ModelError(f"labels file {uri} has {len(labels)} lines but the model has "
-                             f"{self.num_classes} classes")
-        return labels
 
     def probabilities(self, array: np.ndarray) -> np.ndarray:
         scores = self.predict(array)[0].reshape(array.shape[0], -1).astype(np.float64)
@@ -163,34 +158,6 @@ def _prediction_head(class_id: int, label: str | None) -> str:
     return jsonl_view.class_head(class_id, label) + '"probability": '
 
 
-def predictions_bodies(batch: pa.RecordBatch) -> list[str | None]:
-    """``, "predictions": [...]}`` per row (``None`` for a row without predictions); no label member without labels."""
-    column = batch.column("predictions")
-    offsets = column.offsets.to_numpy()
-    start, stop = int(offsets[0]), int(offsets[-1])
-    entries = column.values.slice(start, stop - start)
-    class_ids = entries.field("class_id").to_pylist()
-    labels = entries.field("label").to_pylist()
-    probabilities = entries.field("probability").to_pylist()
-    texts = [_prediction_head(c, label) + repr(p) + "}" for c, label, p in zip(class_ids, labels, probabilities)]
-    valid = column.is_valid().to_pylist()
-    return [', "predictions": [' + ", ".join(texts[a - start:b - start]) + "]}" if ok else None
-            for ok, a, b in zip(valid, offsets[:-1].tolist(), offsets[1:].tolist())]
-
-
-def top_labels(batch: pa.RecordBatch) -> dict[str, int]:
-    """How often each class came first in the batch's ``predictions`` (its label, else its id)."""
-    predictions = batch.column("predictions")
-    predictions = predictions.filter(pc.greater(pc.list_value_length(predictions), 0))
-    counts: dict[str, int] = {}
-    if len(predictions):
-        first = pc.list_element(predictions, 0)  # one struct array: its fields as columns, no dict per row
-        for label, class_id in zip(first.field("label").to_pylist(), first.field("class_id").to_pylist()):
-            name = str(label if label is not None else class_id)
-            counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
 class ClassifyTask(Task):
     """The top-k classes of each image (``predictions``), highest probability first."""
 
@@ -224,10 +191,29 @@ class ClassifyTask(Task):
         return super().with_handlers(handlers)
 
     def json_bodies(self, batch: pa.RecordBatch) -> list[str | None]:
-        return predictions_bodies(batch)
+        """``, "predictions": [...]}`` per row (``None`` for a row without predictions); no label member without
+        labels."""
+        column = batch.column("predictions")
+        offsets = column.offsets.to_numpy()
+        start, stop = int(offsets[0]), int(offsets[-1])
+        entries = column.values.slice(start, stop - start)
+        class_ids = entries.field("class_id").to_pylist()
+        labels = entries.field("label").to_pylist()
+        probabilities = entries.field("probability").to_pylist()
+        texts = [_prediction_head(c, label) + repr(p) + "}" for c, label, p in zip(class_ids, labels, probabilities)]
+        valid = column.is_valid().to_pylist()
+        return [', "predictions": [' + ", ".join(texts[a - start:b - start]) + "]}" if ok else None
+                for ok, a, b in zip(valid, offsets[:-1].tolist(), offsets[1:].tolist())]
 
     def top_labels(self, batch: pa.RecordBatch) -> dict[str, int]:
-        return top_labels(batch)
+        """How often each class came first in the batch's ``predictions`` (its label, else its id)."""
+        predictions = batch.column("predictions")
+        predictions = predictions.filter(pc.greater(pc.list_value_length(predictions), 0))
+        if not len(predictions):
+            return {}
+        first = pc.list_element(predictions, 0)  # one struct array: its fields as columns, no dict per row
+        return dict(Counter(str(label if label is not None else class_id) for label, class_id
+                            in zip(first.field("label").to_pylist(), first.field("class_id").to_pylist())))
 
     def row_bytes(self, settings, model_summary: dict) -> tuple[float, str]:
         return settings.top_k * PREDICTION_BYTES, f"{settings.top_k} predictions"

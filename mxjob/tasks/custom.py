@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow as pa
 
 from mxjob.model.handlers import HandlerError, Handlers
-from mxjob.model.predictor import Predictor
 from mxjob.tasks.base import Task, forward_or_fail
 from mxjob.tasks.classify import PREDICTION
 
@@ -40,7 +39,6 @@ class CustomTask(Task):
     :meth:`with_handlers` makes holds the handlers that score them."""
 
     name = "custom"
-    model_class = Predictor
     meanings: ClassVar[dict] = {"result": "the `output_handler`'s JSON object (with a `--handler` that has one)"}
 
     def __init__(self, handlers: Handlers | None = None):

@@ -44,9 +44,8 @@ class ObjectDetector(Predictor):
         super().__init__(model, input_shape, batch_size, context)
         shape = self.output_shapes[0]
         if len(shape) != 2 or shape[1] != 6:
-            name = self._symbol.list_outputs()[0]
             raise ModelError(f"--task detect needs a model whose output is MXNet's detection layout (batch, anchors, "
-                             f"6); its output {name} has shape {(self.batch_size, *shape)}")
+                             f"6); its output {self._symbol.list_outputs()[0]} has shape {(self.batch_size, *shape)}")
         self.labels, _ = read_labels(self.spec)
         self.preprocess = preprocess_for(self, preprocess)
 
@@ -54,8 +53,7 @@ class ObjectDetector(Predictor):
         """The label of ``class_id``; ``None`` without labels or beyond them."""
         return self.labels[class_id] if self.labels and 0 <= class_id < len(self.labels) else None
 
-    def detect(self, array: np.ndarray, geometries: Sequence[Geometry],
-               min_score: float = constants.DEFAULT.min_score,
+    def detect(self, array: np.ndarray, geometries: Sequence[Geometry], min_score: float = constants.DEFAULT.min_score,
                max_detections: int = constants.DEFAULT.max_detections) -> list[list[tuple]]:
         """Per row of ``array``, ``(class_id, label, score, box)`` best first, ``box`` in pixels of its image.
 
@@ -90,9 +88,7 @@ class ObjectDetector(Predictor):
         if not decoded:
             return []
         found = self.detect(np.stack([a for a, _ in decoded]), [g for _, g in decoded], min_score, max_detections)
-        return [{"image_size": [g.width, g.height],
-                 "detections": [{"class_id": c, "label": label, "score": score, "box": box}
-                                for c, label, score, box in dets]}
+        return [{"image_size": [g.width, g.height], "detections": detection_entries(dets)}
                 for (_, g), dets in zip(decoded, found)]
 
 
@@ -137,9 +133,8 @@ class DetectTask(Task):
         return [pa.field("image_size", IMAGE_SIZE), pa.field("detections", pa.list_(DETECTION))]
 
     def arrays(self, schema: pa.Schema, values: list) -> list[pa.Array]:
-        sizes = pa.array([v[0] if v is not None else None for v in values], IMAGE_SIZE)
-        detections = pa.array([v[1] if v is not None else None for v in values], pa.list_(DETECTION))
-        return [sizes, detections]
+        return [pa.array([v[0] if v is not None else None for v in values], IMAGE_SIZE),
+                pa.array([v[1] if v is not None else None for v in values], pa.list_(DETECTION))]
 
     def decode(self, data: bytes, preprocess: Preprocess):
         """The input and where it came from in the image (:func:`decode_image_geometry`): boxes map back through it."""
@@ -167,11 +162,9 @@ class DetectTask(Task):
         labels = entries.field("label").to_pylist()
         texts = [jsonl_view.class_head(c, label) + f'"score": {score}, "box": [{box}]}}'
                  for c, label, score, box in zip(entries.field("class_id").to_pylist(), labels, scores, boxes)]
-        out = []
-        for size, a, b in zip(sizes.to_pylist(), offsets[:-1].tolist(), offsets[1:].tolist()):
-            out.append(None if size is None else f', "image_size": [{size[0]}, {size[1]}], "detections": ['
-                       + ", ".join(texts[a - start:b - start]) + "]}")
-        return out
+        return [None if size is None else f', "image_size": [{size[0]}, {size[1]}], "detections": ['
+                + ", ".join(texts[a - start:b - start]) + "]}"
+                for size, a, b in zip(sizes.to_pylist(), offsets[:-1].tolist(), offsets[1:].tolist())]
 
     def row_bytes(self, settings, model_summary: dict) -> tuple[float, str]:
         return TYPICAL_DETECTIONS * DETECTION_BYTES + 8, f"about {TYPICAL_DETECTIONS} detections"

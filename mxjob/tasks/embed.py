@@ -118,11 +118,9 @@ def vectors(values: list, type_: pa.FixedSizeListType) -> pa.Array:
     """Vectors (``None`` for a failed row) as one fixed-size list array, built from one numpy block."""
     size, dtype = type_.list_size, type_.value_type.to_pandas_dtype()
     block = np.zeros((len(values), size), dtype)
-    missing = np.zeros(len(values), bool)
+    missing = np.array([value is None for value in values], bool)
     for i, value in enumerate(values):
-        if value is None:
-            missing[i] = True
-        else:
+        if value is not None:
             block[i] = value
     return pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), size, mask=pa.array(missing))
 

@@ -259,9 +259,23 @@ class _Run:
         if column[-1].as_py() <= frontier:
             cut = self.window.num_rows
         else:
-            cut = bisect.bisect_right(column, frontier, key=lambda scalar: scalar.as_py())
+            cut = bisect.bisect_right(_Keys(column), frontier)
         taken, self.window = self.window.slice(0, cut), self.window.slice(cut)
         return taken
+
+
+class _Keys:
+    """A string column as a sequence of Python strings, read one at a time (for :mod:`bisect`, whose ``key=``
+    needs Python 3.10: EMR 7 runs 3.9)."""
+
+    def __init__(self, column: pa.Array):
+        self.column = column
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def __getitem__(self, index: int) -> str:
+        return self.column[index].as_py()
 
 
 def merge_runs(paths: list[str]) -> Iterator[pa.Table]:

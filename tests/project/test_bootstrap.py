@@ -288,7 +288,7 @@ def shipped_imports() -> set[str]:
     import ast
     import sys
 
-    files = [ROOT / "infer_main.py", ROOT / "mxinfer.py", ROOT / "utils.py", *sorted((ROOT / "mxjob").glob("*.py"))]
+    files = [ROOT / "infer_main.py", ROOT / "mxinfer.py", ROOT / "utils.py", *sorted((ROOT / "mxjob").rglob("*.py"))]
     found = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from demo import examples
+from tests.demo.test_examples import CHECKER, LOCAL, OPTIONS, printed
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bootstrap" / "install-deps.sh"
 REQUIREMENTS = ROOT / "requirements.txt"
@@ -280,6 +283,21 @@ def test_packaged_job_and_deploy_tool_load_on_that_python(bootstrapped, tmp_path
     )  # fmt: skip
     assert deploy.returncode == 0, deploy.stderr
     assert deploy.stdout.startswith("+ aws emr create-cluster ")
+
+
+def test_the_library_pages_examples_run_as_printed_on_that_python(bootstrapped, tmp_path):
+    """docs/library.md's blocks (classify, embed, detect) on that Python, with only what the bootstrap installed and
+    the packaged zip, as an EMR 7 node runs them: a call its Python 3.9 or its pins lack fails here."""
+    python, _, _, dist = bootstrapped
+    examples.make_examples(tmp_path / "run" / "examples", tmp_path / "run" / "demo")
+    env = {**os.environ, "PYTHONPATH": str(dist / "mxinfer_job.zip")}
+    assert len(LOCAL) >= 3
+    for line, code in LOCAL:
+        result = subprocess.run([python, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=300, check=False)
+        assert result.returncode == 0, f"docs/library.md line {line}: {result.stderr[-3000:]}"
+        want = printed(code)
+        assert CHECKER.check_output(want, result.stdout, OPTIONS), f"line {line}:\n{result.stdout}\nthe page:\n{want}"
 
 
 def shipped_imports() -> set[str]:

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 #: The folder beside a table's location that holds its runs' homes.
 HOME_FOLDER = "_mxinfer"
-#: A commit's id: the run's id and the first and last index of the files it adds (the same at every attempt of the run).
+#: A commit's id: the run's id and the first and last index of the files it adds.
 COMMIT_ID = "{run}/{first:05d}-{last:05d}"
 _COMMIT_ID = re.compile(r"(?P<run>.+)/(?P<first>\d+)-(?P<last>\d+)")
 
@@ -192,6 +192,11 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
+def commit_id(run: str, first: int, last: int) -> str:
+    """The id of the commit of the run's files ``first`` to ``last``: the same at every attempt of the run."""
+    return COMMIT_ID.format(run=run, first=first, last=last)
+
+
 def committed_indices(table, run: str) -> set[int]:
     """The indices of the run's files that the table's history has committed."""
     out: set[int] = set()
@@ -277,8 +282,8 @@ def settle(cfg, client, images: listing.Listing) -> tuple[listing.Listing, Settl
     if left:
         # A --rescore-errors run's files replace the error rows of their keys: read which keys they hold.
         replacing = (_file_keys(cfg, table, [files[i] for i in left]) if record.get("rescore_errors") else [])
-        cid = COMMIT_ID.format(run=run, first=left[0], last=left[-1])
-        commit = iceberg_catalog.commit_files(table, [files[i][0] for i in left], run, cid, replace_errors_of=replacing)
+        commit = iceberg_catalog.commit_files(table, [files[i][0] for i in left], run,
+                                              commit_id(run, left[0], left[-1]), replace_errors_of=replacing)
         out.committed_now = len(left)
         out.snapshot_id = commit.snapshot_id if commit is not None else None
         log.info("--resume: committed the %s the earlier attempt of run %s had written but not committed to %s "
@@ -406,7 +411,7 @@ class TableSink:
     def _commit(self) -> None:
         pending, self._pending = self._pending, []
         replacing, self._replacing = self._replacing, []
-        cid = COMMIT_ID.format(run=self.run, first=pending[0][0], last=pending[-1][0])
+        cid = commit_id(self.run, pending[0][0], pending[-1][0])
         try:
             made = iceberg_catalog.commit_files(self.table, [uri for _, uri, _, _ in pending], self.run, cid,
                                               replace_errors_of=replacing)

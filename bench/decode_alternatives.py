@@ -84,10 +84,11 @@ def alternatives(prep: Preprocess) -> dict:
 
 def predictions(prefix: Path, arrays: np.ndarray, batch: int = 50) -> np.ndarray:
     """EfficientNet-Lite0's logits for ``arrays`` (N, 3, 224, 224), fp32, on the CPU: bound and run as the
-    driver's int8 search does (:func:`mxjob.int8.int8_search.bind`, :func:`mxjob.int8.int8_search.forward`)."""
+    driver's int8 search does (:func:`mxjob.model.predictor.bind`, :func:`mxjob.int8.int8_search.forward`)."""
     import mxnet as mx
 
-    from mxjob.int8.int8_search import bind, forward
+    from mxjob.int8.int8_search import forward
+    from mxjob.model.predictor import bind
 
     symbol, args, aux = mx.model.load_checkpoint(str(prefix), 0)
     return forward(bind(symbol, args, aux, "data", arrays.shape[1:], batch), arrays, batch)

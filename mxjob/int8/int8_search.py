@@ -30,8 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-# bind (an inference Module, on the CPU here) is the model's own; bench/ imports it from this module too.
-from mxjob.model.predictor import ModelError, ModelSpec, bind, padded_batches
+from mxjob.model.predictor import ModelError, ModelSpec, bind, padded_batches, split_params
 from mxjob.tasks.classify import softmax
 
 #: ``--int8-exclude auto``: the value that asks for the search instead of naming layers.
@@ -133,9 +132,7 @@ def load_checkpoint(spec: ModelSpec) -> tuple:
     import mxnet as mx
 
     symbol = mx.sym.load_json(spec.read(spec.symbol_uri).decode("utf-8"))
-    saved = mx.nd.load_frombuffer(spec.read(spec.params_uri))
-    return (symbol, {k[4:]: v for k, v in saved.items() if k.startswith("arg:")},
-            {k[4:]: v for k, v in saved.items() if k.startswith("aux:")})
+    return (symbol, *split_params(mx.nd.load_frombuffer(spec.read(spec.params_uri))))
 
 
 def _min_max(array) -> tuple[float, float]:

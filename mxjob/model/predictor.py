@@ -135,6 +135,12 @@ def read_labels(spec: ModelSpec) -> tuple[list[str] | None, str | None]:
         return None, uri
 
 
+def split_params(saved: dict) -> tuple[dict, dict]:
+    """A loaded ``.params`` file's ``(arg_params, aux_params)``: its ``arg:`` and ``aux:`` entries, unprefixed."""
+    return ({k[4:]: v for k, v in saved.items() if k.startswith("arg:")},
+            {k[4:]: v for k, v in saved.items() if k.startswith("aux:")})
+
+
 def bind(symbol, arg_params: dict, aux_params: dict, data_name: str, input_shape: tuple, batch_size: int,
          context=None):
     """An inference Module for ``symbol``, bound at ``(batch_size, *input_shape)`` on ``context`` (default the
@@ -208,8 +214,7 @@ class Predictor:
         except mx.base.MXNetError as exc:
             raise ModelError(f"cannot load checkpoint {spec.symbol_uri} / {spec.params_uri}: "
                              f"{first_line(exc)}") from exc
-        arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
-        aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
+        arg_params, aux_params = split_params(saved)
         symbol, symbol_json = self._select_output(symbol, symbol_json)
         graph = json.loads(symbol_json)
         self.head_op = graph["nodes"][graph["heads"][0][0]]["op"]

@@ -293,8 +293,9 @@ def normalise_into(img: Image.Image, prep: Preprocess, out: np.ndarray) -> None:
 @functools.lru_cache(maxsize=16)
 def _constants(mean: tuple, std: tuple, channels: int) -> tuple[tuple, tuple]:
     """Per channel float32 means and stds (one value given: the same for every channel), made once per recipe."""
-    return tuple(tuple(np.float32(values[c if len(values) > 1 else 0]) for c in range(channels))
-                 for values in (mean, std))
+    def per_channel(values):
+        return tuple(np.float32(values[c if len(values) > 1 else 0]) for c in range(channels))
+    return per_channel(mean), per_channel(std)
 
 
 def map_boxes(boxes: np.ndarray, geometry: Geometry) -> np.ndarray:

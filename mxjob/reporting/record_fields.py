@@ -97,10 +97,20 @@ def _load(tp: Any, value: Any, name: str, path: str) -> Any:
     if origin is list:
         _expect(isinstance(value, list), "an array", value, name, path)
         return [_load(args[0], v, name, f"{path}[{i}]") for i, v in enumerate(value)]
-    if tp is not Any:  # a number may be written as an integer; bool is an int in Python, not in JSON
-        ok = isinstance(value, (int, float) if tp is float else tp) and (tp is bool or not isinstance(value, bool))
-        _expect(ok, JSON_TYPES[tp][1], value, name, path)
+    _check_scalar(tp, value, name, path)
     return value
+
+
+def _check_scalar(tp: Any, value: Any, name: str, path: str) -> None:
+    if tp is Any:
+        return
+    # bool is an int in Python, not in JSON: a count of True is a wrong document.
+    if tp is float:
+        _expect(isinstance(value, (int, float)) and not isinstance(value, bool), "a number", value, name, path)
+    elif tp is int:
+        _expect(isinstance(value, int) and not isinstance(value, bool), "an integer", value, name, path)
+    else:
+        _expect(isinstance(value, tp), JSON_TYPES[tp][1], value, name, path)
 
 
 def _load_record(cls: type, value: Any, name: str, path: str) -> Any:

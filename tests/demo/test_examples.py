@@ -9,7 +9,6 @@ weights' definition, and the job takes the detector with ``--task detect``.
 from __future__ import annotations
 
 import ast
-import doctest
 import io
 import json
 import os
@@ -27,30 +26,7 @@ import infer_main
 import mxinfer
 from demo import examples, make_demo
 from tests.support.helpers import ROOT, make_s3_client
-
-PAGE = ROOT / "docs" / "library.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-#: '...' stands for any text, and line breaks and runs of spaces for any whitespace, as the page says.
-CHECKER, OPTIONS = doctest.OutputChecker(), doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-
-
-def python_blocks(text: str) -> list[tuple[int, str]]:
-    """``(line number, code)`` of each fenced ``python`` block."""
-    return [(text.count("\n", 0, m.start()) + 2, m[1]) for m in BLOCK.finditer(text)]
-
-
-def printed(code: str) -> str:
-    """What a block says it prints: the comment lines right under each top-level statement that calls ``print``."""
-    lines = code.splitlines()
-    out = []
-    for statement in ast.parse(code).body:
-        if not any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print" for n in ast.walk(statement)):
-            continue
-        for line in lines[statement.end_lineno:]:
-            if not line.startswith("#"):
-                break
-            out.append(line[2:] if line.startswith("# ") else line[1:])
-    return "".join(line + "\n" for line in out)
+from tests.support.library_page import BLOCKS, CHECKER, LOCAL, OPTIONS, SPARK, printed
 
 
 def named_files(code: str) -> list[str]:
@@ -73,9 +49,6 @@ def run_block(code: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300, check=False)
 
 
-BLOCKS = python_blocks(PAGE.read_text(encoding="utf-8"))
-LOCAL = [(line, code) for line, code in BLOCKS if "SparkSession" not in code]
-SPARK = [(line, code) for line, code in BLOCKS if "SparkSession" in code]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from demo import examples
-from tests.demo.test_examples import CHECKER, LOCAL, OPTIONS, printed
+from tests.support.library_page import CHECKER, LOCAL, OPTIONS, printed
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bootstrap" / "install-deps.sh"

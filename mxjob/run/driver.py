@@ -31,7 +31,7 @@ from mxjob.run.keys import list_images
 from mxjob.run.scoring import ClaimedRun, end_run, score_and_assemble
 from mxjob.run.signals import Interrupted
 from mxjob.run.spark_start import SparkStart
-from mxjob.run.warm_up import begin_spark, early_spark, executors_check, warm_up
+from mxjob.run.warm_up import early_spark, executors_check, warm_early, warm_up
 from mxjob.s3 import clients, writes
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | 
     images, found, settled = keys_to_score(cfg, client, monitor, images, seconds)
     if found is not None and not len(images) and not cfg.dry_run:
         return nothing_new(cfg, client, monitor, found, seconds)
-    warmed = begin_spark(start, cfg, images)
+    warmed = warm_early(start, cfg, images)
     check_started = time.time()
     monitor.enter("model_check")
     cfg, checked = check_on_driver(cfg, client, images, start if warmed and executors_check(cfg) else None)

@@ -3,10 +3,9 @@
 Creating a SparkContext takes seconds (its scheduler, then the executors'
 launch: YARN containers, or local-cluster's processes), and the driver's own
 work before its first Spark job takes seconds to hours: the listing, the
-model's check, int8's quantization, the sample for the estimate. Started at
-the driver's first step in cluster mode, or once the listing found something
-to score in client mode (:class:`SparkStart`, ``mxjob.run.warm_up.early_spark``),
-the two overlap. In cluster
+model's check, int8's quantization, the sample for the estimate. Started
+once the run has claimed its output (:class:`SparkStart`,
+``mxjob.run.warm_up.early_spark``), the two overlap. In cluster
 mode it is more than speed: YARN's ApplicationMaster waits
 ``spark.yarn.am.waitTime`` (100 s by default) for the driver's SparkContext
 and fails the application when there is none by then, so a long listing or an
@@ -46,7 +45,8 @@ SUBMIT_WAIT_SECONDS = 5.0
 
 
 class SparkStart:
-    """A SparkContext being created in a daemon thread; :meth:`context` waits for it and re-raises its failure.
+    """A SparkContext being created in a daemon thread from now on; :meth:`context` waits for it and re-raises its
+    failure.
 
     Parameters
     ----------
@@ -54,17 +54,14 @@ class SparkStart:
         ``--app-name``.
     spark_conf : dict, optional
         Settings on top of spark-submit's (the tests' and the bench's).
-    begin : bool
-        Start creating it now; else at :meth:`begin` (or the first :meth:`context`).
     """
 
-    def __init__(self, app_name: str, spark_conf: dict | None = None, begin: bool = True):
-        self.started: float | None = None
-        self._args = (app_name, dict(spark_conf or {}))
+    def __init__(self, app_name: str, spark_conf: dict | None = None):
+        self.started = time.monotonic()
         self._sc = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
-        # Held while the warm-up reads the context and sets its job group, and while the creation begins;
+        # Held while the warm-up reads the context and sets its job group;
         # stop() takes it to say "stopping".
         self._lock = threading.Lock()
         self._stopping = False
@@ -76,16 +73,8 @@ class SparkStart:
         self.reports: list | None = None
         #: Why the warm-up's job failed (Spark's exception, as text), once it has; ``None`` otherwise.
         self.failure: str | None = None
-        if begin:
-            self.begin()
-
-    def begin(self) -> None:
-        """Start creating the SparkContext in a daemon thread, unless that began already or the run has ended."""
-        with self._lock:
-            if self.started is not None or self._stopping:
-                return
-            self.started = time.monotonic()
-            threading.Thread(target=self._start, args=self._args, name="spark-start", daemon=True).start()
+        threading.Thread(target=self._start, args=(app_name, dict(spark_conf or {})), name="spark-start",
+                         daemon=True).start()
 
     def _start(self, app_name: str, spark_conf: dict) -> None:
         from pyspark import SparkConf, SparkContext
@@ -102,14 +91,11 @@ class SparkStart:
             self._ready.set()
 
     def head_start(self) -> float:
-        """Seconds since Spark began starting (0 before it began): what comes off the estimate's start-up."""
-        return time.monotonic() - self.started if self.started is not None else 0.0
+        """Seconds since Spark began starting: what comes off the estimate's start-up."""
+        return time.monotonic() - self.started
 
     def context(self):
-        """The SparkContext, once created (begun now if it was not); its creation's exception if it failed."""
-        self.begin()
-        if self.started is None:
-            raise RuntimeError("the run ended before Spark started")
+        """The SparkContext, once created; its creation's exception if it failed."""
         self._ready.wait()
         if self._error is not None:
             raise self._error
@@ -205,8 +191,6 @@ class SparkStart:
         code; after the run's own job (stopped already), this does nothing."""
         with self._lock:  # a warm-up between its context and its job group finishes that first
             self._stopping = True
-            if self.started is None:  # never begun: nothing to stop
-                return
         self._ready.wait(timeout)
         if self._sc is not None:
             try:

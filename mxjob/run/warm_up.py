@@ -2,7 +2,7 @@
 one of them checking it and measuring the estimate's sample, so the driver loads no MXNet.
 
 :mod:`mxjob.run.spark_start` starts the SparkContext in a thread of its own; this module decides when
-(:func:`early_spark`, :func:`begin_spark`), what the executors load (:func:`warm_up`), and reads the
+(:func:`early_spark`, :func:`warm_early`), what the executors load (:func:`warm_up`), and reads the
 checking task's report (:func:`executors_report`), or why its job failed when YARN killed its executors for their
 memory (:func:`killed_for_memory`).
 """
@@ -30,34 +30,31 @@ log = logging.getLogger(__name__)
 def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
     """The SparkContext, started now in a thread of its own, under spark-submit.
 
-    Spark's start then overlaps the listing, the model's check and the
-    sample, and the executors load the model meanwhile (:mod:`mxjob.run.spark_start`):
-    the start-up of a small run is mostly that (``make bench-peers``). In
-    cluster mode it is needed too: YARN's ApplicationMaster fails an
-    application whose driver has no SparkContext after
-    ``spark.yarn.am.waitTime`` (100 s by default), which a long listing or an
-    int8 search reached. In client mode it begins after the listing
-    (:func:`checked_run`): a run that fails there or finds nothing new then
-    starts no Spark at all (local-cluster's in-process workers print a stack
-    trace now and then when stopped as they start), and a dry run starts none.
-    In process (the library, no spark-submit) Spark starts at the job.
+    Spark's start then overlaps the handler's and the model files' checks,
+    the listing, the model's check and the sample, and the executors load
+    the model meanwhile (:mod:`mxjob.run.spark_start`): the start-up of a
+    small run is mostly that (``make bench-startup``). In cluster mode it is
+    needed too: YARN's ApplicationMaster fails an application whose driver
+    has no SparkContext after ``spark.yarn.am.waitTime`` (100 s by default),
+    which a long listing or an int8 search reached. It starts once the output
+    is claimed (:func:`mxjob.run.driver.monitored_run`): what refuses a run
+    before that starts no Spark, a run that fails at its listing or finds
+    nothing new stops it again, and a client-mode dry run starts none. In
+    process (the library, no spark-submit) Spark starts at the job.
     """
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return None
-    cluster_mode = bool(os.environ.get("CONTAINER_ID"))
-    if cfg.dry_run and not cluster_mode:
+    if cfg.dry_run and not os.environ.get("CONTAINER_ID"):
         return None
-    return SparkStart(cfg.app_name, spark_conf, begin=cluster_mode)
+    return SparkStart(cfg.app_name, spark_conf)
 
 
-def begin_spark(start: SparkStart | None, cfg: JobConfig, images: listing.Listing) -> bool:
-    """Once the listing found something to score: Spark begins starting in client mode (:func:`early_spark`), and
-    the executors load the model as given, when the driver's check changes nothing they load (:func:`warm_up`);
-    one of them then checks it and measures the estimate's sample on ``images``' keys (:func:`executors_check`).
-    Whether they were sent to warm up."""
+def warm_early(start: SparkStart | None, cfg: JobConfig, images: listing.Listing) -> bool:
+    """Once the listing found something to score: the executors load the model as given, when the driver's check
+    changes nothing they load (:func:`warm_up`); one of them then checks it and measures the estimate's sample on
+    ``images``' keys (:func:`executors_check`). Whether they were sent to warm up."""
     if start is None:
         return False
-    start.begin()
     size = sample_size(cfg.estimate_images, len(images), bound_batch(cfg))
     sample = sample_items(images, size) if executors_check(cfg) else None
     return warm_up(start, cfg, early=True, sample=sample)
@@ -101,7 +98,7 @@ def warm_up(start: SparkStart | None, cfg: JobConfig, early: bool = False, sampl
 
 
 def executors_report(start: SparkStart | None) -> WarmReport | None:
-    """The report of the warm-up task that checked the model (:func:`begin_spark`); ``None`` without one.
+    """The report of the warm-up task that checked the model (:func:`warm_early`); ``None`` without one.
 
     Waits for the warm-up's job. A warm-up that failed (an executor lost, a
     task error) was logged by :class:`SparkStart`; the driver then checks the

@@ -122,23 +122,12 @@ def test_a_warm_up_that_fails_on_its_own_says_the_run_loads_the_model_itself(fak
         "warming the executors up did not finish (executor lost); the run's first tasks load the model"]
 
 
-def test_a_start_not_begun_starts_nothing_once_stopped_and_says_why_if_asked(monkeypatch):
-    begun = []
-    monkeypatch.setattr(SparkStart, "_start", lambda self, app_name, conf: begun.append(app_name))
-    start = SparkStart("app", begin=False)
-    assert start.head_start() == 0.0
-    start.stop()  # at once: nothing to wait for
-    start.begin()  # the run has ended: no Spark now
-    with pytest.raises(RuntimeError, match="the run ended before Spark started"):
-        start.context()
-    assert begun == []
-
-
-def test_begin_starts_the_context_once_and_the_head_start_counts_from_there(fake):
-    start = SparkStart("app", begin=False)
-    start.begin()
-    start.begin()
+def test_the_context_starts_at_once_and_the_head_start_counts_from_there(fake):
+    start = SparkStart("app")
     assert start.context() is fake and start.head_start() > 0.0
+    assert fake.calls.count("stop") == 0
+    start.stop()
+    assert fake.calls.count("stop") == 1
 
 
 def test_the_runs_job_waits_for_the_warm_ups_job_to_reach_the_scheduler(fake):

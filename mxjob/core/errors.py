@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import signal
 
@@ -42,11 +41,6 @@ def error_object(stage: str, exc: BaseException) -> dict:
     the same line in every run (a resumed output equals an uninterrupted one).
     """
     return {"stage": stage, "type": type(exc).__name__, "message": _OBJECT_ADDRESS.sub(r"<\1>", first_line(exc))}
-
-
-def error_line(key: str, stage: str, exc: BaseException) -> str:
-    """The JSON line of a key that failed at ``stage``: ``{"key": ..., "error": error_object(stage, exc)}``."""
-    return json.dumps({"key": key, "error": error_object(stage, exc)}, ensure_ascii=False)
 
 
 #: Exit codes of ``infer_main``: done (0), failed, usage error, done but more failed images than ``--max-errors``.

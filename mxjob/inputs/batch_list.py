@@ -117,7 +117,3 @@ def read_batch(data: bytes) -> list[tuple[str, int]]:
             return list(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()))
     raise ValueError(f"no record batch in {len(data)} bytes of a batch list")
 
-
-def read_batches(source) -> Iterator[pa.RecordBatch]:
-    """Every batch of a batch list stream (``bytes`` or a readable file, such as a GET's body), in order."""
-    yield from pa.ipc.open_stream(source)

@@ -137,13 +137,9 @@ class WorkPrefix:
         """The keys (and sizes) of ``run``, one record batch per batch of the run, streamed from its batch list."""
         body = self.client.get_object(Bucket=self.bucket, Key=self.batches_key(run))["Body"]
         try:
-            yield from batch_list.read_batches(body)
+            yield from pa.ipc.open_stream(body)
         finally:
             body.close()
-
-    def run_keys(self, run: Run) -> pa.ChunkedArray:
-        """The keys of ``run`` in batch order."""
-        return pa.chunked_array([batch.column(0) for batch in self.run_batches(run)], listing.KEY_TYPE)
 
     def start_run(self, number: int, keys, batch_size: int, application: str | None, run_id: str | None = None) -> Run:
         """Record run ``number`` and its batch list before any of its batches is scored, in ``run-NNNN-RUN_ID/``.

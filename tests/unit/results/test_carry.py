@@ -84,7 +84,7 @@ def test_the_plan_holds_keys_and_sizes_only(tmp_path):
     images = manifest.read_manifest(str(path), suffixes=SUFFIXES)
     out = io.BytesIO()
     batch_list.write_batches(images, 2, out.write)
-    schemas = [batch.schema for batch in batch_list.read_batches(io.BytesIO(out.getvalue()))]
+    schemas = [batch.schema for batch in pa.ipc.open_stream(out.getvalue())]
     assert schemas == [batch_list.BATCHES_SCHEMA] * 2
 
 

@@ -51,7 +51,6 @@ class CsvOutput(outputs.ObjectOutput):
     kind = "csv_top1"
     format = "parquet"  # the tasks need not render JSON lines for it
     form = "s3://BUCKET/KEY.csv"
-    described = "a CSV of each image's top-1 class (a test's output)"
     suffixes: ClassVar[tuple] = (".csv",)
 
     @property

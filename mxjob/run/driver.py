@@ -97,13 +97,17 @@ def claim_output(cfg: JobConfig, client, retry: bool) -> Lease | None:
 
 def monitored_run(cfg: JobConfig, client, started: float, resume_command: str | None, retry: bool,
                   spark_conf: dict | None, lease: Lease | None) -> int:
-    """The run under its status (:func:`open_status`) and its early SparkContext; returns the exit code."""
+    """The run under its status (:func:`open_status`) and its early SparkContext, started once the handler and the
+    model's files are found; returns the exit code."""
     monitor = RunMonitor(client, cfg.output_bucket, cfg.output_key, started, resume_command,
                          {"options": cfg.options()}, output_uri=cfg.output_uri)
     monitor.lease = lease
     start = None
     try:  # from the status's first write on: a signal while it is written, or while Spark starts, ends the run too
         open_status(cfg, monitor, retry)
+        # The handler and the model's files before Spark and the listing: seconds, where the listing may take hours.
+        cfg = prepare_handler(cfg, client)
+        check_model_files(cfg.model)
         start = early_spark(cfg, spark_conf)
         code = checked_run(cfg, client, monitor, spark_conf, start)
     except (Exception, Interrupted) as exc:
@@ -138,12 +142,9 @@ def open_status(cfg: JobConfig, monitor: RunMonitor, retry: bool) -> None:
 
 def checked_run(cfg: JobConfig, client, monitor: RunMonitor, spark_conf: dict | None,
                 start: SparkStart | None = None) -> int:
-    """:func:`run_job` once the output is checked: the handler and the model's files, the listing, the driver's
+    """:func:`run_job` once the output, the handler and the model's files are checked: the listing, the driver's
     checks, the plan, then the scoring (:func:`end_run`)."""
     seconds: dict[str, float] = {}
-    # The handler and the model's files before the listing too: seconds, where the listing may take hours.
-    cfg = prepare_handler(cfg, client)
-    check_model_files(cfg.model)
     monitor.enter("listing")
     images = list_images(client, cfg)
     cfg = replace(cfg, input_bucket=images.bucket)  # a manifest names the bucket the executors read

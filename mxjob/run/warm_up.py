@@ -30,15 +30,15 @@ log = logging.getLogger(__name__)
 def early_spark(cfg: JobConfig, spark_conf: dict | None) -> SparkStart | None:
     """The SparkContext, started now in a thread of its own, under spark-submit.
 
-    Spark's start then overlaps the handler's and the model files' checks,
-    the listing, the model's check and the sample, and the executors load
-    the model meanwhile (:mod:`mxjob.run.spark_start`): the start-up of a
-    small run is mostly that (``make bench-startup``). In cluster mode it is
-    needed too: YARN's ApplicationMaster fails an application whose driver
-    has no SparkContext after ``spark.yarn.am.waitTime`` (100 s by default),
-    which a long listing or an int8 search reached. It starts once the output
-    is claimed (:func:`mxjob.run.driver.monitored_run`): what refuses a run
-    before that starts no Spark, a run that fails at its listing or finds
+    Spark's start then overlaps the listing, the model's check and the sample,
+    and the executors load the model meanwhile (:mod:`mxjob.run.spark_start`):
+    the start-up of a small run is mostly that (``make bench-startup``). In
+    cluster mode it is needed too: YARN's ApplicationMaster fails an
+    application whose driver has no SparkContext after
+    ``spark.yarn.am.waitTime`` (100 s by default), which a long listing or an
+    int8 search reached. It starts once the output is claimed and the model's
+    files are found (:func:`mxjob.run.driver.monitored_run`): what refuses a
+    run before that starts no Spark, a run that fails at its listing or finds
     nothing new stops it again, and a client-mode dry run starts none. In
     process (the library, no spark-submit) Spark starts at the job.
     """

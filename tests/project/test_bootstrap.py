@@ -10,6 +10,7 @@ from PyPI; the tests that use it check the result.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -17,9 +18,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import mxinfer
 from demo import examples
+from demo.run_local import spark_env, spark_submit_command
+from tests.support.helpers import bucket_with_digits
 from tests.support.library_page import CHECKER, LOCAL, OPTIONS, printed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -298,6 +303,42 @@ def test_the_library_pages_examples_run_as_printed_on_that_python(bootstrapped, 
         assert result.returncode == 0, f"docs/library.md line {line}: {result.stderr[-3000:]}"
         want = printed(code)
         assert CHECKER.check_output(want, result.stdout, OPTIONS), f"line {line}:\n{result.stdout}\nthe page:\n{want}"
+
+
+@pytest.mark.spark
+def test_the_packaged_job_runs_through_spark_submit_on_that_python(bootstrapped, moto_endpoint, demo_dir):
+    """The job itself as an EMR 7 step runs it: the packaged ``infer_main.py`` and zip, spark-submit with the
+    cluster's own PySpark (Spark's ``python/lib`` zips, not a pip install), the driver and every Python worker on
+    the bootstrapped interpreter. Its scores are the library's on this one, and the summary names that Python."""
+    import pyspark
+
+    python, _, _, dist = bootstrapped
+    s3, keys = bucket_with_digits(moto_endpoint, "emr7-python", demo_dir / "model", 12)
+    command = spark_submit_command([
+        "--input", "s3://emr7-python/imgs/", "--model", "s3://emr7-python/model/digits",
+        "--output", "s3://emr7-python/out.jsonl", "--endpoint-url", moto_endpoint,
+        "--input-shape", "3,32,32", "--std", "255", "--batch-size", "4", "--top-k", "2",
+    ], "local-cluster[1,1,2048]")
+    files = command.index("--py-files")
+    command[files + 1:files + 3] = [str(dist / "mxinfer_job.zip"), str(dist / "infer_main.py")]
+    env = spark_env({"SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": python,
+                     "PYSPARK_DRIVER_PYTHON": python})
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in
+            s3.get_object(Bucket="emr7-python", Key="out.jsonl")["Body"].read().decode().splitlines()]
+    assert [row["key"] for row in rows] == keys
+    model = mxinfer.ImageClassifier(str(demo_dir / "model" / "digits"), (3, 32, 32), 4,
+                                    preprocess=mxinfer.Preprocess((3, 32, 32), std=(255.0,)))
+    expected = model.classify_images([s3.get_object(Bucket="emr7-python", Key=key)["Body"].read() for key in keys],
+                                     top_k=2)
+    assert [[p["class_id"] for p in row["predictions"]] for row in rows] == [[c for c, _, _ in e] for e in expected]
+    np.testing.assert_allclose([[p["probability"] for p in row["predictions"]] for row in rows],
+                               [[p for _, _, p in e] for e in expected], rtol=1e-4, atol=1e-6)
+    summary = json.loads(s3.get_object(Bucket="emr7-python", Key="out.jsonl.summary.json")["Body"].read())
+    version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert summary["spark"]["python"] == version and summary["spark"]["version"] == pyspark.__version__
 
 
 def shipped_imports() -> set[str]:

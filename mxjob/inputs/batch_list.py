@@ -116,4 +116,3 @@ def read_batch(data: bytes) -> list[tuple[str, int]]:
             batch = pa.ipc.read_record_batch(message, BATCHES_SCHEMA)
             return list(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()))
     raise ValueError(f"no record batch in {len(data)} bytes of a batch list")
-

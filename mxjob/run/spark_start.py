@@ -3,10 +3,10 @@
 Creating a SparkContext takes seconds (its scheduler, then the executors'
 launch: YARN containers, or local-cluster's processes), and the driver's own
 work before its first Spark job takes seconds to hours: the listing, the
-model's check, int8's quantization, the sample for the estimate. Started
-once the run has claimed its output and found the model's files
-(:class:`SparkStart`, ``mxjob.run.warm_up.early_spark``), the two overlap. In cluster
-mode it is more than speed: YARN's ApplicationMaster waits
+model's check, int8's quantization, the sample for the estimate. Started once
+the run has claimed its output and found the model's files
+(:class:`SparkStart`, ``mxjob.run.warm_up.early_spark``), the two overlap. In
+cluster mode it is more than speed: YARN's ApplicationMaster waits
 ``spark.yarn.am.waitTime`` (100 s by default) for the driver's SparkContext
 and fails the application when there is none by then, so a long listing or an
 ``--int8-exclude auto`` search (120 s by default) failed the EMR step.

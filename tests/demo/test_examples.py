@@ -49,8 +49,6 @@ def run_block(code: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300, check=False)
 
 
-
-
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
     """A folder laid out as the repository root after ``make examples``: the command's own function made it."""

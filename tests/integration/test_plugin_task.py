@@ -18,8 +18,7 @@ from tests.support import plugin_task
 
 @pytest.mark.spark
 def test_a_plugin_task_runs_end_to_end_through_spark_submit(moto_endpoint, demo_dir):
-    import mxinfer
-    from tests.support.helpers import bucket_with_digits, spark_submit
+    from tests.support.helpers import bucket_with_digits, digits_classifier, spark_submit
 
     s3, keys = bucket_with_digits(moto_endpoint, "plugin-task", demo_dir / "model", 6)
     result = spark_submit(["--input", "s3://plugin-task/imgs/", "--model", "s3://plugin-task/model/digits",
@@ -30,8 +29,7 @@ def test_a_plugin_task_runs_end_to_end_through_spark_submit(moto_endpoint, demo_
     rows = [json.loads(line) for line in
             s3.get_object(Bucket="plugin-task", Key="means.jsonl")["Body"].read().decode().splitlines()]
     assert [row["key"] for row in rows] == keys
-    model = mxinfer.ImageClassifier(str(demo_dir / "model" / "digits"), (3, 32, 32), 4,
-                                    preprocess=mxinfer.Preprocess((3, 32, 32), std=(255.0,)))
+    model = digits_classifier(demo_dir / "model", 4)
     arrays = model.to_array([s3.get_object(Bucket="plugin-task", Key=key)["Body"].read() for key in keys])
     expected = model.predict(arrays)[0].mean(axis=1)
     np.testing.assert_allclose([row["mean"] for row in rows], expected, rtol=1e-5, atol=1e-6)

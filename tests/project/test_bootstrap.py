@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mxinfer
 from demo import examples
 from demo.run_local import spark_env, spark_submit_command
-from tests.support.helpers import bucket_with_digits
+from tests.support.helpers import bucket_with_digits, digits_classifier
 from tests.support.library_page import CHECKER, LOCAL, OPTIONS, printed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -328,8 +327,7 @@ def test_the_packaged_job_runs_through_spark_submit_on_that_python(bootstrapped,
     rows = [json.loads(line) for line in
             s3.get_object(Bucket="emr7-python", Key="out.jsonl")["Body"].read().decode().splitlines()]
     assert [row["key"] for row in rows] == keys
-    model = mxinfer.ImageClassifier(str(demo_dir / "model" / "digits"), (3, 32, 32), 4,
-                                    preprocess=mxinfer.Preprocess((3, 32, 32), std=(255.0,)))
+    model = digits_classifier(demo_dir / "model", 4)
     expected = model.classify_images([s3.get_object(Bucket="emr7-python", Key=key)["Body"].read() for key in keys],
                                      top_k=2)
     assert [[p["class_id"] for p in row["predictions"]] for row in rows] == [[c for c, _, _ in e] for e in expected]

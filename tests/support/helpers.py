@@ -170,6 +170,15 @@ def bucket_with_digits(endpoint: str, bucket: str, model_dir: Path, count: int) 
     return s3, keys
 
 
+def digits_classifier(model_dir: Path, batch_size: int):
+    """The demo digits model under ``model_dir`` in the library, decoding as a job given ``--input-shape 3,32,32
+    --std 255`` does: what a test compares that job's rows with."""
+    import mxinfer
+
+    return mxinfer.ImageClassifier(str(model_dir / "digits"), (3, 32, 32), batch_size,
+                                   preprocess=mxinfer.Preprocess((3, 32, 32), std=(255.0,)))
+
+
 def put_digits(s3, bucket: str, first: int, count: int) -> list[str]:
     """Upload held-out demo digits ``first`` to ``first + count - 1`` as ``imgs/NNN.png`` in ``bucket``; their keys."""
     from demo import make_demo

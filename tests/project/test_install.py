@@ -26,9 +26,10 @@ pytestmark = pytest.mark.install
 #: What the wheel ships: infer_main.py, the --py-files zip's modules and the mxjob package, nothing more.
 #: utils.py stays out of the wheel: a top-level ``utils`` would shadow a user's own (the zip still carries it).
 MODULES = {"infer_main.py", "mxinfer.py"}
-#: Left out of the copy the wheel is built from: virtualenvs, git's data, build output, caches.
-_SKIPPED = shutil.ignore_patterns(".venv", ".venv-ops", ".git", "build", "dist", "*.egg-info", "__pycache__",
-                                  ".pytest_cache", ".ruff_cache", "spark-warehouse", "metastore_db")
+#: Left out of the copy the wheel is built from: every dot-entry (the virtualenvs, the local YARN's state,
+#: the Iceberg jars, git's data, caches: gigabytes the build never reads), build output and Spark's files.
+_SKIPPED = shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__", "spark-warehouse",
+                                  "metastore_db")
 
 
 def skipped(folder: str, names: list[str]) -> set[str]:

@@ -95,8 +95,6 @@ class Submission:
 
     def __init__(self, tmp_path: Path, endpoint: str, args: list[str], overrides: dict | None = None):
         self.log = tmp_path / "spark-submit.log"
-        # The client polls YARN every second, not make submit-yarn's 5: each test sees its application end sooner.
-        overrides = {"spark.yarn.report.interval": "1s", **(overrides or {})}
         conf = run_yarn.yarn_spark_conf(overrides, env=run_yarn.container_env(True, endpoint))
         command = run_yarn.submit_command(args, conf, tmp_path / "spark-yarn.conf")
         env = run_yarn.submit_env(True, endpoint)

@@ -159,6 +159,18 @@ def wait_for_parts(s3, submission: Submission, output_key: str, at_least: int, t
     return done
 
 
+def wait_for_stage(s3, submission: Submission, output_key: str, stage: str, timeout: float = 240.0) -> None:
+    """Until the run's status file says the driver is at ``stage`` (the status's ``stage``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(s3.exceptions.NoSuchKey, json.JSONDecodeError):
+            if status_of(s3, output_key).get("stage") == stage:
+                return
+        assert submission.process.poll() is None, submission.output()[-3000:]
+        assert time.monotonic() < deadline, f"no {stage} stage in time:\n{submission.output()[-2000:]}"
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def slow_run(world, tmp_path: Path, output_key: str, parts: int, run: str = ""):
     """The job through a 50 ms S3 proxy with one download thread, so that its batches become durable one by one;
@@ -224,12 +236,14 @@ def test_a_driver_busier_than_the_application_masters_wait_still_runs_on_yarn(lo
     # YARN's ApplicationMaster fails the application when the driver has made no SparkContext within
     # spark.yarn.am.waitTime (100 s by default): on EMR a long listing or an --int8-exclude auto search (120 s)
     # did. The driver starts its SparkContext first, beside its listing, model check and sample; here those
-    # take longer than a 12 s wait, through an S3 that answers in half a second.
+    # take longer than a 12 s wait, through an S3 that answers in half a second until the driver is scoring.
     output_key = "yarn/slow-start.jsonl"
     with S3Proxy(world["endpoint"], latency=0.5) as proxy:
         submission = Submission(tmp_path, proxy.endpoint,
                                 job_args(output_key, "--estimate-images", "48", "--io-threads", "2"),
                                 overrides={"spark.yarn.am.waitTime": "12s"})
+        wait_for_stage(world["s3"], submission, output_key, "scoring")
+        proxy.latency = 0.0  # the tasks' GETs at S3's speed: the wait is what this test is about, not them
         code = submission.wait()
     assert code == 0, submission.output()[-3000:] + submission.logs()
     report = yarn_local.app_report(submission.app_id())

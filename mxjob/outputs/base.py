@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 
 #: What beside an output has a key of its own: the work prefix and the job's files.
 NAMES = ("parts/", "summary.json", "status.json", "report.html", "lease.json", "SUCCESS")
+#: Key endings that tell readers another format or compression than the job writes, and what they tell them: a
+#: JSON Lines object (or Parquet) under such a name is what ``pandas.read_csv``, Spark or an unzip tool then trip on.
+FOREIGN_SUFFIXES = {".csv": "CSV", ".tsv": "tab-separated values", ".avro": "Avro", ".orc": "ORC",
+                    ".xlsx": "an Excel workbook", ".zip": "a zip archive", ".bz2": "bzip2-compressed data",
+                    ".xz": "xz-compressed data", ".zst": "zstd-compressed data", ".lz4": "LZ4-compressed data",
+                    ".snappy": "Snappy-compressed data"}
 
 
 class OutputError(ValueError):
@@ -298,6 +304,25 @@ def refuse_gzipped_parquet(settings, key: str, fmt: str) -> None:
                       f"for gzipped JSON Lines give an output key ending in .jsonl.gz{drop}")
 
 
+def refuse_foreign_suffix(key: str, kind: type[ObjectOutput]) -> None:
+    """A key whose suffix (before a ``.gz``) says another format or compression than ``kind`` writes.
+
+    A key with none of the kinds' suffixes is JSON Lines (``s3://bucket/results``), but not one named ``.csv`` or
+    ``.zst``: every reader going by the name would misread what the job wrote. A kind that claims the suffix itself
+    (a ``--plugin``'s CSV output) is not refused.
+    """
+    name = key.lower()
+    stem = name[:-len(".gz")] if name.endswith(".gz") else name
+    suffix = next((x for x in FOREIGN_SUFFIXES if stem.endswith(x)), None)
+    if suffix is None or name.endswith(kind.suffixes):
+        return
+    forms = ", ".join(other.form for other in reversed(_KINDS) if other.form)
+    rows, ending = "JSON Lines" if kind.format == "jsonl" else "Parquet", suffix + name[len(stem):]
+    raise OutputError(f"the output key {key!r} ends in {ending}, so readers would take it for "
+                      f"{FOREIGN_SUFFIXES[suffix]}, but the job would write {rows} there: end the key in "
+                      f"{kind.suffixes[0]}, or give another of the outputs the job writes: {forms}")
+
+
 class ObjectOutput(Output):
     """One object, written by one multipart upload completed only when whole: JSON Lines or Parquet."""
 
@@ -324,6 +349,7 @@ class ObjectOutput(Output):
                                   f"{cls.suffixes[0]}, or drop --output-format (the key's suffix chooses), or give "
                                   f"--output-format {other.format}")
         refuse_gzipped_parquet(settings, output.key, cls.format)
+        refuse_foreign_suffix(output.key, cls)
         return output
 
     @property

@@ -547,6 +547,25 @@ def test_an_output_format_the_keys_suffix_contradicts_is_refused(output, fmt, re
     assert "drop --output-format" in result.output
 
 
+@pytest.mark.parametrize("output, fmt, ending, told, rows", [
+    ("s3://out/preds.csv", None, ".csv", "CSV", "JSON Lines"),
+    ("s3://out/preds.CSV.gz", None, ".csv.gz", "CSV", "JSON Lines"),
+    ("s3://out/preds.tsv", "jsonl", ".tsv", "tab-separated values", "JSON Lines"),
+    ("s3://out/preds.jsonl.zst", None, ".zst", "zstd-compressed data", "JSON Lines"),
+    ("s3://out/preds.csv", "parquet", ".csv", "CSV", "Parquet")])
+def test_a_key_whose_suffix_says_another_format_or_compression_is_refused(output, fmt, ending, told, rows,
+                                                                          resolve):
+    # A key with no suffix of the job's is JSON Lines, but not a .csv one: pandas.read_csv would take it for CSV.
+    result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output,
+                          *(["--output-format", fmt] if fmt else []))
+    assert result.exit_code == 2 and cfg is None
+    key = output[len("s3://out/"):]
+    assert (f"the output key {key!r} ends in {ending}, so readers would take it for {told}, but the job would "
+            f"write {rows} there: end the key in {'.jsonl' if rows == 'JSON Lines' else '.parquet'}, or give another "
+            "of the outputs the job writes: s3://BUCKET/KEY.jsonl, s3://BUCKET/KEY.parquet, s3://BUCKET/PREFIX/"
+            ) in " ".join(result.output.split())
+
+
 @pytest.mark.parametrize("output, fmt, want", [("s3://out/p.jsonl", None, "jsonl"), ("s3://out/p.parquet", None,
                                                 "parquet"), ("s3://out/p.PARQUET", "parquet", "parquet"),
                                                ("s3://out/results", "parquet", "parquet"),

@@ -278,11 +278,19 @@ def test_application_killed_through_yarn_is_interrupted_and_resume_finishes_it(l
     output_key = "killed-app/out.jsonl"
     batches = -(-len(world["keys"]) // BATCH)
     with slow_run(world, tmp_path, output_key, batches // 3) as (submission, app_id, _):
+        driver = driver_process(app_id)
+        assert driver is not None, submission.output()[-2000:]
         # The yarn command, as on EMR's master.
         killed = subprocess.run([str(yarn_local.YARN_CLI), "application", "-kill", app_id], capture_output=True,
                                 text=True, timeout=120, check=False)
         assert killed.returncode == 0, killed.stdout + killed.stderr
         code = submission.wait()
+        # YARN says KILLED, and spark-submit exits, as soon as it is asked; the driver's last words (the status,
+        # the abort of its upload, the report) take until its SIGKILL at most (conf/emr.yaml gives it 10 s).
+        deadline = time.monotonic() + 60
+        while driver_process(app_id) == driver:
+            assert time.monotonic() < deadline, "the killed driver still runs after 60 s"
+            time.sleep(0.2)
     assert code != 0
     report = yarn_local.app_report(app_id)
     assert (report["state"], report["attempts"]) == ("KILLED", "1")

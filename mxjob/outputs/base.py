@@ -316,11 +316,11 @@ def refuse_foreign_suffix(key: str, kind: type[ObjectOutput]) -> None:
     suffix = next((x for x in FOREIGN_SUFFIXES if stem.endswith(x)), None)
     if suffix is None or name.endswith(kind.suffixes):
         return
-    forms = ", ".join(other.form for other in reversed(_KINDS) if other.form)
-    rows, ending = "JSON Lines" if kind.format == "jsonl" else "Parquet", suffix + name[len(stem):]
+    rows = "JSON Lines" if kind.format == "jsonl" else "Parquet"
+    ending = suffix + name[len(stem):]
     raise OutputError(f"the output key {key!r} ends in {ending}, so readers would take it for "
                       f"{FOREIGN_SUFFIXES[suffix]}, but the job would write {rows} there: end the key in "
-                      f"{kind.suffixes[0]}, or give another of the outputs the job writes: {forms}")
+                      f"{kind.suffixes[0]}, or give another of the outputs the job writes: {forms()}")
 
 
 class ObjectOutput(Output):
@@ -392,13 +392,17 @@ def kinds() -> tuple[type[Output], ...]:
     return tuple(_KINDS)
 
 
+def forms() -> str:
+    """``--output``'s forms of the registered kinds, the built-ins first, for messages."""
+    return ", ".join(kind.form for kind in reversed(_KINDS) if kind.form)
+
+
 def kind_of(uri: str, requested_format: str | None = None) -> type[Output]:
     """The kind that claims ``uri``; none raises :class:`OutputError`."""
     for kind in _KINDS:
         if kind.claims(uri, requested_format):
             return kind
-    forms = ", ".join(kind.form for kind in reversed(_KINDS) if kind.form)
-    raise OutputError(f"{uri!r} is not an output the job writes; expected one of {forms}")
+    raise OutputError(f"{uri!r} is not an output the job writes; expected one of {forms()}")
 
 
 def resolve(uri: str, settings) -> Output:

@@ -163,7 +163,7 @@ def wait_for_stage(s3, submission: Submission, output_key: str, stage: str, time
     """Until the run's status file says the driver is at ``stage`` (the status's ``stage``)."""
     deadline = time.monotonic() + timeout
     while True:
-        with contextlib.suppress(s3.exceptions.NoSuchKey, json.JSONDecodeError):
+        with contextlib.suppress(s3.exceptions.NoSuchKey):  # one PutObject: never half a document
             if status_of(s3, output_key).get("stage") == stage:
                 return
         assert submission.process.poll() is None, submission.output()[-3000:]

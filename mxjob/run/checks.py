@@ -45,34 +45,6 @@ log = logging.getLogger(__name__)
 
 
 
-def refuse_own_inputs(cfg: JobConfig) -> None:
-    """Refuse, before any work, an output that would overwrite what the run reads or be read by the next run.
-
-    What the run writes is the output's home: an object and the files beside it (``KEY``, ``KEY.*``), or a
-    prefix and everything under it (a dataset, a table's home). None of the model's files, the labels, the
-    handler or the manifest may be there, and none of it may be under the input prefix, where the next run
-    would list it as input. No request: the URIs alone decide.
-    """
-    bucket, key = cfg.output_bucket, cfg.output_key
-
-    def written(uri: str) -> bool:
-        other_bucket, other_key = uris.parse_s3_uri(uri)
-        if other_bucket != bucket:
-            return False
-        return other_key.startswith(key) if key.endswith("/") else other_key == key or other_key.startswith(key + ".")
-
-    reads = [("the model's symbol file", cfg.model.symbol_uri), ("the model's params file", cfg.model.params_uri),
-             ("--labels", cfg.model.labels_uri), ("--handler", cfg.handler), ("--input-manifest", cfg.input_manifest)]
-    for what, uri in reads:
-        if uri and uris.is_s3_uri(uri) and written(uri):
-            raise JobError(f"--output {cfg.output_uri} would overwrite {what} ({uri}), which this run reads; "
-                           "write the output elsewhere")
-    if not cfg.input_manifest and cfg.input_bucket == bucket and key.startswith(cfg.input_prefix):
-        raise JobError(f"--output {cfg.output_uri} writes under the input s3://{bucket}/{cfg.input_prefix} "
-                       f"(at s3://{bucket}/{key}): the next run would list the job's own files as input, and one "
-                       "of them may be an input key; write the output outside the input prefix")
-
-
 def check_model_files(spec: ModelSpec) -> None:
     """The symbol and params files (and a labels file given by ``--labels``) exist: one HEAD or stat each.
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from mxjob.core.errors import JobError
 from mxjob.executor.stats import StatsFold
-from mxjob.options.config import JobConfig
+from mxjob.options.config import JobConfig, refuse_own_inputs
 from mxjob.outputs import claim, merge, work_prefix
 from mxjob.outputs.lease import Lease, LeaseLost
 from mxjob.planning.sizing import choose_batch, size_run
@@ -25,7 +25,7 @@ from mxjob.reporting.progress import STATUS_SECONDS
 from mxjob.reporting.status import RunMonitor
 from mxjob.reporting.summary import RunOutcome, closing_lines, summarize
 from mxjob.run import signals
-from mxjob.run.checks import check_model_files, check_on_driver, prepare_handler, refuse_own_inputs
+from mxjob.run.checks import check_model_files, check_on_driver, prepare_handler
 from mxjob.run.dry_run import dry_run
 from mxjob.run.keys import list_images
 from mxjob.run.scoring import ClaimedRun, end_run, score_and_assemble

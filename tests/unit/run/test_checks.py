@@ -7,6 +7,7 @@ import pytest
 
 from mxjob.core import errors
 from mxjob.inputs import manifest
+from mxjob.options import config
 from mxjob.options.config import merge_settings, resolve
 from mxjob.outputs import claim, work_prefix
 from mxjob.run import checks, driver
@@ -129,8 +130,8 @@ def test_an_output_over_what_the_run_reads_is_refused_before_any_work(world, mot
 
 
 def test_an_output_beside_the_input_prefix_but_not_in_it_is_not_refused(moto_endpoint):
-    checks.refuse_own_inputs(job(moto_endpoint, output=f"s3://{BUCKET}/imgs-preds/out.jsonl"))
-    checks.refuse_own_inputs(job(moto_endpoint, output=f"s3://{BUCKET}/model/digits.jsonl"))
+    config.refuse_own_inputs(job(moto_endpoint, output=f"s3://{BUCKET}/imgs-preds/out.jsonl"))
+    config.refuse_own_inputs(job(moto_endpoint, output=f"s3://{BUCKET}/model/digits.jsonl"))
 
 
 def test_a_relative_local_model_labels_and_handler_become_absolute_at_the_edge(tmp_path, monkeypatch):

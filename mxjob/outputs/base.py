@@ -44,7 +44,9 @@ NAMES = ("parts/", "summary.json", "status.json", "report.html", "lease.json", "
 FOREIGN_SUFFIXES = {".csv": "CSV", ".tsv": "tab-separated values", ".avro": "Avro", ".orc": "ORC",
                     ".xlsx": "an Excel workbook", ".zip": "a zip archive", ".bz2": "bzip2-compressed data",
                     ".xz": "xz-compressed data", ".zst": "zstd-compressed data", ".lz4": "LZ4-compressed data",
-                    ".snappy": "Snappy-compressed data"}
+                    ".snappy": "Snappy-compressed data", ".jpg": "a JPEG image", ".jpeg": "a JPEG image",
+                    ".png": "a PNG image", ".gif": "a GIF image", ".bmp": "a BMP image", ".tif": "a TIFF image",
+                    ".tiff": "a TIFF image", ".webp": "a WebP image"}
 
 
 class OutputError(ValueError):

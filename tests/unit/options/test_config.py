@@ -552,7 +552,9 @@ def test_an_output_format_the_keys_suffix_contradicts_is_refused(output, fmt, re
     ("s3://out/preds.CSV.gz", None, ".csv.gz", "CSV", "JSON Lines"),
     ("s3://out/preds.tsv", "jsonl", ".tsv", "tab-separated values", "JSON Lines"),
     ("s3://out/preds.jsonl.zst", None, ".zst", "zstd-compressed data", "JSON Lines"),
-    ("s3://out/preds.csv", "parquet", ".csv", "CSV", "Parquet")])
+    ("s3://out/preds.csv", "parquet", ".csv", "CSV", "Parquet"),
+    ("s3://out/preds.jpg", None, ".jpg", "a JPEG image", "JSON Lines"),
+    ("s3://out/scans/0001.TIFF", None, ".tiff", "a TIFF image", "JSON Lines")])
 def test_a_key_whose_suffix_says_another_format_or_compression_is_refused(output, fmt, ending, told, rows,
                                                                           resolve):
     # A key with no suffix of the job's is JSON Lines, but not a .csv one: pandas.read_csv would take it for CSV.

@@ -26,7 +26,7 @@ import yaml
 
 from mxjob import outputs
 from mxjob.core import plugins
-from mxjob.core.errors import JobError, first_line, plural
+from mxjob.core.errors import first_line, plural
 from mxjob.core.secrets import redact_values
 from mxjob.executor.partition import JobSpec
 from mxjob.model.predictor import ModelSpec
@@ -342,8 +342,12 @@ def resolve(settings: Settings) -> JobConfig:
     output = resolve_output(settings, in_bucket)
     plain = {s.name: settings[s.name] for s in table.going_to("driver", "executor")}
     plain["handler"] = local_absolute(plain.get("handler"))
-    return JobConfig(**plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
-                     output=output, model=resolve_model(settings), preprocess=resolve_preprocess(settings))
+    cfg = JobConfig(**plain, input_bucket=in_bucket, input_prefix=in_prefix, input_manifest=input_manifest,
+                    output=output, model=resolve_model(settings), preprocess=resolve_preprocess(settings))
+    problem = own_inputs_problem(cfg)
+    if problem:
+        raise click.UsageError(problem)
+    return cfg
 
 
 def resolve_input(s: Settings) -> tuple[str | None, str, str | None]:
@@ -411,15 +415,18 @@ def resolve_output(s: Settings, in_bucket: str | None) -> outputs.Output | None:
         raise click.UsageError(str(exc)) from None
 
 
-def refuse_own_inputs(cfg: JobConfig) -> None:
-    """Refuse, before any work, an output that would overwrite what the run reads or be read by the next run.
+def own_inputs_problem(cfg: JobConfig) -> str | None:
+    """Why the output would overwrite what the run reads or be read by the next run, if it would.
 
     What the run writes is the output's home: an object and the files beside it (``KEY``, ``KEY.*``), or a
     prefix and everything under it (a dataset, a table's home). None of the model's files, the labels, the
     handler or the manifest may be there, and none of it may be under the input prefix, where the next run
-    would list it as input. No request: the URIs alone decide.
+    would list it as input. No request: the URIs alone decide, so :func:`resolve` refuses it as a usage error;
+    an Iceberg table's home is known only from its catalog, and the driver asks again once it is.
     """
     bucket, key = cfg.output_bucket, cfg.output_key
+    if bucket is None:
+        return None
 
     def written(uri: str) -> bool:
         other_bucket, other_key = uris.parse_s3_uri(uri)
@@ -431,12 +438,13 @@ def refuse_own_inputs(cfg: JobConfig) -> None:
              ("--labels", cfg.model.labels_uri), ("--handler", cfg.handler), ("--input-manifest", cfg.input_manifest)]
     for what, uri in reads:
         if uri and uris.is_s3_uri(uri) and written(uri):
-            raise JobError(f"--output {cfg.output_uri} would overwrite {what} ({uri}), which this run reads; "
-                           "write the output elsewhere")
+            return f"--output {cfg.output_uri} would overwrite {what} ({uri}), which this run reads; write the " \
+                   "output elsewhere"
     if not cfg.input_manifest and cfg.input_bucket == bucket and key.startswith(cfg.input_prefix):
-        raise JobError(f"--output {cfg.output_uri} writes under the input s3://{bucket}/{cfg.input_prefix} "
-                       f"(at s3://{bucket}/{key}): the next run would list the job's own files as input, and one "
-                       "of them may be an input key; write the output outside the input prefix")
+        return (f"--output {cfg.output_uri} writes under the input s3://{bucket}/{cfg.input_prefix} "
+                f"(at s3://{bucket}/{key}): the next run would list the job's own files as input, and one "
+                "of them may be an input key; write the output outside the input prefix")
+    return None
 
 
 def check_run_mode(s: Settings) -> None:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from mxjob.core.errors import JobError
 from mxjob.executor.stats import StatsFold
-from mxjob.options.config import JobConfig, refuse_own_inputs
+from mxjob.options.config import JobConfig, own_inputs_problem
 from mxjob.outputs import claim, merge, work_prefix
 from mxjob.outputs.lease import Lease, LeaseLost
 from mxjob.planning.sizing import choose_batch, size_run
@@ -73,17 +73,20 @@ def run_job(cfg: JobConfig, spark_conf: dict | None = None, resume_command: str 
 def claim_output(cfg: JobConfig, client, retry: bool) -> Lease | None:
     """Refuse now what refuses the run without a listing, then take the output's lease (none for a dry run).
 
-    An output that would overwrite what the run reads or sits in the input;
-    an output that is refused (it exists, or a dataset's prefix holds
-    objects the job did not write) or cannot be written; another run's live
-    lease, named with what to do; an earlier run's progress this run does
-    not resume.
+    An Iceberg table's home that would overwrite what the run reads or sits
+    in the input (``resolve`` refused any other output that would); an
+    output that is refused (it exists, or a dataset's prefix holds objects
+    the job did not write) or cannot be written; another run's live lease,
+    named with what to do; an earlier run's progress this run does not
+    resume.
     All read only, so a refused run leaves the status and files there as
     they were. Then the lease (:mod:`mxjob.outputs.lease`), renewed every
     :data:`STATUS_SECONDS` while the run lives: from here on no other run
     writes the output.
     """
-    refuse_own_inputs(cfg)
+    problem = own_inputs_problem(cfg)  # again: an Iceberg table's home is known only now
+    if problem:
+        raise JobError(problem)
     cfg.output.check(cfg, client, yarn_retry=retry)
     lease = claim.output_lease(cfg, client)
     lease.refuse_if_held(resume=cfg.resume, output_uri=cfg.output_uri)

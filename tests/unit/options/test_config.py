@@ -568,6 +568,36 @@ def test_a_key_whose_suffix_says_another_format_or_compression_is_refused(output
             ) in " ".join(result.output.split())
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--output", "s3://b/model/digits-symbol.json", "--overwrite"],
+     "--output s3://b/model/digits-symbol.json would overwrite the model's symbol file "
+     "(s3://b/model/digits-symbol.json), which this run reads; write the output elsewhere"),
+    (["--output", "s3://b/model/", "--overwrite"], "would overwrite the model's symbol file"),
+    (["--output", "s3://b/model/labels.txt", "--labels", "s3://b/model/labels.txt"], "would overwrite --labels"),
+    (["--input-manifest", "s3://b/lists/keys", "--output", "s3://b/lists/keys", "--overwrite"],
+     "would overwrite --input-manifest (s3://b/lists/keys)"),
+    (["--input", "s3://b/imgs/", "--suffixes", ".dat", "--output", "s3://b/imgs/0001.dat", "--overwrite"],
+     "--output s3://b/imgs/0001.dat writes under the input s3://b/imgs/ (at s3://b/imgs/0001.dat): the next run "
+     "would list the job's own files as input, and one of them may be an input key; write the output outside the "
+     "input prefix"),
+    (["--input", "s3://b/imgs/", "--output", "s3://b/imgs/preds/", "--dry-run"], "writes under the input"),
+], ids=["symbol-file", "dataset-over-the-model", "labels", "manifest", "an-input-key", "dry-run-in-the-input"])
+def test_an_output_over_what_the_run_reads_is_a_usage_error(args, message, resolve):
+    # The URIs alone decide, so the job exits 2 before any request, as make check-job and submit-yarn's check do.
+    if "--input" not in args and "--input-manifest" not in args:
+        args = ["--input", "s3://b/imgs/", *args]
+    result, cfg = resolve(*args, "--model", "s3://b/model/digits")
+    assert result.exit_code == 2 and cfg is None
+    assert message in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("output", ["s3://b/imgs-preds/out.jsonl", "s3://b/model/digits.jsonl"])
+def test_an_output_beside_the_input_prefix_or_the_model_but_not_over_them_is_taken(output, resolve):
+    result, cfg = resolve("--input", "s3://b/imgs/", "--model", "s3://b/model/digits", "--output", output)
+    assert result.exit_code == 0, result.output
+    assert cfg.output_uri == output
+
+
 @pytest.mark.parametrize("output, fmt, want", [("s3://out/p.jsonl", None, "jsonl"), ("s3://out/p.parquet", None,
                                                 "parquet"), ("s3://out/p.PARQUET", "parquet", "parquet"),
                                                ("s3://out/results", "parquet", "parquet"),

@@ -368,15 +368,15 @@ def main_submit(job_args: list[str]) -> int:
                      for i, arg in enumerate(job_args)
                      if arg.startswith("--endpoint-url=") or (arg == "--endpoint-url" and i + 1 < len(job_args))),
                     None)
+    env = submit_env(local, endpoint)
+    code = precheck(job_args, env)  # before the YARN: a usage error starts nothing
+    if code != 0:
+        print(f"!! refused before submitting (exit {code}): nothing was sent to YARN", file=sys.stderr)
+        return code
     yarn_local.up()
     conf = yarn_spark_conf(env=container_env(local, endpoint if local else None))
     properties = yarn_local.STATE / "submit" / "submit-yarn.conf"
     command = submit_command(job_args, conf, properties)
-    env = submit_env(local, endpoint)
-    code = precheck(job_args, env)
-    if code != 0:
-        print(f"!! refused before submitting (exit {code}): nothing was sent to YARN", file=sys.stderr)
-        return code
     print("== " + shell_line(command, {"HADOOP_CONF_DIR": env["HADOOP_CONF_DIR"],
                                        "PYSPARK_ARCHIVES_PATH": env["PYSPARK_ARCHIVES_PATH"]}), flush=True)
     print(f"   (the Spark settings, conf/emr.yaml's scaled to the local YARN, are in {properties})", flush=True)

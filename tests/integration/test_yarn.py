@@ -362,6 +362,7 @@ def test_submit_yarn_refuses_a_missing_config_in_seconds_and_sends_nothing_to_ya
     assert refused.returncode == 2, out
     assert f"Error: cannot read --config {config}" in out
     assert "nothing was sent to YARN" in out
+    assert "a local YARN" not in out  # checked before make submit-yarn starts (or looks for) the YARN
     assert yarn_applications() == before
 
 

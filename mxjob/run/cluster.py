@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import replace
 
 from mxjob.core import state
-from mxjob.core.errors import JobError, first_line, spark_failure_reason
+from mxjob.core.errors import JobError, first_line, plural, spark_failure_reason
 from mxjob.executor.partition import score_into
 from mxjob.executor.stats import StatsAccumulator, StatsFold
 from mxjob.model.worker import HostThreads
@@ -153,8 +153,8 @@ def run_spark(cfg: JobConfig, run: work_prefix.Run, batches_key: str, start: Spa
     rerun.remember_conf(conf)  # for the resume command, if the run does not finish
     context = context_info(sc)
     container = ExecutorContainer.from_conf(conf)
-    log.info("Spark %s, master %s (%s deploy mode), app %s: %d partitions", context["version"], context["master"],
-             context["deploy_mode"], context["application_id"], run.batches)
+    log.info("Spark %s, master %s (%s deploy mode), app %s: %s", context["version"], context["master"],
+             context["deploy_mode"], context["application_id"], plural(run.batches, "partition"))
     rdd = sc.parallelize(run.spans, run.batches)
     job = replace(cfg.job_spec(), output_bucket=cfg.output_bucket, parts_prefix=run.prefix, batches_key=batches_key,
                   host_threads=host_threads(sc))

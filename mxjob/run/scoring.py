@@ -94,9 +94,9 @@ def score_and_assemble(run: ClaimedRun, start: SparkStart | None, seconds: dict,
     """
     cfg, client, work, images, workload, monitor = run.cfg, run.client, run.work, run.images, run.workload, run.monitor
     batches = workload.todo.num_batches(cfg.batch_size)
-    log.info("%d images under %s: %s%d batches of up to %d", len(images), cfg.input_uri,
+    log.info("%s under %s: %s%s of up to %d", plural(len(images), "image"), cfg.input_uri,
              f"{len(images) - len(workload.todo)} already scored, " if workload.resumed else "",
-             batches, cfg.batch_size)
+             plural(batches, "batch", "batches"), cfg.batch_size)
     stats, spark_stop = StatsFold(), None
 
     def merge(runs, live):
@@ -128,8 +128,8 @@ def score_and_assemble(run: ClaimedRun, start: SparkStart | None, seconds: dict,
     # Closing the output (its last upload): a part of the assembly's time that no merge can shorten.
     seconds["output_close"] = counts.close_seconds
     live = assembly.live
-    log.info("assembled %s from %d parts%s; %.2f s after the Spark job, of which %.2f s closing the output",
-             cfg.output_uri, counts.parts_read,
+    log.info("assembled %s from %s%s; %.2f s after the Spark job, of which %.2f s closing the output",
+             cfg.output_uri, plural(counts.parts_read, "part"),
              f" as the batches became durable ({live.left_at_finish} of the run's {live.run.batches} were left to "
              "read when the Spark job ended)" if live is not None and live.left_at_finish is not None else "",
              seconds["assembly"], counts.close_seconds)

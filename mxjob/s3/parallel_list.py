@@ -19,6 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import pyarrow as pa
 
 from mxjob.core import constants
+from mxjob.core.errors import plural
 
 #: Arrow type of the key column: 64-bit offsets, so fifty million keys of 60
 #: bytes (3 GB of text) still fit one column.
@@ -121,8 +122,8 @@ def list_prefix(client, bucket: str, prefix: str, concurrency: int = LIST_CONCUR
             for future in running:
                 future.cancel()
             raise
-    log.info("listed s3://%s/%s: %d keys in %.1fs (%d calls, up to %d at once)",
-             bucket, prefix, listed, time.monotonic() - started, calls, concurrency)
+    log.info("listed s3://%s/%s: %s in %.1fs (%s, up to %d at once)",
+             bucket, prefix, plural(listed, "key"), time.monotonic() - started, plural(calls, "call"), concurrency)
     columns = (pa.chunked_array([page[0] for page in pages], KEY_TYPE),
                pa.chunked_array([page[1] for page in pages], pa.int64()))
     return (*columns, pa.chunked_array([page[2] for page in pages], pa.string())) if etags else columns

@@ -14,7 +14,7 @@ STARTED = datetime.datetime(2026, 11, 29, 10, 0, 0).timestamp()
 LOG = "\n".join([
     "26/11/29 10:00:01 INFO SparkContext: Running Spark version 3.5.7",
     "2026-11-29 10:00:03,250 INFO botocore.credentials: Found credentials in environment variables.",
-    "2026-11-29 10:00:03,750 INFO mxjob.s3.parallel_list: listed s3://bench/peers/n64/: 64 keys in 0.5s (1 calls, "
+    "2026-11-29 10:00:03,750 INFO mxjob.s3.parallel_list: listed s3://bench/peers/n64/: 64 keys in 0.5s (1 call, "
     "up to 16 at once)",
     "2026-11-29 10:00:09,000 INFO mxjob.run.spark_start: the executors' Python workers loaded the model in 4.5 s, "
     "while the driver planned",

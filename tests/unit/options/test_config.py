@@ -568,6 +568,15 @@ def test_a_key_whose_suffix_says_another_format_or_compression_is_refused(output
             ) in " ".join(result.output.split())
 
 
+@pytest.mark.parametrize("output", ["/tmp/preds.jsonl", "gs://b/preds.jsonl", "file:///tmp/preds/"])
+def test_an_output_no_kind_claims_is_a_usage_error_naming_the_forms_the_job_writes(output, resolve):
+    result, cfg = resolve("--input", "s3://in/photos/", "--model", "s3://m/r18", "--output", output)
+    assert result.exit_code == 2 and cfg is None
+    assert (f"{output!r} is not an output the job writes; expected one of s3://BUCKET/KEY.jsonl, "
+            "s3://BUCKET/KEY.parquet, s3://BUCKET/PREFIX/, iceberg://CATALOG/NAMESPACE.TABLE") in \
+        " ".join(result.output.split())
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--output", "s3://b/model/digits-symbol.json", "--overwrite"],
      "--output s3://b/model/digits-symbol.json would overwrite the model's symbol file "

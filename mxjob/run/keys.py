@@ -3,14 +3,18 @@ to the output."""
 
 from __future__ import annotations
 
+import logging
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mxjob.core.errors import JobError, first_line
+from mxjob.core.errors import JobError, first_line, plural
 from mxjob.inputs import extsort, listing, manifest
 from mxjob.options.config import JobConfig
 from mxjob.outputs.fingerprint import carried_names
 from mxjob.s3 import lean_list, parallel_list
+
+log = logging.getLogger(__name__)
 
 
 def list_images(client, cfg: JobConfig) -> listing.Listing:
@@ -52,7 +56,23 @@ def list_images(client, cfg: JobConfig) -> listing.Listing:
     if not len(images):
         raise JobError(f"no images under {cfg.input_uri} (looked for keys ending in "
                        f"{' '.join(cfg.suffixes)}); check --input and --suffixes")
+    warn_of_neighbours(images, cfg.input_uri, cfg.input_prefix)
     return images
+
+
+def warn_of_neighbours(images: listing.Listing, input_uri: str, prefix: str) -> None:
+    """A prefix without its ``/`` takes every key that starts with it, as S3 and SageMaker's ``S3Prefix`` do:
+    ``photos`` takes ``photos-2023/`` beside ``photos/``. Say so when it took both."""
+    if not prefix or prefix.endswith("/"):
+        return
+    keys = images.table["key"]
+    beside = pc.invert(pc.starts_with(keys, pattern=prefix + "/"))
+    others = pc.sum(beside).as_py() or 0
+    if 0 < others < len(images):
+        example = pc.filter(keys, beside)[0].as_py()
+        log.warning("--input %s is a key prefix, not a folder: it takes %s under %s/ and %s beside it, such as "
+                    "%s; end it in / to score only the folder", input_uri, plural(len(images) - others, "image"),
+                    prefix, plural(others, "image"), example)
 
 
 def carried_columns(cfg: JobConfig, images: listing.Listing) -> pa.Table | None:

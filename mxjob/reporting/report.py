@@ -224,11 +224,19 @@ def _amount(value: float, unit: str) -> str:
 # The charts
 
 
+def _none_ran(v: dict, chart_id: str) -> str:
+    """The place of a chart of the tasks when none has finished: yet, or at all in a run that has ended."""
+    state = v["status"].get("state")
+    text = ("No task has finished yet." if state in (None, "running")
+            else f"No task finished: the run {state} before its first.")
+    return f'<p class="empty" id="{chart_id}">{_esc(text)}</p>'
+
+
 def throughput_chart(v: dict) -> str:
     """Images/s over time: the whole job (thick) and each executor (keys ended in each bucket / its width)."""
     t = v["timeline"]
     if not t["start"]:
-        return line_chart("chart-throughput", [], "images/s")
+        return _none_ran(v, "chart-throughput")
     if len(t["start"]) < 2:
         return (f'<p class="empty" id="chart-throughput">Every task ended within one {t["width"]:g} s interval: '
                 "images/s over time needs two.</p>")
@@ -262,9 +270,14 @@ def eta_chart(v: dict) -> str:
     """The finish as predicted at each tick (minutes after the start), against the actual finish."""
     ticks, started, actual = predictions(v), v["status"]["started"], actual_end(v)
     if not ticks:
+        state = v["status"].get("state")
         if any(t["predicted_end"] is not None for t in v["ticks"]):
-            return '<p class="empty" id="chart-eta">No ETA was made before every batch was done.</p>'
-        return '<p class="empty" id="chart-eta">The ETA was still "estimating" at every tick.</p>'
+            text = "No ETA was made before every batch was done."
+        elif state in (None, "running"):
+            text = "No ETA yet: the job is still estimating."
+        else:
+            text = f"No ETA was made: the run {state} before the job had one."
+        return f'<p class="empty" id="chart-eta">{_esc(text)}</p>'
     series = [("predicted finish, minutes after the start", [t["time"] for t in ticks],
                [(t["predicted_end"] - started) / 60 for t in ticks], PALETTE[3])]
     extra = ("actual finish", (actual - started) / 60) if actual else None
@@ -285,6 +298,8 @@ def actual_end(v: dict) -> float | None:
 
 def time_chart(v: dict) -> str:
     """Per executor, where its time went: task thread by part, then Spark's time between tasks."""
+    if not v["executors"]:
+        return _none_ran(v, "chart-time")
     rows = [(name, [(part, e["parts"][part], colour) for part, colour in TIME_PARTS])
             for name, e in v["executors"].items()]
     legend = _legend([(p.replace("_", " "), c) for p, c in TIME_PARTS])
@@ -326,7 +341,7 @@ def memory_chart(v: dict) -> str:
             series.append((f"{name} ({w['threads']} threads)", [math.log10(x) for x in xs],
                            [after[x] / MB for x in xs], PALETTE[i % len(PALETTE)]))
     if not series:
-        return '<p class="empty" id="chart-memory">No worker has finished a task yet.</p>'
+        return _none_ran(v, "chart-memory")
     numbers = sorted({round(10 ** x) for _, xs, _, _ in series for x in xs})
     return line_chart("chart-memory", series, "MB resident", x_label=lambda x: f"task {10 ** x:.0f}",
                       x_ticks=spaced([math.log10(n) for n in numbers]))
@@ -377,10 +392,11 @@ def headline(v: dict) -> str:
         if s.get("existing"):  # --skip-existing: the keys whose row the dataset held already
             cards.insert(1, ("skipped: already in the output", "summary.existing.skipped", s["existing"]["skipped"]))
     else:
-        keys, batches = st.get("keys") or {}, st.get("batches") or {}
-        done = f"{keys.get('done', 0):,} of {keys.get('total', 0):,}"
-        cards = [("keys done", "status.keys.done", keys.get("done", 0), done),
-                 ("batches done", "status.batches.done", batches.get("done", 0)),
+        keys, batches = st.get("keys"), st.get("batches")  # none before the run's plan
+        cards = [("keys done", "status.keys.done", keys and keys["done"],
+                  f"{keys['done']:,} of {keys['total']:,}" if keys else "-"),
+                 ("batches done", "status.batches.done", batches and batches["done"],
+                  f"{batches['done']:,}" if batches else "-"),
                  ("errors so far", "status.errors", st.get("errors", 0)),
                  ("images/s since the first task", "status.images_per_second", st.get("images_per_second"),
                   "-" if st.get("images_per_second") is None else f"{st['images_per_second']:,.1f}"),
@@ -403,7 +419,7 @@ def finish_line(v: dict) -> str:
     """Predicted vs actual finish, in words."""
     predicted, actual = predictions(v), actual_end(v)
     if not predicted:
-        return "<p>No ETA was made (the job was too short, or is still estimating).</p>"
+        return ""  # the ETA chart's place says why
     first = predicted[0]
     text = (f"First ETA at {_esc(iso(first['time']))}: finish at {_esc(iso(first['predicted_end']))}"
             f" ({duration(first['eta_seconds'])} left).")
@@ -475,6 +491,7 @@ svg .axis{font-size:13px;fill:#333}.legend{margin:2px 0 8px 70px;font-size:13px}
 table{border-collapse:collapse;font-size:13px;margin:6px 0}td,th{border-bottom:1px solid #eee;padding:3px 10px;
 text-align:left;vertical-align:top}.num{text-align:right}pre{background:#f6f6f6;padding:8px;font-size:12px}
 .empty{color:#777;font-style:italic}code{font-size:12px}
+.why{border-left:4px solid #D55E00;background:#fdf3ec;padding:6px 10px;margin:0 0 12px}
 """
 
 
@@ -482,10 +499,13 @@ def header(v: dict) -> str:
     st = v["status"]
     resume = (f'<p>Resume with: <code id="resume">{_esc(st["resume_command"])}</code></p>'
               if st.get("resume_command") and st["state"] != "running" else "")
+    stage = f' (stage <code>{_esc(st["stage"])}</code>)' if st.get("stage") else ""
+    why = (f'<p class="why" id="why"><b>{_esc(st["state"].capitalize())}</b>{stage}: {_esc(st["message"])}</p>'
+           if st.get("message") else "")
     return (f'<h1>Batch inference run {badge(v)}</h1><p class="meta">{_esc(st.get("output", ""))} &middot; started '
             f'{_esc(st.get("started_iso"))} &middot; updated {_esc(st.get("updated_iso"))} &middot; '
-            f'{duration(st.get("elapsed_seconds"))} {"so far" if st["state"] == "running" else "in all"}'
-            f'{" (" + _esc(st["message"]) + ")" if st.get("message") else ""}</p>{resume}')
+            f'{duration(st.get("elapsed_seconds"))} {"so far" if st["state"] == "running" else "in all"}</p>'
+            f'{why}{resume}')
 
 
 def badge(v: dict) -> str:

@@ -78,7 +78,7 @@ class Task:
     #: ``docs/output.md``'s parts for it: ``(part name, the shape of :meth:`columns`, an Athena table, its location)``.
     doc_examples: ClassVar[tuple] = ()
     #: What the report says where its chart of top-1 labels would be, when the task makes none.
-    no_labels: ClassVar[str] = "No top-1 labels (an output handler, or nothing predicted yet)."
+    no_labels: ClassVar[str] = "No top-1 labels: an output handler wrote the lines, or no image was predicted."
 
     # --- the rows' columns
 

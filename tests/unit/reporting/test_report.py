@@ -399,7 +399,7 @@ def test_no_eta_is_shown_as_made_once_every_batch_was_done():
     doc = status.status_document("succeeded", None, None, status.RunFacts(T0, {}), status.RunEnd(0))
     doc.update({"keys": {"done": 64, "total": 64}, "batches": {"done": 1, "total": 1}})
     v = report.view(one_executor_fold(1), ticks, doc, fake_summary(one_executor_fold(1)), {})
-    assert report.finish_line(v) == "<p>No ETA was made (the job was too short, or is still estimating).</p>"
+    assert report.finish_line(v) == ""
     assert report.eta_chart(v) == ('<p class="empty" id="chart-eta">No ETA was made before every batch was '
                                    "done.</p>")
 
@@ -421,3 +421,27 @@ def test_a_running_jobs_eta_card_shows_no_eta_once_every_batch_is_done():
     doc.update({"keys": {"done": 64, "total": 64}, "batches": {"done": 1, "total": 1}, "eta_seconds": 0.0})
     cards = report.headline(report.view(one_executor_fold(1), [], doc, None, {}))
     assert '<div class="figure" data-field="status.eta_seconds" data-value="0.0">every batch done</div>' in cards
+
+
+@pytest.mark.parametrize("state", ["running", "failed"])
+def test_a_run_before_its_first_task_says_none_finished_yet_or_at_all(state):
+    # A run that failed at its model check, or is still listing: no plan, no task, no tick.
+    end = status.RUNNING if state == "running" else status.RunEnd(1, message="model: no such layer")
+    doc = status.status_document(state, None, None, status.RunFacts(T0, {"output": "s3://b/o.jsonl"}), end,
+                                 stage="model_check")
+    page = report.render(report.view(StatsFold(), [], doc, None, {}))
+    cards = dict(re.findall(r'data-field="(status\.(?:keys|batches)\.done)" data-value="[^"]*">([^<]*)<', page))
+    assert cards == {"status.keys.done": "-", "status.batches.done": "-"}
+    places = dict(re.findall(r'<p class="empty" id="(chart-(?:throughput|time|memory|eta))">([^<]*)</p>', page))
+    if state == "running":
+        assert places == {"chart-throughput": "No task has finished yet.", "chart-time": "No task has finished yet.",
+                          "chart-memory": "No task has finished yet.",
+                          "chart-eta": "No ETA yet: the job is still estimating."}
+    else:
+        assert places == {"chart-throughput": "No task finished: the run failed before its first.",
+                          "chart-time": "No task finished: the run failed before its first.",
+                          "chart-memory": "No task finished: the run failed before its first.",
+                          "chart-eta": "No ETA was made: the run failed before the job had one."}
+        assert " yet" not in re.sub(r"<[^>]+>", " ", page.split("<h2>Settings</h2>")[0])
+        assert ('<p class="why" id="why"><b>Failed</b> (stage <code>model_check</code>): model: no such layer</p>'
+                in page)

@@ -105,7 +105,8 @@ def describe(status: dict) -> str:
     state = status["state"]
     if "keys" not in status:  # before the plan: the stage says what the driver is doing (or failed at)
         label = f"{state} ({status['stage']})" if status.get("stage") else state
-        return f"{label}: no batch has been scored yet ({duration(status.get('elapsed_seconds'))} since the start)"
+        scored = "no batch has been scored yet" if state == "running" else "no batch was scored"
+        return f"{label}: {scored} ({duration(status.get('elapsed_seconds'))} since the start)"
     keys, batches, rate = status["keys"], status["batches"], status.get("images_per_second")
     eta = ("" if state != "running" else
            f"; ETA {duration(status.get('eta_seconds'))}"

@@ -49,7 +49,7 @@ def test_watch_against_a_local_server_without_credentials_uses_its_fake_keys(mot
     moto_buckets.put_object(Bucket=BUCKET, Key="local/p.jsonl.status.json", Body=json.dumps(status).encode())
     result = stderr_runner.invoke(watch.main, [f"s3://{BUCKET}/local/p.jsonl", "--endpoint-url", moto_endpoint])
     assert result.exit_code == 0, (result.stderr, result.exception)
-    assert result.stdout.splitlines()[0] == "succeeded: no batch has been scored yet (3s since the start); exit 0"
+    assert result.stdout.splitlines()[0] == "succeeded: no batch was scored (3s since the start); exit 0"
 
 
 @pytest.mark.parametrize(("endpoint", "loopback"), [
@@ -75,7 +75,7 @@ def test_watch_exits_at_once_with_the_code_of_a_run_that_failed_before_its_plan(
                        watch.Polling(every=5, wait_seconds=0, stale_seconds=60),
                        echo=lambda line, err=False: out.append(line), sleep=no_sleep)
     assert code == EXIT_FAILED
-    assert out[0].startswith("failed (listing): no batch has been scored yet") and out[0].endswith("; exit 1")
+    assert out[0].startswith("failed (listing): no batch was scored (") and out[0].endswith("; exit 1")
     assert out[1].startswith(f"  no images under s3://{BUCKET}/no-images/")
 
 
@@ -98,7 +98,7 @@ def test_watch_takes_the_status_written_before_the_plan_for_a_running_job():
                        sleep=lambda _: None)
     assert code == EXIT_FAILED  # the job's, read from the second status: the first did not end the watch
     assert out[0].startswith("running (listing): no batch has been scored yet")
-    assert out[1].startswith("failed (model_check): no batch has been scored yet") and out[1].endswith("; exit 1")
+    assert out[1].startswith("failed (model_check): no batch was scored (") and out[1].endswith("; exit 1")
     assert out[2] == "  model: no such layer"
 
 

@@ -43,8 +43,6 @@ from mxjob.tasks import Task
 log = logging.getLogger(__name__)
 
 
-
-
 def check_model_files(spec: ModelSpec) -> None:
     """The symbol and params files (and a labels file given by ``--labels``) exist: one HEAD or stat each.
 

@@ -44,8 +44,10 @@ class ObjectDetector(Predictor):
         super().__init__(model, input_shape, batch_size, context)
         shape = self.output_shapes[0]
         if len(shape) != 2 or shape[1] != 6:
+            hint = "; one value per class, as a classifier's is: --task classify" if len(shape) == 1 else ""
             raise ModelError(f"--task detect needs a model whose output is MXNet's detection layout (batch, anchors, "
-                             f"6); its output {self._symbol.list_outputs()[0]} has shape {(self.batch_size, *shape)}")
+                             f"6); its output {self._symbol.list_outputs()[0]} has shape {(self.batch_size, *shape)}"
+                             f"{hint}")
         self.labels, _ = read_labels(self.spec)
         self.preprocess = preprocess_for(self, preprocess)
 

@@ -164,7 +164,8 @@ def test_an_unknown_output_layer_names_the_nearest_layers(logits_prefix):
 
 def test_detect_on_a_classifier_names_its_output_shape(logits_prefix):
     with pytest.raises(mxinfer.ModelError, match=r"detection layout \(batch, anchors, 6\); its output "
-                                                 r"\S+ has shape \(2, 10\)"):
+                                                 r"\S+ has shape \(2, 10\); one value per class, as a classifier's is: "
+                                                 r"--task classify$"):
         mxinfer.ObjectDetector(str(logits_prefix), (3, 32, 32), 2)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import threading
 
 import numpy as np
 
@@ -39,12 +40,17 @@ class Module:
         self.module = mx.mod.Module(symbol, data_names=["data"], label_names=None, context=mx.cpu())
         self.module.bind(data_shapes=[("data", (batch, *shape))], for_training=False)
         self.module.set_params(arg_params, aux_params, allow_missing=False)
+        # A Module is not thread-safe, and Daft 0.7.26 can call one instance from two threads at once
+        # (@daft.cls with max_concurrency=2, run in-process): a short batch's reshape then broke the other
+        # call's forward ("expected [1,3,32,32], got [2,3,32,32]"), and the two could read each other's outputs.
+        self.lock = threading.Lock()
 
     def top_k(self, batch: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(class ids, probabilities)``, each ``(len(batch), k)``, highest first (ties: lower id first)."""
-        # Module.forward rebinds for a short last batch by itself.
-        self.module.forward(self.mx.io.DataBatch([self.mx.nd.array(batch)]), is_train=False)
-        return top_k(self.module.get_outputs()[0].asnumpy(), k)
+        with self.lock:  # Module.forward rebinds for a short last batch by itself
+            self.module.forward(self.mx.io.DataBatch([self.mx.nd.array(batch)]), is_train=False)
+            logits = self.module.get_outputs()[0].asnumpy()
+        return top_k(logits, k)
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

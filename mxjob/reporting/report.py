@@ -175,11 +175,10 @@ def _legend(names: list[tuple[str, str]]) -> str:
 
 def line_chart(chart_id: str, series: list[tuple[str, list, list, str]], y_label: str, x_label=_clock,
                extra: tuple | None = None, x_ticks: list | None = None) -> str:
-    """An SVG line chart of ``(name, xs, ys, colour)`` series over a shared x axis, with its legend."""
+    """An SVG line chart of ``(name, xs, ys, colour)`` series over a shared x axis, with its legend; some series has
+    a point (each caller says in words why it has none to draw)."""
     xs = [x for _, sx, _, _ in series for x in sx]
     ys = [y for _, _, sy, _ in series for y in sy if y is not None]
-    if not xs:
-        return f'<p class="empty" id="{chart_id}">No task has finished yet.</p>'
     top = max([*ys, extra[1] if extra else 0.0], default=1.0)
     axes = Axes(min(xs), max(xs), top)
     body = axes.grid(y_label, x_label, x_ticks) + "".join(axes.polyline(sx, sy, c, n, 3 if i == 0 else 1.5)
@@ -193,9 +192,8 @@ def line_chart(chart_id: str, series: list[tuple[str, list, list, str]], y_label
 
 
 def hbar_chart(chart_id: str, rows: list[tuple[str, list[tuple[str, float, str]]]], unit: str) -> str:
-    """Horizontal stacked bars: per row a name and ``(part, value, colour)``; values printed in ``unit``."""
-    if not rows:
-        return f'<p class="empty" id="{chart_id}">Nothing to show yet.</p>'
+    """Horizontal stacked bars: per row (at least one) a name and ``(part, value, colour)``; values printed in
+    ``unit``."""
     top = _nice_max(max(sum(v for _, v, _ in parts) for _, parts in rows))
     left, bar, gap = 260, 22, 10
     height = PAD_T + len(rows) * (bar + gap) + 30
@@ -224,11 +222,15 @@ def _amount(value: float, unit: str) -> str:
 # The charts
 
 
+def _running(st: dict) -> bool:
+    """Whether the status ``st`` is of a run still going (a page before its first status counts as one)."""
+    return st.get("state") in (None, "running")
+
+
 def _none_ran(v: dict, chart_id: str) -> str:
     """The place of a chart of the tasks when none has finished: yet, or at all in a run that has ended."""
-    state = v["status"].get("state")
-    text = ("No task has finished yet." if state in (None, "running")
-            else f"No task finished: the run {state} before its first.")
+    text = ("No task has finished yet." if _running(v["status"])
+            else f"No task finished: the run {v['status']['state']} before its first.")
     return f'<p class="empty" id="{chart_id}">{_esc(text)}</p>'
 
 
@@ -270,13 +272,12 @@ def eta_chart(v: dict) -> str:
     """The finish as predicted at each tick (minutes after the start), against the actual finish."""
     ticks, started, actual = predictions(v), v["status"]["started"], actual_end(v)
     if not ticks:
-        state = v["status"].get("state")
         if any(t["predicted_end"] is not None for t in v["ticks"]):
             text = "No ETA was made before every batch was done."
-        elif state in (None, "running"):
+        elif _running(v["status"]):
             text = "No ETA yet: the job is still estimating."
         else:
-            text = f"No ETA was made: the run {state} before the job had one."
+            text = f"No ETA was made: the run {v['status']['state']} before the job had one."
         return f'<p class="empty" id="chart-eta">{_esc(text)}</p>'
     series = [("predicted finish, minutes after the start", [t["time"] for t in ticks],
                [(t["predicted_end"] - started) / 60 for t in ticks], PALETTE[3])]
@@ -410,7 +411,7 @@ def eta_shown(st: dict) -> str:
     batches = st.get("batches") or {}
     if batches.get("total") and batches.get("done", 0) >= batches["total"]:
         return "every batch done"
-    if st.get("state") not in (None, "running"):  # a stopped run has no finish to estimate
+    if not _running(st):  # a stopped run has no finish to estimate
         return f"none: the run {st['state']}"
     return duration(st.get("eta_seconds"))
 

@@ -438,8 +438,8 @@ def own_inputs_problem(cfg: JobConfig) -> str | None:
              ("--labels", cfg.model.labels_uri), ("--handler", cfg.handler), ("--input-manifest", cfg.input_manifest)]
     for what, uri in reads:
         if uri and uris.is_s3_uri(uri) and written(uri):
-            return f"--output {cfg.output_uri} would overwrite {what} ({uri}), which this run reads; write the " \
-                   "output elsewhere"
+            return (f"--output {cfg.output_uri} would overwrite {what} ({uri}), which this run reads; write the "
+                    "output elsewhere")
     if not cfg.input_manifest and cfg.input_bucket == bucket and key.startswith(cfg.input_prefix):
         return (f"--output {cfg.output_uri} writes under the input s3://{bucket}/{cfg.input_prefix} "
                 f"(at s3://{bucket}/{key}): the next run would list the job's own files as input, and one "
